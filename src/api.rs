@@ -1,0 +1,230 @@
+//! The daemon's socket protocol, shared by the daemon and its clients.
+//!
+//! A unix SOCK_SEQPACKET socket: every message is one JSON object in one
+//! packet, so no framing is needed; a TAP file descriptor travels with its
+//! reply as SCM_RIGHTS. docs/api.md is the reference for other languages.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use ipnet::Ipv4Net;
+use nix::sys::socket::{
+    self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Mode;
+use crate::types::{InterfaceId, MacAddr};
+
+/// Requests and replies larger than this are refused.
+pub const MAX_MESSAGE: usize = 64 * 1024;
+pub const SOCKET_NAME: &str = "linnet.sock";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Attach an interface; the reply carries the TAP fd.
+    Attach(AttachRequest),
+    /// Detach an interface this connection attached.
+    Detach { interface_id: InterfaceId },
+    /// Networks and interfaces.
+    List,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_id: Option<InterfaceId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<MacAddr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Response {
+    Attached { interface: InterfaceInfo },
+    Detached { interface_id: InterfaceId },
+    Listing { networks: Vec<NetworkStatus>, interfaces: Vec<InterfaceStatus> },
+    Error { kind: ErrorKind, message: String },
+}
+
+/// Machine-readable class of an error; `message` says what and what to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    BadRequest,
+    UnknownNetwork,
+    NotAllowed,
+    Busy,
+    Conflict,
+    HostSetup,
+    Internal,
+}
+
+/// One interface as the VMM's side sees it. Carries vmnet-helper's keys so
+/// tools that parse vmnet-helper output work unchanged, and linnet's own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InterfaceInfo {
+    pub vmnet_interface_id: InterfaceId,
+    pub vmnet_mac_address: MacAddr,
+    pub vmnet_mtu: u32,
+    pub vmnet_max_packet_size: u32,
+    pub vmnet_start_address: Ipv4Addr,
+    pub vmnet_end_address: Ipv4Addr,
+    pub vmnet_subnet_mask: Ipv4Addr,
+    pub network: String,
+    pub mode: Mode,
+    pub datapath: String,
+    pub interface_id: InterfaceId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub mac_address: MacAddr,
+    pub ip_address: Ipv4Addr,
+    pub gateway: Ipv4Addr,
+    pub dns: Vec<Ipv4Addr>,
+    pub domain: String,
+    pub subnet: Ipv4Net,
+    pub tap: String,
+    pub mtu: u32,
+    pub forwards: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NetworkStatus {
+    pub name: String,
+    pub mode: Mode,
+    pub subnet: Ipv4Net,
+    pub gateway: Ipv4Addr,
+    /// The bridge, while the network is up.
+    pub bridge: Option<String>,
+    pub interfaces: usize,
+    pub persistent: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InterfaceStatus {
+    pub interface_id: InterfaceId,
+    pub name: Option<String>,
+    pub network: String,
+    pub mac_address: MacAddr,
+    pub ip_address: Ipv4Addr,
+    pub tap: String,
+    pub client_pid: Option<i32>,
+    pub client_uid: u32,
+    /// Bytes the VM received and sent (the TAP's tx and rx).
+    pub vm_rx_bytes: u64,
+    pub vm_tx_bytes: u64,
+}
+
+// ---- transport ------------------------------------------------------------------
+
+/// A connected SEQPACKET socket carrying JSON messages and, optionally, fds.
+pub struct Channel {
+    fd: OwnedFd,
+}
+
+impl Channel {
+    pub fn connect(path: &Path) -> io::Result<Channel> {
+        let fd = socket::socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
+        let addr = UnixAddr::new(path)?;
+        socket::connect(fd.as_raw_fd(), &addr)?;
+        Ok(Channel { fd })
+    }
+
+    /// Sends one message, with `fds` attached.
+    pub fn send<T: Serialize>(&self, msg: &T, fds: &[RawFd]) -> io::Result<()> {
+        send_message(self.fd.as_fd(), msg, fds)
+    }
+
+    /// Receives one message and the fds that came with it. `Ok(None)` when
+    /// the peer closed the connection.
+    pub fn recv<T: for<'de> Deserialize<'de>>(&self) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        let Some((len, fds)) = recv_packet(self.fd.as_fd(), &mut buf)? else { return Ok(None) };
+        let msg = serde_json::from_slice(&buf[..len]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        Ok(Some((msg, fds)))
+    }
+
+    /// One request, one reply.
+    pub fn call(&self, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
+        self.send(req, &[])?;
+        self.recv()?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "the linnet daemon closed the connection"))
+    }
+}
+
+impl AsFd for Channel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+pub fn send_message<T: Serialize>(fd: BorrowedFd<'_>, msg: &T, fds: &[RawFd]) -> io::Result<()> {
+    let bytes = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    if bytes.len() > MAX_MESSAGE {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "message larger than 64 KiB"));
+    }
+    let iov = [io::IoSlice::new(&bytes)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    socket::sendmsg::<()>(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(())
+}
+
+/// Receives one packet into `buf`. A packet that did not fit is an error, not
+/// a silently cut message.
+pub fn recv_packet(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+    let mut cmsg_space = nix::cmsg_space!([RawFd; 4]);
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = socket::recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg_space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            // SAFETY: the kernel just installed these descriptors for us.
+            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+    }
+    if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "message larger than 64 KiB"));
+    }
+    if msg.bytes == 0 {
+        return Ok(None);
+    }
+    Ok(Some((msg.bytes, fds)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_a_stable_wire_form() {
+        let req = Request::Attach(AttachRequest { network: Some("shared".into()), ..Default::default() });
+        assert_eq!(serde_json::to_string(&req).unwrap(), r#"{"op":"attach","network":"shared"}"#);
+        let back: Request = serde_json::from_str(r#"{"op":"list"}"#).unwrap();
+        assert!(matches!(back, Request::List));
+        assert!(serde_json::from_str::<Request>(r#"{"op":"attach","netwrk":"x"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());
+    }
+
+    #[test]
+    fn messages_and_fds_cross_a_socketpair() {
+        let (a, b) = socket::socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+            .unwrap();
+        let (a, b) = (Channel { fd: a }, Channel { fd: b });
+        let file = std::fs::File::open("/dev/null").unwrap();
+        a.send(&Request::List, &[file.as_raw_fd()]).unwrap();
+        let (req, fds): (Request, _) = b.recv().unwrap().unwrap();
+        assert!(matches!(req, Request::List));
+        assert_eq!(fds.len(), 1);
+        drop(a);
+        assert!(b.recv::<Request>().unwrap().is_none(), "closed peer reads as None");
+    }
+}

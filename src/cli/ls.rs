@@ -1,0 +1,84 @@
+//! `linnet ls`
+
+use clap::Args;
+
+use super::Cli;
+use crate::api::{Request, Response};
+
+#[derive(Args)]
+pub struct LsArgs {
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
+    let (response, _) = cli.connect()?.call(&Request::List)?;
+    let (networks, interfaces) = match response {
+        Response::Listing { networks, interfaces } => (networks, interfaces),
+        Response::Error { message, .. } => anyhow::bail!(message),
+        other => anyhow::bail!("unexpected reply from the daemon: {other:?}"),
+    };
+    if args.json {
+        let doc = serde_json::json!({ "networks": networks, "interfaces": interfaces });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    let mut rows = vec![row(&["NETWORK", "MODE", "SUBNET", "GATEWAY", "BRIDGE", "INTERFACES"])];
+    for n in &networks {
+        rows.push(vec![
+            n.name.clone(),
+            n.mode.to_string(),
+            n.subnet.to_string(),
+            n.gateway.to_string(),
+            n.bridge.clone().unwrap_or_else(|| "-".into()),
+            n.interfaces.to_string(),
+        ]);
+    }
+    print_table(&rows);
+    println!();
+    let mut rows = vec![row(&["INTERFACE", "NAME", "NETWORK", "MAC", "IP", "TAP", "PID", "UID", "VM RX", "VM TX"])];
+    for i in &interfaces {
+        rows.push(vec![
+            i.interface_id.to_string(),
+            i.name.clone().unwrap_or_else(|| "-".into()),
+            i.network.clone(),
+            i.mac_address.to_string(),
+            i.ip_address.to_string(),
+            i.tap.clone(),
+            i.client_pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            i.client_uid.to_string(),
+            human_bytes(i.vm_rx_bytes),
+            human_bytes(i.vm_tx_bytes),
+        ]);
+    }
+    if interfaces.is_empty() {
+        println!("no interfaces attached");
+    } else {
+        print_table(&rows);
+    }
+    Ok(())
+}
+
+fn row(cells: &[&str]) -> Vec<String> {
+    cells.iter().map(|s| s.to_string()).collect()
+}
+
+fn print_table(rows: &[Vec<String>]) {
+    let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    for r in rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+}

@@ -1,0 +1,167 @@
+//! The command line: one file per subcommand, each thin. Shared here: the
+//! global options and reaching (or starting) the daemon.
+
+mod daemon;
+mod ls;
+mod run;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+
+use crate::api::{Channel, SOCKET_NAME};
+use crate::config::{Config, DEFAULT_CONFIG_PATH};
+
+/// linnet's own failures (as opposed to the command `linnet run` started),
+/// following the convention of `docker run` and `podman run`.
+pub const EXIT_LINNET_FAILED: u8 = 125;
+
+#[derive(Parser)]
+#[command(
+    name = "linnet",
+    version,
+    about = "Networks for virtual machines on Linux: NAT, host-only, DHCP, DNS, on the VMM's own datapath",
+    long_about = "linnet gives virtual machines a network that the host and other VMs can reach, \
+with internet through NAT, DHCP and DNS, without running the VM as root.\n\n\
+Built-in networks (no config file needed):\n  \
+shared  192.168.105.0/24, NAT to the host's default route, DHCP, DNS\n  \
+host    192.168.106.0/24, host-only: VMs reach the host and each other\n\n\
+Everyday use:\n  \
+sudo linnet run -- qemu-system-x86_64 -m 512 -kernel vmlinuz ...\n\n\
+The daemon is the only privileged process; `linnet run` as root starts one on demand."
+)]
+pub struct Cli {
+    /// Runtime directory: the API socket and the daemon's lock.
+    #[arg(long, env = "LINNET_RUN_DIR", default_value = "/run/linnet", global = true)]
+    pub run_dir: PathBuf,
+    /// State directory: leases, kept across restarts.
+    #[arg(long, env = "LINNET_STATE_DIR", default_value = "/var/lib/linnet", global = true)]
+    pub state_dir: PathBuf,
+    /// Networks file [default: /etc/linnet/networks.yaml, if it exists]
+    #[arg(long, env = "LINNET_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    /// Log filter, e.g. debug or linnet=trace [default: info for the daemon, warn otherwise]
+    #[arg(long, env = "LINNET_LOG", global = true)]
+    pub log: Option<String>,
+    #[command(subcommand)]
+    pub command: CommandArgs,
+}
+
+#[derive(Subcommand)]
+pub enum CommandArgs {
+    /// Run the daemon that owns the networks (as root).
+    Daemon(daemon::DaemonArgs),
+    /// Attach an interface and run a VMM (or any command) with it.
+    Run(run::RunArgs),
+    /// List networks and attached interfaces.
+    Ls(ls::LsArgs),
+}
+
+pub fn init_logging(cli: &Cli) {
+    let default = if matches!(cli.command, CommandArgs::Daemon(_)) { "info" } else { "warn" };
+    let filter = cli.log.clone().unwrap_or_else(|| default.into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| {
+        eprintln!("linnet: ignoring invalid --log filter \"{filter}\"");
+        tracing_subscriber::EnvFilter::new(default)
+    });
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr).with_target(false).init();
+}
+
+pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    match &cli.command {
+        CommandArgs::Daemon(args) => daemon::main(&cli, args).map(|()| 0),
+        CommandArgs::Run(args) => run::main(&cli, args),
+        CommandArgs::Ls(args) => ls::main(&cli, args).map(|()| 0),
+    }
+}
+
+impl Cli {
+    pub fn socket_path(&self) -> PathBuf {
+        self.run_dir.join(SOCKET_NAME)
+    }
+
+    /// The configuration: the file given, or the default file if it exists,
+    /// or the built-in networks.
+    pub fn load_config(&self) -> anyhow::Result<Config> {
+        let (path, explicit) = match &self.config {
+            Some(p) => (p.clone(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
+        };
+        Ok(Config::load(&path, explicit)?)
+    }
+
+    pub fn connect(&self) -> anyhow::Result<Channel> {
+        let path = self.socket_path();
+        Channel::connect(&path).map_err(|e| unreachable_daemon(&path, &e))
+    }
+
+    /// Connects, starting a daemon first when none runs and we are root.
+    pub fn connect_or_start(&self) -> anyhow::Result<Channel> {
+        let path = self.socket_path();
+        match Channel::connect(&path) {
+            Ok(chan) => return Ok(chan),
+            Err(e) if !is_absent(&e) || !nix::unistd::geteuid().is_root() => return Err(unreachable_daemon(&path, &e)),
+            Err(_) => {}
+        }
+        self.start_daemon()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match Channel::connect(&path) {
+                Ok(chan) => return Ok(chan),
+                Err(e) if Instant::now() > deadline => {
+                    bail!(
+                        "started a linnet daemon but cannot reach it at {}: {e}; see {}",
+                        path.display(),
+                        self.run_dir.join("daemon.log").display()
+                    )
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    /// Starts `linnet daemon` detached (own session, logs to the run dir);
+    /// it exits by itself once idle.
+    fn start_daemon(&self) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.run_dir).with_context(|| format!("cannot create {}", self.run_dir.display()))?;
+        let log_path = self.run_dir.join("daemon.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("cannot open {}", log_path.display()))?;
+        let mut cmd = Command::new(std::env::current_exe().context("cannot find the linnet executable")?);
+        cmd.arg("--run-dir").arg(&self.run_dir).arg("--state-dir").arg(&self.state_dir);
+        if let Some(config) = &self.config {
+            cmd.arg("--config").arg(config);
+        }
+        if let Some(log) = &self.log {
+            cmd.arg("--log").arg(log);
+        }
+        cmd.args(["daemon", "--idle-exit", "10"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(io::Error::from));
+        }
+        let mut child = cmd.spawn().context("cannot start the linnet daemon")?;
+        // Reap it whenever it exits, so it never lingers as a zombie of ours.
+        std::thread::spawn(move || child.wait());
+        Ok(())
+    }
+}
+
+fn is_absent(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ECONNREFUSED))
+}
+
+fn unreachable_daemon(path: &Path, e: &io::Error) -> anyhow::Error {
+    anyhow::anyhow!(
+        "cannot reach the linnet daemon at {}: {e}; start it with `sudo linnet daemon` (as root, `linnet run` starts one itself)",
+        path.display()
+    )
+}

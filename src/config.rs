@@ -1,0 +1,591 @@
+//! networks.yaml: the built-in networks, the file that adds or overrides them,
+//! and the validation that turns raw YAML into a `NetworkConfig` the daemon
+//! can act on. Every refusal names the file, the network, the key and what is
+//! allowed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::types::{self, InterfaceId, MacAddr};
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/linnet/networks.yaml";
+pub const DEFAULT_NETWORK: &str = "shared";
+const DEFAULT_LEASE_TIME: u32 = 3600;
+const DEFAULT_MTU: u32 = 1500;
+const DEFAULT_ALLOW_GROUP: &str = "linnet";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// NAT to the namespace's default route.
+    Shared,
+    /// Host-only: VMs reach the host and each other, nothing beyond.
+    Host,
+    /// On a physical LAN (macvtap or an existing bridge).
+    Bridged,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Shared => "shared",
+            Mode::Host => "host",
+            Mode::Bridged => "bridged",
+        })
+    }
+}
+
+/// A validated network, ready for the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NetworkConfig {
+    pub name: String,
+    pub mode: Mode,
+    pub subnet: Ipv4Net,
+    pub gateway: Ipv4Addr,
+    pub dhcp: DhcpConfig,
+    pub dns: DnsConfig,
+    pub mtu: u32,
+    pub nat44: bool,
+    pub isolation: bool,
+    pub persistent: bool,
+    pub allow: Allow,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DhcpConfig {
+    pub enabled: bool,
+    pub range_start: Ipv4Addr,
+    pub range_end: Ipv4Addr,
+    /// Seconds. Also how long a detached interface keeps its address reserved.
+    pub lease_time: u32,
+    pub static_leases: Vec<StaticLease>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StaticLease {
+    pub ip: Ipv4Addr,
+    pub mac: Option<MacAddr>,
+    pub interface_id: Option<InterfaceId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DnsConfig {
+    pub enabled: bool,
+    /// Empty: use the nameservers of /etc/resolv.conf at network start.
+    pub upstream: Vec<SocketAddr>,
+    /// VMs are answered as `<name>.<domain>`; defaults to `<network>.linnet`.
+    pub domain: String,
+}
+
+/// Who may attach to a network. Names are resolved when the config is loaded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Allow {
+    pub users: Vec<(String, u32)>,
+    pub groups: Vec<(String, u32)>,
+}
+
+impl Allow {
+    pub fn permits(&self, uid: u32, gids: &[u32]) -> bool {
+        self.users.iter().any(|(_, u)| *u == uid) || self.groups.iter().any(|(_, g)| gids.contains(g))
+    }
+
+    pub fn describe(&self) -> String {
+        let users = self.users.iter().map(|(n, _)| format!("user {n}"));
+        let groups = self.groups.iter().map(|(n, _)| format!("group {n}"));
+        let all: Vec<String> = users.chain(groups).collect();
+        if all.is_empty() { "nobody".into() } else { all.join(", ") }
+    }
+}
+
+/// All networks the daemon knows, by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub networks: BTreeMap<String, NetworkConfig>,
+    /// Where the networks came from, for messages.
+    pub source: Option<PathBuf>,
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read { file: String, source: std::io::Error },
+    #[error("{file}: {message}")]
+    Syntax { file: String, message: String },
+    #[error("{file}: network \"{network}\": {key}: {message}")]
+    Invalid { file: String, network: String, key: String, message: String },
+}
+
+// ---- the YAML as written -------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSpec {
+    #[serde(default)]
+    networks: BTreeMap<String, NetworkSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetworkSpec {
+    mode: Option<Mode>,
+    subnet: Option<String>,
+    gateway: Option<String>,
+    dhcp: Option<DhcpSpec>,
+    dns: Option<DnsSpec>,
+    mtu: Option<u32>,
+    nat44: Option<bool>,
+    isolation: Option<bool>,
+    persistent: Option<bool>,
+    allow: Option<AllowSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DhcpSpec {
+    enabled: Option<bool>,
+    /// "FIRST-LAST", e.g. "192.168.105.10-192.168.105.99".
+    range: Option<String>,
+    lease_time: Option<u32>,
+    #[serde(rename = "static", default)]
+    static_leases: Vec<StaticSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StaticSpec {
+    ip: String,
+    mac: Option<String>,
+    interface_id: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DnsSpec {
+    enabled: Option<bool>,
+    upstream: Option<Vec<String>>,
+    domain: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AllowSpec {
+    #[serde(default)]
+    users: Vec<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+}
+
+// ---- loading ---------------------------------------------------------------------
+
+impl Config {
+    /// The built-in `shared` and `host` networks, with no file.
+    pub fn builtin() -> Config {
+        Config::from_yaml("", "built-in defaults").expect("built-in networks are valid")
+    }
+
+    /// Loads `path`. A missing file at the default path means "built-ins only";
+    /// a missing file the user named is an error.
+    pub fn load(path: &Path, explicit: bool) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                let mut cfg = Config::from_yaml(&text, &file)?;
+                cfg.source = Some(path.to_path_buf());
+                Ok(cfg)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(Config::builtin()),
+            Err(source) => Err(ConfigError::Read { file, source }),
+        }
+    }
+
+    pub fn from_yaml(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let spec: FileSpec = if text.trim().is_empty() {
+            FileSpec::default()
+        } else {
+            serde_norway::from_str(text)
+                .map_err(|e| ConfigError::Syntax { file: file.into(), message: e.to_string() })?
+        };
+        let mut specs = spec.networks;
+        for builtin in ["shared", "host"] {
+            specs.entry(builtin.into()).or_default();
+        }
+        let mut networks = BTreeMap::new();
+        for (name, spec) in specs {
+            let net = Validator { file, network: &name }.network(&name, spec)?;
+            networks.insert(name, net);
+        }
+        check_no_overlaps(&networks, file)?;
+        Ok(Config { networks, source: None })
+    }
+
+    pub fn network(&self, name: &str) -> Option<&NetworkConfig> {
+        self.networks.get(name)
+    }
+}
+
+fn check_no_overlaps(networks: &BTreeMap<String, NetworkConfig>, file: &str) -> Result<(), ConfigError> {
+    let list: Vec<&NetworkConfig> = networks.values().collect();
+    for (i, a) in list.iter().enumerate() {
+        for b in &list[i + 1..] {
+            if a.subnet.contains(&b.subnet.network()) || b.subnet.contains(&a.subnet.network()) {
+                return Err(ConfigError::Invalid {
+                    file: file.into(),
+                    network: b.name.clone(),
+                    key: "subnet".into(),
+                    message: format!(
+                        "{} overlaps {} of network \"{}\"; give each network its own subnet",
+                        b.subnet, a.subnet, a.name
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Built-in defaults for a network, before the file's keys are applied.
+fn builtin_defaults(name: &str) -> (Mode, Option<&'static str>) {
+    match name {
+        "shared" => (Mode::Shared, Some("192.168.105.0/24")),
+        "host" => (Mode::Host, Some("192.168.106.0/24")),
+        _ => (Mode::Shared, None),
+    }
+}
+
+struct Validator<'a> {
+    file: &'a str,
+    network: &'a str,
+}
+
+impl Validator<'_> {
+    fn err(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.into(),
+            network: self.network.into(),
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    fn ipv4(&self, key: &str, text: &str) -> Result<Ipv4Addr, ConfigError> {
+        text.trim()
+            .parse()
+            .map_err(|_| self.err(key, format!("\"{text}\" is not an IPv4 address (expected e.g. 192.168.107.1)")))
+    }
+
+    fn network(&self, name: &str, spec: NetworkSpec) -> Result<NetworkConfig, ConfigError> {
+        types::validate_network_name(name).map_err(|e| self.err("name", e.to_string()))?;
+        let (default_mode, default_subnet) = builtin_defaults(name);
+        let mode = spec.mode.unwrap_or(default_mode);
+        if mode == Mode::Bridged {
+            return Err(self.err(
+                "mode",
+                "bridged is not available in this version of linnet; use shared or host",
+            ));
+        }
+
+        let subnet_text = spec.subnet.as_deref().or(default_subnet).ok_or_else(|| {
+            self.err("subnet", "is required for a new network (e.g. subnet: 192.168.107.0/24)")
+        })?;
+        let subnet = self.subnet(subnet_text)?;
+        let hosts = (u32::from(subnet.network()) + 1, u32::from(subnet.broadcast()) - 1);
+        let in_hosts = |ip: Ipv4Addr| (hosts.0..=hosts.1).contains(&u32::from(ip));
+
+        let gateway = match &spec.gateway {
+            Some(text) => self.ipv4("gateway", text)?,
+            None => Ipv4Addr::from(hosts.0),
+        };
+        if !in_hosts(gateway) {
+            return Err(self.err("gateway", format!("{gateway} is not a host address of {subnet}")));
+        }
+
+        let dhcp = self.dhcp(spec.dhcp.unwrap_or_default(), subnet, gateway, hosts)?;
+        let dns = self.dns(name, spec.dns.unwrap_or_default())?;
+
+        let mtu = spec.mtu.unwrap_or(DEFAULT_MTU);
+        if !(576..=65535).contains(&mtu) {
+            return Err(self.err("mtu", format!("{mtu} is out of range; allowed 576 to 65535")));
+        }
+        let nat44 = spec.nat44.unwrap_or(mode == Mode::Shared);
+        if nat44 && mode == Mode::Host {
+            return Err(self.err("nat44", "a host network never forwards outward; remove nat44 or use mode: shared"));
+        }
+
+        Ok(NetworkConfig {
+            name: name.into(),
+            mode,
+            subnet,
+            gateway,
+            dhcp,
+            dns,
+            mtu,
+            nat44,
+            isolation: spec.isolation.unwrap_or(false),
+            persistent: spec.persistent.unwrap_or(false),
+            allow: self.allow(spec.allow)?,
+        })
+    }
+
+    fn subnet(&self, text: &str) -> Result<Ipv4Net, ConfigError> {
+        let net: Ipv4Net = text.trim().parse().map_err(|_| {
+            self.err("subnet", format!("\"{text}\" is not an IPv4 subnet (expected e.g. 192.168.107.0/24)"))
+        })?;
+        if !(8..=29).contains(&net.prefix_len()) {
+            return Err(self.err("subnet", format!("prefix /{} is not allowed; use /8 to /29", net.prefix_len())));
+        }
+        if net.addr() != net.network() {
+            return Err(self.err("subnet", format!("\"{text}\" has host bits set; did you mean {}?", net.trunc())));
+        }
+        Ok(net)
+    }
+
+    fn dhcp(
+        &self,
+        spec: DhcpSpec,
+        subnet: Ipv4Net,
+        gateway: Ipv4Addr,
+        hosts: (u32, u32),
+    ) -> Result<DhcpConfig, ConfigError> {
+        let in_hosts = |ip: Ipv4Addr| (hosts.0..=hosts.1).contains(&u32::from(ip));
+        let (range_start, range_end) = match &spec.range {
+            None => {
+                // Everything but the gateway, which sits at one end by default.
+                let g = u32::from(gateway);
+                let first = if g == hosts.0 { hosts.0 + 1 } else { hosts.0 };
+                let last = if g == hosts.1 { hosts.1 - 1 } else { hosts.1 };
+                (Ipv4Addr::from(first), Ipv4Addr::from(last))
+            }
+            Some(text) => {
+                let (a, b) = text.split_once('-').ok_or_else(|| {
+                    self.err("dhcp.range", format!("\"{text}\" is not FIRST-LAST (e.g. 192.168.107.10-192.168.107.99)"))
+                })?;
+                (self.ipv4("dhcp.range", a)?, self.ipv4("dhcp.range", b)?)
+            }
+        };
+        for ip in [range_start, range_end] {
+            if !in_hosts(ip) {
+                return Err(self.err("dhcp.range", format!("{ip} is not a host address of {subnet}")));
+            }
+        }
+        if range_start > range_end {
+            return Err(self.err("dhcp.range", format!("{range_start} comes after {range_end}")));
+        }
+        let lease_time = spec.lease_time.unwrap_or(DEFAULT_LEASE_TIME);
+        if !(2..=7 * 86400).contains(&lease_time) {
+            return Err(self.err("dhcp.lease_time", format!("{lease_time} is out of range; allowed 2 to 604800 seconds")));
+        }
+        let mut static_leases: Vec<StaticLease> = Vec::new();
+        for (i, s) in spec.static_leases.iter().enumerate() {
+            let key = format!("dhcp.static[{i}]");
+            let ip = self.ipv4(&key, &s.ip)?;
+            if !in_hosts(ip) || ip == gateway {
+                return Err(self.err(&key, format!("{ip} is not a free host address of {subnet}")));
+            }
+            let mac = match &s.mac {
+                Some(m) => Some(m.parse::<MacAddr>().map_err(|e| self.err(&key, e.to_string()))?),
+                None => None,
+            };
+            let interface_id = match &s.interface_id {
+                Some(id) => Some(id.parse::<InterfaceId>().map_err(|_| {
+                    self.err(&key, format!("interface_id \"{id}\" is not a UUID"))
+                })?),
+                None => None,
+            };
+            if mac.is_none() && interface_id.is_none() {
+                return Err(self.err(&key, "needs a mac or an interface_id to match"));
+            }
+            if static_leases.iter().any(|other| other.ip == ip) {
+                return Err(self.err(&key, format!("{ip} is given to two static leases")));
+            }
+            static_leases.push(StaticLease { ip, mac, interface_id });
+        }
+        Ok(DhcpConfig { enabled: spec.enabled.unwrap_or(true), range_start, range_end, lease_time, static_leases })
+    }
+
+    fn dns(&self, network: &str, spec: DnsSpec) -> Result<DnsConfig, ConfigError> {
+        let mut upstream = Vec::new();
+        for text in spec.upstream.unwrap_or_default() {
+            let addr = match text.parse::<IpAddr>() {
+                Ok(ip) => SocketAddr::new(ip, 53),
+                Err(_) => text.parse::<SocketAddr>().map_err(|_| {
+                    self.err("dns.upstream", format!("\"{text}\" is not an IP address (optionally IP:PORT)"))
+                })?,
+            };
+            upstream.push(addr);
+        }
+        let domain = spec.domain.unwrap_or_else(|| format!("{network}.linnet"));
+        let domain = domain.trim_end_matches('.').to_ascii_lowercase();
+        for label in domain.split('.') {
+            types::validate_hostname(label).map_err(|e| self.err("dns.domain", e.to_string()))?;
+        }
+        Ok(DnsConfig { enabled: spec.enabled.unwrap_or(true), upstream, domain })
+    }
+
+    fn allow(&self, spec: Option<AllowSpec>) -> Result<Allow, ConfigError> {
+        let Some(spec) = spec else {
+            // Default: root, and the `linnet` group if the host has one.
+            let groups = nix::unistd::Group::from_name(DEFAULT_ALLOW_GROUP)
+                .ok()
+                .flatten()
+                .map(|g| vec![(g.name, g.gid.as_raw())])
+                .unwrap_or_default();
+            return Ok(Allow { users: vec![("root".into(), 0)], groups });
+        };
+        let mut allow = Allow { users: Vec::new(), groups: Vec::new() };
+        for name in spec.users {
+            let uid = match name.parse::<u32>() {
+                Ok(uid) => uid,
+                Err(_) => nix::unistd::User::from_name(&name)
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| self.err("allow.users", format!("no user named \"{name}\" on this host")))?
+                    .uid
+                    .as_raw(),
+            };
+            allow.users.push((name, uid));
+        }
+        for name in spec.groups {
+            let gid = match name.parse::<u32>() {
+                Ok(gid) => gid,
+                Err(_) => nix::unistd::Group::from_name(&name)
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| self.err("allow.groups", format!("no group named \"{name}\" on this host")))?
+                    .gid
+                    .as_raw(),
+            };
+            allow.groups.push((name, gid));
+        }
+        Ok(allow)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(yaml: &str) -> Result<Config, ConfigError> {
+        Config::from_yaml(yaml, "test.yaml")
+    }
+
+    fn message(yaml: &str) -> String {
+        load(yaml).expect_err("config should be refused").to_string()
+    }
+
+    #[test]
+    fn builtins_need_no_file() {
+        let cfg = Config::builtin();
+        let shared = cfg.network("shared").unwrap();
+        assert_eq!(shared.mode, Mode::Shared);
+        assert_eq!(shared.subnet.to_string(), "192.168.105.0/24");
+        assert_eq!(shared.gateway, Ipv4Addr::new(192, 168, 105, 1));
+        assert_eq!(shared.dhcp.range_start, Ipv4Addr::new(192, 168, 105, 2));
+        assert_eq!(shared.dhcp.range_end, Ipv4Addr::new(192, 168, 105, 254));
+        assert!(shared.nat44 && shared.dns.enabled && shared.dhcp.enabled);
+        assert_eq!(shared.dns.domain, "shared.linnet");
+        let host = cfg.network("host").unwrap();
+        assert_eq!((host.mode, host.nat44), (Mode::Host, false));
+        assert_eq!(host.subnet.to_string(), "192.168.106.0/24");
+        assert!(shared.allow.permits(0, &[]));
+        assert!(!shared.allow.permits(1000, &[]));
+    }
+
+    #[test]
+    fn file_overrides_and_adds_networks() {
+        let cfg = load(
+            "networks:
+  shared:
+    subnet: 10.10.0.0/24
+    dhcp: { lease_time: 60, range: 10.10.0.100-10.10.0.120 }
+    dns: { upstream: [9.9.9.9, '1.1.1.1:5353'], domain: lab.example }
+  lab:
+    mode: host
+    subnet: 10.20.0.0/16
+    gateway: 10.20.255.254
+    mtu: 9000
+    persistent: true
+    allow: { users: [root, '1000'] }
+    dhcp:
+      static:
+        - { mac: '52:54:00:00:00:01', ip: 10.20.0.5 }
+",
+        )
+        .unwrap();
+        let shared = cfg.network("shared").unwrap();
+        assert_eq!(shared.subnet.to_string(), "10.10.0.0/24");
+        assert_eq!(shared.gateway.to_string(), "10.10.0.1");
+        assert_eq!(shared.dhcp.lease_time, 60);
+        assert_eq!(shared.dhcp.range_start.to_string(), "10.10.0.100");
+        assert_eq!(shared.dns.upstream[1].to_string(), "1.1.1.1:5353");
+        assert_eq!(shared.dns.domain, "lab.example");
+        let lab = cfg.network("lab").unwrap();
+        assert_eq!((lab.mode, lab.mtu, lab.persistent), (Mode::Host, 9000, true));
+        assert_eq!(lab.dhcp.range_start.to_string(), "10.20.0.1");
+        assert_eq!(lab.dhcp.range_end.to_string(), "10.20.255.253");
+        assert_eq!(lab.dhcp.static_leases[0].ip.to_string(), "10.20.0.5");
+        assert!(lab.allow.permits(1000, &[]));
+        assert!(cfg.network("host").is_some(), "built-ins stay");
+    }
+
+    #[test]
+    fn bad_values_name_file_network_key_and_fix() {
+        let m = message("networks:\n  shared:\n    subnet: 10.0.0.1/24\n");
+        assert_eq!(m, "test.yaml: network \"shared\": subnet: \"10.0.0.1/24\" has host bits set; did you mean 10.0.0.0/24?");
+        let m = message("networks:\n  lab:\n    mode: host\n");
+        assert!(m.contains("network \"lab\": subnet: is required"), "{m}");
+        let m = message("networks:\n  lab:\n    subnet: banana\n");
+        assert!(m.contains("\"banana\" is not an IPv4 subnet"), "{m}");
+        let m = message("networks:\n  shared:\n    gateway: 192.168.105.255\n");
+        assert!(m.contains("gateway: 192.168.105.255 is not a host address"), "{m}");
+        let m = message("networks:\n  shared:\n    mtu: 100\n");
+        assert!(m.contains("mtu: 100 is out of range"), "{m}");
+        let m = message("networks:\n  host:\n    nat44: true\n");
+        assert!(m.contains("network \"host\": nat44:"), "{m}");
+        let m = message("networks:\n  shared:\n    dhcp: { range: 192.168.105.9-192.168.105.3 }\n");
+        assert!(m.contains("dhcp.range: 192.168.105.9 comes after 192.168.105.3"), "{m}");
+        let m = message("networks:\n  shared:\n    dhcp: { range: 10.0.0.1-10.0.0.5 }\n");
+        assert!(m.contains("dhcp.range: 10.0.0.1 is not a host address of 192.168.105.0/24"), "{m}");
+        let m = message("networks:\n  shared:\n    dhcp: { static: [ { ip: 192.168.105.9 } ] }\n");
+        assert!(m.contains("dhcp.static[0]: needs a mac or an interface_id"), "{m}");
+        let m = message("networks:\n  shared:\n    dhcp: { static: [ { ip: 192.168.105.9, mac: 'zz' } ] }\n");
+        assert!(m.contains("is not a MAC address"), "{m}");
+        let m = message("networks:\n  shared:\n    allow: { users: [no-such-user-here] }\n");
+        assert!(m.contains("allow.users: no user named \"no-such-user-here\""), "{m}");
+        let m = message("networks:\n  shared:\n    dns: { upstream: [resolver] }\n");
+        assert!(m.contains("dns.upstream: \"resolver\" is not an IP address"), "{m}");
+        let m = message("networks:\n  wayyyyyytoolong:\n    subnet: 10.1.0.0/24\n");
+        assert!(m.contains("network \"wayyyyyytoolong\": name:") && m.contains("at most 12"), "{m}");
+        let m = message("networks:\n  lab:\n    mode: bridged\n    subnet: 10.1.0.0/24\n");
+        assert!(m.contains("bridged is not available"), "{m}");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_yaml_are_refused_with_location() {
+        let m = message("networks:\n  shared:\n    subnett: 10.0.0.0/24\n");
+        assert!(m.starts_with("test.yaml: ") && m.contains("unknown field `subnett`"), "{m}");
+        let m = message("networks: [\n");
+        assert!(m.starts_with("test.yaml: ") && m.contains("line"), "{m}");
+        let m = message("networks:\n  shared:\n    mode: nat\n");
+        assert!(m.contains("unknown variant `nat`"), "{m}");
+    }
+
+    #[test]
+    fn overlapping_networks_are_refused() {
+        let m = message("networks:\n  lab:\n    subnet: 192.168.105.128/25\n");
+        assert!(m.contains("overlaps") && m.contains("\"lab\"") && m.contains("\"shared\""), "{m}");
+    }
+
+    #[test]
+    fn missing_default_file_means_builtins_but_named_file_must_exist() {
+        let missing = Path::new("/nonexistent/linnet.yaml");
+        assert_eq!(Config::load(missing, false).unwrap().networks.len(), 2);
+        let e = Config::load(missing, true).unwrap_err().to_string();
+        assert!(e.starts_with("/nonexistent/linnet.yaml: cannot read"), "{e}");
+    }
+}

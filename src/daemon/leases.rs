@@ -1,0 +1,438 @@
+//! The address book of one network: which interface (or, for a VM whose MAC
+//! linnet did not hand out, which MAC) holds which IPv4 address, until when.
+//!
+//! An attached interface holds its address indefinitely. When it detaches, or
+//! its client dies, the address stays reserved for its interface_id for
+//! `lease_time` seconds and only then may go to someone else; until another
+//! interface actually takes it, re-attaching the same id gets it back. Pure
+//! logic: the daemon persists the table and the DHCP server consults it.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::config::NetworkConfig;
+use crate::types::{InterfaceId, MacAddr};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Owner {
+    /// An interface attached through linnet.
+    Interface { id: InterfaceId },
+    /// A DHCP client whose MAC is no linnet interface's (a VMM that ignored
+    /// the MAC it was given, or a nested guest).
+    Mac,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lease {
+    pub ip: Ipv4Addr,
+    pub mac: MacAddr,
+    pub owner: Owner,
+    /// The name given at attach (`--name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The hostname the guest sent in DHCP (option 12).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// None while held indefinitely (attached); else unix seconds after which
+    /// the address may go to someone else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_until: Option<u64>,
+}
+
+impl Lease {
+    fn is_live(&self, now: u64) -> bool {
+        self.held_until.is_none_or(|t| t > now)
+    }
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum LeaseError {
+    #[error("network \"{network}\": no free address left in {first}-{last}; detach unused interfaces or widen dhcp.range")]
+    PoolExhausted { network: String, first: Ipv4Addr, last: Ipv4Addr },
+    #[error("network \"{network}\": static address {ip} of interface {id} is held by MAC {holder}")]
+    StaticTaken { network: String, ip: Ipv4Addr, id: InterfaceId, holder: MacAddr },
+    #[error("network \"{network}\": MAC {mac} is already used by interface {other}; choose another --mac")]
+    MacInUse { network: String, mac: MacAddr, other: String },
+}
+
+#[derive(Debug)]
+pub struct LeaseTable {
+    network: String,
+    first: u32,
+    last: u32,
+    gateway: Ipv4Addr,
+    lease_time: u64,
+    statics: Vec<crate::config::StaticLease>,
+    leases: BTreeMap<Ipv4Addr, Lease>,
+    path: Option<PathBuf>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct LeaseFile {
+    leases: Vec<Lease>,
+}
+
+impl LeaseTable {
+    pub fn new(net: &NetworkConfig) -> LeaseTable {
+        LeaseTable {
+            network: net.name.clone(),
+            first: net.dhcp.range_start.into(),
+            last: net.dhcp.range_end.into(),
+            gateway: net.gateway,
+            lease_time: net.dhcp.lease_time as u64,
+            statics: net.dhcp.static_leases.clone(),
+            leases: BTreeMap::new(),
+            path: None,
+        }
+    }
+
+    /// Loads the table persisted at `path` (missing file: empty table). Leases
+    /// that no longer fit the network's subnet are dropped. Nothing is attached
+    /// to a network that is just coming up, so indefinite holds left by a
+    /// previous daemon become ordinary reservations, held from `now`.
+    pub fn open(net: &NetworkConfig, path: &Path, now: u64) -> io::Result<LeaseTable> {
+        let mut table = LeaseTable::new(net);
+        table.path = Some(path.to_path_buf());
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                let file: LeaseFile = serde_json::from_slice(&bytes)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
+                for mut lease in file.leases {
+                    lease.held_until.get_or_insert(now + table.lease_time);
+                    if net.subnet.contains(&lease.ip) && lease.ip != net.gateway {
+                        table.leases.insert(lease.ip, lease);
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(table)
+    }
+
+    /// Writes the table atomically (temp file + rename) if it has a path.
+    pub fn save(&self) -> io::Result<()> {
+        let Some(path) = &self.path else { return Ok(()) };
+        let file = LeaseFile { leases: self.leases.values().cloned().collect() };
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&file)?)?;
+        std::fs::rename(&tmp, path)
+    }
+
+    #[cfg(test)]
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    /// Reserves an address for interface `id` and holds it until `detach`.
+    /// The same id gets back the same MAC and address whenever it still can.
+    pub fn attach(
+        &mut self,
+        id: InterfaceId,
+        mac: Option<MacAddr>,
+        name: Option<String>,
+        now: u64,
+    ) -> Result<Lease, LeaseError> {
+        let owner = Owner::Interface { id };
+        let existing = self.leases.values().find(|l| l.owner == owner).map(|l| (l.ip, l.mac));
+        let mac = match mac.or(existing.map(|(_, m)| m)) {
+            Some(mac) => {
+                self.check_mac_free(mac, &owner, now)?;
+                mac
+            }
+            None => self.derive_free_mac(id, now),
+        };
+        let ip = match self.static_for(Some(id), None) {
+            Some(ip) => {
+                if let Some(holder) = self.leases.get(&ip).filter(|l| l.owner != owner && l.is_live(now)) {
+                    return Err(LeaseError::StaticTaken { network: self.network.clone(), ip, id, holder: holder.mac });
+                }
+                ip
+            }
+            None => match existing {
+                Some((ip, _)) => ip,
+                None => self.free_address(now)?,
+            },
+        };
+        // One lease per owner: drop a stale one at another address.
+        self.leases.retain(|addr, l| l.owner != owner || *addr == ip);
+        let lease = Lease { ip, mac, owner, name, hostname: None, held_until: None };
+        let hostname = self.leases.get(&ip).filter(|l| l.owner == lease.owner).and_then(|l| l.hostname.clone());
+        let lease = Lease { hostname, ..lease };
+        self.leases.insert(ip, lease.clone());
+        Ok(lease)
+    }
+
+    /// The interface left: its address stays reserved for `lease_time`.
+    pub fn detach(&mut self, id: InterfaceId, now: u64) {
+        let until = now + self.lease_time;
+        for lease in self.leases.values_mut().filter(|l| l.owner == Owner::Interface { id }) {
+            lease.held_until = Some(until);
+        }
+    }
+
+    /// The address DHCP offers to `mac`: its interface's reservation, a static
+    /// lease, its earlier dynamic lease, or a new dynamic one.
+    pub fn offer(&mut self, mac: MacAddr, now: u64) -> Result<Ipv4Addr, LeaseError> {
+        if let Some(lease) = self.leases.values().find(|l| l.mac == mac && l.is_live(now)) {
+            return Ok(lease.ip);
+        }
+        let ip = match self.static_for(None, Some(mac)) {
+            Some(ip) => ip,
+            None => match self.leases.values().find(|l| l.mac == mac && l.owner == Owner::Mac) {
+                Some(old) if !self.is_taken(old.ip, now) => old.ip,
+                _ => self.free_address(now)?,
+            },
+        };
+        self.leases.retain(|_, l| !(l.mac == mac && l.owner == Owner::Mac));
+        let held_until = Some(now + self.lease_time);
+        self.leases.insert(ip, Lease { ip, mac, owner: Owner::Mac, name: None, hostname: None, held_until });
+        Ok(ip)
+    }
+
+    /// A DHCPREQUEST for `ip` from `mac` is acknowledged: records the guest's
+    /// hostname and extends a dynamic lease. Returns false if `ip` is not `mac`'s.
+    pub fn bind(&mut self, mac: MacAddr, ip: Ipv4Addr, hostname: Option<String>, now: u64) -> bool {
+        let lease_time = self.lease_time;
+        match self.leases.get_mut(&ip) {
+            Some(lease) if lease.mac == mac && lease.is_live(now) => {
+                if hostname.is_some() {
+                    lease.hostname = hostname;
+                }
+                if lease.owner == Owner::Mac {
+                    lease.held_until = Some(now + lease_time);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// DHCPRELEASE: a dynamic lease ends now; an interface keeps its address.
+    pub fn release(&mut self, mac: MacAddr, now: u64) {
+        for lease in self.leases.values_mut().filter(|l| l.mac == mac && l.owner == Owner::Mac) {
+            lease.held_until = Some(now);
+        }
+    }
+
+    /// The address of a live lease whose name or DHCP hostname is `name`.
+    pub fn resolve(&self, name: &str, now: u64) -> Option<Ipv4Addr> {
+        let matches = |n: &Option<String>| n.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name));
+        self.leases.values().find(|l| l.is_live(now) && (matches(&l.name) || matches(&l.hostname))).map(|l| l.ip)
+    }
+
+    pub fn lease_time(&self) -> u32 {
+        self.lease_time as u32
+    }
+
+    fn is_taken(&self, ip: Ipv4Addr, now: u64) -> bool {
+        ip == self.gateway || self.leases.get(&ip).is_some_and(|l| l.is_live(now))
+    }
+
+    fn static_for(&self, id: Option<InterfaceId>, mac: Option<MacAddr>) -> Option<Ipv4Addr> {
+        self.statics
+            .iter()
+            .find(|s| (id.is_some() && s.interface_id == id) || (mac.is_some() && s.mac == mac))
+            .map(|s| s.ip)
+    }
+
+    /// The lowest address never handed out; failing that, the one whose
+    /// reservation ran out longest ago. Static addresses are never dynamic.
+    fn free_address(&mut self, now: u64) -> Result<Ipv4Addr, LeaseError> {
+        let reserved_static = |ip: Ipv4Addr| self.statics.iter().any(|s| s.ip == ip);
+        let candidates = (self.first..=self.last).map(Ipv4Addr::from).filter(|&ip| ip != self.gateway);
+        let mut oldest: Option<(u64, Ipv4Addr)> = None;
+        for ip in candidates {
+            if reserved_static(ip) {
+                continue;
+            }
+            match self.leases.get(&ip) {
+                None => return Ok(ip),
+                Some(l) => {
+                    if let Some(t) = l.held_until.filter(|&t| t <= now)
+                        && oldest.is_none_or(|(o, _)| t < o)
+                    {
+                        oldest = Some((t, ip));
+                    }
+                }
+            }
+        }
+        match oldest {
+            Some((_, ip)) => {
+                self.leases.remove(&ip);
+                Ok(ip)
+            }
+            None => Err(LeaseError::PoolExhausted {
+                network: self.network.clone(),
+                first: self.first.into(),
+                last: self.last.into(),
+            }),
+        }
+    }
+
+    fn check_mac_free(&self, mac: MacAddr, owner: &Owner, now: u64) -> Result<(), LeaseError> {
+        match self.leases.values().find(|l| l.mac == mac && &l.owner != owner && l.is_live(now)) {
+            Some(other) => Err(LeaseError::MacInUse {
+                network: self.network.clone(),
+                mac,
+                other: match &other.owner {
+                    Owner::Interface { id } => id.to_string(),
+                    Owner::Mac => format!("(DHCP client at {})", other.ip),
+                },
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn derive_free_mac(&self, id: InterfaceId, now: u64) -> MacAddr {
+        let owner = Owner::Interface { id };
+        (0u8..)
+            .map(|salt| {
+                let mut seed = id.as_bytes().to_vec();
+                if salt > 0 {
+                    seed.push(salt);
+                }
+                MacAddr::derived(&seed)
+            })
+            .find(|&mac| self.check_mac_free(mac, &owner, now).is_ok())
+            .expect("a free MAC exists")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn table(yaml: &str) -> LeaseTable {
+        let cfg = Config::from_yaml(yaml, "t.yaml").unwrap();
+        LeaseTable::new(cfg.network("shared").unwrap())
+    }
+
+    fn small() -> LeaseTable {
+        table("networks:\n  shared:\n    dhcp: { range: 192.168.105.2-192.168.105.4, lease_time: 100 }\n")
+    }
+
+    fn id(n: u8) -> InterfaceId {
+        InterfaceId::from_bytes([n; 16])
+    }
+
+    fn ip(last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(192, 168, 105, last)
+    }
+
+    #[test]
+    fn same_id_gets_same_mac_and_ip_across_detach_and_attach() {
+        let mut t = small();
+        let a = t.attach(id(1), None, Some("vm1".into()), 0).unwrap();
+        let b = t.attach(id(2), None, None, 0).unwrap();
+        assert_eq!((a.ip, b.ip), (ip(2), ip(3)));
+        assert_ne!(a.mac, b.mac);
+        t.detach(id(1), 10);
+        let again = t.attach(id(1), None, None, 20).unwrap();
+        assert_eq!((again.ip, again.mac), (a.ip, a.mac));
+    }
+
+    #[test]
+    fn detached_address_is_reused_only_after_lease_time() {
+        let mut t = small();
+        t.attach(id(1), None, None, 0).unwrap();
+        t.attach(id(2), None, None, 0).unwrap();
+        t.attach(id(3), None, None, 0).unwrap();
+        t.detach(id(1), 10);
+        let err = t.attach(id(4), None, None, 50).unwrap_err();
+        assert!(matches!(err, LeaseError::PoolExhausted { .. }), "held for lease_time");
+        assert!(err.to_string().contains("widen dhcp.range"));
+        let d = t.attach(id(4), None, None, 111).unwrap();
+        assert_eq!(d.ip, ip(2), "expired reservation reused");
+        // id(1) comes back later: its address went to id(4), so it gets another one once free.
+        t.detach(id(2), 200);
+        let a = t.attach(id(1), None, None, 400).unwrap();
+        assert_eq!(a.ip, ip(3));
+    }
+
+    #[test]
+    fn never_used_addresses_go_before_expired_ones() {
+        let mut t = small();
+        t.attach(id(1), None, None, 0).unwrap();
+        t.detach(id(1), 0);
+        let b = t.attach(id(2), None, None, 1000).unwrap();
+        assert_eq!(b.ip, ip(3), "the expired .2 stays sticky while fresh addresses remain");
+        assert_eq!(t.attach(id(1), None, None, 1000).unwrap().ip, ip(2));
+    }
+
+    #[test]
+    fn explicit_mac_is_kept_and_duplicates_refused() {
+        let mut t = small();
+        let mac: MacAddr = "52:54:00:00:00:07".parse().unwrap();
+        assert_eq!(t.attach(id(1), Some(mac), None, 0).unwrap().mac, mac);
+        let err = t.attach(id(2), Some(mac), None, 0).unwrap_err();
+        assert!(err.to_string().contains("already used by interface"), "{err}");
+        t.detach(id(1), 0);
+        assert_eq!(t.attach(id(1), None, None, 5).unwrap().mac, mac, "remembered MAC");
+    }
+
+    #[test]
+    fn static_leases_by_interface_id_and_mac() {
+        let mut t = table(&format!(
+            "networks:\n  shared:\n    dhcp:\n      static:\n        - {{ interface_id: '{}', ip: 192.168.105.50 }}\n        - {{ mac: '52:54:00:00:00:09', ip: 192.168.105.60 }}\n",
+            id(7)
+        ));
+        assert_eq!(t.attach(id(7), None, None, 0).unwrap().ip, ip(50));
+        assert_eq!(t.offer("52:54:00:00:00:09".parse().unwrap(), 0).unwrap(), ip(60));
+        assert_eq!(t.attach(id(8), None, None, 0).unwrap().ip, ip(2));
+    }
+
+    #[test]
+    fn dhcp_offer_knows_interfaces_and_serves_unknown_macs_dynamically() {
+        let mut t = small();
+        let a = t.attach(id(1), None, None, 0).unwrap();
+        assert_eq!(t.offer(a.mac, 0).unwrap(), a.ip);
+        let stranger: MacAddr = "52:54:00:aa:bb:cc".parse().unwrap();
+        let ip_s = t.offer(stranger, 0).unwrap();
+        assert_eq!(ip_s, ip(3));
+        assert!(t.bind(stranger, ip_s, Some("nested".into()), 10));
+        assert!(!t.bind(stranger, a.ip, None, 10), "not its address");
+        assert_eq!(t.resolve("NESTED", 10), Some(ip_s));
+        t.release(stranger, 20);
+        assert_eq!(t.resolve("nested", 21), None);
+        assert_eq!(t.offer(stranger, 30).unwrap(), ip_s, "the same address when nobody took it");
+    }
+
+    #[test]
+    fn names_and_hostnames_resolve_only_while_live() {
+        let mut t = small();
+        let a = t.attach(id(1), None, Some("web".into()), 0).unwrap();
+        assert!(t.bind(a.mac, a.ip, Some("debian".into()), 1));
+        assert_eq!(t.resolve("web", 2), Some(a.ip));
+        assert_eq!(t.resolve("debian", 2), Some(a.ip));
+        t.detach(id(1), 3);
+        assert_eq!(t.resolve("web", 3), Some(a.ip), "reserved, still answered");
+        assert_eq!(t.resolve("web", 200), None);
+        assert_eq!(t.attach(id(1), None, None, 300).unwrap().hostname.as_deref(), Some("debian"));
+    }
+
+    #[test]
+    fn table_survives_a_round_trip_to_disk_and_bad_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shared.json");
+        let cfg = Config::builtin();
+        let net = cfg.network("shared").unwrap();
+        let mut t = LeaseTable::open(net, &path, 0).unwrap();
+        let a = t.attach(id(1), None, Some("vm".into()), 0).unwrap();
+        t.save().unwrap();
+        let mut back = LeaseTable::open(net, &path, 10).unwrap();
+        assert_eq!(back.leases().next().unwrap().held_until, Some(10 + 3600), "held from load time");
+        let again = back.attach(id(1), None, None, 11).unwrap();
+        assert_eq!((again.mac, again.ip), (a.mac, a.ip));
+        std::fs::write(&path, b"{not json").unwrap();
+        let err = LeaseTable::open(net, &path, 0).unwrap_err();
+        assert!(err.to_string().contains("shared.json"), "{err}");
+    }
+}

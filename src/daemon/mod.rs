@@ -1,0 +1,10 @@
+//! `linnet daemon`: the only privileged process. `state` decides what the
+//! kernel should hold (networks, interfaces, leases) and asks `host` to make
+//! it so; `server` speaks the socket protocol and watches clients.
+
+pub mod leases;
+mod network;
+mod server;
+mod state;
+
+pub use server::{Options, run};

@@ -1,0 +1,250 @@
+//! The daemon's event loop: the API socket, one task per client connection,
+//! signals, and exit when idle. A client's interfaces live exactly as long as
+//! its connection: when it closes (the client exited or was killed), they go.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr, sockopt};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::Mutex;
+use tracing::{debug, error, info, warn};
+
+use super::state::{Client, Daemon};
+use crate::api::{self, MAX_MESSAGE, Request, Response, SOCKET_NAME};
+use crate::config::Config;
+use crate::host::netlink::Netlink;
+
+pub struct Options {
+    pub run_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub config: Config,
+    /// Exit after this long with no interfaces and no connections.
+    pub idle_exit: Option<Duration>,
+}
+
+pub fn run(opts: Options) -> anyhow::Result<()> {
+    raise_fd_limit();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(serve(opts))
+}
+
+async fn serve(opts: Options) -> anyhow::Result<()> {
+    for dir in [&opts.run_dir, &opts.state_dir] {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let _lock = lock_run_dir(&opts.run_dir)?;
+    let socket_path = opts.run_dir.join(SOCKET_NAME);
+    let listener = listen(&socket_path)?;
+
+    let netlink = Netlink::connect().context("cannot open rtnetlink")?;
+    let mut daemon = Daemon::new(opts.config, opts.state_dir.clone(), netlink);
+    if let Err(e) = daemon.reconcile().await {
+        let _ = std::fs::remove_file(&socket_path);
+        bail!("start-up failed: {e}");
+    }
+    let daemon = Arc::new(Mutex::new(daemon));
+    info!(socket = %socket_path.display(), state = %opts.state_dir.display(), "linnet daemon ready");
+
+    let connections = Arc::new(AtomicUsize::new(0));
+    let next_client = AtomicU64::new(1);
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut idle_ticks = tokio::time::interval(Duration::from_millis(500));
+    let mut idle_since = tokio::time::Instant::now();
+
+    loop {
+        tokio::select! {
+            accepted = accept(&listener) => {
+                let conn = match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        warn!("accept failed: {e}");
+                        continue;
+                    }
+                };
+                let client = match identify(&conn, next_client.fetch_add(1, Ordering::Relaxed)) {
+                    Ok(client) => client,
+                    Err(e) => {
+                        warn!("cannot identify a client: {e}");
+                        continue;
+                    }
+                };
+                let (daemon, connections) = (daemon.clone(), connections.clone());
+                connections.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    serve_client(&daemon, conn, &client).await;
+                    daemon.lock().await.client_gone(client.id).await;
+                    connections.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+            _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
+            _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
+            _ = idle_ticks.tick() => {
+                let Some(limit) = opts.idle_exit else { continue };
+                let idle = connections.load(Ordering::SeqCst) == 0 && daemon.lock().await.is_idle();
+                if !idle {
+                    idle_since = tokio::time::Instant::now();
+                } else if idle_since.elapsed() >= limit {
+                    info!("idle for {}s: exiting", limit.as_secs());
+                    break;
+                }
+            }
+        }
+    }
+    daemon.lock().await.shutdown().await;
+    let _ = std::fs::remove_file(&socket_path);
+    info!("stopped; nothing left behind");
+    Ok(())
+}
+
+/// One daemon per run directory.
+fn lock_run_dir(run_dir: &Path) -> anyhow::Result<Flock<std::fs::File>> {
+    let path = run_dir.join("daemon.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|_| {
+        anyhow::anyhow!("another linnet daemon is running with run directory {} (stop it, or use --run-dir)", run_dir.display())
+    })
+}
+
+fn listen(path: &Path) -> anyhow::Result<AsyncFd<OwnedFd>> {
+    // We hold the lock, so a socket file left here is from a dead daemon.
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("cannot remove stale socket {}", path.display()));
+        }
+        _ => {}
+    }
+    let fd = socket::socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)?;
+    let addr = UnixAddr::new(path)?;
+    socket::bind(fd.as_raw_fd(), &addr).with_context(|| format!("cannot bind {}", path.display()))?;
+    // Anyone may connect; every request is checked against the network's
+    // `allow` list with the kernel's word on who is asking (SO_PEERCRED).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    socket::listen(&fd, socket::Backlog::new(128)?)?;
+    Ok(register(fd)?)
+}
+
+async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<AsyncFd<OwnedFd>> {
+    loop {
+        let mut ready = listener.readable().await?;
+        match ready.try_io(|fd| {
+            socket::accept4(fd.as_raw_fd(), SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK).map_err(io::Error::from)
+        }) {
+            Ok(Ok(raw)) => {
+                // SAFETY: accept4 returned a new descriptor that we now own.
+                let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+                return register(fd);
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Watches an fd we own exclusively (OwnedFd): nothing else can close it
+/// behind tokio's back, which is the safety condition of `register`.
+fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: the OwnedFd moves into the AsyncFd and is closed only by it.
+    unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
+}
+
+fn identify(conn: &AsyncFd<OwnedFd>, id: u64) -> io::Result<Client> {
+    let cred = socket::getsockopt(conn.get_ref(), sockopt::PeerCredentials)?;
+    Ok(Client {
+        id,
+        pid: (cred.pid() > 0).then_some(cred.pid()),
+        uid: cred.uid(),
+        gid: cred.gid(),
+        groups: peer_groups(conn.get_ref()).unwrap_or_else(|_| vec![cred.gid()]),
+    })
+}
+
+/// The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13+).
+fn peer_groups(fd: &OwnedFd) -> io::Result<Vec<u32>> {
+    let mut groups = vec![0u32; 256];
+    let mut len = (groups.len() * 4) as libc::socklen_t;
+    // SAFETY: the buffer is `len` bytes long and outlives the call.
+    let rc = unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERGROUPS, groups.as_mut_ptr().cast(), &mut len)
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    groups.truncate(len as usize / 4);
+    Ok(groups)
+}
+
+async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &Client) {
+    debug!(client = client.id, pid = ?client.pid, uid = client.uid, "connected");
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let received = conn.async_io(Interest::READABLE, |fd| api::recv_packet(fd.as_fd(), &mut buf)).await;
+        let len = match received {
+            Ok(Some((len, _fds))) => len,
+            Ok(None) => break,
+            Err(e) => {
+                debug!(client = client.id, "connection error: {e}");
+                break;
+            }
+        };
+        let (response, fd) = match serde_json::from_slice::<Request>(&buf[..len]) {
+            Err(e) => (bad_request(format!("cannot parse request: {e}")), None),
+            Ok(request) => handle(daemon, client, request).await,
+        };
+        let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
+        let sent = conn.async_io(Interest::WRITABLE, |c| api::send_message(c.as_fd(), &response, &fds)).await;
+        // Our copy of the TAP fd closes here; the client holds its own.
+        drop(fd);
+        if let Err(e) = sent {
+            debug!(client = client.id, "cannot reply: {e}");
+            break;
+        }
+    }
+    debug!(client = client.id, "disconnected");
+}
+
+async fn handle(daemon: &Mutex<Daemon>, client: &Client, request: Request) -> (Response, Option<OwnedFd>) {
+    let mut daemon = daemon.lock().await;
+    match request {
+        Request::Attach(req) => match daemon.handle_attach(client, req).await {
+            Ok((interface, fd)) => (Response::Attached { interface }, Some(fd)),
+            Err(e) => {
+                error!(uid = client.uid, pid = ?client.pid, "attach refused: {e}");
+                (e.into_response(), None)
+            }
+        },
+        Request::Detach { interface_id } => match daemon.handle_detach(client, interface_id).await {
+            Ok(()) => (Response::Detached { interface_id }, None),
+            Err(e) => (e.into_response(), None),
+        },
+        Request::List => {
+            let stats = daemon.link_stats().await;
+            (daemon.list(&stats), None)
+        }
+    }
+}
+
+fn bad_request(message: String) -> Response {
+    Response::Error { kind: api::ErrorKind::BadRequest, message }
+}
+
+fn raise_fd_limit() {
+    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}

@@ -1,0 +1,407 @@
+//! The daemon's state: which networks are up, which interfaces are attached
+//! and by whom. Every request is decided here; the kernel is changed through
+//! `host` and `network`.
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use thiserror::Error;
+use tracing::{info, warn};
+
+use super::leases::{Lease, LeaseError};
+use super::network::{ActiveNetwork, dns_servers};
+use crate::api::{AttachRequest, ErrorKind, InterfaceInfo, InterfaceStatus, NetworkStatus, Response};
+use crate::config::{Config, DEFAULT_NETWORK};
+use crate::host::firewall::{self, FirewallError};
+use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
+use crate::host::tap::{self, TapError};
+use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
+use crate::services::{ServiceError, unix_now};
+use crate::types::{self, InterfaceId};
+
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("unknown network \"{name}\"; known networks: {known} (add it to {file})")]
+    UnknownNetwork { name: String, known: String, file: String },
+    #[error("uid {uid} may not attach to network \"{network}\": it allows {allow}; add the user to networks.{network}.allow or to one of those groups")]
+    NotAllowed { uid: u32, network: String, allow: String },
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error(transparent)]
+    Tap(#[from] TapError),
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error(transparent)]
+    Firewall(#[from] FirewallError),
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl DaemonError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            DaemonError::BadRequest(_) => ErrorKind::BadRequest,
+            DaemonError::UnknownNetwork { .. } => ErrorKind::UnknownNetwork,
+            DaemonError::NotAllowed { .. } => ErrorKind::NotAllowed,
+            DaemonError::Busy(_) => ErrorKind::Busy,
+            DaemonError::Conflict(_) | DaemonError::Lease(_) => ErrorKind::Conflict,
+            DaemonError::Tap(_) | DaemonError::Netlink(_) | DaemonError::Firewall(_) | DaemonError::Service(_) => {
+                ErrorKind::HostSetup
+            }
+            DaemonError::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
+    pub fn into_response(self) -> Response {
+        Response::Error { kind: self.kind(), message: self.to_string() }
+    }
+}
+
+/// A connected client, as the kernel identified it (SO_PEERCRED).
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub id: u64,
+    pub pid: Option<i32>,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+struct Interface {
+    network: String,
+    lease: Lease,
+    tap: String,
+    tap_index: u32,
+    client: u64,
+    pid: Option<i32>,
+    uid: u32,
+}
+
+pub struct Daemon {
+    config: Config,
+    lease_dir: PathBuf,
+    netlink: Netlink,
+    networks: BTreeMap<String, ActiveNetwork>,
+    interfaces: BTreeMap<InterfaceId, Interface>,
+    /// Whether the daemon turned IPv4 forwarding on (and so turns it off).
+    enabled_forwarding: bool,
+}
+
+impl Daemon {
+    pub fn new(config: Config, state_dir: PathBuf, netlink: Netlink) -> Daemon {
+        Daemon {
+            config,
+            lease_dir: state_dir.join("leases"),
+            netlink,
+            networks: BTreeMap::new(),
+            interfaces: BTreeMap::new(),
+            enabled_forwarding: false,
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.interfaces.is_empty() && self.networks.is_empty()
+    }
+
+    /// Start-up: removes TAPs a previous daemon left (their clients lost their
+    /// connection with it), removes its bridges unless the network is
+    /// persistent (those are adopted), replaces its nftables table, and brings
+    /// the persistent networks up.
+    pub async fn reconcile(&mut self) -> Result<(), DaemonError> {
+        std::fs::create_dir_all(&self.lease_dir)
+            .map_err(|e| DaemonError::Internal(format!("cannot create {}: {e}", self.lease_dir.display())))?;
+        for link in self.netlink.links().await? {
+            let Some(alias) = link.alias.as_deref() else { continue };
+            let stale = match (link.kind, alias) {
+                (LinkKind::Tun, a) if a.starts_with(ALIAS_INTERFACE) => true,
+                (LinkKind::Bridge, a) => a
+                    .strip_prefix(ALIAS_NETWORK)
+                    .is_some_and(|net| !self.config.network(net).is_some_and(|n| n.persistent)),
+                _ => false,
+            };
+            if stale {
+                info!(link = %link.name, "removing what a previous daemon left");
+                self.netlink.delete_link(link.index).await?;
+            }
+        }
+        firewall::remove()?;
+        let persistent: Vec<String> =
+            self.config.networks.values().filter(|n| n.persistent).map(|n| n.name.clone()).collect();
+        for name in persistent {
+            self.ensure_network(&name).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn handle_attach(&mut self, client: &Client, req: AttachRequest) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
+        let network = req.network.unwrap_or_else(|| DEFAULT_NETWORK.into());
+        let cfg = self.config.network(&network).ok_or_else(|| DaemonError::UnknownNetwork {
+            name: network.clone(),
+            known: self.config.networks.keys().cloned().collect::<Vec<_>>().join(", "),
+            file: self.config.source.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| crate::config::DEFAULT_CONFIG_PATH.into()),
+        })?;
+        if !cfg.allow.permits(client.uid, &client.groups) {
+            return Err(DaemonError::NotAllowed { uid: client.uid, network, allow: cfg.allow.describe() });
+        }
+        if let Some(name) = &req.name {
+            types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
+        }
+        let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
+        if let Some(other) = self.interfaces.get(&id) {
+            return Err(DaemonError::Busy(format!(
+                "interface {id} is already attached to network \"{}\" by pid {}; detach it first or use another --interface-id",
+                other.network,
+                other.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+            )));
+        }
+        self.ensure_network(&network).await?;
+        let result = self.attach_on(&network, id, client, req.mac, req.name).await;
+        if result.is_err() {
+            self.release_network_if_unused(&network).await;
+        }
+        result
+    }
+
+    async fn attach_on(
+        &mut self,
+        network: &str,
+        id: InterfaceId,
+        client: &Client,
+        mac: Option<types::MacAddr>,
+        name: Option<String>,
+    ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
+        let net = &self.networks[network];
+        let now = unix_now();
+        let lease = net.leases.lock().expect("lease lock").attach(id, mac, name, now)?;
+        let tap_name = host::tap_name(&id);
+        let made = async {
+            if let Some(stale) = self.netlink.link(&tap_name).await? {
+                self.netlink.delete_link(stale.index).await?;
+            }
+            let fd = tap::create(&tap_name, client.uid, client.gid)?;
+            let index = self
+                .netlink
+                .link(&tap_name)
+                .await?
+                .ok_or_else(|| DaemonError::Internal(format!("TAP {tap_name} vanished after creation")))?
+                .index;
+            let alias = format!("{ALIAS_INTERFACE}{id}");
+            let settings = LinkSettings { master: Some(net.bridge_index), mtu: Some(net.config.mtu), alias: Some(&alias), up: true };
+            self.netlink.configure(index, settings).await?;
+            Ok::<_, DaemonError>((fd, index))
+        }
+        .await;
+        let mut leases = net.leases.lock().expect("lease lock");
+        let (fd, tap_index) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                leases.detach(id, now);
+                return Err(e);
+            }
+        };
+        if let Err(e) = leases.save() {
+            warn!(network, "cannot save leases: {e}");
+        }
+        drop(leases);
+        let info = interface_info(net, id, &lease, &tap_name);
+        info!(network, interface = %id, ip = %lease.ip, mac = %lease.mac, tap = %tap_name, pid = ?client.pid, uid = client.uid, "attached");
+        self.interfaces.insert(
+            id,
+            Interface { network: network.into(), lease, tap: tap_name, tap_index, client: client.id, pid: client.pid, uid: client.uid },
+        );
+        Ok((info, fd))
+    }
+
+    pub async fn handle_detach(&mut self, client: &Client, id: InterfaceId) -> Result<(), DaemonError> {
+        match self.interfaces.get(&id) {
+            None => Err(DaemonError::BadRequest(format!("interface {id} is not attached"))),
+            Some(i) if i.client != client.id => Err(DaemonError::Busy(format!(
+                "interface {id} belongs to another client (pid {}); only it can detach it",
+                i.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+            ))),
+            Some(_) => self.detach(id).await,
+        }
+    }
+
+    /// A client's connection closed: everything it attached goes.
+    pub async fn client_gone(&mut self, client: u64) {
+        let ids: Vec<InterfaceId> = self.interfaces.iter().filter(|(_, i)| i.client == client).map(|(id, _)| *id).collect();
+        for id in ids {
+            info!(interface = %id, "client went away");
+            if let Err(e) = self.detach(id).await {
+                warn!(interface = %id, "detach failed: {e}");
+            }
+        }
+    }
+
+    async fn detach(&mut self, id: InterfaceId) -> Result<(), DaemonError> {
+        let Some(iface) = self.interfaces.remove(&id) else { return Ok(()) };
+        let deleted = self.netlink.delete_link(iface.tap_index).await;
+        if let Some(net) = self.networks.get(&iface.network) {
+            let mut leases = net.leases.lock().expect("lease lock");
+            leases.detach(id, unix_now());
+            if let Err(e) = leases.save() {
+                warn!(network = %iface.network, "cannot save leases: {e}");
+            }
+        }
+        info!(network = %iface.network, interface = %id, tap = %iface.tap, "detached");
+        self.release_network_if_unused(&iface.network).await;
+        deleted.map_err(Into::into)
+    }
+
+    pub fn list(&self, stats: &BTreeMap<u32, (u64, u64)>) -> Response {
+        let networks = self
+            .config
+            .networks
+            .values()
+            .map(|cfg| NetworkStatus {
+                name: cfg.name.clone(),
+                mode: cfg.mode,
+                subnet: cfg.subnet,
+                gateway: cfg.gateway,
+                bridge: self.networks.get(&cfg.name).map(|n| n.bridge.clone()),
+                interfaces: self.interfaces.values().filter(|i| i.network == cfg.name).count(),
+                persistent: cfg.persistent,
+            })
+            .collect();
+        let interfaces = self
+            .interfaces
+            .iter()
+            .map(|(id, i)| {
+                let (rx, tx) = stats.get(&i.tap_index).copied().unwrap_or_default();
+                InterfaceStatus {
+                    interface_id: *id,
+                    name: i.lease.name.clone(),
+                    network: i.network.clone(),
+                    mac_address: i.lease.mac,
+                    ip_address: i.lease.ip,
+                    tap: i.tap.clone(),
+                    client_pid: i.pid,
+                    client_uid: i.uid,
+                    // The TAP's tx is what the VM received.
+                    vm_rx_bytes: tx,
+                    vm_tx_bytes: rx,
+                }
+            })
+            .collect();
+        Response::Listing { networks, interfaces }
+    }
+
+    pub async fn link_stats(&self) -> BTreeMap<u32, (u64, u64)> {
+        match self.netlink.links().await {
+            Ok(links) => links.into_iter().map(|l| (l.index, (l.rx_bytes, l.tx_bytes))).collect(),
+            Err(e) => {
+                warn!("cannot read link counters: {e}");
+                BTreeMap::new()
+            }
+        }
+    }
+
+    /// Removes every interface and network; leases stay on disk.
+    pub async fn shutdown(&mut self) {
+        let ids: Vec<InterfaceId> = self.interfaces.keys().copied().collect();
+        for id in ids {
+            if let Err(e) = self.detach(id).await {
+                warn!(interface = %id, "detach failed: {e}");
+            }
+        }
+        let names: Vec<String> = self.networks.keys().cloned().collect();
+        for name in names {
+            if let Some(net) = self.networks.remove(&name)
+                && let Err(e) = net.bring_down(&self.netlink).await
+            {
+                warn!(network = %name, "bring down failed: {e}");
+            }
+        }
+        if let Err(e) = self.sync_host() {
+            warn!("cleaning up the firewall failed: {e}");
+        }
+    }
+
+    async fn ensure_network(&mut self, name: &str) -> Result<(), DaemonError> {
+        if self.networks.contains_key(name) {
+            return Ok(());
+        }
+        let cfg = self.config.network(name).expect("checked by caller").clone();
+        let net = ActiveNetwork::bring_up(&cfg, &self.netlink, &self.lease_dir).await?;
+        self.networks.insert(name.into(), net);
+        if let Err(e) = self.sync_host() {
+            if let Some(net) = self.networks.remove(name) {
+                let _ = net.bring_down(&self.netlink).await;
+            }
+            let _ = self.sync_host();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    async fn release_network_if_unused(&mut self, name: &str) {
+        let in_use = self.interfaces.values().any(|i| i.network == name);
+        let persistent = self.networks.get(name).is_some_and(|n| n.config.persistent);
+        if in_use || persistent {
+            return;
+        }
+        if let Some(net) = self.networks.remove(name) {
+            if let Err(e) = net.bring_down(&self.netlink).await {
+                warn!(network = %name, "bring down failed: {e}");
+            }
+            if let Err(e) = self.sync_host() {
+                warn!("updating the firewall failed: {e}");
+            }
+        }
+    }
+
+    /// Makes the firewall table and the forwarding sysctl match the active networks.
+    fn sync_host(&mut self) -> Result<(), DaemonError> {
+        let rules: Vec<_> = self.networks.values().map(|n| n.firewall()).collect();
+        let needs_forwarding = self.networks.values().any(|n| n.config.nat44);
+        if needs_forwarding && !self.enabled_forwarding {
+            self.enabled_forwarding = sysctl::enable_ipv4_forwarding()
+                .map_err(|e| DaemonError::Internal(format!("cannot enable IPv4 forwarding: {e}")))?;
+        }
+        firewall::apply(&rules)?;
+        if !needs_forwarding && self.enabled_forwarding {
+            if let Err(e) = sysctl::disable_ipv4_forwarding() {
+                warn!("cannot restore IPv4 forwarding to off: {e}");
+            }
+            self.enabled_forwarding = false;
+        }
+        Ok(())
+    }
+}
+
+fn interface_info(net: &ActiveNetwork, id: InterfaceId, lease: &Lease, tap: &str) -> InterfaceInfo {
+    let cfg = &net.config;
+    InterfaceInfo {
+        vmnet_interface_id: id,
+        vmnet_mac_address: lease.mac,
+        vmnet_mtu: cfg.mtu,
+        vmnet_max_packet_size: cfg.mtu + 14,
+        vmnet_start_address: cfg.dhcp.range_start,
+        vmnet_end_address: cfg.dhcp.range_end,
+        vmnet_subnet_mask: cfg.subnet.netmask(),
+        network: cfg.name.clone(),
+        mode: cfg.mode,
+        datapath: "tap".into(),
+        interface_id: id,
+        name: lease.name.clone(),
+        mac_address: lease.mac,
+        ip_address: lease.ip,
+        gateway: cfg.gateway,
+        dns: dns_servers(cfg),
+        domain: cfg.dns.domain.clone(),
+        subnet: cfg.subnet,
+        tap: tap.into(),
+        mtu: cfg.mtu,
+        forwards: Vec::new(),
+    }
+}

@@ -1,0 +1,44 @@
+//! Everything that touches the kernel: links and addresses (netlink), TAP
+//! devices (ioctl), the nftables table, sysctls. The daemon decides; this
+//! module carries out. Kernel-visible names are defined here, in one place.
+
+pub mod firewall;
+pub mod netlink;
+pub mod sysctl;
+pub mod tap;
+
+use crate::types::{InterfaceId, stable_hash};
+
+/// Bridges are `ln-<network>` (network names are at most 12 bytes).
+pub const BRIDGE_PREFIX: &str = "ln-";
+/// TAPs are `lnt` + 12 hex digits derived from the interface id.
+pub const TAP_PREFIX: &str = "lnt";
+/// The alias (IFLA_IFALIAS) marks links linnet made, so reconcile never
+/// touches a look-alike: `linnet:network:<name>`, `linnet:interface:<id>`.
+pub const ALIAS_NETWORK: &str = "linnet:network:";
+pub const ALIAS_INTERFACE: &str = "linnet:interface:";
+/// linnet's own nftables table (family inet); it never edits another.
+pub const NFT_TABLE: &str = "linnet";
+pub const TUN_DEVICE: &str = "/dev/net/tun";
+
+pub fn bridge_name(network: &str) -> String {
+    format!("{BRIDGE_PREFIX}{network}")
+}
+
+pub fn tap_name(id: &InterfaceId) -> String {
+    format!("{TAP_PREFIX}{:012x}", stable_hash(id.as_bytes()) >> 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_fit_in_ifnamsiz() {
+        assert_eq!(bridge_name("abcdefghijkl").len(), 15);
+        let tap = tap_name(&InterfaceId::from_bytes([1; 16]));
+        assert_eq!(tap.len(), 15);
+        assert_eq!(tap, tap_name(&InterfaceId::from_bytes([1; 16])), "stable");
+        assert_ne!(tap, tap_name(&InterfaceId::from_bytes([2; 16])));
+    }
+}

@@ -1,0 +1,226 @@
+//! Links, addresses and routes over rtnetlink: bridges and TAP ports for the
+//! networks, and the address/route dump used to refuse overlapping subnets.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+
+use futures::TryStreamExt;
+use ipnet::Ipv4Net;
+use rtnetlink::packet_route::address::AddressAttribute;
+use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteHeader};
+use rtnetlink::{Handle, LinkBridge, LinkUnspec, RouteMessageBuilder};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+#[error("{what}: {source}")]
+pub struct NetlinkError {
+    pub what: String,
+    pub source: io::Error,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkKind {
+    Bridge,
+    Tun,
+    Other,
+}
+
+#[derive(Debug, Clone)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    pub kind: LinkKind,
+    pub alias: Option<String>,
+    pub master: Option<u32>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
+/// A connection to rtnetlink in the daemon's network namespace.
+#[derive(Clone)]
+pub struct Netlink {
+    handle: Handle,
+}
+
+fn to_io(e: rtnetlink::Error) -> io::Error {
+    match e {
+        rtnetlink::Error::NetlinkError(msg) => msg.to_io(),
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+fn op(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
+    let what = what.into();
+    move |e| NetlinkError { what, source: to_io(e) }
+}
+
+impl Netlink {
+    /// Opens the socket; must be called inside a tokio runtime.
+    pub fn connect() -> io::Result<Netlink> {
+        let (connection, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(connection);
+        Ok(Netlink { handle })
+    }
+
+    pub async fn links(&self) -> Result<Vec<Link>, NetlinkError> {
+        let mut stream = self.handle.link().get().execute();
+        let mut links = Vec::new();
+        while let Some(msg) = stream.try_next().await.map_err(op("list links"))? {
+            links.push(parse_link(msg));
+        }
+        Ok(links)
+    }
+
+    pub async fn link(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
+        let mut stream = self.handle.link().get().match_name(name.to_string()).execute();
+        match stream.try_next().await {
+            Ok(msg) => Ok(msg.map(parse_link)),
+            Err(e) => {
+                let e = to_io(e);
+                if e.raw_os_error() == Some(libc::ENODEV) {
+                    Ok(None)
+                } else {
+                    Err(NetlinkError { what: format!("look up link {name}"), source: e })
+                }
+            }
+        }
+    }
+
+    /// Creates a bridge (down), returning its index.
+    pub async fn create_bridge(&self, name: &str, mtu: u32) -> Result<u32, NetlinkError> {
+        let msg = LinkBridge::new(name).down().mtu(mtu).build();
+        self.handle.link().add(msg).execute().await.map_err(op(format!("create bridge {name}")))?;
+        self.link(name).await?.map(|l| l.index).ok_or_else(|| NetlinkError {
+            what: format!("create bridge {name}"),
+            source: io::Error::from_raw_os_error(libc::ENODEV),
+        })
+    }
+
+    /// Sets the attributes given; `up` brings the link up.
+    pub async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError> {
+        let mut b = LinkUnspec::new_with_index(index);
+        if let Some(m) = settings.master {
+            b = b.controller(m);
+        }
+        if let Some(mtu) = settings.mtu {
+            b = b.mtu(mtu);
+        }
+        if let Some(alias) = settings.alias {
+            b = b.alias(alias);
+        }
+        if settings.up {
+            b = b.up();
+        }
+        self.handle.link().set(b.build()).execute().await.map_err(op(format!("configure link {index}")))
+    }
+
+    pub async fn add_address(&self, index: u32, net: Ipv4Net) -> Result<(), NetlinkError> {
+        match self.handle.address().add(index, IpAddr::V4(net.addr()), net.prefix_len()).execute().await {
+            Err(e) => {
+                let e = to_io(e);
+                if e.raw_os_error() == Some(libc::EEXIST) {
+                    return Ok(());
+                }
+                Err(NetlinkError { what: format!("add {net} to link {index}"), source: e })
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Deletes a link; a link already gone is not an error.
+    pub async fn delete_link(&self, index: u32) -> Result<(), NetlinkError> {
+        match self.handle.link().del(index).execute().await {
+            Err(e) => {
+                let e = to_io(e);
+                if e.raw_os_error() == Some(libc::ENODEV) {
+                    return Ok(());
+                }
+                Err(NetlinkError { what: format!("delete link {index}"), source: e })
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Every IPv4 address in the namespace, with its link index.
+    pub async fn ipv4_addresses(&self) -> Result<Vec<(u32, Ipv4Net)>, NetlinkError> {
+        let mut stream = self.handle.address().get().execute();
+        let mut out = Vec::new();
+        while let Some(msg) = stream.try_next().await.map_err(op("list addresses"))? {
+            for attr in &msg.attributes {
+                if let AddressAttribute::Local(IpAddr::V4(ip)) = attr
+                    && let Ok(net) = Ipv4Net::new(*ip, msg.header.prefix_len)
+                {
+                    out.push((msg.header.index, net));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The IPv4 routes of the main table (destination, outgoing link).
+    pub async fn ipv4_routes(&self) -> Result<Vec<(Ipv4Net, Option<u32>)>, NetlinkError> {
+        let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let mut stream = self.handle.route().get(req).execute();
+        let mut out = Vec::new();
+        while let Some(msg) = stream.try_next().await.map_err(op("list routes"))? {
+            if msg.header.table != RouteHeader::RT_TABLE_MAIN {
+                continue;
+            }
+            let mut dst = Ipv4Addr::UNSPECIFIED;
+            let mut oif = None;
+            for attr in &msg.attributes {
+                match attr {
+                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    _ => {}
+                }
+            }
+            if let Ok(net) = Ipv4Net::new(dst, msg.header.destination_prefix_length) {
+                out.push((net, oif));
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LinkSettings<'a> {
+    pub master: Option<u32>,
+    pub mtu: Option<u32>,
+    pub alias: Option<&'a str>,
+    pub up: bool,
+}
+
+fn parse_link(msg: LinkMessage) -> Link {
+    let mut link = Link {
+        index: msg.header.index,
+        name: String::new(),
+        kind: LinkKind::Other,
+        alias: None,
+        master: None,
+        rx_bytes: 0,
+        tx_bytes: 0,
+    };
+    for attr in msg.attributes {
+        match attr {
+            LinkAttribute::IfName(n) => link.name = n,
+            LinkAttribute::IfAlias(a) => link.alias = Some(a),
+            LinkAttribute::Controller(m) => link.master = Some(m),
+            LinkAttribute::Stats64(s) => (link.rx_bytes, link.tx_bytes) = (s.rx_bytes, s.tx_bytes),
+            LinkAttribute::LinkInfo(infos) => {
+                for info in infos {
+                    if let LinkInfo::Kind(kind) = info {
+                        link.kind = match kind {
+                            InfoKind::Bridge => LinkKind::Bridge,
+                            InfoKind::Tun => LinkKind::Tun,
+                            _ => LinkKind::Other,
+                        };
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    link
+}

@@ -1,0 +1,298 @@
+//! DHCPv4 server (RFC 2131, options RFC 2132) for one network's bridge.
+//!
+//! Every interface's address is reserved at attach, so the server mostly
+//! confirms what linnet already decided: DISCOVER gets the reservation,
+//! REQUEST for it is ACKed, anything else NAKed. A MAC that no interface
+//! has (a VMM that ignored the MAC it was given) gets a dynamic lease.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+
+use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::UdpSocket;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::{NetworkContext, ServiceError, unix_now};
+use crate::config::{Mode, NetworkConfig};
+use crate::daemon::leases::LeaseTable;
+use crate::types::MacAddr;
+
+const SERVER_PORT: u16 = 67;
+const CLIENT_PORT: u16 = 68;
+
+pub fn start(ctx: Arc<NetworkContext>) -> Result<JoinHandle<()>, ServiceError> {
+    let addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER_PORT);
+    let bind_err = |source| ServiceError::Bind {
+        network: ctx.config.name.clone(),
+        service: "DHCP",
+        addr: format!("{addr} on {}", ctx.bridge),
+        source,
+    };
+    let socket = bind(&ctx.bridge, addr).map_err(bind_err)?;
+    Ok(tokio::spawn(serve(ctx, socket)))
+}
+
+/// One socket per bridge: bound to the device, so several networks can each
+/// own port 67, and broadcast replies leave through the right bridge.
+fn bind(bridge: &str, addr: SocketAddrV4) -> std::io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_broadcast(true)?;
+    socket.bind_device(Some(bridge.as_bytes()))?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
+}
+
+async fn serve(ctx: Arc<NetworkContext>, socket: UdpSocket) {
+    let mut buf = vec![0u8; 1500];
+    let mut out = Vec::with_capacity(600);
+    loop {
+        let len = match socket.recv_from(&mut buf).await {
+            Ok((len, _)) => len,
+            Err(e) => {
+                warn!(network = %ctx.config.name, "DHCP receive failed: {e}");
+                continue;
+            }
+        };
+        let Ok(request) = Message::decode(&mut Decoder::new(&buf[..len])) else {
+            debug!(network = %ctx.config.name, "ignored a packet that is not DHCP");
+            continue;
+        };
+        let reply = {
+            let mut leases = ctx.leases.lock().expect("lease table lock");
+            let reply = respond(&ctx.config, &mut leases, &request, unix_now());
+            if reply.is_some()
+                && let Err(e) = leases.save()
+            {
+                warn!(network = %ctx.config.name, "cannot save leases: {e}");
+            }
+            reply
+        };
+        let Some(reply) = reply else { continue };
+        out.clear();
+        if reply.encode(&mut Encoder::new(&mut out)).is_err() {
+            continue;
+        }
+        let dest = destination(&request, &reply);
+        if let Err(e) = socket.send_to(&out, dest).await {
+            warn!(network = %ctx.config.name, "DHCP reply to {dest} failed: {e}");
+        }
+    }
+}
+
+/// RFC 2131 4.1: renewing clients (ciaddr set) get unicast; everyone else a
+/// broadcast, which every client accepts before it has an address.
+fn destination(request: &Message, reply: &Message) -> SocketAddrV4 {
+    let nak = reply.opts().has_msg_type(MessageType::Nak);
+    if !request.ciaddr().is_unspecified() && !nak {
+        SocketAddrV4::new(request.ciaddr(), CLIENT_PORT)
+    } else {
+        SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT)
+    }
+}
+
+/// The server's answer to one client message, or None to stay silent.
+pub fn respond(net: &NetworkConfig, leases: &mut LeaseTable, req: &Message, now: u64) -> Option<Message> {
+    if req.opcode() != Opcode::BootRequest || req.chaddr().len() < 6 || !req.giaddr().is_unspecified() {
+        return None;
+    }
+    let mac = MacAddr(req.chaddr()[..6].try_into().ok()?);
+    let requested = match req.opts().get(OptionCode::RequestedIpAddress) {
+        Some(DhcpOption::RequestedIpAddress(ip)) => Some(*ip),
+        _ => None,
+    };
+    let hostname = match req.opts().get(OptionCode::Hostname) {
+        Some(DhcpOption::Hostname(h)) if crate::types::validate_hostname(h).is_ok() => Some(h.to_ascii_lowercase()),
+        _ => None,
+    };
+    let for_us = match req.opts().get(OptionCode::ServerIdentifier) {
+        Some(DhcpOption::ServerIdentifier(id)) => *id == net.gateway,
+        _ => true,
+    };
+    match req.opts().msg_type()? {
+        MessageType::Discover => match leases.offer(mac, now) {
+            Ok(ip) => {
+                debug!(network = %net.name, %mac, %ip, "DHCPOFFER");
+                Some(reply(net, leases, req, MessageType::Offer, ip))
+            }
+            Err(e) => {
+                warn!("{e}");
+                None
+            }
+        },
+        MessageType::Request => {
+            if !for_us {
+                return None; // the client chose another server
+            }
+            let ip = requested.unwrap_or(req.ciaddr());
+            // A client we have never offered to (INIT-REBOOT) gets its reservation.
+            let _ = leases.offer(mac, now);
+            if leases.bind(mac, ip, hostname.clone(), now) {
+                info!(network = %net.name, %mac, %ip, hostname = hostname.as_deref().unwrap_or("-"), "DHCPACK");
+                Some(reply(net, leases, req, MessageType::Ack, ip))
+            } else {
+                info!(network = %net.name, %mac, %ip, "DHCPNAK: not this client's address");
+                Some(nak(net, req))
+            }
+        }
+        MessageType::Release => {
+            leases.release(mac, now);
+            None
+        }
+        MessageType::Decline => {
+            warn!(network = %net.name, %mac, ip = ?requested, "DHCPDECLINE: the guest found the address in use; is another DHCP server or a static address on this network?");
+            None
+        }
+        MessageType::Inform => Some(reply(net, leases, req, MessageType::Ack, Ipv4Addr::UNSPECIFIED)),
+        _ => None,
+    }
+}
+
+fn base(net: &NetworkConfig, req: &Message, kind: MessageType) -> Message {
+    let mut msg = Message::default();
+    msg.set_opcode(Opcode::BootReply)
+        .set_xid(req.xid())
+        .set_flags(req.flags())
+        .set_chaddr(req.chaddr())
+        .set_siaddr(Ipv4Addr::UNSPECIFIED);
+    let opts = msg.opts_mut();
+    opts.insert(DhcpOption::MessageType(kind));
+    opts.insert(DhcpOption::ServerIdentifier(net.gateway));
+    msg
+}
+
+fn reply(net: &NetworkConfig, leases: &LeaseTable, req: &Message, kind: MessageType, ip: Ipv4Addr) -> Message {
+    let mut msg = base(net, req, kind);
+    msg.set_yiaddr(ip).set_ciaddr(req.ciaddr());
+    let lease_time = leases.lease_time();
+    let opts = msg.opts_mut();
+    opts.insert(DhcpOption::SubnetMask(net.subnet.netmask()));
+    opts.insert(DhcpOption::BroadcastAddr(net.subnet.broadcast()));
+    if net.mode == Mode::Shared {
+        opts.insert(DhcpOption::Router(vec![net.gateway]));
+    }
+    if net.dns.enabled {
+        opts.insert(DhcpOption::DomainNameServer(vec![net.gateway]));
+        opts.insert(DhcpOption::DomainName(net.dns.domain.clone()));
+    }
+    if net.mtu != 1500 {
+        opts.insert(DhcpOption::InterfaceMtu(net.mtu.min(u16::MAX as u32) as u16));
+    }
+    if kind != MessageType::Ack || !ip.is_unspecified() {
+        opts.insert(DhcpOption::AddressLeaseTime(lease_time));
+        opts.insert(DhcpOption::Renewal(lease_time / 2));
+        opts.insert(DhcpOption::Rebinding(lease_time / 8 * 7));
+    }
+    msg
+}
+
+fn nak(net: &NetworkConfig, req: &Message) -> Message {
+    let mut msg = base(net, req, MessageType::Nak);
+    msg.set_flags(Flags::default().set_broadcast());
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::types::InterfaceId;
+
+    fn setup() -> (NetworkConfig, LeaseTable) {
+        let cfg = Config::from_yaml("networks:\n  shared:\n    dhcp: { lease_time: 600 }\n", "t").unwrap();
+        let net = cfg.network("shared").unwrap().clone();
+        let table = LeaseTable::new(&net);
+        (net, table)
+    }
+
+    fn client(kind: MessageType, mac: MacAddr, requested: Option<Ipv4Addr>) -> Message {
+        let mut msg = Message::new(Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, &mac.0);
+        msg.opts_mut().insert(DhcpOption::MessageType(kind));
+        msg.opts_mut().insert(DhcpOption::Hostname("guest-a".into()));
+        if let Some(ip) = requested {
+            msg.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
+        }
+        msg
+    }
+
+    fn encode_decode(msg: &Message) -> Message {
+        let mut out = Vec::new();
+        msg.encode(&mut Encoder::new(&mut out)).unwrap();
+        Message::decode(&mut Decoder::new(&out)).unwrap()
+    }
+
+    #[test]
+    fn attached_interface_is_offered_and_acked_its_reservation() {
+        let (net, mut leases) = setup();
+        let lease = leases.attach(InterfaceId::from_bytes([1; 16]), None, None, 0).unwrap();
+        let offer = respond(&net, &mut leases, &client(MessageType::Discover, lease.mac, None), 1).unwrap();
+        let offer = encode_decode(&offer);
+        assert!(offer.opts().has_msg_type(MessageType::Offer));
+        assert_eq!(offer.yiaddr(), lease.ip);
+        assert_eq!(offer.opts().get(OptionCode::Router), Some(&DhcpOption::Router(vec![net.gateway])));
+        assert_eq!(offer.opts().get(OptionCode::DomainNameServer), Some(&DhcpOption::DomainNameServer(vec![net.gateway])));
+        assert_eq!(offer.opts().get(OptionCode::DomainName), Some(&DhcpOption::DomainName("shared.linnet".into())));
+        assert_eq!(offer.opts().get(OptionCode::AddressLeaseTime), Some(&DhcpOption::AddressLeaseTime(600)));
+        let ack = respond(&net, &mut leases, &client(MessageType::Request, lease.mac, Some(lease.ip)), 2).unwrap();
+        assert!(ack.opts().has_msg_type(MessageType::Ack));
+        assert_eq!(ack.yiaddr(), lease.ip);
+        assert_eq!(leases.resolve("guest-a", 3), Some(lease.ip), "hostname recorded");
+    }
+
+    #[test]
+    fn request_for_another_address_is_naked_by_broadcast() {
+        let (net, mut leases) = setup();
+        let lease = leases.attach(InterfaceId::from_bytes([1; 16]), None, None, 0).unwrap();
+        let wrong = Ipv4Addr::new(192, 168, 105, 200);
+        let req = client(MessageType::Request, lease.mac, Some(wrong));
+        let nak = respond(&net, &mut leases, &req, 1).unwrap();
+        assert!(nak.opts().has_msg_type(MessageType::Nak));
+        assert!(nak.flags().broadcast());
+        assert_eq!(destination(&req, &nak).ip(), &Ipv4Addr::BROADCAST);
+    }
+
+    #[test]
+    fn requests_for_other_servers_relays_and_garbage_are_ignored() {
+        let (net, mut leases) = setup();
+        let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
+        let mut other = client(MessageType::Request, mac, None);
+        other.opts_mut().insert(DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 0, 0, 1)));
+        assert!(respond(&net, &mut leases, &other, 0).is_none());
+        let mut relayed = client(MessageType::Discover, mac, None);
+        relayed.set_giaddr(Ipv4Addr::new(10, 0, 0, 1));
+        assert!(respond(&net, &mut leases, &relayed, 0).is_none());
+        let mut reply = client(MessageType::Discover, mac, None);
+        reply.set_opcode(Opcode::BootReply);
+        assert!(respond(&net, &mut leases, &reply, 0).is_none());
+        assert!(Message::decode(&mut Decoder::new(&[1, 2, 3])).is_err());
+    }
+
+    #[test]
+    fn renewal_is_unicast_and_unknown_mac_gets_dynamic_lease() {
+        let (net, mut leases) = setup();
+        let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
+        let offer = respond(&net, &mut leases, &client(MessageType::Discover, mac, None), 0).unwrap();
+        let ip = offer.yiaddr();
+        assert_eq!(ip, Ipv4Addr::new(192, 168, 105, 2));
+        let mut renew = client(MessageType::Request, mac, None);
+        renew.set_ciaddr(ip);
+        let ack = respond(&net, &mut leases, &renew, 10).unwrap();
+        assert!(ack.opts().has_msg_type(MessageType::Ack));
+        assert_eq!(destination(&renew, &ack), SocketAddrV4::new(ip, CLIENT_PORT));
+    }
+
+    #[test]
+    fn host_network_gives_no_router() {
+        let cfg = Config::builtin();
+        let net = cfg.network("host").unwrap().clone();
+        let mut leases = LeaseTable::new(&net);
+        let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
+        let offer = respond(&net, &mut leases, &client(MessageType::Discover, mac, None), 0).unwrap();
+        assert!(offer.opts().get(OptionCode::Router).is_none());
+        assert!(offer.opts().get(OptionCode::DomainNameServer).is_some());
+    }
+}

@@ -1,0 +1,260 @@
+//! DNS on the gateway address (UDP and TCP, RFC 1035 / RFC 7766).
+//!
+//! Names of the network's VMs (`<name>.<domain>`, and a bare `<name>`) are
+//! answered from the lease table; everything else is passed unchanged to the
+//! upstream resolvers (dns.upstream, or /etc/resolv.conf at network start)
+//! and the upstream's answer is returned unchanged, whatever its type or code.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::{Name, RData, Record, RecordType, rdata::A};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+use tracing::{debug, warn};
+
+use super::{NetworkContext, ServiceError, unix_now};
+use crate::daemon::leases::LeaseTable;
+
+const PORT: u16 = 53;
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
+const TCP_IDLE: Duration = Duration::from_secs(10);
+/// Answers about VMs change as they come and go: keep caches short.
+const LOCAL_TTL: u32 = 5;
+const MAX_UDP: usize = 4096;
+
+pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceError> {
+    let addr = SocketAddr::new(IpAddr::V4(ctx.config.gateway), PORT);
+    let bind_err = |source| ServiceError::Bind { network: ctx.config.name.clone(), service: "DNS", addr: addr.to_string(), source };
+    let udp = std::net::UdpSocket::bind(addr).map_err(bind_err)?;
+    udp.set_nonblocking(true).map_err(bind_err)?;
+    let tcp = std::net::TcpListener::bind(addr).map_err(bind_err)?;
+    tcp.set_nonblocking(true).map_err(bind_err)?;
+    let udp = UdpSocket::from_std(udp).map_err(bind_err)?;
+    let tcp = TcpListener::from_std(tcp).map_err(bind_err)?;
+    let upstream = Arc::new(upstreams(&ctx));
+    if upstream.is_empty() {
+        warn!(network = %ctx.config.name, "no upstream DNS server (dns.upstream is empty and /etc/resolv.conf names none): only VM names will resolve");
+    }
+    Ok(vec![
+        tokio::spawn(serve_udp(ctx.clone(), Arc::new(udp), upstream.clone())),
+        tokio::spawn(serve_tcp(ctx, tcp, upstream)),
+    ])
+}
+
+fn upstreams(ctx: &NetworkContext) -> Vec<SocketAddr> {
+    let own = IpAddr::V4(ctx.config.gateway);
+    let list = if ctx.config.dns.upstream.is_empty() {
+        std::fs::read_to_string("/etc/resolv.conf").map(|t| resolv_conf_servers(&t)).unwrap_or_default()
+    } else {
+        ctx.config.dns.upstream.clone()
+    };
+    list.into_iter().filter(|a| a.ip() != own).collect()
+}
+
+pub fn resolv_conf_servers(text: &str) -> Vec<SocketAddr> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|rest| rest.trim().split('%').next()?.parse::<IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, PORT))
+        .collect()
+}
+
+async fn serve_udp(ctx: Arc<NetworkContext>, socket: Arc<UdpSocket>, upstream: Arc<Vec<SocketAddr>>) {
+    let mut buf = vec![0u8; MAX_UDP];
+    loop {
+        let Ok((len, client)) = socket.recv_from(&mut buf).await else { continue };
+        let query = buf[..len].to_vec();
+        let (ctx, socket, upstream) = (ctx.clone(), socket.clone(), upstream.clone());
+        tokio::spawn(async move {
+            if let Some(answer) = resolve(&ctx, &query, &upstream, Transport::Udp).await {
+                let _ = socket.send_to(&answer, client).await;
+            }
+        });
+    }
+}
+
+async fn serve_tcp(ctx: Arc<NetworkContext>, listener: TcpListener, upstream: Arc<Vec<SocketAddr>>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let (ctx, upstream) = (ctx.clone(), upstream.clone());
+        tokio::spawn(async move {
+            while let Ok(Ok(query)) = timeout(TCP_IDLE, read_framed(&mut stream)).await {
+                let Some(answer) = resolve(&ctx, &query, &upstream, Transport::Tcp).await else { break };
+                if write_framed(&mut stream, &answer).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Transport {
+    Udp,
+    Tcp,
+}
+
+/// The answer to one query: local, forwarded, or SERVFAIL when no upstream
+/// answered. None for bytes that are not a DNS query at all.
+async fn resolve(ctx: &NetworkContext, query: &[u8], upstream: &[SocketAddr], transport: Transport) -> Option<Vec<u8>> {
+    let msg = Message::from_vec(query).ok()?;
+    if msg.metadata.message_type != MessageType::Query {
+        return None;
+    }
+    {
+        let leases = ctx.leases.lock().expect("lease table lock");
+        if let Some(answer) = answer_locally(&ctx.config.dns.domain, &leases, &msg, unix_now()) {
+            return answer.to_vec().ok();
+        }
+    }
+    for server in upstream {
+        let result = match transport {
+            Transport::Udp => timeout(UPSTREAM_TIMEOUT, forward_udp(*server, query)).await,
+            Transport::Tcp => timeout(UPSTREAM_TIMEOUT, forward_tcp(*server, query)).await,
+        };
+        match result {
+            Ok(Ok(answer)) if answer.len() >= 2 && answer[..2] == query[..2] => return Some(answer),
+            Ok(Err(e)) => debug!(%server, "upstream DNS failed: {e}"),
+            _ => debug!(%server, "upstream DNS did not answer in time"),
+        }
+    }
+    let mut fail = Message::error_msg(msg.metadata.id, msg.metadata.op_code, ResponseCode::ServFail);
+    fail.queries = msg.queries.clone();
+    fail.metadata.recursion_desired = msg.metadata.recursion_desired;
+    fail.to_vec().ok()
+}
+
+async fn forward_udp(server: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
+    let bind: SocketAddr = if server.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+    let socket = UdpSocket::bind(bind).await?;
+    socket.connect(server).await?;
+    socket.send(query).await?;
+    let mut buf = vec![0u8; MAX_UDP];
+    loop {
+        let len = socket.recv(&mut buf).await?;
+        // Anything but the answer to our id is noise (or spoofing): keep waiting.
+        if len >= 2 && buf[..2] == query[..2] {
+            buf.truncate(len);
+            return Ok(buf);
+        }
+    }
+}
+
+async fn forward_tcp(server: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect(server).await?;
+    write_framed(&mut stream, query).await?;
+    read_framed(&mut stream).await
+}
+
+async fn read_framed(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let len = stream.read_u16().await? as usize;
+    let mut buf = vec![0u8; len];
+    stream.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+async fn write_framed(stream: &mut TcpStream, msg: &[u8]) -> std::io::Result<()> {
+    let len = u16::try_from(msg.len()).map_err(|_| std::io::Error::other("DNS message over 64 KiB"))?;
+    let mut out = Vec::with_capacity(2 + msg.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(msg);
+    stream.write_all(&out).await
+}
+
+/// Answers a query about this network's own names; None to forward it.
+/// `<vm>.<domain>` is ours (unknown names are NXDOMAIN); a bare `<vm>` is
+/// answered when a VM has that name and forwarded otherwise.
+pub fn answer_locally(domain: &str, leases: &LeaseTable, query: &Message, now: u64) -> Option<Message> {
+    if query.metadata.op_code != OpCode::Query || query.queries.len() != 1 {
+        return None;
+    }
+    let q = &query.queries[0];
+    let name = q.name().to_lowercase().to_ascii();
+    let name = name.trim_end_matches('.');
+    let (label, in_zone) = match name.strip_suffix(domain).and_then(|rest| rest.strip_suffix('.')) {
+        Some(label) => (label, true),
+        None if !name.contains('.') && !name.is_empty() => (name, false),
+        None => return None,
+    };
+    let ip = if label.contains('.') { None } else { leases.resolve(label, now) };
+    if ip.is_none() && !in_zone {
+        return None;
+    }
+    let mut reply = Message::response(query.metadata.id, OpCode::Query);
+    reply.metadata.authoritative = true;
+    reply.metadata.recursion_desired = query.metadata.recursion_desired;
+    reply.metadata.recursion_available = true;
+    reply.queries = query.queries.clone();
+    match ip {
+        None => reply.metadata.response_code = ResponseCode::NXDomain,
+        Some(ip) if matches!(q.query_type(), RecordType::A | RecordType::ANY) => {
+            reply.answers.push(a_record(q.name().clone(), ip));
+        }
+        // The name exists but has no record of this type: NOERROR, no answer.
+        Some(_) => {}
+    }
+    Some(reply)
+}
+
+fn a_record(name: Name, ip: Ipv4Addr) -> Record {
+    Record::from_rdata(name, LOCAL_TTL, RData::A(A(ip)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::types::InterfaceId;
+    use hickory_proto::op::Query;
+
+    fn leases() -> (LeaseTable, Ipv4Addr) {
+        let cfg = Config::builtin();
+        let mut t = LeaseTable::new(cfg.network("shared").unwrap());
+        let lease = t.attach(InterfaceId::from_bytes([1; 16]), None, Some("web".into()), 0).unwrap();
+        (t, lease.ip)
+    }
+
+    fn query(name: &str, kind: RecordType) -> Message {
+        let mut m = Message::query();
+        m.metadata.id = 77;
+        m.metadata.recursion_desired = true;
+        m.add_query(Query::query(Name::from_ascii(name).unwrap(), kind));
+        // Through the wire format and back, as the server sees it.
+        Message::from_vec(&m.to_vec().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn vm_names_are_answered_in_the_zone_and_bare() {
+        let (t, ip) = leases();
+        for name in ["web.shared.linnet.", "WEB.shared.linnet", "web"] {
+            let a = answer_locally("shared.linnet", &t, &query(name, RecordType::A), 1).unwrap();
+            assert_eq!(a.metadata.id, 77);
+            assert_eq!(a.metadata.response_code, ResponseCode::NoError);
+            assert_eq!(a.answers.len(), 1, "{name}");
+            assert_eq!(a.answers[0].data, RData::A(A(ip)));
+        }
+    }
+
+    #[test]
+    fn unknown_names_in_the_zone_are_nxdomain_and_others_are_forwarded() {
+        let (t, _) = leases();
+        let a = answer_locally("shared.linnet", &t, &query("nope.shared.linnet", RecordType::A), 1).unwrap();
+        assert_eq!(a.metadata.response_code, ResponseCode::NXDomain);
+        assert!(answer_locally("shared.linnet", &t, &query("example.com", RecordType::A), 1).is_none());
+        assert!(answer_locally("shared.linnet", &t, &query("localhost", RecordType::A), 1).is_none());
+        let aaaa = answer_locally("shared.linnet", &t, &query("web.shared.linnet", RecordType::AAAA), 1).unwrap();
+        assert_eq!((aaaa.metadata.response_code, aaaa.answers.len()), (ResponseCode::NoError, 0));
+    }
+
+    #[test]
+    fn resolv_conf_nameservers_are_read() {
+        let text = "# comment\nsearch lan\nnameserver 10.0.0.53\nnameserver fe80::1%eth0\noptions edns0\nnameserver bogus\n";
+        let got = resolv_conf_servers(text);
+        assert_eq!(got, vec!["10.0.0.53:53".parse().unwrap(), "[fe80::1]:53".parse().unwrap()]);
+    }
+}

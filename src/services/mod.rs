@@ -1,0 +1,59 @@
+//! The per-network services on the gateway address: DHCPv4 and DNS. Each is
+//! a tokio task; sockets are bound before the network reports itself up, so
+//! a port already in use fails the attach with a clear message instead of a
+//! VM that silently gets no address.
+
+pub mod dhcp;
+pub mod dns;
+
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+use tokio::task::JoinHandle;
+
+use crate::config::NetworkConfig;
+use crate::daemon::leases::LeaseTable;
+
+/// What a network's services share with the daemon.
+pub struct NetworkContext {
+    pub config: NetworkConfig,
+    pub bridge: String,
+    pub leases: Arc<Mutex<LeaseTable>>,
+}
+
+#[derive(Debug, Error)]
+pub enum ServiceError {
+    #[error("network \"{network}\": cannot start {service} on {addr}: {source}")]
+    Bind { network: String, service: &'static str, addr: String, source: std::io::Error },
+}
+
+/// The running services of one network; dropping it stops them.
+pub struct Services {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Services {
+    pub async fn start(ctx: Arc<NetworkContext>) -> Result<Services, ServiceError> {
+        let mut tasks = Vec::new();
+        if ctx.config.dhcp.enabled {
+            tasks.push(dhcp::start(ctx.clone())?);
+        }
+        if ctx.config.dns.enabled {
+            tasks.extend(dns::start(ctx.clone())?);
+        }
+        Ok(Services { tasks })
+    }
+}
+
+impl Drop for Services {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
