@@ -13,7 +13,14 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = match cli::Cli::try_parse() {
+        Ok(args) => args,
+        // Usage errors exit 125 too, so they are never mistaken for CMD's status.
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { cli::EXIT_LINNET_FAILED } else { 0 });
+        }
+    };
     cli::init_logging(&args);
     match cli::dispatch(args) {
         Ok(code) => ExitCode::from(code),

@@ -75,9 +75,19 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
     batch.add(base_chain(FORWARD, NfChainType::Filter, NfHook::Forward, PRIORITY_FILTER));
     batch.add(base_chain(POSTROUTING, NfChainType::NAT, NfHook::Postrouting, PRIORITY_SRCNAT));
 
+    // Frames between VMs of one network are bridged, not routed, but with
+    // br_netfilter loaded (as on Docker hosts) they still pass this hook,
+    // in and out of the bridge itself: let them through first.
+    for net in networks {
+        batch.add(rule(FORWARD, vec![eq(meta(MetaKey::Iifname), string(&net.bridge)), eq(meta(MetaKey::Oifname), string(&net.bridge)), accept()]));
+    }
     // linnet networks never route into one another.
-    let bridges: Vec<String> = networks.iter().map(|n| n.bridge.clone()).collect();
-    batch.add(rule(FORWARD, vec![eq(meta(MetaKey::Iifname), set(&bridges)), eq(meta(MetaKey::Oifname), set(&bridges)), drop()]));
+    for net in networks {
+        let others: Vec<String> = networks.iter().filter(|o| o.bridge != net.bridge).map(|o| o.bridge.clone()).collect();
+        if !others.is_empty() {
+            batch.add(rule(FORWARD, vec![eq(meta(MetaKey::Iifname), string(&net.bridge)), eq(meta(MetaKey::Oifname), set(&others)), drop()]));
+        }
+    }
 
     // Host-only networks first: nothing in or out.
     for net in networks.iter().filter(|n| n.mode == Mode::Host) {
@@ -223,15 +233,29 @@ mod tests {
     }
 
     #[test]
+    fn a_single_network_has_no_cross_network_rule() {
+        let doc = ruleset(&nets()[..1]);
+        let fwd = rules(&doc, "forward");
+        assert_eq!(fwd.len(), 4);
+        assert_eq!(fwd[1][1], json!({"accept": null}));
+    }
+
+    #[test]
     fn host_network_is_closed_before_shared_rules_and_shared_is_masqueraded() {
         let doc = ruleset(&nets());
         let fwd = rules(&doc, "forward");
-        assert_eq!(fwd[0][0]["match"]["right"], json!({"set": ["ln-shared", "ln-host"]}));
-        assert_eq!(fwd[1], json!([{"match": {"left": {"meta": {"key": "iifname"}}, "right": "ln-host", "op": "=="}}, {"drop": null}]));
-        assert_eq!(fwd[2][0]["match"]["right"], "ln-host");
-        assert_eq!(fwd[3][0]["match"]["right"], "ln-shared");
-        assert_eq!(fwd[3][1], json!({"accept": null}));
-        assert_eq!(fwd[4][1]["match"]["right"], json!(["established", "related"]));
+        let (bridged, fwd) = fwd.split_at(2);
+        assert_eq!(bridged[1][0]["match"]["right"], "ln-host", "bridged traffic within a network passes (br_netfilter)");
+        assert_eq!(bridged[1][1]["match"]["right"], "ln-host");
+        assert_eq!(bridged[1][2], json!({"accept": null}));
+        assert_eq!(fwd[0][0]["match"]["right"], "ln-shared");
+        assert_eq!(fwd[0][1]["match"]["right"], json!({"set": ["ln-host"]}), "no routing between networks");
+        assert_eq!(fwd[1][1]["match"]["right"], json!({"set": ["ln-shared"]}));
+        assert_eq!(fwd[2], json!([{"match": {"left": {"meta": {"key": "iifname"}}, "right": "ln-host", "op": "=="}}, {"drop": null}]));
+        assert_eq!(fwd[3][0]["match"]["right"], "ln-host");
+        assert_eq!(fwd[4][0]["match"]["right"], "ln-shared");
+        assert_eq!(fwd[4][1], json!({"accept": null}));
+        assert_eq!(fwd[5][1]["match"]["right"], json!(["established", "related"]));
         let nat = rules(&doc, "postrouting");
         assert_eq!(nat.len(), 1, "only the shared network is masqueraded");
         assert_eq!(nat[0][0]["match"]["right"], json!({"prefix": {"addr": "192.168.105.0", "len": 24}}));

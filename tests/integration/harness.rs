@@ -1,0 +1,380 @@
+//! The integration harness: throwaway network namespaces and the processes in
+//! them, all removed on Drop even when a test fails.
+//!
+//! A `World` is a "host" namespace where the daemon runs and an "upstream"
+//! namespace behind a veth that plays the internet (a web server and a DNS
+//! server that knows `web.upstream.test`). A `Guest` is a namespace that
+//! plays a VM: `linnet run -- linnet-standin` attaches it through the real
+//! TAP datapath, and real clients (udhcpc, dhclient, ping, curl, nslookup)
+//! run inside it.
+//!
+//! Everything runs inside `scripts/sandbox` (its own network, mount and PID
+//! namespaces), so even a bug here cannot touch the machine's network.
+
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const UPSTREAM_IP: &str = "203.0.113.254";
+pub const UPSTREAM_HOST_SIDE: &str = "203.0.113.1";
+pub const UPSTREAM_NAME: &str = "web.upstream.test";
+pub const UPSTREAM_PAGE: &str = "hello from upstream";
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+pub fn linnet_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_linnet"))
+}
+
+pub fn standin_bin() -> PathBuf {
+    let path = linnet_bin().with_file_name("linnet-standin");
+    assert!(path.exists(), "{} is missing: build it with `cargo build --workspace`", path.display());
+    path
+}
+
+fn repo_file(rel: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel).display().to_string()
+}
+
+/// Refuses to run outside scripts/sandbox: these tests create bridges, rules
+/// and sysctls, which must never land in the machine's own namespace.
+fn assert_sandboxed() {
+    assert_eq!(
+        std::env::var("LINNET_SANDBOX").as_deref(),
+        Ok("1"),
+        "integration tests change network state: run them with `make test` (scripts/sandbox), never directly"
+    );
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    out
+}
+
+pub fn must(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(out.status.success(), "{cmd:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A named network namespace (`ip netns`), deleted with everything in it on Drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(role: &str) -> Netns {
+        assert_sandboxed();
+        let name = format!("{role}-{}", COUNTER.fetch_add(1, Ordering::SeqCst));
+        must(Command::new("ip").args(["netns", "add", &name]));
+        std::fs::create_dir_all(format!("/etc/netns/{name}")).unwrap();
+        std::fs::write(format!("/etc/netns/{name}/resolv.conf"), "").unwrap();
+        let ns = Netns { name };
+        must(&mut ns.cmd(&["ip", "link", "set", "lo", "up"]));
+        ns
+    }
+
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+
+    /// A command run inside the namespace (with its /etc/netns files).
+    pub fn cmd(&self, argv: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).args(argv);
+        c
+    }
+
+    pub fn sh(&self, script: &str) -> Output {
+        run(&mut self.cmd(&["sh", "-c", script]))
+    }
+
+    pub fn set_resolv_conf(&self, text: &str) {
+        std::fs::write(format!("/etc/netns/{}/resolv.conf", self.name), text).unwrap();
+    }
+
+    pub fn links(&self) -> Vec<String> {
+        must(&mut self.cmd(&["ip", "-o", "link", "show"]))
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap().to_string())
+            .collect()
+    }
+
+    pub fn nft_ruleset(&self) -> String {
+        must(&mut self.cmd(&["nft", "list", "ruleset"]))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.name]).output() {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", self.name));
+    }
+}
+
+pub struct World {
+    pub host: Netns,
+    pub upstream: Netns,
+    pub dir: tempfile::TempDir,
+    pub config: Option<PathBuf>,
+    daemon: Option<Child>,
+}
+
+impl World {
+    pub fn new() -> World {
+        World::build(None)
+    }
+
+    pub fn with_config(yaml: &str) -> World {
+        World::build(Some(yaml))
+    }
+
+    fn build(yaml: Option<&str>) -> World {
+        let host = Netns::new("host");
+        let upstream = Netns::new("up");
+        let dir = tempfile::tempdir().unwrap();
+        let config = yaml.map(|y| {
+            let p = dir.path().join("networks.yaml");
+            std::fs::write(&p, y).unwrap();
+            p
+        });
+        // The uplink: host 203.0.113.1 <-> upstream 203.0.113.254 (TEST-NET-3).
+        let veth_up = format!("v{}", upstream.name);
+        must(Command::new("ip").args(["link", "add", &veth_up, "netns", &host.name, "type", "veth", "peer", "name", "eth0", "netns", &upstream.name]));
+        must(&mut host.cmd(&["ip", "addr", "add", &format!("{UPSTREAM_HOST_SIDE}/24"), "dev", &veth_up]));
+        must(&mut host.cmd(&["ip", "link", "set", &veth_up, "up"]));
+        must(&mut host.cmd(&["ip", "route", "add", "default", "via", UPSTREAM_IP]));
+        must(&mut upstream.cmd(&["ip", "addr", "add", &format!("{UPSTREAM_IP}/24"), "dev", "eth0"]));
+        must(&mut upstream.cmd(&["ip", "link", "set", "eth0", "up"]));
+        let www = dir.path().join("www");
+        std::fs::create_dir_all(&www).unwrap();
+        std::fs::write(www.join("index.html"), format!("{UPSTREAM_PAGE}\n")).unwrap();
+        must(&mut upstream.cmd(&["busybox", "httpd", "-p", &format!("{UPSTREAM_IP}:80"), "-h", www.to_str().unwrap()]));
+        must(&mut upstream.cmd(&[
+            "dnsmasq", "--no-resolv", "--no-hosts", "--bind-interfaces", "--user=root",
+            &format!("--listen-address={UPSTREAM_IP}"),
+            &format!("--address=/{UPSTREAM_NAME}/{UPSTREAM_IP}"),
+            &format!("--pid-file={}", dir.path().join("dnsmasq.pid").display()),
+        ]));
+        host.set_resolv_conf(&format!("nameserver {UPSTREAM_IP}\n"));
+        World { host, upstream, dir, config, daemon: None }
+    }
+
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// `linnet ARGS` inside the host namespace, pointed at this world's dirs.
+    pub fn linnet(&self, args: &[&str]) -> Command {
+        let mut c = self.host.cmd(&[linnet_bin().to_str().unwrap()]);
+        c.env("LINNET_RUN_DIR", self.run_dir()).env("LINNET_STATE_DIR", self.state_dir()).env("LINNET_LOG", "debug");
+        if let Some(cfg) = &self.config {
+            c.env("LINNET_CONFIG", cfg);
+        }
+        c.args(args);
+        c
+    }
+
+    pub fn start_daemon(&mut self) {
+        assert!(self.daemon.is_none(), "daemon already running");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.daemon_log()).unwrap();
+        let child = self.linnet(&["daemon"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        self.daemon = Some(child);
+        wait_for("the daemon to answer", Duration::from_secs(10), || {
+            if let Some(status) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
+                panic!("daemon exited with {status}:\n{}", self.daemon_log_text());
+            }
+            run(&mut self.linnet(&["ls"])).status.success().then_some(())
+        });
+    }
+
+    pub fn daemon_log(&self) -> PathBuf {
+        self.dir.path().join("daemon.log")
+    }
+
+    pub fn daemon_log_text(&self) -> String {
+        std::fs::read_to_string(self.daemon_log()).unwrap_or_default()
+    }
+
+    /// SIGTERM, and wait for a clean exit.
+    pub fn stop_daemon(&mut self) {
+        let mut child = self.daemon.take().expect("daemon running");
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let status = child.wait().unwrap();
+        assert!(status.success(), "daemon exited with {status}:\n{}", self.daemon_log_text());
+    }
+
+    pub fn kill_daemon(&mut self) {
+        let mut child = self.daemon.take().expect("daemon running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Attaches a new guest namespace through `linnet run -- linnet-standin`.
+    pub fn guest(&self, network: &str, extra: &[&str]) -> Guest {
+        self.try_guest(network, extra).unwrap_or_else(|e| panic!("attach failed: {e}\n{}", self.daemon_log_text()))
+    }
+
+    pub fn try_guest(&self, network: &str, extra: &[&str]) -> Result<Guest, String> {
+        let ns = Netns::new("guest");
+        let json = self.dir.path().join(format!("{}.json", ns.name));
+        let stderr = self.dir.path().join(format!("{}.stderr", ns.name));
+        let mut args = vec!["run", "--network", network, "--json", json.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let standin = standin_bin();
+        let netns_path = ns.path();
+        args.extend_from_slice(&["--", standin.to_str().unwrap(), "--fd", "{fd}", "--netns", &netns_path]);
+        let mut run = self
+            .linnet(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let info: Value = wait_for("the attach JSON", Duration::from_secs(15), || {
+            if let Some(status) = run.try_wait().unwrap() {
+                return Some(Err(format!("linnet run exited with {status}: {}", std::fs::read_to_string(&stderr).unwrap_or_default())));
+            }
+            let text = std::fs::read_to_string(&json).ok()?;
+            serde_json::from_str(&text).ok().map(Ok)
+        })?;
+        wait_for("eth0 in the guest", Duration::from_secs(10), || ns.links().contains(&"eth0".to_string()).then_some(()));
+        Ok(Guest { ns, run: Some(run), info })
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Some(mut d) = self.daemon.take() {
+            let _ = Command::new("kill").args(["-TERM", &d.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while d.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("---- daemon log ----\n{}", self.daemon_log_text());
+        }
+    }
+}
+
+/// A namespace playing a VM, attached through `linnet run`.
+pub struct Guest {
+    pub ns: Netns,
+    pub run: Option<Child>,
+    pub info: Value,
+}
+
+impl Guest {
+    pub fn ip(&self) -> Ipv4Addr {
+        self.info["ip_address"].as_str().unwrap().parse().unwrap()
+    }
+
+    pub fn mac(&self) -> String {
+        self.info["mac_address"].as_str().unwrap().to_string()
+    }
+
+    pub fn gateway(&self) -> String {
+        self.info["gateway"].as_str().unwrap().to_string()
+    }
+
+    pub fn tap(&self) -> String {
+        self.info["tap"].as_str().unwrap().to_string()
+    }
+
+    /// busybox udhcpc: returns the address it was given.
+    pub fn udhcpc(&self) -> Ipv4Addr {
+        let out = run(&mut self.ns.cmd(&["busybox", "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s", &repo_file("tests/udhcpc.script")]));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "udhcpc failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+        let ip = text.lines().find_map(|l| l.strip_prefix("lease ip=")).expect("udhcpc printed a lease");
+        ip.split_whitespace().next().unwrap().parse().unwrap()
+    }
+
+    /// ISC dhclient: returns the address it configured.
+    pub fn dhclient(&self) -> Ipv4Addr {
+        let dir = tempfile::tempdir().unwrap();
+        let lease = dir.path().join("lease");
+        let pid = dir.path().join("pid");
+        let out = run(&mut self.ns.cmd(&[
+            "timeout", "20", "dhclient", "-4", "-1", "-v", "-sf", &repo_file("tests/dhclient.script"),
+            "-lf", lease.to_str().unwrap(), "-pf", pid.to_str().unwrap(), "eth0",
+        ]));
+        assert!(out.status.success(), "dhclient failed: {}", String::from_utf8_lossy(&out.stderr));
+        let _ = run(&mut self.ns.cmd(&["dhclient", "-x", "-pf", pid.to_str().unwrap()]));
+        self.address().expect("dhclient configured an address")
+    }
+
+    pub fn address(&self) -> Option<Ipv4Addr> {
+        let out = must(&mut self.ns.cmd(&["ip", "-4", "-o", "addr", "show", "dev", "eth0"]));
+        out.split_whitespace().skip_while(|w| *w != "inet").nth(1).map(|a| a.split('/').next().unwrap().parse().unwrap())
+    }
+
+    pub fn ping(&self, target: &str) -> bool {
+        run(&mut self.ns.cmd(&["busybox", "ping", "-c", "1", "-W", "2", target])).status.success()
+    }
+
+    pub fn fetch(&self, url: &str) -> Option<String> {
+        let out = run(&mut self.ns.cmd(&["curl", "-sS", "--max-time", "3", url]));
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A-record lookup with nslookup against `server`.
+    pub fn lookup(&self, name: &str, server: &str) -> Option<String> {
+        let out = run(&mut self.ns.cmd(&["nslookup", "-type=a", "-timeout=2", name, server]));
+        let text = String::from_utf8_lossy(&out.stdout);
+        let answer = text.split_once(&format!("Name:\t{name}"))?.1;
+        answer.lines().find_map(|l| l.strip_prefix("Address: ")).map(|a| a.trim().to_string())
+    }
+
+    /// SIGTERM to `linnet run`, and wait.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut run = self.run.take().expect("running");
+        let _ = Command::new("kill").args(["-TERM", &run.id().to_string()]).status();
+        run.wait().unwrap()
+    }
+
+    pub fn kill_run(&mut self) {
+        let mut run = self.run.take().expect("running");
+        run.kill().unwrap();
+        run.wait().unwrap();
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if let Some(mut run) = self.run.take() {
+            let _ = run.kill();
+            let _ = run.wait();
+        }
+    }
+}
