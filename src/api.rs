@@ -11,7 +11,8 @@ use std::path::Path;
 
 use ipnet::Ipv4Net;
 use nix::sys::socket::{
-    self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+    self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+    UnixAddr,
 };
 use serde::{Deserialize, Serialize};
 
@@ -49,10 +50,20 @@ pub struct AttachRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Response {
-    Attached { interface: InterfaceInfo },
-    Detached { interface_id: InterfaceId },
-    Listing { networks: Vec<NetworkStatus>, interfaces: Vec<InterfaceStatus> },
-    Error { kind: ErrorKind, message: String },
+    Attached {
+        interface: Box<InterfaceInfo>,
+    },
+    Detached {
+        interface_id: InterfaceId,
+    },
+    Listing {
+        networks: Vec<NetworkStatus>,
+        interfaces: Vec<InterfaceStatus>,
+    },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
 }
 
 /// Machine-readable class of an error; `message` says what and what to do.
@@ -132,7 +143,12 @@ pub struct Channel {
 
 impl Channel {
     pub fn connect(path: &Path) -> io::Result<Channel> {
-        let fd = socket::socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)?;
+        let fd = socket::socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
         let addr = UnixAddr::new(path)?;
         socket::connect(fd.as_raw_fd(), &addr)?;
         Ok(Channel { fd })
@@ -147,16 +163,23 @@ impl Channel {
     /// the peer closed the connection.
     pub fn recv<T: for<'de> Deserialize<'de>>(&self) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
         let mut buf = vec![0u8; MAX_MESSAGE];
-        let Some((len, fds)) = recv_packet(self.fd.as_fd(), &mut buf)? else { return Ok(None) };
-        let msg = serde_json::from_slice(&buf[..len]).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let Some((len, fds)) = recv_packet(self.fd.as_fd(), &mut buf)? else {
+            return Ok(None);
+        };
+        let msg = serde_json::from_slice(&buf[..len])
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         Ok(Some((msg, fds)))
     }
 
     /// One request, one reply.
     pub fn call(&self, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
         self.send(req, &[])?;
-        self.recv()?
-            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "the linnet daemon closed the connection"))
+        self.recv()?.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the linnet daemon closed the connection",
+            )
+        })
     }
 }
 
@@ -169,7 +192,10 @@ impl AsFd for Channel {
 pub fn send_message<T: Serialize>(fd: BorrowedFd<'_>, msg: &T, fds: &[RawFd]) -> io::Result<()> {
     let bytes = serde_json::to_vec(msg).map_err(io::Error::other)?;
     if bytes.len() > MAX_MESSAGE {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "message larger than 64 KiB"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "message larger than 64 KiB",
+        ));
     }
     let iov = [io::IoSlice::new(&bytes)];
     let cmsg = [ControlMessage::ScmRights(fds)];
@@ -180,19 +206,33 @@ pub fn send_message<T: Serialize>(fd: BorrowedFd<'_>, msg: &T, fds: &[RawFd]) ->
 
 /// Receives one packet into `buf`. A packet that did not fit is an error, not
 /// a silently cut message.
-pub fn recv_packet(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+pub fn recv_packet(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
     let mut cmsg_space = nix::cmsg_space!([RawFd; 4]);
     let mut iov = [io::IoSliceMut::new(buf)];
-    let msg = socket::recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg_space), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let msg = socket::recvmsg::<()>(
+        fd.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg_space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )?;
     let mut fds = Vec::new();
     for cmsg in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(raw) = cmsg {
             // SAFETY: the kernel just installed these descriptors for us.
-            fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+            fds.extend(
+                raw.into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
         }
     }
     if msg.flags.contains(MsgFlags::MSG_TRUNC) {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "message larger than 64 KiB"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "message larger than 64 KiB",
+        ));
     }
     if msg.bytes == 0 {
         return Ok(None);
@@ -206,8 +246,14 @@ mod tests {
 
     #[test]
     fn requests_have_a_stable_wire_form() {
-        let req = Request::Attach(AttachRequest { network: Some("shared".into()), ..Default::default() });
-        assert_eq!(serde_json::to_string(&req).unwrap(), r#"{"op":"attach","network":"shared"}"#);
+        let req = Request::Attach(AttachRequest {
+            network: Some("shared".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            serde_json::to_string(&req).unwrap(),
+            r#"{"op":"attach","network":"shared"}"#
+        );
         let back: Request = serde_json::from_str(r#"{"op":"list"}"#).unwrap();
         assert!(matches!(back, Request::List));
         assert!(serde_json::from_str::<Request>(r#"{"op":"attach","netwrk":"x"}"#).is_err());
@@ -216,8 +262,13 @@ mod tests {
 
     #[test]
     fn messages_and_fds_cross_a_socketpair() {
-        let (a, b) = socket::socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
-            .unwrap();
+        let (a, b) = socket::socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
         let (a, b) = (Channel { fd: a }, Channel { fd: b });
         let file = std::fs::File::open("/dev/null").unwrap();
         a.send(&Request::List, &[file.as_raw_fd()]).unwrap();
@@ -225,6 +276,9 @@ mod tests {
         assert!(matches!(req, Request::List));
         assert_eq!(fds.len(), 1);
         drop(a);
-        assert!(b.recv::<Request>().unwrap().is_none(), "closed peer reads as None");
+        assert!(
+            b.recv::<Request>().unwrap().is_none(),
+            "closed peer reads as None"
+        );
     }
 }

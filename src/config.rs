@@ -92,14 +92,19 @@ pub struct Allow {
 
 impl Allow {
     pub fn permits(&self, uid: u32, gids: &[u32]) -> bool {
-        self.users.iter().any(|(_, u)| *u == uid) || self.groups.iter().any(|(_, g)| gids.contains(g))
+        self.users.iter().any(|(_, u)| *u == uid)
+            || self.groups.iter().any(|(_, g)| gids.contains(g))
     }
 
     pub fn describe(&self) -> String {
         let users = self.users.iter().map(|(n, _)| format!("user {n}"));
         let groups = self.groups.iter().map(|(n, _)| format!("group {n}"));
         let all: Vec<String> = users.chain(groups).collect();
-        if all.is_empty() { "nobody".into() } else { all.join(", ") }
+        if all.is_empty() {
+            "nobody".into()
+        } else {
+            all.join(", ")
+        }
     }
 }
 
@@ -114,11 +119,19 @@ pub struct Config {
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("{file}: cannot read: {source}")]
-    Read { file: String, source: std::io::Error },
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
     #[error("{file}: {message}")]
     Syntax { file: String, message: String },
     #[error("{file}: network \"{network}\": {key}: {message}")]
-    Invalid { file: String, network: String, key: String, message: String },
+    Invalid {
+        file: String,
+        network: String,
+        key: String,
+        message: String,
+    },
 }
 
 // ---- the YAML as written -------------------------------------------------------
@@ -199,7 +212,9 @@ impl Config {
                 cfg.source = Some(path.to_path_buf());
                 Ok(cfg)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(Config::builtin()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
+                Ok(Config::builtin())
+            }
             Err(source) => Err(ConfigError::Read { file, source }),
         }
     }
@@ -208,8 +223,10 @@ impl Config {
         let spec: FileSpec = if text.trim().is_empty() {
             FileSpec::default()
         } else {
-            serde_norway::from_str(text)
-                .map_err(|e| ConfigError::Syntax { file: file.into(), message: e.to_string() })?
+            serde_norway::from_str(text).map_err(|e| ConfigError::Syntax {
+                file: file.into(),
+                message: e.to_string(),
+            })?
         };
         let mut specs = spec.networks;
         for builtin in ["shared", "host"] {
@@ -217,11 +234,18 @@ impl Config {
         }
         let mut networks = BTreeMap::new();
         for (name, spec) in specs {
-            let net = Validator { file, network: &name }.network(&name, spec)?;
+            let net = Validator {
+                file,
+                network: &name,
+            }
+            .network(&name, spec)?;
             networks.insert(name, net);
         }
         check_no_overlaps(&networks, file)?;
-        Ok(Config { networks, source: None })
+        Ok(Config {
+            networks,
+            source: None,
+        })
     }
 
     pub fn network(&self, name: &str) -> Option<&NetworkConfig> {
@@ -229,7 +253,10 @@ impl Config {
     }
 }
 
-fn check_no_overlaps(networks: &BTreeMap<String, NetworkConfig>, file: &str) -> Result<(), ConfigError> {
+fn check_no_overlaps(
+    networks: &BTreeMap<String, NetworkConfig>,
+    file: &str,
+) -> Result<(), ConfigError> {
     let list: Vec<&NetworkConfig> = networks.values().collect();
     for (i, a) in list.iter().enumerate() {
         for b in &list[i + 1..] {
@@ -274,9 +301,12 @@ impl Validator<'_> {
     }
 
     fn ipv4(&self, key: &str, text: &str) -> Result<Ipv4Addr, ConfigError> {
-        text.trim()
-            .parse()
-            .map_err(|_| self.err(key, format!("\"{text}\" is not an IPv4 address (expected e.g. 192.168.107.1)")))
+        text.trim().parse().map_err(|_| {
+            self.err(
+                key,
+                format!("\"{text}\" is not an IPv4 address (expected e.g. 192.168.107.1)"),
+            )
+        })
     }
 
     fn network(&self, name: &str, spec: NetworkSpec) -> Result<NetworkConfig, ConfigError> {
@@ -291,10 +321,16 @@ impl Validator<'_> {
         }
 
         let subnet_text = spec.subnet.as_deref().or(default_subnet).ok_or_else(|| {
-            self.err("subnet", "is required for a new network (e.g. subnet: 192.168.107.0/24)")
+            self.err(
+                "subnet",
+                "is required for a new network (e.g. subnet: 192.168.107.0/24)",
+            )
         })?;
         let subnet = self.subnet(subnet_text)?;
-        let hosts = (u32::from(subnet.network()) + 1, u32::from(subnet.broadcast()) - 1);
+        let hosts = (
+            u32::from(subnet.network()) + 1,
+            u32::from(subnet.broadcast()) - 1,
+        );
         let in_hosts = |ip: Ipv4Addr| (hosts.0..=hosts.1).contains(&u32::from(ip));
 
         let gateway = match &spec.gateway {
@@ -302,7 +338,10 @@ impl Validator<'_> {
             None => Ipv4Addr::from(hosts.0),
         };
         if !in_hosts(gateway) {
-            return Err(self.err("gateway", format!("{gateway} is not a host address of {subnet}")));
+            return Err(self.err(
+                "gateway",
+                format!("{gateway} is not a host address of {subnet}"),
+            ));
         }
 
         let dhcp = self.dhcp(spec.dhcp.unwrap_or_default(), subnet, gateway, hosts)?;
@@ -310,11 +349,17 @@ impl Validator<'_> {
 
         let mtu = spec.mtu.unwrap_or(DEFAULT_MTU);
         if !(576..=65535).contains(&mtu) {
-            return Err(self.err("mtu", format!("{mtu} is out of range; allowed 576 to 65535")));
+            return Err(self.err(
+                "mtu",
+                format!("{mtu} is out of range; allowed 576 to 65535"),
+            ));
         }
         let nat44 = spec.nat44.unwrap_or(mode == Mode::Shared);
         if nat44 && mode == Mode::Host {
-            return Err(self.err("nat44", "a host network never forwards outward; remove nat44 or use mode: shared"));
+            return Err(self.err(
+                "nat44",
+                "a host network never forwards outward; remove nat44 or use mode: shared",
+            ));
         }
 
         Ok(NetworkConfig {
@@ -334,13 +379,25 @@ impl Validator<'_> {
 
     fn subnet(&self, text: &str) -> Result<Ipv4Net, ConfigError> {
         let net: Ipv4Net = text.trim().parse().map_err(|_| {
-            self.err("subnet", format!("\"{text}\" is not an IPv4 subnet (expected e.g. 192.168.107.0/24)"))
+            self.err(
+                "subnet",
+                format!("\"{text}\" is not an IPv4 subnet (expected e.g. 192.168.107.0/24)"),
+            )
         })?;
         if !(8..=29).contains(&net.prefix_len()) {
-            return Err(self.err("subnet", format!("prefix /{} is not allowed; use /8 to /29", net.prefix_len())));
+            return Err(self.err(
+                "subnet",
+                format!("prefix /{} is not allowed; use /8 to /29", net.prefix_len()),
+            ));
         }
         if net.addr() != net.network() {
-            return Err(self.err("subnet", format!("\"{text}\" has host bits set; did you mean {}?", net.trunc())));
+            return Err(self.err(
+                "subnet",
+                format!(
+                    "\"{text}\" has host bits set; did you mean {}?",
+                    net.trunc()
+                ),
+            ));
         }
         Ok(net)
     }
@@ -363,22 +420,36 @@ impl Validator<'_> {
             }
             Some(text) => {
                 let (a, b) = text.split_once('-').ok_or_else(|| {
-                    self.err("dhcp.range", format!("\"{text}\" is not FIRST-LAST (e.g. 192.168.107.10-192.168.107.99)"))
+                    self.err(
+                        "dhcp.range",
+                        format!(
+                            "\"{text}\" is not FIRST-LAST (e.g. 192.168.107.10-192.168.107.99)"
+                        ),
+                    )
                 })?;
                 (self.ipv4("dhcp.range", a)?, self.ipv4("dhcp.range", b)?)
             }
         };
         for ip in [range_start, range_end] {
             if !in_hosts(ip) {
-                return Err(self.err("dhcp.range", format!("{ip} is not a host address of {subnet}")));
+                return Err(self.err(
+                    "dhcp.range",
+                    format!("{ip} is not a host address of {subnet}"),
+                ));
             }
         }
         if range_start > range_end {
-            return Err(self.err("dhcp.range", format!("{range_start} comes after {range_end}")));
+            return Err(self.err(
+                "dhcp.range",
+                format!("{range_start} comes after {range_end}"),
+            ));
         }
         let lease_time = spec.lease_time.unwrap_or(DEFAULT_LEASE_TIME);
         if !(2..=7 * 86400).contains(&lease_time) {
-            return Err(self.err("dhcp.lease_time", format!("{lease_time} is out of range; allowed 2 to 604800 seconds")));
+            return Err(self.err(
+                "dhcp.lease_time",
+                format!("{lease_time} is out of range; allowed 2 to 604800 seconds"),
+            ));
         }
         let mut static_leases: Vec<StaticLease> = Vec::new();
         for (i, s) in spec.static_leases.iter().enumerate() {
@@ -388,24 +459,38 @@ impl Validator<'_> {
                 return Err(self.err(&key, format!("{ip} is not a free host address of {subnet}")));
             }
             let mac = match &s.mac {
-                Some(m) => Some(m.parse::<MacAddr>().map_err(|e| self.err(&key, e.to_string()))?),
+                Some(m) => Some(
+                    m.parse::<MacAddr>()
+                        .map_err(|e| self.err(&key, e.to_string()))?,
+                ),
                 None => None,
             };
-            let interface_id = match &s.interface_id {
-                Some(id) => Some(id.parse::<InterfaceId>().map_err(|_| {
-                    self.err(&key, format!("interface_id \"{id}\" is not a UUID"))
-                })?),
-                None => None,
-            };
+            let interface_id =
+                match &s.interface_id {
+                    Some(id) => Some(id.parse::<InterfaceId>().map_err(|_| {
+                        self.err(&key, format!("interface_id \"{id}\" is not a UUID"))
+                    })?),
+                    None => None,
+                };
             if mac.is_none() && interface_id.is_none() {
                 return Err(self.err(&key, "needs a mac or an interface_id to match"));
             }
             if static_leases.iter().any(|other| other.ip == ip) {
                 return Err(self.err(&key, format!("{ip} is given to two static leases")));
             }
-            static_leases.push(StaticLease { ip, mac, interface_id });
+            static_leases.push(StaticLease {
+                ip,
+                mac,
+                interface_id,
+            });
         }
-        Ok(DhcpConfig { enabled: spec.enabled.unwrap_or(true), range_start, range_end, lease_time, static_leases })
+        Ok(DhcpConfig {
+            enabled: spec.enabled.unwrap_or(true),
+            range_start,
+            range_end,
+            lease_time,
+            static_leases,
+        })
     }
 
     fn dns(&self, network: &str, spec: DnsSpec) -> Result<DnsConfig, ConfigError> {
@@ -414,7 +499,10 @@ impl Validator<'_> {
             let addr = match text.parse::<IpAddr>() {
                 Ok(ip) => SocketAddr::new(ip, 53),
                 Err(_) => text.parse::<SocketAddr>().map_err(|_| {
-                    self.err("dns.upstream", format!("\"{text}\" is not an IP address (optionally IP:PORT)"))
+                    self.err(
+                        "dns.upstream",
+                        format!("\"{text}\" is not an IP address (optionally IP:PORT)"),
+                    )
                 })?,
             };
             upstream.push(addr);
@@ -424,7 +512,11 @@ impl Validator<'_> {
         for label in domain.split('.') {
             types::validate_hostname(label).map_err(|e| self.err("dns.domain", e.to_string()))?;
         }
-        Ok(DnsConfig { enabled: spec.enabled.unwrap_or(true), upstream, domain })
+        Ok(DnsConfig {
+            enabled: spec.enabled.unwrap_or(true),
+            upstream,
+            domain,
+        })
     }
 
     fn allow(&self, spec: Option<AllowSpec>) -> Result<Allow, ConfigError> {
@@ -435,16 +527,27 @@ impl Validator<'_> {
                 .flatten()
                 .map(|g| vec![(g.name, g.gid.as_raw())])
                 .unwrap_or_default();
-            return Ok(Allow { users: vec![("root".into(), 0)], groups });
+            return Ok(Allow {
+                users: vec![("root".into(), 0)],
+                groups,
+            });
         };
-        let mut allow = Allow { users: Vec::new(), groups: Vec::new() };
+        let mut allow = Allow {
+            users: Vec::new(),
+            groups: Vec::new(),
+        };
         for name in spec.users {
             let uid = match name.parse::<u32>() {
                 Ok(uid) => uid,
                 Err(_) => nix::unistd::User::from_name(&name)
                     .ok()
                     .flatten()
-                    .ok_or_else(|| self.err("allow.users", format!("no user named \"{name}\" on this host")))?
+                    .ok_or_else(|| {
+                        self.err(
+                            "allow.users",
+                            format!("no user named \"{name}\" on this host"),
+                        )
+                    })?
                     .uid
                     .as_raw(),
             };
@@ -456,7 +559,12 @@ impl Validator<'_> {
                 Err(_) => nix::unistd::Group::from_name(&name)
                     .ok()
                     .flatten()
-                    .ok_or_else(|| self.err("allow.groups", format!("no group named \"{name}\" on this host")))?
+                    .ok_or_else(|| {
+                        self.err(
+                            "allow.groups",
+                            format!("no group named \"{name}\" on this host"),
+                        )
+                    })?
                     .gid
                     .as_raw(),
             };
@@ -475,7 +583,9 @@ mod tests {
     }
 
     fn message(yaml: &str) -> String {
-        load(yaml).expect_err("config should be refused").to_string()
+        load(yaml)
+            .expect_err("config should be refused")
+            .to_string()
     }
 
     #[test]
@@ -525,7 +635,10 @@ mod tests {
         assert_eq!(shared.dns.upstream[1].to_string(), "1.1.1.1:5353");
         assert_eq!(shared.dns.domain, "lab.example");
         let lab = cfg.network("lab").unwrap();
-        assert_eq!((lab.mode, lab.mtu, lab.persistent), (Mode::Host, 9000, true));
+        assert_eq!(
+            (lab.mode, lab.mtu, lab.persistent),
+            (Mode::Host, 9000, true)
+        );
         assert_eq!(lab.dhcp.range_start.to_string(), "10.20.0.1");
         assert_eq!(lab.dhcp.range_end.to_string(), "10.20.255.253");
         assert_eq!(lab.dhcp.static_leases[0].ip.to_string(), "10.20.0.5");
@@ -536,31 +649,57 @@ mod tests {
     #[test]
     fn bad_values_name_file_network_key_and_fix() {
         let m = message("networks:\n  shared:\n    subnet: 10.0.0.1/24\n");
-        assert_eq!(m, "test.yaml: network \"shared\": subnet: \"10.0.0.1/24\" has host bits set; did you mean 10.0.0.0/24?");
+        assert_eq!(
+            m,
+            "test.yaml: network \"shared\": subnet: \"10.0.0.1/24\" has host bits set; did you mean 10.0.0.0/24?"
+        );
         let m = message("networks:\n  lab:\n    mode: host\n");
         assert!(m.contains("network \"lab\": subnet: is required"), "{m}");
         let m = message("networks:\n  lab:\n    subnet: banana\n");
         assert!(m.contains("\"banana\" is not an IPv4 subnet"), "{m}");
         let m = message("networks:\n  shared:\n    gateway: 192.168.105.255\n");
-        assert!(m.contains("gateway: 192.168.105.255 is not a host address"), "{m}");
+        assert!(
+            m.contains("gateway: 192.168.105.255 is not a host address"),
+            "{m}"
+        );
         let m = message("networks:\n  shared:\n    mtu: 100\n");
         assert!(m.contains("mtu: 100 is out of range"), "{m}");
         let m = message("networks:\n  host:\n    nat44: true\n");
         assert!(m.contains("network \"host\": nat44:"), "{m}");
         let m = message("networks:\n  shared:\n    dhcp: { range: 192.168.105.9-192.168.105.3 }\n");
-        assert!(m.contains("dhcp.range: 192.168.105.9 comes after 192.168.105.3"), "{m}");
+        assert!(
+            m.contains("dhcp.range: 192.168.105.9 comes after 192.168.105.3"),
+            "{m}"
+        );
         let m = message("networks:\n  shared:\n    dhcp: { range: 10.0.0.1-10.0.0.5 }\n");
-        assert!(m.contains("dhcp.range: 10.0.0.1 is not a host address of 192.168.105.0/24"), "{m}");
+        assert!(
+            m.contains("dhcp.range: 10.0.0.1 is not a host address of 192.168.105.0/24"),
+            "{m}"
+        );
         let m = message("networks:\n  shared:\n    dhcp: { static: [ { ip: 192.168.105.9 } ] }\n");
-        assert!(m.contains("dhcp.static[0]: needs a mac or an interface_id"), "{m}");
-        let m = message("networks:\n  shared:\n    dhcp: { static: [ { ip: 192.168.105.9, mac: 'zz' } ] }\n");
+        assert!(
+            m.contains("dhcp.static[0]: needs a mac or an interface_id"),
+            "{m}"
+        );
+        let m = message(
+            "networks:\n  shared:\n    dhcp: { static: [ { ip: 192.168.105.9, mac: 'zz' } ] }\n",
+        );
         assert!(m.contains("is not a MAC address"), "{m}");
         let m = message("networks:\n  shared:\n    allow: { users: [no-such-user-here] }\n");
-        assert!(m.contains("allow.users: no user named \"no-such-user-here\""), "{m}");
+        assert!(
+            m.contains("allow.users: no user named \"no-such-user-here\""),
+            "{m}"
+        );
         let m = message("networks:\n  shared:\n    dns: { upstream: [resolver] }\n");
-        assert!(m.contains("dns.upstream: \"resolver\" is not an IP address"), "{m}");
+        assert!(
+            m.contains("dns.upstream: \"resolver\" is not an IP address"),
+            "{m}"
+        );
         let m = message("networks:\n  wayyyyyytoolong:\n    subnet: 10.1.0.0/24\n");
-        assert!(m.contains("network \"wayyyyyytoolong\": name:") && m.contains("at most 12"), "{m}");
+        assert!(
+            m.contains("network \"wayyyyyytoolong\": name:") && m.contains("at most 12"),
+            "{m}"
+        );
         let m = message("networks:\n  lab:\n    mode: bridged\n    subnet: 10.1.0.0/24\n");
         assert!(m.contains("bridged is not available"), "{m}");
     }
@@ -568,7 +707,10 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_yaml_are_refused_with_location() {
         let m = message("networks:\n  shared:\n    subnett: 10.0.0.0/24\n");
-        assert!(m.starts_with("test.yaml: ") && m.contains("unknown field `subnett`"), "{m}");
+        assert!(
+            m.starts_with("test.yaml: ") && m.contains("unknown field `subnett`"),
+            "{m}"
+        );
         let m = message("networks: [\n");
         assert!(m.starts_with("test.yaml: ") && m.contains("line"), "{m}");
         let m = message("networks:\n  shared:\n    mode: nat\n");
@@ -578,7 +720,10 @@ mod tests {
     #[test]
     fn overlapping_networks_are_refused() {
         let m = message("networks:\n  lab:\n    subnet: 192.168.105.128/25\n");
-        assert!(m.contains("overlaps") && m.contains("\"lab\"") && m.contains("\"shared\""), "{m}");
+        assert!(
+            m.contains("overlaps") && m.contains("\"lab\"") && m.contains("\"shared\""),
+            "{m}"
+        );
     }
 
     #[test]
@@ -586,6 +731,9 @@ mod tests {
         let missing = Path::new("/nonexistent/linnet.yaml");
         assert_eq!(Config::load(missing, false).unwrap().networks.len(), 2);
         let e = Config::load(missing, true).unwrap_err().to_string();
-        assert!(e.starts_with("/nonexistent/linnet.yaml: cannot read"), "{e}");
+        assert!(
+            e.starts_with("/nonexistent/linnet.yaml: cannot read"),
+            "{e}"
+        );
     }
 }

@@ -18,7 +18,11 @@ fn main() -> ExitCode {
         // Usage errors exit 125 too, so they are never mistaken for CMD's status.
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { cli::EXIT_LINNET_FAILED } else { 0 });
+            return ExitCode::from(if e.use_stderr() {
+                cli::EXIT_LINNET_FAILED
+            } else {
+                0
+            });
         }
     };
     cli::init_logging(&args);

@@ -19,12 +19,24 @@ pub enum NameError {
     #[error("{what} \"{name}\" is empty")]
     Empty { what: &'static str, name: String },
     #[error("{what} \"{name}\" is {len} bytes long; at most {max} are allowed")]
-    TooLong { what: &'static str, name: String, len: usize, max: usize },
+    TooLong {
+        what: &'static str,
+        name: String,
+        len: usize,
+        max: usize,
+    },
     #[error("{what} \"{name}\" has the character {ch:?}; {allowed}")]
-    BadChar { what: &'static str, name: String, ch: char, allowed: &'static str },
+    BadChar {
+        what: &'static str,
+        name: String,
+        ch: char,
+        allowed: &'static str,
+    },
     #[error("\"{0}\" is not a MAC address (expected six hex pairs such as 52:54:00:12:34:56)")]
     BadMac(String),
-    #[error("MAC address {0} is multicast; a VM needs a unicast MAC (the lowest bit of the first byte clear)")]
+    #[error(
+        "MAC address {0} is multicast; a VM needs a unicast MAC (the lowest bit of the first byte clear)"
+    )]
     MulticastMac(String),
 }
 
@@ -43,7 +55,11 @@ impl MacAddr {
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
-        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3], b[4], b[5])
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            b[0], b[1], b[2], b[3], b[4], b[5]
+        )
     }
 }
 
@@ -92,7 +108,9 @@ impl<'de> Deserialize<'de> for MacAddr {
 /// FNV-1a, 64 bit: a hash that never changes between releases, for names and
 /// MACs derived from ids (std's hasher is randomly seeded per process).
 pub fn stable_hash(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Network names become part of kernel interface names (the bridge is
@@ -108,7 +126,8 @@ pub fn validate_network_name(name: &str) -> Result<(), NameError> {
 
 /// A VM's name is a DNS label (RFC 1123): it is answered by the network's DNS.
 pub fn validate_hostname(name: &str) -> Result<(), NameError> {
-    const ALLOWED: &str = "a name is a DNS label: letters, digits and '-', not starting or ending with '-'";
+    const ALLOWED: &str =
+        "a name is a DNS label: letters, digits and '-', not starting or ending with '-'";
     let last = name.len().saturating_sub(1);
     check_chars("name", name, 63, ALLOWED, |i, c| {
         c.is_ascii_alphanumeric() || (c == '-' && i != 0 && i != last)
@@ -123,13 +142,26 @@ fn check_chars(
     ok: impl Fn(usize, char) -> bool,
 ) -> Result<(), NameError> {
     if name.is_empty() {
-        return Err(NameError::Empty { what, name: name.into() });
+        return Err(NameError::Empty {
+            what,
+            name: name.into(),
+        });
     }
     if name.len() > max {
-        return Err(NameError::TooLong { what, name: name.into(), len: name.len(), max });
+        return Err(NameError::TooLong {
+            what,
+            name: name.into(),
+            len: name.len(),
+            max,
+        });
     }
     match name.char_indices().find(|&(i, c)| !ok(i, c)) {
-        Some((_, ch)) => Err(NameError::BadChar { what, name: name.into(), ch, allowed }),
+        Some((_, ch)) => Err(NameError::BadChar {
+            what,
+            name: name.into(),
+            ch,
+            allowed,
+        }),
         None => Ok(()),
     }
 }
@@ -147,10 +179,22 @@ mod tests {
 
     #[test]
     fn mac_rejects_garbage_and_multicast() {
-        for bad in ["", "52:54:00:ab:cd", "52:54:00:ab:cd:0g", "525400abcd0f", "52:54:00:ab:cd:0f:11"] {
-            assert!(matches!(bad.parse::<MacAddr>(), Err(NameError::BadMac(_))), "{bad}");
+        for bad in [
+            "",
+            "52:54:00:ab:cd",
+            "52:54:00:ab:cd:0g",
+            "525400abcd0f",
+            "52:54:00:ab:cd:0f:11",
+        ] {
+            assert!(
+                matches!(bad.parse::<MacAddr>(), Err(NameError::BadMac(_))),
+                "{bad}"
+            );
         }
-        assert!(matches!("01:00:5e:00:00:01".parse::<MacAddr>(), Err(NameError::MulticastMac(_))));
+        assert!(matches!(
+            "01:00:5e:00:00:01".parse::<MacAddr>(),
+            Err(NameError::MulticastMac(_))
+        ));
     }
 
     #[test]
@@ -165,11 +209,26 @@ mod tests {
     fn network_names_fit_the_kernel() {
         assert!(validate_network_name("shared").is_ok());
         assert!(validate_network_name("lab_2-a").is_ok());
-        assert!(matches!(validate_network_name("averyveryverylongname"), Err(NameError::TooLong { .. })));
-        assert!(matches!(validate_network_name("a b"), Err(NameError::BadChar { ch: ' ', .. })));
-        assert!(matches!(validate_network_name("-x"), Err(NameError::BadChar { ch: '-', .. })));
-        assert!(matches!(validate_network_name("a/b"), Err(NameError::BadChar { ch: '/', .. })));
-        assert!(matches!(validate_network_name(""), Err(NameError::Empty { .. })));
+        assert!(matches!(
+            validate_network_name("averyveryverylongname"),
+            Err(NameError::TooLong { .. })
+        ));
+        assert!(matches!(
+            validate_network_name("a b"),
+            Err(NameError::BadChar { ch: ' ', .. })
+        ));
+        assert!(matches!(
+            validate_network_name("-x"),
+            Err(NameError::BadChar { ch: '-', .. })
+        ));
+        assert!(matches!(
+            validate_network_name("a/b"),
+            Err(NameError::BadChar { ch: '/', .. })
+        ));
+        assert!(matches!(
+            validate_network_name(""),
+            Err(NameError::Empty { .. })
+        ));
     }
 
     #[test]

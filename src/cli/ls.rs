@@ -15,7 +15,10 @@ pub struct LsArgs {
 pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
     let (response, _) = cli.connect()?.call(&Request::List)?;
     let (networks, interfaces) = match response {
-        Response::Listing { networks, interfaces } => (networks, interfaces),
+        Response::Listing {
+            networks,
+            interfaces,
+        } => (networks, interfaces),
         Response::Error { message, .. } => anyhow::bail!(message),
         other => anyhow::bail!("unexpected reply from the daemon: {other:?}"),
     };
@@ -24,7 +27,14 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    let mut rows = vec![row(&["NETWORK", "MODE", "SUBNET", "GATEWAY", "BRIDGE", "INTERFACES"])];
+    let mut rows = vec![row(&[
+        "NETWORK",
+        "MODE",
+        "SUBNET",
+        "GATEWAY",
+        "BRIDGE",
+        "INTERFACES",
+    ])];
     for n in &networks {
         rows.push(vec![
             n.name.clone(),
@@ -37,7 +47,18 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
     }
     print_table(&rows);
     println!();
-    let mut rows = vec![row(&["INTERFACE", "NAME", "NETWORK", "MAC", "IP", "TAP", "PID", "UID", "VM RX", "VM TX"])];
+    let mut rows = vec![row(&[
+        "INTERFACE",
+        "NAME",
+        "NETWORK",
+        "MAC",
+        "IP",
+        "TAP",
+        "PID",
+        "UID",
+        "VM RX",
+        "VM TX",
+    ])];
     for i in &interfaces {
         rows.push(vec![
             i.interface_id.to_string(),
@@ -46,7 +67,9 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             i.mac_address.to_string(),
             i.ip_address.to_string(),
             i.tap.clone(),
-            i.client_pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            i.client_pid
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "-".into()),
             i.client_uid.to_string(),
             human_bytes(i.vm_rx_bytes),
             human_bytes(i.vm_tx_bytes),
@@ -65,9 +88,15 @@ fn row(cells: &[&str]) -> Vec<String> {
 }
 
 fn print_table(rows: &[Vec<String>]) {
-    let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..rows[0].len())
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
     for r in rows {
-        let line: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
         println!("{}", line.join("  ").trim_end());
     }
 }
@@ -80,5 +109,9 @@ fn human_bytes(n: u64) -> String {
         v /= 1024.0;
         unit += 1;
     }
-    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
 }

@@ -36,10 +36,20 @@ The daemon is the only privileged process; `linnet run` as root starts one on de
 )]
 pub struct Cli {
     /// Runtime directory: the API socket and the daemon's lock.
-    #[arg(long, env = "LINNET_RUN_DIR", default_value = "/run/linnet", global = true)]
+    #[arg(
+        long,
+        env = "LINNET_RUN_DIR",
+        default_value = "/run/linnet",
+        global = true
+    )]
     pub run_dir: PathBuf,
     /// State directory: leases, kept across restarts.
-    #[arg(long, env = "LINNET_STATE_DIR", default_value = "/var/lib/linnet", global = true)]
+    #[arg(
+        long,
+        env = "LINNET_STATE_DIR",
+        default_value = "/var/lib/linnet",
+        global = true
+    )]
     pub state_dir: PathBuf,
     /// Networks file [default: /etc/linnet/networks.yaml, if it exists]
     #[arg(long, env = "LINNET_CONFIG", global = true)]
@@ -62,13 +72,21 @@ pub enum CommandArgs {
 }
 
 pub fn init_logging(cli: &Cli) {
-    let default = if matches!(cli.command, CommandArgs::Daemon(_)) { "info" } else { "warn" };
+    let default = if matches!(cli.command, CommandArgs::Daemon(_)) {
+        "info"
+    } else {
+        "warn"
+    };
     let filter = cli.log.clone().unwrap_or_else(|| default.into());
     let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| {
         eprintln!("linnet: ignoring invalid --log filter \"{filter}\"");
         tracing_subscriber::EnvFilter::new(default)
     });
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(io::stderr).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .with_target(false)
+        .init();
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
@@ -104,7 +122,9 @@ impl Cli {
         let path = self.socket_path();
         match Channel::connect(&path) {
             Ok(chan) => return Ok(chan),
-            Err(e) if !is_absent(&e) || !nix::unistd::geteuid().is_root() => return Err(unreachable_daemon(&path, &e)),
+            Err(e) if !is_absent(&e) || !nix::unistd::geteuid().is_root() => {
+                return Err(unreachable_daemon(&path, &e));
+            }
             Err(_) => {}
         }
         self.start_daemon()?;
@@ -127,22 +147,30 @@ impl Cli {
     /// Starts `linnet daemon` detached (own session, logs to the run dir);
     /// it exits by itself once idle.
     fn start_daemon(&self) -> anyhow::Result<()> {
-        std::fs::create_dir_all(&self.run_dir).with_context(|| format!("cannot create {}", self.run_dir.display()))?;
+        std::fs::create_dir_all(&self.run_dir)
+            .with_context(|| format!("cannot create {}", self.run_dir.display()))?;
         let log_path = self.run_dir.join("daemon.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .with_context(|| format!("cannot open {}", log_path.display()))?;
-        let mut cmd = Command::new(std::env::current_exe().context("cannot find the linnet executable")?);
-        cmd.arg("--run-dir").arg(&self.run_dir).arg("--state-dir").arg(&self.state_dir);
+        let mut cmd =
+            Command::new(std::env::current_exe().context("cannot find the linnet executable")?);
+        cmd.arg("--run-dir")
+            .arg(&self.run_dir)
+            .arg("--state-dir")
+            .arg(&self.state_dir);
         if let Some(config) = &self.config {
             cmd.arg("--config").arg(config);
         }
         if let Some(log) = &self.log {
             cmd.arg("--log").arg(log);
         }
-        cmd.args(["daemon", "--idle-exit", "10"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        cmd.args(["daemon", "--idle-exit", "10"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
         use std::os::unix::process::CommandExt;
         // SAFETY: setsid is async-signal-safe.
         unsafe {
@@ -156,7 +184,10 @@ impl Cli {
 }
 
 fn is_absent(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ECONNREFUSED))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT) | Some(libc::ECONNREFUSED)
+    )
 }
 
 fn unreachable_daemon(path: &Path, e: &io::Error) -> anyhow::Error {

@@ -47,12 +47,22 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
     /// The command to run, usually a VMM.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
     pub command: Vec<String>,
 }
 
 /// Signals for CMD: delivered to it when sent to `linnet run`.
-const FORWARDED: [Signal; 4] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT];
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
 
 pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     if let Some(name) = &args.name {
@@ -67,11 +77,14 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     };
     let (response, fds) = channel.call(&Request::Attach(request))?;
     let info = match response {
-        Response::Attached { interface } => interface,
+        Response::Attached { interface } => *interface,
         Response::Error { message, .. } => bail!(message),
         other => bail!("unexpected reply from the daemon: {other:?}"),
     };
-    let tap = fds.into_iter().next().context("the daemon sent no TAP file descriptor")?;
+    let tap = fds
+        .into_iter()
+        .next()
+        .context("the daemon sent no TAP file descriptor")?;
     publish(&info, args.json.as_deref())?;
 
     let mut signals = SigSet::empty();
@@ -95,7 +108,11 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
-            let code = if e.kind() == io::ErrorKind::NotFound { 127 } else { 126 };
+            let code = if e.kind() == io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
             eprintln!("linnet: cannot start {}: {e}", args.command[0]);
             return Ok(code);
         }
@@ -117,7 +134,8 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
 fn publish(info: &InterfaceInfo, path: Option<&Path>) -> anyhow::Result<()> {
     let json = serde_json::to_string(info)?;
     match path {
-        Some(path) => std::fs::write(path, format!("{json}\n")).with_context(|| format!("cannot write {}", path.display())),
+        Some(path) => std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("cannot write {}", path.display())),
         None => writeln!(io::stderr(), "{json}").context("cannot write the interface JSON"),
     }
 }
@@ -133,7 +151,11 @@ fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd) -> Command {
         ("{network}", info.network.clone()),
         ("{interface_id}", info.interface_id.to_string()),
     ];
-    let substitute = |arg: &str| values.iter().fold(arg.to_string(), |a, (k, v)| a.replace(k, v));
+    let substitute = |arg: &str| {
+        values
+            .iter()
+            .fold(arg.to_string(), |a, (k, v)| a.replace(k, v))
+    };
     let mut args: Vec<String> = argv[1..].iter().map(|a| substitute(a)).collect();
     if is_qemu(&argv[0]) && !argv.iter().any(|a| a.contains("{fd}")) {
         args.extend([
@@ -145,9 +167,17 @@ fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd) -> Command {
     }
     let mut cmd = Command::new(&argv[0]);
     cmd.args(args);
-    for (key, (_, value)) in ["LINNET_FD", "LINNET_MAC", "LINNET_IP", "LINNET_TAP", "LINNET_GATEWAY", "LINNET_NETWORK", "LINNET_INTERFACE_ID"]
-        .iter()
-        .zip(&values)
+    for (key, (_, value)) in [
+        "LINNET_FD",
+        "LINNET_MAC",
+        "LINNET_IP",
+        "LINNET_TAP",
+        "LINNET_GATEWAY",
+        "LINNET_NETWORK",
+        "LINNET_INTERFACE_ID",
+    ]
+    .iter()
+    .zip(&values)
     {
         cmd.env(key, value);
     }
@@ -155,7 +185,10 @@ fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd) -> Command {
 }
 
 fn is_qemu(program: &str) -> bool {
-    Path::new(program).file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("qemu-system-"))
+    Path::new(program)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("qemu-system-"))
 }
 
 /// Passes on signals that someone sent to `linnet run`. Signals from the
@@ -212,30 +245,79 @@ mod tests {
     }
 
     fn argv(cmd: &Command) -> Vec<String> {
-        cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect()
+        cmd.get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
     }
 
     #[test]
     fn qemu_gets_a_virtio_nic_on_the_fd() {
-        let cmd = build_command(&["/usr/bin/qemu-system-x86_64".into(), "-m".into(), "256".into()], &info(), 7);
+        let cmd = build_command(
+            &[
+                "/usr/bin/qemu-system-x86_64".into(),
+                "-m".into(),
+                "256".into(),
+            ],
+            &info(),
+            7,
+        );
         assert_eq!(
             argv(&cmd),
-            ["-m", "256", "-netdev", "tap,id=lnet0,fd=7,vnet_hdr=on", "-device", "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01"]
+            [
+                "-m",
+                "256",
+                "-netdev",
+                "tap,id=lnet0,fd=7,vnet_hdr=on",
+                "-device",
+                "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01"
+            ]
         );
     }
 
     #[test]
     fn placeholders_are_replaced_and_env_set_for_any_command() {
-        let cmd = build_command(&["vmm".into(), "--net".into(), "fd={fd},mac={mac}".into(), "{ip}/{tap}@{gateway}".into()], &info(), 9);
-        assert_eq!(argv(&cmd), ["--net", "fd=9,mac=02:00:00:00:00:01", "192.168.105.2/lnt0123456789ab@192.168.105.1"]);
-        let env: Vec<_> = cmd.get_envs().map(|(k, v)| (k.to_string_lossy().into_owned(), v.unwrap().to_string_lossy().into_owned())).collect();
+        let cmd = build_command(
+            &[
+                "vmm".into(),
+                "--net".into(),
+                "fd={fd},mac={mac}".into(),
+                "{ip}/{tap}@{gateway}".into(),
+            ],
+            &info(),
+            9,
+        );
+        assert_eq!(
+            argv(&cmd),
+            [
+                "--net",
+                "fd=9,mac=02:00:00:00:00:01",
+                "192.168.105.2/lnt0123456789ab@192.168.105.1"
+            ]
+        );
+        let env: Vec<_> = cmd
+            .get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.unwrap().to_string_lossy().into_owned(),
+                )
+            })
+            .collect();
         assert!(env.contains(&("LINNET_FD".into(), "9".into())));
         assert!(env.contains(&("LINNET_NETWORK".into(), "shared".into())));
     }
 
     #[test]
     fn qemu_with_its_own_fd_placeholder_is_left_alone() {
-        let cmd = build_command(&["qemu-system-aarch64".into(), "-netdev".into(), "tap,id=n,fd={fd}".into()], &info(), 5);
+        let cmd = build_command(
+            &[
+                "qemu-system-aarch64".into(),
+                "-netdev".into(),
+                "tap,id=n,fd={fd}".into(),
+            ],
+            &info(),
+            5,
+        );
         assert_eq!(argv(&cmd), ["-netdev", "tap,id=n,fd=5"]);
     }
 }

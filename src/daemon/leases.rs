@@ -53,12 +53,29 @@ impl Lease {
 
 #[derive(Debug, Error, PartialEq)]
 pub enum LeaseError {
-    #[error("network \"{network}\": no free address left in {first}-{last}; detach unused interfaces or widen dhcp.range")]
-    PoolExhausted { network: String, first: Ipv4Addr, last: Ipv4Addr },
+    #[error(
+        "network \"{network}\": no free address left in {first}-{last}; detach unused interfaces or widen dhcp.range"
+    )]
+    PoolExhausted {
+        network: String,
+        first: Ipv4Addr,
+        last: Ipv4Addr,
+    },
     #[error("network \"{network}\": static address {ip} of interface {id} is held by MAC {holder}")]
-    StaticTaken { network: String, ip: Ipv4Addr, id: InterfaceId, holder: MacAddr },
-    #[error("network \"{network}\": MAC {mac} is already used by interface {other}; choose another --mac")]
-    MacInUse { network: String, mac: MacAddr, other: String },
+    StaticTaken {
+        network: String,
+        ip: Ipv4Addr,
+        id: InterfaceId,
+        holder: MacAddr,
+    },
+    #[error(
+        "network \"{network}\": MAC {mac} is already used by interface {other}; choose another --mac"
+    )]
+    MacInUse {
+        network: String,
+        mac: MacAddr,
+        other: String,
+    },
 }
 
 #[derive(Debug)]
@@ -101,8 +118,12 @@ impl LeaseTable {
         table.path = Some(path.to_path_buf());
         match std::fs::read(path) {
             Ok(bytes) => {
-                let file: LeaseFile = serde_json::from_slice(&bytes)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
+                let file: LeaseFile = serde_json::from_slice(&bytes).map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{}: {e}", path.display()),
+                    )
+                })?;
                 for mut lease in file.leases {
                     lease.held_until.get_or_insert(now + table.lease_time);
                     if net.subnet.contains(&lease.ip) && lease.ip != net.gateway {
@@ -118,8 +139,12 @@ impl LeaseTable {
 
     /// Writes the table atomically (temp file + rename) if it has a path.
     pub fn save(&self) -> io::Result<()> {
-        let Some(path) = &self.path else { return Ok(()) };
-        let file = LeaseFile { leases: self.leases.values().cloned().collect() };
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let file = LeaseFile {
+            leases: self.leases.values().cloned().collect(),
+        };
         let tmp = path.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(&file)?)?;
         std::fs::rename(&tmp, path)
@@ -140,7 +165,11 @@ impl LeaseTable {
         now: u64,
     ) -> Result<Lease, LeaseError> {
         let owner = Owner::Interface { id };
-        let existing = self.leases.values().find(|l| l.owner == owner).map(|l| (l.ip, l.mac));
+        let existing = self
+            .leases
+            .values()
+            .find(|l| l.owner == owner)
+            .map(|l| (l.ip, l.mac));
         let mac = match mac.or(existing.map(|(_, m)| m)) {
             Some(mac) => {
                 self.check_mac_free(mac, &owner, now)?;
@@ -150,8 +179,17 @@ impl LeaseTable {
         };
         let ip = match self.static_for(Some(id), None) {
             Some(ip) => {
-                if let Some(holder) = self.leases.get(&ip).filter(|l| l.owner != owner && l.is_live(now)) {
-                    return Err(LeaseError::StaticTaken { network: self.network.clone(), ip, id, holder: holder.mac });
+                if let Some(holder) = self
+                    .leases
+                    .get(&ip)
+                    .filter(|l| l.owner != owner && l.is_live(now))
+                {
+                    return Err(LeaseError::StaticTaken {
+                        network: self.network.clone(),
+                        ip,
+                        id,
+                        holder: holder.mac,
+                    });
                 }
                 ip
             }
@@ -161,9 +199,21 @@ impl LeaseTable {
             },
         };
         // One lease per owner: drop a stale one at another address.
-        self.leases.retain(|addr, l| l.owner != owner || *addr == ip);
-        let lease = Lease { ip, mac, owner, name, hostname: None, held_until: None };
-        let hostname = self.leases.get(&ip).filter(|l| l.owner == lease.owner).and_then(|l| l.hostname.clone());
+        self.leases
+            .retain(|addr, l| l.owner != owner || *addr == ip);
+        let lease = Lease {
+            ip,
+            mac,
+            owner,
+            name,
+            hostname: None,
+            held_until: None,
+        };
+        let hostname = self
+            .leases
+            .get(&ip)
+            .filter(|l| l.owner == lease.owner)
+            .and_then(|l| l.hostname.clone());
         let lease = Lease { hostname, ..lease };
         self.leases.insert(ip, lease.clone());
         Ok(lease)
@@ -172,7 +222,11 @@ impl LeaseTable {
     /// The interface left: its address stays reserved for `lease_time`.
     pub fn detach(&mut self, id: InterfaceId, now: u64) {
         let until = now + self.lease_time;
-        for lease in self.leases.values_mut().filter(|l| l.owner == Owner::Interface { id }) {
+        for lease in self
+            .leases
+            .values_mut()
+            .filter(|l| l.owner == Owner::Interface { id })
+        {
             lease.held_until = Some(until);
         }
     }
@@ -180,19 +234,38 @@ impl LeaseTable {
     /// The address DHCP offers to `mac`: its interface's reservation, a static
     /// lease, its earlier dynamic lease, or a new dynamic one.
     pub fn offer(&mut self, mac: MacAddr, now: u64) -> Result<Ipv4Addr, LeaseError> {
-        if let Some(lease) = self.leases.values().find(|l| l.mac == mac && l.is_live(now)) {
+        if let Some(lease) = self
+            .leases
+            .values()
+            .find(|l| l.mac == mac && l.is_live(now))
+        {
             return Ok(lease.ip);
         }
         let ip = match self.static_for(None, Some(mac)) {
             Some(ip) => ip,
-            None => match self.leases.values().find(|l| l.mac == mac && l.owner == Owner::Mac) {
+            None => match self
+                .leases
+                .values()
+                .find(|l| l.mac == mac && l.owner == Owner::Mac)
+            {
                 Some(old) if !self.is_taken(old.ip, now) => old.ip,
                 _ => self.free_address(now)?,
             },
         };
-        self.leases.retain(|_, l| !(l.mac == mac && l.owner == Owner::Mac));
+        self.leases
+            .retain(|_, l| !(l.mac == mac && l.owner == Owner::Mac));
         let held_until = Some(now + self.lease_time);
-        self.leases.insert(ip, Lease { ip, mac, owner: Owner::Mac, name: None, hostname: None, held_until });
+        self.leases.insert(
+            ip,
+            Lease {
+                ip,
+                mac,
+                owner: Owner::Mac,
+                name: None,
+                hostname: None,
+                held_until,
+            },
+        );
         Ok(ip)
     }
 
@@ -216,15 +289,23 @@ impl LeaseTable {
 
     /// DHCPRELEASE: a dynamic lease ends now; an interface keeps its address.
     pub fn release(&mut self, mac: MacAddr, now: u64) {
-        for lease in self.leases.values_mut().filter(|l| l.mac == mac && l.owner == Owner::Mac) {
+        for lease in self
+            .leases
+            .values_mut()
+            .filter(|l| l.mac == mac && l.owner == Owner::Mac)
+        {
             lease.held_until = Some(now);
         }
     }
 
     /// The address of a live lease whose name or DHCP hostname is `name`.
     pub fn resolve(&self, name: &str, now: u64) -> Option<Ipv4Addr> {
-        let matches = |n: &Option<String>| n.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name));
-        self.leases.values().find(|l| l.is_live(now) && (matches(&l.name) || matches(&l.hostname))).map(|l| l.ip)
+        let matches =
+            |n: &Option<String>| n.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name));
+        self.leases
+            .values()
+            .find(|l| l.is_live(now) && (matches(&l.name) || matches(&l.hostname)))
+            .map(|l| l.ip)
     }
 
     pub fn lease_time(&self) -> u32 {
@@ -246,7 +327,9 @@ impl LeaseTable {
     /// reservation ran out longest ago. Static addresses are never dynamic.
     fn free_address(&mut self, now: u64) -> Result<Ipv4Addr, LeaseError> {
         let reserved_static = |ip: Ipv4Addr| self.statics.iter().any(|s| s.ip == ip);
-        let candidates = (self.first..=self.last).map(Ipv4Addr::from).filter(|&ip| ip != self.gateway);
+        let candidates = (self.first..=self.last)
+            .map(Ipv4Addr::from)
+            .filter(|&ip| ip != self.gateway);
         let mut oldest: Option<(u64, Ipv4Addr)> = None;
         for ip in candidates {
             if reserved_static(ip) {
@@ -277,7 +360,11 @@ impl LeaseTable {
     }
 
     fn check_mac_free(&self, mac: MacAddr, owner: &Owner, now: u64) -> Result<(), LeaseError> {
-        match self.leases.values().find(|l| l.mac == mac && &l.owner != owner && l.is_live(now)) {
+        match self
+            .leases
+            .values()
+            .find(|l| l.mac == mac && &l.owner != owner && l.is_live(now))
+        {
             Some(other) => Err(LeaseError::MacInUse {
                 network: self.network.clone(),
                 mac,
@@ -316,7 +403,9 @@ mod tests {
     }
 
     fn small() -> LeaseTable {
-        table("networks:\n  shared:\n    dhcp: { range: 192.168.105.2-192.168.105.4, lease_time: 100 }\n")
+        table(
+            "networks:\n  shared:\n    dhcp: { range: 192.168.105.2-192.168.105.4, lease_time: 100 }\n",
+        )
     }
 
     fn id(n: u8) -> InterfaceId {
@@ -347,7 +436,10 @@ mod tests {
         t.attach(id(3), None, None, 0).unwrap();
         t.detach(id(1), 10);
         let err = t.attach(id(4), None, None, 50).unwrap_err();
-        assert!(matches!(err, LeaseError::PoolExhausted { .. }), "held for lease_time");
+        assert!(
+            matches!(err, LeaseError::PoolExhausted { .. }),
+            "held for lease_time"
+        );
         assert!(err.to_string().contains("widen dhcp.range"));
         let d = t.attach(id(4), None, None, 111).unwrap();
         assert_eq!(d.ip, ip(2), "expired reservation reused");
@@ -363,7 +455,11 @@ mod tests {
         t.attach(id(1), None, None, 0).unwrap();
         t.detach(id(1), 0);
         let b = t.attach(id(2), None, None, 1000).unwrap();
-        assert_eq!(b.ip, ip(3), "the expired .2 stays sticky while fresh addresses remain");
+        assert_eq!(
+            b.ip,
+            ip(3),
+            "the expired .2 stays sticky while fresh addresses remain"
+        );
         assert_eq!(t.attach(id(1), None, None, 1000).unwrap().ip, ip(2));
     }
 
@@ -373,9 +469,16 @@ mod tests {
         let mac: MacAddr = "52:54:00:00:00:07".parse().unwrap();
         assert_eq!(t.attach(id(1), Some(mac), None, 0).unwrap().mac, mac);
         let err = t.attach(id(2), Some(mac), None, 0).unwrap_err();
-        assert!(err.to_string().contains("already used by interface"), "{err}");
+        assert!(
+            err.to_string().contains("already used by interface"),
+            "{err}"
+        );
         t.detach(id(1), 0);
-        assert_eq!(t.attach(id(1), None, None, 5).unwrap().mac, mac, "remembered MAC");
+        assert_eq!(
+            t.attach(id(1), None, None, 5).unwrap().mac,
+            mac,
+            "remembered MAC"
+        );
     }
 
     #[test]
@@ -385,7 +488,10 @@ mod tests {
             id(7)
         ));
         assert_eq!(t.attach(id(7), None, None, 0).unwrap().ip, ip(50));
-        assert_eq!(t.offer("52:54:00:00:00:09".parse().unwrap(), 0).unwrap(), ip(60));
+        assert_eq!(
+            t.offer("52:54:00:00:00:09".parse().unwrap(), 0).unwrap(),
+            ip(60)
+        );
         assert_eq!(t.attach(id(8), None, None, 0).unwrap().ip, ip(2));
     }
 
@@ -402,7 +508,11 @@ mod tests {
         assert_eq!(t.resolve("NESTED", 10), Some(ip_s));
         t.release(stranger, 20);
         assert_eq!(t.resolve("nested", 21), None);
-        assert_eq!(t.offer(stranger, 30).unwrap(), ip_s, "the same address when nobody took it");
+        assert_eq!(
+            t.offer(stranger, 30).unwrap(),
+            ip_s,
+            "the same address when nobody took it"
+        );
     }
 
     #[test]
@@ -415,7 +525,13 @@ mod tests {
         t.detach(id(1), 3);
         assert_eq!(t.resolve("web", 3), Some(a.ip), "reserved, still answered");
         assert_eq!(t.resolve("web", 200), None);
-        assert_eq!(t.attach(id(1), None, None, 300).unwrap().hostname.as_deref(), Some("debian"));
+        assert_eq!(
+            t.attach(id(1), None, None, 300)
+                .unwrap()
+                .hostname
+                .as_deref(),
+            Some("debian")
+        );
     }
 
     #[test]
@@ -428,7 +544,11 @@ mod tests {
         let a = t.attach(id(1), None, Some("vm".into()), 0).unwrap();
         t.save().unwrap();
         let mut back = LeaseTable::open(net, &path, 10).unwrap();
-        assert_eq!(back.leases().next().unwrap().held_until, Some(10 + 3600), "held from load time");
+        assert_eq!(
+            back.leases().next().unwrap().held_until,
+            Some(10 + 3600),
+            "held from load time"
+        );
         let again = back.attach(id(1), None, None, 11).unwrap();
         assert_eq!((again.mac, again.ip), (a.mac, a.ip));
         std::fs::write(&path, b"{not json").unwrap();

@@ -27,12 +27,21 @@ pub struct ActiveNetwork {
 impl ActiveNetwork {
     /// Creates (or adopts, after a restart) the bridge, loads the leases and
     /// starts the services. On error nothing it made is left behind.
-    pub async fn bring_up(cfg: &NetworkConfig, netlink: &Netlink, lease_dir: &Path) -> Result<ActiveNetwork, DaemonError> {
+    pub async fn bring_up(
+        cfg: &NetworkConfig,
+        netlink: &Netlink,
+        lease_dir: &Path,
+    ) -> Result<ActiveNetwork, DaemonError> {
         let bridge = host::bridge_name(&cfg.name);
         let alias = format!("{ALIAS_NETWORK}{}", cfg.name);
         let existing = netlink.link(&bridge).await?;
         let adopted = match &existing {
-            Some(link) if link.kind == LinkKind::Bridge && link.alias.as_deref() == Some(alias.as_str()) => Some(link.index),
+            Some(link)
+                if link.kind == LinkKind::Bridge
+                    && link.alias.as_deref() == Some(alias.as_str()) =>
+            {
+                Some(link.index)
+            }
             Some(_) => {
                 return Err(DaemonError::Conflict(format!(
                     "network \"{}\": a link named {bridge} exists and was not made by linnet; rename or delete it (ip link del {bridge})",
@@ -47,15 +56,38 @@ impl ActiveNetwork {
             None => netlink.create_bridge(&bridge, cfg.mtu).await?,
         };
         let result = async {
-            let gateway = Ipv4Net::new(cfg.gateway, cfg.subnet.prefix_len()).expect("validated prefix");
-            netlink.configure(index, LinkSettings { mtu: Some(cfg.mtu), alias: Some(&alias), ..Default::default() }).await?;
+            let gateway =
+                Ipv4Net::new(cfg.gateway, cfg.subnet.prefix_len()).expect("validated prefix");
+            netlink
+                .configure(
+                    index,
+                    LinkSettings {
+                        mtu: Some(cfg.mtu),
+                        alias: Some(&alias),
+                        ..Default::default()
+                    },
+                )
+                .await?;
             netlink.add_address(index, gateway).await?;
-            netlink.configure(index, LinkSettings { up: true, ..Default::default() }).await?;
+            netlink
+                .configure(
+                    index,
+                    LinkSettings {
+                        up: true,
+                        ..Default::default()
+                    },
+                )
+                .await?;
             let path = lease_dir.join(format!("{}.json", cfg.name));
-            let table = LeaseTable::open(cfg, &path, unix_now())
-                .map_err(|e| DaemonError::Internal(format!("cannot read leases {}: {e}", path.display())))?;
+            let table = LeaseTable::open(cfg, &path, unix_now()).map_err(|e| {
+                DaemonError::Internal(format!("cannot read leases {}: {e}", path.display()))
+            })?;
             let leases = Arc::new(Mutex::new(table));
-            let ctx = Arc::new(NetworkContext { config: cfg.clone(), bridge: bridge.clone(), leases: leases.clone() });
+            let ctx = Arc::new(NetworkContext {
+                config: cfg.clone(),
+                bridge: bridge.clone(),
+                leases: leases.clone(),
+            });
             let services = Services::start(ctx).await?;
             Ok::<_, DaemonError>((leases, services))
         }
@@ -63,7 +95,13 @@ impl ActiveNetwork {
         match result {
             Ok((leases, services)) => {
                 info!(network = %cfg.name, %bridge, subnet = %cfg.subnet, adopted = adopted.is_some(), "network up");
-                Ok(ActiveNetwork { config: cfg.clone(), bridge, bridge_index: index, leases, _services: services })
+                Ok(ActiveNetwork {
+                    config: cfg.clone(),
+                    bridge,
+                    bridge_index: index,
+                    leases,
+                    _services: services,
+                })
             }
             Err(e) => {
                 let _ = netlink.delete_link(index).await;
@@ -74,7 +112,13 @@ impl ActiveNetwork {
 
     /// Stops the services and removes the bridge.
     pub async fn bring_down(self, netlink: &Netlink) -> Result<(), DaemonError> {
-        let ActiveNetwork { config, bridge, bridge_index, _services, .. } = self;
+        let ActiveNetwork {
+            config,
+            bridge,
+            bridge_index,
+            _services,
+            ..
+        } = self;
         drop(_services);
         netlink.delete_link(bridge_index).await?;
         info!(network = %config.name, %bridge, "network down");
@@ -82,14 +126,24 @@ impl ActiveNetwork {
     }
 
     pub fn firewall(&self) -> FirewallNetwork {
-        FirewallNetwork { bridge: self.bridge.clone(), subnet: self.config.subnet, mode: self.config.mode, nat44: self.config.nat44 }
+        FirewallNetwork {
+            bridge: self.bridge.clone(),
+            subnet: self.config.subnet,
+            mode: self.config.mode,
+            nat44: self.config.nat44,
+        }
     }
 }
 
 /// Refuses a subnet that overlaps an address or route already in the
 /// namespace, naming the interface that holds it.
-async fn check_overlap(cfg: &NetworkConfig, netlink: &Netlink, own_bridge: Option<u32>) -> Result<(), DaemonError> {
-    let overlaps = |net: &Ipv4Net| cfg.subnet.contains(&net.network()) || net.contains(&cfg.subnet.network());
+async fn check_overlap(
+    cfg: &NetworkConfig,
+    netlink: &Netlink,
+    own_bridge: Option<u32>,
+) -> Result<(), DaemonError> {
+    let overlaps =
+        |net: &Ipv4Net| cfg.subnet.contains(&net.network()) || net.contains(&cfg.subnet.network());
     let links = netlink.links().await?;
     let name_of = |index: Option<u32>| {
         index
@@ -127,5 +181,9 @@ async fn check_overlap(cfg: &NetworkConfig, netlink: &Netlink, own_bridge: Optio
 
 /// The gateway, DNS and subnet facts an attach reply carries.
 pub fn dns_servers(cfg: &NetworkConfig) -> Vec<Ipv4Addr> {
-    if cfg.dns.enabled { vec![cfg.gateway] } else { Vec::new() }
+    if cfg.dns.enabled {
+        vec![cfg.gateway]
+    } else {
+        Vec::new()
+    }
 }

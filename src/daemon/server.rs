@@ -33,7 +33,9 @@ pub struct Options {
 
 pub fn run(opts: Options) -> anyhow::Result<()> {
     raise_fd_limit();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(serve(opts))
 }
 
@@ -116,7 +118,10 @@ fn lock_run_dir(run_dir: &Path) -> anyhow::Result<Flock<std::fs::File>> {
         .open(&path)
         .with_context(|| format!("cannot open {}", path.display()))?;
     Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|_| {
-        anyhow::anyhow!("another linnet daemon is running with run directory {} (stop it, or use --run-dir)", run_dir.display())
+        anyhow::anyhow!(
+            "another linnet daemon is running with run directory {} (stop it, or use --run-dir)",
+            run_dir.display()
+        )
     })
 }
 
@@ -124,13 +129,20 @@ fn listen(path: &Path) -> anyhow::Result<AsyncFd<OwnedFd>> {
     // We hold the lock, so a socket file left here is from a dead daemon.
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("cannot remove stale socket {}", path.display()));
+            return Err(e)
+                .with_context(|| format!("cannot remove stale socket {}", path.display()));
         }
         _ => {}
     }
-    let fd = socket::socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)?;
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
     let addr = UnixAddr::new(path)?;
-    socket::bind(fd.as_raw_fd(), &addr).with_context(|| format!("cannot bind {}", path.display()))?;
+    socket::bind(fd.as_raw_fd(), &addr)
+        .with_context(|| format!("cannot bind {}", path.display()))?;
     // Anyone may connect; every request is checked against the network's
     // `allow` list with the kernel's word on who is asking (SO_PEERCRED).
     use std::os::unix::fs::PermissionsExt;
@@ -143,7 +155,11 @@ async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<AsyncFd<OwnedFd>> {
     loop {
         let mut ready = listener.readable().await?;
         match ready.try_io(|fd| {
-            socket::accept4(fd.as_raw_fd(), SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK).map_err(io::Error::from)
+            socket::accept4(
+                fd.as_raw_fd(),
+                SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            )
+            .map_err(io::Error::from)
         }) {
             Ok(Ok(raw)) => {
                 // SAFETY: accept4 returned a new descriptor that we now own.
@@ -180,7 +196,13 @@ fn peer_groups(fd: &OwnedFd) -> io::Result<Vec<u32>> {
     let mut len = (groups.len() * 4) as libc::socklen_t;
     // SAFETY: the buffer is `len` bytes long and outlives the call.
     let rc = unsafe {
-        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERGROUPS, groups.as_mut_ptr().cast(), &mut len)
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERGROUPS,
+            groups.as_mut_ptr().cast(),
+            &mut len,
+        )
     };
     if rc < 0 {
         return Err(io::Error::last_os_error());
@@ -193,7 +215,11 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
     debug!(client = client.id, pid = ?client.pid, uid = client.uid, "connected");
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
-        let received = conn.async_io(Interest::READABLE, |fd| api::recv_packet(fd.as_fd(), &mut buf)).await;
+        let received = conn
+            .async_io(Interest::READABLE, |fd| {
+                api::recv_packet(fd.as_fd(), &mut buf)
+            })
+            .await;
         let len = match received {
             Ok(Some((len, _fds))) => len,
             Ok(None) => break,
@@ -207,7 +233,11 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
             Ok(request) => handle(daemon, client, request).await,
         };
         let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
-        let sent = conn.async_io(Interest::WRITABLE, |c| api::send_message(c.as_fd(), &response, &fds)).await;
+        let sent = conn
+            .async_io(Interest::WRITABLE, |c| {
+                api::send_message(c.as_fd(), &response, &fds)
+            })
+            .await;
         // Our copy of the TAP fd closes here; the client holds its own.
         drop(fd);
         if let Err(e) = sent {
@@ -218,20 +248,26 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
     debug!(client = client.id, "disconnected");
 }
 
-async fn handle(daemon: &Mutex<Daemon>, client: &Client, request: Request) -> (Response, Option<OwnedFd>) {
+async fn handle(
+    daemon: &Mutex<Daemon>,
+    client: &Client,
+    request: Request,
+) -> (Response, Option<OwnedFd>) {
     let mut daemon = daemon.lock().await;
     match request {
         Request::Attach(req) => match daemon.handle_attach(client, req).await {
-            Ok((interface, fd)) => (Response::Attached { interface }, Some(fd)),
+            Ok((interface, fd)) => (Response::Attached { interface: Box::new(interface) }, Some(fd)),
             Err(e) => {
                 error!(uid = client.uid, pid = ?client.pid, "attach refused: {e}");
                 (e.into_response(), None)
             }
         },
-        Request::Detach { interface_id } => match daemon.handle_detach(client, interface_id).await {
-            Ok(()) => (Response::Detached { interface_id }, None),
-            Err(e) => (e.into_response(), None),
-        },
+        Request::Detach { interface_id } => {
+            match daemon.handle_detach(client, interface_id).await {
+                Ok(()) => (Response::Detached { interface_id }, None),
+                Err(e) => (e.into_response(), None),
+            }
+        }
         Request::List => {
             let stats = daemon.link_stats().await;
             (daemon.list(&stats), None)
@@ -240,11 +276,17 @@ async fn handle(daemon: &Mutex<Daemon>, client: &Client, request: Request) -> (R
 }
 
 fn bad_request(message: String) -> Response {
-    Response::Error { kind: api::ErrorKind::BadRequest, message }
+    Response::Error {
+        kind: api::ErrorKind::BadRequest,
+        message,
+    }
 }
 
 fn raise_fd_limit() {
-    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    if let Ok((_, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    {
+        let _ =
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     }
 }

@@ -11,7 +11,9 @@ use tracing::{info, warn};
 
 use super::leases::{Lease, LeaseError};
 use super::network::{ActiveNetwork, dns_servers};
-use crate::api::{AttachRequest, ErrorKind, InterfaceInfo, InterfaceStatus, NetworkStatus, Response};
+use crate::api::{
+    AttachRequest, ErrorKind, InterfaceInfo, InterfaceStatus, NetworkStatus, Response,
+};
 use crate::config::{Config, DEFAULT_NETWORK};
 use crate::host::firewall::{self, FirewallError};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
@@ -25,9 +27,19 @@ pub enum DaemonError {
     #[error("{0}")]
     BadRequest(String),
     #[error("unknown network \"{name}\"; known networks: {known} (add it to {file})")]
-    UnknownNetwork { name: String, known: String, file: String },
-    #[error("uid {uid} may not attach to network \"{network}\": it allows {allow}; add the user to networks.{network}.allow or to one of those groups")]
-    NotAllowed { uid: u32, network: String, allow: String },
+    UnknownNetwork {
+        name: String,
+        known: String,
+        file: String,
+    },
+    #[error(
+        "uid {uid} may not attach to network \"{network}\": it allows {allow}; add the user to networks.{network}.allow or to one of those groups"
+    )]
+    NotAllowed {
+        uid: u32,
+        network: String,
+        allow: String,
+    },
     #[error("{0}")]
     Busy(String),
     #[error("{0}")]
@@ -54,15 +66,19 @@ impl DaemonError {
             DaemonError::NotAllowed { .. } => ErrorKind::NotAllowed,
             DaemonError::Busy(_) => ErrorKind::Busy,
             DaemonError::Conflict(_) | DaemonError::Lease(_) => ErrorKind::Conflict,
-            DaemonError::Tap(_) | DaemonError::Netlink(_) | DaemonError::Firewall(_) | DaemonError::Service(_) => {
-                ErrorKind::HostSetup
-            }
+            DaemonError::Tap(_)
+            | DaemonError::Netlink(_)
+            | DaemonError::Firewall(_)
+            | DaemonError::Service(_) => ErrorKind::HostSetup,
             DaemonError::Internal(_) => ErrorKind::Internal,
         }
     }
 
     pub fn into_response(self) -> Response {
-        Response::Error { kind: self.kind(), message: self.to_string() }
+        Response::Error {
+            kind: self.kind(),
+            message: self.to_string(),
+        }
     }
 }
 
@@ -117,10 +133,13 @@ impl Daemon {
     /// persistent (those are adopted), replaces its nftables table, and brings
     /// the persistent networks up.
     pub async fn reconcile(&mut self) -> Result<(), DaemonError> {
-        std::fs::create_dir_all(&self.lease_dir)
-            .map_err(|e| DaemonError::Internal(format!("cannot create {}: {e}", self.lease_dir.display())))?;
+        std::fs::create_dir_all(&self.lease_dir).map_err(|e| {
+            DaemonError::Internal(format!("cannot create {}: {e}", self.lease_dir.display()))
+        })?;
         for link in self.netlink.links().await? {
-            let Some(alias) = link.alias.as_deref() else { continue };
+            let Some(alias) = link.alias.as_deref() else {
+                continue;
+            };
             let stale = match (link.kind, alias) {
                 (LinkKind::Tun, a) if a.starts_with(ALIAS_INTERFACE) => true,
                 (LinkKind::Bridge, a) => a
@@ -134,23 +153,50 @@ impl Daemon {
             }
         }
         firewall::remove()?;
-        let persistent: Vec<String> =
-            self.config.networks.values().filter(|n| n.persistent).map(|n| n.name.clone()).collect();
+        let persistent: Vec<String> = self
+            .config
+            .networks
+            .values()
+            .filter(|n| n.persistent)
+            .map(|n| n.name.clone())
+            .collect();
         for name in persistent {
             self.ensure_network(&name).await?;
         }
         Ok(())
     }
 
-    pub async fn handle_attach(&mut self, client: &Client, req: AttachRequest) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
+    pub async fn handle_attach(
+        &mut self,
+        client: &Client,
+        req: AttachRequest,
+    ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
         let network = req.network.unwrap_or_else(|| DEFAULT_NETWORK.into());
-        let cfg = self.config.network(&network).ok_or_else(|| DaemonError::UnknownNetwork {
-            name: network.clone(),
-            known: self.config.networks.keys().cloned().collect::<Vec<_>>().join(", "),
-            file: self.config.source.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| crate::config::DEFAULT_CONFIG_PATH.into()),
-        })?;
+        let cfg = self
+            .config
+            .network(&network)
+            .ok_or_else(|| DaemonError::UnknownNetwork {
+                name: network.clone(),
+                known: self
+                    .config
+                    .networks
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                file: self
+                    .config
+                    .source
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| crate::config::DEFAULT_CONFIG_PATH.into()),
+            })?;
         if !cfg.allow.permits(client.uid, &client.groups) {
-            return Err(DaemonError::NotAllowed { uid: client.uid, network, allow: cfg.allow.describe() });
+            return Err(DaemonError::NotAllowed {
+                uid: client.uid,
+                network,
+                allow: cfg.allow.describe(),
+            });
         }
         if let Some(name) = &req.name {
             types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
@@ -160,11 +206,16 @@ impl Daemon {
             return Err(DaemonError::Busy(format!(
                 "interface {id} is already attached to network \"{}\" by pid {}; detach it first or use another --interface-id",
                 other.network,
-                other.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+                other
+                    .pid
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "?".into())
             )));
         }
         self.ensure_network(&network).await?;
-        let result = self.attach_on(&network, id, client, req.mac, req.name).await;
+        let result = self
+            .attach_on(&network, id, client, req.mac, req.name)
+            .await;
         if result.is_err() {
             self.release_network_if_unused(&network).await;
         }
@@ -181,7 +232,11 @@ impl Daemon {
     ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
         let net = &self.networks[network];
         let now = unix_now();
-        let lease = net.leases.lock().expect("lease lock").attach(id, mac, name, now)?;
+        let lease = net
+            .leases
+            .lock()
+            .expect("lease lock")
+            .attach(id, mac, name, now)?;
         let tap_name = host::tap_name(&id);
         let made = async {
             if let Some(stale) = self.netlink.link(&tap_name).await? {
@@ -192,10 +247,17 @@ impl Daemon {
                 .netlink
                 .link(&tap_name)
                 .await?
-                .ok_or_else(|| DaemonError::Internal(format!("TAP {tap_name} vanished after creation")))?
+                .ok_or_else(|| {
+                    DaemonError::Internal(format!("TAP {tap_name} vanished after creation"))
+                })?
                 .index;
             let alias = format!("{ALIAS_INTERFACE}{id}");
-            let settings = LinkSettings { master: Some(net.bridge_index), mtu: Some(net.config.mtu), alias: Some(&alias), up: true };
+            let settings = LinkSettings {
+                master: Some(net.bridge_index),
+                mtu: Some(net.config.mtu),
+                alias: Some(&alias),
+                up: true,
+            };
             self.netlink.configure(index, settings).await?;
             Ok::<_, DaemonError>((fd, index))
         }
@@ -216,14 +278,28 @@ impl Daemon {
         info!(network, interface = %id, ip = %lease.ip, mac = %lease.mac, tap = %tap_name, pid = ?client.pid, uid = client.uid, "attached");
         self.interfaces.insert(
             id,
-            Interface { network: network.into(), lease, tap: tap_name, tap_index, client: client.id, pid: client.pid, uid: client.uid },
+            Interface {
+                network: network.into(),
+                lease,
+                tap: tap_name,
+                tap_index,
+                client: client.id,
+                pid: client.pid,
+                uid: client.uid,
+            },
         );
         Ok((info, fd))
     }
 
-    pub async fn handle_detach(&mut self, client: &Client, id: InterfaceId) -> Result<(), DaemonError> {
+    pub async fn handle_detach(
+        &mut self,
+        client: &Client,
+        id: InterfaceId,
+    ) -> Result<(), DaemonError> {
         match self.interfaces.get(&id) {
-            None => Err(DaemonError::BadRequest(format!("interface {id} is not attached"))),
+            None => Err(DaemonError::BadRequest(format!(
+                "interface {id} is not attached"
+            ))),
             Some(i) if i.client != client.id => Err(DaemonError::Busy(format!(
                 "interface {id} belongs to another client (pid {}); only it can detach it",
                 i.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
@@ -234,7 +310,12 @@ impl Daemon {
 
     /// A client's connection closed: everything it attached goes.
     pub async fn client_gone(&mut self, client: u64) {
-        let ids: Vec<InterfaceId> = self.interfaces.iter().filter(|(_, i)| i.client == client).map(|(id, _)| *id).collect();
+        let ids: Vec<InterfaceId> = self
+            .interfaces
+            .iter()
+            .filter(|(_, i)| i.client == client)
+            .map(|(id, _)| *id)
+            .collect();
         for id in ids {
             info!(interface = %id, "client went away");
             if let Err(e) = self.detach(id).await {
@@ -244,7 +325,9 @@ impl Daemon {
     }
 
     async fn detach(&mut self, id: InterfaceId) -> Result<(), DaemonError> {
-        let Some(iface) = self.interfaces.remove(&id) else { return Ok(()) };
+        let Some(iface) = self.interfaces.remove(&id) else {
+            return Ok(());
+        };
         let deleted = self.netlink.delete_link(iface.tap_index).await;
         if let Some(net) = self.networks.get(&iface.network) {
             let mut leases = net.leases.lock().expect("lease lock");
@@ -269,7 +352,11 @@ impl Daemon {
                 subnet: cfg.subnet,
                 gateway: cfg.gateway,
                 bridge: self.networks.get(&cfg.name).map(|n| n.bridge.clone()),
-                interfaces: self.interfaces.values().filter(|i| i.network == cfg.name).count(),
+                interfaces: self
+                    .interfaces
+                    .values()
+                    .filter(|i| i.network == cfg.name)
+                    .count(),
                 persistent: cfg.persistent,
             })
             .collect();
@@ -293,12 +380,18 @@ impl Daemon {
                 }
             })
             .collect();
-        Response::Listing { networks, interfaces }
+        Response::Listing {
+            networks,
+            interfaces,
+        }
     }
 
     pub async fn link_stats(&self) -> BTreeMap<u32, (u64, u64)> {
         match self.netlink.links().await {
-            Ok(links) => links.into_iter().map(|l| (l.index, (l.rx_bytes, l.tx_bytes))).collect(),
+            Ok(links) => links
+                .into_iter()
+                .map(|l| (l.index, (l.rx_bytes, l.tx_bytes)))
+                .collect(),
             Err(e) => {
                 warn!("cannot read link counters: {e}");
                 BTreeMap::new()
@@ -331,7 +424,11 @@ impl Daemon {
         if self.networks.contains_key(name) {
             return Ok(());
         }
-        let cfg = self.config.network(name).expect("checked by caller").clone();
+        let cfg = self
+            .config
+            .network(name)
+            .expect("checked by caller")
+            .clone();
         let net = ActiveNetwork::bring_up(&cfg, &self.netlink, &self.lease_dir).await?;
         self.networks.insert(name.into(), net);
         if let Err(e) = self.sync_host() {
@@ -365,8 +462,9 @@ impl Daemon {
         let rules: Vec<_> = self.networks.values().map(|n| n.firewall()).collect();
         let needs_forwarding = self.networks.values().any(|n| n.config.nat44);
         if needs_forwarding && !self.enabled_forwarding {
-            self.enabled_forwarding = sysctl::enable_ipv4_forwarding()
-                .map_err(|e| DaemonError::Internal(format!("cannot enable IPv4 forwarding: {e}")))?;
+            self.enabled_forwarding = sysctl::enable_ipv4_forwarding().map_err(|e| {
+                DaemonError::Internal(format!("cannot enable IPv4 forwarding: {e}"))
+            })?;
         }
         firewall::apply(&rules)?;
         if !needs_forwarding && self.enabled_forwarding {

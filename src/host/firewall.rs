@@ -8,7 +8,9 @@ use std::borrow::Cow;
 
 use ipnet::Ipv4Net;
 use nftables::batch::Batch;
-use nftables::expr::{Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField, Prefix, SetItem, CT};
+use nftables::expr::{
+    CT, Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField, Prefix, SetItem,
+};
 use nftables::schema::{Chain, NfListObject, Nftables, Rule, Table};
 use nftables::stmt::{Match, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
@@ -72,53 +74,116 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
         return batch.to_nftables();
     }
     batch.add(table());
-    batch.add(base_chain(FORWARD, NfChainType::Filter, NfHook::Forward, PRIORITY_FILTER));
-    batch.add(base_chain(POSTROUTING, NfChainType::NAT, NfHook::Postrouting, PRIORITY_SRCNAT));
+    batch.add(base_chain(
+        FORWARD,
+        NfChainType::Filter,
+        NfHook::Forward,
+        PRIORITY_FILTER,
+    ));
+    batch.add(base_chain(
+        POSTROUTING,
+        NfChainType::NAT,
+        NfHook::Postrouting,
+        PRIORITY_SRCNAT,
+    ));
 
     // Frames between VMs of one network are bridged, not routed, but with
     // br_netfilter loaded (as on Docker hosts) they still pass this hook,
     // in and out of the bridge itself: let them through first.
     for net in networks {
-        batch.add(rule(FORWARD, vec![eq(meta(MetaKey::Iifname), string(&net.bridge)), eq(meta(MetaKey::Oifname), string(&net.bridge)), accept()]));
+        batch.add(rule(
+            FORWARD,
+            vec![
+                eq(meta(MetaKey::Iifname), string(&net.bridge)),
+                eq(meta(MetaKey::Oifname), string(&net.bridge)),
+                accept(),
+            ],
+        ));
     }
     // linnet networks never route into one another.
     for net in networks {
-        let others: Vec<String> = networks.iter().filter(|o| o.bridge != net.bridge).map(|o| o.bridge.clone()).collect();
+        let others: Vec<String> = networks
+            .iter()
+            .filter(|o| o.bridge != net.bridge)
+            .map(|o| o.bridge.clone())
+            .collect();
         if !others.is_empty() {
-            batch.add(rule(FORWARD, vec![eq(meta(MetaKey::Iifname), string(&net.bridge)), eq(meta(MetaKey::Oifname), set(&others)), drop()]));
+            batch.add(rule(
+                FORWARD,
+                vec![
+                    eq(meta(MetaKey::Iifname), string(&net.bridge)),
+                    eq(meta(MetaKey::Oifname), set(&others)),
+                    drop(),
+                ],
+            ));
         }
     }
 
     // Host-only networks first: nothing in or out.
     for net in networks.iter().filter(|n| n.mode == Mode::Host) {
-        batch.add(rule(FORWARD, vec![eq(meta(MetaKey::Iifname), string(&net.bridge)), drop()]));
-        batch.add(rule(FORWARD, vec![eq(meta(MetaKey::Oifname), string(&net.bridge)), drop()]));
+        batch.add(rule(
+            FORWARD,
+            vec![eq(meta(MetaKey::Iifname), string(&net.bridge)), drop()],
+        ));
+        batch.add(rule(
+            FORWARD,
+            vec![eq(meta(MetaKey::Oifname), string(&net.bridge)), drop()],
+        ));
     }
     for net in networks.iter().filter(|n| n.mode == Mode::Shared) {
         // Out: anything. In: only replies.
-        batch.add(rule(FORWARD, vec![eq(meta(MetaKey::Iifname), string(&net.bridge)), accept()]));
-        batch.add(rule(FORWARD, vec![
-            eq(meta(MetaKey::Oifname), string(&net.bridge)),
-            Statement::Match(Match { left: ct("state"), right: list(&["established", "related"]), op: Operator::IN }),
-            accept(),
-        ]));
-        batch.add(rule(FORWARD, vec![eq(meta(MetaKey::Oifname), string(&net.bridge)), drop()]));
+        batch.add(rule(
+            FORWARD,
+            vec![eq(meta(MetaKey::Iifname), string(&net.bridge)), accept()],
+        ));
+        batch.add(rule(
+            FORWARD,
+            vec![
+                eq(meta(MetaKey::Oifname), string(&net.bridge)),
+                Statement::Match(Match {
+                    left: ct("state"),
+                    right: list(&["established", "related"]),
+                    op: Operator::IN,
+                }),
+                accept(),
+            ],
+        ));
+        batch.add(rule(
+            FORWARD,
+            vec![eq(meta(MetaKey::Oifname), string(&net.bridge)), drop()],
+        ));
         if net.nat44 {
-            batch.add(rule(POSTROUTING, vec![
-                eq(payload("ip", "saddr"), prefix(net.subnet)),
-                Statement::Match(Match { left: meta(MetaKey::Oifname), right: string(&net.bridge), op: Operator::NEQ }),
-                Statement::Masquerade(None),
-            ]));
+            batch.add(rule(
+                POSTROUTING,
+                vec![
+                    eq(payload("ip", "saddr"), prefix(net.subnet)),
+                    Statement::Match(Match {
+                        left: meta(MetaKey::Oifname),
+                        right: string(&net.bridge),
+                        op: Operator::NEQ,
+                    }),
+                    Statement::Masquerade(None),
+                ],
+            ));
         }
     }
     batch.to_nftables()
 }
 
 fn table() -> NfListObject<'static> {
-    NfListObject::Table(Table { family: FAMILY, name: Cow::Borrowed(NFT_TABLE), handle: None })
+    NfListObject::Table(Table {
+        family: FAMILY,
+        name: Cow::Borrowed(NFT_TABLE),
+        handle: None,
+    })
 }
 
-fn base_chain(name: &'static str, kind: NfChainType, hook: NfHook, prio: i32) -> NfListObject<'static> {
+fn base_chain(
+    name: &'static str,
+    kind: NfChainType,
+    hook: NfHook,
+    prio: i32,
+) -> NfListObject<'static> {
     NfListObject::Chain(Chain {
         family: FAMILY,
         table: Cow::Borrowed(NFT_TABLE),
@@ -142,7 +207,11 @@ fn rule(chain: &'static str, expr: Vec<Statement<'static>>) -> NfListObject<'sta
 }
 
 fn eq(left: Expression<'static>, right: Expression<'static>) -> Statement<'static> {
-    Statement::Match(Match { left, right, op: Operator::EQ })
+    Statement::Match(Match {
+        left,
+        right,
+        op: Operator::EQ,
+    })
 }
 
 fn meta(key: MetaKey) -> Expression<'static> {
@@ -150,14 +219,20 @@ fn meta(key: MetaKey) -> Expression<'static> {
 }
 
 fn ct(key: &'static str) -> Expression<'static> {
-    Expression::Named(NamedExpression::CT(CT { key: Cow::Borrowed(key), family: None, dir: None }))
+    Expression::Named(NamedExpression::CT(CT {
+        key: Cow::Borrowed(key),
+        family: None,
+        dir: None,
+    }))
 }
 
 fn payload(protocol: &'static str, field: &'static str) -> Expression<'static> {
-    Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
-        protocol: Cow::Borrowed(protocol),
-        field: Cow::Borrowed(field),
-    })))
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(
+        PayloadField {
+            protocol: Cow::Borrowed(protocol),
+            field: Cow::Borrowed(field),
+        },
+    )))
 }
 
 fn prefix(net: Ipv4Net) -> Expression<'static> {
@@ -172,11 +247,18 @@ fn string(s: &str) -> Expression<'static> {
 }
 
 fn set(items: &[String]) -> Expression<'static> {
-    Expression::Named(NamedExpression::Set(items.iter().map(|s| SetItem::Element(string(s))).collect()))
+    Expression::Named(NamedExpression::Set(
+        items.iter().map(|s| SetItem::Element(string(s))).collect(),
+    ))
 }
 
 fn list(items: &[&'static str]) -> Expression<'static> {
-    Expression::List(items.iter().map(|s| Expression::String(Cow::Borrowed(*s))).collect())
+    Expression::List(
+        items
+            .iter()
+            .map(|s| Expression::String(Cow::Borrowed(*s)))
+            .collect(),
+    )
 }
 
 fn accept() -> Statement<'static> {
@@ -194,13 +276,26 @@ mod tests {
 
     fn nets() -> Vec<FirewallNetwork> {
         vec![
-            FirewallNetwork { bridge: "ln-shared".into(), subnet: "192.168.105.0/24".parse().unwrap(), mode: Mode::Shared, nat44: true },
-            FirewallNetwork { bridge: "ln-host".into(), subnet: "192.168.106.0/24".parse().unwrap(), mode: Mode::Host, nat44: false },
+            FirewallNetwork {
+                bridge: "ln-shared".into(),
+                subnet: "192.168.105.0/24".parse().unwrap(),
+                mode: Mode::Shared,
+                nat44: true,
+            },
+            FirewallNetwork {
+                bridge: "ln-host".into(),
+                subnet: "192.168.106.0/24".parse().unwrap(),
+                mode: Mode::Host,
+                nat44: false,
+            },
         ]
     }
 
     fn commands(doc: &Nftables) -> Vec<Value> {
-        serde_json::to_value(doc).unwrap()["nftables"].as_array().unwrap().clone()
+        serde_json::to_value(doc).unwrap()["nftables"]
+            .as_array()
+            .unwrap()
+            .clone()
     }
 
     fn rules(doc: &Nftables, chain: &str) -> Vec<Value> {
@@ -227,7 +322,10 @@ mod tests {
         assert!(cmds[1]["delete"]["table"].is_object() && cmds[2]["add"]["table"].is_object());
         let chains: Vec<&Value> = cmds.iter().filter_map(|c| c["add"].get("chain")).collect();
         assert_eq!(chains[0]["hook"], "forward");
-        assert_eq!(chains[0]["policy"], "accept", "linnet never drops traffic that is not its own");
+        assert_eq!(
+            chains[0]["policy"], "accept",
+            "linnet never drops traffic that is not its own"
+        );
         assert_eq!(chains[1]["type"], "nat");
         assert_eq!(chains[1]["prio"], 100);
     }
@@ -245,20 +343,36 @@ mod tests {
         let doc = ruleset(&nets());
         let fwd = rules(&doc, "forward");
         let (bridged, fwd) = fwd.split_at(2);
-        assert_eq!(bridged[1][0]["match"]["right"], "ln-host", "bridged traffic within a network passes (br_netfilter)");
+        assert_eq!(
+            bridged[1][0]["match"]["right"], "ln-host",
+            "bridged traffic within a network passes (br_netfilter)"
+        );
         assert_eq!(bridged[1][1]["match"]["right"], "ln-host");
         assert_eq!(bridged[1][2], json!({"accept": null}));
         assert_eq!(fwd[0][0]["match"]["right"], "ln-shared");
-        assert_eq!(fwd[0][1]["match"]["right"], json!({"set": ["ln-host"]}), "no routing between networks");
+        assert_eq!(
+            fwd[0][1]["match"]["right"],
+            json!({"set": ["ln-host"]}),
+            "no routing between networks"
+        );
         assert_eq!(fwd[1][1]["match"]["right"], json!({"set": ["ln-shared"]}));
-        assert_eq!(fwd[2], json!([{"match": {"left": {"meta": {"key": "iifname"}}, "right": "ln-host", "op": "=="}}, {"drop": null}]));
+        assert_eq!(
+            fwd[2],
+            json!([{"match": {"left": {"meta": {"key": "iifname"}}, "right": "ln-host", "op": "=="}}, {"drop": null}])
+        );
         assert_eq!(fwd[3][0]["match"]["right"], "ln-host");
         assert_eq!(fwd[4][0]["match"]["right"], "ln-shared");
         assert_eq!(fwd[4][1], json!({"accept": null}));
-        assert_eq!(fwd[5][1]["match"]["right"], json!(["established", "related"]));
+        assert_eq!(
+            fwd[5][1]["match"]["right"],
+            json!(["established", "related"])
+        );
         let nat = rules(&doc, "postrouting");
         assert_eq!(nat.len(), 1, "only the shared network is masqueraded");
-        assert_eq!(nat[0][0]["match"]["right"], json!({"prefix": {"addr": "192.168.105.0", "len": 24}}));
+        assert_eq!(
+            nat[0][0]["match"]["right"],
+            json!({"prefix": {"addr": "192.168.105.0", "len": 24}})
+        );
         assert_eq!(nat[0][1]["match"]["op"], "!=");
         assert_eq!(nat[0][2], json!({"masquerade": null}));
     }

@@ -52,7 +52,10 @@ fn to_io(e: rtnetlink::Error) -> io::Error {
 
 fn op(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
     let what = what.into();
-    move |e| NetlinkError { what, source: to_io(e) }
+    move |e| NetlinkError {
+        what,
+        source: to_io(e),
+    }
 }
 
 impl Netlink {
@@ -73,7 +76,12 @@ impl Netlink {
     }
 
     pub async fn link(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
-        let mut stream = self.handle.link().get().match_name(name.to_string()).execute();
+        let mut stream = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute();
         match stream.try_next().await {
             Ok(msg) => Ok(msg.map(parse_link)),
             Err(e) => {
@@ -81,7 +89,10 @@ impl Netlink {
                 if e.raw_os_error() == Some(libc::ENODEV) {
                     Ok(None)
                 } else {
-                    Err(NetlinkError { what: format!("look up link {name}"), source: e })
+                    Err(NetlinkError {
+                        what: format!("look up link {name}"),
+                        source: e,
+                    })
                 }
             }
         }
@@ -90,15 +101,27 @@ impl Netlink {
     /// Creates a bridge (down), returning its index.
     pub async fn create_bridge(&self, name: &str, mtu: u32) -> Result<u32, NetlinkError> {
         let msg = LinkBridge::new(name).down().mtu(mtu).build();
-        self.handle.link().add(msg).execute().await.map_err(op(format!("create bridge {name}")))?;
-        self.link(name).await?.map(|l| l.index).ok_or_else(|| NetlinkError {
-            what: format!("create bridge {name}"),
-            source: io::Error::from_raw_os_error(libc::ENODEV),
-        })
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(op(format!("create bridge {name}")))?;
+        self.link(name)
+            .await?
+            .map(|l| l.index)
+            .ok_or_else(|| NetlinkError {
+                what: format!("create bridge {name}"),
+                source: io::Error::from_raw_os_error(libc::ENODEV),
+            })
     }
 
     /// Sets the attributes given; `up` brings the link up.
-    pub async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError> {
+    pub async fn configure(
+        &self,
+        index: u32,
+        settings: LinkSettings<'_>,
+    ) -> Result<(), NetlinkError> {
         let mut b = LinkUnspec::new_with_index(index);
         if let Some(m) = settings.master {
             b = b.controller(m);
@@ -112,17 +135,31 @@ impl Netlink {
         if settings.up {
             b = b.up();
         }
-        self.handle.link().set(b.build()).execute().await.map_err(op(format!("configure link {index}")))
+        self.handle
+            .link()
+            .set(b.build())
+            .execute()
+            .await
+            .map_err(op(format!("configure link {index}")))
     }
 
     pub async fn add_address(&self, index: u32, net: Ipv4Net) -> Result<(), NetlinkError> {
-        match self.handle.address().add(index, IpAddr::V4(net.addr()), net.prefix_len()).execute().await {
+        match self
+            .handle
+            .address()
+            .add(index, IpAddr::V4(net.addr()), net.prefix_len())
+            .execute()
+            .await
+        {
             Err(e) => {
                 let e = to_io(e);
                 if e.raw_os_error() == Some(libc::EEXIST) {
                     return Ok(());
                 }
-                Err(NetlinkError { what: format!("add {net} to link {index}"), source: e })
+                Err(NetlinkError {
+                    what: format!("add {net} to link {index}"),
+                    source: e,
+                })
             }
             Ok(()) => Ok(()),
         }
@@ -136,7 +173,10 @@ impl Netlink {
                 if e.raw_os_error() == Some(libc::ENODEV) {
                     return Ok(());
                 }
-                Err(NetlinkError { what: format!("delete link {index}"), source: e })
+                Err(NetlinkError {
+                    what: format!("delete link {index}"),
+                    source: e,
+                })
             }
             Ok(()) => Ok(()),
         }

@@ -11,7 +11,8 @@ pub fn enable_ipv4_forwarding() -> io::Result<bool> {
     if before.trim() == "1" {
         return Ok(false);
     }
-    std::fs::write(IPV4_FORWARD, "1").map_err(|e| io::Error::new(e.kind(), format!("{IPV4_FORWARD}: {e}")))?;
+    std::fs::write(IPV4_FORWARD, "1")
+        .map_err(|e| io::Error::new(e.kind(), format!("{IPV4_FORWARD}: {e}")))?;
     Ok(true)
 }
 

@@ -20,14 +20,21 @@ const IFF_VNET_HDR: libc::c_short = 0x4000;
 
 #[derive(Debug, Error)]
 pub enum TapError {
-    #[error("{TUN_DEVICE} is missing: load the tun module (modprobe tun) or create it (mknod {TUN_DEVICE} c 10 200)")]
+    #[error(
+        "{TUN_DEVICE} is missing: load the tun module (modprobe tun) or create it (mknod {TUN_DEVICE} c 10 200)"
+    )]
     TunMissing,
     #[error("cannot open {TUN_DEVICE}: {0}")]
     TunOpen(io::Error),
     #[error("cannot create TAP {name}: {source}")]
     Create { name: String, source: io::Error },
     #[error("cannot give TAP {name} to uid {uid} gid {gid}: {source}")]
-    Owner { name: String, uid: u32, gid: u32, source: io::Error },
+    Owner {
+        name: String,
+        uid: u32,
+        gid: u32,
+        source: io::Error,
+    },
 }
 
 #[repr(C)]
@@ -45,19 +52,40 @@ pub fn create(name: &str, uid: u32, gid: u32) -> Result<OwnedFd, TapError> {
         .write(true)
         .custom_flags(libc::O_CLOEXEC)
         .open(TUN_DEVICE)
-        .map_err(|e| if e.kind() == io::ErrorKind::NotFound { TapError::TunMissing } else { TapError::TunOpen(e) })?;
-    let mut req = IfReq { name: [0; libc::IFNAMSIZ], flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, _pad: [0; 22] };
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                TapError::TunMissing
+            } else {
+                TapError::TunOpen(e)
+            }
+        })?;
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
+        _pad: [0; 22],
+    };
     let bytes = name.as_bytes();
     if bytes.len() >= libc::IFNAMSIZ {
-        return Err(TapError::Create { name: name.into(), source: io::Error::from_raw_os_error(libc::EINVAL) });
+        return Err(TapError::Create {
+            name: name.into(),
+            source: io::Error::from_raw_os_error(libc::EINVAL),
+        });
     }
     req.name[..bytes.len()].copy_from_slice(bytes);
     let fd = file.as_raw_fd();
     // SAFETY: `req` is a properly sized struct ifreq that outlives the call.
     if unsafe { libc::ioctl(fd, TUNSETIFF as _, &mut req) } < 0 {
-        return Err(TapError::Create { name: name.into(), source: io::Error::last_os_error() });
+        return Err(TapError::Create {
+            name: name.into(),
+            source: io::Error::last_os_error(),
+        });
     }
-    let owner_err = |source| TapError::Owner { name: name.into(), uid, gid, source };
+    let owner_err = |source| TapError::Owner {
+        name: name.into(),
+        uid,
+        gid,
+        source,
+    };
     // SAFETY: both ioctls take an integer argument.
     if unsafe { libc::ioctl(fd, TUNSETOWNER as _, uid as libc::c_ulong) } < 0 {
         return Err(owner_err(io::Error::last_os_error()));

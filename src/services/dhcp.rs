@@ -96,8 +96,16 @@ fn destination(request: &Message, reply: &Message) -> SocketAddrV4 {
 }
 
 /// The server's answer to one client message, or None to stay silent.
-pub fn respond(net: &NetworkConfig, leases: &mut LeaseTable, req: &Message, now: u64) -> Option<Message> {
-    if req.opcode() != Opcode::BootRequest || req.chaddr().len() < 6 || !req.giaddr().is_unspecified() {
+pub fn respond(
+    net: &NetworkConfig,
+    leases: &mut LeaseTable,
+    req: &Message,
+    now: u64,
+) -> Option<Message> {
+    if req.opcode() != Opcode::BootRequest
+        || req.chaddr().len() < 6
+        || !req.giaddr().is_unspecified()
+    {
         return None;
     }
     let mac = MacAddr(req.chaddr()[..6].try_into().ok()?);
@@ -106,7 +114,9 @@ pub fn respond(net: &NetworkConfig, leases: &mut LeaseTable, req: &Message, now:
         _ => None,
     };
     let hostname = match req.opts().get(OptionCode::Hostname) {
-        Some(DhcpOption::Hostname(h)) if crate::types::validate_hostname(h).is_ok() => Some(h.to_ascii_lowercase()),
+        Some(DhcpOption::Hostname(h)) if crate::types::validate_hostname(h).is_ok() => {
+            Some(h.to_ascii_lowercase())
+        }
         _ => None,
     };
     let for_us = match req.opts().get(OptionCode::ServerIdentifier) {
@@ -147,7 +157,13 @@ pub fn respond(net: &NetworkConfig, leases: &mut LeaseTable, req: &Message, now:
             warn!(network = %net.name, %mac, ip = ?requested, "DHCPDECLINE: the guest found the address in use; is another DHCP server or a static address on this network?");
             None
         }
-        MessageType::Inform => Some(reply(net, leases, req, MessageType::Ack, Ipv4Addr::UNSPECIFIED)),
+        MessageType::Inform => Some(reply(
+            net,
+            leases,
+            req,
+            MessageType::Ack,
+            Ipv4Addr::UNSPECIFIED,
+        )),
         _ => None,
     }
 }
@@ -165,7 +181,13 @@ fn base(net: &NetworkConfig, req: &Message, kind: MessageType) -> Message {
     msg
 }
 
-fn reply(net: &NetworkConfig, leases: &LeaseTable, req: &Message, kind: MessageType, ip: Ipv4Addr) -> Message {
+fn reply(
+    net: &NetworkConfig,
+    leases: &LeaseTable,
+    req: &Message,
+    kind: MessageType,
+    ip: Ipv4Addr,
+) -> Message {
     let mut msg = base(net, req, kind);
     msg.set_yiaddr(ip).set_ciaddr(req.ciaddr());
     let lease_time = leases.lease_time();
@@ -203,16 +225,24 @@ mod tests {
     use crate::types::InterfaceId;
 
     fn setup() -> (NetworkConfig, LeaseTable) {
-        let cfg = Config::from_yaml("networks:\n  shared:\n    dhcp: { lease_time: 600 }\n", "t").unwrap();
+        let cfg = Config::from_yaml("networks:\n  shared:\n    dhcp: { lease_time: 600 }\n", "t")
+            .unwrap();
         let net = cfg.network("shared").unwrap().clone();
         let table = LeaseTable::new(&net);
         (net, table)
     }
 
     fn client(kind: MessageType, mac: MacAddr, requested: Option<Ipv4Addr>) -> Message {
-        let mut msg = Message::new(Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, &mac.0);
+        let mut msg = Message::new(
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            &mac.0,
+        );
         msg.opts_mut().insert(DhcpOption::MessageType(kind));
-        msg.opts_mut().insert(DhcpOption::Hostname("guest-a".into()));
+        msg.opts_mut()
+            .insert(DhcpOption::Hostname("guest-a".into()));
         if let Some(ip) = requested {
             msg.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
         }
@@ -228,25 +258,57 @@ mod tests {
     #[test]
     fn attached_interface_is_offered_and_acked_its_reservation() {
         let (net, mut leases) = setup();
-        let lease = leases.attach(InterfaceId::from_bytes([1; 16]), None, None, 0).unwrap();
-        let offer = respond(&net, &mut leases, &client(MessageType::Discover, lease.mac, None), 1).unwrap();
+        let lease = leases
+            .attach(InterfaceId::from_bytes([1; 16]), None, None, 0)
+            .unwrap();
+        let offer = respond(
+            &net,
+            &mut leases,
+            &client(MessageType::Discover, lease.mac, None),
+            1,
+        )
+        .unwrap();
         let offer = encode_decode(&offer);
         assert!(offer.opts().has_msg_type(MessageType::Offer));
         assert_eq!(offer.yiaddr(), lease.ip);
-        assert_eq!(offer.opts().get(OptionCode::Router), Some(&DhcpOption::Router(vec![net.gateway])));
-        assert_eq!(offer.opts().get(OptionCode::DomainNameServer), Some(&DhcpOption::DomainNameServer(vec![net.gateway])));
-        assert_eq!(offer.opts().get(OptionCode::DomainName), Some(&DhcpOption::DomainName("shared.linnet".into())));
-        assert_eq!(offer.opts().get(OptionCode::AddressLeaseTime), Some(&DhcpOption::AddressLeaseTime(600)));
-        let ack = respond(&net, &mut leases, &client(MessageType::Request, lease.mac, Some(lease.ip)), 2).unwrap();
+        assert_eq!(
+            offer.opts().get(OptionCode::Router),
+            Some(&DhcpOption::Router(vec![net.gateway]))
+        );
+        assert_eq!(
+            offer.opts().get(OptionCode::DomainNameServer),
+            Some(&DhcpOption::DomainNameServer(vec![net.gateway]))
+        );
+        assert_eq!(
+            offer.opts().get(OptionCode::DomainName),
+            Some(&DhcpOption::DomainName("shared.linnet".into()))
+        );
+        assert_eq!(
+            offer.opts().get(OptionCode::AddressLeaseTime),
+            Some(&DhcpOption::AddressLeaseTime(600))
+        );
+        let ack = respond(
+            &net,
+            &mut leases,
+            &client(MessageType::Request, lease.mac, Some(lease.ip)),
+            2,
+        )
+        .unwrap();
         assert!(ack.opts().has_msg_type(MessageType::Ack));
         assert_eq!(ack.yiaddr(), lease.ip);
-        assert_eq!(leases.resolve("guest-a", 3), Some(lease.ip), "hostname recorded");
+        assert_eq!(
+            leases.resolve("guest-a", 3),
+            Some(lease.ip),
+            "hostname recorded"
+        );
     }
 
     #[test]
     fn request_for_another_address_is_naked_by_broadcast() {
         let (net, mut leases) = setup();
-        let lease = leases.attach(InterfaceId::from_bytes([1; 16]), None, None, 0).unwrap();
+        let lease = leases
+            .attach(InterfaceId::from_bytes([1; 16]), None, None, 0)
+            .unwrap();
         let wrong = Ipv4Addr::new(192, 168, 105, 200);
         let req = client(MessageType::Request, lease.mac, Some(wrong));
         let nak = respond(&net, &mut leases, &req, 1).unwrap();
@@ -260,7 +322,9 @@ mod tests {
         let (net, mut leases) = setup();
         let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
         let mut other = client(MessageType::Request, mac, None);
-        other.opts_mut().insert(DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 0, 0, 1)));
+        other
+            .opts_mut()
+            .insert(DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 0, 0, 1)));
         assert!(respond(&net, &mut leases, &other, 0).is_none());
         let mut relayed = client(MessageType::Discover, mac, None);
         relayed.set_giaddr(Ipv4Addr::new(10, 0, 0, 1));
@@ -275,14 +339,23 @@ mod tests {
     fn renewal_is_unicast_and_unknown_mac_gets_dynamic_lease() {
         let (net, mut leases) = setup();
         let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
-        let offer = respond(&net, &mut leases, &client(MessageType::Discover, mac, None), 0).unwrap();
+        let offer = respond(
+            &net,
+            &mut leases,
+            &client(MessageType::Discover, mac, None),
+            0,
+        )
+        .unwrap();
         let ip = offer.yiaddr();
         assert_eq!(ip, Ipv4Addr::new(192, 168, 105, 2));
         let mut renew = client(MessageType::Request, mac, None);
         renew.set_ciaddr(ip);
         let ack = respond(&net, &mut leases, &renew, 10).unwrap();
         assert!(ack.opts().has_msg_type(MessageType::Ack));
-        assert_eq!(destination(&renew, &ack), SocketAddrV4::new(ip, CLIENT_PORT));
+        assert_eq!(
+            destination(&renew, &ack),
+            SocketAddrV4::new(ip, CLIENT_PORT)
+        );
     }
 
     #[test]
@@ -291,7 +364,13 @@ mod tests {
         let net = cfg.network("host").unwrap().clone();
         let mut leases = LeaseTable::new(&net);
         let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
-        let offer = respond(&net, &mut leases, &client(MessageType::Discover, mac, None), 0).unwrap();
+        let offer = respond(
+            &net,
+            &mut leases,
+            &client(MessageType::Discover, mac, None),
+            0,
+        )
+        .unwrap();
         assert!(offer.opts().get(OptionCode::Router).is_none());
         assert!(offer.opts().get(OptionCode::DomainNameServer).is_some());
     }

@@ -29,7 +29,12 @@ const MAX_UDP: usize = 4096;
 
 pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceError> {
     let addr = SocketAddr::new(IpAddr::V4(ctx.config.gateway), PORT);
-    let bind_err = |source| ServiceError::Bind { network: ctx.config.name.clone(), service: "DNS", addr: addr.to_string(), source };
+    let bind_err = |source| ServiceError::Bind {
+        network: ctx.config.name.clone(),
+        service: "DNS",
+        addr: addr.to_string(),
+        source,
+    };
     let udp = std::net::UdpSocket::bind(addr).map_err(bind_err)?;
     udp.set_nonblocking(true).map_err(bind_err)?;
     let tcp = std::net::TcpListener::bind(addr).map_err(bind_err)?;
@@ -49,7 +54,9 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceErr
 fn upstreams(ctx: &NetworkContext) -> Vec<SocketAddr> {
     let own = IpAddr::V4(ctx.config.gateway);
     let list = if ctx.config.dns.upstream.is_empty() {
-        std::fs::read_to_string("/etc/resolv.conf").map(|t| resolv_conf_servers(&t)).unwrap_or_default()
+        std::fs::read_to_string("/etc/resolv.conf")
+            .map(|t| resolv_conf_servers(&t))
+            .unwrap_or_default()
     } else {
         ctx.config.dns.upstream.clone()
     };
@@ -64,10 +71,16 @@ pub fn resolv_conf_servers(text: &str) -> Vec<SocketAddr> {
         .collect()
 }
 
-async fn serve_udp(ctx: Arc<NetworkContext>, socket: Arc<UdpSocket>, upstream: Arc<Vec<SocketAddr>>) {
+async fn serve_udp(
+    ctx: Arc<NetworkContext>,
+    socket: Arc<UdpSocket>,
+    upstream: Arc<Vec<SocketAddr>>,
+) {
     let mut buf = vec![0u8; MAX_UDP];
     loop {
-        let Ok((len, client)) = socket.recv_from(&mut buf).await else { continue };
+        let Ok((len, client)) = socket.recv_from(&mut buf).await else {
+            continue;
+        };
         let query = buf[..len].to_vec();
         let (ctx, socket, upstream) = (ctx.clone(), socket.clone(), upstream.clone());
         tokio::spawn(async move {
@@ -78,13 +91,21 @@ async fn serve_udp(ctx: Arc<NetworkContext>, socket: Arc<UdpSocket>, upstream: A
     }
 }
 
-async fn serve_tcp(ctx: Arc<NetworkContext>, listener: TcpListener, upstream: Arc<Vec<SocketAddr>>) {
+async fn serve_tcp(
+    ctx: Arc<NetworkContext>,
+    listener: TcpListener,
+    upstream: Arc<Vec<SocketAddr>>,
+) {
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else { continue };
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
         let (ctx, upstream) = (ctx.clone(), upstream.clone());
         tokio::spawn(async move {
             while let Ok(Ok(query)) = timeout(TCP_IDLE, read_framed(&mut stream)).await {
-                let Some(answer) = resolve(&ctx, &query, &upstream, Transport::Tcp).await else { break };
+                let Some(answer) = resolve(&ctx, &query, &upstream, Transport::Tcp).await else {
+                    break;
+                };
                 if write_framed(&mut stream, &answer).await.is_err() {
                     break;
                 }
@@ -101,7 +122,12 @@ enum Transport {
 
 /// The answer to one query: local, forwarded, or SERVFAIL when no upstream
 /// answered. None for bytes that are not a DNS query at all.
-async fn resolve(ctx: &NetworkContext, query: &[u8], upstream: &[SocketAddr], transport: Transport) -> Option<Vec<u8>> {
+async fn resolve(
+    ctx: &NetworkContext,
+    query: &[u8],
+    upstream: &[SocketAddr],
+    transport: Transport,
+) -> Option<Vec<u8>> {
     let msg = Message::from_vec(query).ok()?;
     if msg.metadata.message_type != MessageType::Query {
         return None;
@@ -118,19 +144,29 @@ async fn resolve(ctx: &NetworkContext, query: &[u8], upstream: &[SocketAddr], tr
             Transport::Tcp => timeout(UPSTREAM_TIMEOUT, forward_tcp(*server, query)).await,
         };
         match result {
-            Ok(Ok(answer)) if answer.len() >= 2 && answer[..2] == query[..2] => return Some(answer),
+            Ok(Ok(answer)) if answer.len() >= 2 && answer[..2] == query[..2] => {
+                return Some(answer);
+            }
             Ok(Err(e)) => debug!(%server, "upstream DNS failed: {e}"),
             _ => debug!(%server, "upstream DNS did not answer in time"),
         }
     }
-    let mut fail = Message::error_msg(msg.metadata.id, msg.metadata.op_code, ResponseCode::ServFail);
+    let mut fail = Message::error_msg(
+        msg.metadata.id,
+        msg.metadata.op_code,
+        ResponseCode::ServFail,
+    );
     fail.queries = msg.queries.clone();
     fail.metadata.recursion_desired = msg.metadata.recursion_desired;
     fail.to_vec().ok()
 }
 
 async fn forward_udp(server: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
-    let bind: SocketAddr = if server.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+    let bind: SocketAddr = if server.is_ipv4() {
+        "0.0.0.0:0".parse().unwrap()
+    } else {
+        "[::]:0".parse().unwrap()
+    };
     let socket = UdpSocket::bind(bind).await?;
     socket.connect(server).await?;
     socket.send(query).await?;
@@ -159,7 +195,8 @@ async fn read_framed(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 }
 
 async fn write_framed(stream: &mut TcpStream, msg: &[u8]) -> std::io::Result<()> {
-    let len = u16::try_from(msg.len()).map_err(|_| std::io::Error::other("DNS message over 64 KiB"))?;
+    let len =
+        u16::try_from(msg.len()).map_err(|_| std::io::Error::other("DNS message over 64 KiB"))?;
     let mut out = Vec::with_capacity(2 + msg.len());
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(msg);
@@ -169,19 +206,31 @@ async fn write_framed(stream: &mut TcpStream, msg: &[u8]) -> std::io::Result<()>
 /// Answers a query about this network's own names; None to forward it.
 /// `<vm>.<domain>` is ours (unknown names are NXDOMAIN); a bare `<vm>` is
 /// answered when a VM has that name and forwarded otherwise.
-pub fn answer_locally(domain: &str, leases: &LeaseTable, query: &Message, now: u64) -> Option<Message> {
+pub fn answer_locally(
+    domain: &str,
+    leases: &LeaseTable,
+    query: &Message,
+    now: u64,
+) -> Option<Message> {
     if query.metadata.op_code != OpCode::Query || query.queries.len() != 1 {
         return None;
     }
     let q = &query.queries[0];
     let name = q.name().to_lowercase().to_ascii();
     let name = name.trim_end_matches('.');
-    let (label, in_zone) = match name.strip_suffix(domain).and_then(|rest| rest.strip_suffix('.')) {
+    let (label, in_zone) = match name
+        .strip_suffix(domain)
+        .and_then(|rest| rest.strip_suffix('.'))
+    {
         Some(label) => (label, true),
         None if !name.contains('.') && !name.is_empty() => (name, false),
         None => return None,
     };
-    let ip = if label.contains('.') { None } else { leases.resolve(label, now) };
+    let ip = if label.contains('.') {
+        None
+    } else {
+        leases.resolve(label, now)
+    };
     if ip.is_none() && !in_zone {
         return None;
     }
@@ -215,7 +264,14 @@ mod tests {
     fn leases() -> (LeaseTable, Ipv4Addr) {
         let cfg = Config::builtin();
         let mut t = LeaseTable::new(cfg.network("shared").unwrap());
-        let lease = t.attach(InterfaceId::from_bytes([1; 16]), None, Some("web".into()), 0).unwrap();
+        let lease = t
+            .attach(
+                InterfaceId::from_bytes([1; 16]),
+                None,
+                Some("web".into()),
+                0,
+            )
+            .unwrap();
         (t, lease.ip)
     }
 
@@ -243,18 +299,43 @@ mod tests {
     #[test]
     fn unknown_names_in_the_zone_are_nxdomain_and_others_are_forwarded() {
         let (t, _) = leases();
-        let a = answer_locally("shared.linnet", &t, &query("nope.shared.linnet", RecordType::A), 1).unwrap();
+        let a = answer_locally(
+            "shared.linnet",
+            &t,
+            &query("nope.shared.linnet", RecordType::A),
+            1,
+        )
+        .unwrap();
         assert_eq!(a.metadata.response_code, ResponseCode::NXDomain);
-        assert!(answer_locally("shared.linnet", &t, &query("example.com", RecordType::A), 1).is_none());
-        assert!(answer_locally("shared.linnet", &t, &query("localhost", RecordType::A), 1).is_none());
-        let aaaa = answer_locally("shared.linnet", &t, &query("web.shared.linnet", RecordType::AAAA), 1).unwrap();
-        assert_eq!((aaaa.metadata.response_code, aaaa.answers.len()), (ResponseCode::NoError, 0));
+        assert!(
+            answer_locally("shared.linnet", &t, &query("example.com", RecordType::A), 1).is_none()
+        );
+        assert!(
+            answer_locally("shared.linnet", &t, &query("localhost", RecordType::A), 1).is_none()
+        );
+        let aaaa = answer_locally(
+            "shared.linnet",
+            &t,
+            &query("web.shared.linnet", RecordType::AAAA),
+            1,
+        )
+        .unwrap();
+        assert_eq!(
+            (aaaa.metadata.response_code, aaaa.answers.len()),
+            (ResponseCode::NoError, 0)
+        );
     }
 
     #[test]
     fn resolv_conf_nameservers_are_read() {
         let text = "# comment\nsearch lan\nnameserver 10.0.0.53\nnameserver fe80::1%eth0\noptions edns0\nnameserver bogus\n";
         let got = resolv_conf_servers(text);
-        assert_eq!(got, vec!["10.0.0.53:53".parse().unwrap(), "[fe80::1]:53".parse().unwrap()]);
+        assert_eq!(
+            got,
+            vec![
+                "10.0.0.53:53".parse().unwrap(),
+                "[fe80::1]:53".parse().unwrap()
+            ]
+        );
     }
 }

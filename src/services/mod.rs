@@ -25,7 +25,12 @@ pub struct NetworkContext {
 #[derive(Debug, Error)]
 pub enum ServiceError {
     #[error("network \"{network}\": cannot start {service} on {addr}: {source}")]
-    Bind { network: String, service: &'static str, addr: String, source: std::io::Error },
+    Bind {
+        network: String,
+        service: &'static str,
+        addr: String,
+        source: std::io::Error,
+    },
 }
 
 /// The running services of one network; dropping it stops them.
@@ -55,5 +60,8 @@ impl Drop for Services {
 }
 
 pub fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }

@@ -34,12 +34,19 @@ pub fn linnet_bin() -> PathBuf {
 
 pub fn standin_bin() -> PathBuf {
     let path = linnet_bin().with_file_name("linnet-standin");
-    assert!(path.exists(), "{} is missing: build it with `cargo build --workspace`", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build --workspace`",
+        path.display()
+    );
     path
 }
 
 fn repo_file(rel: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel).display().to_string()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(rel)
+        .display()
+        .to_string()
 }
 
 /// Refuses to run outside scripts/sandbox: these tests create bridges, rules
@@ -53,13 +60,20 @@ fn assert_sandboxed() {
 }
 
 pub fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     out
 }
 
 pub fn must(cmd: &mut Command) -> String {
     let out = run(cmd);
-    assert!(out.status.success(), "{cmd:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -69,7 +83,10 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Opt
         if let Some(v) = probe() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -125,12 +142,17 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        if let Ok(out) = Command::new("ip").args(["netns", "pids", &self.name]).output() {
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+        {
             for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                 let _ = Command::new("kill").args(["-9", pid]).status();
             }
         }
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
         let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", self.name));
     }
 }
@@ -163,24 +185,68 @@ impl World {
         });
         // The uplink: host 203.0.113.1 <-> upstream 203.0.113.254 (TEST-NET-3).
         let veth_up = format!("v{}", upstream.name);
-        must(Command::new("ip").args(["link", "add", &veth_up, "netns", &host.name, "type", "veth", "peer", "name", "eth0", "netns", &upstream.name]));
-        must(&mut host.cmd(&["ip", "addr", "add", &format!("{UPSTREAM_HOST_SIDE}/24"), "dev", &veth_up]));
+        must(Command::new("ip").args([
+            "link",
+            "add",
+            &veth_up,
+            "netns",
+            &host.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &upstream.name,
+        ]));
+        must(&mut host.cmd(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{UPSTREAM_HOST_SIDE}/24"),
+            "dev",
+            &veth_up,
+        ]));
         must(&mut host.cmd(&["ip", "link", "set", &veth_up, "up"]));
         must(&mut host.cmd(&["ip", "route", "add", "default", "via", UPSTREAM_IP]));
-        must(&mut upstream.cmd(&["ip", "addr", "add", &format!("{UPSTREAM_IP}/24"), "dev", "eth0"]));
+        must(&mut upstream.cmd(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{UPSTREAM_IP}/24"),
+            "dev",
+            "eth0",
+        ]));
         must(&mut upstream.cmd(&["ip", "link", "set", "eth0", "up"]));
         let www = dir.path().join("www");
         std::fs::create_dir_all(&www).unwrap();
         std::fs::write(www.join("index.html"), format!("{UPSTREAM_PAGE}\n")).unwrap();
-        must(&mut upstream.cmd(&["busybox", "httpd", "-p", &format!("{UPSTREAM_IP}:80"), "-h", www.to_str().unwrap()]));
         must(&mut upstream.cmd(&[
-            "dnsmasq", "--no-resolv", "--no-hosts", "--bind-interfaces", "--user=root",
+            "busybox",
+            "httpd",
+            "-p",
+            &format!("{UPSTREAM_IP}:80"),
+            "-h",
+            www.to_str().unwrap(),
+        ]));
+        must(&mut upstream.cmd(&[
+            "dnsmasq",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            "--user=root",
             &format!("--listen-address={UPSTREAM_IP}"),
             &format!("--address=/{UPSTREAM_NAME}/{UPSTREAM_IP}"),
             &format!("--pid-file={}", dir.path().join("dnsmasq.pid").display()),
         ]));
         host.set_resolv_conf(&format!("nameserver {UPSTREAM_IP}\n"));
-        World { host, upstream, dir, config, daemon: None }
+        World {
+            host,
+            upstream,
+            dir,
+            config,
+            daemon: None,
+        }
     }
 
     pub fn run_dir(&self) -> PathBuf {
@@ -194,7 +260,9 @@ impl World {
     /// `linnet ARGS` inside the host namespace, pointed at this world's dirs.
     pub fn linnet(&self, args: &[&str]) -> Command {
         let mut c = self.host.cmd(&[linnet_bin().to_str().unwrap()]);
-        c.env("LINNET_RUN_DIR", self.run_dir()).env("LINNET_STATE_DIR", self.state_dir()).env("LINNET_LOG", "debug");
+        c.env("LINNET_RUN_DIR", self.run_dir())
+            .env("LINNET_STATE_DIR", self.state_dir())
+            .env("LINNET_LOG", "debug");
         if let Some(cfg) = &self.config {
             c.env("LINNET_CONFIG", cfg);
         }
@@ -204,14 +272,27 @@ impl World {
 
     pub fn start_daemon(&mut self) {
         assert!(self.daemon.is_none(), "daemon already running");
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.daemon_log()).unwrap();
-        let child = self.linnet(&["daemon"]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.daemon_log())
+            .unwrap();
+        let child = self
+            .linnet(&["daemon"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
         self.daemon = Some(child);
         wait_for("the daemon to answer", Duration::from_secs(10), || {
             if let Some(status) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
                 panic!("daemon exited with {status}:\n{}", self.daemon_log_text());
             }
-            run(&mut self.linnet(&["ls"])).status.success().then_some(())
+            run(&mut self.linnet(&["ls"]))
+                .status
+                .success()
+                .then_some(())
         });
     }
 
@@ -226,9 +307,15 @@ impl World {
     /// SIGTERM, and wait for a clean exit.
     pub fn stop_daemon(&mut self) {
         let mut child = self.daemon.take().expect("daemon running");
-        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
         let status = child.wait().unwrap();
-        assert!(status.success(), "daemon exited with {status}:\n{}", self.daemon_log_text());
+        assert!(
+            status.success(),
+            "daemon exited with {status}:\n{}",
+            self.daemon_log_text()
+        );
     }
 
     pub fn kill_daemon(&mut self) {
@@ -239,18 +326,32 @@ impl World {
 
     /// Attaches a new guest namespace through `linnet run -- linnet-standin`.
     pub fn guest(&self, network: &str, extra: &[&str]) -> Guest {
-        self.try_guest(network, extra).unwrap_or_else(|e| panic!("attach failed: {e}\n{}", self.daemon_log_text()))
+        self.try_guest(network, extra)
+            .unwrap_or_else(|e| panic!("attach failed: {e}\n{}", self.daemon_log_text()))
     }
 
     pub fn try_guest(&self, network: &str, extra: &[&str]) -> Result<Guest, String> {
         let ns = Netns::new("guest");
         let json = self.dir.path().join(format!("{}.json", ns.name));
         let stderr = self.dir.path().join(format!("{}.stderr", ns.name));
-        let mut args = vec!["run", "--network", network, "--json", json.to_str().unwrap()];
+        let mut args = vec![
+            "run",
+            "--network",
+            network,
+            "--json",
+            json.to_str().unwrap(),
+        ];
         args.extend_from_slice(extra);
         let standin = standin_bin();
         let netns_path = ns.path();
-        args.extend_from_slice(&["--", standin.to_str().unwrap(), "--fd", "{fd}", "--netns", &netns_path]);
+        args.extend_from_slice(&[
+            "--",
+            standin.to_str().unwrap(),
+            "--fd",
+            "{fd}",
+            "--netns",
+            &netns_path,
+        ]);
         let mut run = self
             .linnet(&args)
             .stdin(Stdio::null())
@@ -260,20 +361,31 @@ impl World {
             .unwrap();
         let info: Value = wait_for("the attach JSON", Duration::from_secs(15), || {
             if let Some(status) = run.try_wait().unwrap() {
-                return Some(Err(format!("linnet run exited with {status}: {}", std::fs::read_to_string(&stderr).unwrap_or_default())));
+                return Some(Err(format!(
+                    "linnet run exited with {status}: {}",
+                    std::fs::read_to_string(&stderr).unwrap_or_default()
+                )));
             }
             let text = std::fs::read_to_string(&json).ok()?;
             serde_json::from_str(&text).ok().map(Ok)
         })?;
-        wait_for("eth0 in the guest", Duration::from_secs(10), || ns.links().contains(&"eth0".to_string()).then_some(()));
-        Ok(Guest { ns, run: Some(run), info })
+        wait_for("eth0 in the guest", Duration::from_secs(10), || {
+            ns.links().contains(&"eth0".to_string()).then_some(())
+        });
+        Ok(Guest {
+            ns,
+            run: Some(run),
+            info,
+        })
     }
 }
 
 impl Drop for World {
     fn drop(&mut self) {
         if let Some(mut d) = self.daemon.take() {
-            let _ = Command::new("kill").args(["-TERM", &d.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-TERM", &d.id().to_string()])
+                .status();
             let deadline = Instant::now() + Duration::from_secs(5);
             while d.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
@@ -313,10 +425,31 @@ impl Guest {
 
     /// busybox udhcpc: returns the address it was given.
     pub fn udhcpc(&self) -> Ipv4Addr {
-        let out = run(&mut self.ns.cmd(&["busybox", "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s", &repo_file("tests/udhcpc.script")]));
+        let out = run(&mut self.ns.cmd(&[
+            "busybox",
+            "udhcpc",
+            "-i",
+            "eth0",
+            "-n",
+            "-q",
+            "-f",
+            "-t",
+            "5",
+            "-T",
+            "1",
+            "-s",
+            &repo_file("tests/udhcpc.script"),
+        ]));
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "udhcpc failed: {text}{}", String::from_utf8_lossy(&out.stderr));
-        let ip = text.lines().find_map(|l| l.strip_prefix("lease ip=")).expect("udhcpc printed a lease");
+        assert!(
+            out.status.success(),
+            "udhcpc failed: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ip = text
+            .lines()
+            .find_map(|l| l.strip_prefix("lease ip="))
+            .expect("udhcpc printed a lease");
         ip.split_whitespace().next().unwrap().parse().unwrap()
     }
 
@@ -326,40 +459,77 @@ impl Guest {
         let lease = dir.path().join("lease");
         let pid = dir.path().join("pid");
         let out = run(&mut self.ns.cmd(&[
-            "timeout", "20", "dhclient", "-4", "-1", "-v", "-sf", &repo_file("tests/dhclient.script"),
-            "-lf", lease.to_str().unwrap(), "-pf", pid.to_str().unwrap(), "eth0",
+            "timeout",
+            "20",
+            "dhclient",
+            "-4",
+            "-1",
+            "-v",
+            "-sf",
+            &repo_file("tests/dhclient.script"),
+            "-lf",
+            lease.to_str().unwrap(),
+            "-pf",
+            pid.to_str().unwrap(),
+            "eth0",
         ]));
-        assert!(out.status.success(), "dhclient failed: {}", String::from_utf8_lossy(&out.stderr));
-        let _ = run(&mut self.ns.cmd(&["dhclient", "-x", "-pf", pid.to_str().unwrap()]));
+        assert!(
+            out.status.success(),
+            "dhclient failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let _ = run(&mut self
+            .ns
+            .cmd(&["dhclient", "-x", "-pf", pid.to_str().unwrap()]));
         self.address().expect("dhclient configured an address")
     }
 
     pub fn address(&self) -> Option<Ipv4Addr> {
-        let out = must(&mut self.ns.cmd(&["ip", "-4", "-o", "addr", "show", "dev", "eth0"]));
-        out.split_whitespace().skip_while(|w| *w != "inet").nth(1).map(|a| a.split('/').next().unwrap().parse().unwrap())
+        let out = must(
+            &mut self
+                .ns
+                .cmd(&["ip", "-4", "-o", "addr", "show", "dev", "eth0"]),
+        );
+        out.split_whitespace()
+            .skip_while(|w| *w != "inet")
+            .nth(1)
+            .map(|a| a.split('/').next().unwrap().parse().unwrap())
     }
 
     pub fn ping(&self, target: &str) -> bool {
-        run(&mut self.ns.cmd(&["busybox", "ping", "-c", "1", "-W", "2", target])).status.success()
+        run(&mut self
+            .ns
+            .cmd(&["busybox", "ping", "-c", "1", "-W", "2", target]))
+        .status
+        .success()
     }
 
     pub fn fetch(&self, url: &str) -> Option<String> {
         let out = run(&mut self.ns.cmd(&["curl", "-sS", "--max-time", "3", url]));
-        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// A-record lookup with nslookup against `server`.
     pub fn lookup(&self, name: &str, server: &str) -> Option<String> {
-        let out = run(&mut self.ns.cmd(&["nslookup", "-type=a", "-timeout=2", name, server]));
+        let out = run(&mut self
+            .ns
+            .cmd(&["nslookup", "-type=a", "-timeout=2", name, server]));
         let text = String::from_utf8_lossy(&out.stdout);
         let answer = text.split_once(&format!("Name:\t{name}"))?.1;
-        answer.lines().find_map(|l| l.strip_prefix("Address: ")).map(|a| a.trim().to_string())
+        answer
+            .lines()
+            .find_map(|l| l.strip_prefix("Address: "))
+            .map(|a| a.trim().to_string())
     }
 
     /// SIGTERM to `linnet run`, and wait.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         let mut run = self.run.take().expect("running");
-        let _ = Command::new("kill").args(["-TERM", &run.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &run.id().to_string()])
+            .status();
         run.wait().unwrap()
     }
 

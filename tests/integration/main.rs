@@ -14,13 +14,33 @@ fn guest_on_shared_gets_reserved_ip_and_reaches_gateway_upstream_names_and_peer(
     world.start_daemon();
     let a = world.guest("shared", &["--name", "alpha"]);
     let b = world.guest("shared", &["--name", "beta"]);
-    assert_eq!(a.udhcpc(), a.ip(), "udhcpc gets exactly the ip_address of the attach JSON");
+    assert_eq!(
+        a.udhcpc(),
+        a.ip(),
+        "udhcpc gets exactly the ip_address of the attach JSON"
+    );
     assert_eq!(b.udhcpc(), b.ip());
     assert!(a.ping(&a.gateway()), "guest pings its gateway");
-    assert_eq!(a.fetch(&format!("http://{UPSTREAM_IP}/")).as_deref(), Some(format!("{UPSTREAM_PAGE}\n").as_str()), "NAT to upstream");
-    assert_eq!(a.lookup(UPSTREAM_NAME, &a.gateway()).as_deref(), Some(UPSTREAM_IP), "upstream name through linnet's DNS");
-    assert_eq!(a.lookup("beta.shared.linnet", &a.gateway()), Some(b.ip().to_string()), "another guest's name");
-    assert_eq!(a.lookup("beta", &a.gateway()), Some(b.ip().to_string()), "bare name (search domain)");
+    assert_eq!(
+        a.fetch(&format!("http://{UPSTREAM_IP}/")).as_deref(),
+        Some(format!("{UPSTREAM_PAGE}\n").as_str()),
+        "NAT to upstream"
+    );
+    assert_eq!(
+        a.lookup(UPSTREAM_NAME, &a.gateway()).as_deref(),
+        Some(UPSTREAM_IP),
+        "upstream name through linnet's DNS"
+    );
+    assert_eq!(
+        a.lookup("beta.shared.linnet", &a.gateway()),
+        Some(b.ip().to_string()),
+        "another guest's name"
+    );
+    assert_eq!(
+        a.lookup("beta", &a.gateway()),
+        Some(b.ip().to_string()),
+        "bare name (search domain)"
+    );
     assert!(a.ping(&b.ip().to_string()), "VM to VM");
 }
 
@@ -44,8 +64,15 @@ fn host_network_reaches_the_host_and_peers_but_not_upstream() {
     assert!(a.ping(&a.gateway()), "host-only guests reach the host");
     assert!(a.ping(&b.ip().to_string()), "and each other");
     assert!(!a.ping(UPSTREAM_IP), "but not the outside");
-    assert_eq!(a.fetch(&format!("http://{UPSTREAM_IP}/")), None, "no forwarding outward from a host network");
-    assert_eq!(a.lookup("h1.host.linnet", &a.gateway()), Some(a.ip().to_string()));
+    assert_eq!(
+        a.fetch(&format!("http://{UPSTREAM_IP}/")),
+        None,
+        "no forwarding outward from a host network"
+    );
+    assert_eq!(
+        a.lookup("h1.host.linnet", &a.gateway()),
+        Some(a.ip().to_string())
+    );
 }
 
 #[test]
@@ -60,16 +87,28 @@ fn same_interface_id_keeps_mac_and_ip_across_detach_attach_and_daemon_restart() 
     first.stop();
     drop(first);
     let _squatter = world.guest("shared", &[]); // must not get the reserved address
-    assert_ne!(_squatter.ip(), ip, "a detached interface keeps its reservation for lease_time");
+    assert_ne!(
+        _squatter.ip(),
+        ip,
+        "a detached interface keeps its reservation for lease_time"
+    );
     let again = world.guest("shared", &["--interface-id", id]);
-    assert_eq!((again.mac(), again.ip()), (mac.clone(), ip), "detach/attach");
+    assert_eq!(
+        (again.mac(), again.ip()),
+        (mac.clone(), ip),
+        "detach/attach"
+    );
     drop(again);
     drop(_squatter);
     drop(_other);
     world.stop_daemon();
     world.start_daemon();
     let after_restart = world.guest("shared", &["--interface-id", id]);
-    assert_eq!((after_restart.mac(), after_restart.ip()), (mac, ip), "daemon restart");
+    assert_eq!(
+        (after_restart.mac(), after_restart.ip()),
+        (mac, ip),
+        "daemon restart"
+    );
     assert_eq!(after_restart.udhcpc(), ip);
 }
 
@@ -82,10 +121,19 @@ fn killing_run_or_the_vmm_leaves_nothing_and_attach_still_works() {
     let tap = g.tap();
     assert!(world.host.links().contains(&tap));
     g.kill_run();
-    wait_for("the TAP to go after SIGKILL of linnet run", Duration::from_secs(5), || (!world.host.links().contains(&tap)).then_some(()));
-    wait_for("the network to go down", Duration::from_secs(5), || (!world.host.links().contains(&"ln-shared".into())).then_some(()));
+    wait_for(
+        "the TAP to go after SIGKILL of linnet run",
+        Duration::from_secs(5),
+        || (!world.host.links().contains(&tap)).then_some(()),
+    );
+    wait_for("the network to go down", Duration::from_secs(5), || {
+        (!world.host.links().contains(&"ln-shared".into())).then_some(())
+    });
     let listing = must(&mut world.linnet(&["ls", "--json"]));
-    assert!(listing.contains("\"interfaces\": []"), "no stale client: {listing}");
+    assert!(
+        listing.contains("\"interfaces\": []"),
+        "no stale client: {listing}"
+    );
     drop(g);
 
     // SIGKILL of the VMM (the stand-in): `linnet run` exits with 137, the interface goes.
@@ -97,8 +145,16 @@ fn killing_run_or_the_vmm_leaves_nothing_and_attach_still_works() {
     must(Command::new("kill").args(["-KILL", pids.trim()]));
     let status = g.run.as_mut().unwrap().wait().unwrap();
     g.run = None;
-    assert_eq!(status.code(), Some(137), "linnet run passes on the VMM's fate");
-    wait_for("the TAP to go after SIGKILL of the VMM", Duration::from_secs(5), || (!world.host.links().contains(&tap)).then_some(()));
+    assert_eq!(
+        status.code(),
+        Some(137),
+        "linnet run passes on the VMM's fate"
+    );
+    wait_for(
+        "the TAP to go after SIGKILL of the VMM",
+        Duration::from_secs(5),
+        || (!world.host.links().contains(&tap)).then_some(()),
+    );
     drop(g);
 
     let fresh = world.guest("shared", &[]);
@@ -115,9 +171,18 @@ fn daemon_stop_removes_bridge_taps_and_rules() {
     assert!(world.host.nft_ruleset().contains("table inet linnet"));
     world.stop_daemon();
     let links = world.host.links();
-    assert!(!links.iter().any(|l| l.starts_with("ln-") || l.starts_with("lnt")), "left behind: {links:?}");
+    assert!(
+        !links
+            .iter()
+            .any(|l| l.starts_with("ln-") || l.starts_with("lnt")),
+        "left behind: {links:?}"
+    );
     assert!(!world.host.nft_ruleset().contains("linnet"));
-    assert_eq!(must(&mut world.host.cmd(&["cat", "/proc/sys/net/ipv4/ip_forward"])).trim(), "0", "forwarding restored");
+    assert_eq!(
+        must(&mut world.host.cmd(&["cat", "/proc/sys/net/ipv4/ip_forward"])).trim(),
+        "0",
+        "forwarding restored"
+    );
     drop((g, h));
 }
 
@@ -132,9 +197,18 @@ fn daemon_restart_after_sigkill_reconciles_without_duplicates() {
     assert!(world.host.links().contains(&"ln-shared".to_string()));
     world.start_daemon();
     let links = world.host.links();
-    assert!(!links.contains(&tap), "the orphaned TAP is removed: {links:?}");
-    assert!(!links.contains(&"ln-shared".to_string()), "the unused bridge is removed: {links:?}");
-    assert!(!world.host.nft_ruleset().contains("linnet"), "the stale table is removed");
+    assert!(
+        !links.contains(&tap),
+        "the orphaned TAP is removed: {links:?}"
+    );
+    assert!(
+        !links.contains(&"ln-shared".to_string()),
+        "the unused bridge is removed: {links:?}"
+    );
+    assert!(
+        !world.host.nft_ruleset().contains("linnet"),
+        "the stale table is removed"
+    );
     drop(g);
     let a = world.guest("shared", &[]);
     let b = world.guest("shared", &[]);
@@ -142,11 +216,18 @@ fn daemon_restart_after_sigkill_reconciles_without_duplicates() {
     assert_eq!(links.iter().filter(|l| *l == "ln-shared").count(), 1);
     let rules = world.host.nft_ruleset();
     assert_eq!(rules.matches("table inet linnet").count(), 1, "{rules}");
-    assert_eq!(rules.matches("masquerade").count(), 1, "no duplicated rules: {rules}");
+    assert_eq!(
+        rules.matches("masquerade").count(),
+        1,
+        "no duplicated rules: {rules}"
+    );
     assert_eq!(a.udhcpc(), a.ip());
     assert_eq!(b.udhcpc(), b.ip());
     assert!(a.ping(&b.ip().to_string()));
-    assert_eq!(a.fetch(&format!("http://{UPSTREAM_IP}/")).as_deref(), Some(format!("{UPSTREAM_PAGE}\n").as_str()));
+    assert_eq!(
+        a.fetch(&format!("http://{UPSTREAM_IP}/")).as_deref(),
+        Some(format!("{UPSTREAM_PAGE}\n").as_str())
+    );
 }
 
 #[test]
@@ -159,7 +240,11 @@ fn root_run_starts_a_daemon_on_demand_which_exits_when_idle() {
     // The on-demand daemon exits 10 s after the last interface left.
     // (Watched through its socket file: polling with `linnet ls` would keep it busy.)
     let socket = world.run_dir().join("linnet.sock");
-    wait_for("the on-demand daemon to exit", Duration::from_secs(20), || (!socket.exists()).then_some(()));
+    wait_for(
+        "the on-demand daemon to exit",
+        Duration::from_secs(20),
+        || (!socket.exists()).then_some(()),
+    );
     assert!(!world.host.links().iter().any(|l| l.starts_with("ln-")));
 }
 
@@ -169,7 +254,11 @@ fn failure(cmd: &mut Command) -> String {
     let out = run(cmd);
     assert!(!out.status.success(), "{cmd:?} should fail");
     let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    assert_eq!(out.status.code(), Some(125), "linnet's own failures exit 125: {err}");
+    assert_eq!(
+        out.status.code(),
+        Some(125),
+        "linnet's own failures exit 125: {err}"
+    );
     err
 }
 
@@ -182,26 +271,52 @@ fn run_true(world: &World, args: &[&str]) -> Command {
 
 #[test]
 fn errors_name_the_problem_and_the_fix() {
-    let mut world = World::with_config("networks:\n  lab:\n    mode: host\n    subnet: 10.77.0.0/24\n");
+    let mut world =
+        World::with_config("networks:\n  lab:\n    mode: host\n    subnet: 10.77.0.0/24\n");
     let err = failure(&mut world.linnet(&["ls"]));
-    assert!(err.contains("cannot reach the linnet daemon at") && err.contains("sudo linnet daemon"), "{err}");
+    assert!(
+        err.contains("cannot reach the linnet daemon at") && err.contains("sudo linnet daemon"),
+        "{err}"
+    );
     world.start_daemon();
 
     let err = failure(&mut run_true(&world, &["--network", "nope"]));
-    assert!(err.contains("unknown network \"nope\"; known networks: host, lab, shared"), "{err}");
+    assert!(
+        err.contains("unknown network \"nope\"; known networks: host, lab, shared"),
+        "{err}"
+    );
 
     let err = failure(&mut run_true(&world, &["--name", "bad name"]));
-    assert!(err.contains("name \"bad name\" has the character ' '"), "{err}");
+    assert!(
+        err.contains("name \"bad name\" has the character ' '"),
+        "{err}"
+    );
 
     let err = failure(&mut run_true(&world, &["--mac", "01:00:5e:00:00:01"]));
     assert!(err.contains("multicast"), "{err}");
 
     // A subnet that overlaps an address already in the namespace.
-    must(&mut world.host.cmd(&["ip", "link", "add", "taken0", "type", "bridge"]));
-    must(&mut world.host.cmd(&["ip", "addr", "add", "10.77.0.9/16", "dev", "taken0"]));
+    must(
+        &mut world
+            .host
+            .cmd(&["ip", "link", "add", "taken0", "type", "bridge"]),
+    );
+    must(
+        &mut world
+            .host
+            .cmd(&["ip", "addr", "add", "10.77.0.9/16", "dev", "taken0"]),
+    );
     let err = failure(&mut run_true(&world, &["--network", "lab"]));
-    assert!(err.contains("network \"lab\": subnet 10.77.0.0/24 overlaps address 10.77.0.9/16 on interface taken0"), "{err}");
-    assert!(!world.host.links().contains(&"ln-lab".to_string()), "nothing left from the failed start");
+    assert!(
+        err.contains(
+            "network \"lab\": subnet 10.77.0.0/24 overlaps address 10.77.0.9/16 on interface taken0"
+        ),
+        "{err}"
+    );
+    assert!(
+        !world.host.links().contains(&"ln-lab".to_string()),
+        "nothing left from the failed start"
+    );
 
     // A caller that is not in the allow list.
     let cmd = run_true(&world, &[]);
@@ -210,18 +325,40 @@ fn errors_name_the_problem_and_the_fix() {
         .collect();
     // ip netns exec HOST linnet ...  ->  ip netns exec HOST setpriv --reuid nobody ... linnet ...
     let mut as_nobody = Command::new(&argv[0]);
-    as_nobody.args(&argv[1..4]).args(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]).args(&argv[4..]);
+    as_nobody
+        .args(&argv[1..4])
+        .args([
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+        ])
+        .args(&argv[4..]);
     for (k, v) in cmd.get_envs() {
         as_nobody.env(k, v.unwrap());
     }
     let err = failure(&mut as_nobody);
-    assert!(err.contains("uid 65534 may not attach to network \"shared\": it allows user root"), "{err}");
+    assert!(
+        err.contains("uid 65534 may not attach to network \"shared\": it allows user root"),
+        "{err}"
+    );
     drop(cmd);
 
     // The same interface twice.
-    let g = world.guest("shared", &["--interface-id", "11111111-2222-4333-8444-555555555555"]);
-    let err = failure(&mut run_true(&world, &["--interface-id", "11111111-2222-4333-8444-555555555555"]));
-    assert!(err.contains("is already attached to network \"shared\""), "{err}");
+    let g = world.guest(
+        "shared",
+        &["--interface-id", "11111111-2222-4333-8444-555555555555"],
+    );
+    let err = failure(&mut run_true(
+        &world,
+        &["--interface-id", "11111111-2222-4333-8444-555555555555"],
+    ));
+    assert!(
+        err.contains("is already attached to network \"shared\""),
+        "{err}"
+    );
     drop(g);
 }
 
@@ -231,10 +368,21 @@ fn invalid_config_is_refused_with_file_network_and_key() {
     let err = failure(&mut world.linnet(&["daemon"]));
     assert!(err.contains("networks.yaml: network \"shared\": subnet: \"10.0.0.1/24\" has host bits set; did you mean 10.0.0.0/24?"), "{err}");
     world.config = Some(world.dir.path().join("long.yaml"));
-    std::fs::write(world.config.as_ref().unwrap(), "networks:\n  averyveryverylongnet:\n    subnet: 10.1.0.0/24\n").unwrap();
+    std::fs::write(
+        world.config.as_ref().unwrap(),
+        "networks:\n  averyveryverylongnet:\n    subnet: 10.1.0.0/24\n",
+    )
+    .unwrap();
     let err = failure(&mut world.linnet(&["daemon"]));
-    assert!(err.contains("network \"averyveryverylongnet\": name:") && err.contains("at most 12"), "{err}");
-    std::fs::write(world.config.as_ref().unwrap(), "networks:\n  \"a/b\":\n    subnet: 10.1.0.0/24\n").unwrap();
+    assert!(
+        err.contains("network \"averyveryverylongnet\": name:") && err.contains("at most 12"),
+        "{err}"
+    );
+    std::fs::write(
+        world.config.as_ref().unwrap(),
+        "networks:\n  \"a/b\":\n    subnet: 10.1.0.0/24\n",
+    )
+    .unwrap();
     let err = failure(&mut world.linnet(&["daemon"]));
     assert!(err.contains("has the character '/'"), "{err}");
     world.config = Some(world.dir.path().join("missing.yaml"));
@@ -248,15 +396,30 @@ fn missing_dev_net_tun_is_reported() {
     let world = World::new();
     // The daemon in a mount namespace where /dev/net is empty.
     let mut cmd = world.host.cmd(&[
-        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
         "mount -t tmpfs none /dev/net && exec \"$0\" \"$@\"",
-        linnet_bin().to_str().unwrap(), "daemon",
+        linnet_bin().to_str().unwrap(),
+        "daemon",
     ]);
-    cmd.env("LINNET_RUN_DIR", world.run_dir()).env("LINNET_STATE_DIR", world.state_dir());
+    cmd.env("LINNET_RUN_DIR", world.run_dir())
+        .env("LINNET_STATE_DIR", world.state_dir());
     let mut daemon = cmd.stderr(std::process::Stdio::null()).spawn().unwrap();
-    wait_for("the daemon", Duration::from_secs(10), || run(&mut world.linnet(&["ls"])).status.success().then_some(()));
+    wait_for("the daemon", Duration::from_secs(10), || {
+        run(&mut world.linnet(&["ls"]))
+            .status
+            .success()
+            .then_some(())
+    });
     let err = failure(&mut run_true(&world, &[]));
-    assert!(err.contains("/dev/net/tun is missing: load the tun module (modprobe tun)"), "{err}");
+    assert!(
+        err.contains("/dev/net/tun is missing: load the tun module (modprobe tun)"),
+        "{err}"
+    );
     daemon.kill().unwrap();
     daemon.wait().unwrap();
 }

@@ -25,7 +25,8 @@ const TUN_F_TSO6: libc::c_ulong = 0x04;
 /// A GSO frame of up to 64 KiB plus its virtio-net header.
 const BUFFER: usize = 65536 + 64;
 
-const USAGE: &str = "usage: linnet-standin --fd N --netns PATH [--ifname eth0] [--mac MAC] [--mtu N]
+const USAGE: &str =
+    "usage: linnet-standin --fd N --netns PATH [--ifname eth0] [--mac MAC] [--mtu N]
   --fd N        the TAP fd from linnet (e.g. {fd} under `linnet run`)
   --netns PATH  the guest network namespace (e.g. /run/netns/guest1)
   --ifname      the guest's interface name (default eth0)
@@ -61,7 +62,13 @@ fn parse_args() -> Result<Options, String> {
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
         match arg.as_str() {
-            "--fd" => fd = Some(value()?.parse::<RawFd>().map_err(|e| format!("--fd: {e}"))?),
+            "--fd" => {
+                fd = Some(
+                    value()?
+                        .parse::<RawFd>()
+                        .map_err(|e| format!("--fd: {e}"))?,
+                )
+            }
             "--netns" => netns = Some(value()?),
             "--ifname" => ifname = value()?,
             "--mac" => mac = Some(value()?),
@@ -77,11 +84,21 @@ fn parse_args() -> Result<Options, String> {
         None => None,
         Some(m) => Some(parse_mac(&m).ok_or(format!("bad MAC {m}"))?),
     };
-    Ok(Options { fd: fd.ok_or("--fd is required")?, netns: netns.ok_or("--netns is required")?, ifname, mac, mtu })
+    Ok(Options {
+        fd: fd.ok_or("--fd is required")?,
+        netns: netns.ok_or("--netns is required")?,
+        ifname,
+        mac,
+        mtu,
+    })
 }
 
 fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let parts: Vec<u8> = s.split(':').map(|p| u8::from_str_radix(p, 16)).collect::<Result<_, _>>().ok()?;
+    let parts: Vec<u8> = s
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
     parts.try_into().ok()
 }
 
@@ -97,7 +114,10 @@ fn run(opts: Options) -> io::Result<()> {
     let guest_side = create_tap(&opts.ifname)?;
     set_offload(&guest_side)?;
     configure_link(&opts.ifname, opts.mac, opts.mtu)?;
-    eprintln!("linnet-standin: relaying fd {} <-> {} in {}", opts.fd, opts.ifname, opts.netns);
+    eprintln!(
+        "linnet-standin: relaying fd {} <-> {} in {}",
+        opts.fd, opts.ifname, opts.netns
+    );
 
     let host_side = Arc::new(host_side);
     let guest_side = Arc::new(guest_side);
@@ -141,9 +161,15 @@ struct IfReq {
 }
 
 fn ifreq(name: &str) -> io::Result<IfReq> {
-    let mut req = IfReq { name: [0; libc::IFNAMSIZ], data: [0; 24] };
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        data: [0; 24],
+    };
     if name.len() >= libc::IFNAMSIZ {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("interface name {name} too long")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("interface name {name} too long"),
+        ));
     }
     req.name[..name.len()].copy_from_slice(name.as_bytes());
     Ok(req)
@@ -160,14 +186,24 @@ fn create_tap(name: &str) -> io::Result<OwnedFd> {
     req.data[..2].copy_from_slice(&(IFF_TAP | IFF_NO_PI | IFF_VNET_HDR).to_ne_bytes());
     // SAFETY: req is a valid struct ifreq.
     if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF as _, &mut req) } < 0 {
-        return Err(with_context(io::Error::last_os_error(), &format!("create TAP {name}")));
+        return Err(with_context(
+            io::Error::last_os_error(),
+            &format!("create TAP {name}"),
+        ));
     }
     Ok(file.into())
 }
 
 fn set_offload(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: TUNSETOFFLOAD takes an integer.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETOFFLOAD as _, TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6) } < 0 {
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            TUNSETOFFLOAD as _,
+            TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6,
+        )
+    } < 0
+    {
         return Err(with_context(io::Error::last_os_error(), "TUNSETOFFLOAD"));
     }
     Ok(())
@@ -191,7 +227,7 @@ fn configure_link(name: &str, mac: Option<[u8; 6]>, mtu: u32) -> io::Result<()> 
     };
     if let Some(mac) = mac {
         let mut req = ifreq(name)?;
-        req.data[..2].copy_from_slice(&(libc::ARPHRD_ETHER as u16).to_ne_bytes());
+        req.data[..2].copy_from_slice(&libc::ARPHRD_ETHER.to_ne_bytes());
         req.data[2..8].copy_from_slice(&mac);
         ioctl(libc::SIOCSIFHWADDR, &mut req, "set MAC")?;
     }
