@@ -256,7 +256,12 @@ async fn handle(
     let mut daemon = daemon.lock().await;
     match request {
         Request::Attach(req) => match daemon.handle_attach(client, req).await {
-            Ok((interface, fd)) => (Response::Attached { interface: Box::new(interface) }, Some(fd)),
+            Ok((interface, fd)) => (
+                Response::Attached {
+                    interface: Box::new(interface),
+                },
+                Some(fd),
+            ),
             Err(e) => {
                 error!(uid = client.uid, pid = ?client.pid, "attach refused: {e}");
                 (e.into_response(), None)
