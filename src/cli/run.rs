@@ -19,7 +19,7 @@ use crate::types::{InterfaceId, MacAddr};
 #[derive(Args)]
 #[command(after_help = "\
 CMD gets the TAP file descriptor. For qemu-system-* (unless its arguments use {fd}) linnet appends
-  -netdev tap,id=lnet0,fd=FD,vnet_hdr=on -device virtio-net-pci,netdev=lnet0,mac=MAC
+  -netdev tap,id=lnet0,fd=FD -device virtio-net-pci,netdev=lnet0,mac=MAC
 For any CMD these placeholders are replaced in its arguments:
   {fd} {mac} {ip} {tap} {gateway} {network} {interface_id}
 and these are set in its environment:
@@ -157,10 +157,11 @@ fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd) -> Command {
             .fold(arg.to_string(), |a, (k, v)| a.replace(k, v))
     };
     let mut args: Vec<String> = argv[1..].iter().map(|a| substitute(a)).collect();
+    // QEMU reads IFF_VNET_HDR from the TAP itself (and refuses vnet_hdr= with fd=).
     if is_qemu(&argv[0]) && !argv.iter().any(|a| a.contains("{fd}")) {
         args.extend([
             "-netdev".into(),
-            format!("tap,id=lnet0,fd={fd},vnet_hdr=on"),
+            format!("tap,id=lnet0,fd={fd}"),
             "-device".into(),
             format!("virtio-net-pci,netdev=lnet0,mac={}", info.mac_address),
         ]);
@@ -267,7 +268,7 @@ mod tests {
                 "-m",
                 "256",
                 "-netdev",
-                "tap,id=lnet0,fd=7,vnet_hdr=on",
+                "tap,id=lnet0,fd=7",
                 "-device",
                 "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01"
             ]
