@@ -5,7 +5,7 @@
 CARGO ?= cargo
 SANDBOX := scripts/sandbox
 
-.PHONY: all build deps test unit integration lint demo clean
+.PHONY: all build guest deps test unit integration lint demo clean
 
 all: build
 
@@ -15,12 +15,17 @@ build:
 deps:
 	scripts/install-deps
 
+# The tiny test/demo VM (kernel + initramfs from Debian packages), rebuilt
+# only when its inputs change.
+guest: deps
+	scripts/build-guest
+
 unit:
 	$(CARGO) test --workspace
 
 # The integration suite creates bridges, rules and sysctls: it runs only
 # inside scripts/sandbox, whose namespaces vanish when it ends.
-integration: deps
+integration: deps guest
 	$(CARGO) build --workspace --tests
 	$(SANDBOX) $(CARGO) test --offline --test integration -- --test-threads=2
 
@@ -30,7 +35,7 @@ lint:
 
 test: deps lint unit integration
 
-demo: deps build
+demo: deps build guest
 	$(SANDBOX) scripts/demo
 
 clean:

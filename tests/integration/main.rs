@@ -2,6 +2,7 @@
 //! throwaway namespaces (see harness.rs). Run with `make test`.
 
 mod harness;
+mod qemu;
 
 use std::process::Command;
 use std::time::Duration;

@@ -1,0 +1,286 @@
+//! End-to-end with real VMs: QEMU (software emulation) booting the tiny guest
+//! of scripts/build-guest through `linnet run`. Assertions read what the guest
+//! prints on its serial console.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::Value;
+
+use crate::harness::*;
+
+const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
+
+fn guest_file(name: &str) -> String {
+    let path = linnet_bin()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("guest")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/build-guest (make test does)",
+        path.display()
+    );
+    path.display().to_string()
+}
+
+/// A VM started with `linnet run -- qemu-system-x86_64 …`, running `script`
+/// after DHCP and powering off.
+pub struct Vm {
+    pub info: Value,
+    pub run: std::process::Child,
+    console: std::path::PathBuf,
+    pub name: String,
+}
+
+impl Vm {
+    pub fn start(world: &World, network: &str, script: &str, prefix: &[&str]) -> Vm {
+        let name = format!(
+            "linnet-vm-{}",
+            std::process::id() as u64 * 1000 + rand_suffix()
+        );
+        // A sticky world-writable directory: the VM may run as another user.
+        let dir = world.dir.path().join("vms");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
+            .unwrap();
+        std::fs::set_permissions(
+            world.dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let json = dir.join(format!("{name}.json"));
+        let console = world.dir.path().join(format!("{name}.console"));
+        let script = base64::engine::general_purpose::STANDARD.encode(script);
+        let append = format!("console=ttyS0 quiet linnet.script={script}");
+        let (kernel, initrd) = (guest_file("vmlinuz"), guest_file("initrd.img"));
+        let json_s = json.display().to_string();
+        let mut args: Vec<&str> = vec!["run", "--network", network, "--json", &json_s, "--"];
+        args.extend_from_slice(&[
+            "qemu-system-x86_64",
+            "-accel",
+            "tcg",
+            "-m",
+            "256",
+            "-nographic",
+            "-no-reboot",
+            "-name",
+            &name,
+            "-kernel",
+            &kernel,
+            "-initrd",
+            &initrd,
+            "-append",
+            &append,
+        ]);
+        let mut cmd = world.linnet(&args);
+        if !prefix.is_empty() {
+            // ip netns exec HOST <prefix…> linnet …
+            let argv: Vec<String> = cmd
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            let mut wrapped = Command::new("ip");
+            wrapped.args(&argv[..3]).args(prefix).args(&argv[3..]);
+            for (k, v) in cmd.get_envs() {
+                wrapped.env(k, v.unwrap());
+            }
+            cmd = wrapped;
+        }
+        let run = cmd
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&console).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let info = wait_for("the attach JSON", Duration::from_secs(15), || {
+            serde_json::from_str::<Value>(&std::fs::read_to_string(&json).ok()?).ok()
+        });
+        Vm {
+            info,
+            run,
+            console,
+            name,
+        }
+    }
+
+    pub fn ip(&self) -> String {
+        self.info["ip_address"].as_str().unwrap().to_string()
+    }
+
+    pub fn console(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(&self.console).unwrap_or_default()).into_owned()
+    }
+
+    pub fn wait_console(&self, marker: &str) -> String {
+        wait_for(
+            &format!("\"{marker}\" on {}'s console", self.name),
+            BOOT_TIMEOUT,
+            || {
+                let text = self.console();
+                text.contains(marker).then_some(text)
+            },
+        )
+    }
+
+    /// Waits for the guest to power off; returns the console.
+    pub fn finish(mut self) -> String {
+        let text = self.wait_console("linnet-guest: powering off");
+        let status = wait_for("QEMU to exit", Duration::from_secs(20), || {
+            self.run.try_wait().unwrap()
+        });
+        assert!(status.success(), "linnet run exited with {status}\n{text}");
+        text
+    }
+
+    pub fn qemu_pid(&self) -> String {
+        // QEMU's own command line, not linnet run's (which holds the same words).
+        must(
+            Command::new("pgrep")
+                .args(["-f", &format!("^qemu-system-x86_64 .*-name {}", self.name)]),
+        )
+        .trim()
+        .to_string()
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::SeqCst)
+}
+
+#[test]
+fn qemu_vm_gets_reported_ip_pings_gateway_fetches_through_nat_and_resolves() {
+    let mut world = World::new();
+    world.start_daemon();
+    let vm = Vm::start(
+        &world,
+        "shared",
+        &format!(
+            "ping -c 1 -W 3 192.168.105.1 && echo RESULT-PING-GW-OK\n\
+             wget -q -O - http://{UPSTREAM_IP}/ | sed 's/^/RESULT-PAGE: /'\n\
+             nslookup {UPSTREAM_NAME} 192.168.105.1 | sed -n 's/^Address: /RESULT-DNS: /p'\n"
+        ),
+        &[],
+    );
+    let ip = vm.ip();
+    let console = vm.finish();
+    assert!(
+        console.contains(&format!("linnet-guest: lease ip={ip} ")),
+        "the guest got the reported ip {ip}:\n{console}"
+    );
+    assert!(console.contains("RESULT-PING-GW-OK"), "{console}");
+    assert!(
+        console.contains(&format!("RESULT-PAGE: {UPSTREAM_PAGE}")),
+        "{console}"
+    );
+    assert!(
+        console.contains(&format!("RESULT-DNS: {UPSTREAM_IP}")),
+        "{console}"
+    );
+}
+
+#[test]
+fn two_qemu_vms_on_shared_ping_each_other_and_a_host_vm_cannot_reach_upstream() {
+    let mut world = World::new();
+    world.start_daemon();
+    let a = Vm::start(&world, "shared", "sleep 20\n", &[]);
+    let peer = a.ip();
+    let b = Vm::start(
+        &world,
+        "shared",
+        &format!(
+            "for i in $(seq 30); do ping -c 1 -W 1 {peer} >/dev/null && echo RESULT-PEER-OK && break; sleep 0.5; done\n"
+        ),
+        &[],
+    );
+    let h = Vm::start(
+        &world,
+        "host",
+        &format!(
+            "ping -c 1 -W 2 192.168.106.1 && echo RESULT-HOST-OK\nping -c 1 -W 2 {UPSTREAM_IP} || echo RESULT-UPSTREAM-BLOCKED\n"
+        ),
+        &[],
+    );
+    let console_b = b.finish();
+    assert!(
+        console_b.contains("RESULT-PEER-OK"),
+        "VM to VM:\n{console_b}"
+    );
+    let console_h = h.finish();
+    assert!(
+        console_h.contains("RESULT-HOST-OK"),
+        "host-only VM reaches the host:\n{console_h}"
+    );
+    assert!(
+        console_h.contains("RESULT-UPSTREAM-BLOCKED"),
+        "host-only VM cannot reach upstream:\n{console_h}"
+    );
+    drop(a);
+}
+
+#[test]
+fn qemu_runs_unprivileged_with_the_tap_fd_from_linnet_run() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody] }\n");
+    world.start_daemon();
+    let vm = Vm::start(
+        &world,
+        "shared",
+        "ping -c 1 -W 3 192.168.105.1 && echo RESULT-PING-GW-OK\nsleep 2\n",
+        &[
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+        ],
+    );
+    vm.wait_console("linnet-guest: lease");
+    let status = must(Command::new("cat").arg(format!("/proc/{}/status", vm.qemu_pid())));
+    let uid = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .unwrap()
+        .to_string();
+    assert!(
+        uid.split_whitespace().skip(1).all(|u| u == "65534"),
+        "QEMU runs as nobody: {uid}"
+    );
+    let ip = vm.ip();
+    let console = vm.finish();
+    assert!(
+        console.contains(&format!("lease ip={ip} ")) && console.contains("RESULT-PING-GW-OK"),
+        "{console}"
+    );
+}
+
+#[test]
+fn sigkill_of_qemu_leaves_nothing_behind() {
+    let mut world = World::new();
+    world.start_daemon();
+    let mut vm = Vm::start(&world, "shared", "sleep 60\n", &[]);
+    let tap = vm.info["tap"].as_str().unwrap().to_string();
+    vm.wait_console("linnet-guest: lease");
+    assert!(world.host.links().contains(&tap));
+    must(Command::new("kill").args(["-KILL", &vm.qemu_pid()]));
+    let status = wait_for("linnet run to exit", Duration::from_secs(10), || {
+        vm.run.try_wait().unwrap()
+    });
+    assert_eq!(
+        status.code(),
+        Some(137),
+        "linnet run reports the VMM's SIGKILL"
+    );
+    wait_for("the TAP and bridge to go", Duration::from_secs(5), || {
+        let links = world.host.links();
+        (!links.contains(&tap) && !links.iter().any(|l| l.starts_with("ln-"))).then_some(())
+    });
+    assert!(must(&mut world.linnet(&["ls", "--json"])).contains("\"interfaces\": []"));
+}
