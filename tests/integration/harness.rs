@@ -270,6 +270,22 @@ impl World {
         c
     }
 
+    /// `linnet ARGS` in the host namespace behind `wrapper` (e.g. setpriv to
+    /// run as another user): ip netns exec HOST WRAPPER… linnet ARGS.
+    pub fn linnet_wrapped(&self, wrapper: &[&str], args: &[&str]) -> Command {
+        let plain = self.linnet(args);
+        let argv: Vec<String> = plain
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let mut cmd = Command::new(plain.get_program());
+        cmd.args(&argv[..3]).args(wrapper).args(&argv[3..]);
+        for (k, v) in plain.get_envs() {
+            cmd.env(k, v.unwrap());
+        }
+        cmd
+    }
+
     pub fn start_daemon(&mut self) {
         assert!(self.daemon.is_none(), "daemon already running");
         let log = std::fs::OpenOptions::new()

@@ -320,32 +320,22 @@ fn errors_name_the_problem_and_the_fix() {
     );
 
     // A caller that is not in the allow list.
-    let cmd = run_true(&world, &[]);
-    let argv: Vec<String> = std::iter::once(cmd.get_program().to_string_lossy().into_owned())
-        .chain(cmd.get_args().map(|a| a.to_string_lossy().into_owned()))
-        .collect();
-    // ip netns exec HOST linnet ...  ->  ip netns exec HOST setpriv --reuid nobody ... linnet ...
-    let mut as_nobody = Command::new(&argv[0]);
-    as_nobody
-        .args(&argv[1..4])
-        .args([
+    let mut as_nobody = world.linnet_wrapped(
+        &[
             "setpriv",
             "--reuid",
             "65534",
             "--regid",
             "65534",
             "--clear-groups",
-        ])
-        .args(&argv[4..]);
-    for (k, v) in cmd.get_envs() {
-        as_nobody.env(k, v.unwrap());
-    }
+        ],
+        &["run", "--", "true"],
+    );
     let err = failure(&mut as_nobody);
     assert!(
         err.contains("uid 65534 may not attach to network \"shared\": it allows user root"),
         "{err}"
     );
-    drop(cmd);
 
     // The same interface twice.
     let g = world.guest(

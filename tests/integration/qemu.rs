@@ -77,20 +77,7 @@ impl Vm {
             "-append",
             &append,
         ]);
-        let mut cmd = world.linnet(&args);
-        if !prefix.is_empty() {
-            // ip netns exec HOST <prefix…> linnet …
-            let argv: Vec<String> = cmd
-                .get_args()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect();
-            let mut wrapped = Command::new("ip");
-            wrapped.args(&argv[..3]).args(prefix).args(&argv[3..]);
-            for (k, v) in cmd.get_envs() {
-                wrapped.env(k, v.unwrap());
-            }
-            cmd = wrapped;
-        }
+        let mut cmd = world.linnet_wrapped(prefix, &args);
         let run = cmd
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&console).unwrap())
