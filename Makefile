@@ -32,6 +32,8 @@ integration: deps guest
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	# The integration suite is test = false, so --all-targets skips it.
+	$(CARGO) clippy --test integration -- -D warnings
 
 test: deps lint unit integration
 

@@ -201,20 +201,20 @@ impl LeaseTable {
         // One lease per owner: drop a stale one at another address.
         self.leases
             .retain(|addr, l| l.owner != owner || *addr == ip);
+        // The hostname the guest sent last time stays until it sends another.
+        let hostname = self
+            .leases
+            .get(&ip)
+            .filter(|l| l.owner == owner)
+            .and_then(|l| l.hostname.clone());
         let lease = Lease {
             ip,
             mac,
             owner,
             name,
-            hostname: None,
+            hostname,
             held_until: None,
         };
-        let hostname = self
-            .leases
-            .get(&ip)
-            .filter(|l| l.owner == lease.owner)
-            .and_then(|l| l.hostname.clone());
-        let lease = Lease { hostname, ..lease };
         self.leases.insert(ip, lease.clone());
         Ok(lease)
     }

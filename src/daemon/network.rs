@@ -179,7 +179,7 @@ async fn check_overlap(
     }
 }
 
-/// The gateway, DNS and subnet facts an attach reply carries.
+/// The DNS servers an attach reply names: the gateway, when DNS is on.
 pub fn dns_servers(cfg: &NetworkConfig) -> Vec<Ipv4Addr> {
     if cfg.dns.enabled {
         vec![cfg.gateway]

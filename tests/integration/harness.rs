@@ -11,8 +11,6 @@
 //! Everything runs inside `scripts/sandbox` (its own network, mount and PID
 //! namespaces), so even a bug here cannot touch the machine's network.
 
-#![allow(dead_code)]
-
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -26,7 +24,22 @@ pub const UPSTREAM_HOST_SIDE: &str = "203.0.113.1";
 pub const UPSTREAM_NAME: &str = "web.upstream.test";
 pub const UPSTREAM_PAGE: &str = "hello from upstream";
 
+/// Run a wrapped command as nobody (see `World::linnet_wrapped`).
+pub const AS_NOBODY: &[&str] = &[
+    "setpriv",
+    "--reuid",
+    "65534",
+    "--regid",
+    "65534",
+    "--clear-groups",
+];
+
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A name unique within this test run, for namespaces and VMs.
+pub fn unique(role: &str) -> String {
+    format!("{role}-{}", COUNTER.fetch_add(1, Ordering::SeqCst))
+}
 
 pub fn linnet_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_linnet"))
@@ -60,10 +73,8 @@ fn assert_sandboxed() {
 }
 
 pub fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    out
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
 pub fn must(cmd: &mut Command) -> String {
@@ -99,7 +110,7 @@ pub struct Netns {
 impl Netns {
     pub fn new(role: &str) -> Netns {
         assert_sandboxed();
-        let name = format!("{role}-{}", COUNTER.fetch_add(1, Ordering::SeqCst));
+        let name = unique(role);
         must(Command::new("ip").args(["netns", "add", &name]));
         std::fs::create_dir_all(format!("/etc/netns/{name}")).unwrap();
         std::fs::write(format!("/etc/netns/{name}/resolv.conf"), "").unwrap();
@@ -117,10 +128,6 @@ impl Netns {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.name]).args(argv);
         c
-    }
-
-    pub fn sh(&self, script: &str) -> Output {
-        run(&mut self.cmd(&["sh", "-c", script]))
     }
 
     pub fn set_resolv_conf(&self, text: &str) {
@@ -159,7 +166,8 @@ impl Drop for Netns {
 
 pub struct World {
     pub host: Netns,
-    pub upstream: Netns,
+    /// Held so that Drop removes it; tests reach it only through addresses.
+    _upstream: Netns,
     pub dir: tempfile::TempDir,
     pub config: Option<PathBuf>,
     daemon: Option<Child>,
@@ -242,7 +250,7 @@ impl World {
         host.set_resolv_conf(&format!("nameserver {UPSTREAM_IP}\n"));
         World {
             host,
-            upstream,
+            _upstream: upstream,
             dir,
             config,
             daemon: None,
@@ -454,7 +462,7 @@ impl Guest {
             "-T",
             "1",
             "-s",
-            &repo_file("tests/udhcpc.script"),
+            &repo_file("guest/udhcpc.script"),
         ]));
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -464,7 +472,7 @@ impl Guest {
         );
         let ip = text
             .lines()
-            .find_map(|l| l.strip_prefix("lease ip="))
+            .find_map(|l| l.strip_prefix("linnet-guest: lease ip="))
             .expect("udhcpc printed a lease");
         ip.split_whitespace().next().unwrap().parse().unwrap()
     }

@@ -320,17 +320,7 @@ fn errors_name_the_problem_and_the_fix() {
     );
 
     // A caller that is not in the allow list.
-    let mut as_nobody = world.linnet_wrapped(
-        &[
-            "setpriv",
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-        ],
-        &["run", "--", "true"],
-    );
+    let mut as_nobody = world.linnet_wrapped(AS_NOBODY, &["run", "--", "true"]);
     let err = failure(&mut as_nobody);
     assert!(
         err.contains("uid 65534 may not attach to network \"shared\": it allows user root"),

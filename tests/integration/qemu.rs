@@ -39,10 +39,7 @@ pub struct Vm {
 
 impl Vm {
     pub fn start(world: &World, network: &str, script: &str, prefix: &[&str]) -> Vm {
-        let name = format!(
-            "linnet-vm-{}",
-            std::process::id() as u64 * 1000 + rand_suffix()
-        );
+        let name = unique("linnet-vm");
         // A sticky world-writable directory: the VM may run as another user.
         let dir = world.dir.path().join("vms");
         std::fs::create_dir_all(&dir).unwrap();
@@ -135,12 +132,6 @@ impl Vm {
     }
 }
 
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::SeqCst)
-}
-
 #[test]
 fn qemu_vm_gets_reported_ip_pings_gateway_fetches_through_nat_and_resolves() {
     let mut world = World::new();
@@ -220,14 +211,7 @@ fn qemu_runs_unprivileged_with_the_tap_fd_from_linnet_run() {
         &world,
         "shared",
         "ping -c 1 -W 3 192.168.105.1 && echo RESULT-PING-GW-OK\nsleep 2\n",
-        &[
-            "setpriv",
-            "--reuid",
-            "65534",
-            "--regid",
-            "65534",
-            "--clear-groups",
-        ],
+        AS_NOBODY,
     );
     vm.wait_console("linnet-guest: lease");
     let status = must(Command::new("cat").arg(format!("/proc/{}/status", vm.qemu_pid())));
