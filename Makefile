@@ -26,7 +26,7 @@ unit:
 # The integration suite creates bridges, rules and sysctls: it runs only
 # inside scripts/sandbox, whose namespaces vanish when it ends.
 integration: deps guest
-	$(CARGO) build --workspace --tests
+	$(CARGO) build --workspace --bins --tests
 	$(SANDBOX) $(CARGO) test --offline --test integration -- --test-threads=2
 
 lint:
