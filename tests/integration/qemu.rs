@@ -1,4 +1,5 @@
-//! End-to-end with real VMs: QEMU (software emulation) booting the tiny guest
+//! End-to-end with real VMs: QEMU (KVM when it works, else software
+//! emulation) booting the tiny guest
 //! of scripts/build-guest through `linnet run`. Assertions read what the guest
 //! prints on its serial console.
 
@@ -11,6 +12,23 @@ use serde_json::Value;
 use crate::harness::*;
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// `-accel kvm -accel tcg` when KVM really boots the guest here (QEMU falls
+/// back to tcg if the VM's user cannot open /dev/kvm), else `-accel tcg`.
+/// scripts/qemu-accel decides, once per test run.
+fn accel_args() -> &'static [&'static str] {
+    static ACCEL: std::sync::OnceLock<&'static [&'static str]> = std::sync::OnceLock::new();
+    ACCEL.get_or_init(|| {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/qemu-accel");
+        let out = Command::new(script).stderr(Stdio::inherit()).output();
+        let out = out.unwrap_or_else(|e| panic!("{script}: {e}"));
+        assert!(out.status.success(), "{script} failed: {}", out.status);
+        match String::from_utf8_lossy(&out.stdout).trim() {
+            "kvm" => &["-accel", "kvm", "-accel", "tcg"],
+            _ => &["-accel", "tcg"],
+        }
+    })
+}
 
 fn guest_file(name: &str) -> String {
     let path = linnet_bin()
@@ -57,10 +75,9 @@ impl Vm {
         let (kernel, initrd) = (guest_file("vmlinuz"), guest_file("initrd.img"));
         let json_s = json.display().to_string();
         let mut args: Vec<&str> = vec!["run", "--network", network, "--json", &json_s, "--"];
+        args.push("qemu-system-x86_64");
+        args.extend_from_slice(accel_args());
         args.extend_from_slice(&[
-            "qemu-system-x86_64",
-            "-accel",
-            "tcg",
             "-m",
             "256",
             "-nographic",
