@@ -17,6 +17,7 @@ use nix::sys::socket::{
 use serde::{Deserialize, Serialize};
 
 use crate::config::Mode;
+use crate::datapath::{Datapath, RelayCounters};
 use crate::types::{InterfaceId, MacAddr};
 
 /// Requests and replies larger than this are refused.
@@ -30,6 +31,12 @@ pub enum Request {
     Attach(AttachRequest),
     /// Detach an interface this connection attached.
     Detach { interface_id: InterfaceId },
+    /// A relay's counters for an interface this connection attached
+    /// (socket datapaths), shown by `linnet ls`.
+    Counters {
+        interface_id: InterfaceId,
+        counters: RelayCounters,
+    },
     /// Networks and interfaces.
     List,
 }
@@ -45,6 +52,10 @@ pub struct AttachRequest {
     pub mac: Option<MacAddr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// How the VMM will get frames; the TAP fd comes either way (for
+    /// `dgram`/`stream` the client relays it). Default `tap`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath: Option<Datapath>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,6 +67,8 @@ pub enum Response {
     Detached {
         interface_id: InterfaceId,
     },
+    /// Done; nothing to say (counters recorded).
+    Ok,
     Listing {
         networks: Vec<NetworkStatus>,
         interfaces: Vec<InterfaceStatus>,
@@ -92,7 +105,7 @@ pub struct InterfaceInfo {
     pub vmnet_subnet_mask: Ipv4Addr,
     pub network: String,
     pub mode: Mode,
-    pub datapath: String,
+    pub datapath: Datapath,
     pub interface_id: InterfaceId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -129,6 +142,10 @@ pub struct InterfaceStatus {
     pub tap: String,
     pub client_pid: Option<i32>,
     pub client_uid: u32,
+    pub datapath: Datapath,
+    /// What the client's relay reported last (socket datapaths).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<RelayCounters>,
     /// Bytes the VM received and sent (the TAP's tx and rx).
     pub vm_rx_bytes: u64,
     pub vm_tx_bytes: u64,

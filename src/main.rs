@@ -4,6 +4,7 @@ mod api;
 mod cli;
 mod config;
 mod daemon;
+mod datapath;
 mod host;
 mod services;
 mod types;

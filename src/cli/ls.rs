@@ -51,6 +51,7 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         "INTERFACE",
         "NAME",
         "NETWORK",
+        "DATAPATH",
         "MAC",
         "IP",
         "TAP",
@@ -58,12 +59,14 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         "UID",
         "VM RX",
         "VM TX",
+        "RELAY DROPS",
     ])];
     for i in &interfaces {
         rows.push(vec![
             i.interface_id.to_string(),
             i.name.clone().unwrap_or_else(|| "-".into()),
             i.network.clone(),
+            i.datapath.to_string(),
             i.mac_address.to_string(),
             i.ip_address.to_string(),
             i.tap.clone(),
@@ -73,6 +76,10 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             i.client_uid.to_string(),
             human_bytes(i.vm_rx_bytes),
             human_bytes(i.vm_tx_bytes),
+            // Frames the relay dropped on their way to / from the VM.
+            i.relay
+                .map(|r| format!("{}/{}", r.to_vm.drops, r.from_vm.drops))
+                .unwrap_or_else(|| "-".into()),
         ]);
     }
     if interfaces.is_empty() {

@@ -2,19 +2,23 @@
 //! global options and reaching (or starting) the daemon.
 
 mod daemon;
+mod helper;
 mod ls;
 mod run;
 
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
-use crate::api::{Channel, SOCKET_NAME};
+use crate::api::{AttachRequest, Channel, InterfaceInfo, Request, Response, SOCKET_NAME};
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
+use crate::datapath::Datapath;
+use crate::types::{InterfaceId, MacAddr};
 
 /// linnet's own failures (as opposed to the command `linnet run` started),
 /// following the convention of `docker run` and `podman run`.
@@ -67,6 +71,8 @@ pub enum CommandArgs {
     Daemon(daemon::DaemonArgs),
     /// Attach an interface and run a VMM (or any command) with it.
     Run(run::RunArgs),
+    /// Attach an interface and relay its frames to a unix socket (for VMMs that cannot take a TAP).
+    Helper(helper::HelperArgs),
     /// List networks and attached interfaces.
     Ls(ls::LsArgs),
 }
@@ -93,6 +99,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     match &cli.command {
         CommandArgs::Daemon(args) => daemon::main(&cli, args).map(|()| 0),
         CommandArgs::Run(args) => run::main(&cli, args),
+        CommandArgs::Helper(args) => helper::main(&cli, args).map(|()| 0),
         CommandArgs::Ls(args) => ls::main(&cli, args).map(|()| 0),
     }
 }
@@ -118,20 +125,21 @@ impl Cli {
     }
 
     /// Connects, starting a daemon first when none runs and we are root.
-    pub fn connect_or_start(&self) -> anyhow::Result<Channel> {
+    /// A daemon started here comes back too, for the caller to reap.
+    pub fn connect_or_start(&self) -> anyhow::Result<(Channel, Option<Child>)> {
         let path = self.socket_path();
         match Channel::connect(&path) {
-            Ok(chan) => return Ok(chan),
+            Ok(chan) => return Ok((chan, None)),
             Err(e) if !is_absent(&e) || !nix::unistd::geteuid().is_root() => {
                 return Err(unreachable_daemon(&path, &e));
             }
             Err(_) => {}
         }
-        self.start_daemon()?;
+        let daemon = self.start_daemon()?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match Channel::connect(&path) {
-                Ok(chan) => return Ok(chan),
+                Ok(chan) => return Ok((chan, Some(daemon))),
                 Err(e) if Instant::now() > deadline => {
                     bail!(
                         "started a linnet daemon but cannot reach it at {}: {e}; see {}",
@@ -146,7 +154,7 @@ impl Cli {
 
     /// Starts `linnet daemon` detached (own session, logs to the run dir);
     /// it exits by itself once idle.
-    fn start_daemon(&self) -> anyhow::Result<()> {
+    fn start_daemon(&self) -> anyhow::Result<Child> {
         std::fs::create_dir_all(&self.run_dir)
             .with_context(|| format!("cannot create {}", self.run_dir.display()))?;
         let log_path = self.run_dir.join("daemon.log");
@@ -176,11 +184,54 @@ impl Cli {
         unsafe {
             cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(io::Error::from));
         }
-        let mut child = cmd.spawn().context("cannot start the linnet daemon")?;
-        // Reap it whenever it exits, so it never lingers as a zombie of ours.
-        std::thread::spawn(move || child.wait());
-        Ok(())
+        cmd.spawn().context("cannot start the linnet daemon")
     }
+}
+
+/// What identifies the interface to attach; shared by `run` and `helper`.
+#[derive(Args)]
+pub struct AttachArgs {
+    /// Network to attach to.
+    #[arg(long, short, default_value = crate::config::DEFAULT_NETWORK)]
+    pub network: String,
+    /// Interface id (a UUID); the same id always gets the same MAC and IP. Default: a new one.
+    #[arg(long, value_name = "UUID")]
+    pub interface_id: Option<InterfaceId>,
+    /// MAC address for the VM. Default: derived from the interface id.
+    #[arg(long)]
+    pub mac: Option<MacAddr>,
+    /// The VM's name: answered by the network's DNS as NAME.<network>.linnet.
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+/// Attaches an interface; returns what the VMM needs to know and the TAP.
+pub fn attach(
+    channel: &Channel,
+    args: &AttachArgs,
+    datapath: Datapath,
+) -> anyhow::Result<(InterfaceInfo, OwnedFd)> {
+    if let Some(name) = &args.name {
+        crate::types::validate_hostname(name)?;
+    }
+    let request = AttachRequest {
+        network: Some(args.network.clone()),
+        interface_id: args.interface_id,
+        mac: args.mac,
+        name: args.name.clone(),
+        datapath: Some(datapath),
+    };
+    let (response, fds) = channel.call(&Request::Attach(request))?;
+    let info = match response {
+        Response::Attached { interface } => *interface,
+        Response::Error { message, .. } => bail!(message),
+        other => bail!("unexpected reply from the daemon: {other:?}"),
+    };
+    let tap = fds
+        .into_iter()
+        .next()
+        .context("the daemon sent no TAP file descriptor")?;
+    Ok((info, tap))
 }
 
 fn is_absent(e: &io::Error) -> bool {

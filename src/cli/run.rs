@@ -7,19 +7,32 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
-use super::Cli;
-use crate::api::{AttachRequest, InterfaceInfo, Request, Response};
-use crate::types::{InterfaceId, MacAddr};
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType};
+
+use super::{AttachArgs, Cli};
+use crate::api::{Channel, InterfaceInfo, Response};
+use crate::datapath::port::Endpoint;
+use crate::datapath::relay::Relay;
+use crate::datapath::vnet;
+use crate::datapath::{Counters, Datapath};
+use crate::types::InterfaceId;
 
 #[derive(Args)]
 #[command(after_help = "\
-CMD gets the TAP file descriptor. For qemu-system-* (unless its arguments use {fd}) linnet appends
-  -netdev tap,id=lnet0,fd=FD -device virtio-net-pci,netdev=lnet0,mac=MAC
+CMD gets the datapath's file descriptor: the TAP (--datapath tap), or one end of a unix
+socketpair that linnet relays to the TAP (dgram, stream). For qemu-system-* (unless its
+arguments use {fd}) linnet appends
+  tap:    -netdev tap,id=lnet0,fd=FD
+  dgram:  -netdev dgram,id=lnet0,local.type=fd,local.str=FD
+  stream: -netdev stream,id=lnet0,server=off,addr.type=fd,addr.str=FD
+and -device virtio-net-pci,netdev=lnet0,mac=MAC.
 For any CMD these placeholders are replaced in its arguments:
   {fd} {mac} {ip} {tap} {gateway} {network} {interface_id}
 and these are set in its environment:
@@ -28,21 +41,22 @@ and these are set in its environment:
 Examples:
   linnet run -- qemu-system-x86_64 -m 512 -nographic -kernel vmlinuz -initrd initrd.img
   linnet run --network host --name db -- cloud-hypervisor --net fd={fd},mac={mac} ...
+  linnet run --datapath dgram --vnet-hdr -- krunkit ... --device virtio-net,type=unixgram,fd={fd},offloading=on
 
 Exit status: CMD's, or 125 when linnet itself failed.")]
 pub struct RunArgs {
-    /// Network to attach to.
-    #[arg(long, short, default_value = crate::config::DEFAULT_NETWORK)]
-    pub network: String,
-    /// Interface id (a UUID); the same id always gets the same MAC and IP. Default: a new one.
-    #[arg(long, value_name = "UUID")]
-    pub interface_id: Option<InterfaceId>,
-    /// MAC address for the VM. Default: derived from the interface id.
+    #[command(flatten)]
+    pub attach: AttachArgs,
+    /// How CMD gets frames: the TAP fd, or a unix socket (one frame per datagram, or
+    /// length-prefixed on a stream) that linnet relays.
+    #[arg(long, value_enum, default_value_t = Datapath::Tap)]
+    pub datapath: Datapath,
+    /// dgram/stream: a virtio-net header before each frame (offloads, 64 KiB frames).
     #[arg(long)]
-    pub mac: Option<MacAddr>,
-    /// The VM's name: answered by the network's DNS as NAME.<network>.linnet.
-    #[arg(long)]
-    pub name: Option<String>,
+    pub vnet_hdr: bool,
+    /// Size of that header: 12 (virtio 1.x) or 10.
+    #[arg(long, value_name = "BYTES", default_value_t = vnet::VIRTIO1_LEN, requires = "vnet_hdr")]
+    pub vnet_hdr_size: usize,
     /// Write the interface JSON here (default: one line on stderr).
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -65,40 +79,56 @@ const FORWARDED: [Signal; 4] = [
 ];
 
 pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
-    if let Some(name) = &args.name {
-        crate::types::validate_hostname(name)?;
+    if args.datapath == Datapath::Tap && args.vnet_hdr {
+        bail!("--vnet-hdr is for --datapath dgram or stream; a TAP fd always carries the header");
     }
-    let channel = cli.connect_or_start()?;
-    let request = AttachRequest {
-        network: Some(args.network.clone()),
-        interface_id: args.interface_id,
-        mac: args.mac,
-        name: args.name.clone(),
-    };
-    let (response, fds) = channel.call(&Request::Attach(request))?;
-    let info = match response {
-        Response::Attached { interface } => *interface,
-        Response::Error { message, .. } => bail!(message),
-        other => bail!("unexpected reply from the daemon: {other:?}"),
-    };
-    let tap = fds
-        .into_iter()
-        .next()
-        .context("the daemon sent no TAP file descriptor")?;
-    publish(&info, args.json.as_deref())?;
-
+    let header = super::helper::client_header(args.vnet_hdr, args.vnet_hdr_size)?;
+    // Blocked before any thread starts, so every thread leaves them to us.
     let mut signals = SigSet::empty();
     for s in FORWARDED {
         signals.add(s);
     }
     signals.thread_block().context("cannot block signals")?;
-    let mut command = build_command(&args.command, &info, tap.as_raw_fd());
-    let tap_fd = tap.as_raw_fd();
+
+    let (channel, daemon) = cli.connect_or_start()?;
+    if let Some(mut daemon) = daemon {
+        // Reap it whenever it exits, so it never lingers as a zombie of ours.
+        std::thread::spawn(move || daemon.wait());
+    }
+    let (info, tap) = super::attach(&channel, &args.attach, args.datapath)?;
+    publish(&info, args.json.as_deref())?;
+
+    // What CMD gets: the TAP itself, or its end of a socketpair we relay.
+    let (vmm_fd, counters) = match args.datapath {
+        Datapath::Tap => (tap, None),
+        datapath => {
+            let kind = if datapath == Datapath::Dgram {
+                SockType::Datagram
+            } else {
+                SockType::Stream
+            };
+            let (ours, theirs) =
+                socket::socketpair(AddressFamily::Unix, kind, None, SockFlag::SOCK_CLOEXEC)
+                    .context("cannot create a socketpair")?;
+            let endpoint = if datapath == Datapath::Dgram {
+                Endpoint::DgramFd(ours)
+            } else {
+                Endpoint::StreamFd(ours)
+            };
+            let counters = Arc::new(Counters::default());
+            let relay = Relay::new(tap, endpoint, header, info.mtu, counters.clone())?;
+            super::helper::spawn_relay(relay);
+            (theirs, Some(counters))
+        }
+    };
+
+    let mut command = build_command(&args.command, &info, vmm_fd.as_raw_fd(), args.datapath);
+    let fd = vmm_fd.as_raw_fd();
     // SAFETY: only async-signal-safe calls (fcntl, sigprocmask) run in the child.
     unsafe {
         command.pre_exec(move || {
-            let flags = libc::fcntl(tap_fd, libc::F_GETFD);
-            if flags < 0 || libc::fcntl(tap_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
                 return Err(io::Error::last_os_error());
             }
             nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
@@ -117,10 +147,14 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
             return Ok(code);
         }
     };
-    drop(tap);
+    drop(vmm_fd);
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     std::thread::spawn(move || forward_signals(signals, pid));
-    std::thread::spawn(move || watch_daemon(channel));
+    let interface_id = info.interface_id;
+    std::thread::spawn(move || match counters {
+        None => watch_daemon(channel),
+        Some(counters) => report_until_daemon_gone(channel, interface_id, &counters),
+    });
 
     let status = child.wait().context("waiting for the command")?;
     // Exiting closes the connection, which detaches the interface.
@@ -141,7 +175,7 @@ fn publish(info: &InterfaceInfo, path: Option<&Path>) -> anyhow::Result<()> {
 }
 
 /// Replaces placeholders, sets LINNET_* and, for QEMU, adds the NIC.
-fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd) -> Command {
+fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd, datapath: Datapath) -> Command {
     let values = [
         ("{fd}", fd.to_string()),
         ("{mac}", info.mac_address.to_string()),
@@ -157,11 +191,16 @@ fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd) -> Command {
             .fold(arg.to_string(), |a, (k, v)| a.replace(k, v))
     };
     let mut args: Vec<String> = argv[1..].iter().map(|a| substitute(a)).collect();
-    // QEMU reads IFF_VNET_HDR from the TAP itself (and refuses vnet_hdr= with fd=).
     if is_qemu(&argv[0]) && !argv.iter().any(|a| a.contains("{fd}")) {
+        // QEMU reads IFF_VNET_HDR from the TAP itself (and refuses vnet_hdr= with fd=).
+        let netdev = match datapath {
+            Datapath::Tap => format!("tap,id=lnet0,fd={fd}"),
+            Datapath::Dgram => format!("dgram,id=lnet0,local.type=fd,local.str={fd}"),
+            Datapath::Stream => format!("stream,id=lnet0,server=off,addr.type=fd,addr.str={fd}"),
+        };
         args.extend([
             "-netdev".into(),
-            format!("tap,id=lnet0,fd={fd}"),
+            netdev,
             "-device".into(),
             format!("virtio-net-pci,netdev=lnet0,mac={}", info.mac_address),
         ]);
@@ -212,18 +251,32 @@ fn forward_signals(signals: SigSet, child: nix::unistd::Pid) {
 }
 
 /// Holds the connection (our interface's lifeline) and reports if the daemon goes.
-fn watch_daemon(channel: crate::api::Channel) {
+fn watch_daemon(channel: Channel) {
+    while let Ok(Some(_)) = channel.recv::<Response>() {}
+    daemon_gone(
+        channel,
+        "the linnet daemon went away: this VM's interface is gone".into(),
+    );
+}
+
+/// For a relayed datapath: sends the relay's counters each second (when
+/// they changed), which also notices the daemon going away.
+fn report_until_daemon_gone(channel: Channel, interface_id: InterfaceId, counters: &Counters) {
+    let mut last = Default::default();
     loop {
-        match channel.recv::<Response>() {
-            Ok(Some(_)) => continue,
-            Ok(None) | Err(_) => {
-                eprintln!("linnet: the linnet daemon went away: this VM's interface is gone");
-                // Keep the socket open until we exit, so nothing else changes.
-                loop {
-                    std::thread::park();
-                }
-            }
+        std::thread::sleep(Duration::from_secs(1));
+        if let Err(e) = super::helper::report(&channel, interface_id, counters, &mut last) {
+            return daemon_gone(channel, e.to_string());
         }
+    }
+}
+
+fn daemon_gone(channel: Channel, message: String) {
+    eprintln!("linnet: {message}");
+    // Keep the socket open until we exit, so nothing else changes.
+    let _channel = channel;
+    loop {
+        std::thread::park();
     }
 }
 
@@ -261,6 +314,7 @@ mod tests {
             ],
             &info(),
             7,
+            Datapath::Tap,
         );
         assert_eq!(
             argv(&cmd),
@@ -286,6 +340,7 @@ mod tests {
             ],
             &info(),
             9,
+            Datapath::Tap,
         );
         assert_eq!(
             argv(&cmd),
@@ -318,6 +373,7 @@ mod tests {
             ],
             &info(),
             5,
+            Datapath::Tap,
         );
         assert_eq!(argv(&cmd), ["-netdev", "tap,id=n,fd=5"]);
     }

@@ -273,6 +273,13 @@ async fn handle(
                 Err(e) => (e.into_response(), None),
             }
         }
+        Request::Counters {
+            interface_id,
+            counters,
+        } => match daemon.handle_counters(client, interface_id, counters) {
+            Ok(()) => (Response::Ok, None),
+            Err(e) => (e.into_response(), None),
+        },
         Request::List => {
             let stats = daemon.link_stats().await;
             (daemon.list(&stats), None)

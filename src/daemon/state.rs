@@ -15,6 +15,7 @@ use crate::api::{
     AttachRequest, ErrorKind, InterfaceInfo, InterfaceStatus, NetworkStatus, Response,
 };
 use crate::config::{Config, DEFAULT_NETWORK};
+use crate::datapath::{Datapath, RelayCounters};
 use crate::host::firewall::{self, FirewallError};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
 use crate::host::tap::{self, TapError};
@@ -100,6 +101,8 @@ struct Interface {
     client: u64,
     pid: Option<i32>,
     uid: u32,
+    datapath: Datapath,
+    relay: Option<RelayCounters>,
 }
 
 pub struct Daemon {
@@ -171,7 +174,10 @@ impl Daemon {
         client: &Client,
         req: AttachRequest,
     ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
-        let network = req.network.unwrap_or_else(|| DEFAULT_NETWORK.into());
+        let network = req
+            .network
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NETWORK.into());
         let cfg = self
             .config
             .network(&network)
@@ -213,9 +219,7 @@ impl Daemon {
             )));
         }
         self.ensure_network(&network).await?;
-        let result = self
-            .attach_on(&network, id, client, req.mac, req.name)
-            .await;
+        let result = self.attach_on(&network, id, client, &req).await;
         if result.is_err() {
             self.release_network_if_unused(&network).await;
         }
@@ -227,16 +231,16 @@ impl Daemon {
         network: &str,
         id: InterfaceId,
         client: &Client,
-        mac: Option<types::MacAddr>,
-        name: Option<String>,
+        req: &AttachRequest,
     ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
         let net = &self.networks[network];
         let now = unix_now();
-        let lease = net
-            .leases
-            .lock()
-            .expect("lease lock")
-            .attach(id, mac, name, now)?;
+        let datapath = req.datapath.unwrap_or_default();
+        let lease =
+            net.leases
+                .lock()
+                .expect("lease lock")
+                .attach(id, req.mac, req.name.clone(), now)?;
         let tap_name = host::tap_name(&id);
         let made = async {
             if let Some(stale) = self.netlink.link(&tap_name).await? {
@@ -274,8 +278,8 @@ impl Daemon {
             warn!(network, "cannot save leases: {e}");
         }
         drop(leases);
-        let info = interface_info(net, id, &lease, &tap_name);
-        info!(network, interface = %id, ip = %lease.ip, mac = %lease.mac, tap = %tap_name, pid = ?client.pid, uid = client.uid, "attached");
+        let info = interface_info(net, id, &lease, &tap_name, datapath);
+        info!(network, interface = %id, ip = %lease.ip, mac = %lease.mac, tap = %tap_name, %datapath, pid = ?client.pid, uid = client.uid, "attached");
         self.interfaces.insert(
             id,
             Interface {
@@ -286,9 +290,29 @@ impl Daemon {
                 client: client.id,
                 pid: client.pid,
                 uid: client.uid,
+                datapath,
+                relay: None,
             },
         );
         Ok((info, fd))
+    }
+
+    /// Records what a client's relay moved for one of its interfaces.
+    pub fn handle_counters(
+        &mut self,
+        client: &Client,
+        id: InterfaceId,
+        counters: RelayCounters,
+    ) -> Result<(), DaemonError> {
+        match self.interfaces.get_mut(&id) {
+            Some(i) if i.client == client.id => {
+                i.relay = Some(counters);
+                Ok(())
+            }
+            _ => Err(DaemonError::BadRequest(format!(
+                "interface {id} is not attached by this connection"
+            ))),
+        }
     }
 
     pub async fn handle_detach(
@@ -374,6 +398,8 @@ impl Daemon {
                     tap: i.tap.clone(),
                     client_pid: i.pid,
                     client_uid: i.uid,
+                    datapath: i.datapath,
+                    relay: i.relay,
                     // The TAP's tx is what the VM received.
                     vm_rx_bytes: tx,
                     vm_tx_bytes: rx,
@@ -477,7 +503,13 @@ impl Daemon {
     }
 }
 
-fn interface_info(net: &ActiveNetwork, id: InterfaceId, lease: &Lease, tap: &str) -> InterfaceInfo {
+fn interface_info(
+    net: &ActiveNetwork,
+    id: InterfaceId,
+    lease: &Lease,
+    tap: &str,
+    datapath: Datapath,
+) -> InterfaceInfo {
     let cfg = &net.config;
     InterfaceInfo {
         vmnet_interface_id: id,
@@ -489,7 +521,7 @@ fn interface_info(net: &ActiveNetwork, id: InterfaceId, lease: &Lease, tap: &str
         vmnet_subnet_mask: cfg.subnet.netmask(),
         network: cfg.name.clone(),
         mode: cfg.mode,
-        datapath: "tap".into(),
+        datapath,
         interface_id: id,
         name: lease.name.clone(),
         mac_address: lease.mac,

@@ -4,6 +4,7 @@
 
 pub mod firewall;
 pub mod netlink;
+pub mod privileges;
 pub mod sysctl;
 pub mod tap;
 

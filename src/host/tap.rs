@@ -3,7 +3,7 @@
 
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 
 use thiserror::Error;
@@ -17,6 +17,11 @@ const TUNSETGROUP: libc::c_ulong = 0x4004_54ce;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
+const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+pub const OFFLOAD_CSUM: u32 = 0x01;
+pub const OFFLOAD_TSO4: u32 = 0x02;
+pub const OFFLOAD_TSO6: u32 = 0x04;
 
 #[derive(Debug, Error)]
 pub enum TapError {
@@ -94,4 +99,31 @@ pub fn create(name: &str, uid: u32, gid: u32) -> Result<OwnedFd, TapError> {
         return Err(owner_err(io::Error::last_os_error()));
     }
     Ok(file.into())
+}
+
+/// The size of the virtio-net header in front of each frame (at least 10).
+pub fn set_vnet_header_len(fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
+    let len = len as libc::c_int;
+    // SAFETY: TUNSETVNETHDRSZ reads an int through the pointer.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETVNETHDRSZ as _, &len) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The offloads (OFFLOAD_*) the reader of this TAP accepts: what the kernel
+/// may leave undone in the frames it hands over.
+pub fn set_offload(fd: BorrowedFd<'_>, offloads: u32) -> io::Result<()> {
+    // SAFETY: TUNSETOFFLOAD takes an integer argument.
+    if unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            TUNSETOFFLOAD as _,
+            offloads as libc::c_ulong,
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -1,11 +1,15 @@
 //! linnet-standin: plays the VMM in tests and benchmarks.
 //!
-//! It takes the datapath a VMM would get from linnet (for now a TAP fd, as
-//! `linnet run` hands to QEMU), creates a TAP inside a guest network
-//! namespace, and moves frames between the two, one thread per direction.
-//! The guest namespace's kernel then acts as the VM: real DHCP clients,
-//! ping, iperf3. Both TAPs carry a virtio-net header and accept offloads, as
-//! a virtio-net VMM's would, so large TCP segments cross without splitting.
+//! It takes the datapath a VMM would get from linnet — a TAP fd (as QEMU
+//! gets from `linnet run`), a unix datagram socket (one frame per datagram)
+//! or a unix stream socket (4-byte big-endian length before each frame), as
+//! an inherited fd or a path to connect to — creates a TAP inside a guest
+//! network namespace, and moves frames between the two, one thread per
+//! direction. The guest namespace's kernel then acts as the VM: real DHCP
+//! clients, ping, iperf3. On a TAP fd, and on a socket with --vnet-hdr,
+//! frames carry a virtio-net header and offloads are on, as with a
+//! virtio-net VMM, so large TCP segments cross without splitting; on a plain
+//! socket the guest TAP has offloads off and frames are bare.
 
 use std::fs::File;
 use std::io;
@@ -16,29 +20,46 @@ use std::sync::Arc;
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
 const TUN_F_CSUM: libc::c_ulong = 0x01;
 const TUN_F_TSO4: libc::c_ulong = 0x02;
 const TUN_F_TSO6: libc::c_ulong = 0x04;
+/// The virtio-net header a TAP carries unless told otherwise.
+const TAP_HEADER: usize = 10;
 /// A GSO frame of up to 64 KiB plus its virtio-net header.
 const BUFFER: usize = 65536 + 64;
 
-const USAGE: &str =
-    "usage: linnet-standin --fd N --netns PATH [--ifname eth0] [--mac MAC] [--mtu N]
-  --fd N        the TAP fd from linnet (e.g. {fd} under `linnet run`)
+const USAGE: &str = "usage: linnet-standin DATAPATH --netns PATH [--ifname eth0] [--mac MAC] [--mtu N] [--vnet-hdr N]
+DATAPATH is one of:
+  --fd N                the TAP fd from linnet (e.g. {fd} under `linnet run`)
+  --dgram-fd N          a unix datagram socket (e.g. {fd} under `linnet run --datapath dgram`)
+  --stream-fd N         a unix stream socket with length-prefixed frames
+  --dgram-socket PATH   bind PATH.client and exchange datagrams with the socket at PATH
+  --stream-socket PATH  connect to the stream socket at PATH
   --netns PATH  the guest network namespace (e.g. /run/netns/guest1)
   --ifname      the guest's interface name (default eth0)
   --mac         the guest's MAC (default: $LINNET_MAC)
-  --mtu         the guest's MTU (default 1500)";
+  --mtu         the guest's MTU (default 1500)
+  --vnet-hdr N  on a socket: a virtio-net header of N bytes (10 or 12) before each frame";
+
+enum Datapath {
+    Tap(RawFd),
+    DgramFd(RawFd),
+    StreamFd(RawFd),
+    DgramSocket(String),
+    StreamSocket(String),
+}
 
 struct Options {
-    fd: RawFd,
+    datapath: Datapath,
     netns: String,
     ifname: String,
     mac: Option<[u8; 6]>,
     mtu: u32,
+    vnet_hdr: Option<usize>,
 }
 
 fn main() {
@@ -46,6 +67,9 @@ fn main() {
         eprintln!("linnet-standin: {e}\n{USAGE}");
         exit(2)
     });
+    // A stream peer that closes must show up as an error, not kill us.
+    // SAFETY: setting a signal disposition.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
     if let Err(e) = run(opts) {
         eprintln!("linnet-standin: {e}");
         exit(1);
@@ -54,25 +78,26 @@ fn main() {
 
 fn parse_args() -> Result<Options, String> {
     let mut args = std::env::args().skip(1);
-    let mut fd = None;
+    let mut datapath = None;
+    let mut vnet_hdr = None;
     let mut netns = None;
     let mut ifname = "eth0".to_string();
     let mut mac = std::env::var("LINNET_MAC").ok();
     let mut mtu = 1500;
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
+        let number = |v: String| v.parse::<usize>().map_err(|e| format!("{arg}: {e}"));
         match arg.as_str() {
-            "--fd" => {
-                fd = Some(
-                    value()?
-                        .parse::<RawFd>()
-                        .map_err(|e| format!("--fd: {e}"))?,
-                )
-            }
+            "--fd" => datapath = Some(Datapath::Tap(number(value()?)? as RawFd)),
+            "--dgram-fd" => datapath = Some(Datapath::DgramFd(number(value()?)? as RawFd)),
+            "--stream-fd" => datapath = Some(Datapath::StreamFd(number(value()?)? as RawFd)),
+            "--dgram-socket" => datapath = Some(Datapath::DgramSocket(value()?)),
+            "--stream-socket" => datapath = Some(Datapath::StreamSocket(value()?)),
+            "--vnet-hdr" => vnet_hdr = Some(number(value()?)?),
             "--netns" => netns = Some(value()?),
             "--ifname" => ifname = value()?,
             "--mac" => mac = Some(value()?),
-            "--mtu" => mtu = value()?.parse().map_err(|e| format!("--mtu: {e}"))?,
+            "--mtu" => mtu = number(value()?)? as u32,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 exit(0)
@@ -85,11 +110,12 @@ fn parse_args() -> Result<Options, String> {
         Some(m) => Some(parse_mac(&m).ok_or(format!("bad MAC {m}"))?),
     };
     Ok(Options {
-        fd: fd.ok_or("--fd is required")?,
+        datapath: datapath.ok_or("a datapath (--fd, --dgram-fd, ...) is required")?,
         netns: netns.ok_or("--netns is required")?,
         ifname,
         mac,
         mtu,
+        vnet_hdr,
     })
 }
 
@@ -102,56 +128,186 @@ fn parse_mac(s: &str) -> Option<[u8; 6]> {
     parts.try_into().ok()
 }
 
+/// The VMM's side of the datapath, and how frames look on it.
+struct Link {
+    fd: OwnedFd,
+    kind: LinkKind,
+    /// Bytes of virtio-net header in front of each frame (0: bare frames).
+    header: usize,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum LinkKind {
+    Tap,
+    Dgram,
+    Stream,
+}
+
+fn open_link(datapath: &Datapath, vnet_hdr: Option<usize>) -> io::Result<Link> {
+    // SAFETY: the caller handed us these descriptors to own.
+    let owned = |fd: RawFd| unsafe { OwnedFd::from_raw_fd(fd) };
+    let link = |fd, kind, header| Link { fd, kind, header };
+    let header = vnet_hdr.unwrap_or(0);
+    Ok(match datapath {
+        Datapath::Tap(fd) => {
+            let fd = owned(*fd);
+            set_offload(&fd, true)?;
+            link(fd, LinkKind::Tap, TAP_HEADER)
+        }
+        Datapath::DgramFd(fd) => link(owned(*fd), LinkKind::Dgram, header),
+        Datapath::StreamFd(fd) => link(owned(*fd), LinkKind::Stream, header),
+        Datapath::DgramSocket(path) => {
+            let local = format!("{path}.client");
+            let _ = std::fs::remove_file(&local);
+            let sock = std::os::unix::net::UnixDatagram::bind(&local)
+                .map_err(|e| with_context(e, &local))?;
+            sock.connect(path).map_err(|e| with_context(e, path))?;
+            link(sock.into(), LinkKind::Dgram, header)
+        }
+        Datapath::StreamSocket(path) => {
+            let sock =
+                std::os::unix::net::UnixStream::connect(path).map_err(|e| with_context(e, path))?;
+            link(sock.into(), LinkKind::Stream, header)
+        }
+    })
+}
+
 fn run(opts: Options) -> io::Result<()> {
-    // SAFETY: the caller handed us this descriptor to own.
-    let host_side = unsafe { OwnedFd::from_raw_fd(opts.fd) };
-    set_offload(&host_side)?;
+    let link = open_link(&opts.datapath, opts.vnet_hdr)?;
     let ns = File::open(&opts.netns).map_err(|e| with_context(e, &opts.netns))?;
     // SAFETY: plain syscall on a namespace fd; we are single-threaded here.
     if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
         return Err(with_context(io::Error::last_os_error(), "setns"));
     }
-    let guest_side = create_tap(&opts.ifname)?;
-    set_offload(&guest_side)?;
+    let guest = create_tap(&opts.ifname)?;
+    // The guest TAP speaks the link's header; a bare link gets a zeroed
+    // legacy header with offloads off, so the guest's frames are complete.
+    let guest_header = if link.header == 0 {
+        TAP_HEADER
+    } else {
+        link.header
+    };
+    set_header_len(&guest, guest_header)?;
+    set_offload(&guest, link.header != 0)?;
     configure_link(&opts.ifname, opts.mac, opts.mtu)?;
     eprintln!(
         "linnet-standin: relaying fd {} <-> {} in {}",
-        opts.fd, opts.ifname, opts.netns
+        link.fd.as_raw_fd(),
+        opts.ifname,
+        opts.netns
     );
-
-    let host_side = Arc::new(host_side);
-    let guest_side = Arc::new(guest_side);
-    let (h, g) = (host_side.clone(), guest_side.clone());
-    std::thread::spawn(move || relay(&h, &g));
-    relay(&guest_side, &host_side);
+    let link = Arc::new(link);
+    let guest = Arc::new(guest);
+    let (l, g) = (link.clone(), guest.clone());
+    std::thread::spawn(move || to_guest(&l, &g, guest_header));
+    from_guest(&guest, &link, guest_header);
     Ok(())
 }
 
-fn with_context(e: io::Error, what: &str) -> io::Error {
-    io::Error::new(e.kind(), format!("{what}: {e}"))
+/// Frames the guest sends go to the VMM's side; exits when either end is
+/// finished.
+fn from_guest(guest: &OwnedFd, link: &Link, guest_header: usize) {
+    let mut buf = vec![0u8; BUFFER + 4];
+    // The guest's header is read to `buf[4..]`; a bare link skips it.
+    let skip = 4 + guest_header - link.header;
+    loop {
+        let Some(n) = read(guest, &mut buf[4..]) else {
+            exit(0)
+        };
+        let end = 4 + n;
+        let out = if link.kind == LinkKind::Stream {
+            let len = ((end - skip) as u32).to_be_bytes();
+            buf[skip - 4..skip].copy_from_slice(&len);
+            &buf[skip - 4..end]
+        } else {
+            &buf[skip..end]
+        };
+        if let Err(e) = write_all(&link.fd, out, link.kind == LinkKind::Stream) {
+            // A broken stream or a vanished datagram peer ends us; a full
+            // socket drops the frame, as a NIC would.
+            if link.kind == LinkKind::Stream || e.raw_os_error() == Some(libc::ECONNREFUSED) {
+                exit(0);
+            }
+        }
+    }
 }
 
-/// Copies frames from `from` to `to` until `from` fails (its device is gone).
-fn relay(from: &OwnedFd, to: &OwnedFd) {
+/// Frames from the VMM's side go to the guest.
+fn to_guest(link: &Link, guest: &OwnedFd, guest_header: usize) {
     let mut buf = vec![0u8; BUFFER];
+    // A bare link's frames land after a zeroed header.
+    let at = guest_header - link.header;
     loop {
-        // SAFETY: buf is valid for BUFFER bytes.
-        let n = unsafe { libc::read(from.as_raw_fd(), buf.as_mut_ptr().cast(), BUFFER) };
+        let n = if link.kind == LinkKind::Stream {
+            let mut len = [0u8; 4];
+            if read_exact(&link.fd, &mut len).is_err() {
+                exit(0);
+            }
+            let len = u32::from_be_bytes(len) as usize;
+            if len == 0 || at + len > buf.len() {
+                eprintln!("linnet-standin: a frame length of {len} on the stream");
+                exit(1);
+            }
+            if read_exact(&link.fd, &mut buf[at..at + len]).is_err() {
+                exit(0);
+            }
+            len
+        } else {
+            let Some(n) = read(&link.fd, &mut buf[at..]) else {
+                exit(0)
+            };
+            n
+        };
+        // A write that fails drops the frame, as a NIC would.
+        let _ = write_all(guest, &buf[..at + n], false);
+    }
+}
+
+/// One read; `None` when the fd is finished (EOF, an error, a deleted TAP).
+fn read(fd: &OwnedFd, buf: &mut [u8]) -> Option<usize> {
+    loop {
+        // SAFETY: buf is valid for its length.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            return Some(n as usize);
+        }
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        return None;
+    }
+}
+
+fn read_exact(fd: &OwnedFd, mut buf: &mut [u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        let n = read(fd, buf).ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+        buf = &mut buf[n..];
+    }
+    Ok(())
+}
+
+/// Writes one frame, or for a stream all of `buf`.
+fn write_all(fd: &OwnedFd, mut buf: &[u8], stream: bool) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: buf is valid for its length.
+        let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            // The TAP was deleted (EBADFD) or the fd closed: the VM is gone.
-            exit(0);
+            return Err(e);
         }
-        if n == 0 {
-            exit(0);
+        if !stream {
+            break;
         }
-        // A write that fails drops the frame, as a NIC would.
-        // SAFETY: the first n bytes of buf were just filled.
-        unsafe { libc::write(to.as_raw_fd(), buf.as_ptr().cast(), n as usize) };
+        buf = &buf[n as usize..];
     }
+    Ok(())
+}
+
+fn with_context(e: io::Error, what: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 #[repr(C)]
@@ -194,17 +350,24 @@ fn create_tap(name: &str) -> io::Result<OwnedFd> {
     Ok(file.into())
 }
 
-fn set_offload(fd: &OwnedFd) -> io::Result<()> {
+fn set_offload(fd: &OwnedFd, on: bool) -> io::Result<()> {
+    let flags = if on {
+        TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6
+    } else {
+        0
+    };
     // SAFETY: TUNSETOFFLOAD takes an integer.
-    if unsafe {
-        libc::ioctl(
-            fd.as_raw_fd(),
-            TUNSETOFFLOAD as _,
-            TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6,
-        )
-    } < 0
-    {
+    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETOFFLOAD as _, flags) } < 0 {
         return Err(with_context(io::Error::last_os_error(), "TUNSETOFFLOAD"));
+    }
+    Ok(())
+}
+
+fn set_header_len(fd: &OwnedFd, len: usize) -> io::Result<()> {
+    let len = len as libc::c_int;
+    // SAFETY: TUNSETVNETHDRSZ reads an int through the pointer.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETVNETHDRSZ as _, &len) } < 0 {
+        return Err(with_context(io::Error::last_os_error(), "TUNSETVNETHDRSZ"));
     }
     Ok(())
 }

@@ -1,0 +1,895 @@
+//! The relay between a TAP and the VMM's unix socket (datapaths `dgram` and
+//! `stream`): one thread, one epoll, both directions.
+//!
+//! - To the VM: up to a batch of frames is read from the TAP, then sent in
+//!   one sendmmsg (dgram) or one sendmsg of many iovecs (stream).
+//! - From the VM: one recvmmsg takes a batch of datagrams, or one read takes
+//!   a large piece of the stream; each whole frame is written to the TAP.
+//!
+//! Every buffer is allocated in `Relay::new`; the loop allocates nothing and
+//! logs only the first frame of each kind it drops (the counters keep the
+//! rest). When the VMM's socket is full the relay stops reading the TAP until
+//! the socket drains (EPOLLOUT, or a 1 ms timer where the kernel gives no
+//! wake-up), so the excess waits in, and overflows from, the kernel's TAP
+//! queue: nothing spins, and a slow VMM never ends the relay.
+
+use std::io;
+use std::mem;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use thiserror::Error;
+use tracing::{error, info, warn};
+
+use super::framing::{self, Deframer, FramingError, LENGTH_BYTES};
+use super::port::{self, Endpoint, Peer, Port, SockAddr};
+use super::vnet::{self, ClientHeader};
+use super::{Counters, Datapath};
+
+/// The most frames moved per system call.
+const MAX_BATCH: usize = 64;
+/// Buffer budget per direction; with 64 KiB frames the batch is smaller.
+const BATCH_BYTES: usize = 1 << 20;
+/// Room in front of each frame: a virtio-net header and a stream length.
+const HEADROOM: usize = 16;
+/// Ethernet header and one VLAN tag on top of the MTU.
+const FRAME_OVERHEAD: usize = 18;
+/// The smallest frame: an Ethernet header.
+const MIN_FRAME: usize = 14;
+/// How long to wait before retrying a send the kernel refused for lack of
+/// buffers, when it will not say when there is room.
+const RETRY: Duration = Duration::from_millis(1);
+/// A stream read takes up to this much at once.
+const STREAM_READ: usize = 256 << 10;
+
+// epoll tokens
+const TAP: u64 = 0;
+const PEER: u64 = 1;
+const LISTENER: u64 = 2;
+
+#[derive(Debug, Error)]
+pub enum RelayError {
+    #[error("cannot set up the TAP for relaying: {0}")]
+    TapSetup(io::Error),
+    #[error("{what}: {message}")]
+    Socket { what: String, message: String },
+    #[error("the TAP failed (was the interface detached?): {0}")]
+    Tap(io::Error),
+    #[error("the VMM's socket failed: {0}")]
+    Peer(io::Error),
+    #[error("the VMM sent {0}; the stream cannot be trusted after that")]
+    Framing(FramingError),
+    #[error("epoll: {0}")]
+    Poll(io::Error),
+}
+
+/// Why the loop stops.
+enum Stop {
+    /// The VMM closed its end of a socket it was handed (fd modes).
+    PeerClosed,
+    Failed(RelayError),
+}
+
+impl From<RelayError> for Stop {
+    fn from(e: RelayError) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
+/// Frames read from the TAP, waiting to go to the VMM. Slot i holds its
+/// frame at `i * slot + HEADROOM`, the client's header (if any) just before
+/// it, and for streams the length before that.
+struct Outbox {
+    buf: Box<[u8]>,
+    lens: [usize; MAX_BATCH],
+    count: usize,
+    /// The first frame not yet (fully) sent.
+    next: usize,
+    /// Stream: bytes of frame `next` already written.
+    offset: usize,
+    /// Waiting for the socket to drain.
+    blocked: Option<Wait>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    Writable,
+    Timer,
+}
+
+/// Frames from the VMM: datagram slots (frame at `i * slot + HEADROOM`), or
+/// the stream's reassembly buffer.
+enum Inbox {
+    Datagrams(Box<[u8]>),
+    Stream(Deframer),
+}
+
+/// First-occurrence logging of dropped frames, by kind.
+#[derive(Default)]
+struct Warned {
+    runt: bool,
+    oversized: bool,
+    tap_write: bool,
+    foreign: bool,
+    unbound: bool,
+    send: bool,
+}
+
+pub struct Relay {
+    tap: OwnedFd,
+    port: Port,
+    header: ClientHeader,
+    max_frame: usize,
+    slot: usize,
+    batch: usize,
+    outbox: Outbox,
+    inbox: Inbox,
+    counters: Arc<Counters>,
+    epoll: Epoll,
+    /// What each token is registered for: (fd, events).
+    registered: [Option<(RawFd, EpollFlags)>; 3],
+    retry_at: Option<Instant>,
+    warned: Warned,
+}
+
+impl Relay {
+    /// Prepares the TAP (header size, offloads) and the VMM's socket (binds
+    /// it, for path endpoints), and allocates every buffer.
+    pub fn new(
+        tap: OwnedFd,
+        endpoint: Endpoint,
+        header: ClientHeader,
+        mtu: u32,
+        counters: Arc<Counters>,
+    ) -> Result<Relay, RelayError> {
+        vnet::configure_tap(borrow(tap.as_raw_fd()), header).map_err(RelayError::TapSetup)?;
+        port::set_nonblocking(tap.as_raw_fd()).map_err(RelayError::TapSetup)?;
+        let datapath = endpoint.datapath();
+        let port = port::open(endpoint)?;
+        let mut max_frame = mtu as usize + FRAME_OVERHEAD;
+        if header != ClientHeader::None {
+            max_frame = max_frame.max(vnet::GSO_MAX_FRAME + FRAME_OVERHEAD);
+        }
+        let slot = HEADROOM + max_frame;
+        let batch = (BATCH_BYTES / slot).clamp(8, MAX_BATCH);
+        let inbox = match datapath {
+            Datapath::Stream => Inbox::Stream(Deframer::new(
+                header.len() + max_frame,
+                STREAM_READ.max(2 * (LENGTH_BYTES + header.len() + max_frame)),
+            )),
+            _ => Inbox::Datagrams(vec![0; batch * slot].into_boxed_slice()),
+        };
+        Ok(Relay {
+            tap,
+            port,
+            header,
+            max_frame,
+            slot,
+            batch,
+            outbox: Outbox {
+                buf: vec![0; batch * slot].into_boxed_slice(),
+                lens: [0; MAX_BATCH],
+                count: 0,
+                next: 0,
+                offset: 0,
+                blocked: None,
+            },
+            inbox,
+            counters,
+            epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+                .map_err(|e| RelayError::Poll(e.into()))?,
+            registered: [None; 3],
+            retry_at: None,
+            warned: Warned::default(),
+        })
+    }
+
+    /// Relays until the VMM closes a socket it was handed (`Ok`) or something
+    /// fails for good. A client of a path endpoint may come and go.
+    pub fn run(mut self) -> Result<(), RelayError> {
+        match self.run_loop() {
+            Stop::PeerClosed => Ok(()),
+            Stop::Failed(e) => Err(e),
+        }
+    }
+
+    fn run_loop(&mut self) -> Stop {
+        let mut events = [EpollEvent::empty(); 4];
+        loop {
+            if let Err(e) = self.update_interest() {
+                return e.into();
+            }
+            let timeout = match self.retry_at {
+                Some(at) => {
+                    let ms = at.saturating_duration_since(Instant::now()).as_millis();
+                    EpollTimeout::from(ms.clamp(1, 1000) as u16)
+                }
+                None => EpollTimeout::NONE,
+            };
+            let n = match self.epoll.wait(&mut events, timeout) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => 0,
+                Err(e) => return RelayError::Poll(e.into()).into(),
+            };
+            for event in &events[..n] {
+                let flags = event.events();
+                let step = match event.data() {
+                    TAP => self.tap_readable(),
+                    PEER => {
+                        let mut step = Ok(());
+                        if flags.contains(EpollFlags::EPOLLOUT) {
+                            step = self.flush();
+                        }
+                        if step.is_ok() && !flags.difference(EpollFlags::EPOLLOUT).is_empty() {
+                            step = self.peer_readable();
+                        }
+                        step
+                    }
+                    _ => self.accept(),
+                };
+                if let Err(stop) = step {
+                    return stop;
+                }
+            }
+            if self.retry_at.is_some_and(|at| Instant::now() >= at) {
+                self.retry_at = None;
+                self.outbox.blocked = None;
+                if let Err(stop) = self.flush() {
+                    return stop;
+                }
+            }
+        }
+    }
+
+    // ---- to the VM -----------------------------------------------------------
+
+    fn tap_readable(&mut self) -> Result<(), Stop> {
+        if self.outbox.count > 0 {
+            return Ok(());
+        }
+        self.read_tap_batch()?;
+        self.flush()
+    }
+
+    /// Reads up to a batch of frames from the TAP into the outbox.
+    fn read_tap_batch(&mut self) -> Result<(), Stop> {
+        let tap_hdr = self.header.tap_len();
+        let client_hdr = self.header.len();
+        let stream = matches!(self.port, Port::Stream { .. });
+        let mut scratch = [0u8; vnet::VIRTIO1_LEN];
+        while self.outbox.count < self.batch {
+            let i = self.outbox.count;
+            let slot = &mut self.outbox.buf[i * self.slot..(i + 1) * self.slot];
+            let (head, frame) = slot.split_at_mut(HEADROOM);
+            // A client that speaks the header gets it in place; else it is read aside.
+            let header: &mut [u8] = match client_hdr {
+                0 => &mut scratch[..tap_hdr],
+                n => &mut head[HEADROOM - n..],
+            };
+            let iov = [io::IoSliceMut::new(header), io::IoSliceMut::new(frame)];
+            match nix::sys::uio::readv(borrow(self.tap.as_raw_fd()), &mut { iov }) {
+                Ok(n) if n >= tap_hdr + MIN_FRAME => {
+                    let len = n - tap_hdr + client_hdr;
+                    if stream {
+                        let at = HEADROOM - client_hdr - LENGTH_BYTES;
+                        head[at..at + LENGTH_BYTES].copy_from_slice(&framing::length_prefix(len));
+                    }
+                    self.outbox.lens[i] = len;
+                    self.outbox.count += 1;
+                }
+                Ok(_) => {}
+                Err(Errno::EAGAIN) => break,
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(RelayError::Tap(e.into()).into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what the outbox holds; keeps the rest when the socket is full.
+    fn flush(&mut self) -> Result<(), Stop> {
+        if self.outbox.count == 0 {
+            return Ok(());
+        }
+        let outcome = match &self.port {
+            Port::Dgram { .. } => self.send_datagrams(),
+            Port::Stream { conn: Some(_), .. } => self.send_stream(),
+            Port::Stream { conn: None, .. } => {
+                // Nobody to deliver to yet.
+                self.drop_outbox();
+                Ok(())
+            }
+        };
+        if self.outbox.next == self.outbox.count {
+            self.outbox.count = 0;
+            self.outbox.next = 0;
+            self.outbox.offset = 0;
+            self.outbox.blocked = None;
+        }
+        if self.outbox.blocked == Some(Wait::Timer) && self.retry_at.is_none() {
+            self.retry_at = Some(Instant::now() + RETRY);
+        }
+        outcome
+    }
+
+    fn drop_outbox(&mut self) {
+        let left = (self.outbox.count - self.outbox.next) as u64;
+        self.counters.to_vm.drop_frames(left);
+        self.outbox.next = self.outbox.count;
+    }
+
+    fn payload(&self, i: usize) -> (usize, usize) {
+        let start = i * self.slot + HEADROOM - self.header.len();
+        (start, start + self.outbox.lens[i])
+    }
+
+    fn send_datagrams(&mut self) -> Result<(), Stop> {
+        let Port::Dgram { sock, peer } = &self.port else {
+            unreachable!("checked by flush")
+        };
+        let mut to = match peer {
+            Peer::Connected => None,
+            Peer::Known(addr) => Some(*addr),
+            Peer::Awaiting => {
+                self.drop_outbox();
+                return Ok(());
+            }
+        };
+        let sock = sock.as_raw_fd();
+        while self.outbox.next < self.outbox.count {
+            let first = self.outbox.next;
+            let n = self.outbox.count - first;
+            // SAFETY: iovec and mmsghdr are plain old data; zeroes are valid.
+            let mut iovs: [libc::iovec; MAX_BATCH] = unsafe { mem::zeroed() };
+            let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
+            for k in 0..n {
+                let (start, end) = self.payload(first + k);
+                iovs[k] = libc::iovec {
+                    iov_base: self.outbox.buf[start..].as_ptr() as *mut libc::c_void,
+                    iov_len: end - start,
+                };
+                msgs[k].msg_hdr.msg_iov = &mut iovs[k];
+                msgs[k].msg_hdr.msg_iovlen = 1;
+                if let Some(addr) = to.as_mut() {
+                    msgs[k].msg_hdr.msg_name = (&mut addr.addr as *mut libc::sockaddr_un).cast();
+                    msgs[k].msg_hdr.msg_namelen = addr.len;
+                }
+            }
+            // SAFETY: every msghdr points into live buffers for the call.
+            let sent = unsafe {
+                libc::sendmmsg(
+                    sock,
+                    msgs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            };
+            if sent > 0 {
+                let sent = sent as usize;
+                let bytes: usize = (first..first + sent).map(|i| self.outbox.lens[i]).sum();
+                self.counters.to_vm.add(sent as u64, bytes as u64);
+                self.outbox.next += sent;
+                continue;
+            }
+            match Errno::last() {
+                Errno::EINTR => {}
+                Errno::EAGAIN => {
+                    // A socketpair's poll follows its peer's queue; a bound
+                    // socket sending to an address gets no such wake-up.
+                    let wait = if to.is_none() {
+                        Wait::Writable
+                    } else {
+                        Wait::Timer
+                    };
+                    self.outbox.blocked = Some(wait);
+                    return Ok(());
+                }
+                Errno::ENOBUFS => {
+                    self.outbox.blocked = Some(Wait::Timer);
+                    return Ok(());
+                }
+                Errno::EMSGSIZE => {
+                    warn_once(&mut self.warned.send, || {
+                        format!(
+                            "the VMM's socket refused a {}-byte frame as too large; dropping such frames",
+                            self.outbox.lens[first]
+                        )
+                    });
+                    self.counters.to_vm.drop_frames(1);
+                    self.outbox.next += 1;
+                }
+                Errno::ECONNREFUSED | Errno::ENOTCONN | Errno::EPIPE | Errno::ECONNRESET => {
+                    if to.is_none() {
+                        return Err(Stop::PeerClosed);
+                    }
+                    self.client_gone();
+                    self.drop_outbox();
+                    return Ok(());
+                }
+                Errno::ENOENT => {
+                    self.client_gone();
+                    self.drop_outbox();
+                    return Ok(());
+                }
+                e => {
+                    warn_once(&mut self.warned.send, || {
+                        format!("cannot send frames to the VMM: {e}; dropping them")
+                    });
+                    self.drop_outbox();
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn send_stream(&mut self) -> Result<(), Stop> {
+        let Port::Stream {
+            conn: Some(conn), ..
+        } = &self.port
+        else {
+            unreachable!("checked by flush")
+        };
+        let conn = conn.as_raw_fd();
+        while self.outbox.next < self.outbox.count {
+            let first = self.outbox.next;
+            let n = self.outbox.count - first;
+            // SAFETY: plain old data; zeroes are valid.
+            let mut iovs: [libc::iovec; MAX_BATCH] = unsafe { mem::zeroed() };
+            for (k, iov) in iovs.iter_mut().enumerate().take(n) {
+                let (start, end) = self.payload(first + k);
+                let mut start = start - LENGTH_BYTES;
+                if k == 0 {
+                    start += self.outbox.offset;
+                }
+                *iov = libc::iovec {
+                    iov_base: self.outbox.buf[start..].as_ptr() as *mut libc::c_void,
+                    iov_len: end - start,
+                };
+            }
+            // SAFETY: plain old data; zeroes are valid.
+            let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+            msg.msg_iov = iovs.as_mut_ptr();
+            msg.msg_iovlen = n;
+            // SAFETY: the iovecs point into the outbox, live for the call.
+            let written =
+                unsafe { libc::sendmsg(conn, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+            if written >= 0 {
+                self.advance_stream(written as usize);
+                continue;
+            }
+            match Errno::last() {
+                Errno::EINTR => {}
+                Errno::EAGAIN => {
+                    self.outbox.blocked = Some(Wait::Writable);
+                    return Ok(());
+                }
+                Errno::ENOBUFS => {
+                    self.outbox.blocked = Some(Wait::Timer);
+                    return Ok(());
+                }
+                e => {
+                    info!("the VMM's stream closed while sending: {e}");
+                    return self.stream_client_gone();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Accounts `written` bytes of the outbox as sent to the stream.
+    fn advance_stream(&mut self, mut written: usize) {
+        let mut frames = 0;
+        let mut bytes = 0;
+        while written > 0 {
+            let len = self.outbox.lens[self.outbox.next];
+            let left = LENGTH_BYTES + len - self.outbox.offset;
+            if written < left {
+                self.outbox.offset += written;
+                break;
+            }
+            written -= left;
+            self.outbox.offset = 0;
+            self.outbox.next += 1;
+            frames += 1;
+            bytes += len;
+        }
+        self.counters.to_vm.add(frames, bytes as u64);
+    }
+
+    // ---- from the VM ---------------------------------------------------------
+
+    fn peer_readable(&mut self) -> Result<(), Stop> {
+        match self.port {
+            Port::Dgram { .. } => self.receive_datagrams(),
+            Port::Stream { .. } => self.receive_stream(),
+        }
+    }
+
+    fn receive_datagrams(&mut self) -> Result<(), Stop> {
+        let Port::Dgram { sock, .. } = &self.port else {
+            unreachable!("called for datagram ports")
+        };
+        let Inbox::Datagrams(buf) = &mut self.inbox else {
+            unreachable!("datagram ports have datagram slots")
+        };
+        let client_hdr = self.header.len();
+        let capacity = client_hdr + self.max_frame;
+        // SAFETY: plain old data; zeroes are valid.
+        let mut iovs: [libc::iovec; MAX_BATCH] = unsafe { mem::zeroed() };
+        let mut msgs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
+        let mut from = [SockAddr::empty(); MAX_BATCH];
+        for k in 0..self.batch {
+            let start = k * self.slot + HEADROOM - client_hdr;
+            iovs[k] = libc::iovec {
+                iov_base: buf[start..].as_mut_ptr().cast(),
+                iov_len: capacity,
+            };
+            msgs[k].msg_hdr.msg_iov = &mut iovs[k];
+            msgs[k].msg_hdr.msg_iovlen = 1;
+            msgs[k].msg_hdr.msg_name = (&mut from[k].addr as *mut libc::sockaddr_un).cast();
+            msgs[k].msg_hdr.msg_namelen = from[k].len;
+        }
+        // SAFETY: every msghdr points into the inbox and `from`, live for the call.
+        let got = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                self.batch as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if got < 0 {
+            return match (Errno::last(), &self.port) {
+                (Errno::EAGAIN | Errno::EINTR, _) => Ok(()),
+                (
+                    Errno::ECONNRESET | Errno::ECONNREFUSED,
+                    Port::Dgram {
+                        peer: Peer::Connected,
+                        ..
+                    },
+                ) => Err(Stop::PeerClosed),
+                (Errno::ECONNRESET | Errno::ECONNREFUSED, _) => Ok(()),
+                (e, _) => Err(RelayError::Peer(e.into()).into()),
+            };
+        }
+        let mut frames = 0;
+        let mut bytes = 0;
+        for k in 0..got as usize {
+            let len = msgs[k].msg_len as usize;
+            from[k].len = msgs[k].msg_hdr.msg_namelen;
+            if !self.accept_sender(&from[k]) {
+                self.counters.from_vm.drop_frames(1);
+                continue;
+            }
+            if msgs[k].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                self.oversized(len);
+                continue;
+            }
+            if len < client_hdr + MIN_FRAME {
+                self.runt(len);
+                continue;
+            }
+            let Inbox::Datagrams(buf) = &self.inbox else {
+                unreachable!()
+            };
+            let start = k * self.slot + HEADROOM - client_hdr;
+            match write_tap(&self.tap, self.header, &buf[start..start + len])? {
+                Ok(()) => {
+                    frames += 1;
+                    bytes += len;
+                }
+                Err(e) => self.tap_write_failed(e),
+            }
+        }
+        self.counters.from_vm.add(frames, bytes as u64);
+        Ok(())
+    }
+
+    /// Whether a datagram from `from` is the served client's.
+    fn accept_sender(&mut self, from: &SockAddr) -> bool {
+        let Port::Dgram { peer, .. } = &mut self.port else {
+            return true;
+        };
+        match peer {
+            Peer::Connected => true,
+            Peer::Known(served) => {
+                let ok = served.same(from);
+                if !ok {
+                    warn_once(&mut self.warned.foreign, || {
+                        format!("ignoring frames from {from}: this socket serves {served}")
+                    });
+                }
+                ok
+            }
+            Peer::Awaiting if from.is_named() => {
+                info!(client = %from, "serving the first client");
+                *peer = Peer::Known(*from);
+                true
+            }
+            Peer::Awaiting => {
+                warn_once(&mut self.warned.unbound, || {
+                    "ignoring frames from a client whose socket has no address: bind it to a path so replies can reach it (QEMU: -netdev dgram,local.type=unix,local.path=...)".to_string()
+                });
+                false
+            }
+        }
+    }
+
+    fn client_gone(&mut self) {
+        if let Port::Dgram { peer, .. } = &mut self.port
+            && let Peer::Known(addr) = peer
+        {
+            info!(client = %addr, "the client's socket is gone; serving the next one to send a frame");
+            *peer = Peer::Awaiting;
+            self.warned.foreign = false;
+        }
+    }
+
+    fn receive_stream(&mut self) -> Result<(), Stop> {
+        let Port::Stream {
+            conn: Some(conn), ..
+        } = &self.port
+        else {
+            return Ok(());
+        };
+        let conn = conn.as_raw_fd();
+        let Inbox::Stream(deframer) = &mut self.inbox else {
+            unreachable!("stream ports have a deframer")
+        };
+        let spare = deframer.spare();
+        // SAFETY: `spare` is writable for its length.
+        let n = unsafe {
+            libc::recv(
+                conn,
+                spare.as_mut_ptr().cast(),
+                spare.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            return match Errno::last() {
+                Errno::EAGAIN | Errno::EINTR => Ok(()),
+                e => {
+                    info!("the VMM's stream failed: {e}");
+                    self.stream_client_gone()
+                }
+            };
+        }
+        if n == 0 {
+            if deframer.pending() > 0 {
+                warn!(
+                    bytes = deframer.pending(),
+                    "the VMM closed its stream in the middle of a frame; dropping the partial frame"
+                );
+                self.counters.from_vm.drop_frames(1);
+            }
+            return self.stream_client_gone();
+        }
+        deframer.filled(n as usize);
+        let mut frames = 0;
+        let mut bytes = 0;
+        loop {
+            let Inbox::Stream(deframer) = &mut self.inbox else {
+                unreachable!()
+            };
+            let range = match deframer.next_frame() {
+                None => break,
+                Some(Ok(range)) => range,
+                Some(Err(e)) => {
+                    self.counters.from_vm.add(frames, bytes as u64);
+                    self.counters.from_vm.drop_frames(1);
+                    return self.bad_stream(e);
+                }
+            };
+            let len = range.len();
+            if len < self.header.len() + MIN_FRAME {
+                self.runt(len);
+                continue;
+            }
+            let Inbox::Stream(deframer) = &self.inbox else {
+                unreachable!()
+            };
+            match write_tap(&self.tap, self.header, &deframer.buffer()[range])? {
+                Ok(()) => {
+                    frames += 1;
+                    bytes += len;
+                }
+                Err(e) => self.tap_write_failed(e),
+            }
+        }
+        self.counters.from_vm.add(frames, bytes as u64);
+        Ok(())
+    }
+
+    /// A stream that broke framing: an fd client ends the relay, a path
+    /// client is disconnected and the next one served.
+    fn bad_stream(&mut self, e: FramingError) -> Result<(), Stop> {
+        match &self.port {
+            Port::Stream { listener: None, .. } => Err(RelayError::Framing(e).into()),
+            _ => {
+                error!("the VMM sent {e}; closing its connection");
+                self.stream_client_gone()
+            }
+        }
+    }
+
+    fn stream_client_gone(&mut self) -> Result<(), Stop> {
+        let Port::Stream { conn, listener } = &mut self.port else {
+            return Ok(());
+        };
+        if listener.is_none() {
+            return Err(Stop::PeerClosed);
+        }
+        if let Some(old) = conn.take() {
+            let _ = self.epoll.delete(&old);
+            self.registered[PEER as usize] = None;
+            info!("the client disconnected; waiting for the next one");
+        }
+        if let Inbox::Stream(deframer) = &mut self.inbox {
+            deframer.reset();
+        }
+        self.drop_outbox();
+        self.outbox.count = 0;
+        self.outbox.next = 0;
+        self.outbox.offset = 0;
+        self.outbox.blocked = None;
+        Ok(())
+    }
+
+    fn accept(&mut self) -> Result<(), Stop> {
+        let Port::Stream {
+            conn: conn @ None,
+            listener: Some(listener),
+        } = &mut self.port
+        else {
+            return Ok(());
+        };
+        match nix::sys::socket::accept4(
+            listener.as_raw_fd(),
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        ) {
+            Ok(raw) => {
+                // SAFETY: accept4 returned a new descriptor that we now own.
+                let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+                *conn = Some(port::prepare(fd)?);
+                info!("a client connected");
+                Ok(())
+            }
+            Err(Errno::EAGAIN | Errno::EINTR | Errno::ECONNABORTED) => Ok(()),
+            Err(e) => Err(RelayError::Peer(e.into()).into()),
+        }
+    }
+
+    // ---- drops -----------------------------------------------------------------
+
+    fn runt(&mut self, len: usize) {
+        self.counters.from_vm.drop_frames(1);
+        let hdr = self.header.len();
+        warn_once(&mut self.warned.runt, || {
+            format!(
+                "dropping a {len}-byte frame from the VMM: shorter than {} bytes (further ones are only counted)",
+                hdr + MIN_FRAME
+            )
+        });
+    }
+
+    fn oversized(&mut self, len: usize) {
+        self.counters.from_vm.drop_frames(1);
+        let max = self.header.len() + self.max_frame;
+        warn_once(&mut self.warned.oversized, || {
+            format!(
+                "dropping a frame from the VMM larger than {max} bytes (got at least {len}); is the VM's MTU above the network's? (further ones are only counted)"
+            )
+        });
+    }
+
+    fn tap_write_failed(&mut self, e: Errno) {
+        self.counters.from_vm.drop_frames(1);
+        warn_once(&mut self.warned.tap_write, || {
+            format!("the kernel refused a frame from the VMM: {e} (further ones are only counted)")
+        });
+    }
+
+    // ---- epoll -------------------------------------------------------------------
+
+    /// Registers what each fd should wake us for now.
+    fn update_interest(&mut self) -> Result<(), RelayError> {
+        let idle = self.outbox.count == 0;
+        let tap = Some((
+            self.tap.as_raw_fd(),
+            if idle {
+                EpollFlags::EPOLLIN
+            } else {
+                EpollFlags::empty()
+            },
+        ));
+        let (peer, listener) = match &self.port {
+            Port::Dgram { sock, .. } => (Some(sock.as_raw_fd()), None),
+            Port::Stream { conn, listener } => (
+                conn.as_ref().map(|c| c.as_raw_fd()),
+                listener.as_ref().map(|l| {
+                    let want = if conn.is_none() {
+                        EpollFlags::EPOLLIN
+                    } else {
+                        EpollFlags::empty()
+                    };
+                    (l.as_raw_fd(), want)
+                }),
+            ),
+        };
+        let mut peer_flags = EpollFlags::EPOLLIN;
+        if self.outbox.blocked == Some(Wait::Writable) {
+            peer_flags |= EpollFlags::EPOLLOUT;
+        }
+        self.register(TAP, tap)?;
+        self.register(PEER, peer.map(|fd| (fd, peer_flags)))?;
+        self.register(LISTENER, listener)
+    }
+
+    fn register(
+        &mut self,
+        token: u64,
+        want: Option<(RawFd, EpollFlags)>,
+    ) -> Result<(), RelayError> {
+        let current = &mut self.registered[token as usize];
+        if *current == want {
+            return Ok(());
+        }
+        let result = match (*current, want) {
+            (Some((old, _)), None) => self.epoll.delete(borrow(old)),
+            (None, Some((fd, flags))) => self.epoll.add(borrow(fd), EpollEvent::new(flags, token)),
+            (Some((old, _)), Some((fd, flags))) if old == fd => self
+                .epoll
+                .modify(borrow(fd), &mut EpollEvent::new(flags, token)),
+            (Some((old, _)), Some((fd, flags))) => {
+                let _ = self.epoll.delete(borrow(old));
+                self.epoll.add(borrow(fd), EpollEvent::new(flags, token))
+            }
+            (None, None) => Ok(()),
+        };
+        *current = want;
+        result.map_err(|e| RelayError::Poll(e.into()))
+    }
+}
+
+/// Writes one frame (with the client's header, if it speaks one) to the TAP.
+/// `Ok(Err(errno))`: the kernel refused this frame. `Err`: the TAP is gone.
+fn write_tap(
+    tap: &OwnedFd,
+    header: ClientHeader,
+    payload: &[u8],
+) -> Result<Result<(), Errno>, Stop> {
+    let zero = &vnet::ZERO[..header.tap_len()];
+    let both = [io::IoSlice::new(zero), io::IoSlice::new(payload)];
+    let iov: &[io::IoSlice] = match header {
+        ClientHeader::None => &both,
+        ClientHeader::Virtio(_) => &both[1..],
+    };
+    loop {
+        match nix::sys::uio::writev(borrow(tap.as_raw_fd()), iov) {
+            Ok(_) => return Ok(Ok(())),
+            Err(Errno::EINTR) => continue,
+            Err(e @ (Errno::EBADFD | Errno::EBADF)) => {
+                return Err(RelayError::Tap(e.into()).into());
+            }
+            Err(e) => return Ok(Err(e)),
+        }
+    }
+}
+
+fn warn_once(flag: &mut bool, message: impl FnOnce() -> String) {
+    if !*flag {
+        *flag = true;
+        warn!("{}", message());
+    }
+}
+
+fn borrow<'a>(fd: RawFd) -> BorrowedFd<'a> {
+    // SAFETY: only used for fds the relay owns, for the duration of a call.
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
