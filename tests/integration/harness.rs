@@ -350,58 +350,122 @@ impl World {
 
     /// Attaches a new guest namespace through `linnet run -- linnet-standin`.
     pub fn guest(&self, network: &str, extra: &[&str]) -> Guest {
-        self.try_guest(network, extra)
+        self.guest_via(network, Via::Tap, extra)
+    }
+
+    /// Attaches a new guest namespace whose stand-in speaks `via`.
+    pub fn guest_via(&self, network: &str, via: Via, extra: &[&str]) -> Guest {
+        self.try_guest_via(network, via, extra)
             .unwrap_or_else(|e| panic!("attach failed: {e}\n{}", self.daemon_log_text()))
     }
 
-    pub fn try_guest(&self, network: &str, extra: &[&str]) -> Result<Guest, String> {
+    pub fn try_guest_via(&self, network: &str, via: Via, extra: &[&str]) -> Result<Guest, String> {
         let ns = Netns::new("guest");
         let json = self.dir.path().join(format!("{}.json", ns.name));
         let stderr = self.dir.path().join(format!("{}.stderr", ns.name));
-        let mut args = vec![
-            "run",
-            "--network",
-            network,
-            "--json",
-            json.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
+        let socket = self.dir.path().join(format!("{}.sock", ns.name));
+        let (socket, json_s) = (socket.to_str().unwrap(), json.to_str().unwrap());
         let standin = standin_bin();
+        let standin = standin.to_str().unwrap();
         let netns_path = ns.path();
-        args.extend_from_slice(&[
-            "--",
-            standin.to_str().unwrap(),
-            "--fd",
-            "{fd}",
-            "--netns",
-            &netns_path,
-        ]);
+        let mut args = match via {
+            Via::Tap | Via::RunDgram | Via::RunStream => {
+                vec!["run", "--network", network, "--json", json_s]
+            }
+            Via::HelperDgram | Via::HelperStream => vec!["helper", "--network", network],
+        };
+        args.extend_from_slice(extra);
+        match via {
+            Via::Tap => args.extend_from_slice(&["--", standin, "--fd", "{fd}"]),
+            Via::RunDgram => args.extend_from_slice(&[
+                "--datapath",
+                "dgram",
+                "--",
+                standin,
+                "--dgram-fd",
+                "{fd}",
+            ]),
+            Via::RunStream => args.extend_from_slice(&[
+                "--datapath",
+                "stream",
+                "--",
+                standin,
+                "--stream-fd",
+                "{fd}",
+            ]),
+            Via::HelperDgram => args.extend_from_slice(&["--socket", socket]),
+            Via::HelperStream => args.extend_from_slice(&["--stream-socket", socket]),
+        }
+        if matches!(via, Via::Tap | Via::RunDgram | Via::RunStream) {
+            args.extend_from_slice(&["--netns", &netns_path]);
+        }
+        let helper = matches!(via, Via::HelperDgram | Via::HelperStream);
+        let stdout = if helper {
+            Stdio::from(std::fs::File::create(&json).unwrap())
+        } else {
+            Stdio::null()
+        };
         let mut run = self
             .linnet(&args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap();
         let info: Value = wait_for("the attach JSON", Duration::from_secs(15), || {
             if let Some(status) = run.try_wait().unwrap() {
                 return Some(Err(format!(
-                    "linnet run exited with {status}: {}",
+                    "linnet exited with {status}: {}",
                     std::fs::read_to_string(&stderr).unwrap_or_default()
                 )));
             }
             let text = std::fs::read_to_string(&json).ok()?;
             serde_json::from_str(&text).ok().map(Ok)
         })?;
+        let mut vmm = None;
+        if helper {
+            // The VMM: a stand-in that connects to the helper's socket.
+            let flag = if via == Via::HelperDgram {
+                "--dgram-socket"
+            } else {
+                "--stream-socket"
+            };
+            let mac = info["mac_address"].as_str().unwrap().to_string();
+            vmm = Some(
+                Command::new(standin)
+                    .args([flag, socket, "--netns", &netns_path, "--mac", &mac])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(format!("{}.vmm", stderr.display())).unwrap())
+                    .spawn()
+                    .unwrap(),
+            );
+        }
         wait_for("eth0 in the guest", Duration::from_secs(10), || {
             ns.links().contains(&"eth0".to_string()).then_some(())
         });
         Ok(Guest {
             ns,
             run: Some(run),
+            vmm,
             info,
         })
     }
+}
+
+/// How a guest's frames reach linnet: the datapath its VMM (the stand-in) speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// `linnet run` hands the TAP fd over.
+    Tap,
+    /// `linnet run --datapath dgram`: one end of a datagram socketpair.
+    RunDgram,
+    /// `linnet run --datapath stream`: one end of a stream socketpair.
+    RunStream,
+    /// `linnet helper --socket PATH`; the stand-in binds its own and sends there.
+    HelperDgram,
+    /// `linnet helper --stream-socket PATH`; the stand-in connects.
+    HelperStream,
 }
 
 impl Drop for World {
@@ -423,10 +487,13 @@ impl Drop for World {
     }
 }
 
-/// A namespace playing a VM, attached through `linnet run`.
+/// A namespace playing a VM, attached through `linnet run` or `linnet helper`.
 pub struct Guest {
     pub ns: Netns,
+    /// `linnet run` or `linnet helper`.
     pub run: Option<Child>,
+    /// The stand-in, when it is not run's child (helper datapaths).
+    pub vmm: Option<Child>,
     pub info: Value,
 }
 
@@ -566,9 +633,9 @@ impl Guest {
 
 impl Drop for Guest {
     fn drop(&mut self) {
-        if let Some(mut run) = self.run.take() {
-            let _ = run.kill();
-            let _ = run.wait();
+        for mut child in [self.run.take(), self.vmm.take()].into_iter().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

@@ -3,6 +3,7 @@
 
 mod harness;
 mod qemu;
+mod sockets;
 
 use std::process::Command;
 use std::time::Duration;

@@ -57,6 +57,17 @@ pub struct Vm {
 
 impl Vm {
     pub fn start(world: &World, network: &str, script: &str, prefix: &[&str]) -> Vm {
+        Vm::start_via(world, network, script, prefix, "tap")
+    }
+
+    /// As `start`, with `linnet run --datapath DATAPATH`.
+    pub fn start_via(
+        world: &World,
+        network: &str,
+        script: &str,
+        prefix: &[&str],
+        datapath: &str,
+    ) -> Vm {
         let name = unique("linnet-vm");
         // A sticky world-writable directory: the VM may run as another user.
         let dir = world.dir.path().join("vms");
@@ -74,7 +85,16 @@ impl Vm {
         let append = format!("console=ttyS0 quiet linnet.script={script}");
         let (kernel, initrd) = (guest_file("vmlinuz"), guest_file("initrd.img"));
         let json_s = json.display().to_string();
-        let mut args: Vec<&str> = vec!["run", "--network", network, "--json", &json_s, "--"];
+        let mut args: Vec<&str> = vec![
+            "run",
+            "--network",
+            network,
+            "--datapath",
+            datapath,
+            "--json",
+            &json_s,
+            "--",
+        ];
         args.push("qemu-system-x86_64");
         args.extend_from_slice(accel_args());
         args.extend_from_slice(&[
@@ -271,4 +291,28 @@ fn sigkill_of_qemu_leaves_nothing_behind() {
         (!links.contains(&tap) && !links.iter().any(|l| l.starts_with("ln-"))).then_some(())
     });
     assert!(must(&mut world.linnet(&["ls", "--json"])).contains("\"interfaces\": []"));
+}
+
+#[test]
+fn qemu_boots_with_netdev_dgram_and_stream_through_linnet_run_and_gets_its_address() {
+    let mut world = World::new();
+    world.start_daemon();
+    let script = "ping -c 1 -W 3 192.168.105.1 && echo RESULT-PING-GW-OK\n";
+    let vms: Vec<Vm> = ["dgram", "stream"]
+        .iter()
+        .map(|datapath| Vm::start_via(&world, "shared", script, &[], datapath))
+        .collect();
+    for vm in vms {
+        assert_ne!(vm.info["datapath"], "tap");
+        let (ip, datapath) = (vm.ip(), vm.info["datapath"].clone());
+        let console = vm.finish();
+        assert!(
+            console.contains(&format!("linnet-guest: lease ip={ip} ")),
+            "{datapath}: the guest got the reported ip {ip}:\n{console}"
+        );
+        assert!(
+            console.contains("RESULT-PING-GW-OK"),
+            "{datapath}: {console}"
+        );
+    }
 }

@@ -161,6 +161,9 @@ fn open_link(datapath: &Datapath, vnet_hdr: Option<usize>) -> io::Result<Link> {
             let _ = std::fs::remove_file(&local);
             let sock = std::os::unix::net::UnixDatagram::bind(&local)
                 .map_err(|e| with_context(e, &local))?;
+            // The helper may run as another user; it must be able to answer.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&local, std::fs::Permissions::from_mode(0o666))?;
             sock.connect(path).map_err(|e| with_context(e, path))?;
             link(sock.into(), LinkKind::Dgram, header)
         }

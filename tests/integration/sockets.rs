@@ -1,0 +1,387 @@
+//! Socket datapaths: `linnet run --datapath dgram|stream` and `linnet helper`,
+//! with the stand-in speaking that datapath, and what the relay does with
+//! bad input and privileges.
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::*;
+
+const SOCKET_VIAS: [Via; 4] = [
+    Via::RunDgram,
+    Via::RunStream,
+    Via::HelperDgram,
+    Via::HelperStream,
+];
+
+#[test]
+fn socket_datapaths_get_dhcp_nat_dns_and_reach_a_tap_guest() {
+    let mut world = World::new();
+    world.start_daemon();
+    let tap = world.guest("shared", &["--name", "tapvm"]);
+    assert_eq!(tap.udhcpc(), tap.ip());
+    for via in SOCKET_VIAS {
+        let g = world.guest_via("shared", via, &["--name", "sockvm"]);
+        let expected = match via {
+            Via::RunDgram | Via::HelperDgram => "dgram",
+            _ => "stream",
+        };
+        assert_eq!(g.info["datapath"], expected, "{via:?}");
+        assert_eq!(g.udhcpc(), g.ip(), "{via:?}: udhcpc gets the reserved IP");
+        assert!(g.ping(&g.gateway()), "{via:?}: pings the gateway");
+        assert_eq!(
+            g.fetch(&format!("http://{UPSTREAM_IP}/")).as_deref(),
+            Some(format!("{UPSTREAM_PAGE}\n").as_str()),
+            "{via:?}: NAT to upstream"
+        );
+        assert_eq!(
+            g.lookup(UPSTREAM_NAME, &g.gateway()).as_deref(),
+            Some(UPSTREAM_IP),
+            "{via:?}: upstream names through linnet's DNS"
+        );
+        assert_eq!(
+            g.lookup("tapvm.shared.linnet", &g.gateway()),
+            Some(tap.ip().to_string()),
+            "{via:?}: a peer's name"
+        );
+        assert!(g.ping(&tap.ip().to_string()), "{via:?}: to the TAP guest");
+        assert!(tap.ping(&g.ip().to_string()), "{via:?}: from the TAP guest");
+        let relay = wait_for("the relay's counters in ls", Duration::from_secs(5), || {
+            let counters = relay_counters(&world, &g.info)?;
+            (counters["from_vm"]["frames"].as_u64()? > 0).then_some(counters)
+        });
+        assert!(relay["to_vm"]["bytes"].as_u64().unwrap() > 0, "{relay}");
+    }
+}
+
+#[test]
+fn isc_dhclient_gets_the_reserved_ip_over_dgram_and_stream() {
+    let mut world = World::new();
+    world.start_daemon();
+    for via in [Via::RunDgram, Via::HelperStream] {
+        let g = world.guest_via("shared", via, &[]);
+        assert_eq!(g.dhclient(), g.ip(), "{via:?}");
+    }
+}
+
+/// The interface's `relay` counters from `linnet ls --json`.
+fn relay_counters(world: &World, info: &Value) -> Option<Value> {
+    let listing: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).ok()?;
+    listing["interfaces"]
+        .as_array()?
+        .iter()
+        .find(|i| i["interface_id"] == info["interface_id"])
+        .map(|i| i["relay"].clone())
+        .filter(|r| !r.is_null())
+}
+
+/// `linnet helper ARGS` behind `wrapper`, with `env`; waits for its JSON.
+fn helper(
+    world: &World,
+    wrapper: &[&str],
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> (Child, Value, std::path::PathBuf) {
+    let name = unique("helper");
+    let json = world.dir.path().join(format!("{name}.json"));
+    let log = world.dir.path().join(format!("{name}.log"));
+    let mut argv = vec!["helper"];
+    argv.extend_from_slice(args);
+    let mut cmd = world.linnet_wrapped(wrapper, &argv);
+    cmd.env_remove("SUDO_UID").env_remove("SUDO_GID");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&json).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let info = wait_for("the helper's JSON", Duration::from_secs(15), || {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "linnet helper exited with {status}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        serde_json::from_str::<Value>(&std::fs::read_to_string(&json).ok()?).ok()
+    });
+    (child, info, log)
+}
+
+fn proc_status(pid: u32, key: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A directory anyone may create sockets in (the helper may be nobody).
+fn shared_dir(world: &World) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = world.dir.path().join("sockets");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::set_permissions(world.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
+#[test]
+fn helper_holds_no_capabilities_and_runs_as_the_caller_or_the_sudo_user() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody] }\n");
+    world.start_daemon();
+    let dir = shared_dir(&world);
+    let nobody_sock = dir.join("nobody.sock");
+    let sudo_sock = dir.join("sudo.sock");
+    let root_sock = dir.join("root.sock");
+    type Case<'a> = (
+        &'a str,
+        &'a [&'a str],
+        &'a [(&'a str, &'a str)],
+        &'a std::path::Path,
+        &'a str,
+    );
+    let cases: [Case; 3] = [
+        ("run by nobody", AS_NOBODY, &[], &nobody_sock, "65534"),
+        (
+            "root through sudo",
+            &[],
+            &[("SUDO_UID", "65534"), ("SUDO_GID", "65534")],
+            &sudo_sock,
+            "65534",
+        ),
+        ("root without sudo", &[], &[], &root_sock, "0"),
+    ];
+    for (what, wrapper, env, sock, uid) in cases {
+        let (mut child, info, log) =
+            helper(&world, wrapper, env, &["--socket", sock.to_str().unwrap()]);
+        let pid = child.id();
+        assert_eq!(proc_status(pid, "CapEff"), "0000000000000000", "{what}");
+        assert_eq!(proc_status(pid, "CapPrm"), "0000000000000000", "{what}");
+        assert_eq!(proc_status(pid, "Uid"), [uid; 4].join(" "), "{what}: uid");
+        assert_eq!(proc_status(pid, "NoNewPrivs"), "1", "{what}");
+        assert_eq!(
+            std::fs::metadata(sock).unwrap().uid().to_string(),
+            uid,
+            "{what}: the socket belongs to the user"
+        );
+        // And it still relays: a guest gets its address through it.
+        let ns = Netns::new("guest");
+        let mut vmm = std::process::Command::new(standin_bin())
+            .args([
+                "--dgram-socket",
+                sock.to_str().unwrap(),
+                "--netns",
+                &ns.path(),
+                "--mac",
+                info["mac_address"].as_str().unwrap(),
+            ])
+            .spawn()
+            .unwrap();
+        wait_for("eth0 in the guest", Duration::from_secs(10), || {
+            ns.links().contains(&"eth0".to_string()).then_some(())
+        });
+        let guest = Guest {
+            ns,
+            run: None,
+            vmm: None,
+            info: info.clone(),
+        };
+        assert_eq!(
+            guest.udhcpc(),
+            guest.ip(),
+            "{what}: relays after dropping privileges"
+        );
+        // SIGTERM: a clean stop that detaches and removes the socket file.
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let status = child.wait().unwrap();
+        assert!(
+            status.success(),
+            "{what}: helper exited with {status}: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        assert!(!sock.exists(), "{what}: socket file removed");
+        let _ = vmm.kill();
+        let _ = vmm.wait();
+    }
+    wait_for("every interface detached", Duration::from_secs(5), || {
+        must(&mut world.linnet(&["ls", "--json"]))
+            .contains("\"interfaces\": []")
+            .then_some(())
+    });
+}
+
+/// An Ethernet broadcast frame of `len` bytes (an ARP-ish payload of
+/// zeroes), or its first `len` bytes when shorter than a header.
+fn frame(len: usize) -> Vec<u8> {
+    let mut f = vec![0u8; len.max(14)];
+    f[..6].copy_from_slice(&[0xff; 6]);
+    f[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x99]);
+    f[12..14].copy_from_slice(&[0x08, 0x06]);
+    f.truncate(len);
+    f
+}
+
+fn stream_frame(len_field: u32, body: usize) -> Vec<u8> {
+    let mut out = len_field.to_be_bytes().to_vec();
+    out.extend_from_slice(&frame(body));
+    out
+}
+
+/// The helper closes a stream client after bad framing: it reads EOF.
+fn closed_by_helper(mut client: UnixStream) -> bool {
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match client.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue, // frames from the network on their way to us
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
+    let mut world = World::new();
+    world.start_daemon();
+    let bystander = world.guest("shared", &[]);
+    assert_eq!(bystander.udhcpc(), bystander.ip());
+    let dir = shared_dir(&world);
+
+    // Datagrams at a path: runt, oversized, then a good frame; a second client is ignored.
+    let path = dir.join("dgram.sock");
+    let (mut dgram_helper, dgram_info, dgram_log) =
+        helper(&world, &[], &[], &["--socket", path.to_str().unwrap()]);
+    let first = UnixDatagram::bind(dir.join("first.client")).unwrap();
+    first.send_to(&frame(5), &path).unwrap(); // a runt: the first client is still served
+    first.send_to(&frame(9000), &path).unwrap();
+    first.send_to(&frame(60), &path).unwrap();
+    let second = UnixDatagram::bind(dir.join("second.client")).unwrap();
+    for _ in 0..3 {
+        second.send_to(&frame(60), &path).unwrap();
+    }
+    let counters = wait_for("5 drops counted", Duration::from_secs(5), || {
+        let c = relay_counters(&world, &dgram_info)?;
+        (c["from_vm"]["drops"].as_u64()? >= 5).then_some(c)
+    });
+    assert_eq!(counters["from_vm"]["frames"], 1, "{counters}");
+    let log = std::fs::read_to_string(&dgram_log).unwrap();
+    assert!(log.contains("shorter than"), "{log}");
+    assert!(log.contains("larger than"), "{log}");
+    assert_eq!(
+        log.matches("ignoring frames from").count(),
+        1,
+        "logged once: {log}"
+    );
+    assert!(
+        dgram_helper.try_wait().unwrap().is_none(),
+        "the helper lives on"
+    );
+
+    // A stream at a path: length 0, a huge length, and a client vanishing
+    // mid-frame each cost that client only; the next one is served.
+    let path = dir.join("stream.sock");
+    let (mut stream_helper, stream_info, stream_log) = helper(
+        &world,
+        &[],
+        &[],
+        &["--stream-socket", path.to_str().unwrap()],
+    );
+    let mut c = UnixStream::connect(&path).unwrap();
+    c.write_all(&0u32.to_be_bytes()).unwrap();
+    assert!(closed_by_helper(c), "length 0 closes the client");
+    let mut c = UnixStream::connect(&path).unwrap();
+    c.write_all(&stream_frame(1 << 20, 60)).unwrap();
+    assert!(closed_by_helper(c), "a huge length closes the client");
+    let mut c = UnixStream::connect(&path).unwrap();
+    c.write_all(&stream_frame(100, 50)).unwrap();
+    drop(c);
+    let ns = Netns::new("guest");
+    let mut vmm = std::process::Command::new(standin_bin())
+        .args([
+            "--stream-socket",
+            path.to_str().unwrap(),
+            "--netns",
+            &ns.path(),
+        ])
+        .args(["--mac", stream_info["mac_address"].as_str().unwrap()])
+        .spawn()
+        .unwrap();
+    wait_for("eth0 in the guest", Duration::from_secs(10), || {
+        ns.links().contains(&"eth0".to_string()).then_some(())
+    });
+    let stream_guest = Guest {
+        ns,
+        run: None,
+        vmm: None,
+        info: stream_info,
+    };
+    assert_eq!(
+        stream_guest.udhcpc(),
+        stream_guest.ip(),
+        "the next client is served"
+    );
+    let log = std::fs::read_to_string(&stream_log).unwrap();
+    assert!(log.contains("a frame length of 0"), "{log}");
+    assert!(log.contains("above the maximum"), "{log}");
+    assert!(log.contains("in the middle of a frame"), "{log}");
+    assert!(
+        stream_helper.try_wait().unwrap().is_none(),
+        "the helper lives on"
+    );
+    let _ = vmm.kill();
+    let _ = vmm.wait();
+
+    // A stream handed over as an fd: bad framing ends the helper, with a clear error.
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let theirs_fd = theirs.as_raw_fd();
+    let log = dir.join("fd-helper.log");
+    let mut cmd = world.linnet(&["helper", "--stream-fd", "3"]);
+    // SAFETY: dup2 is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(theirs_fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut fd_helper = cmd
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    drop(theirs);
+    (&ours).write_all(&0u32.to_be_bytes()).unwrap();
+    let status = wait_for("the fd helper to exit", Duration::from_secs(10), || {
+        fd_helper.try_wait().unwrap()
+    });
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert!(err.contains("the VMM sent a frame length of 0"), "{err}");
+
+    // Through all of it, the other interfaces were fine.
+    assert!(bystander.ping(&bystander.gateway()));
+    for mut child in [dgram_helper, stream_helper] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
