@@ -34,9 +34,10 @@ arguments use {fd}) linnet appends
   stream: -netdev stream,id=lnet0,server=off,addr.type=fd,addr.str=FD
 and -device virtio-net-pci,netdev=lnet0,mac=MAC.
 For any CMD these placeholders are replaced in its arguments:
-  {fd} {mac} {ip} {tap} {gateway} {network} {interface_id}
+  {fd} {mac} {ip} {tap} {gateway} {network} {interface_id} {mtu}
 and these are set in its environment:
   LINNET_FD LINNET_MAC LINNET_IP LINNET_TAP LINNET_GATEWAY LINNET_NETWORK LINNET_INTERFACE_ID
+  LINNET_MTU
 
 Examples:
   linnet run -- qemu-system-x86_64 -m 512 -nographic -kernel vmlinuz -initrd initrd.img
@@ -184,6 +185,7 @@ fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd, datapath: Dat
         ("{gateway}", info.gateway.to_string()),
         ("{network}", info.network.clone()),
         ("{interface_id}", info.interface_id.to_string()),
+        ("{mtu}", info.mtu.to_string()),
     ];
     let substitute = |arg: &str| {
         values
@@ -215,6 +217,7 @@ fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd, datapath: Dat
         "LINNET_GATEWAY",
         "LINNET_NETWORK",
         "LINNET_INTERFACE_ID",
+        "LINNET_MTU",
     ]
     .iter()
     .zip(&values)

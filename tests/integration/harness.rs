@@ -431,9 +431,11 @@ impl World {
                 "--stream-socket"
             };
             let mac = info["mac_address"].as_str().unwrap().to_string();
+            let mtu = info["mtu"].to_string();
             vmm = Some(
                 Command::new(standin)
                     .args([flag, socket, "--netns", &netns_path, "--mac", &mac])
+                    .args(["--mtu", &mtu])
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(std::fs::File::create(format!("{}.vmm", stderr.display())).unwrap())

@@ -71,6 +71,35 @@ fn isc_dhclient_gets_the_reserved_ip_over_dgram_and_stream() {
     }
 }
 
+#[test]
+fn a_network_mtu_of_65520_carries_64k_frames_over_every_socket_datapath() {
+    let mut world = World::with_config(
+        "networks:\n  jumbo:\n    mode: host\n    subnet: 10.88.0.0/24\n    mtu: 65520\n",
+    );
+    world.start_daemon();
+    for via in SOCKET_VIAS {
+        let g = world.guest_via("jumbo", via, &[]);
+        assert_eq!(g.info["mtu"], 65520);
+        assert_eq!(g.udhcpc(), g.ip(), "{via:?}");
+        let out = run(&mut g.ns.cmd(&[
+            "busybox",
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "3",
+            "-s",
+            "65000",
+            &g.gateway(),
+        ]));
+        assert!(
+            out.status.success(),
+            "{via:?}: a 65000-byte ping crosses unfragmented: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
 /// The interface's `relay` counters from `linnet ls --json`.
 fn relay_counters(world: &World, info: &Value) -> Option<Value> {
     let listing: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).ok()?;

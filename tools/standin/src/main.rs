@@ -42,7 +42,7 @@ DATAPATH is one of:
   --netns PATH  the guest network namespace (e.g. /run/netns/guest1)
   --ifname      the guest's interface name (default eth0)
   --mac         the guest's MAC (default: $LINNET_MAC)
-  --mtu         the guest's MTU (default 1500)
+  --mtu         the guest's MTU (default: $LINNET_MTU, else 1500)
   --vnet-hdr N  on a socket: a virtio-net header of N bytes (10 or 12) before each frame";
 
 enum Datapath {
@@ -83,7 +83,10 @@ fn parse_args() -> Result<Options, String> {
     let mut netns = None;
     let mut ifname = "eth0".to_string();
     let mut mac = std::env::var("LINNET_MAC").ok();
-    let mut mtu = 1500;
+    let mut mtu = std::env::var("LINNET_MTU")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(1500);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
         let number = |v: String| v.parse::<usize>().map_err(|e| format!("{arg}: {e}"));
