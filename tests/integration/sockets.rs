@@ -414,3 +414,94 @@ fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
         let _ = child.wait();
     }
 }
+
+/// User plus system CPU time of `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn a_vmm_that_stops_reading_neither_kills_nor_spins_the_helper() {
+    let mut world = World::new();
+    world.start_daemon();
+    let (ours, theirs) = UnixDatagram::pair().unwrap();
+    let theirs_fd = theirs.as_raw_fd();
+    let log = world.dir.path().join("slow-helper.log");
+    let json = world.dir.path().join("slow-helper.json");
+    let mut cmd = world.linnet(&["helper", "--fd", "3"]);
+    // SAFETY: dup2 is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(theirs_fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut helper = cmd
+        .stdout(std::fs::File::create(&json).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    drop(theirs);
+    let info: Value = wait_for("the helper's JSON", Duration::from_secs(10), || {
+        serde_json::from_str(&std::fs::read_to_string(&json).ok()?).ok()
+    });
+    let (ip, mac) = (
+        info["ip_address"].as_str().unwrap(),
+        info["mac_address"].as_str().unwrap(),
+    );
+    // Traffic to the VM, which never reads: far more than any buffer holds.
+    must(&mut world.host.cmd(&[
+        "ip",
+        "neigh",
+        "replace",
+        ip,
+        "lladdr",
+        mac,
+        "dev",
+        "ln-shared",
+    ]));
+    let flood = format!(
+        "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         for _ in range(40000): s.sendto(b'x' * 1000, ('{ip}', 9))\n"
+    );
+    must(&mut world.host.cmd(&["python3", "-c", &flood]));
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_ticks(helper.id());
+    std::thread::sleep(Duration::from_secs(1));
+    let spent = cpu_ticks(helper.id()) - before;
+    assert!(helper.try_wait().unwrap().is_none(), "the helper lives on");
+    assert!(
+        spent < 20,
+        "a blocked helper waits instead of spinning: {spent} ticks in 1 s"
+    );
+    // Once the VMM reads again, frames flow again.
+    ours.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 2048];
+    let mut drained = 0;
+    while ours.recv(&mut buf).is_ok() {
+        drained += 1;
+    }
+    assert!(drained > 0, "frames were queued for the VMM");
+    must(
+        &mut world
+            .host
+            .cmd(&["python3", "-c", &flood.replace("40000", "5")]),
+    );
+    ours.set_nonblocking(false).unwrap();
+    ours.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let n = ours
+        .recv(&mut buf)
+        .expect("frames flow again after the VMM drained its socket");
+    assert!(n > 1000, "a whole frame: {n} bytes");
+    let _ = helper.kill();
+    let _ = helper.wait();
+}
