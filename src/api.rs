@@ -188,6 +188,16 @@ impl Channel {
         Ok(Some((msg, fds)))
     }
 
+    /// Whether the daemon closed the connection (or sent something unasked,
+    /// which it never does). Does not block.
+    pub fn peer_closed(&self) -> bool {
+        let mut fds = [nix::poll::PollFd::new(
+            self.fd.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
+    }
+
     /// One request, one reply.
     pub fn call(&self, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
         self.send(req, &[])?;

@@ -16,7 +16,7 @@ use clap::{ArgGroup, Args};
 use nix::sys::signal::{SigSet, Signal};
 use tracing::{error, info};
 
-use super::{AttachArgs, Cli};
+use super::{AttachArgs, Cli, DAEMON_GONE};
 use crate::api::{Channel, Request, Response};
 use crate::datapath::port::Endpoint;
 use crate::datapath::relay::{Relay, RelayError};
@@ -132,6 +132,9 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
                 Err(_) => bail!("the relay thread panicked"),
             };
         }
+        if channel.peer_closed() {
+            bail!(DAEMON_GONE);
+        }
         if Instant::now() >= next_report {
             next_report += REPORT_EVERY;
             report(&channel, info.interface_id, &counters, &mut reported)?;
@@ -177,7 +180,6 @@ pub fn report(
     if now == *last {
         return Ok(());
     }
-    let gone = "the linnet daemon went away: this VM's interface is gone";
     match channel.call(&Request::Counters {
         interface_id,
         counters: now,
@@ -188,7 +190,7 @@ pub fn report(
         }
         Ok((Response::Error { message, .. }, _)) => bail!("the daemon refused counters: {message}"),
         Ok((other, _)) => bail!("unexpected reply from the daemon: {other:?}"),
-        Err(e) => Err(anyhow::anyhow!("{gone} ({e})")),
+        Err(e) => Err(anyhow::anyhow!("{DAEMON_GONE} ({e})")),
     }
 }
 

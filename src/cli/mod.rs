@@ -24,6 +24,9 @@ use crate::types::{InterfaceId, MacAddr};
 /// following the convention of `docker run` and `podman run`.
 pub const EXIT_LINNET_FAILED: u8 = 125;
 
+/// What a client says when its connection to the daemon drops.
+pub const DAEMON_GONE: &str = "the linnet daemon went away: this VM's interface is gone";
+
 #[derive(Parser)]
 #[command(
     name = "linnet",

@@ -16,7 +16,7 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType};
 
-use super::{AttachArgs, Cli};
+use super::{AttachArgs, Cli, DAEMON_GONE};
 use crate::api::{Channel, InterfaceInfo, Response};
 use crate::datapath::port::Endpoint;
 use crate::datapath::relay::Relay;
@@ -256,18 +256,18 @@ fn forward_signals(signals: SigSet, child: nix::unistd::Pid) {
 /// Holds the connection (our interface's lifeline) and reports if the daemon goes.
 fn watch_daemon(channel: Channel) {
     while let Ok(Some(_)) = channel.recv::<Response>() {}
-    daemon_gone(
-        channel,
-        "the linnet daemon went away: this VM's interface is gone".into(),
-    );
+    daemon_gone(channel, DAEMON_GONE.into());
 }
 
 /// For a relayed datapath: sends the relay's counters each second (when
-/// they changed), which also notices the daemon going away.
+/// they changed), and watches for the daemon going away.
 fn report_until_daemon_gone(channel: Channel, interface_id: InterfaceId, counters: &Counters) {
     let mut last = Default::default();
     loop {
         std::thread::sleep(Duration::from_secs(1));
+        if channel.peer_closed() {
+            return daemon_gone(channel, DAEMON_GONE.into());
+        }
         if let Err(e) = super::helper::report(&channel, interface_id, counters, &mut last) {
             return daemon_gone(channel, e.to_string());
         }
