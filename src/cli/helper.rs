@@ -8,22 +8,18 @@ use std::io::Write;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{ArgGroup, Args};
 use nix::sys::signal::{SigSet, Signal};
-use tracing::{error, info};
+use tracing::info;
 
-use super::{AttachArgs, Cli, DAEMON_GONE};
-use crate::api::{Channel, Request, Response};
+use super::{AttachArgs, Cli, DAEMON_GONE, VnetArgs, report, spawn_relay};
 use crate::datapath::port::Endpoint;
-use crate::datapath::relay::{Relay, RelayError};
-use crate::datapath::vnet::{self, ClientHeader};
+use crate::datapath::relay::Relay;
 use crate::datapath::{Counters, RelayCounters};
 use crate::host::privileges;
-use crate::types::InterfaceId;
 
 #[derive(Args)]
 #[command(
@@ -55,14 +51,8 @@ pub struct HelperArgs {
     /// Listen on a unix stream socket at PATH, one client at a time, with the same framing.
     #[arg(long, value_name = "PATH")]
     pub stream_socket: Option<PathBuf>,
-    /// Put a virtio-net header in front of each frame, so checksum and segmentation
-    /// offloads pass and frames up to 64 KiB cross (for clients that support it,
-    /// e.g. krunkit offloading=on).
-    #[arg(long)]
-    pub vnet_hdr: bool,
-    /// Size of that header: 12 (virtio 1.x) or 10 (legacy virtio-net).
-    #[arg(long, value_name = "BYTES", default_value_t = vnet::VIRTIO1_LEN, requires = "vnet_hdr")]
-    pub vnet_hdr_size: usize,
+    #[command(flatten)]
+    pub vnet: VnetArgs,
 }
 
 /// Signals that stop the helper (and detach its interface).
@@ -71,7 +61,7 @@ const STOP: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
-    let header = client_header(args.vnet_hdr, args.vnet_hdr_size)?;
+    let header = args.vnet.header()?;
     // Claim inherited fds first, so a wrong number fails before anything is attached.
     let inherited = |fd: RawFd| -> anyhow::Result<OwnedFd> {
         // SAFETY: F_GETFD only asks whether the descriptor is open.
@@ -144,53 +134,6 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
                 daemon = None;
             }
         }
-    }
-}
-
-pub fn client_header(vnet_hdr: bool, size: usize) -> anyhow::Result<ClientHeader> {
-    if !vnet_hdr {
-        return Ok(ClientHeader::None);
-    }
-    ClientHeader::parse(size).map_err(|e| anyhow::anyhow!("--vnet-hdr-size: {e}"))
-}
-
-/// Runs the relay on its own thread; failures are logged there too.
-pub fn spawn_relay(relay: Relay) -> JoinHandle<Result<(), RelayError>> {
-    std::thread::Builder::new()
-        .name("relay".into())
-        .spawn(move || {
-            let result = relay.run();
-            if let Err(e) = &result {
-                error!("relay stopped: {e}");
-            }
-            result
-        })
-        .expect("can start a thread")
-}
-
-/// Sends the relay's counters to the daemon when they changed. An error
-/// means the daemon is gone, and with it the interface.
-pub fn report(
-    channel: &Channel,
-    interface_id: InterfaceId,
-    counters: &Counters,
-    last: &mut RelayCounters,
-) -> anyhow::Result<()> {
-    let now = counters.snapshot();
-    if now == *last {
-        return Ok(());
-    }
-    match channel.call(&Request::Counters {
-        interface_id,
-        counters: now,
-    }) {
-        Ok((Response::Ok, _)) => {
-            *last = now;
-            Ok(())
-        }
-        Ok((Response::Error { message, .. }, _)) => bail!("the daemon refused counters: {message}"),
-        Ok((other, _)) => bail!("unexpected reply from the daemon: {other:?}"),
-        Err(e) => Err(anyhow::anyhow!("{DAEMON_GONE} ({e})")),
     }
 }
 

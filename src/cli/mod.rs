@@ -10,6 +10,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -17,7 +18,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::api::{AttachRequest, Channel, InterfaceInfo, Request, Response, SOCKET_NAME};
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
-use crate::datapath::Datapath;
+use crate::datapath::relay::{Relay, RelayError};
+use crate::datapath::vnet::{self, ClientHeader};
+use crate::datapath::{Counters, Datapath, RelayCounters};
 use crate::types::{InterfaceId, MacAddr};
 
 /// linnet's own failures (as opposed to the command `linnet run` started),
@@ -249,4 +252,68 @@ fn unreachable_daemon(path: &Path, e: &io::Error) -> anyhow::Error {
         "cannot reach the linnet daemon at {}: {e}; start it with `sudo linnet daemon` (as root, `linnet run` starts one itself)",
         path.display()
     )
+}
+
+// ---- relayed datapaths, for `run` and `helper` -----------------------------------
+
+/// The virtio-net header a relay's client speaks.
+#[derive(Args)]
+pub struct VnetArgs {
+    /// Put a virtio-net header in front of each frame, so checksum and segmentation
+    /// offloads pass and frames up to 64 KiB cross (for clients that support it,
+    /// e.g. krunkit offloading=on).
+    #[arg(long)]
+    pub vnet_hdr: bool,
+    /// Size of that header: 12 (virtio 1.x) or 10 (legacy virtio-net).
+    #[arg(long, value_name = "BYTES", default_value_t = vnet::VIRTIO1_LEN, requires = "vnet_hdr")]
+    pub vnet_hdr_size: usize,
+}
+
+impl VnetArgs {
+    pub fn header(&self) -> anyhow::Result<ClientHeader> {
+        if !self.vnet_hdr {
+            return Ok(ClientHeader::None);
+        }
+        ClientHeader::parse(self.vnet_hdr_size).map_err(|e| anyhow::anyhow!("--vnet-hdr-size: {e}"))
+    }
+}
+
+/// Runs the relay on its own thread; failures are logged there too.
+pub fn spawn_relay(relay: Relay) -> JoinHandle<Result<(), RelayError>> {
+    std::thread::Builder::new()
+        .name("relay".into())
+        .spawn(move || {
+            let result = relay.run();
+            if let Err(e) = &result {
+                tracing::error!("relay stopped: {e}");
+            }
+            result
+        })
+        .expect("can start a thread")
+}
+
+/// Sends the relay's counters to the daemon when they changed. An error
+/// means the daemon is gone, and with it the interface.
+pub fn report(
+    channel: &Channel,
+    interface_id: InterfaceId,
+    counters: &Counters,
+    last: &mut RelayCounters,
+) -> anyhow::Result<()> {
+    let now = counters.snapshot();
+    if now == *last {
+        return Ok(());
+    }
+    match channel.call(&Request::Counters {
+        interface_id,
+        counters: now,
+    }) {
+        Ok((Response::Ok, _)) => {
+            *last = now;
+            Ok(())
+        }
+        Ok((Response::Error { message, .. }, _)) => bail!("the daemon refused counters: {message}"),
+        Ok((other, _)) => bail!("unexpected reply from the daemon: {other:?}"),
+        Err(e) => Err(anyhow::anyhow!("{DAEMON_GONE} ({e})")),
+    }
 }

@@ -16,11 +16,10 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType};
 
-use super::{AttachArgs, Cli, DAEMON_GONE};
+use super::{AttachArgs, Cli, DAEMON_GONE, VnetArgs};
 use crate::api::{Channel, InterfaceInfo, Response};
 use crate::datapath::port::Endpoint;
 use crate::datapath::relay::Relay;
-use crate::datapath::vnet;
 use crate::datapath::{Counters, Datapath};
 use crate::types::InterfaceId;
 
@@ -52,12 +51,9 @@ pub struct RunArgs {
     /// length-prefixed on a stream) that linnet relays.
     #[arg(long, value_enum, default_value_t = Datapath::Tap)]
     pub datapath: Datapath,
-    /// dgram/stream: a virtio-net header before each frame (offloads, 64 KiB frames).
-    #[arg(long)]
-    pub vnet_hdr: bool,
-    /// Size of that header: 12 (virtio 1.x) or 10.
-    #[arg(long, value_name = "BYTES", default_value_t = vnet::VIRTIO1_LEN, requires = "vnet_hdr")]
-    pub vnet_hdr_size: usize,
+    // --vnet-hdr: dgram/stream only (a TAP fd always carries the header).
+    #[command(flatten)]
+    pub vnet: VnetArgs,
     /// Write the interface JSON here (default: one line on stderr).
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -80,10 +76,10 @@ const FORWARDED: [Signal; 4] = [
 ];
 
 pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
-    if args.datapath == Datapath::Tap && args.vnet_hdr {
+    if args.datapath == Datapath::Tap && args.vnet.vnet_hdr {
         bail!("--vnet-hdr is for --datapath dgram or stream; a TAP fd always carries the header");
     }
-    let header = super::helper::client_header(args.vnet_hdr, args.vnet_hdr_size)?;
+    let header = args.vnet.header()?;
     // Blocked before any thread starts, so every thread leaves them to us.
     let mut signals = SigSet::empty();
     for s in FORWARDED {
@@ -111,14 +107,13 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
             let (ours, theirs) =
                 socket::socketpair(AddressFamily::Unix, kind, None, SockFlag::SOCK_CLOEXEC)
                     .context("cannot create a socketpair")?;
-            let endpoint = if datapath == Datapath::Dgram {
-                Endpoint::DgramFd(ours)
-            } else {
-                Endpoint::StreamFd(ours)
+            let endpoint = match kind {
+                SockType::Datagram => Endpoint::DgramFd(ours),
+                _ => Endpoint::StreamFd(ours),
             };
             let counters = Arc::new(Counters::default());
             let relay = Relay::new(tap, endpoint, header, info.mtu, counters.clone())?;
-            super::helper::spawn_relay(relay);
+            super::spawn_relay(relay);
             (theirs, Some(counters))
         }
     };
@@ -268,7 +263,7 @@ fn report_until_daemon_gone(channel: Channel, interface_id: InterfaceId, counter
         if channel.peer_closed() {
             return daemon_gone(channel, DAEMON_GONE.into());
         }
-        if let Err(e) = super::helper::report(&channel, interface_id, counters, &mut last) {
+        if let Err(e) = super::report(&channel, interface_id, counters, &mut last) {
             return daemon_gone(channel, e.to_string());
         }
     }

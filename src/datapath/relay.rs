@@ -570,20 +570,20 @@ impl Relay {
                 self.oversized(len);
                 continue;
             }
-            if len < client_hdr + MIN_FRAME {
-                self.runt(len);
-                continue;
-            }
             let Inbox::Datagrams(buf) = &self.inbox else {
                 unreachable!()
             };
             let start = k * self.slot + HEADROOM - client_hdr;
-            match write_tap(&self.tap, self.header, &buf[start..start + len])? {
-                Ok(()) => {
-                    frames += 1;
-                    bytes += len;
-                }
-                Err(e) => self.tap_write_failed(e),
+            let frame = &buf[start..start + len];
+            if deliver(
+                &self.tap,
+                self.header,
+                &self.counters,
+                &mut self.warned,
+                frame,
+            )? {
+                frames += 1;
+                bytes += len;
             }
         }
         self.counters.from_vm.add(frames, bytes as u64);
@@ -687,19 +687,19 @@ impl Relay {
                 }
             };
             let len = range.len();
-            if len < self.header.len() + MIN_FRAME {
-                self.runt(len);
-                continue;
-            }
             let Inbox::Stream(deframer) = &self.inbox else {
                 unreachable!()
             };
-            match write_tap(&self.tap, self.header, &deframer.buffer()[range])? {
-                Ok(()) => {
-                    frames += 1;
-                    bytes += len;
-                }
-                Err(e) => self.tap_write_failed(e),
+            let frame = &deframer.buffer()[range];
+            if deliver(
+                &self.tap,
+                self.header,
+                &self.counters,
+                &mut self.warned,
+                frame,
+            )? {
+                frames += 1;
+                bytes += len;
             }
         }
         self.counters.from_vm.add(frames, bytes as u64);
@@ -767,17 +767,6 @@ impl Relay {
 
     // ---- drops -----------------------------------------------------------------
 
-    fn runt(&mut self, len: usize) {
-        self.counters.from_vm.drop_frames(1);
-        let hdr = self.header.len();
-        warn_once(&mut self.warned.runt, || {
-            format!(
-                "dropping a {len}-byte frame from the VMM: shorter than {} bytes (further ones are only counted)",
-                hdr + MIN_FRAME
-            )
-        });
-    }
-
     fn oversized(&mut self, len: usize) {
         self.counters.from_vm.drop_frames(1);
         let max = self.header.len() + self.max_frame;
@@ -785,13 +774,6 @@ impl Relay {
             format!(
                 "dropping a frame from the VMM larger than {max} bytes (got at least {len}); is the VM's MTU above the network's? (further ones are only counted)"
             )
-        });
-    }
-
-    fn tap_write_failed(&mut self, e: Errno) {
-        self.counters.from_vm.drop_frames(1);
-        warn_once(&mut self.warned.tap_write, || {
-            format!("the kernel refused a frame from the VMM: {e} (further ones are only counted)")
         });
     }
 
@@ -857,27 +839,49 @@ impl Relay {
     }
 }
 
-/// Writes one frame (with the client's header, if it speaks one) to the TAP.
-/// `Ok(Err(errno))`: the kernel refused this frame. `Err`: the TAP is gone.
-fn write_tap(
+/// Checks one frame from the VMM (with the client's header, if it speaks
+/// one) and writes it to the TAP. `Ok(false)`: dropped and counted, a runt
+/// or refused by the kernel. `Err`: the TAP is gone.
+fn deliver(
     tap: &OwnedFd,
     header: ClientHeader,
-    payload: &[u8],
-) -> Result<Result<(), Errno>, Stop> {
+    counters: &Counters,
+    warned: &mut Warned,
+    frame: &[u8],
+) -> Result<bool, Stop> {
+    if frame.len() < header.len() + MIN_FRAME {
+        counters.from_vm.drop_frames(1);
+        warn_once(&mut warned.runt, || {
+            format!(
+                "dropping a {}-byte frame from the VMM: shorter than {} bytes (further ones are only counted)",
+                frame.len(),
+                header.len() + MIN_FRAME
+            )
+        });
+        return Ok(false);
+    }
     let zero = &vnet::ZERO[..header.tap_len()];
-    let both = [io::IoSlice::new(zero), io::IoSlice::new(payload)];
+    let both = [io::IoSlice::new(zero), io::IoSlice::new(frame)];
     let iov: &[io::IoSlice] = match header {
         ClientHeader::None => &both,
         ClientHeader::Virtio(_) => &both[1..],
     };
     loop {
         match nix::sys::uio::writev(borrow(tap.as_raw_fd()), iov) {
-            Ok(_) => return Ok(Ok(())),
+            Ok(_) => return Ok(true),
             Err(Errno::EINTR) => continue,
             Err(e @ (Errno::EBADFD | Errno::EBADF)) => {
                 return Err(RelayError::Tap(e.into()).into());
             }
-            Err(e) => return Ok(Err(e)),
+            Err(e) => {
+                counters.from_vm.drop_frames(1);
+                warn_once(&mut warned.tap_write, || {
+                    format!(
+                        "the kernel refused a frame from the VMM: {e} (further ones are only counted)"
+                    )
+                });
+                return Ok(false);
+            }
         }
     }
 }

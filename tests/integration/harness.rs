@@ -422,26 +422,16 @@ impl World {
             let text = std::fs::read_to_string(&json).ok()?;
             serde_json::from_str(&text).ok().map(Ok)
         })?;
-        let mut vmm = None;
         if helper {
-            // The VMM: a stand-in that connects to the helper's socket.
             let flag = if via == Via::HelperDgram {
                 "--dgram-socket"
             } else {
                 "--stream-socket"
             };
-            let mac = info["mac_address"].as_str().unwrap().to_string();
-            let mtu = info["mtu"].to_string();
-            vmm = Some(
-                Command::new(standin)
-                    .args([flag, socket, "--netns", &netns_path, "--mac", &mac])
-                    .args(["--mtu", &mtu])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(std::fs::File::create(format!("{}.vmm", stderr.display())).unwrap())
-                    .spawn()
-                    .unwrap(),
-            );
+            let log = PathBuf::from(format!("{}.vmm", stderr.display()));
+            let mut guest = Guest::on_socket(ns, flag, socket, info, &log);
+            guest.run = Some(run);
+            return Ok(guest);
         }
         wait_for("eth0 in the guest", Duration::from_secs(10), || {
             ns.links().contains(&"eth0".to_string()).then_some(())
@@ -449,7 +439,7 @@ impl World {
         Ok(Guest {
             ns,
             run: Some(run),
-            vmm,
+            vmm: None,
             info,
         })
     }
@@ -500,6 +490,31 @@ pub struct Guest {
 }
 
 impl Guest {
+    /// A guest in `ns` whose VMM is a stand-in connecting to a helper's
+    /// socket (`flag`: --dgram-socket or --stream-socket), with the MAC and
+    /// MTU of the helper's interface JSON `info`; its stderr goes to `log`.
+    pub fn on_socket(ns: Netns, flag: &str, socket: &str, info: Value, log: &Path) -> Guest {
+        let vmm = Command::new(standin_bin())
+            .args([flag, socket, "--netns", &ns.path()])
+            .args(["--mac", info["mac_address"].as_str().unwrap()])
+            .args(["--mtu", &info["mtu"].to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap();
+        let guest = Guest {
+            ns,
+            run: None,
+            vmm: Some(vmm),
+            info,
+        };
+        wait_for("eth0 in the guest", Duration::from_secs(10), || {
+            guest.ns.links().contains(&"eth0".to_string()).then_some(())
+        });
+        guest
+    }
+
     pub fn ip(&self) -> Ipv4Addr {
         self.info["ip_address"].as_str().unwrap().parse().unwrap()
     }
@@ -619,17 +634,45 @@ impl Guest {
 
     /// SIGTERM to `linnet run`, and wait.
     pub fn stop(&mut self) -> std::process::ExitStatus {
-        let mut run = self.run.take().expect("running");
-        let _ = Command::new("kill")
-            .args(["-TERM", &run.id().to_string()])
-            .status();
-        run.wait().unwrap()
+        terminate(self.run.as_mut().expect("running"))
     }
 
     pub fn kill_run(&mut self) {
         let mut run = self.run.take().expect("running");
         run.kill().unwrap();
         run.wait().unwrap();
+    }
+}
+
+/// SIGTERM, and wait.
+pub fn terminate(child: &mut Child) -> std::process::ExitStatus {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    child.wait().unwrap()
+}
+
+/// A child process killed and reaped when dropped, so a failing test
+/// leaves none behind.
+pub struct Reaped(pub Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 

@@ -4,10 +4,11 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::fd::RawFd;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -111,13 +112,15 @@ fn relay_counters(world: &World, info: &Value) -> Option<Value> {
         .filter(|r| !r.is_null())
 }
 
-/// `linnet helper ARGS` behind `wrapper`, with `env`; waits for its JSON.
+/// `linnet helper ARGS` behind `wrapper`, with `env` and, if given, `fd3`
+/// as its fd 3; waits for its JSON. Returns it, the JSON and its log.
 fn helper(
     world: &World,
     wrapper: &[&str],
     env: &[(&str, &str)],
     args: &[&str],
-) -> (Child, Value, std::path::PathBuf) {
+    fd3: Option<RawFd>,
+) -> (Reaped, Value, std::path::PathBuf) {
     let name = unique("helper");
     let json = world.dir.path().join(format!("{name}.json"));
     let log = world.dir.path().join(format!("{name}.log"));
@@ -127,6 +130,17 @@ fn helper(
     cmd.env_remove("SUDO_UID").env_remove("SUDO_GID");
     for (k, v) in env {
         cmd.env(k, v);
+    }
+    if let Some(fd) = fd3 {
+        // SAFETY: dup2 is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
     }
     let mut child = cmd
         .stdin(Stdio::null())
@@ -143,6 +157,7 @@ fn helper(
         }
         serde_json::from_str::<Value>(&std::fs::read_to_string(&json).ok()?).ok()
     });
+    let child = Reaped(child);
     (child, info, log)
 }
 
@@ -195,8 +210,13 @@ fn helper_holds_no_capabilities_and_runs_as_the_caller_or_the_sudo_user() {
         ("root without sudo", &[], &[], &root_sock, "0"),
     ];
     for (what, wrapper, env, sock, uid) in cases {
-        let (mut child, info, log) =
-            helper(&world, wrapper, env, &["--socket", sock.to_str().unwrap()]);
+        let (mut child, info, log) = helper(
+            &world,
+            wrapper,
+            env,
+            &["--socket", sock.to_str().unwrap()],
+            None,
+        );
         let pid = child.id();
         assert_eq!(proc_status(pid, "CapEff"), "0000000000000000", "{what}");
         assert_eq!(proc_status(pid, "CapPrm"), "0000000000000000", "{what}");
@@ -208,45 +228,27 @@ fn helper_holds_no_capabilities_and_runs_as_the_caller_or_the_sudo_user() {
             "{what}: the socket belongs to the user"
         );
         // And it still relays: a guest gets its address through it.
-        let ns = Netns::new("guest");
-        let mut vmm = std::process::Command::new(standin_bin())
-            .args([
-                "--dgram-socket",
-                sock.to_str().unwrap(),
-                "--netns",
-                &ns.path(),
-                "--mac",
-                info["mac_address"].as_str().unwrap(),
-            ])
-            .spawn()
-            .unwrap();
-        wait_for("eth0 in the guest", Duration::from_secs(10), || {
-            ns.links().contains(&"eth0".to_string()).then_some(())
-        });
-        let guest = Guest {
-            ns,
-            run: None,
-            vmm: None,
-            info: info.clone(),
-        };
+        let vmm_log = log.with_extension("vmm");
+        let guest = Guest::on_socket(
+            Netns::new("guest"),
+            "--dgram-socket",
+            sock.to_str().unwrap(),
+            info,
+            &vmm_log,
+        );
         assert_eq!(
             guest.udhcpc(),
             guest.ip(),
             "{what}: relays after dropping privileges"
         );
         // SIGTERM: a clean stop that detaches and removes the socket file.
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-        let status = child.wait().unwrap();
+        let status = terminate(&mut child);
         assert!(
             status.success(),
             "{what}: helper exited with {status}: {}",
             std::fs::read_to_string(&log).unwrap()
         );
         assert!(!sock.exists(), "{what}: socket file removed");
-        let _ = vmm.kill();
-        let _ = vmm.wait();
     }
     wait_for("every interface detached", Duration::from_secs(5), || {
         must(&mut world.linnet(&["ls", "--json"]))
@@ -297,8 +299,13 @@ fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
 
     // Datagrams at a path: runt, oversized, then a good frame; a second client is ignored.
     let path = dir.join("dgram.sock");
-    let (mut dgram_helper, dgram_info, dgram_log) =
-        helper(&world, &[], &[], &["--socket", path.to_str().unwrap()]);
+    let (mut dgram_helper, dgram_info, dgram_log) = helper(
+        &world,
+        &[],
+        &[],
+        &["--socket", path.to_str().unwrap()],
+        None,
+    );
     let first = UnixDatagram::bind(dir.join("first.client")).unwrap();
     first.send_to(&frame(5), &path).unwrap(); // a runt: the first client is still served
     first.send_to(&frame(9000), &path).unwrap();
@@ -333,6 +340,7 @@ fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
         &[],
         &[],
         &["--stream-socket", path.to_str().unwrap()],
+        None,
     );
     let mut c = UnixStream::connect(&path).unwrap();
     c.write_all(&0u32.to_be_bytes()).unwrap();
@@ -343,26 +351,13 @@ fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
     let mut c = UnixStream::connect(&path).unwrap();
     c.write_all(&stream_frame(100, 50)).unwrap();
     drop(c);
-    let ns = Netns::new("guest");
-    let mut vmm = std::process::Command::new(standin_bin())
-        .args([
-            "--stream-socket",
-            path.to_str().unwrap(),
-            "--netns",
-            &ns.path(),
-        ])
-        .args(["--mac", stream_info["mac_address"].as_str().unwrap()])
-        .spawn()
-        .unwrap();
-    wait_for("eth0 in the guest", Duration::from_secs(10), || {
-        ns.links().contains(&"eth0".to_string()).then_some(())
-    });
-    let stream_guest = Guest {
-        ns,
-        run: None,
-        vmm: None,
-        info: stream_info,
-    };
+    let stream_guest = Guest::on_socket(
+        Netns::new("guest"),
+        "--stream-socket",
+        path.to_str().unwrap(),
+        stream_info,
+        &dir.join("stream-vmm.log"),
+    );
     assert_eq!(
         stream_guest.udhcpc(),
         stream_guest.ip(),
@@ -376,28 +371,16 @@ fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
         stream_helper.try_wait().unwrap().is_none(),
         "the helper lives on"
     );
-    let _ = vmm.kill();
-    let _ = vmm.wait();
 
     // A stream handed over as an fd: bad framing ends the helper, with a clear error.
     let (ours, theirs) = UnixStream::pair().unwrap();
-    let theirs_fd = theirs.as_raw_fd();
-    let log = dir.join("fd-helper.log");
-    let mut cmd = world.linnet(&["helper", "--stream-fd", "3"]);
-    // SAFETY: dup2 is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(theirs_fd, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut fd_helper = cmd
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut fd_helper, _, log) = helper(
+        &world,
+        &[],
+        &[],
+        &["--stream-fd", "3"],
+        Some(theirs.as_raw_fd()),
+    );
     drop(theirs);
     (&ours).write_all(&0u32.to_be_bytes()).unwrap();
     let status = wait_for("the fd helper to exit", Duration::from_secs(10), || {
@@ -418,8 +401,7 @@ fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
     let err = std::fs::read_to_string(&dgram_log).unwrap();
     assert_eq!(status.code(), Some(125), "{err}");
     assert!(err.contains("the linnet daemon went away"), "{err}");
-    let _ = stream_helper.kill();
-    let _ = stream_helper.wait();
+    drop(stream_helper);
 }
 
 /// User plus system CPU time of `pid`, in clock ticks.
@@ -439,28 +421,8 @@ fn a_vmm_that_stops_reading_neither_kills_nor_spins_the_helper() {
     let mut world = World::new();
     world.start_daemon();
     let (ours, theirs) = UnixDatagram::pair().unwrap();
-    let theirs_fd = theirs.as_raw_fd();
-    let log = world.dir.path().join("slow-helper.log");
-    let json = world.dir.path().join("slow-helper.json");
-    let mut cmd = world.linnet(&["helper", "--fd", "3"]);
-    // SAFETY: dup2 is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(theirs_fd, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut helper = cmd
-        .stdout(std::fs::File::create(&json).unwrap())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let (mut slow, info, _) = helper(&world, &[], &[], &["--fd", "3"], Some(theirs.as_raw_fd()));
     drop(theirs);
-    let info: Value = wait_for("the helper's JSON", Duration::from_secs(10), || {
-        serde_json::from_str(&std::fs::read_to_string(&json).ok()?).ok()
-    });
     let (ip, mac) = (
         info["ip_address"].as_str().unwrap(),
         info["mac_address"].as_str().unwrap(),
@@ -482,10 +444,10 @@ fn a_vmm_that_stops_reading_neither_kills_nor_spins_the_helper() {
     );
     must(&mut world.host.cmd(&["python3", "-c", &flood]));
     std::thread::sleep(Duration::from_millis(300));
-    let before = cpu_ticks(helper.id());
+    let before = cpu_ticks(slow.id());
     std::thread::sleep(Duration::from_secs(1));
-    let spent = cpu_ticks(helper.id()) - before;
-    assert!(helper.try_wait().unwrap().is_none(), "the helper lives on");
+    let spent = cpu_ticks(slow.id()) - before;
+    assert!(slow.try_wait().unwrap().is_none(), "the helper lives on");
     assert!(
         spent < 20,
         "a blocked helper waits instead of spinning: {spent} ticks in 1 s"
@@ -514,6 +476,4 @@ fn a_vmm_that_stops_reading_neither_kills_nor_spins_the_helper() {
             break;
         }
     }
-    let _ = helper.kill();
-    let _ = helper.wait();
 }
