@@ -1,11 +1,12 @@
 # linnet — two commands on a fresh machine (as root):
 #   make demo   start VMs' networks and show them working
 #   make test   unit tests, then the integration suite in throwaway namespaces
+#   make bench  linnet against the kernel and its peers (bench/README.md)
 
 CARGO ?= cargo
 SANDBOX := scripts/sandbox
 
-.PHONY: all build guest deps test unit integration lint demo clean
+.PHONY: all build guest deps test unit integration lint demo bench bench-smoke clean
 
 all: build
 
@@ -34,11 +35,26 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	# The integration suite is test = false, so --all-targets skips it.
 	$(CARGO) clippy --test integration -- -D warnings
+	python3 -m py_compile bench/linnet_bench/*.py
 
-test: deps lint unit integration
+# The benchmark's machinery, quickly: a kernel setup and linnet's tap and
+# dgram datapaths, one short run each, no figures kept. Fails if a setup
+# fails or leaves anything behind.
+bench-smoke: deps
+	$(CARGO) build --workspace --bins
+	$(SANDBOX) bench/run --bin target/debug --only '^veth$$|linnet (tap|dgram)$$' --mtu 1500 \
+		--runs 1 --seconds 1 --attaches 20 --interfaces 100 --out target/bench-smoke --strict >/dev/null
+
+test: deps lint unit integration bench-smoke
 
 demo: deps build guest
 	$(SANDBOX) scripts/demo
+
+# Throughput, CPU and control-plane figures, written to bench/results/.
+# BENCH_ARGS passes options, e.g. BENCH_ARGS="--only linnet --runs 5".
+bench: deps build
+	scripts/install-deps bench
+	$(SANDBOX) bench/run $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -35,6 +35,9 @@ const BUFFER: usize = 65536 + 64;
 const USAGE: &str = "usage: linnet-standin DATAPATH --netns PATH [--ifname eth0] [--mac MAC] [--mtu N] [--vnet-hdr N]
 DATAPATH is one of:
   --fd N                the TAP fd from linnet (e.g. {fd} under `linnet run`)
+  --tap NAME            a TAP opened by name in the current namespace (a
+                        persistent TAP, or one made here: the benchmark's
+                        baseline without linnet)
   --dgram-fd N          a unix datagram socket (e.g. {fd} under `linnet run --datapath dgram`)
   --stream-fd N         a unix stream socket with length-prefixed frames
   --dgram-socket PATH   bind PATH.client and exchange datagrams with the socket at PATH
@@ -47,6 +50,7 @@ DATAPATH is one of:
 
 enum Datapath {
     Tap(RawFd),
+    TapName(String),
     DgramFd(RawFd),
     StreamFd(RawFd),
     DgramSocket(String),
@@ -92,6 +96,7 @@ fn parse_args() -> Result<Options, String> {
         let number = |v: String| v.parse::<usize>().map_err(|e| format!("{arg}: {e}"));
         match arg.as_str() {
             "--fd" => datapath = Some(Datapath::Tap(number(value()?)? as RawFd)),
+            "--tap" => datapath = Some(Datapath::TapName(value()?)),
             "--dgram-fd" => datapath = Some(Datapath::DgramFd(number(value()?)? as RawFd)),
             "--stream-fd" => datapath = Some(Datapath::StreamFd(number(value()?)? as RawFd)),
             "--dgram-socket" => datapath = Some(Datapath::DgramSocket(value()?)),
@@ -154,6 +159,11 @@ fn open_link(datapath: &Datapath, vnet_hdr: Option<usize>) -> io::Result<Link> {
     Ok(match datapath {
         Datapath::Tap(fd) => {
             let fd = owned(*fd);
+            set_offload(&fd, true)?;
+            link(fd, LinkKind::Tap, TAP_HEADER)
+        }
+        Datapath::TapName(name) => {
+            let fd = create_tap(name)?;
             set_offload(&fd, true)?;
             link(fd, LinkKind::Tap, TAP_HEADER)
         }

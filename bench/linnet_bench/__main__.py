@@ -1,0 +1,167 @@
+"""linnet's benchmark: linnet's datapaths against the kernel's limits and the
+peers a user would pick instead, and the control plane's figures, in one run.
+
+Run it through `make bench`, which runs it inside scripts/sandbox: every
+namespace, link and process it makes vanishes when it ends.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import control, report
+from .env import Env
+from .host import BenchError, memory_kib, version
+from .setups import DIRECTIONS, VM_TO_VM, all_setups
+from .throughput import check_path, measure, summarize
+
+
+def parse_args():
+    p = argparse.ArgumentParser(prog="bench/run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=int, default=2, help="length of each iperf3 run (default 2)")
+    p.add_argument("--runs", type=int, default=3, help="runs per figure; the median is reported (default 3)")
+    p.add_argument("--only", metavar="REGEX", help="only the setups whose name matches, e.g. 'linnet|passt'")
+    p.add_argument("--mtu", type=int, choices=(1500, 65520), help="only this MTU")
+    p.add_argument("--no-control", action="store_true", help="skip the control-plane figures")
+    p.add_argument("--interfaces", type=int, default=1000, help="interfaces for the scale figure (default 1000)")
+    p.add_argument("--attaches", type=int, default=200, help="attaches for the latency figure (default 200)")
+    p.add_argument("--bin", default="target/release", help="where linnet and linnet-standin are")
+    p.add_argument("--out", default="bench/results", help="where latest.{md,json,svg} go")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 if any setup failed (for the smoke check in `make test`)")
+    return p.parse_args()
+
+
+def machine(bindir):
+    with open("/proc/cpuinfo") as f:
+        cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "unknown")
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True).stdout.strip() or "unknown"
+    return {
+        "cores": os.cpu_count(),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "linnet_commit": commit,
+        "tools": {
+            "iperf3": version(["iperf3", "--version"]),
+            "passt": version(["passt", "--version"]),
+            "slirp4netns": version(["slirp4netns", "--version"]),
+            "vde_switch": version(["vde_switch", "--version"]),
+        },
+    }
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def throughput(env, setup, mtu, args, results):
+    entry = {"setup": setup.name, "group": setup.group, "mtu": mtu, "directions": {}}
+    results["throughput"].append(entry)
+    try:
+        topo = setup.up(env, mtu)
+        for direction in DIRECTIONS:
+            if direction == VM_TO_VM and not setup.vm_to_vm:
+                continue
+            if direction == VM_TO_VM:
+                env.procs.start(f"iperf3-server-{topo.guests[1][0]}", ["iperf3", "--server"],
+                                ns=topo.guests[1][0])
+            check_path(topo, direction)
+            runs = [measure(topo, direction, args.seconds) for _ in range(args.runs)]
+            entry["directions"][direction] = summarize(runs)
+            log(f"  {setup.name:<24} MTU {mtu:<5} {report.LABEL[direction]:<8} "
+                f"{entry['directions'][direction]['gbps']:6.2f} Gbit/s")
+        if setup.group == "linnet" and setup.datapath != "tap":
+            relays = [p for p in topo.net_pids if p != env.linnet.daemon.pid]
+            entry["relay_peak_rss_mib"] = round(max(memory_kib(p, "VmHWM") for p in relays) / 1024, 2)
+    except BenchError as e:
+        entry["error"] = str(e)
+        log(f"  {setup.name} at MTU {mtu} failed: {e}")
+    finally:
+        env.teardown()
+
+
+def main():
+    args = parse_args()
+    if os.environ.get("LINNET_SANDBOX") != "1":
+        sys.exit("bench: run it with `make bench` (it must run inside scripts/sandbox)")
+    started = time.monotonic()
+    results = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(args.bin),
+        "settings": {"seconds": args.seconds, "runs": args.runs, "only": args.only, "mtu": args.mtu},
+        "throughput": [], "not_run": [], "control": None,
+    }
+    with tempfile.TemporaryDirectory(prefix="linnet-bench.") as workdir:
+        env = Env(workdir, args.bin)
+        try:
+            env.start_linnet()
+            if not args.no_control:
+                log("control plane")
+                daemon = env.linnet.daemon.pid
+                idle = round(memory_kib(daemon) / 1024, 2)
+                results["control"] = {
+                    "daemon_rss_mib_idle": idle,
+                    "latency": control.latency(env.linnet.socket, "shared", args.attaches),
+                    "scale": control.scale(env.linnet.socket, "scale", daemon,
+                                           sorted({min(100, args.interfaces), args.interfaces})),
+                    "helper": control.helper_rss(env.linnet, workdir),
+                }
+                log(f"  {json.dumps(results['control'])}")
+            env.lasting.start("iperf3-server-host", ["iperf3", "--server"])
+            log("throughput")
+            for setup in all_setups():
+                if args.only and not re.search(args.only, setup.name):
+                    continue
+                why = setup.unavailable(env)
+                if why:
+                    results["not_run"].append({"setup": setup.name, "why": why})
+                    continue
+                if not setup.vm_to_vm:
+                    results["not_run"].append({"setup": setup.name, "direction": VM_TO_VM,
+                                               "why": setup.why_no_vm_to_vm})
+                if 65520 not in setup.mtus and args.mtu != 1500:
+                    results["not_run"].append({"setup": setup.name, "mtu": 65520, "why": setup.why_no_jumbo})
+                for mtu in setup.mtus:
+                    if args.mtu in (None, mtu):
+                        throughput(env, setup, mtu, args, results)
+        finally:
+            env.close()
+        left = env.leftovers()
+        if left:
+            log(f"bench: links left behind: {', '.join(left)}")
+    peaks = [r["relay_peak_rss_mib"] for r in results["throughput"] if "relay_peak_rss_mib" in r]
+    if results["control"] and peaks:
+        results["control"]["relay_peak_rss_mib"] = max(peaks)
+    results["duration_s"] = round(time.monotonic() - started, 1)
+    results["targets"] = report.targets(results)
+    os.makedirs(args.out, exist_ok=True)
+    md = report.markdown(results)
+    with open(os.path.join(args.out, "latest.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(args.out, "latest.json"), "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(args.out, "latest.svg"), "w") as f:
+        f.write(report.svg(results))
+    print(md)
+    log(f"bench: wrote {args.out}/latest.md, latest.json and latest.svg in {results['duration_s']:.0f} s")
+    problems = [f"{r['setup']} at MTU {r['mtu']} failed" for r in results["throughput"] if r.get("error")]
+    if left:
+        problems.append(f"links left behind: {', '.join(left)}")
+    if args.strict and problems:
+        sys.exit("bench: " + "; ".join(problems))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BenchError as e:
+        sys.exit(f"bench: {e}")

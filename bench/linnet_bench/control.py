@@ -1,0 +1,129 @@
+"""Control-plane figures, through linnet's raw API (docs/api.md): JSON over
+SOCK_SEQPACKET, each TAP fd arriving as SCM_RIGHTS. Measuring the daemon,
+not a CLI's start-up."""
+import array
+import json
+import os
+import resource
+import select
+import socket
+import statistics
+import subprocess
+import time
+
+from .host import BenchError, memory_kib, wait_for
+
+
+def connect(path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(path)
+    return sock
+
+
+def call(sock, request):
+    sock.send(json.dumps(request).encode())
+    fds = array.array("i")
+    msg, ancillary, _flags, _addr = sock.recvmsg(1 << 20, socket.CMSG_SPACE(4 * fds.itemsize))
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
+    reply = json.loads(msg)
+    if reply.get("reply") == "error":
+        raise BenchError(f"linnet refused {request['op']}: {reply}")
+    return reply, list(fds)
+
+
+def attach(sock, network):
+    """Attaches an interface: its id and TAP fd. Like a VMM, the caller holds
+    the fd while the interface is in use (the last close of a TAP destroys
+    it, and that would be timed as the attach's)."""
+    reply, fds = call(sock, {"op": "attach", "network": network})
+    if len(fds) != 1:
+        raise BenchError(f"attach sent {len(fds)} fds, expected one TAP fd")
+    return reply["interface"]["interface_id"], fds[0]
+
+
+def percentile(values, p):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
+
+
+def latency(socket_path, network, count):
+    """Attach then detach one interface, `count` times, on a network kept up
+    by one more interface: p50 and p99 in ms."""
+    sock = connect(socket_path)
+    _, anchor = attach(sock, network)
+    attach_ms, detach_ms = [], []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        iid, tap = attach(sock, network)
+        t1 = time.perf_counter()
+        call(sock, {"op": "detach", "interface_id": iid})
+        t2 = time.perf_counter()
+        os.close(tap)
+        attach_ms.append((t1 - t0) * 1000)
+        detach_ms.append((t2 - t1) * 1000)
+    sock.close()
+    os.close(anchor)
+    summary = lambda xs: {"p50": round(statistics.median(xs), 3), "p99": round(percentile(xs, 0.99), 3)}
+    return {"count": count, "attach_ms": summary(attach_ms), "detach_ms": summary(detach_ms)}
+
+
+def interfaces_on(socket_path, network):
+    sock = connect(socket_path)
+    listing, _ = call(sock, {"op": "list"})
+    sock.close()
+    return sum(1 for i in listing["interfaces"] if i["network"] == network)
+
+
+def scale(socket_path, network, daemon_pid, marks):
+    """Attaches max(marks) interfaces on one network from one connection:
+    the time and the daemon's RSS at each mark, then the time for the daemon
+    to detach them all when the connection closes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    sock = connect(socket_path)
+    out = {"attach_s": {}, "daemon_rss_mib": {}}
+    taps = []
+    start = time.perf_counter()
+    for n in range(1, max(marks) + 1):
+        taps.append(attach(sock, network)[1])
+        if n in marks:
+            out["attach_s"][n] = round(time.perf_counter() - start, 3)
+            out["daemon_rss_mib"][n] = round(memory_kib(daemon_pid) / 1024, 2)
+    start = time.perf_counter()
+    sock.close()
+    for tap in taps:
+        os.close(tap)
+    wait_for(lambda: interfaces_on(socket_path, network) == 0,
+             f"the daemon to detach {max(marks)} interfaces", timeout=120)
+    out["detach_all_s"] = round(time.perf_counter() - start, 3)
+    out["daemon_rss_mib_after_detach"] = round(memory_kib(daemon_pid) / 1024, 2)
+    return out
+
+
+def smaps_rollup(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return {k.rstrip(":"): int(v) for k, v, *_ in (l.split() for l in f) if k.endswith(":")}
+
+
+def helper_rss(linnet, workdir):
+    """RSS of an idle `linnet helper --socket`, attached and serving."""
+    path = os.path.join(workdir, "helper.sock")
+    proc = subprocess.Popen([linnet.bin, "helper", "--socket", path], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env={**os.environ, **linnet.env})
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 10)
+        if not ready or not proc.stdout.readline():
+            raise BenchError("`linnet helper --socket` printed no interface within 10 s")
+        mib = lambda kib: round(kib / 1024, 2)
+        rollup = smaps_rollup(proc.pid)
+        return {"rss_mib": mib(memory_kib(proc.pid)),
+                "peak_rss_mib": mib(memory_kib(proc.pid, "VmHWM")),
+                # What this helper alone costs: its code pages and libc's
+                # are shared with the daemon and every other helper.
+                "pss_mib": mib(rollup["Pss"]),
+                "private_mib": mib(rollup["Private_Clean"] + rollup["Private_Dirty"])}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

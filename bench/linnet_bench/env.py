@@ -1,0 +1,122 @@
+"""The benchmark's world: the guest namespaces, host links and processes of
+the setup under measurement (all removed between setups), and the linnet
+daemon shared by the linnet setups and the control-plane figures."""
+import os
+import shutil
+import signal
+import subprocess
+
+from .host import BenchError, Processes, ip, link_exists, run, wait_for
+
+# The networks the daemon serves: `shared` (MTU 1500) is built in.
+NETWORKS_YAML = """\
+networks:
+  jumbo:
+    mode: shared
+    subnet: 192.168.120.0/24
+    mtu: 65520
+  scale:
+    mode: host
+    subnet: 10.80.0.0/20
+"""
+
+
+class Linnet:
+    """A linnet daemon with its run directory under the benchmark's."""
+
+    def __init__(self, bindir, workdir, procs):
+        self.bin = os.path.join(bindir, "linnet")
+        config = os.path.join(workdir, "networks.yaml")
+        with open(config, "w") as f:
+            f.write(NETWORKS_YAML)
+        self.env = {
+            "LINNET_RUN_DIR": os.path.join(workdir, "run"),
+            "LINNET_STATE_DIR": os.path.join(workdir, "state"),
+            "LINNET_CONFIG": config,
+        }
+        self.socket = os.path.join(self.env["LINNET_RUN_DIR"], "linnet.sock")
+        self.daemon = procs.start("linnet-daemon", [self.bin, "daemon"], env=self.env)
+        wait_for(lambda: procs.check_alive() or os.path.exists(self.socket), "the linnet daemon's socket")
+
+    @staticmethod
+    def network_for(mtu):
+        return {1500: "shared", 65520: "jumbo"}[mtu]
+
+
+class Env:
+    def __init__(self, workdir, bindir):
+        self.workdir = workdir
+        self.bindir = bindir
+        self.standin_bin = os.path.join(bindir, "linnet-standin")
+        logdir = os.path.join(workdir, "logs")
+        os.makedirs(logdir, exist_ok=True)
+        self.lasting = Processes(logdir)   # the daemon and the host's iperf3 server
+        self.procs = Processes(logdir)     # the current setup's
+        self.namespaces = []
+        self.links = []
+        self.pids = []
+        self.paths = 0
+        self.linnet = None
+
+    def start_linnet(self):
+        self.linnet = Linnet(self.bindir, self.workdir, self.lasting)
+
+    @staticmethod
+    def have(tool):
+        return shutil.which(tool) is not None
+
+    def guest_ns(self, name=None):
+        name = name or f"g{len(self.namespaces) + 1}"
+        ip("netns", "add", name)
+        self.namespaces.append(name)
+        ip("link", "set", "lo", "up", ns=name)
+        return name
+
+    def host_link(self, name):
+        """Registers a host link the setup is about to create."""
+        self.links.append(name)
+        return name
+
+    def fresh_path(self, name):
+        """A path in the work directory no earlier setup has used."""
+        self.paths += 1
+        return os.path.join(self.workdir, f"{self.paths}-{name}")
+
+    def kill_later(self, pid):
+        self.pids.append(pid)
+
+    def standin(self, name, args, ns):
+        return self.procs.start(name, [self.standin_bin] + [str(a) for a in args]
+                                + ["--netns", f"/run/netns/{ns}"])
+
+    def wait_link(self, dev, ns=None):
+        """Waits for a link the setup's processes create."""
+        wait_for(lambda: self.procs.check_alive() or link_exists(dev, ns),
+                 f"{dev} in {ns or 'the host namespace'}")
+
+    def teardown(self):
+        """Removes everything the current setup made, even after a failure."""
+        self.procs.stop_all()
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        self.pids.clear()
+        for ns in self.namespaces:
+            run("ip", "netns", "del", ns, check=False)
+        self.namespaces.clear()
+        for link in self.links:
+            if link_exists(link):
+                run("ip", "link", "del", link, check=False)
+        self.links.clear()
+
+    def close(self):
+        self.teardown()
+        self.lasting.stop_all()
+
+    def leftovers(self):
+        """Links on the host other than loopback: should be none at the end."""
+        out = ip("-o", "link", "show")
+        return [l.split(":")[1].strip().split("@")[0] for l in out.splitlines()
+                if l.split(":")[1].strip() != "lo"]

@@ -1,0 +1,134 @@
+"""Commands, processes, namespaces and /proc readings for the benchmark.
+
+Everything here runs inside scripts/sandbox: the "host" is the sandbox's own
+network namespace and guests are `ip netns` namespaces inside it, so nothing
+touches the machine's network and all of it vanishes when the run ends.
+"""
+import os
+import signal
+import subprocess
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(Exception):
+    """A step of the benchmark failed; the message names the step."""
+
+
+def run(*args, ns=None, check=True):
+    """Runs a command (in namespace `ns`), returns its stdout."""
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + [str(a) for a in args]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and r.returncode != 0:
+        raise BenchError(f"`{' '.join(cmd)}` failed: {r.stderr.strip() or r.returncode}")
+    return r.stdout
+
+
+def ip(*args, ns=None):
+    """`ip` in the host namespace, or with -n NS."""
+    return run("ip", *(["-n", ns] if ns else []), *args)
+
+
+def wait_for(condition, what, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def link_exists(name, ns=None):
+    cmd = ["ip"] + (["-n", ns] if ns else []) + ["link", "show", name]
+    return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+
+
+class Processes:
+    """Every process one setup starts, so its teardown stops them all."""
+
+    def __init__(self, logdir):
+        self.logdir = logdir
+        self.procs = []
+
+    def start(self, name, args, ns=None, env=None):
+        cmd = (["ip", "netns", "exec", ns] if ns else []) + [str(a) for a in args]
+        log = open(os.path.join(self.logdir, f"{name}.log"), "ab")
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            env=None if env is None else {**os.environ, **env})
+        log.close()
+        proc.bench_name = name
+        self.procs.append(proc)
+        return proc
+
+    def check_alive(self):
+        for p in self.procs:
+            if p.poll() is not None:
+                raise BenchError(f"{p.bench_name} exited with {p.returncode}; see {self.log(p)}")
+
+    def log(self, proc):
+        return os.path.join(self.logdir, f"{proc.bench_name}.log")
+
+    def stop_all(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+
+
+def children(pid):
+    """Direct children of `pid` (all its threads')."""
+    kids = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(c) for c in f.read().split()]
+    except FileNotFoundError:
+        pass
+    return kids
+
+
+def cpu_seconds(pid):
+    """User + system CPU of a process, all its threads, in seconds."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    # Fields after the command: state is field 3, utime 14, stime 15.
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_busy_seconds():
+    """CPU seconds the whole machine spent not idle, summed over cores."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values[:8]) - idle) / CLK_TCK
+
+
+def memory_kib(pid, field="VmRSS"):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise BenchError(f"no {field} for pid {pid}")
+
+
+def version(cmd):
+    """The first line a tool prints for its version, or why not."""
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"not available ({e})"
+    lines = [l for l in r.stdout.splitlines() if l.strip() and "syslog" not in l]
+    return lines[0].strip() if lines else "unknown"

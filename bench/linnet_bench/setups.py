@@ -1,0 +1,306 @@
+"""The network setups the benchmark compares.
+
+Each setup builds one network with up to two guests (network namespaces that
+play the VMs) and says where the host side is. Guests behind a datapath get
+their frames through linnet-standin, the same stand-in VMM for every setup,
+so its cost is equal for all; setups whose peer brings its own VMM side
+(slirp4netns, vde_plug2tap) say so.
+"""
+import json
+import os
+
+from .host import children, ip, link_exists, run, wait_for
+
+VM_TO_HOST, HOST_TO_VM, VM_TO_VM = "vm_to_host", "host_to_vm", "vm_to_vm"
+DIRECTIONS = (VM_TO_HOST, HOST_TO_VM, VM_TO_VM)
+
+
+class Topology:
+    """What a running setup offers the measurements."""
+
+    def __init__(self):
+        self.guests = []        # [(namespace, address)]; the first is the iperf3 client
+        self.server = None      # the host's address as the guests reach it
+        self.net_pids = []      # networking processes: daemon, relay, peer
+        self.standin_pids = []  # the stand-in VMMs
+
+
+class Setup:
+    group = ""              # kernel | baseline | linnet | peer
+    mtus = (1500, 65520)
+    vm_to_vm = True
+    standin = True          # frames pass through linnet-standin
+    why_no_vm_to_vm = ""
+    why_no_jumbo = ""
+
+    def __init__(self, name):
+        self.name = name
+
+    def unavailable(self, env):
+        """Why this setup cannot run on this machine, or None."""
+        return None
+
+    def guests(self):
+        return 2 if self.vm_to_vm else 1
+
+    def up(self, env, mtu):
+        raise NotImplementedError
+
+
+def configure(ns, dev, cidr, mtu=None, gateway=None):
+    if mtu:
+        ip("link", "set", dev, "mtu", mtu, ns=ns)
+    ip("addr", "add", cidr, "dev", dev, ns=ns)
+    ip("link", "set", dev, "up", ns=ns)
+    if gateway:
+        ip("route", "add", "default", "via", gateway, ns=ns)
+
+
+class Veth(Setup):
+    """The kernel's limit: a veth pair straight into each guest; VM to VM
+    over a second pair between the guests."""
+    group = "kernel"
+    standin = False
+
+    def up(self, env, mtu):
+        topo = Topology()
+        g1 = env.guest_ns()
+        env.host_link("bvh1")
+        ip("link", "add", "bvh1", "mtu", mtu, "type", "veth", "peer", "name", "eth0",
+           "mtu", mtu, "netns", g1)
+        configure(None, "bvh1", "10.200.0.1/24")
+        configure(g1, "eth0", "10.200.0.2/24")
+        topo.server = "10.200.0.1"
+        topo.guests.append((g1, "10.200.0.2"))
+        g2 = env.guest_ns()
+        ip("link", "add", "eth1", "mtu", mtu, "netns", g1, "type", "veth", "peer", "name",
+           "eth0", "mtu", mtu, "netns", g2)
+        configure(g1, "eth1", "10.200.1.1/24")
+        configure(g2, "eth0", "10.200.1.2/24")
+        topo.guests.append((g2, "10.200.1.2"))
+        return topo
+
+
+class Bridge(Setup):
+    """The kernel's limit with a switch: a bridge on the host, a veth pair
+    per guest."""
+    group = "kernel"
+    standin = False
+
+    def up(self, env, mtu):
+        topo = Topology()
+        bridge = env.host_link("bbr0")
+        ip("link", "add", bridge, "type", "bridge")
+        for i in range(self.guests()):
+            ns = env.guest_ns()
+            port = env.host_link(f"bbv{i}")
+            ip("link", "add", port, "mtu", mtu, "type", "veth", "peer", "name", "eth0",
+               "mtu", mtu, "netns", ns)
+            ip("link", "set", port, "master", bridge, "up")
+            addr = f"10.201.0.{i + 2}"
+            configure(ns, "eth0", f"{addr}/24")
+            topo.guests.append((ns, addr))
+        ip("link", "set", bridge, "mtu", mtu)
+        configure(None, bridge, "10.201.0.1/24")
+        topo.server = "10.201.0.1"
+        return topo
+
+
+class TapRelay(Setup):
+    """The baseline for linnet's tap datapath: a TAP on a plain bridge, its
+    fd relayed to the guest by the same stand-in, with no linnet at all."""
+    group = "baseline"
+
+    def up(self, env, mtu):
+        topo = Topology()
+        bridge = env.host_link("bbr1")
+        ip("link", "add", bridge, "type", "bridge")
+        for i in range(self.guests()):
+            ns = env.guest_ns()
+            tap = env.host_link(f"btap{i}")
+            proc = env.standin(f"standin-{ns}", ["--tap", tap, "--mtu", mtu], ns)
+            env.wait_link(tap)
+            ip("link", "set", tap, "mtu", mtu, "master", bridge, "up")
+            addr = f"10.202.0.{i + 2}"
+            env.wait_link("eth0", ns)
+            configure(ns, "eth0", f"{addr}/24")
+            topo.guests.append((ns, addr))
+            topo.standin_pids.append(proc.pid)
+        ip("link", "set", bridge, "mtu", mtu)
+        configure(None, bridge, "10.202.0.1/24")
+        topo.server = "10.202.0.1"
+        return topo
+
+
+class Linnet(Setup):
+    """linnet: `linnet run --datapath D [--vnet-hdr] -- linnet-standin …`."""
+    group = "linnet"
+    STANDIN_FLAG = {"tap": "--fd", "dgram": "--dgram-fd", "stream": "--stream-fd"}
+
+    def __init__(self, name, datapath, vnet_hdr=False):
+        super().__init__(name)
+        self.datapath = datapath
+        self.vnet_hdr = vnet_hdr
+
+    def up(self, env, mtu):
+        topo = Topology()
+        network = env.linnet.network_for(mtu)
+        info = None
+        for _ in range(self.guests()):
+            ns = env.guest_ns()
+            out = env.fresh_path(f"{ns}.json")
+            standin = [self.STANDIN_FLAG[self.datapath], "{fd}", "--netns", f"/run/netns/{ns}"]
+            if self.vnet_hdr:
+                standin += ["--vnet-hdr", "12"]
+            args = [env.linnet.bin, "run", "--network", network, "--datapath", self.datapath,
+                    "--json", out]
+            if self.vnet_hdr:
+                args.append("--vnet-hdr")
+            proc = env.procs.start(f"run-{ns}", args + ["--", env.standin_bin] + standin,
+                                   env=env.linnet.env)
+            info = wait_for(lambda: env.procs.check_alive() or read_json(out),
+                            f"`linnet run` for {ns} to attach")
+            env.wait_link("eth0", ns)
+            prefix = info["subnet"].split("/")[1]
+            configure(ns, "eth0", f"{info['ip_address']}/{prefix}")
+            topo.guests.append((ns, info["ip_address"]))
+            topo.net_pids.append(proc.pid)
+            topo.standin_pids += wait_for(lambda: children(proc.pid),
+                                          f"the stand-in under `linnet run` for {ns}")
+        topo.server = info["gateway"]
+        topo.net_pids.append(env.linnet.daemon.pid)
+        return topo
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+class Passt(Setup):
+    """passt on its stream socket (QEMU's `-netdev stream` framing), the
+    stand-in connected to it. passt needs an uplink with a default route: a
+    veth to an `upstream` namespace. The guest reaches the host at passt's
+    gateway address, which passt maps to the host itself."""
+    group = "peer"
+    vm_to_vm = False
+    why_no_vm_to_vm = "a passt instance serves one VM; two VMs cannot share its network"
+
+    def unavailable(self, env):
+        return None if env.have("passt") else "passt is not installed (apt-get install passt)"
+
+    def up(self, env, mtu):
+        topo = Topology()
+        upstream = env.guest_ns("upstream")
+        uplink = env.host_link("bup0")
+        ip("link", "add", uplink, "type", "veth", "peer", "name", "eth0", "netns", upstream)
+        configure(None, uplink, "10.203.0.1/24")
+        configure(upstream, "eth0", "10.203.0.254/24")
+        ip("route", "add", "default", "via", "10.203.0.254")
+        # passt answers the guest's pings through ICMP ping sockets, which
+        # root may open only if its group is in this range. This is the
+        # sandbox's own namespace, gone when the benchmark ends.
+        run("sysctl", "-qw", "net.ipv4.ping_group_range=0 0")
+        sock = env.fresh_path("passt.sock")
+        passt = env.procs.start("passt", ["passt", "--foreground", "--quiet", "--runas", "0",
+                                          "--mtu", mtu, "--socket", sock])
+        wait_for(lambda: env.procs.check_alive() or os.path.exists(sock), "passt's socket")
+        ns = env.guest_ns()
+        proc = env.standin(f"standin-{ns}", ["--stream-socket", sock, "--mtu", mtu], ns)
+        env.wait_link("eth0", ns)
+        # passt gives the guest the host's own address and gateway.
+        configure(ns, "eth0", "10.203.0.1/24", gateway="10.203.0.254")
+        topo.guests.append((ns, "10.203.0.1"))
+        topo.server = "10.203.0.254"
+        topo.net_pids.append(passt.pid)
+        topo.standin_pids.append(proc.pid)
+        return topo
+
+
+class Slirp(Setup):
+    """slirp4netns: its own TAP in the guest namespace, so no stand-in (the
+    stand-in's share of the work is not there to count)."""
+    group = "peer"
+    vm_to_vm = False
+    standin = False
+    why_no_vm_to_vm = "a slirp4netns instance serves one namespace; two cannot share its network"
+
+    def unavailable(self, env):
+        return None if env.have("slirp4netns") else "slirp4netns is not installed (apt-get install slirp4netns)"
+
+    def up(self, env, mtu):
+        topo = Topology()
+        ns = env.guest_ns()
+        slirp = env.procs.start("slirp4netns", ["slirp4netns", "--netns-type=path", "--mtu", mtu,
+                                                "--configure", f"/run/netns/{ns}", "tap0"])
+
+        def configured():
+            env.procs.check_alive()
+            return link_exists("tap0", ns) and "10.0.2.100" in ip("addr", "show", "tap0", ns=ns)
+        wait_for(configured, "slirp4netns to configure tap0")
+        topo.guests.append((ns, "10.0.2.100"))
+        topo.server = "10.0.2.2"
+        topo.net_pids.append(slirp.pid)
+        return topo
+
+
+class Vde(Setup):
+    """A VDE switch with the host's TAP on it (vde_switch -t) and each guest
+    plugged in by vde_plug2tap, which plays the VMM side (no stand-in)."""
+    group = "peer"
+    standin = False
+    mtus = (1500,)
+    why_no_jumbo = "vde_switch carries frames of at most 1514 bytes"
+
+    def unavailable(self, env):
+        return None if env.have("vde_switch") and env.have("vde_plug2tap") else \
+            "vde2 is not installed (apt-get install vde2)"
+
+    def up(self, env, mtu):
+        topo = Topology()
+        sock = env.fresh_path("vde")
+        tap = env.host_link("bvde0")
+        pidfile = env.fresh_path("vde_switch.pid")
+        run("vde_switch", "--sock", sock, "--tap", tap, "--daemon", "--pidfile", pidfile)
+        pid = wait_for(lambda: read_pid(pidfile), "vde_switch's pid file")
+        env.kill_later(pid)
+        env.wait_link(tap)
+        configure(None, tap, "10.204.0.1/24", mtu=mtu)
+        topo.server = "10.204.0.1"
+        topo.net_pids.append(pid)
+        for i in range(self.guests()):
+            ns = env.guest_ns()
+            plug = env.procs.start(f"vde_plug2tap-{ns}", ["vde_plug2tap", "--sock", sock, "eth0"], ns=ns)
+            env.wait_link("eth0", ns)
+            addr = f"10.204.0.{i + 2}"
+            configure(ns, "eth0", f"{addr}/24", mtu=mtu)
+            topo.guests.append((ns, addr))
+            topo.net_pids.append(plug.pid)
+        return topo
+
+
+def read_pid(path):
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def all_setups():
+    return [
+        Veth("veth"),
+        Bridge("bridge + veth"),
+        TapRelay("tap relay (no linnet)"),
+        Linnet("linnet tap", "tap"),
+        Linnet("linnet dgram", "dgram"),
+        Linnet("linnet stream", "stream"),
+        Linnet("linnet dgram + vnet", "dgram", vnet_hdr=True),
+        Linnet("linnet stream + vnet", "stream", vnet_hdr=True),
+        Passt("passt (stream)"),
+        Slirp("slirp4netns"),
+        Vde("vde_switch"),
+    ]
