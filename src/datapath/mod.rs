@@ -4,6 +4,7 @@
 //! socket the VMM speaks: one frame per datagram, or each frame after its
 //! length as 4 bytes big-endian (framing.rs).
 
+pub mod coalesce;
 pub mod framing;
 pub mod port;
 pub mod relay;

@@ -5,6 +5,8 @@
 //!   one sendmmsg (dgram) or one sendmsg of many iovecs (stream).
 //! - From the VM: one recvmmsg takes a batch of datagrams, or one read takes
 //!   a large piece of the stream; each whole frame is written to the TAP.
+//!   From a VMM that sends bare frames, runs of TCP segments in a batch are
+//!   first coalesced into GSO frames (coalesce.rs).
 //!
 //! Every buffer is allocated in `Relay::new`; the loop allocates nothing and
 //! logs only the first frame of each kind it drops (the counters keep the
@@ -24,6 +26,7 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 use thiserror::Error;
 use tracing::{error, info, warn};
 
+use super::coalesce::Coalescer;
 use super::framing::{self, Deframer, FramingError, LENGTH_BYTES};
 use super::port::{self, Endpoint, Peer, Port, SockAddr};
 use super::vnet::{self, ClientHeader};
@@ -110,16 +113,25 @@ enum Inbox {
 /// First-occurrence logging of dropped frames, by kind.
 #[derive(Default)]
 struct Warned {
-    runt: bool,
     oversized: bool,
-    tap_write: bool,
     foreign: bool,
     unbound: bool,
     send: bool,
 }
 
-pub struct Relay {
+/// Frames from the VMM on their way into the TAP: checked, coalesced (for a
+/// VMM that sends bare frames), written and counted.
+struct Inlet {
     tap: OwnedFd,
+    header: ClientHeader,
+    coalescer: Option<Coalescer>,
+    counters: Arc<Counters>,
+    warned_runt: bool,
+    warned_write: bool,
+}
+
+pub struct Relay {
+    inlet: Inlet,
     port: Port,
     header: ClientHeader,
     max_frame: usize,
@@ -163,7 +175,14 @@ impl Relay {
             _ => Inbox::Datagrams(vec![0; batch * slot].into_boxed_slice()),
         };
         Ok(Relay {
-            tap,
+            inlet: Inlet {
+                tap,
+                header,
+                coalescer: (header == ClientHeader::None).then(|| Coalescer::new(header.tap_len())),
+                counters: counters.clone(),
+                warned_runt: false,
+                warned_write: false,
+            },
             port,
             header,
             max_frame,
@@ -270,7 +289,7 @@ impl Relay {
                 n => &mut head[HEADROOM - n..],
             };
             let iov = [io::IoSliceMut::new(header), io::IoSliceMut::new(frame)];
-            match nix::sys::uio::readv(borrow(self.tap.as_raw_fd()), &mut { iov }) {
+            match nix::sys::uio::readv(borrow(self.inlet.tap.as_raw_fd()), &mut { iov }) {
                 Ok(n) if n >= tap_hdr + MIN_FRAME => {
                     let len = n - tap_hdr + client_hdr;
                     if stream {
@@ -503,10 +522,13 @@ impl Relay {
     // ---- from the VM ---------------------------------------------------------
 
     fn peer_readable(&mut self) -> Result<(), Stop> {
-        match self.port {
+        let received = match self.port {
             Port::Dgram { .. } => self.receive_datagrams(),
             Port::Stream { .. } => self.receive_stream(),
-        }
+        };
+        // A run of segments never outlives the batch it came in.
+        self.inlet.flush()?;
+        received
     }
 
     fn receive_datagrams(&mut self) -> Result<(), Stop> {
@@ -557,8 +579,6 @@ impl Relay {
                 (e, _) => Err(RelayError::Peer(e.into()).into()),
             };
         }
-        let mut frames = 0;
-        let mut bytes = 0;
         for k in 0..got as usize {
             let len = msgs[k].msg_len as usize;
             from[k].len = msgs[k].msg_hdr.msg_namelen;
@@ -574,19 +594,8 @@ impl Relay {
                 unreachable!()
             };
             let start = k * self.slot + HEADROOM - client_hdr;
-            let frame = &buf[start..start + len];
-            if deliver(
-                &self.tap,
-                self.header,
-                &self.counters,
-                &mut self.warned,
-                frame,
-            )? {
-                frames += 1;
-                bytes += len;
-            }
+            self.inlet.frame(&buf[start..start + len])?;
         }
-        self.counters.from_vm.add(frames, bytes as u64);
         Ok(())
     }
 
@@ -671,8 +680,6 @@ impl Relay {
             return self.stream_client_gone();
         }
         deframer.filled(n as usize);
-        let mut frames = 0;
-        let mut bytes = 0;
         loop {
             let Inbox::Stream(deframer) = &mut self.inbox else {
                 unreachable!()
@@ -681,28 +688,15 @@ impl Relay {
                 None => break,
                 Some(Ok(range)) => range,
                 Some(Err(e)) => {
-                    self.counters.from_vm.add(frames, bytes as u64);
                     self.counters.from_vm.drop_frames(1);
                     return self.bad_stream(e);
                 }
             };
-            let len = range.len();
             let Inbox::Stream(deframer) = &self.inbox else {
                 unreachable!()
             };
-            let frame = &deframer.buffer()[range];
-            if deliver(
-                &self.tap,
-                self.header,
-                &self.counters,
-                &mut self.warned,
-                frame,
-            )? {
-                frames += 1;
-                bytes += len;
-            }
+            self.inlet.frame(&deframer.buffer()[range])?;
         }
-        self.counters.from_vm.add(frames, bytes as u64);
         Ok(())
     }
 
@@ -783,7 +777,7 @@ impl Relay {
     fn update_interest(&mut self) -> Result<(), RelayError> {
         let idle = self.outbox.count == 0;
         let tap = Some((
-            self.tap.as_raw_fd(),
+            self.inlet.tap.as_raw_fd(),
             if idle {
                 EpollFlags::EPOLLIN
             } else {
@@ -839,48 +833,87 @@ impl Relay {
     }
 }
 
-/// Checks one frame from the VMM (with the client's header, if it speaks
-/// one) and writes it to the TAP. `Ok(false)`: dropped and counted, a runt
-/// or refused by the kernel. `Err`: the TAP is gone.
-fn deliver(
-    tap: &OwnedFd,
-    header: ClientHeader,
-    counters: &Counters,
-    warned: &mut Warned,
-    frame: &[u8],
-) -> Result<bool, Stop> {
-    if frame.len() < header.len() + MIN_FRAME {
-        counters.from_vm.drop_frames(1);
-        warn_once(&mut warned.runt, || {
-            format!(
-                "dropping a {}-byte frame from the VMM: shorter than {} bytes (further ones are only counted)",
-                frame.len(),
-                header.len() + MIN_FRAME
-            )
-        });
-        return Ok(false);
+impl Inlet {
+    /// Takes one frame from the VMM (with the client's header, if it speaks
+    /// one): a runt is dropped and counted; a TCP segment from a bare client
+    /// may join a run; anything else is written to the TAP at once, after
+    /// the run it interrupts. `Err`: the TAP is gone.
+    fn frame(&mut self, frame: &[u8]) -> Result<(), Stop> {
+        if frame.len() < self.header.len() + MIN_FRAME {
+            self.counters.from_vm.drop_frames(1);
+            warn_once(&mut self.warned_runt, || {
+                format!(
+                    "dropping a {}-byte frame from the VMM: shorter than {} bytes (further ones are only counted)",
+                    frame.len(),
+                    self.header.len() + MIN_FRAME
+                )
+            });
+            return Ok(());
+        }
+        if self.coalescer.as_mut().is_some_and(|c| c.append(frame)) {
+            return Ok(());
+        }
+        self.flush()?;
+        if self.coalescer.as_mut().is_some_and(|c| c.start(frame)) {
+            return Ok(());
+        }
+        let zero = &vnet::ZERO[..self.header.tap_len()];
+        let both = [io::IoSlice::new(zero), io::IoSlice::new(frame)];
+        let iov: &[io::IoSlice] = match self.header {
+            ClientHeader::None => &both,
+            ClientHeader::Virtio(_) => &both[1..],
+        };
+        write_tap(
+            &self.tap,
+            iov,
+            (1, frame.len() as u64),
+            &self.counters,
+            &mut self.warned_write,
+        )
     }
-    let zero = &vnet::ZERO[..header.tap_len()];
-    let both = [io::IoSlice::new(zero), io::IoSlice::new(frame)];
-    let iov: &[io::IoSlice] = match header {
-        ClientHeader::None => &both,
-        ClientHeader::Virtio(_) => &both[1..],
-    };
+
+    /// Writes the pending run of segments, if any.
+    fn flush(&mut self) -> Result<(), Stop> {
+        let Some(run) = self.coalescer.as_mut().and_then(|c| c.finish()) else {
+            return Ok(());
+        };
+        write_tap(
+            &self.tap,
+            &[io::IoSlice::new(run.data)],
+            (run.frames, run.bytes),
+            &self.counters,
+            &mut self.warned_write,
+        )
+    }
+}
+
+/// Writes one frame to the TAP and counts the VMM's `frames` and `bytes` it
+/// stands for as moved, or as dropped if the kernel refuses it.
+fn write_tap(
+    tap: &OwnedFd,
+    iov: &[io::IoSlice],
+    (frames, bytes): (u64, u64),
+    counters: &Counters,
+    warned: &mut bool,
+) -> Result<(), Stop> {
     loop {
         match nix::sys::uio::writev(borrow(tap.as_raw_fd()), iov) {
-            Ok(_) => return Ok(true),
+            Ok(_) => {
+                counters.from_vm.add(frames, bytes);
+                return Ok(());
+            }
             Err(Errno::EINTR) => continue,
             Err(e @ (Errno::EBADFD | Errno::EBADF)) => {
                 return Err(RelayError::Tap(e.into()).into());
             }
             Err(e) => {
-                counters.from_vm.drop_frames(1);
-                warn_once(&mut warned.tap_write, || {
+                counters.from_vm.drop_frames(frames);
+                warn_once(warned, || {
                     format!(
                         "the kernel refused a frame from the VMM: {e} (further ones are only counted)"
                     )
                 });
-                return Ok(false);
+                return Ok(());
             }
         }
     }

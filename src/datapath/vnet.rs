@@ -18,6 +18,37 @@ pub const VIRTIO1_LEN: usize = 12;
 pub const GSO_MAX_FRAME: usize = 65536;
 /// An all-zero header: no checksum to do, not a GSO frame.
 pub const ZERO: [u8; VIRTIO1_LEN] = [0; VIRTIO1_LEN];
+/// `flags`: the checksum from `csum_start` to the end is left to do.
+pub const F_NEEDS_CSUM: u8 = 1;
+/// `gso_type` values.
+pub const GSO_TCPV4: u8 = 1;
+pub const GSO_TCPV6: u8 = 4;
+
+/// A header for a TCP frame the kernel segments and checksums (GSO with
+/// checksum offload).
+pub struct GsoHeader {
+    pub gso_type: u8,
+    /// Bytes of Ethernet, IP and TCP headers.
+    pub header_len: u16,
+    /// Payload bytes per segment (the MSS).
+    pub segment_size: u16,
+    pub csum_start: u16,
+    pub csum_offset: u16,
+}
+
+impl GsoHeader {
+    /// Writes the header's first 10 bytes (`num_buffers`, if there, stays).
+    /// A TAP reads its fields in the host's byte order unless told
+    /// otherwise (TUNSETVNETLE/BE), and linnet does not tell it.
+    pub fn write(&self, out: &mut [u8]) {
+        out[0] = F_NEEDS_CSUM;
+        out[1] = self.gso_type;
+        out[2..4].copy_from_slice(&self.header_len.to_ne_bytes());
+        out[4..6].copy_from_slice(&self.segment_size.to_ne_bytes());
+        out[6..8].copy_from_slice(&self.csum_start.to_ne_bytes());
+        out[8..10].copy_from_slice(&self.csum_offset.to_ne_bytes());
+    }
+}
 
 /// The header the client (the VMM's side of a relay) speaks, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
