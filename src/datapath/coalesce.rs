@@ -12,22 +12,12 @@
 //! checksums and PSH matches, options (timestamps) included. A short segment
 //! or one with PSH ends the run, as the kernel's GRO does.
 
+use super::inet::{
+    ETH_HEADER, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPV4_HEADER, IPV6_HEADER, MAX_IP_PACKET, PROTO_TCP,
+    TCP_ACK, TCP_CHECKSUM, TCP_FLAGS, TCP_HEADER, TCP_PSH, TCP_SEQ, fold, set_ip_length, sum16,
+    tcp_pseudo_header,
+};
 use super::vnet;
-
-const ETH_HEADER: usize = 14;
-const ETHERTYPE_IPV4: [u8; 2] = [0x08, 0x00];
-const ETHERTYPE_IPV6: [u8; 2] = [0x86, 0xdd];
-const IPV4_HEADER: usize = 20;
-const IPV6_HEADER: usize = 40;
-const PROTO_TCP: u8 = 6;
-const TCP_HEADER: usize = 20;
-/// TCP flags byte: only ACK and PSH may be set on a segment that joins.
-const TCP_ACK: u8 = 0x10;
-const TCP_PSH: u8 = 0x08;
-/// The checksum field's offset in the TCP header.
-const TCP_CHECKSUM: usize = 16;
-/// An IP packet's length field tops out here.
-const MAX_IP_PACKET: usize = 65535;
 
 /// One TCP data segment, located in its frame.
 #[derive(Clone, Copy)]
@@ -73,7 +63,7 @@ impl Segment {
         };
         let tcp = frame.get(l4..l4 + TCP_HEADER)?;
         let headers = l4 + (tcp[12] >> 4) as usize * 4;
-        let flags = tcp[13];
+        let flags = tcp[TCP_FLAGS];
         if headers < l4 + TCP_HEADER
             || frame.len() <= headers
             || flags & !(TCP_ACK | TCP_PSH) != 0
@@ -85,7 +75,7 @@ impl Segment {
             v6,
             l4,
             headers,
-            seq: u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]),
+            seq: u32::from_be_bytes(tcp[TCP_SEQ..TCP_SEQ + 4].try_into().expect("4 bytes")),
             psh: flags & TCP_PSH != 0,
         })
     }
@@ -185,7 +175,7 @@ impl Coalescer {
         self.closed = seg.psh || payload < self.mss;
         if seg.psh {
             // The merged segment carries the last one's PSH.
-            self.buf[self.vnet_len + first.l4 + 13] |= TCP_PSH;
+            self.buf[self.vnet_len + first.l4 + TCP_FLAGS] |= TCP_PSH;
         }
         self.segments += 1;
         self.bytes += frame.len() as u64;
@@ -206,7 +196,11 @@ impl Coalescer {
             // total length, identification, header checksum
             &[(ip + 2, ip + 6), (ip + 10, ip + 12)]
         };
-        let tcp_varying = [(l4 + 4, l4 + 8), (l4 + 13, l4 + 14), (l4 + 16, l4 + 18)];
+        let tcp_varying = [
+            (l4 + TCP_SEQ, l4 + TCP_SEQ + 4),
+            (l4 + TCP_FLAGS, l4 + TCP_FLAGS + 1),
+            (l4 + TCP_CHECKSUM, l4 + TCP_CHECKSUM + 2),
+        ];
         let mut from = 0;
         for &(start, end) in varying.iter().chain(&tcp_varying) {
             if run[from..start] != frame[from..start] {
@@ -214,7 +208,8 @@ impl Coalescer {
             }
             from = end;
         }
-        run[from..] == frame[from..] && run[l4 + 13] & !TCP_PSH == frame[l4 + 13] & !TCP_PSH
+        run[from..] == frame[from..]
+            && run[l4 + TCP_FLAGS] & !TCP_PSH == frame[l4 + TCP_FLAGS] & !TCP_PSH
     }
 
     /// Ends the run: the frame to write, with its virtio-net header. A run
@@ -247,22 +242,13 @@ impl Coalescer {
     }
 }
 
-/// Fixes the merged frame's lengths and checksums: a new IPv4 header
-/// checksum, and in the TCP checksum field the pseudo-header sum the kernel
-/// expects of a frame whose checksum it completes (CHECKSUM_PARTIAL).
+/// Fixes the merged frame's lengths and checksums: the IP length (and
+/// IPv4 header checksum), and in the TCP checksum field the pseudo-header
+/// sum the kernel expects of a frame whose checksum it completes
+/// (CHECKSUM_PARTIAL).
 fn seal(frame: &mut [u8], first: &Segment) {
-    let ip = ETH_HEADER;
-    let tcp_len = frame.len() - first.l4;
-    if first.v6 {
-        frame[ip + 4..ip + 6].copy_from_slice(&(tcp_len as u16).to_be_bytes());
-    } else {
-        let total = (frame.len() - ip) as u16;
-        frame[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
-        frame[ip + 10..ip + 12].fill(0);
-        let sum = !fold(sum16(&frame[ip..ip + IPV4_HEADER], 0));
-        frame[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());
-    }
-    let pseudo = fold(pseudo_header(frame, first, tcp_len));
+    set_ip_length(frame, first.v6);
+    let pseudo = fold(tcp_pseudo_header(frame, first.v6, frame.len() - first.l4));
     let at = first.l4 + TCP_CHECKSUM;
     frame[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
 }
@@ -270,44 +256,10 @@ fn seal(frame: &mut [u8], first: &Segment) {
 /// Whether a segment's TCP checksum is right.
 fn checksum_ok(frame: &[u8], seg: &Segment) -> bool {
     let tcp_len = frame.len() - seg.l4;
-    fold(sum16(&frame[seg.l4..], pseudo_header(frame, seg, tcp_len))) == 0xffff
-}
-
-/// The one's-complement sum of the TCP pseudo-header, unfolded.
-fn pseudo_header(frame: &[u8], seg: &Segment, tcp_len: usize) -> u64 {
-    let ip = ETH_HEADER;
-    let addresses = if seg.v6 {
-        &frame[ip + 8..ip + 40]
-    } else {
-        &frame[ip + 12..ip + 20]
-    };
-    sum16(addresses, PROTO_TCP as u64 + tcp_len as u64)
-}
-
-/// Adds `data` as big-endian 16-bit words (a trailing byte padded with zero)
-/// to `sum`, without folding.
-fn sum16(data: &[u8], mut sum: u64) -> u64 {
-    let mut chunks = data.chunks_exact(8);
-    for c in &mut chunks {
-        let word = u64::from_be_bytes(c.try_into().expect("8 bytes"));
-        sum += (word >> 32) + (word & 0xffff_ffff);
-    }
-    let mut rest = chunks.remainder().chunks_exact(2);
-    for pair in &mut rest {
-        sum += u16::from_be_bytes([pair[0], pair[1]]) as u64;
-    }
-    if let [last] = rest.remainder() {
-        sum += (*last as u64) << 8;
-    }
-    sum
-}
-
-/// Folds a one's-complement sum to 16 bits.
-fn fold(mut sum: u64) -> u16 {
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    sum as u16
+    fold(sum16(
+        &frame[seg.l4..],
+        tcp_pseudo_header(frame, seg.v6, tcp_len),
+    )) == 0xffff
 }
 
 #[cfg(test)]
@@ -356,7 +308,7 @@ mod tests {
             psh: false,
         });
         f[l4 + 16..l4 + 18].fill(0);
-        let sum = !fold(sum16(&f[l4..], pseudo_header(f, &seg, f.len() - l4)));
+        let sum = !fold(sum16(&f[l4..], tcp_pseudo_header(f, seg.v6, f.len() - l4)));
         f[l4 + 16..l4 + 18].copy_from_slice(&sum.to_be_bytes());
     }
 
@@ -414,7 +366,7 @@ mod tests {
         // The TCP checksum field holds the pseudo-header sum: adding the
         // segment's bytes (with that field as is) completes it.
         let seg = Segment::parse(frame).expect("still a segment");
-        let pseudo = fold(pseudo_header(frame, &seg, frame.len() - l4));
+        let pseudo = fold(tcp_pseudo_header(frame, seg.v6, frame.len() - l4));
         assert_eq!(u16::from_be_bytes([frame[l4 + 16], frame[l4 + 17]]), pseudo);
         assert!(c.finish().is_none());
     }
@@ -480,22 +432,5 @@ mod tests {
             "Ethernet padding: the IP length disagrees"
         );
         assert!(c.finish().is_none());
-    }
-
-    #[test]
-    fn checksums_match_a_straightforward_sum() {
-        let data: Vec<u8> = (0..1001u32).map(|i| (i * 7) as u8).collect();
-        let mut simple = 0u64;
-        for pair in data.chunks(2) {
-            simple += u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]) as u64;
-        }
-        for start in 0..8 {
-            let mut expect = 0u64;
-            for pair in data[start..].chunks(2) {
-                expect += u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]) as u64;
-            }
-            assert_eq!(fold(sum16(&data[start..], 0)), fold(expect));
-        }
-        assert_eq!(fold(sum16(&data, 0)), fold(simple));
     }
 }

@@ -6,8 +6,10 @@
 
 pub mod coalesce;
 pub mod framing;
+pub mod inet;
 pub mod port;
 pub mod relay;
+pub mod segment;
 pub mod vnet;
 
 use std::fmt;

@@ -2,7 +2,9 @@
 //! `stream`): one thread, one epoll, both directions.
 //!
 //! - To the VM: up to a batch of frames is read from the TAP, then sent in
-//!   one sendmmsg (dgram) or one sendmsg of many iovecs (stream).
+//!   one sendmmsg (dgram) or one sendmsg of many iovecs (stream). For a VMM
+//!   that takes bare frames, the TAP's 64 KiB TCP frames are first cut to
+//!   size (segment.rs).
 //! - From the VM: one recvmmsg takes a batch of datagrams, or one read takes
 //!   a large piece of the stream; each whole frame is written to the TAP.
 //!   From a VMM that sends bare frames, runs of TCP segments in a batch are
@@ -29,6 +31,7 @@ use tracing::{error, info, warn};
 use super::coalesce::Coalescer;
 use super::framing::{self, Deframer, FramingError, LENGTH_BYTES};
 use super::port::{self, Endpoint, Peer, Port, SockAddr};
+use super::segment::{Refused, Splitter};
 use super::vnet::{self, ClientHeader};
 use super::{Counters, Datapath};
 
@@ -114,6 +117,7 @@ enum Inbox {
 #[derive(Default)]
 struct Warned {
     oversized: bool,
+    refused: bool,
     foreign: bool,
     unbound: bool,
     send: bool,
@@ -138,6 +142,8 @@ pub struct Relay {
     slot: usize,
     batch: usize,
     outbox: Outbox,
+    /// Cuts the TAP's frames for a client that takes bare frames.
+    splitter: Option<Splitter>,
     inbox: Inbox,
     counters: Arc<Counters>,
     epoll: Epoll,
@@ -196,6 +202,7 @@ impl Relay {
                 offset: 0,
                 blocked: None,
             },
+            splitter: (header == ClientHeader::None).then(|| Splitter::new(header.tap_len())),
             inbox,
             counters,
             epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
@@ -218,6 +225,13 @@ impl Relay {
     fn run_loop(&mut self) -> Stop {
         let mut events = [EpollEvent::empty(); 4];
         loop {
+            // Segments of a frame already read from the TAP go on as soon as
+            // the outbox has room; the TAP may have nothing more to wake us.
+            while self.outbox.count == 0 && self.splitter.as_ref().is_some_and(Splitter::pending) {
+                if let Err(stop) = self.tap_readable() {
+                    return stop;
+                }
+            }
             if let Err(e) = self.update_interest() {
                 return e.into();
             }
@@ -275,37 +289,66 @@ impl Relay {
 
     /// Reads up to a batch of frames from the TAP into the outbox.
     fn read_tap_batch(&mut self) -> Result<(), Stop> {
-        let tap_hdr = self.header.tap_len();
         let client_hdr = self.header.len();
         let stream = matches!(self.port, Port::Stream { .. });
-        let mut scratch = [0u8; vnet::VIRTIO1_LEN];
         while self.outbox.count < self.batch {
             let i = self.outbox.count;
-            let slot = &mut self.outbox.buf[i * self.slot..(i + 1) * self.slot];
-            let (head, frame) = slot.split_at_mut(HEADROOM);
-            // A client that speaks the header gets it in place; else it is read aside.
-            let header: &mut [u8] = match client_hdr {
-                0 => &mut scratch[..tap_hdr],
-                n => &mut head[HEADROOM - n..],
+            let Some(len) = self.next_for_vm(i)? else {
+                break;
             };
-            let iov = [io::IoSliceMut::new(header), io::IoSliceMut::new(frame)];
-            match nix::sys::uio::readv(borrow(self.inlet.tap.as_raw_fd()), &mut { iov }) {
-                Ok(n) if n >= tap_hdr + MIN_FRAME => {
-                    let len = n - tap_hdr + client_hdr;
-                    if stream {
-                        let at = HEADROOM - client_hdr - LENGTH_BYTES;
-                        head[at..at + LENGTH_BYTES].copy_from_slice(&framing::length_prefix(len));
-                    }
-                    self.outbox.lens[i] = len;
-                    self.outbox.count += 1;
+            if stream {
+                let at = i * self.slot + HEADROOM - client_hdr - LENGTH_BYTES;
+                self.outbox.buf[at..at + LENGTH_BYTES]
+                    .copy_from_slice(&framing::length_prefix(len));
+            }
+            self.outbox.lens[i] = len;
+            self.outbox.count += 1;
+        }
+        Ok(())
+    }
+
+    /// Puts the next frame for the VM into outbox slot `i`, after the room
+    /// for the client's header: the frame's length with that header, or
+    /// `None` when the TAP has nothing more for now.
+    fn next_for_vm(&mut self, i: usize) -> Result<Option<usize>, Stop> {
+        let slot = &mut self.outbox.buf[i * self.slot..(i + 1) * self.slot];
+        let tap = borrow(self.inlet.tap.as_raw_fd());
+        let Some(splitter) = &mut self.splitter else {
+            // A client that speaks the header takes the TAP's frames as
+            // they are, header included.
+            let client_hdr = self.header.len();
+            return loop {
+                match nix::unistd::read(tap, &mut slot[HEADROOM - client_hdr..]) {
+                    Ok(n) if n >= client_hdr + MIN_FRAME => break Ok(Some(n)),
+                    Ok(_) | Err(Errno::EINTR) => {}
+                    Err(Errno::EAGAIN) => break Ok(None),
+                    Err(e) => break Err(RelayError::Tap(e.into()).into()),
                 }
-                Ok(_) => {}
-                Err(Errno::EAGAIN) => break,
-                Err(Errno::EINTR) => {}
+            };
+        };
+        loop {
+            if let Some(len) = splitter.next(&mut slot[HEADROOM..]) {
+                return Ok(Some(len));
+            }
+            match nix::unistd::read(tap, splitter.buffer()) {
+                Ok(n) if n >= self.header.tap_len() + MIN_FRAME => {
+                    if let Err(refused) = splitter.load(n, self.max_frame) {
+                        self.counters.to_vm.drop_frames(1);
+                        warn_once(&mut self.warned.refused, || {
+                            match refused {
+                            Refused::TooLarge(len) => format!(
+                                "dropping a {len}-byte frame for the VMM: larger than the network's MTU allows (further ones are only counted)"
+                            ),
+                            Refused::Unsupported => "dropping a segmentation-offload frame that is not TCP over untagged IPv4/IPv6 (further ones are only counted)".to_string(),
+                        }
+                        });
+                    }
+                }
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return Ok(None),
                 Err(e) => return Err(RelayError::Tap(e.into()).into()),
             }
         }
-        Ok(())
     }
 
     /// Sends what the outbox holds; keeps the rest when the socket is full.

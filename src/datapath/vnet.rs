@@ -1,9 +1,11 @@
 //! The virtio-net header (virtio 1.x, section 5.1.6) in front of each frame
 //! on a TAP with IFF_VNET_HDR: checksum and segmentation offload metadata.
-//! linnet's TAPs always carry it. A relay either passes it through to a
-//! client that speaks it (offloads on: 64 KiB TCP segments cross in one
-//! piece) or strips it (offloads off: the kernel hands over plain frames
-//! with their checksums done, and takes frames behind an all-zero header).
+//! linnet's TAPs always carry it, with checksum and TCP segmentation
+//! offloads on: the kernel hands over TCP frames of up to 64 KiB. A relay
+//! passes the header through to a client that speaks it, so those frames
+//! cross in one piece; for a client that takes bare frames it cuts them to
+//! size (segment.rs) and coalesces the client's segments back into such
+//! frames on the way in (coalesce.rs).
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -20,9 +22,11 @@ pub const GSO_MAX_FRAME: usize = 65536;
 pub const ZERO: [u8; VIRTIO1_LEN] = [0; VIRTIO1_LEN];
 /// `flags`: the checksum from `csum_start` to the end is left to do.
 pub const F_NEEDS_CSUM: u8 = 1;
-/// `gso_type` values.
+/// `gso_type` values, and the ECN bit that may be or-ed into them.
+pub const GSO_NONE: u8 = 0;
 pub const GSO_TCPV4: u8 = 1;
 pub const GSO_TCPV6: u8 = 4;
+pub const GSO_ECN: u8 = 0x80;
 
 /// A header for a TCP frame the kernel segments and checksums (GSO with
 /// checksum offload).
@@ -88,9 +92,8 @@ impl ClientHeader {
 /// Sets the TAP's header size and offloads for a relay to `client`.
 pub fn configure_tap(fd: BorrowedFd<'_>, client: ClientHeader) -> io::Result<()> {
     tap::set_vnet_header_len(fd, client.tap_len())?;
-    let offloads = match client {
-        ClientHeader::None => 0,
-        ClientHeader::Virtio(_) => tap::OFFLOAD_CSUM | tap::OFFLOAD_TSO4 | tap::OFFLOAD_TSO6,
-    };
-    tap::set_offload(fd, offloads)
+    tap::set_offload(
+        fd,
+        tap::OFFLOAD_CSUM | tap::OFFLOAD_TSO4 | tap::OFFLOAD_TSO6,
+    )
 }
