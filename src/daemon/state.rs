@@ -328,11 +328,12 @@ impl Daemon {
                 "interface {id} belongs to another client (pid {}); only it can detach it",
                 i.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
             ))),
-            Some(_) => self.detach(id).await,
+            Some(_) => self.detach(&[id]).await,
         }
     }
 
-    /// A client's connection closed: everything it attached goes.
+    /// A client's connection closed: everything it attached goes, its TAPs
+    /// deleted in one go.
     pub async fn client_gone(&mut self, client: u64) {
         let ids: Vec<InterfaceId> = self
             .interfaces
@@ -340,28 +341,41 @@ impl Daemon {
             .filter(|(_, i)| i.client == client)
             .map(|(id, _)| *id)
             .collect();
-        for id in ids {
-            info!(interface = %id, "client went away");
-            if let Err(e) = self.detach(id).await {
-                warn!(interface = %id, "detach failed: {e}");
-            }
+        if !ids.is_empty() {
+            info!(client, interfaces = ids.len(), "client went away");
+        }
+        if let Err(e) = self.detach(&ids).await {
+            warn!(client, "detaching its interfaces failed: {e}");
         }
     }
 
-    async fn detach(&mut self, id: InterfaceId) -> Result<(), DaemonError> {
-        let Some(iface) = self.interfaces.remove(&id) else {
-            return Ok(());
-        };
-        let deleted = self.netlink.delete_link(iface.tap_index).await;
-        if let Some(net) = self.networks.get(&iface.network) {
-            let mut leases = net.leases.lock().expect("lease lock");
-            leases.detach(id, unix_now());
-            if let Err(e) = leases.save() {
-                warn!(network = %iface.network, "cannot save leases: {e}");
+    /// Deletes the interfaces' TAPs, returns their addresses to the leases
+    /// (kept for the network's lease time) and stops networks left unused.
+    async fn detach(&mut self, ids: &[InterfaceId]) -> Result<(), DaemonError> {
+        let gone: Vec<(InterfaceId, Interface)> = ids
+            .iter()
+            .filter_map(|id| self.interfaces.remove(id).map(|i| (*id, i)))
+            .collect();
+        let taps: Vec<u32> = gone.iter().map(|(_, i)| i.tap_index).collect();
+        let deleted = self.netlink.delete_links(&taps).await;
+        let now = unix_now();
+        let mut networks: Vec<&str> = gone.iter().map(|(_, i)| i.network.as_str()).collect();
+        networks.sort_unstable();
+        networks.dedup();
+        for (id, iface) in &gone {
+            if let Some(net) = self.networks.get(&iface.network) {
+                net.leases.lock().expect("lease lock").detach(*id, now);
             }
+            info!(network = %iface.network, interface = %id, tap = %iface.tap, "detached");
         }
-        info!(network = %iface.network, interface = %id, tap = %iface.tap, "detached");
-        self.release_network_if_unused(&iface.network).await;
+        for network in networks {
+            if let Some(net) = self.networks.get(network)
+                && let Err(e) = net.leases.lock().expect("lease lock").save()
+            {
+                warn!(network, "cannot save leases: {e}");
+            }
+            self.release_network_if_unused(network).await;
+        }
         deleted.map_err(Into::into)
     }
 
@@ -428,10 +442,8 @@ impl Daemon {
     /// Removes every interface and network; leases stay on disk.
     pub async fn shutdown(&mut self) {
         let ids: Vec<InterfaceId> = self.interfaces.keys().copied().collect();
-        for id in ids {
-            if let Err(e) = self.detach(id).await {
-                warn!(interface = %id, "detach failed: {e}");
-            }
+        if let Err(e) = self.detach(&ids).await {
+            warn!("detaching the interfaces failed: {e}");
         }
         let names: Vec<String> = self.networks.keys().cloned().collect();
         for name in names {

@@ -30,6 +30,8 @@ pub enum LinkKind {
 pub struct Link {
     pub index: u32,
     pub name: String,
+    /// The device group (0 unless someone set one).
+    pub group: u32,
     pub kind: LinkKind,
     pub alias: Option<String>,
     pub master: Option<u32>,
@@ -42,6 +44,10 @@ pub struct Link {
 pub struct Netlink {
     handle: Handle,
 }
+
+/// Where `delete_links` starts looking for a free device group ("ln\0\0"),
+/// well away from the small numbers people give groups.
+const BULK_DELETE_GROUP: u32 = 0x6c6e_0000;
 
 fn to_io(e: rtnetlink::Error) -> io::Error {
     match e {
@@ -182,6 +188,43 @@ impl Netlink {
         }
     }
 
+    /// Deletes many links at once. The kernel waits for a grace period after
+    /// each deletion (~15 ms), so one by one, a thousand TAPs take 15 s;
+    /// put in one device group and deleted as a group, they share one wait.
+    /// The group is one no link uses, and exists only for this call.
+    pub async fn delete_links(&self, indexes: &[u32]) -> Result<(), NetlinkError> {
+        if indexes.len() < 2 {
+            for &index in indexes {
+                self.delete_link(index).await?;
+            }
+            return Ok(());
+        }
+        let used: std::collections::BTreeSet<u32> =
+            self.links().await?.iter().map(|l| l.group).collect();
+        let group = (BULK_DELETE_GROUP..)
+            .find(|g| !used.contains(g))
+            .expect("a free device group");
+        for &index in indexes {
+            let set = LinkUnspec::new_with_index(index).link_group(group).build();
+            if let Err(e) = self.handle.link().set(set).execute().await {
+                let e = to_io(e);
+                if e.raw_os_error() != Some(libc::ENODEV) {
+                    return Err(NetlinkError {
+                        what: format!("put link {index} in device group {group} to delete it"),
+                        source: e,
+                    });
+                }
+            }
+        }
+        let mut del = self.handle.link().del(0);
+        del.message_mut()
+            .attributes
+            .push(LinkAttribute::Group(group));
+        del.execute()
+            .await
+            .map_err(op(format!("delete the links of device group {group}")))
+    }
+
     /// Every IPv4 address in the namespace, with its link index.
     pub async fn ipv4_addresses(&self) -> Result<Vec<(u32, Ipv4Net)>, NetlinkError> {
         let mut stream = self.handle.address().get().execute();
@@ -236,6 +279,7 @@ fn parse_link(msg: LinkMessage) -> Link {
     let mut link = Link {
         index: msg.header.index,
         name: String::new(),
+        group: 0,
         kind: LinkKind::Other,
         alias: None,
         master: None,
@@ -245,6 +289,7 @@ fn parse_link(msg: LinkMessage) -> Link {
     for attr in msg.attributes {
         match attr {
             LinkAttribute::IfName(n) => link.name = n,
+            LinkAttribute::Group(g) => link.group = g,
             LinkAttribute::IfAlias(a) => link.alias = Some(a),
             LinkAttribute::Controller(m) => link.master = Some(m),
             LinkAttribute::Stats64(s) => (link.rx_bytes, link.tx_bytes) = (s.rx_bytes, s.tx_bytes),

@@ -5,8 +5,15 @@ mod harness;
 mod qemu;
 mod sockets;
 
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::Command;
 use std::time::Duration;
+
+use nix::sys::socket::{
+    self, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+};
+use serde_json::Value;
 
 use harness::*;
 
@@ -161,6 +168,76 @@ fn killing_run_or_the_vmm_leaves_nothing_and_attach_still_works() {
 
     let fresh = world.guest("shared", &[]);
     assert_eq!(fresh.udhcpc(), fresh.ip(), "a new attach works");
+}
+
+/// A connection to the daemon's API (docs/api.md), as a program would
+/// open it without the CLI.
+fn api_connect(world: &World) -> OwnedFd {
+    let sock = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    let path = world.run_dir().join("linnet.sock");
+    socket::connect(sock.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
+    sock
+}
+
+/// Attaches an interface over `api`: its info and TAP fd.
+fn api_attach(api: &OwnedFd, network: &str) -> (Value, OwnedFd) {
+    let request = format!(r#"{{"op": "attach", "network": "{network}"}}"#);
+    socket::send(api.as_raw_fd(), request.as_bytes(), MsgFlags::empty()).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg = socket::recvmsg::<()>(
+        api.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .unwrap();
+    let mut fds = vec![];
+    for cmsg in msg.cmsgs().unwrap() {
+        if let ControlMessageOwned::ScmRights(got) = cmsg {
+            fds.extend(got);
+        }
+    }
+    let len = msg.bytes;
+    let reply: Value = serde_json::from_slice(&buf[..len]).unwrap();
+    assert_eq!(reply["reply"], "attached", "{reply}");
+    assert_eq!(fds.len(), 1, "one TAP fd");
+    // SAFETY: SCM_RIGHTS gave us this descriptor to own.
+    let tap = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    (reply["interface"].clone(), tap)
+}
+
+#[test]
+fn a_client_that_goes_away_takes_all_its_interfaces_with_it_at_once() {
+    let mut world = World::new();
+    world.start_daemon();
+    let api = api_connect(&world);
+    let attached: Vec<(Value, OwnedFd)> = (0..20).map(|_| api_attach(&api, "host")).collect();
+    let taps: Vec<String> = attached
+        .iter()
+        .map(|(info, _)| info["tap"].as_str().unwrap().to_string())
+        .collect();
+    let links = world.host.links();
+    assert!(taps.iter().all(|t| links.contains(t)), "{links:?}");
+    // The connection closes while the TAP fds stay open, as a VMM's would:
+    // the daemon itself must remove the TAPs.
+    drop(api);
+    wait_for("the client's TAPs to go", Duration::from_secs(5), || {
+        let links = world.host.links();
+        (!taps.iter().any(|t| links.contains(t))).then_some(())
+    });
+    let listing = must(&mut world.linnet(&["ls", "--json"]));
+    assert!(listing.contains("\"interfaces\": []"), "{listing}");
+    let log = world.daemon_log_text();
+    assert_eq!(log.matches("detached").count(), taps.len(), "{log}");
+    drop(attached);
 }
 
 #[test]
