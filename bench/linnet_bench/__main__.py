@@ -62,9 +62,9 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def throughput(env, setup, mtu, args, results):
-    entry = {"setup": setup.name, "group": setup.group, "mtu": mtu, "directions": {}}
-    results["throughput"].append(entry)
+def measure_round(env, setup, mtu, seconds, entry):
+    """Brings the setup up, runs iperf3 once each way into `entry["runs"]`,
+    and takes it down again."""
     try:
         topo = setup.up(env, mtu)
         for direction in DIRECTIONS:
@@ -74,18 +74,49 @@ def throughput(env, setup, mtu, args, results):
                 env.procs.start(f"iperf3-server-{topo.guests[1][0]}", ["iperf3", "--server"],
                                 ns=topo.guests[1][0])
             check_path(topo, direction)
-            runs = [measure(topo, direction, args.seconds) for _ in range(args.runs)]
-            entry["directions"][direction] = summarize(runs)
-            log(f"  {setup.name:<24} MTU {mtu:<5} {report.LABEL[direction]:<8} "
-                f"{entry['directions'][direction]['gbps']:6.2f} Gbit/s")
+            run = measure(topo, direction, seconds)
+            entry["runs"].setdefault(direction, []).append(run)
+            log(f"  {setup.name:<24} MTU {mtu:<5} {report.LABEL[direction]:<8} {run['gbps']:6.2f} Gbit/s")
         if setup.group == "linnet" and setup.datapath != "tap":
             relays = [p for p in topo.net_pids if p != env.linnet.daemon.pid]
-            entry["relay_peak_rss_mib"] = round(max(memory_kib(p, "VmHWM") for p in relays) / 1024, 2)
+            peak = round(max(memory_kib(p, "VmHWM") for p in relays) / 1024, 2)
+            entry["relay_peak_rss_mib"] = max(peak, entry.get("relay_peak_rss_mib", 0))
     except BenchError as e:
         entry["error"] = str(e)
         log(f"  {setup.name} at MTU {mtu} failed: {e}")
     finally:
         env.teardown()
+
+
+def throughput(env, args, results):
+    """Every setup at every MTU, `args.runs` rounds: each round measures
+    every setup once, so a slow spell of the machine hits all setups alike
+    rather than the few measured during it."""
+    plan = []
+    for setup in all_setups():
+        if args.only and not re.search(args.only, setup.name):
+            continue
+        why = setup.unavailable(env)
+        if why:
+            results["not_run"].append({"setup": setup.name, "why": why})
+            continue
+        if not setup.vm_to_vm:
+            results["not_run"].append({"setup": setup.name, "direction": VM_TO_VM,
+                                       "why": setup.why_no_vm_to_vm})
+        if 65520 not in setup.mtus and args.mtu != 1500:
+            results["not_run"].append({"setup": setup.name, "mtu": 65520, "why": setup.why_no_jumbo})
+        for mtu in setup.mtus:
+            if args.mtu in (None, mtu):
+                entry = {"setup": setup.name, "group": setup.group, "mtu": mtu, "runs": {}}
+                plan.append((setup, mtu, entry))
+                results["throughput"].append(entry)
+    for round_ in range(args.runs):
+        log(f"throughput, round {round_ + 1} of {args.runs}")
+        for setup, mtu, entry in plan:
+            if not entry.get("error"):
+                measure_round(env, setup, mtu, args.seconds, entry)
+    for _, _, entry in plan:
+        entry["directions"] = {d: summarize(runs) for d, runs in entry.pop("runs").items()}
 
 
 def main():
@@ -116,22 +147,7 @@ def main():
                 }
                 log(f"  {json.dumps(results['control'])}")
             env.lasting.start("iperf3-server-host", ["iperf3", "--server"])
-            log("throughput")
-            for setup in all_setups():
-                if args.only and not re.search(args.only, setup.name):
-                    continue
-                why = setup.unavailable(env)
-                if why:
-                    results["not_run"].append({"setup": setup.name, "why": why})
-                    continue
-                if not setup.vm_to_vm:
-                    results["not_run"].append({"setup": setup.name, "direction": VM_TO_VM,
-                                               "why": setup.why_no_vm_to_vm})
-                if 65520 not in setup.mtus and args.mtu != 1500:
-                    results["not_run"].append({"setup": setup.name, "mtu": 65520, "why": setup.why_no_jumbo})
-                for mtu in setup.mtus:
-                    if args.mtu in (None, mtu):
-                        throughput(env, setup, mtu, args, results)
+            throughput(env, args, results)
         finally:
             env.close()
         left = env.leftovers()
