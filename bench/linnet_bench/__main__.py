@@ -81,9 +81,9 @@ def measure_round(env, setup, mtu, seconds, entry):
             relays = [p for p in topo.net_pids if p != env.linnet.daemon.pid]
             peak = round(max(memory_kib(p, "VmHWM") for p in relays) / 1024, 2)
             entry["relay_peak_rss_mib"] = max(peak, entry.get("relay_peak_rss_mib", 0))
-    except BenchError as e:
-        entry["error"] = str(e)
-        log(f"  {setup.name} at MTU {mtu} failed: {e}")
+    except Exception as e:  # noqa: BLE001 - one setup's failure must not lose the others' results
+        entry["error"] = str(e) if isinstance(e, BenchError) else f"{type(e).__name__}: {e}"
+        log(f"  {setup.name} at MTU {mtu} failed: {entry['error']}")
     finally:
         env.teardown()
 

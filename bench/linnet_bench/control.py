@@ -51,20 +51,23 @@ def percentile(values, p):
 def latency(socket_path, network, count):
     """Attach then detach one interface, `count` times, on a network kept up
     by one more interface: p50 and p99 in ms."""
-    sock = connect(socket_path)
-    _, anchor = attach(sock, network)
     attach_ms, detach_ms = [], []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        iid, tap = attach(sock, network)
-        t1 = time.perf_counter()
-        call(sock, {"op": "detach", "interface_id": iid})
-        t2 = time.perf_counter()
-        os.close(tap)
-        attach_ms.append((t1 - t0) * 1000)
-        detach_ms.append((t2 - t1) * 1000)
-    sock.close()
-    os.close(anchor)
+    with connect(socket_path) as sock:
+        _, anchor = attach(sock, network)
+        try:
+            for _ in range(count):
+                t0 = time.perf_counter()
+                iid, tap = attach(sock, network)
+                t1 = time.perf_counter()
+                try:
+                    call(sock, {"op": "detach", "interface_id": iid})
+                finally:
+                    t2 = time.perf_counter()
+                    os.close(tap)
+                attach_ms.append((t1 - t0) * 1000)
+                detach_ms.append((t2 - t1) * 1000)
+        finally:
+            os.close(anchor)
     summary = lambda xs: {"p50": round(statistics.median(xs), 3), "p99": round(percentile(xs, 0.99), 3)}
     return {"count": count, "attach_ms": summary(attach_ms), "detach_ms": summary(detach_ms)}
 
@@ -76,29 +79,37 @@ def interfaces_on(socket_path, network):
     return sum(1 for i in listing["interfaces"] if i["network"] == network)
 
 
+def taps_on_host():
+    out = subprocess.run(["ip", "-o", "link", "show"], stdout=subprocess.PIPE, text=True).stdout
+    return sum(1 for line in out.splitlines() if line.split(":")[1].strip().startswith("lnt"))
+
+
 def scale(socket_path, network, daemon_pid, marks):
     """Attaches max(marks) interfaces on one network from one connection:
     the time and the daemon's RSS at each mark, then the time for the daemon
-    to detach them all when the connection closes."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    sock = connect(socket_path)
+    to remove them all when the connection closes. The TAP fds stay open
+    meanwhile, as a VMM's would, so the daemon does the removing."""
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits[1], limits[1]))
     out = {"attach_s": {}, "daemon_rss_mib": {}}
     taps = []
-    start = time.perf_counter()
-    for n in range(1, max(marks) + 1):
-        taps.append(attach(sock, network)[1])
-        if n in marks:
-            out["attach_s"][n] = round(time.perf_counter() - start, 3)
-            out["daemon_rss_mib"][n] = round(memory_kib(daemon_pid) / 1024, 2)
-    start = time.perf_counter()
-    sock.close()
-    for tap in taps:
-        os.close(tap)
-    wait_for(lambda: interfaces_on(socket_path, network) == 0,
-             f"the daemon to detach {max(marks)} interfaces", timeout=120)
-    out["detach_all_s"] = round(time.perf_counter() - start, 3)
-    out["daemon_rss_mib_after_detach"] = round(memory_kib(daemon_pid) / 1024, 2)
+    try:
+        with connect(socket_path) as sock:
+            start = time.perf_counter()
+            for n in range(1, max(marks) + 1):
+                taps.append(attach(sock, network)[1])
+                if n in marks:
+                    out["attach_s"][n] = round(time.perf_counter() - start, 3)
+                    out["daemon_rss_mib"][n] = round(memory_kib(daemon_pid) / 1024, 2)
+            start = time.perf_counter()
+        wait_for(lambda: interfaces_on(socket_path, network) == 0 and taps_on_host() == 0,
+                 f"the daemon to remove {max(marks)} interfaces", timeout=120)
+        out["detach_all_s"] = round(time.perf_counter() - start, 3)
+        out["daemon_rss_mib_after_detach"] = round(memory_kib(daemon_pid) / 1024, 2)
+    finally:
+        for tap in taps:
+            os.close(tap)
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
     return out
 
 
@@ -126,4 +137,8 @@ def helper_rss(linnet, workdir):
                 "private_mib": mib(rollup["Private_Clean"] + rollup["Private_Dirty"])}
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

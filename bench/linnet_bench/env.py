@@ -4,9 +4,9 @@ daemon shared by the linnet setups and the control-plane figures."""
 import os
 import shutil
 import signal
-import subprocess
+import time
 
-from .host import BenchError, Processes, ip, link_exists, run, wait_for
+from .host import Processes, ip, link_exists, run, wait_for
 
 # The networks the daemon serves: `shared` (MTU 1500) is built in.
 NETWORKS_YAML = """\
@@ -21,7 +21,7 @@ networks:
 """
 
 
-class Linnet:
+class LinnetDaemon:
     """A linnet daemon with its run directory under the benchmark's."""
 
     def __init__(self, bindir, workdir, procs):
@@ -59,7 +59,7 @@ class Env:
         self.linnet = None
 
     def start_linnet(self):
-        self.linnet = Linnet(self.bindir, self.workdir, self.lasting)
+        self.linnet = LinnetDaemon(self.bindir, self.workdir, self.lasting)
 
     @staticmethod
     def have(tool):
@@ -98,10 +98,7 @@ class Env:
         """Removes everything the current setup made, even after a failure."""
         self.procs.stop_all()
         for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            stop_daemonized(pid)
         self.pids.clear()
         for ns in self.namespaces:
             run("ip", "netns", "del", ns, check=False)
@@ -116,7 +113,25 @@ class Env:
         self.lasting.stop_all()
 
     def leftovers(self):
-        """Links on the host other than loopback: should be none at the end."""
+        """Links on the host other than loopback, and namespaces: there
+        should be none at the end."""
         out = ip("-o", "link", "show")
-        return [l.split(":")[1].strip().split("@")[0] for l in out.splitlines()
-                if l.split(":")[1].strip() != "lo"]
+        links = [l.split(":")[1].strip().split("@")[0] for l in out.splitlines()
+                 if l.split(":")[1].strip() != "lo"]
+        namespaces = [f"netns {l.split()[0]}" for l in ip("netns", "list").splitlines() if l.strip()]
+        return links + namespaces
+
+
+def stop_daemonized(pid):
+    """Stops a process that is not our child (it daemonized): SIGTERM, then
+    SIGKILL if it is still there after 2 s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            if not os.path.exists(f"/proc/{pid}"):
+                return
+            time.sleep(0.02)

@@ -55,11 +55,10 @@ class Processes:
 
     def start(self, name, args, ns=None, env=None):
         cmd = (["ip", "netns", "exec", ns] if ns else []) + [str(a) for a in args]
-        log = open(os.path.join(self.logdir, f"{name}.log"), "ab")
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            env=None if env is None else {**os.environ, **env})
-        log.close()
+        with open(os.path.join(self.logdir, f"{name}.log"), "ab") as log:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                env=None if env is None else {**os.environ, **env})
         proc.bench_name = name
         self.procs.append(proc)
         return proc

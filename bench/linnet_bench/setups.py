@@ -29,7 +29,6 @@ class Setup:
     group = ""              # kernel | baseline | linnet | peer
     mtus = (1500, 65520)
     vm_to_vm = True
-    standin = True          # frames pass through linnet-standin
     why_no_vm_to_vm = ""
     why_no_jumbo = ""
 
@@ -60,7 +59,6 @@ class Veth(Setup):
     """The kernel's limit: a veth pair straight into each guest; VM to VM
     over a second pair between the guests."""
     group = "kernel"
-    standin = False
 
     def up(self, env, mtu):
         topo = Topology()
@@ -85,7 +83,6 @@ class Bridge(Setup):
     """The kernel's limit with a switch: a bridge on the host, a veth pair
     per guest."""
     group = "kernel"
-    standin = False
 
     def up(self, env, mtu):
         topo = Topology()
@@ -225,7 +222,6 @@ class Slirp(Setup):
     stand-in's share of the work is not there to count)."""
     group = "peer"
     vm_to_vm = False
-    standin = False
     why_no_vm_to_vm = "a slirp4netns instance serves one namespace; two cannot share its network"
 
     def unavailable(self, env):
@@ -251,7 +247,6 @@ class Vde(Setup):
     """A VDE switch with the host's TAP on it (vde_switch -t) and each guest
     plugged in by vde_plug2tap, which plays the VMM side (no stand-in)."""
     group = "peer"
-    standin = False
     mtus = (1500,)
     why_no_jumbo = "vde_switch carries frames of at most 1514 bytes"
 

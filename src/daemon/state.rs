@@ -358,6 +358,10 @@ impl Daemon {
             .collect();
         let taps: Vec<u32> = gone.iter().map(|(_, i)| i.tap_index).collect();
         let deleted = self.netlink.delete_links(&taps).await;
+        if deleted.is_err() {
+            let names: Vec<&str> = gone.iter().map(|(_, i)| i.tap.as_str()).collect();
+            warn!("some of these TAPs may be left: {}", names.join(" "));
+        }
         let now = unix_now();
         let mut networks: Vec<&str> = gone.iter().map(|(_, i)| i.network.as_str()).collect();
         networks.sort_unstable();

@@ -13,8 +13,8 @@
 //! or one with PSH ends the run, as the kernel's GRO does.
 
 use super::inet::{
-    ETH_HEADER, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPV4_HEADER, IPV6_HEADER, MAX_IP_PACKET, PROTO_TCP,
-    TCP_ACK, TCP_CHECKSUM, TCP_FLAGS, TCP_HEADER, TCP_PSH, TCP_SEQ, fold, set_ip_length, sum16,
+    ETH_HEADER, IPV4_HEADER, IPV6_HEADER, MAX_IP_PACKET, TCP_ACK, TCP_CHECKSUM, TCP_FLAGS,
+    TCP_HEADER, TCP_PSH, TCP_SEQ, fold, ip_offset, set_ip_length, sum16, tcp_offset,
     tcp_pseudo_header,
 };
 use super::vnet;
@@ -32,39 +32,30 @@ struct Segment {
 }
 
 impl Segment {
-    /// A TCP segment with data and only ACK (and PSH) set, in an IPv4 packet
-    /// without options or fragmentation or an IPv6 packet without extension
-    /// headers, filling the frame exactly (no Ethernet padding).
+    /// A TCP segment with data and only ACK (and PSH) set, in an untagged
+    /// frame: IPv4 without options or fragmentation and with a right header
+    /// checksum, or IPv6 without extension headers; the IP length matching
+    /// the frame's (no Ethernet padding).
     fn parse(frame: &[u8]) -> Option<Segment> {
-        let ip = frame.get(ETH_HEADER..)?;
-        let (v6, l4) = match [frame[12], frame[13]] {
-            ETHERTYPE_IPV4 => {
-                let header = ip.get(..IPV4_HEADER)?;
-                let total = u16::from_be_bytes([header[2], header[3]]) as usize;
-                let fragment = u16::from_be_bytes([header[6], header[7]]) & 0x3fff;
-                if header[0] != 0x45 || header[9] != PROTO_TCP || fragment != 0 || total != ip.len()
-                {
-                    return None;
-                }
-                (false, ETH_HEADER + IPV4_HEADER)
-            }
-            ETHERTYPE_IPV6 => {
-                let header = ip.get(..IPV6_HEADER)?;
-                let payload = u16::from_be_bytes([header[4], header[5]]) as usize;
-                if header[0] >> 4 != 6
-                    || header[6] != PROTO_TCP
-                    || payload + IPV6_HEADER != ip.len()
-                {
-                    return None;
-                }
-                (true, ETH_HEADER + IPV6_HEADER)
-            }
-            _ => return None,
+        let (ip, v6) = ip_offset(frame)?;
+        if ip != ETH_HEADER {
+            return None;
+        }
+        let l4 = tcp_offset(frame, ip, v6)?;
+        let field = |at: usize| u16::from_be_bytes([frame[ip + at], frame[ip + at + 1]]) as usize;
+        let ip_ok = if v6 {
+            field(4) + IPV6_HEADER == frame.len() - ip
+        } else {
+            l4 == ip + IPV4_HEADER
+                && field(6) & 0x3fff == 0
+                && field(2) == frame.len() - ip
+                && fold(sum16(&frame[ip..l4], 0)) == 0xffff
         };
         let tcp = frame.get(l4..l4 + TCP_HEADER)?;
         let headers = l4 + (tcp[12] >> 4) as usize * 4;
         let flags = tcp[TCP_FLAGS];
-        if headers < l4 + TCP_HEADER
+        if !ip_ok
+            || headers < l4 + TCP_HEADER
             || frame.len() <= headers
             || flags & !(TCP_ACK | TCP_PSH) != 0
             || flags & TCP_ACK == 0
@@ -221,7 +212,8 @@ impl Coalescer {
         if self.segments > 1 {
             let frame = &mut self.buf[self.vnet_len..self.vnet_len + self.len];
             seal(frame, &first);
-            let gso = vnet::GsoHeader {
+            let gso = vnet::Header {
+                flags: vnet::F_NEEDS_CSUM,
                 gso_type: if first.v6 {
                     vnet::GSO_TCPV6
                 } else {
@@ -247,8 +239,13 @@ impl Coalescer {
 /// sum the kernel expects of a frame whose checksum it completes
 /// (CHECKSUM_PARTIAL).
 fn seal(frame: &mut [u8], first: &Segment) {
-    set_ip_length(frame, first.v6);
-    let pseudo = fold(tcp_pseudo_header(frame, first.v6, frame.len() - first.l4));
+    set_ip_length(frame, ETH_HEADER, first.v6);
+    let pseudo = fold(tcp_pseudo_header(
+        frame,
+        ETH_HEADER,
+        first.v6,
+        frame.len() - first.l4,
+    ));
     let at = first.l4 + TCP_CHECKSUM;
     frame[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
 }
@@ -258,123 +255,95 @@ fn checksum_ok(frame: &[u8], seg: &Segment) -> bool {
     let tcp_len = frame.len() - seg.l4;
     fold(sum16(
         &frame[seg.l4..],
-        tcp_pseudo_header(frame, seg.v6, tcp_len),
+        tcp_pseudo_header(frame, ETH_HEADER, seg.v6, tcp_len),
     )) == 0xffff
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::inet::testing::{TCP_WITH_OPTIONS, fix_tcp_checksum, payload, tcp_frame};
     use super::*;
 
     const MSS: usize = 1448;
 
-    /// A TCP/IPv4 frame with a right checksum and a timestamp option.
-    fn segment4(seq: u32, payload: &[u8], flags: u8) -> Vec<u8> {
-        let mut f = vec![0u8; ETH_HEADER + IPV4_HEADER + 32 + payload.len()];
-        f[..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
-        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
-        f[12..14].copy_from_slice(&ETHERTYPE_IPV4);
-        let ip = ETH_HEADER;
-        f[ip] = 0x45;
-        let total = (f.len() - ip) as u16;
-        f[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
-        f[ip + 4..ip + 6].copy_from_slice(&(seq as u16).to_be_bytes());
-        f[ip + 6] = 0x40; // DF
-        f[ip + 8] = 64;
-        f[ip + 9] = PROTO_TCP;
-        f[ip + 12..ip + 16].copy_from_slice(&[192, 168, 105, 2]);
-        f[ip + 16..ip + 20].copy_from_slice(&[192, 168, 105, 1]);
-        let sum = !fold(sum16(&f[ip..ip + IPV4_HEADER], 0));
-        f[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());
-        let l4 = ip + IPV4_HEADER;
-        f[l4..l4 + 4].copy_from_slice(&[0xc0, 0x00, 0x14, 0x51]);
-        f[l4 + 4..l4 + 8].copy_from_slice(&seq.to_be_bytes());
-        f[l4 + 8..l4 + 12].copy_from_slice(&7u32.to_be_bytes());
-        f[l4 + 12] = 8 << 4;
-        f[l4 + 13] = flags;
-        f[l4 + 14..l4 + 16].copy_from_slice(&502u16.to_be_bytes());
-        f[l4 + 20..l4 + 32].copy_from_slice(&[1, 1, 8, 10, 0, 0, 0, 9, 0, 0, 0, 3]);
-        f[l4 + 32..].copy_from_slice(payload);
-        fix_tcp_checksum(&mut f, l4);
-        f
+    /// The fields of a run's virtio-net header.
+    fn header_of(run: &Run) -> vnet::Header {
+        vnet::Header::read(&run.data[..vnet::LEGACY_LEN])
     }
 
-    fn fix_tcp_checksum(f: &mut [u8], l4: usize) {
-        let seg = Segment::parse(f).unwrap_or(Segment {
-            v6: false,
-            l4,
-            headers: l4 + 20,
-            seq: 0,
-            psh: false,
-        });
-        f[l4 + 16..l4 + 18].fill(0);
-        let sum = !fold(sum16(&f[l4..], tcp_pseudo_header(f, seg.v6, f.len() - l4)));
-        f[l4 + 16..l4 + 18].copy_from_slice(&sum.to_be_bytes());
-    }
-
-    fn payload(n: usize, fill: u8) -> Vec<u8> {
-        (0..n).map(|i| fill.wrapping_add(i as u8)).collect()
-    }
-
-    /// Splits a coalesced frame back into segments the way the kernel's GSO
-    /// does, checking the header it got.
-    fn header_of(run: &Run) -> (u8, u8, u16, u16, u16, u16) {
-        let h = &run.data[..10];
-        let n = |i: usize| u16::from_ne_bytes([h[i], h[i + 1]]);
-        (h[0], h[1], n(2), n(4), n(6), n(8))
-    }
-
-    #[test]
-    fn a_run_of_segments_becomes_one_gso_frame() {
+    fn a_run_of_segments_becomes_one_gso_frame(v6: bool) {
         let mut c = Coalescer::new(vnet::LEGACY_LEN);
         let parts: Vec<Vec<u8>> = (0..4).map(|i| payload(MSS, i as u8)).collect();
         let last = payload(100, 9);
-        assert!(c.start(&segment4(1000, &parts[0], TCP_ACK)));
+        let seq = |i: usize| 1000 + (i * MSS) as u32;
+        assert!(c.start(&tcp_frame(v6, seq(0), &parts[0], TCP_ACK)));
         for (i, p) in parts.iter().enumerate().skip(1) {
-            assert!(c.append(&segment4(1000 + (i * MSS) as u32, p, TCP_ACK)));
+            assert!(c.append(&tcp_frame(v6, seq(i), p, TCP_ACK)));
         }
-        assert!(c.append(&segment4(1000 + 4 * MSS as u32, &last, TCP_ACK | TCP_PSH)));
+        assert!(c.append(&tcp_frame(v6, seq(4), &last, TCP_ACK | TCP_PSH)));
         // The short segment closed the run.
-        assert!(!c.append(&segment4(1000 + 4 * MSS as u32 + 100, &last, TCP_ACK)));
+        assert!(!c.append(&tcp_frame(v6, seq(4) + 100, &last, TCP_ACK)));
         let run = c.finish().expect("a run");
         assert_eq!(run.frames, 5);
-        let l4 = ETH_HEADER + IPV4_HEADER;
+        let l4 = ETH_HEADER + if v6 { IPV6_HEADER } else { IPV4_HEADER };
+        let header = header_of(&run);
         assert_eq!(
-            header_of(&run),
             (
-                1,
-                vnet::GSO_TCPV4,
-                (l4 + 32) as u16,
-                MSS as u16,
-                l4 as u16,
-                16
+                header.flags,
+                header.gso_type,
+                header.header_len,
+                header.segment_size
+            ),
+            (
+                vnet::F_NEEDS_CSUM,
+                if v6 { vnet::GSO_TCPV6 } else { vnet::GSO_TCPV4 },
+                (l4 + TCP_WITH_OPTIONS) as u16,
+                MSS as u16
             )
         );
-        let frame = &run.data[10..];
+        assert_eq!(
+            (header.csum_start, header.csum_offset),
+            (l4 as u16, TCP_CHECKSUM as u16)
+        );
+        let frame = &run.data[vnet::LEGACY_LEN..];
         let all: Vec<u8> = parts.concat().into_iter().chain(last).collect();
-        assert_eq!(&frame[l4 + 32..], &all[..]);
-        assert_eq!(
-            u16::from_be_bytes([frame[16], frame[17]]) as usize,
-            frame.len() - ETH_HEADER
-        );
-        assert_eq!(
-            fold(sum16(&frame[14..34], 0)),
-            0xffff,
-            "IPv4 header checksum"
-        );
-        assert_eq!(frame[l4 + 13], TCP_ACK | TCP_PSH);
+        assert_eq!(&frame[l4 + TCP_WITH_OPTIONS..], &all[..]);
+        let ip_len = u16::from_be_bytes(if v6 {
+            [frame[18], frame[19]]
+        } else {
+            [frame[16], frame[17]]
+        }) as usize;
+        let expected_len = frame.len() - ETH_HEADER - if v6 { IPV6_HEADER } else { 0 };
+        assert_eq!(ip_len, expected_len);
+        if !v6 {
+            assert_eq!(
+                fold(sum16(&frame[14..34], 0)),
+                0xffff,
+                "IPv4 header checksum"
+            );
+        }
+        assert_eq!(frame[l4 + TCP_FLAGS], TCP_ACK | TCP_PSH);
         // The TCP checksum field holds the pseudo-header sum: adding the
         // segment's bytes (with that field as is) completes it.
-        let seg = Segment::parse(frame).expect("still a segment");
-        let pseudo = fold(tcp_pseudo_header(frame, seg.v6, frame.len() - l4));
+        let pseudo = fold(tcp_pseudo_header(frame, ETH_HEADER, v6, frame.len() - l4));
         assert_eq!(u16::from_be_bytes([frame[l4 + 16], frame[l4 + 17]]), pseudo);
         assert!(c.finish().is_none());
     }
 
     #[test]
+    fn a_run_of_ipv4_segments_becomes_one_gso_frame() {
+        a_run_of_segments_becomes_one_gso_frame(false);
+    }
+
+    #[test]
+    fn a_run_of_ipv6_segments_becomes_one_gso_frame() {
+        a_run_of_segments_becomes_one_gso_frame(true);
+    }
+
+    #[test]
     fn a_lone_segment_goes_out_unchanged_behind_a_zero_header() {
         let mut c = Coalescer::new(vnet::LEGACY_LEN);
-        let f = segment4(5, &payload(MSS, 1), TCP_ACK);
+        let f = tcp_frame(false, 5, &payload(MSS, 1), TCP_ACK);
         assert!(c.start(&f));
         let run = c.finish().expect("a run");
         assert_eq!(run.frames, 1);
@@ -384,53 +353,53 @@ mod tests {
 
     #[test]
     fn segments_that_do_not_continue_the_run_are_refused() {
+        let l4 = ETH_HEADER + IPV4_HEADER;
+        let next = |change: &dyn Fn(&mut Vec<u8>)| {
+            let mut f = tcp_frame(false, MSS as u32, &payload(MSS, 0), TCP_ACK);
+            change(&mut f);
+            fix_tcp_checksum(&mut f);
+            f
+        };
         let mut c = Coalescer::new(vnet::LEGACY_LEN);
-        assert!(c.start(&segment4(0, &payload(MSS, 0), TCP_ACK)));
-        // A gap in the sequence.
-        assert!(!c.append(&segment4(2 * MSS as u32, &payload(MSS, 0), TCP_ACK)));
-        // Larger than the first.
-        assert!(!c.append(&segment4(MSS as u32, &payload(MSS + 1, 0), TCP_ACK)));
-        // Another ACK number.
-        let mut other = segment4(MSS as u32, &payload(MSS, 0), TCP_ACK);
-        other[ETH_HEADER + IPV4_HEADER + 11] ^= 1;
-        fix_tcp_checksum(&mut other, ETH_HEADER + IPV4_HEADER);
-        assert!(!c.append(&other));
-        // Another timestamp.
-        let mut other = segment4(MSS as u32, &payload(MSS, 0), TCP_ACK);
-        other[ETH_HEADER + IPV4_HEADER + 27] ^= 1;
-        fix_tcp_checksum(&mut other, ETH_HEADER + IPV4_HEADER);
-        assert!(!c.append(&other));
-        // A bad checksum.
-        let mut bad = segment4(MSS as u32, &payload(MSS, 0), TCP_ACK);
+        assert!(c.start(&tcp_frame(false, 0, &payload(MSS, 0), TCP_ACK)));
+        let gap = tcp_frame(false, 2 * MSS as u32, &payload(MSS, 0), TCP_ACK);
+        assert!(!c.append(&gap), "a gap in the sequence");
+        let larger = tcp_frame(false, MSS as u32, &payload(MSS + 1, 0), TCP_ACK);
+        assert!(!c.append(&larger), "larger than the first");
+        assert!(!c.append(&next(&|f| f[l4 + 11] ^= 1)), "another ACK number");
+        assert!(!c.append(&next(&|f| f[l4 + 27] ^= 1)), "another timestamp");
+        assert!(!c.append(&next(&|f| f[l4 + 13] |= 0x01)), "FIN");
+        let mut bad = next(&|_| {});
         bad[100] ^= 0xff;
-        assert!(!c.append(&bad));
-        // FIN.
-        assert!(!c.append(&segment4(MSS as u32, &payload(MSS, 0), TCP_ACK | 0x01)));
-        // The right one still joins.
-        assert!(c.append(&segment4(MSS as u32, &payload(MSS, 0), TCP_ACK)));
+        assert!(!c.append(&bad), "a bad TCP checksum");
+        let mut bad_ip = next(&|_| {});
+        bad_ip[ETH_HEADER + 8] ^= 1;
+        assert!(!c.append(&bad_ip), "a bad IPv4 header checksum");
+        assert!(c.append(&next(&|_| {})), "the right one still joins");
         assert_eq!(c.finish().expect("a run").frames, 2);
     }
 
     #[test]
     fn only_tcp_data_segments_start_a_run() {
         let mut c = Coalescer::new(vnet::LEGACY_LEN);
-        assert!(!c.start(&segment4(0, &[], TCP_ACK)), "a bare ACK");
-        assert!(
-            !c.start(&segment4(0, &payload(10, 0), TCP_ACK | 0x02)),
-            "SYN"
-        );
-        let mut udp = segment4(0, &payload(10, 0), TCP_ACK);
+        assert!(!c.start(&tcp_frame(false, 0, &[], TCP_ACK)), "a bare ACK");
+        let syn = tcp_frame(false, 0, &payload(10, 0), TCP_ACK | 0x02);
+        assert!(!c.start(&syn), "SYN");
+        let mut udp = tcp_frame(false, 0, &payload(10, 0), TCP_ACK);
         udp[ETH_HEADER + 9] = 17;
         assert!(!c.start(&udp));
-        let mut arp = segment4(0, &payload(10, 0), TCP_ACK);
+        let mut arp = tcp_frame(false, 0, &payload(10, 0), TCP_ACK);
         arp[12..14].copy_from_slice(&[0x08, 0x06]);
         assert!(!c.start(&arp));
-        let mut padded = segment4(0, &payload(10, 0), TCP_ACK);
+        let mut padded = tcp_frame(false, 0, &payload(10, 0), TCP_ACK);
         padded.extend_from_slice(&[0; 4]);
         assert!(
             !c.start(&padded),
             "Ethernet padding: the IP length disagrees"
         );
+        let mut tagged = tcp_frame(false, 0, &payload(10, 0), TCP_ACK);
+        tagged.splice(12..12, [0x81, 0x00, 0x00, 0x07]);
+        assert!(!c.start(&tagged), "VLAN-tagged frames pass as they are");
         assert!(c.finish().is_none());
     }
 }

@@ -226,16 +226,21 @@ impl Relay {
         let mut events = [EpollEvent::empty(); 4];
         loop {
             // Segments of a frame already read from the TAP go on as soon as
-            // the outbox has room; the TAP may have nothing more to wake us.
-            while self.outbox.count == 0 && self.splitter.as_ref().is_some_and(Splitter::pending) {
-                if let Err(stop) = self.tap_readable() {
-                    return stop;
-                }
+            // the outbox has room, a batch per pass so the other direction
+            // gets its turn; the TAP may have nothing more to wake us.
+            let cutting = |r: &Relay| {
+                r.outbox.count == 0 && r.splitter.as_ref().is_some_and(Splitter::pending)
+            };
+            if cutting(self)
+                && let Err(stop) = self.tap_readable()
+            {
+                return stop;
             }
             if let Err(e) = self.update_interest() {
                 return e.into();
             }
             let timeout = match self.retry_at {
+                _ if cutting(self) => EpollTimeout::ZERO,
                 Some(at) => {
                     let ms = at.saturating_duration_since(Instant::now()).as_millis();
                     EpollTimeout::from(ms.clamp(1, 1000) as u16)
@@ -339,7 +344,7 @@ impl Relay {
                             Refused::TooLarge(len) => format!(
                                 "dropping a {len}-byte frame for the VMM: larger than the network's MTU allows (further ones are only counted)"
                             ),
-                            Refused::Unsupported => "dropping a segmentation-offload frame that is not TCP over untagged IPv4/IPv6 (further ones are only counted)".to_string(),
+                            Refused::Unsupported => "dropping a frame for the VMM whose offload work linnet does not do (segmentation of anything but TCP straight over IPv4/IPv6, or a checksum out of bounds; further ones are only counted)".to_string(),
                         }
                         });
                     }
@@ -570,7 +575,7 @@ impl Relay {
             Port::Stream { .. } => self.receive_stream(),
         };
         // A run of segments never outlives the batch it came in.
-        self.inlet.flush()?;
+        self.inlet.write_run()?;
         received
     }
 
@@ -896,7 +901,7 @@ impl Inlet {
         if self.coalescer.as_mut().is_some_and(|c| c.append(frame)) {
             return Ok(());
         }
-        self.flush()?;
+        self.write_run()?;
         if self.coalescer.as_mut().is_some_and(|c| c.start(frame)) {
             return Ok(());
         }
@@ -916,7 +921,7 @@ impl Inlet {
     }
 
     /// Writes the pending run of segments, if any.
-    fn flush(&mut self) -> Result<(), Stop> {
+    fn write_run(&mut self) -> Result<(), Stop> {
         let Some(run) = self.coalescer.as_mut().and_then(|c| c.finish()) else {
             return Ok(());
         };

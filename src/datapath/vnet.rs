@@ -28,9 +28,13 @@ pub const GSO_TCPV4: u8 = 1;
 pub const GSO_TCPV6: u8 = 4;
 pub const GSO_ECN: u8 = 0x80;
 
-/// A header for a TCP frame the kernel segments and checksums (GSO with
-/// checksum offload).
-pub struct GsoHeader {
+/// The fields of a virtio-net header's first 10 bytes (`num_buffers`, if
+/// there, is not read or written). A TAP reads and writes them in the
+/// host's byte order unless told otherwise (TUNSETVNETLE/BE), and linnet
+/// does not tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub flags: u8,
     pub gso_type: u8,
     /// Bytes of Ethernet, IP and TCP headers.
     pub header_len: u16,
@@ -40,12 +44,21 @@ pub struct GsoHeader {
     pub csum_offset: u16,
 }
 
-impl GsoHeader {
-    /// Writes the header's first 10 bytes (`num_buffers`, if there, stays).
-    /// A TAP reads its fields in the host's byte order unless told
-    /// otherwise (TUNSETVNETLE/BE), and linnet does not tell it.
+impl Header {
+    pub fn read(bytes: &[u8]) -> Header {
+        let field = |i: usize| u16::from_ne_bytes([bytes[i], bytes[i + 1]]);
+        Header {
+            flags: bytes[0],
+            gso_type: bytes[1],
+            header_len: field(2),
+            segment_size: field(4),
+            csum_start: field(6),
+            csum_offset: field(8),
+        }
+    }
+
     pub fn write(&self, out: &mut [u8]) {
-        out[0] = F_NEEDS_CSUM;
+        out[0] = self.flags;
         out[1] = self.gso_type;
         out[2..4].copy_from_slice(&self.header_len.to_ne_bytes());
         out[4..6].copy_from_slice(&self.segment_size.to_ne_bytes());

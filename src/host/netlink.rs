@@ -1,6 +1,7 @@
 //! Links, addresses and routes over rtnetlink: bridges and TAP ports for the
 //! networks, and the address/route dump used to refuse overlapping subnets.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -11,6 +12,7 @@ use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessa
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteHeader};
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, RouteMessageBuilder};
 use thiserror::Error;
+use tracing::warn;
 
 #[derive(Debug, Error)]
 #[error("{what}: {source}")]
@@ -191,16 +193,32 @@ impl Netlink {
     /// Deletes many links at once. The kernel waits for a grace period after
     /// each deletion (~15 ms), so one by one, a thousand TAPs take 15 s;
     /// put in one device group and deleted as a group, they share one wait.
-    /// The group is one no link uses, and exists only for this call.
+    /// Whatever the group delete leaves, or when it cannot be used, goes one
+    /// by one.
     pub async fn delete_links(&self, indexes: &[u32]) -> Result<(), NetlinkError> {
-        if indexes.len() < 2 {
-            for &index in indexes {
-                self.delete_link(index).await?;
+        if indexes.len() > 1 {
+            match self.delete_as_group(indexes).await {
+                Ok(()) => return Ok(()),
+                Err(e) => warn!(
+                    "deleting {} links at once failed, so one by one: {e}",
+                    indexes.len()
+                ),
             }
-            return Ok(());
         }
-        let used: std::collections::BTreeSet<u32> =
-            self.links().await?.iter().map(|l| l.group).collect();
+        let mut failed = Ok(());
+        for &index in indexes {
+            if let Err(e) = self.delete_link(index).await {
+                warn!("{e}");
+                failed = Err(e);
+            }
+        }
+        failed
+    }
+
+    /// Puts the links in a device group no link uses and deletes that group.
+    /// Refuses if a link that is not in `indexes` joined the group meanwhile.
+    async fn delete_as_group(&self, indexes: &[u32]) -> Result<(), NetlinkError> {
+        let used: BTreeSet<u32> = self.links().await?.iter().map(|l| l.group).collect();
         let group = (BULK_DELETE_GROUP..)
             .find(|g| !used.contains(g))
             .expect("a free device group");
@@ -210,11 +228,22 @@ impl Netlink {
                 let e = to_io(e);
                 if e.raw_os_error() != Some(libc::ENODEV) {
                     return Err(NetlinkError {
-                        what: format!("put link {index} in device group {group} to delete it"),
+                        what: format!("put link {index} in device group {group}"),
                         source: e,
                     });
                 }
             }
+        }
+        let ours: BTreeSet<u32> = indexes.iter().copied().collect();
+        let members = self.links().await?;
+        if let Some(other) = members
+            .iter()
+            .find(|l| l.group == group && !ours.contains(&l.index))
+        {
+            return Err(NetlinkError {
+                what: format!("delete device group {group}"),
+                source: io::Error::other(format!("{} joined it too", other.name)),
+            });
         }
         let mut del = self.handle.link().del(0);
         del.message_mut()
