@@ -88,6 +88,17 @@ def measure_round(env, setup, mtu, seconds, entry):
         env.teardown()
 
 
+def control_plane(env, args, workdir):
+    daemon = env.linnet.daemon.pid
+    return {
+        "daemon_rss_mib_idle": round(memory_kib(daemon) / 1024, 2),
+        "latency": control.latency(env.linnet.socket, "shared", args.attaches),
+        "scale": control.scale(env.linnet.socket, "scale", daemon,
+                               sorted({min(100, args.interfaces), args.interfaces})),
+        "helper": control.helper_rss(env.linnet, workdir),
+    }
+
+
 def throughput(env, args, results):
     """Every setup at every MTU, `args.runs` rounds: each round measures
     every setup once, so a slow spell of the machine hits all setups alike
@@ -136,23 +147,19 @@ def main():
             env.start_linnet()
             if not args.no_control:
                 log("control plane")
-                daemon = env.linnet.daemon.pid
-                idle = round(memory_kib(daemon) / 1024, 2)
-                results["control"] = {
-                    "daemon_rss_mib_idle": idle,
-                    "latency": control.latency(env.linnet.socket, "shared", args.attaches),
-                    "scale": control.scale(env.linnet.socket, "scale", daemon,
-                                           sorted({min(100, args.interfaces), args.interfaces})),
-                    "helper": control.helper_rss(env.linnet, workdir),
-                }
-                log(f"  {json.dumps(results['control'])}")
+                try:
+                    results["control"] = control_plane(env, args, workdir)
+                    log(f"  {json.dumps(results['control'])}")
+                except Exception as e:  # noqa: BLE001 - the throughput figures still count
+                    results["control_error"] = f"{type(e).__name__}: {e}"
+                    log(f"  the control-plane figures failed: {results['control_error']}")
             env.lasting.start("iperf3-server-host", ["iperf3", "--server"])
             throughput(env, args, results)
         finally:
             env.close()
         left = env.leftovers()
         if left:
-            log(f"bench: links left behind: {', '.join(left)}")
+            log(f"bench: left behind: {', '.join(left)}")
     peaks = [r["relay_peak_rss_mib"] for r in results["throughput"] if "relay_peak_rss_mib" in r]
     if results["control"] and peaks:
         results["control"]["relay_peak_rss_mib"] = max(peaks)
@@ -170,8 +177,10 @@ def main():
     print(md)
     log(f"bench: wrote {args.out}/latest.md, latest.json and latest.svg in {results['duration_s']:.0f} s")
     problems = [f"{r['setup']} at MTU {r['mtu']} failed" for r in results["throughput"] if r.get("error")]
+    if results.get("control_error"):
+        problems.append("the control-plane figures failed")
     if left:
-        problems.append(f"links left behind: {', '.join(left)}")
+        problems.append(f"left behind: {', '.join(left)}")
     if args.strict and problems:
         sys.exit("bench: " + "; ".join(problems))
 

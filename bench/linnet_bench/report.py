@@ -111,6 +111,8 @@ def markdown(results):
               for n in results["not_run"]]
     if notes:
         lines += ["", "Not measured:", ""] + notes
+    if results.get("control_error"):
+        lines += ["", f"The control-plane figures failed: {results['control_error']}"]
     c = results.get("control")
     if c:
         lat, sc, h = c["latency"], c["scale"], c["helper"]

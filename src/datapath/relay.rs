@@ -31,7 +31,7 @@ use tracing::{error, info, warn};
 use super::coalesce::Coalescer;
 use super::framing::{self, Deframer, FramingError, LENGTH_BYTES};
 use super::port::{self, Endpoint, Peer, Port, SockAddr};
-use super::segment::{Refused, Splitter};
+use super::segment::Splitter;
 use super::vnet::{self, ClientHeader};
 use super::{Counters, Datapath};
 
@@ -340,12 +340,9 @@ impl Relay {
                     if let Err(refused) = splitter.load(n, self.max_frame) {
                         self.counters.to_vm.drop_frames(1);
                         warn_once(&mut self.warned.refused, || {
-                            match refused {
-                            Refused::TooLarge(len) => format!(
-                                "dropping a {len}-byte frame for the VMM: larger than the network's MTU allows (further ones are only counted)"
-                            ),
-                            Refused::Unsupported => "dropping a frame for the VMM whose offload work linnet does not do (segmentation of anything but TCP straight over IPv4/IPv6, or a checksum out of bounds; further ones are only counted)".to_string(),
-                        }
+                            format!(
+                                "dropping {refused} for the VMM (further ones are only counted)"
+                            )
                         });
                     }
                 }

@@ -42,6 +42,20 @@ pub enum Refused {
     Unsupported,
 }
 
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::TooLarge(len) => write!(
+                f,
+                "a {len}-byte frame, larger than the network's MTU allows"
+            ),
+            Refused::Unsupported => f.write_str(
+                "a frame with offload work linnet does not do (segmenting anything but TCP straight over IPv4/IPv6, or a checksum out of bounds)",
+            ),
+        }
+    }
+}
+
 /// One frame read from the TAP, with its virtio-net header in front, and
 /// what is left to pass on of it.
 pub struct Splitter {
