@@ -260,9 +260,13 @@ fn from_guest(guest: &OwnedFd, link: &Link, guest_header: usize) {
                 io::IoSlice::new(&buf[skip..end])
             }
         });
-        let mut frames: Vec<io::IoSlice> = frames.collect();
+        let frames: Vec<io::IoSlice> = frames.collect();
         let sent = match link.kind {
-            LinkKind::Stream => writev_all(&link.fd, &mut frames),
+            // One write per frame, as QEMU's netdev stream does: passt
+            // (2023) loses frames when a read brings it several 64 KiB ones.
+            LinkKind::Stream => frames
+                .iter()
+                .try_for_each(|f| writev_all(&link.fd, &mut [*f])),
             LinkKind::Dgram => send_datagrams(&link.fd, &frames),
             LinkKind::Tap => write_all(&link.fd, &frames[0], false),
         };
