@@ -5,9 +5,10 @@
 //! or a unix stream socket (4-byte big-endian length before each frame), as
 //! an inherited fd or a path to connect to — creates a TAP inside a guest
 //! network namespace, and moves frames between the two, one thread per
-//! direction. On a socket it moves them in batches (recvmmsg, sendmmsg,
-//! large stream reads and writes), so that in a benchmark its own cost stays
-//! small next to what it measures; a TAP takes one frame per call. The
+//! direction. Datagrams go in batches (recvmmsg, sendmmsg) and a stream is
+//! read in large pieces, so that in a benchmark its own cost stays small
+//! next to what it measures; a stream is written and a TAP read and written
+//! one frame per call. The
 //! guest namespace's kernel then acts as the VM: real DHCP clients, ping,
 //! iperf3. On a TAP fd, and on a socket with --vnet-hdr,
 //! frames carry a virtio-net header and offloads are on, as with a
