@@ -379,6 +379,19 @@ fn read_now(fd: &OwnedFd, buf: &mut [u8]) -> Result<Option<usize>, ()> {
     }
 }
 
+/// An mmsghdr per iovec, for sendmmsg/recvmmsg: one datagram each.
+fn one_message_each(iovs: &mut [libc::iovec]) -> Vec<libc::mmsghdr> {
+    iovs.iter_mut()
+        .map(|iov| {
+            // SAFETY: mmsghdr is plain old data; zeroes are valid.
+            let mut msg: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            msg.msg_hdr.msg_iov = iov;
+            msg.msg_hdr.msg_iovlen = 1;
+            msg
+        })
+        .collect()
+}
+
 /// Sends each slice as one datagram, as few calls as it takes.
 fn send_datagrams(fd: &OwnedFd, frames: &[io::IoSlice]) -> io::Result<()> {
     let mut iovs: Vec<libc::iovec> = frames
@@ -388,12 +401,7 @@ fn send_datagrams(fd: &OwnedFd, frames: &[io::IoSlice]) -> io::Result<()> {
             iov_len: f.len(),
         })
         .collect();
-    // SAFETY: mmsghdr is plain old data; zeroes are valid.
-    let mut msgs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; iovs.len()];
-    for (msg, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
-        msg.msg_hdr.msg_iov = iov;
-        msg.msg_hdr.msg_iovlen = 1;
-    }
+    let mut msgs = one_message_each(&mut iovs);
     let mut done = 0;
     while done < msgs.len() {
         let rest = &mut msgs[done..];
@@ -421,12 +429,7 @@ fn receive_datagrams(fd: &OwnedFd, bufs: &mut [Vec<u8>]) -> Option<Vec<usize>> {
             iov_len: b.len(),
         })
         .collect();
-    // SAFETY: mmsghdr is plain old data; zeroes are valid.
-    let mut msgs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; iovs.len()];
-    for (msg, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
-        msg.msg_hdr.msg_iov = iov;
-        msg.msg_hdr.msg_iovlen = 1;
-    }
+    let mut msgs = one_message_each(&mut iovs);
     loop {
         // SAFETY: every mmsghdr points at a live iovec and buffer.
         let n = unsafe {
