@@ -83,50 +83,46 @@ class Bridge(Setup):
     """The kernel's limit with a switch: a bridge on the host, a veth pair
     per guest."""
     group = "kernel"
+    bridge = "bbr0"
+    subnet = "10.201.0"
 
     def up(self, env, mtu):
         topo = Topology()
-        bridge = env.host_link("bbr0")
+        bridge = env.host_link(self.bridge)
         ip("link", "add", bridge, "type", "bridge")
         for i in range(self.guests()):
             ns = env.guest_ns()
-            port = env.host_link(f"bbv{i}")
-            ip("link", "add", port, "mtu", mtu, "type", "veth", "peer", "name", "eth0",
-               "mtu", mtu, "netns", ns)
-            ip("link", "set", port, "master", bridge, "up")
-            addr = f"10.201.0.{i + 2}"
+            port = self.plug(env, topo, i, ns, mtu)
+            ip("link", "set", port, "mtu", mtu, "master", bridge, "up")
+            addr = f"{self.subnet}.{i + 2}"
             configure(ns, "eth0", f"{addr}/24")
             topo.guests.append((ns, addr))
         ip("link", "set", bridge, "mtu", mtu)
-        configure(None, bridge, "10.201.0.1/24")
-        topo.server = "10.201.0.1"
+        configure(None, bridge, f"{self.subnet}.1/24")
+        topo.server = f"{self.subnet}.1"
         return topo
 
+    def plug(self, env, topo, i, ns, mtu):
+        """Gives guest `ns` its eth0 and returns the host's end of it."""
+        port = env.host_link(f"bbv{i}")
+        ip("link", "add", port, "type", "veth", "peer", "name", "eth0", "mtu", mtu, "netns", ns)
+        return port
 
-class TapRelay(Setup):
+
+class TapRelay(Bridge):
     """The baseline for linnet's tap datapath: a TAP on a plain bridge, its
     fd relayed to the guest by the same stand-in, with no linnet at all."""
     group = "baseline"
+    bridge = "bbr1"
+    subnet = "10.202.0"
 
-    def up(self, env, mtu):
-        topo = Topology()
-        bridge = env.host_link("bbr1")
-        ip("link", "add", bridge, "type", "bridge")
-        for i in range(self.guests()):
-            ns = env.guest_ns()
-            tap = env.host_link(f"btap{i}")
-            proc = env.standin(f"standin-{ns}", ["--tap", tap, "--mtu", mtu], ns)
-            env.wait_link(tap)
-            ip("link", "set", tap, "mtu", mtu, "master", bridge, "up")
-            addr = f"10.202.0.{i + 2}"
-            env.wait_link("eth0", ns)
-            configure(ns, "eth0", f"{addr}/24")
-            topo.guests.append((ns, addr))
-            topo.standin_pids.append(proc.pid)
-        ip("link", "set", bridge, "mtu", mtu)
-        configure(None, bridge, "10.202.0.1/24")
-        topo.server = "10.202.0.1"
-        return topo
+    def plug(self, env, topo, i, ns, mtu):
+        tap = env.host_link(f"btap{i}")
+        proc = env.standin(f"standin-{ns}", ["--tap", tap, "--mtu", mtu], ns)
+        topo.standin_pids.append(proc.pid)
+        env.wait_link(tap)
+        env.wait_link("eth0", ns)
+        return tap
 
 
 class Linnet(Setup):

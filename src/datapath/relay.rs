@@ -130,6 +130,9 @@ struct Inlet {
     header: ClientHeader,
     coalescer: Option<Coalescer>,
     counters: Arc<Counters>,
+    /// Frames and bytes written since the counters were last updated: they
+    /// go to the shared atomics once per batch.
+    moved: (u64, u64),
     warned_runt: bool,
     warned_write: bool,
 }
@@ -137,7 +140,6 @@ struct Inlet {
 pub struct Relay {
     inlet: Inlet,
     port: Port,
-    header: ClientHeader,
     max_frame: usize,
     slot: usize,
     batch: usize,
@@ -145,7 +147,6 @@ pub struct Relay {
     /// Cuts the TAP's frames for a client that takes bare frames.
     splitter: Option<Splitter>,
     inbox: Inbox,
-    counters: Arc<Counters>,
     epoll: Epoll,
     /// What each token is registered for: (fd, events).
     registered: [Option<(RawFd, EpollFlags)>; 3],
@@ -185,12 +186,12 @@ impl Relay {
                 tap,
                 header,
                 coalescer: (header == ClientHeader::None).then(|| Coalescer::new(header.tap_len())),
-                counters: counters.clone(),
+                counters,
+                moved: (0, 0),
                 warned_runt: false,
                 warned_write: false,
             },
             port,
-            header,
             max_frame,
             slot,
             batch,
@@ -204,7 +205,6 @@ impl Relay {
             },
             splitter: (header == ClientHeader::None).then(|| Splitter::new(header.tap_len())),
             inbox,
-            counters,
             epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
                 .map_err(|e| RelayError::Poll(e.into()))?,
             registered: [None; 3],
@@ -294,7 +294,7 @@ impl Relay {
 
     /// Reads up to a batch of frames from the TAP into the outbox.
     fn read_tap_batch(&mut self) -> Result<(), Stop> {
-        let client_hdr = self.header.len();
+        let client_hdr = self.inlet.header.len();
         let stream = matches!(self.port, Port::Stream { .. });
         while self.outbox.count < self.batch {
             let i = self.outbox.count;
@@ -321,7 +321,7 @@ impl Relay {
         let Some(splitter) = &mut self.splitter else {
             // A client that speaks the header takes the TAP's frames as
             // they are, header included.
-            let client_hdr = self.header.len();
+            let client_hdr = self.inlet.header.len();
             return loop {
                 match nix::unistd::read(tap, &mut slot[HEADROOM - client_hdr..]) {
                     Ok(n) if n >= client_hdr + MIN_FRAME => break Ok(Some(n)),
@@ -336,9 +336,9 @@ impl Relay {
                 return Ok(Some(len));
             }
             match nix::unistd::read(tap, splitter.buffer()) {
-                Ok(n) if n >= self.header.tap_len() + MIN_FRAME => {
+                Ok(n) if n >= self.inlet.header.tap_len() + MIN_FRAME => {
                     if let Err(refused) = splitter.load(n, self.max_frame) {
-                        self.counters.to_vm.drop_frames(1);
+                        self.inlet.counters.to_vm.drop_frames(1);
                         warn_once(&mut self.warned.refused, || {
                             format!(
                                 "dropping {refused} for the VMM (further ones are only counted)"
@@ -381,12 +381,12 @@ impl Relay {
 
     fn drop_outbox(&mut self) {
         let left = (self.outbox.count - self.outbox.next) as u64;
-        self.counters.to_vm.drop_frames(left);
+        self.inlet.counters.to_vm.drop_frames(left);
         self.outbox.next = self.outbox.count;
     }
 
     fn payload(&self, i: usize) -> (usize, usize) {
-        let start = i * self.slot + HEADROOM - self.header.len();
+        let start = i * self.slot + HEADROOM - self.inlet.header.len();
         (start, start + self.outbox.lens[i])
     }
 
@@ -434,7 +434,7 @@ impl Relay {
             if sent > 0 {
                 let sent = sent as usize;
                 let bytes: usize = (first..first + sent).map(|i| self.outbox.lens[i]).sum();
-                self.counters.to_vm.add(sent as u64, bytes as u64);
+                self.inlet.counters.to_vm.add(sent as u64, bytes as u64);
                 self.outbox.next += sent;
                 continue;
             }
@@ -462,7 +462,7 @@ impl Relay {
                             self.outbox.lens[first]
                         )
                     });
-                    self.counters.to_vm.drop_frames(1);
+                    self.inlet.counters.to_vm.drop_frames(1);
                     self.outbox.next += 1;
                 }
                 Errno::ECONNREFUSED | Errno::ENOTCONN | Errno::EPIPE | Errno::ECONNRESET => {
@@ -561,7 +561,7 @@ impl Relay {
             frames += 1;
             bytes += len;
         }
-        self.counters.to_vm.add(frames, bytes as u64);
+        self.inlet.counters.to_vm.add(frames, bytes as u64);
     }
 
     // ---- from the VM ---------------------------------------------------------
@@ -573,6 +573,7 @@ impl Relay {
         };
         // A run of segments never outlives the batch it came in.
         self.inlet.write_run()?;
+        self.inlet.publish();
         received
     }
 
@@ -583,7 +584,7 @@ impl Relay {
         let Inbox::Datagrams(buf) = &mut self.inbox else {
             unreachable!("datagram ports have datagram slots")
         };
-        let client_hdr = self.header.len();
+        let client_hdr = self.inlet.header.len();
         let capacity = client_hdr + self.max_frame;
         // SAFETY: plain old data; zeroes are valid.
         let mut iovs: [libc::iovec; MAX_BATCH] = unsafe { mem::zeroed() };
@@ -628,7 +629,7 @@ impl Relay {
             let len = msgs[k].msg_len as usize;
             from[k].len = msgs[k].msg_hdr.msg_namelen;
             if !self.accept_sender(&from[k]) {
-                self.counters.from_vm.drop_frames(1);
+                self.inlet.counters.from_vm.drop_frames(1);
                 continue;
             }
             if msgs[k].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
@@ -720,7 +721,7 @@ impl Relay {
                     bytes = deframer.pending(),
                     "the VMM closed its stream in the middle of a frame; dropping the partial frame"
                 );
-                self.counters.from_vm.drop_frames(1);
+                self.inlet.counters.from_vm.drop_frames(1);
             }
             return self.stream_client_gone();
         }
@@ -733,7 +734,7 @@ impl Relay {
                 None => break,
                 Some(Ok(range)) => range,
                 Some(Err(e)) => {
-                    self.counters.from_vm.drop_frames(1);
+                    self.inlet.counters.from_vm.drop_frames(1);
                     return self.bad_stream(e);
                 }
             };
@@ -807,8 +808,8 @@ impl Relay {
     // ---- drops -----------------------------------------------------------------
 
     fn oversized(&mut self, len: usize) {
-        self.counters.from_vm.drop_frames(1);
-        let max = self.header.len() + self.max_frame;
+        self.inlet.counters.from_vm.drop_frames(1);
+        let max = self.inlet.header.len() + self.max_frame;
         warn_once(&mut self.warned.oversized, || {
             format!(
                 "dropping a frame from the VMM larger than {max} bytes (got at least {len}); is the VM's MTU above the network's? (further ones are only counted)"
@@ -908,13 +909,7 @@ impl Inlet {
             ClientHeader::None => &both,
             ClientHeader::Virtio(_) => &both[1..],
         };
-        write_tap(
-            &self.tap,
-            iov,
-            (1, frame.len() as u64),
-            &self.counters,
-            &mut self.warned_write,
-        )
+        self.write(iov, 1, frame.len() as u64)
     }
 
     /// Writes the pending run of segments, if any.
@@ -922,31 +917,60 @@ impl Inlet {
         let Some(run) = self.coalescer.as_mut().and_then(|c| c.finish()) else {
             return Ok(());
         };
+        let (frames, bytes) = (run.frames, run.bytes);
+        let data = io::IoSlice::new(run.data);
         write_tap(
             &self.tap,
-            &[io::IoSlice::new(run.data)],
-            (run.frames, run.bytes),
+            &[data],
+            frames,
             &self.counters,
             &mut self.warned_write,
         )
+        .map(|moved| self.add_moved(moved.then_some((frames, bytes))))
+    }
+
+    /// Writes one frame to the TAP, standing for `frames` of the VMM's.
+    fn write(&mut self, iov: &[io::IoSlice], frames: u64, bytes: u64) -> Result<(), Stop> {
+        let moved = write_tap(
+            &self.tap,
+            iov,
+            frames,
+            &self.counters,
+            &mut self.warned_write,
+        )?;
+        self.add_moved(moved.then_some((frames, bytes)));
+        Ok(())
+    }
+
+    fn add_moved(&mut self, moved: Option<(u64, u64)>) {
+        if let Some((frames, bytes)) = moved {
+            self.moved.0 += frames;
+            self.moved.1 += bytes;
+        }
+    }
+
+    /// Updates the shared counters with what this batch moved.
+    fn publish(&mut self) {
+        if self.moved != (0, 0) {
+            self.counters.from_vm.add(self.moved.0, self.moved.1);
+            self.moved = (0, 0);
+        }
     }
 }
 
-/// Writes one frame to the TAP and counts the VMM's `frames` and `bytes` it
-/// stands for as moved, or as dropped if the kernel refuses it.
+/// Writes one frame to the TAP: `Ok(true)` if it went, `Ok(false)` if the
+/// kernel refused it (the VMM's `frames` it stands for are counted as
+/// dropped), `Err` if the TAP is gone.
 fn write_tap(
     tap: &OwnedFd,
     iov: &[io::IoSlice],
-    (frames, bytes): (u64, u64),
+    frames: u64,
     counters: &Counters,
     warned: &mut bool,
-) -> Result<(), Stop> {
+) -> Result<bool, Stop> {
     loop {
         match nix::sys::uio::writev(borrow(tap.as_raw_fd()), iov) {
-            Ok(_) => {
-                counters.from_vm.add(frames, bytes);
-                return Ok(());
-            }
+            Ok(_) => return Ok(true),
             Err(Errno::EINTR) => continue,
             Err(e @ (Errno::EBADFD | Errno::EBADF)) => {
                 return Err(RelayError::Tap(e.into()).into());
@@ -958,7 +982,7 @@ fn write_tap(
                         "the kernel refused a frame from the VMM: {e} (further ones are only counted)"
                     )
                 });
-                return Ok(());
+                return Ok(false);
             }
         }
     }

@@ -632,6 +632,22 @@ impl Guest {
             .map(|a| a.trim().to_string())
     }
 
+    /// Asserts what every guest on `shared` must do: fetch the upstream page
+    /// through NAT, and resolve the upstream name through linnet's DNS on
+    /// the gateway. `what` names the guest in failures.
+    pub fn assert_reaches_upstream(&self, what: &str) {
+        assert_eq!(
+            self.fetch(&format!("http://{UPSTREAM_IP}/")).as_deref(),
+            Some(format!("{UPSTREAM_PAGE}\n").as_str()),
+            "{what}: NAT to upstream"
+        );
+        assert_eq!(
+            self.lookup(UPSTREAM_NAME, &self.gateway()).as_deref(),
+            Some(UPSTREAM_IP),
+            "{what}: upstream names through linnet's DNS"
+        );
+    }
+
     /// SIGTERM to `linnet run`, and wait.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         terminate(self.run.as_mut().expect("running"))
