@@ -5,13 +5,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::addr6;
+use crate::forward::PortForward;
 use crate::types::{self, InterfaceId, MacAddr};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/linnet/networks.yaml";
@@ -52,9 +54,49 @@ pub struct NetworkConfig {
     pub dns: DnsConfig,
     pub mtu: u32,
     pub nat44: bool,
+    /// None with `ipv6: false`.
+    pub ipv6: Option<Ipv6Config>,
     pub isolation: bool,
     pub persistent: bool,
     pub allow: Allow,
+    /// Ports published while the matching interface is attached.
+    pub forwards: Vec<StaticForward>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ipv6Config {
+    /// A /64: guests form their addresses in it by SLAAC.
+    pub prefix: Ipv6Net,
+    /// PREFIX::1 (the bridge also holds fe80::1).
+    pub gateway: Ipv6Addr,
+    pub router_advertisement: bool,
+    /// Masquerade out of the namespace's IPv6 default route.
+    pub nat66: bool,
+}
+
+/// A forward from the config: `{ name: web, publish: "8080:80" }` or with
+/// `interface_id` instead of `name`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StaticForward {
+    pub target: ForwardTarget,
+    pub forward: PortForward,
+}
+
+/// Which interface a forward goes to: by id, or by the VM's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardTarget {
+    InterfaceId(InterfaceId),
+    Name(String),
+}
+
+impl fmt::Display for ForwardTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ForwardTarget::InterfaceId(id) => write!(f, "interface {id}"),
+            ForwardTarget::Name(name) => write!(f, "the interface named \"{name}\""),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -153,9 +195,24 @@ struct NetworkSpec {
     dns: Option<DnsSpec>,
     mtu: Option<u32>,
     nat44: Option<bool>,
+    ipv6: Option<bool>,
+    ipv6_prefix: Option<String>,
+    router_advertisement: Option<bool>,
+    nat66: Option<bool>,
     isolation: Option<bool>,
     persistent: Option<bool>,
     allow: Option<AllowSpec>,
+    #[serde(default)]
+    forwards: Vec<ForwardSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForwardSpec {
+    name: Option<String>,
+    interface_id: Option<String>,
+    /// `[HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]`
+    publish: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -271,6 +328,32 @@ fn check_no_overlaps(
                     ),
                 });
             }
+            if let (Some(v6a), Some(v6b)) = (&a.ipv6, &b.ipv6)
+                && v6a.prefix == v6b.prefix
+            {
+                return Err(ConfigError::Invalid {
+                    file: file.into(),
+                    network: b.name.clone(),
+                    key: "ipv6_prefix".into(),
+                    message: format!(
+                        "{} is also the prefix of network \"{}\"; give each network its own",
+                        v6b.prefix, a.name
+                    ),
+                });
+            }
+            for fb in &b.forwards {
+                if let Some(fa) = a.forwards.iter().find(|fa| fa.forward.clashes_with(&fb.forward)) {
+                    return Err(ConfigError::Invalid {
+                        file: file.into(),
+                        network: b.name.clone(),
+                        key: "forwards".into(),
+                        message: format!(
+                            "host port {} is also forwarded by network \"{}\" ({} to {})",
+                            fb.forward.host_port, a.name, fa.forward, fa.target
+                        ),
+                    });
+                }
+            }
         }
     }
     Ok(())
@@ -344,6 +427,8 @@ impl Validator<'_> {
             ));
         }
 
+        let ipv6 = self.ipv6(name, mode, &spec)?;
+        let forwards = self.forwards(&spec.forwards)?;
         let dhcp = self.dhcp(spec.dhcp.unwrap_or_default(), subnet, gateway, hosts)?;
         let dns = self.dns(name, spec.dns.unwrap_or_default())?;
 
@@ -371,10 +456,118 @@ impl Validator<'_> {
             dns,
             mtu,
             nat44,
+            ipv6,
             isolation: spec.isolation.unwrap_or(false),
             persistent: spec.persistent.unwrap_or(false),
             allow: self.allow(spec.allow)?,
+            forwards,
         })
+    }
+
+    fn ipv6(
+        &self,
+        name: &str,
+        mode: Mode,
+        spec: &NetworkSpec,
+    ) -> Result<Option<Ipv6Config>, ConfigError> {
+        if !spec.ipv6.unwrap_or(true) {
+            let set = [
+                ("ipv6_prefix", spec.ipv6_prefix.is_some()),
+                ("router_advertisement", spec.router_advertisement == Some(true)),
+                ("nat66", spec.nat66 == Some(true)),
+            ];
+            if let Some((key, _)) = set.iter().find(|(_, on)| *on) {
+                return Err(self.err(key, "needs ipv6: true; remove it or turn IPv6 on"));
+            }
+            return Ok(None);
+        }
+        let prefix = match &spec.ipv6_prefix {
+            None => addr6::ula_prefix(name),
+            Some(text) => self.ipv6_prefix(text)?,
+        };
+        let nat66 = spec.nat66.unwrap_or(mode == Mode::Shared);
+        if nat66 && mode == Mode::Host {
+            return Err(self.err(
+                "nat66",
+                "a host network never forwards outward; remove nat66 or use mode: shared",
+            ));
+        }
+        Ok(Some(Ipv6Config {
+            prefix,
+            gateway: addr6::gateway(prefix),
+            router_advertisement: spec.router_advertisement.unwrap_or(true),
+            nat66,
+        }))
+    }
+
+    fn ipv6_prefix(&self, text: &str) -> Result<Ipv6Net, ConfigError> {
+        let key = "ipv6_prefix";
+        let net: Ipv6Net = text.trim().parse().map_err(|_| {
+            self.err(
+                key,
+                format!("\"{text}\" is not an IPv6 prefix (expected e.g. fd00:1234:5678::/64)"),
+            )
+        })?;
+        if net.prefix_len() != 64 {
+            return Err(self.err(
+                key,
+                format!(
+                    "prefix /{} is not allowed; SLAAC needs a /64",
+                    net.prefix_len()
+                ),
+            ));
+        }
+        if net.addr() != net.network() {
+            return Err(self.err(
+                key,
+                format!("\"{text}\" has host bits set; did you mean {}?", net.trunc()),
+            ));
+        }
+        let first = net.network().segments()[0];
+        let unicast = !(first & 0xffc0 == 0xfe80 || first >> 8 == 0xff || first == 0);
+        if !unicast {
+            return Err(self.err(
+                key,
+                format!(
+                    "{net} is not a unicast prefix; use a unique local (fd00::/8) or global one"
+                ),
+            ));
+        }
+        Ok(net)
+    }
+
+    fn forwards(&self, specs: &[ForwardSpec]) -> Result<Vec<StaticForward>, ConfigError> {
+        let mut out: Vec<StaticForward> = Vec::new();
+        for (i, spec) in specs.iter().enumerate() {
+            let key = format!("forwards[{i}]");
+            let target = match (&spec.name, &spec.interface_id) {
+                (Some(name), None) => {
+                    types::validate_hostname(name).map_err(|e| self.err(&key, e.to_string()))?;
+                    ForwardTarget::Name(name.clone())
+                }
+                (None, Some(id)) => ForwardTarget::InterfaceId(id.parse().map_err(|_| {
+                    self.err(&key, format!("interface_id \"{id}\" is not a UUID"))
+                })?),
+                _ => {
+                    return Err(self.err(&key, "needs exactly one of name and interface_id"));
+                }
+            };
+            let forward: PortForward = spec
+                .publish
+                .parse()
+                .map_err(|e: crate::forward::ForwardSpecError| self.err(&key, e.to_string()))?;
+            if let Some(other) = out.iter().find(|o| o.forward.clashes_with(&forward)) {
+                return Err(self.err(
+                    &key,
+                    format!(
+                        "host port {} is already forwarded to {} by \"{}\"",
+                        forward.host_port, other.target, other.forward
+                    ),
+                ));
+            }
+            out.push(StaticForward { target, forward });
+        }
+        Ok(out)
     }
 
     fn subnet(&self, text: &str) -> Result<Ipv4Net, ConfigError> {
@@ -715,6 +908,86 @@ mod tests {
         assert!(m.starts_with("test.yaml: ") && m.contains("line"), "{m}");
         let m = message("networks:\n  shared:\n    mode: nat\n");
         assert!(m.contains("unknown variant `nat`"), "{m}");
+    }
+
+    #[test]
+    fn ipv6_is_on_by_default_with_a_derived_prefix() {
+        let cfg = Config::builtin();
+        let shared = cfg.network("shared").unwrap().ipv6.clone().unwrap();
+        assert_eq!(shared.prefix, addr6::ula_prefix("shared"));
+        assert_eq!(shared.gateway, addr6::gateway(shared.prefix));
+        assert!(shared.router_advertisement && shared.nat66);
+        let host = cfg.network("host").unwrap().ipv6.clone().unwrap();
+        assert!(host.router_advertisement && !host.nat66, "host never forwards out");
+        assert_ne!(host.prefix, shared.prefix);
+
+        let cfg = load(
+            "networks:
+  shared:
+    ipv6_prefix: fd00:1:2:3::/64
+    router_advertisement: false
+    nat66: false
+  host:
+    ipv6: false
+",
+        )
+        .unwrap();
+        let shared = cfg.network("shared").unwrap().ipv6.clone().unwrap();
+        assert_eq!(shared.prefix.to_string(), "fd00:1:2:3::/64");
+        assert_eq!(shared.gateway.to_string(), "fd00:1:2:3::1");
+        assert!(!shared.router_advertisement && !shared.nat66);
+        assert!(cfg.network("host").unwrap().ipv6.is_none());
+    }
+
+    #[test]
+    fn bad_ipv6_settings_are_refused() {
+        let m = message("networks:\n  shared:\n    ipv6_prefix: fd00::/48\n");
+        assert!(m.contains("ipv6_prefix: prefix /48 is not allowed; SLAAC needs a /64"), "{m}");
+        let m = message("networks:\n  shared:\n    ipv6_prefix: fd00::1/64\n");
+        assert!(m.contains("has host bits set; did you mean fd00::/64?"), "{m}");
+        let m = message("networks:\n  shared:\n    ipv6_prefix: fe80::/64\n");
+        assert!(m.contains("is not a unicast prefix"), "{m}");
+        let m = message("networks:\n  shared:\n    ipv6_prefix: 10.0.0.0/8\n");
+        assert!(m.contains("is not an IPv6 prefix"), "{m}");
+        let m = message("networks:\n  host:\n    nat66: true\n");
+        assert!(m.contains("network \"host\": nat66: a host network never forwards"), "{m}");
+        let m = message("networks:\n  shared:\n    ipv6: false\n    nat66: true\n");
+        assert!(m.contains("nat66: needs ipv6: true"), "{m}");
+        let m = message("networks:\n  host:\n    ipv6_prefix: fd00:1::/64\n  shared:\n    ipv6_prefix: fd00:1::/64\n");
+        assert!(m.contains("is also the prefix of network"), "{m}");
+    }
+
+    #[test]
+    fn static_forwards_are_parsed_and_checked() {
+        let cfg = load(
+            "networks:
+  shared:
+    forwards:
+      - { name: web, publish: '8080:80' }
+      - { interface_id: 00000000-0000-0000-0000-000000000001, publish: '127.0.0.1:5353:53/udp' }
+",
+        )
+        .unwrap();
+        let f = &cfg.network("shared").unwrap().forwards;
+        assert_eq!(f[0].target, ForwardTarget::Name("web".into()));
+        assert_eq!(f[0].forward.to_string(), "8080:80/tcp");
+        assert_eq!(f[1].forward.to_string(), "127.0.0.1:5353:53/udp");
+
+        let m = message("networks:\n  shared:\n    forwards: [ { name: web, publish: '8080' } ]\n");
+        assert!(m.contains("forwards[0]: \"8080\": needs both a host port"), "{m}");
+        let m = message("networks:\n  shared:\n    forwards: [ { publish: '80:80' } ]\n");
+        assert!(m.contains("needs exactly one of name and interface_id"), "{m}");
+        let m = message(
+            "networks:\n  shared:\n    forwards: [ { name: a, publish: '80:80' }, { name: b, publish: '80:81' } ]\n",
+        );
+        assert!(
+            m.contains("forwards[1]: host port 80 is already forwarded to the interface named \"a\""),
+            "{m}"
+        );
+        let m = message(
+            "networks:\n  host:\n    forwards: [ { name: a, publish: '80:80' } ]\n  shared:\n    forwards: [ { name: b, publish: '80:81' } ]\n",
+        );
+        assert!(m.contains("host port 80 is also forwarded by network \"host\""), "{m}");
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! linnet: networks for virtual machines on Linux.
 
+mod addr6;
 mod api;
 mod cli;
 mod config;
 mod daemon;
 mod datapath;
+mod forward;
 mod host;
 mod services;
 mod types;

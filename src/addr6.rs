@@ -1,0 +1,81 @@
+//! IPv6 addressing of a network: its ULA /64 derived from the network's
+//! name, the gateway's addresses, and the SLAAC address (EUI-64) a guest
+//! forms from its MAC.
+
+use std::net::Ipv6Addr;
+
+use ipnet::Ipv6Net;
+
+use crate::types::{MacAddr, stable_hash};
+
+/// The gateway's link-local address on every bridge: guests' default route.
+pub const GATEWAY_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
+/// A unique local /64 (RFC 4193: fd00::/8, a 40-bit global id, subnet 0)
+/// whose global id is a hash of the network's name, so it is the same after
+/// every restart and on every host. Set `ipv6_prefix` to choose another.
+pub fn ula_prefix(network: &str) -> Ipv6Net {
+    let h = stable_hash(format!("linnet ula {network}").as_bytes()).to_be_bytes();
+    let mut octets = [0u8; 16];
+    octets[0] = 0xfd;
+    octets[1..6].copy_from_slice(&h[..5]);
+    Ipv6Net::new(Ipv6Addr::from(octets), 64).expect("64 is a valid prefix length")
+}
+
+/// The gateway's address in the prefix: PREFIX::1.
+pub fn gateway(prefix: Ipv6Net) -> Ipv6Addr {
+    with_interface_id(prefix, 1)
+}
+
+/// The address a guest forms by SLAAC with a modified EUI-64 interface id
+/// (RFC 4291 appendix A): the MAC split by ff:fe, universal/local bit flipped.
+pub fn slaac_address(prefix: Ipv6Net, mac: MacAddr) -> Ipv6Addr {
+    let m = mac.0;
+    let iid = u64::from_be_bytes([m[0] ^ 0x02, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
+    with_interface_id(prefix, iid)
+}
+
+fn with_interface_id(prefix: Ipv6Net, iid: u64) -> Ipv6Addr {
+    let net = u128::from(prefix.network());
+    Ipv6Addr::from(net | u128::from(iid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ula_prefix_is_stable_unique_local_and_per_name() {
+        let p = ula_prefix("shared");
+        assert_eq!(p, ula_prefix("shared"), "same name, same prefix");
+        assert_ne!(p, ula_prefix("host"));
+        assert_eq!(p.prefix_len(), 64);
+        assert_eq!(p.network().octets()[0], 0xfd, "in fd00::/8");
+        assert_eq!(&p.network().octets()[6..], &[0u8; 10], "subnet id 0");
+        // Pinned: a prefix that changed between releases would renumber VMs.
+        assert_eq!(p.to_string(), "fdb3:e939:15e7::/64");
+        assert_eq!(ula_prefix("host").to_string(), "fdcc:6d38:9bee::/64");
+        assert_eq!(gateway(p), {
+            let mut o = p.network().octets();
+            o[15] = 1;
+            Ipv6Addr::from(o)
+        });
+    }
+
+    #[test]
+    fn slaac_address_is_modified_eui64() {
+        let prefix: Ipv6Net = "fd12:3456:789a::/64".parse().unwrap();
+        let mac: MacAddr = "52:54:00:12:34:56".parse().unwrap();
+        assert_eq!(
+            slaac_address(prefix, mac),
+            "fd12:3456:789a::5054:ff:fe12:3456"
+                .parse::<Ipv6Addr>()
+                .unwrap()
+        );
+        let local: MacAddr = "02:00:00:00:00:01".parse().unwrap();
+        assert_eq!(
+            slaac_address(prefix, local),
+            "fd12:3456:789a::ff:fe00:1".parse::<Ipv6Addr>().unwrap()
+        );
+    }
+}
