@@ -5,11 +5,11 @@
 //! reply as SCM_RIGHTS. docs/api.md is the reference for other languages.
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use nix::sys::socket::{
     self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
     UnixAddr,
@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Mode;
 use crate::datapath::{Datapath, RelayCounters};
+use crate::forward::PortForward;
 use crate::types::{InterfaceId, MacAddr};
 
 /// Requests and replies larger than this are refused.
@@ -39,6 +40,49 @@ pub enum Request {
     },
     /// Networks and interfaces.
     List,
+    /// Publish a port of an attached interface; kept for its interface id
+    /// across detach and daemon restarts until removed.
+    ForwardAdd(ForwardRequest),
+    /// Stop publishing a port.
+    ForwardRemove(ForwardRequest),
+    /// The forwards of all attached interfaces.
+    ForwardList,
+}
+
+/// Names an attached interface (by `interface_id` or by `name`) and a port.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardRequest {
+    pub network: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_id: Option<InterfaceId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub forward: PortForward,
+}
+
+/// Where a forward came from: the config's `forwards:`, `run --publish`
+/// (the attach request), or `forward add`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardOrigin {
+    Config,
+    Publish,
+    Runtime,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForwardStatus {
+    pub network: String,
+    pub interface_id: InterfaceId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub forward: PortForward,
+    /// Where the connections go: the guest's IPv4 address and port.
+    pub guest: SocketAddr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest6: Option<SocketAddr>,
+    pub origin: ForwardOrigin,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -56,6 +100,9 @@ pub struct AttachRequest {
     /// `dgram`/`stream` the client relays it). Default `tap`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datapath: Option<Datapath>,
+    /// Ports to publish for as long as the interface is attached.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub publish: Vec<PortForward>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -72,6 +119,9 @@ pub enum Response {
     Listing {
         networks: Vec<NetworkStatus>,
         interfaces: Vec<InterfaceStatus>,
+    },
+    Forwards {
+        forwards: Vec<ForwardStatus>,
     },
     Error {
         kind: ErrorKind,
@@ -103,6 +153,9 @@ pub struct InterfaceInfo {
     pub vmnet_start_address: Ipv4Addr,
     pub vmnet_end_address: Ipv4Addr,
     pub vmnet_subnet_mask: Ipv4Addr,
+    /// The IPv6 prefix guests are masqueraded from, when the network has NAT66.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmnet_nat66_prefix: Option<Ipv6Addr>,
     pub network: String,
     pub mode: Mode,
     pub datapath: Datapath,
@@ -112,12 +165,23 @@ pub struct InterfaceInfo {
     pub mac_address: MacAddr,
     pub ip_address: Ipv4Addr,
     pub gateway: Ipv4Addr,
-    pub dns: Vec<Ipv4Addr>,
+    /// The gateway's DNS addresses (IPv4, and IPv6 when the network has it).
+    pub dns: Vec<IpAddr>,
     pub domain: String,
     pub subnet: Ipv4Net,
+    /// The network's /64, when it has IPv6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_prefix: Option<Ipv6Net>,
+    /// The address the guest forms by SLAAC from its MAC (EUI-64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_address: Option<Ipv6Addr>,
+    /// The gateway's address in the prefix (its DNS server); the guest's
+    /// default route is via fe80::1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway6: Option<Ipv6Addr>,
     pub tap: String,
     pub mtu: u32,
-    pub forwards: Vec<String>,
+    pub forwards: Vec<PortForward>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,6 +190,8 @@ pub struct NetworkStatus {
     pub mode: Mode,
     pub subnet: Ipv4Net,
     pub gateway: Ipv4Addr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_prefix: Option<Ipv6Net>,
     /// The bridge, while the network is up.
     pub bridge: Option<String>,
     pub interfaces: usize,
@@ -139,7 +205,10 @@ pub struct InterfaceStatus {
     pub network: String,
     pub mac_address: MacAddr,
     pub ip_address: Ipv4Addr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_address: Option<Ipv6Addr>,
     pub tap: String,
+    pub forwards: Vec<PortForward>,
     pub client_pid: Option<i32>,
     pub client_uid: u32,
     pub datapath: Datapath,

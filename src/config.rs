@@ -342,7 +342,11 @@ fn check_no_overlaps(
                 });
             }
             for fb in &b.forwards {
-                if let Some(fa) = a.forwards.iter().find(|fa| fa.forward.clashes_with(&fb.forward)) {
+                if let Some(fa) = a
+                    .forwards
+                    .iter()
+                    .find(|fa| fa.forward.clashes_with(&fb.forward))
+                {
                     return Err(ConfigError::Invalid {
                         file: file.into(),
                         network: b.name.clone(),
@@ -473,7 +477,10 @@ impl Validator<'_> {
         if !spec.ipv6.unwrap_or(true) {
             let set = [
                 ("ipv6_prefix", spec.ipv6_prefix.is_some()),
-                ("router_advertisement", spec.router_advertisement == Some(true)),
+                (
+                    "router_advertisement",
+                    spec.router_advertisement == Some(true),
+                ),
                 ("nat66", spec.nat66 == Some(true)),
             ];
             if let Some((key, _)) = set.iter().find(|(_, on)| *on) {
@@ -520,7 +527,10 @@ impl Validator<'_> {
         if net.addr() != net.network() {
             return Err(self.err(
                 key,
-                format!("\"{text}\" has host bits set; did you mean {}?", net.trunc()),
+                format!(
+                    "\"{text}\" has host bits set; did you mean {}?",
+                    net.trunc()
+                ),
             ));
         }
         let first = net.network().segments()[0];
@@ -545,9 +555,11 @@ impl Validator<'_> {
                     types::validate_hostname(name).map_err(|e| self.err(&key, e.to_string()))?;
                     ForwardTarget::Name(name.clone())
                 }
-                (None, Some(id)) => ForwardTarget::InterfaceId(id.parse().map_err(|_| {
-                    self.err(&key, format!("interface_id \"{id}\" is not a UUID"))
-                })?),
+                (None, Some(id)) => {
+                    ForwardTarget::InterfaceId(id.parse().map_err(|_| {
+                        self.err(&key, format!("interface_id \"{id}\" is not a UUID"))
+                    })?)
+                }
                 _ => {
                     return Err(self.err(&key, "needs exactly one of name and interface_id"));
                 }
@@ -918,7 +930,10 @@ mod tests {
         assert_eq!(shared.gateway, addr6::gateway(shared.prefix));
         assert!(shared.router_advertisement && shared.nat66);
         let host = cfg.network("host").unwrap().ipv6.clone().unwrap();
-        assert!(host.router_advertisement && !host.nat66, "host never forwards out");
+        assert!(
+            host.router_advertisement && !host.nat66,
+            "host never forwards out"
+        );
         assert_ne!(host.prefix, shared.prefix);
 
         let cfg = load(
@@ -942,18 +957,29 @@ mod tests {
     #[test]
     fn bad_ipv6_settings_are_refused() {
         let m = message("networks:\n  shared:\n    ipv6_prefix: fd00::/48\n");
-        assert!(m.contains("ipv6_prefix: prefix /48 is not allowed; SLAAC needs a /64"), "{m}");
+        assert!(
+            m.contains("ipv6_prefix: prefix /48 is not allowed; SLAAC needs a /64"),
+            "{m}"
+        );
         let m = message("networks:\n  shared:\n    ipv6_prefix: fd00::1/64\n");
-        assert!(m.contains("has host bits set; did you mean fd00::/64?"), "{m}");
+        assert!(
+            m.contains("has host bits set; did you mean fd00::/64?"),
+            "{m}"
+        );
         let m = message("networks:\n  shared:\n    ipv6_prefix: fe80::/64\n");
         assert!(m.contains("is not a unicast prefix"), "{m}");
         let m = message("networks:\n  shared:\n    ipv6_prefix: 10.0.0.0/8\n");
         assert!(m.contains("is not an IPv6 prefix"), "{m}");
         let m = message("networks:\n  host:\n    nat66: true\n");
-        assert!(m.contains("network \"host\": nat66: a host network never forwards"), "{m}");
+        assert!(
+            m.contains("network \"host\": nat66: a host network never forwards"),
+            "{m}"
+        );
         let m = message("networks:\n  shared:\n    ipv6: false\n    nat66: true\n");
         assert!(m.contains("nat66: needs ipv6: true"), "{m}");
-        let m = message("networks:\n  host:\n    ipv6_prefix: fd00:1::/64\n  shared:\n    ipv6_prefix: fd00:1::/64\n");
+        let m = message(
+            "networks:\n  host:\n    ipv6_prefix: fd00:1::/64\n  shared:\n    ipv6_prefix: fd00:1::/64\n",
+        );
         assert!(m.contains("is also the prefix of network"), "{m}");
     }
 
@@ -974,20 +1000,31 @@ mod tests {
         assert_eq!(f[1].forward.to_string(), "127.0.0.1:5353:53/udp");
 
         let m = message("networks:\n  shared:\n    forwards: [ { name: web, publish: '8080' } ]\n");
-        assert!(m.contains("forwards[0]: \"8080\": needs both a host port"), "{m}");
+        assert!(
+            m.contains("forwards[0]: \"8080\": needs both a host port"),
+            "{m}"
+        );
         let m = message("networks:\n  shared:\n    forwards: [ { publish: '80:80' } ]\n");
-        assert!(m.contains("needs exactly one of name and interface_id"), "{m}");
+        assert!(
+            m.contains("needs exactly one of name and interface_id"),
+            "{m}"
+        );
         let m = message(
             "networks:\n  shared:\n    forwards: [ { name: a, publish: '80:80' }, { name: b, publish: '80:81' } ]\n",
         );
         assert!(
-            m.contains("forwards[1]: host port 80 is already forwarded to the interface named \"a\""),
+            m.contains(
+                "forwards[1]: host port 80 is already forwarded to the interface named \"a\""
+            ),
             "{m}"
         );
         let m = message(
             "networks:\n  host:\n    forwards: [ { name: a, publish: '80:80' } ]\n  shared:\n    forwards: [ { name: b, publish: '80:81' } ]\n",
         );
-        assert!(m.contains("host port 80 is also forwarded by network \"host\""), "{m}");
+        assert!(
+            m.contains("host port 80 is also forwarded by network \"host\""),
+            "{m}"
+        );
     }
 
     #[test]

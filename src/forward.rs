@@ -35,7 +35,9 @@ pub struct PortForward {
 }
 
 #[derive(Debug, Error, PartialEq)]
-#[error("\"{spec}\": {problem} (expected [HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp], e.g. 8080:80 or 127.0.0.1:5353:53/udp)")]
+#[error(
+    "\"{spec}\": {problem} (expected [HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp], e.g. 8080:80 or 127.0.0.1:5353:53/udp)"
+)]
 pub struct ForwardSpecError {
     spec: String,
     problem: String,
@@ -90,7 +92,9 @@ impl FromStr for PortForward {
                     .parse()
                     .map_err(|_| fail(format!("\"{text}\" is not an IP address")))?;
                 if addr.is_ipv6() && bare == text {
-                    return Err(fail(format!("write the IPv6 address in brackets: [{addr}]")));
+                    return Err(fail(format!(
+                        "write the IPv6 address in brackets: [{addr}]"
+                    )));
                 }
                 if addr.is_multicast() || addr.is_unspecified() {
                     return Err(fail(format!(

@@ -32,6 +32,7 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         "MODE",
         "SUBNET",
         "GATEWAY",
+        "IPV6 PREFIX",
         "BRIDGE",
         "INTERFACES",
     ])];
@@ -41,6 +42,9 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             n.mode.to_string(),
             n.subnet.to_string(),
             n.gateway.to_string(),
+            n.ipv6_prefix
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "-".into()),
             n.bridge.clone().unwrap_or_else(|| "-".into()),
             n.interfaces.to_string(),
         ]);
@@ -54,6 +58,8 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         "DATAPATH",
         "MAC",
         "IP",
+        "IPV6",
+        "FORWARDS",
         "TAP",
         "PID",
         "UID",
@@ -69,6 +75,15 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             i.datapath.to_string(),
             i.mac_address.to_string(),
             i.ip_address.to_string(),
+            i.ipv6_address
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "-".into()),
+            if i.forwards.is_empty() {
+                "-".into()
+            } else {
+                let list: Vec<String> = i.forwards.iter().map(|f| f.to_string()).collect();
+                list.join(",")
+            },
             i.tap.clone(),
             i.client_pid
                 .map(|p| p.to_string())
@@ -90,11 +105,11 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn row(cells: &[&str]) -> Vec<String> {
+pub(super) fn row(cells: &[&str]) -> Vec<String> {
     cells.iter().map(|s| s.to_string()).collect()
 }
 
-fn print_table(rows: &[Vec<String>]) {
+pub(super) fn print_table(rows: &[Vec<String>]) {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();

@@ -2,6 +2,7 @@
 //! global options and reaching (or starting) the daemon.
 
 mod daemon;
+mod forward;
 mod helper;
 mod ls;
 mod run;
@@ -21,6 +22,7 @@ use crate::config::{Config, DEFAULT_CONFIG_PATH};
 use crate::datapath::relay::{Relay, RelayError};
 use crate::datapath::vnet::{self, ClientHeader};
 use crate::datapath::{Counters, Datapath, RelayCounters};
+use crate::forward::PortForward;
 use crate::types::{InterfaceId, MacAddr};
 
 /// linnet's own failures (as opposed to the command `linnet run` started),
@@ -81,6 +83,9 @@ pub enum CommandArgs {
     Helper(helper::HelperArgs),
     /// List networks and attached interfaces.
     Ls(ls::LsArgs),
+    /// Publish ports of attached VMs on the host, at runtime.
+    #[command(subcommand)]
+    Forward(forward::ForwardCommand),
 }
 
 pub fn init_logging(cli: &Cli) {
@@ -107,6 +112,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         CommandArgs::Run(args) => run::main(&cli, args),
         CommandArgs::Helper(args) => helper::main(&cli, args).map(|()| 0),
         CommandArgs::Ls(args) => ls::main(&cli, args).map(|()| 0),
+        CommandArgs::Forward(cmd) => forward::main(&cli, cmd).map(|()| 0),
     }
 }
 
@@ -209,6 +215,16 @@ pub struct AttachArgs {
     /// The VM's name: answered by the network's DNS as NAME.<network>.linnet.
     #[arg(long)]
     pub name: Option<String>,
+    /// Publish a port of the VM on the host for as long as it is attached
+    /// (repeatable): connections to HOST_PORT on the host's addresses (or
+    /// only HOST_ADDR) go to GUEST_PORT of the VM, e.g. 8080:80,
+    /// 127.0.0.1:2222:22, [2001:db8::1]:8443:443, 5353:53/udp.
+    #[arg(
+        long,
+        short = 'p',
+        value_name = "[HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]"
+    )]
+    pub publish: Vec<PortForward>,
 }
 
 /// Attaches an interface; returns what the VMM needs to know and the TAP.
@@ -226,6 +242,7 @@ pub fn attach(
         mac: args.mac,
         name: args.name.clone(),
         datapath: Some(datapath),
+        publish: args.publish.clone(),
     };
     let (response, fds) = channel.call(&Request::Attach(request))?;
     let info = match response {

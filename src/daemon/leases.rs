@@ -299,13 +299,19 @@ impl LeaseTable {
     }
 
     /// The address of a live lease whose name or DHCP hostname is `name`.
+    #[cfg(test)]
     pub fn resolve(&self, name: &str, now: u64) -> Option<Ipv4Addr> {
+        self.resolve_lease(name, now).map(|l| l.ip)
+    }
+
+    /// The live lease whose VM is called `name` (given at attach, or the
+    /// hostname its DHCP client sent).
+    pub fn resolve_lease(&self, name: &str, now: u64) -> Option<&Lease> {
         let matches =
             |n: &Option<String>| n.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name));
         self.leases
             .values()
             .find(|l| l.is_live(now) && (matches(&l.name) || matches(&l.hostname)))
-            .map(|l| l.ip)
     }
 
     pub fn lease_time(&self) -> u32 {

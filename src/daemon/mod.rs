@@ -2,6 +2,7 @@
 //! kernel should hold (networks, interfaces, leases) and asks `host` to make
 //! it so; `server` speaks the socket protocol and watches clients.
 
+mod forwards;
 pub mod leases;
 mod network;
 mod server;

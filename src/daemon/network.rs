@@ -2,18 +2,20 @@
 //! and its running services. Brought up on first attach, down after the last
 //! detach (unless persistent).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
 use super::leases::LeaseTable;
 use super::state::DaemonError;
+use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::NetworkConfig;
+use crate::host::firewall::{FirewallNetwork, ForwardRule};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink};
-use crate::host::{self, ALIAS_NETWORK, firewall::FirewallNetwork};
+use crate::host::{self, ALIAS_NETWORK, sysctl};
 use crate::services::{NetworkContext, Services, unix_now};
 
 pub struct ActiveNetwork {
@@ -68,7 +70,12 @@ impl ActiveNetwork {
                     },
                 )
                 .await?;
-            netlink.add_address(index, gateway).await?;
+            netlink.add_address(index, gateway.into()).await?;
+            // So the host's own 127.0.0.1 reaches published ports (the
+            // firewall's guard chain keeps loopback addresses from VMs out).
+            sysctl::set_link("ipv4", &bridge, "route_localnet", "1")
+                .map_err(|e| DaemonError::Internal(format!("network \"{}\": {e}", cfg.name)))?;
+            prepare_ipv6(cfg, &bridge, index, netlink).await?;
             netlink
                 .configure(
                     index,
@@ -86,6 +93,7 @@ impl ActiveNetwork {
             let ctx = Arc::new(NetworkContext {
                 config: cfg.clone(),
                 bridge: bridge.clone(),
+                bridge_index: index,
                 leases: leases.clone(),
             });
             let services = Services::start(ctx).await?;
@@ -125,14 +133,46 @@ impl ActiveNetwork {
         Ok(())
     }
 
-    pub fn firewall(&self) -> FirewallNetwork {
+    /// The firewall's view of this network, with the ports published to it.
+    pub fn firewall(&self, forwards: Vec<ForwardRule>) -> FirewallNetwork {
+        let v6 = self.config.ipv6.as_ref();
         FirewallNetwork {
             bridge: self.bridge.clone(),
             subnet: self.config.subnet,
+            ipv6_prefix: v6.map(|v6| v6.prefix),
             mode: self.config.mode,
             nat44: self.config.nat44,
+            nat66: v6.is_some_and(|v6| v6.nat66),
+            forwards,
         }
     }
+}
+
+/// IPv6 on the bridge: PREFIX::1 and fe80::1 and no address of the
+/// kernel's making (the guests' router is fe80::1); or no IPv6 at all.
+async fn prepare_ipv6(
+    cfg: &NetworkConfig,
+    bridge: &str,
+    index: u32,
+    netlink: &Netlink,
+) -> Result<(), DaemonError> {
+    let setting = |key: &str, value: &str| {
+        sysctl::set_link("ipv6", bridge, key, value).map_err(|e| {
+            DaemonError::Internal(format!("network \"{}\": cannot set {key}: {e}", cfg.name))
+        })
+    };
+    let Some(v6) = &cfg.ipv6 else {
+        return setting("disable_ipv6", "1");
+    };
+    setting("disable_ipv6", "0")?;
+    setting("addr_gen_mode", "1")?;
+    setting("accept_ra", "0")?;
+    let global = Ipv6Net::new(v6.gateway, v6.prefix.prefix_len()).expect("validated prefix");
+    let link_local = Ipv6Net::new(GATEWAY_LINK_LOCAL, 64).expect("64 is a valid length");
+    for net in [global, link_local] {
+        netlink.add_address(index, net.into()).await?;
+    }
+    Ok(())
 }
 
 /// Refuses a subnet that overlaps an address or route already in the
@@ -166,24 +206,41 @@ async fn check_overlap(
             }
         }
     }
-    match conflict {
-        None => Ok(()),
-        Some((what, index)) => Err(DaemonError::Conflict(format!(
+    if let Some((what, index)) = conflict {
+        return Err(DaemonError::Conflict(format!(
             "network \"{}\": subnet {} overlaps {what} on interface {}; set networks.{}.subnet to a free range in {}",
             cfg.name,
             cfg.subnet,
             name_of(index),
             cfg.name,
             crate::config::DEFAULT_CONFIG_PATH
-        ))),
+        )));
     }
+    let Some(v6) = &cfg.ipv6 else {
+        return Ok(());
+    };
+    let prefix = v6.prefix;
+    for (net, oif) in netlink.ipv6_routes().await? {
+        let meets = prefix.contains(&net.network()) || net.contains(&prefix.network());
+        if net.prefix_len() > 0 && (oif.is_none() || oif != own_bridge) && meets {
+            return Err(DaemonError::Conflict(format!(
+                "network \"{}\": ipv6_prefix {prefix} overlaps route {net} on interface {}; set networks.{}.ipv6_prefix to a free /64 in {}",
+                cfg.name,
+                name_of(oif),
+                cfg.name,
+                crate::config::DEFAULT_CONFIG_PATH
+            )));
+        }
+    }
+    Ok(())
 }
 
-/// The DNS servers an attach reply names: the gateway, when DNS is on.
-pub fn dns_servers(cfg: &NetworkConfig) -> Vec<Ipv4Addr> {
-    if cfg.dns.enabled {
-        vec![cfg.gateway]
-    } else {
-        Vec::new()
+/// The DNS servers an attach reply names: the gateway's addresses, when
+/// DNS is on.
+pub fn dns_servers(cfg: &NetworkConfig) -> Vec<IpAddr> {
+    if !cfg.dns.enabled {
+        return Vec::new();
     }
+    let v6 = cfg.ipv6.as_ref().map(|v6| IpAddr::V6(v6.gateway));
+    std::iter::once(IpAddr::V4(cfg.gateway)).chain(v6).collect()
 }

@@ -18,7 +18,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Mutex;
 use tracing::{debug, error, info, warn};
 
-use super::state::{Client, Daemon};
+use super::state::{Client, Daemon, DaemonError};
 use crate::api::{self, MAX_MESSAGE, Request, Response, SOCKET_NAME};
 use crate::config::Config;
 use crate::host::netlink::Netlink;
@@ -284,6 +284,16 @@ async fn handle(
             let stats = daemon.link_stats().await;
             (daemon.list(&stats), None)
         }
+        Request::ForwardAdd(req) => reply(daemon.handle_forward_add(client, req)),
+        Request::ForwardRemove(req) => reply(daemon.handle_forward_remove(client, req)),
+        Request::ForwardList => (daemon.forward_list(), None),
+    }
+}
+
+fn reply(result: Result<(), DaemonError>) -> (Response, Option<OwnedFd>) {
+    match result {
+        Ok(()) => (Response::Ok, None),
+        Err(e) => (e.into_response(), None),
     }
 }
 

@@ -9,14 +9,18 @@ use std::path::PathBuf;
 use thiserror::Error;
 use tracing::{info, warn};
 
+use super::forwards::{self, ForwardStore, Holder, Published};
 use super::leases::{Lease, LeaseError};
 use super::network::{ActiveNetwork, dns_servers};
+use crate::addr6;
 use crate::api::{
-    AttachRequest, ErrorKind, InterfaceInfo, InterfaceStatus, NetworkStatus, Response,
+    AttachRequest, ErrorKind, ForwardOrigin, ForwardRequest, ForwardStatus, InterfaceInfo,
+    InterfaceStatus, NetworkStatus, Response,
 };
-use crate::config::{Config, DEFAULT_NETWORK};
+use crate::config::{Config, DEFAULT_NETWORK, ForwardTarget, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
-use crate::host::firewall::{self, FirewallError};
+use crate::forward::PortForward;
+use crate::host::firewall::{self, FirewallError, ForwardRule};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
 use crate::host::tap::{self, TapError};
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
@@ -42,6 +46,8 @@ pub enum DaemonError {
         allow: String,
     },
     #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
     Busy(String),
     #[error("{0}")]
     Conflict(String),
@@ -64,7 +70,7 @@ impl DaemonError {
         match self {
             DaemonError::BadRequest(_) => ErrorKind::BadRequest,
             DaemonError::UnknownNetwork { .. } => ErrorKind::UnknownNetwork,
-            DaemonError::NotAllowed { .. } => ErrorKind::NotAllowed,
+            DaemonError::NotAllowed { .. } | DaemonError::Forbidden(_) => ErrorKind::NotAllowed,
             DaemonError::Busy(_) => ErrorKind::Busy,
             DaemonError::Conflict(_) | DaemonError::Lease(_) => ErrorKind::Conflict,
             DaemonError::Tap(_)
@@ -103,16 +109,28 @@ struct Interface {
     uid: u32,
     datapath: Datapath,
     relay: Option<RelayCounters>,
+    forwards: Vec<Published>,
+}
+
+impl Interface {
+    fn ipv6_address(&self, cfg: &NetworkConfig) -> Option<std::net::Ipv6Addr> {
+        cfg.ipv6
+            .as_ref()
+            .map(|v6| addr6::slaac_address(v6.prefix, self.lease.mac))
+    }
 }
 
 pub struct Daemon {
     config: Config,
     lease_dir: PathBuf,
+    state_dir: PathBuf,
     netlink: Netlink,
     networks: BTreeMap<String, ActiveNetwork>,
     interfaces: BTreeMap<InterfaceId, Interface>,
-    /// Whether the daemon turned IPv4 forwarding on (and so turns it off).
+    forward_store: Option<ForwardStore>,
+    /// Whether the daemon turned IPv4 / IPv6 forwarding on (and so turns it off).
     enabled_forwarding: bool,
+    enabled_forwarding6: bool,
 }
 
 impl Daemon {
@@ -120,11 +138,20 @@ impl Daemon {
         Daemon {
             config,
             lease_dir: state_dir.join("leases"),
+            state_dir,
             netlink,
             networks: BTreeMap::new(),
             interfaces: BTreeMap::new(),
+            forward_store: None,
             enabled_forwarding: false,
+            enabled_forwarding6: false,
         }
+    }
+
+    fn store(&mut self) -> &mut ForwardStore {
+        self.forward_store
+            .as_mut()
+            .expect("reconcile opens the forward store")
     }
 
     pub fn is_idle(&self) -> bool {
@@ -155,6 +182,11 @@ impl Daemon {
                 self.netlink.delete_link(link.index).await?;
             }
         }
+        let path = self.state_dir.join("forwards.json");
+        self.forward_store = Some(
+            ForwardStore::open(&path)
+                .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?,
+        );
         firewall::remove()?;
         let persistent: Vec<String> = self
             .config
@@ -181,22 +213,7 @@ impl Daemon {
         let cfg = self
             .config
             .network(&network)
-            .ok_or_else(|| DaemonError::UnknownNetwork {
-                name: network.clone(),
-                known: self
-                    .config
-                    .networks
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                file: self
-                    .config
-                    .source
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|| crate::config::DEFAULT_CONFIG_PATH.into()),
-            })?;
+            .ok_or_else(|| self.unknown_network(&network))?;
         if !cfg.allow.permits(client.uid, &client.groups) {
             return Err(DaemonError::NotAllowed {
                 uid: client.uid,
@@ -219,11 +236,271 @@ impl Daemon {
             )));
         }
         self.ensure_network(&network).await?;
-        let result = self.attach_on(&network, id, client, &req).await;
+        let result = match self.attach_on(&network, id, client, &req).await {
+            Ok((mut info, fd)) => match self.publish_on_attach(id, client, &req) {
+                Ok(forwards) => {
+                    info.forwards = forwards;
+                    Ok((info, fd))
+                }
+                Err(e) => {
+                    let _ = self.detach(&[id]).await;
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
+        };
         if result.is_err() {
             self.release_network_if_unused(&network).await;
         }
         result
+    }
+
+    /// The forwards an interface gets when it attaches: those it asked for
+    /// (each must be free, or the attach fails), then those kept for its id
+    /// and those of the config (taken when free, else skipped with a
+    /// warning: the VM still gets its network).
+    fn publish_on_attach(
+        &mut self,
+        id: InterfaceId,
+        client: &Client,
+        req: &AttachRequest,
+    ) -> Result<Vec<PortForward>, DaemonError> {
+        let iface = &self.interfaces[&id];
+        let network = iface.network.clone();
+        let cfg = self.config.network(&network).expect("attached").clone();
+        let name = iface.lease.name.clone();
+        for forward in &req.publish {
+            self.take_forward(id, *forward, ForwardOrigin::Publish, client.uid)?;
+        }
+        let kept = self.store().get(id, &network);
+        let from_config = cfg.forwards.iter().filter(|f| match &f.target {
+            ForwardTarget::InterfaceId(target) => *target == id,
+            ForwardTarget::Name(n) => name.as_deref() == Some(n.as_str()),
+        });
+        let restore: Vec<(PortForward, ForwardOrigin)> = kept
+            .into_iter()
+            .map(|f| (f, ForwardOrigin::Runtime))
+            .chain(from_config.map(|f| (f.forward, ForwardOrigin::Config)))
+            .collect();
+        for (forward, origin) in restore {
+            if let Err(e) = self.take_forward(id, forward, origin, 0) {
+                warn!(%network, interface = %id, %forward, "forward not restored: {e}");
+            }
+        }
+        let forwards: Vec<PortForward> = self.interfaces[&id]
+            .forwards
+            .iter()
+            .map(|p| p.forward)
+            .collect();
+        if !forwards.is_empty() {
+            self.sync_host()?;
+            let list: Vec<String> = forwards.iter().map(|f| f.to_string()).collect();
+            info!(%network, interface = %id, forwards = %list.join(" "), "ports published");
+        }
+        Ok(forwards)
+    }
+
+    /// Checks `forward` and gives it to interface `id` (the firewall is
+    /// not updated here).
+    fn take_forward(
+        &mut self,
+        id: InterfaceId,
+        forward: PortForward,
+        origin: ForwardOrigin,
+        uid: u32,
+    ) -> Result<(), DaemonError> {
+        let network = &self.interfaces[&id].network;
+        let cfg = self.config.network(network).expect("attached");
+        let held = self.interfaces.iter().flat_map(|(other, i)| {
+            i.forwards.iter().map(move |p| Holder {
+                forward: &p.forward,
+                interface: *other,
+                name: i.lease.name.as_deref(),
+                network: &i.network,
+            })
+        });
+        forwards::check(&forward, cfg, uid, held)?;
+        let iface = self.interfaces.get_mut(&id).expect("attached");
+        iface.forwards.push(Published { forward, origin });
+        Ok(())
+    }
+
+    /// The attached interface a forward request names, checked against the
+    /// caller: its owner or root.
+    fn forward_target(
+        &self,
+        client: &Client,
+        req: &ForwardRequest,
+    ) -> Result<Option<InterfaceId>, DaemonError> {
+        if self.config.network(&req.network).is_none() {
+            return Err(self.unknown_network(&req.network));
+        }
+        let found = match (&req.interface_id, &req.name) {
+            (Some(id), None) => self
+                .interfaces
+                .get_key_value(id)
+                .filter(|(_, i)| i.network == req.network)
+                .map(|(id, i)| (*id, i)),
+            (None, Some(name)) => self.interfaces.iter().find_map(|(id, i)| {
+                (i.network == req.network && i.lease.name.as_deref() == Some(name.as_str()))
+                    .then_some((*id, i))
+            }),
+            _ => {
+                return Err(DaemonError::BadRequest(
+                    "name the interface with exactly one of --interface-id and --name".into(),
+                ));
+            }
+        };
+        let Some((id, iface)) = found else {
+            return Ok(None);
+        };
+        if client.uid != 0 && client.uid != iface.uid {
+            return Err(DaemonError::Forbidden(format!(
+                "interface {id} belongs to uid {}; only it or root may change its forwards",
+                iface.uid
+            )));
+        }
+        Ok(Some(id))
+    }
+
+    fn no_such_interface(req: &ForwardRequest) -> DaemonError {
+        let which = match (&req.interface_id, &req.name) {
+            (Some(id), _) => format!("interface {id}"),
+            (_, Some(name)) => format!("an interface named \"{name}\""),
+            _ => "that interface".into(),
+        };
+        DaemonError::BadRequest(format!(
+            "unknown interface: {which} is not attached to network \"{}\"; `linnet ls` lists the attached interfaces",
+            req.network
+        ))
+    }
+
+    /// `forward add`: publishes a port of an attached interface and keeps
+    /// it for the interface id.
+    pub fn handle_forward_add(
+        &mut self,
+        client: &Client,
+        req: ForwardRequest,
+    ) -> Result<(), DaemonError> {
+        let id = self
+            .forward_target(client, &req)?
+            .ok_or_else(|| Self::no_such_interface(&req))?;
+        self.take_forward(id, req.forward, ForwardOrigin::Runtime, client.uid)?;
+        let undo = |daemon: &mut Daemon| {
+            let iface = daemon.interfaces.get_mut(&id).expect("attached");
+            iface.forwards.retain(|p| p.forward != req.forward);
+        };
+        if let Err(e) = self.sync_host() {
+            undo(self);
+            let _ = self.sync_host();
+            return Err(e);
+        }
+        if let Err(e) = self.store().add(id, &req.network, req.forward) {
+            warn!(interface = %id, "cannot save forward {}: {e}; it lasts until detach", req.forward);
+        }
+        info!(network = %req.network, interface = %id, forward = %req.forward, "port published");
+        Ok(())
+    }
+
+    /// `forward rm`: of an attached interface, or a kept one of a detached id.
+    pub fn handle_forward_remove(
+        &mut self,
+        client: &Client,
+        req: ForwardRequest,
+    ) -> Result<(), DaemonError> {
+        let Some(id) = self.forward_target(client, &req)? else {
+            // Not attached: it may still have a kept forward (root only,
+            // as the owner is not known).
+            if let (Some(id), 0) = (req.interface_id, client.uid)
+                && self
+                    .store()
+                    .remove(id, &req.network, &req.forward)
+                    .map_err(|e| DaemonError::Internal(format!("cannot save forwards: {e}")))?
+            {
+                info!(network = %req.network, interface = %id, forward = %req.forward, "kept forward removed");
+                return Ok(());
+            }
+            return Err(Self::no_such_interface(&req));
+        };
+        let iface = &self.interfaces[&id];
+        let Some(found) = iface
+            .forwards
+            .iter()
+            .find(|p| p.forward == req.forward)
+            .copied()
+        else {
+            let has: Vec<String> = iface
+                .forwards
+                .iter()
+                .map(|p| p.forward.to_string())
+                .collect();
+            return Err(DaemonError::BadRequest(format!(
+                "interface {id} has no forward {}; it has: {}",
+                req.forward,
+                if has.is_empty() {
+                    "none".into()
+                } else {
+                    has.join(", ")
+                }
+            )));
+        };
+        if found.origin == ForwardOrigin::Config {
+            return Err(DaemonError::BadRequest(format!(
+                "{} of interface {id} is declared in networks.{}.forwards; remove it there",
+                req.forward, req.network
+            )));
+        }
+        self.interfaces
+            .get_mut(&id)
+            .expect("attached")
+            .forwards
+            .retain(|p| p.forward != req.forward);
+        self.store()
+            .remove(id, &req.network, &req.forward)
+            .map_err(|e| DaemonError::Internal(format!("cannot save forwards: {e}")))?;
+        self.sync_host()?;
+        info!(network = %req.network, interface = %id, forward = %req.forward, "port unpublished");
+        Ok(())
+    }
+
+    pub fn forward_list(&self) -> Response {
+        let mut forwards = Vec::new();
+        for (id, iface) in &self.interfaces {
+            let cfg = self.config.network(&iface.network).expect("attached");
+            let v6 = iface.ipv6_address(cfg);
+            for p in &iface.forwards {
+                let port = p.forward.guest_port;
+                forwards.push(ForwardStatus {
+                    network: iface.network.clone(),
+                    interface_id: *id,
+                    name: iface.lease.name.clone(),
+                    forward: p.forward,
+                    guest: (iface.lease.ip, port).into(),
+                    guest6: v6.map(|ip| (ip, port).into()),
+                    origin: p.origin,
+                });
+            }
+        }
+        Response::Forwards { forwards }
+    }
+
+    fn unknown_network(&self, name: &str) -> DaemonError {
+        DaemonError::UnknownNetwork {
+            name: name.into(),
+            known: self
+                .config
+                .networks
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            file: self
+                .config
+                .source
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| crate::config::DEFAULT_CONFIG_PATH.into()),
+        }
     }
 
     async fn attach_on(
@@ -292,6 +569,7 @@ impl Daemon {
                 uid: client.uid,
                 datapath,
                 relay: None,
+                forwards: Vec::new(),
             },
         );
         Ok((info, fd))
@@ -393,6 +671,7 @@ impl Daemon {
                 mode: cfg.mode,
                 subnet: cfg.subnet,
                 gateway: cfg.gateway,
+                ipv6_prefix: cfg.ipv6.as_ref().map(|v6| v6.prefix),
                 bridge: self.networks.get(&cfg.name).map(|n| n.bridge.clone()),
                 interfaces: self
                     .interfaces
@@ -407,13 +686,16 @@ impl Daemon {
             .iter()
             .map(|(id, i)| {
                 let (rx, tx) = stats.get(&i.tap_index).copied().unwrap_or_default();
+                let cfg = self.config.network(&i.network).expect("attached");
                 InterfaceStatus {
                     interface_id: *id,
                     name: i.lease.name.clone(),
                     network: i.network.clone(),
                     mac_address: i.lease.mac,
                     ip_address: i.lease.ip,
+                    ipv6_address: i.ipv6_address(cfg),
                     tap: i.tap.clone(),
+                    forwards: i.forwards.iter().map(|p| p.forward).collect(),
                     client_pid: i.pid,
                     client_uid: i.uid,
                     datapath: i.datapath,
@@ -499,23 +781,60 @@ impl Daemon {
         }
     }
 
-    /// Makes the firewall table and the forwarding sysctl match the active networks.
+    /// Makes the firewall table and the forwarding sysctls match the active
+    /// networks and their interfaces' forwards.
     fn sync_host(&mut self) -> Result<(), DaemonError> {
-        let rules: Vec<_> = self.networks.values().map(|n| n.firewall()).collect();
-        let needs_forwarding = self.networks.values().any(|n| n.config.nat44);
-        if needs_forwarding && !self.enabled_forwarding {
+        let rules: Vec<_> = self
+            .networks
+            .values()
+            .map(|n| n.firewall(self.forward_rules(&n.config)))
+            .collect();
+        let forwards4 = rules.iter().any(|r| !r.forwards.is_empty());
+        let forwards6 = rules
+            .iter()
+            .any(|r| r.forwards.iter().any(|f| f.guest6.is_some()));
+        let needs4 = forwards4 || rules.iter().any(|r| r.nat44);
+        let needs6 = forwards6 || rules.iter().any(|r| r.nat66);
+        if needs4 && !self.enabled_forwarding {
             self.enabled_forwarding = sysctl::enable_ipv4_forwarding().map_err(|e| {
                 DaemonError::Internal(format!("cannot enable IPv4 forwarding: {e}"))
             })?;
         }
+        if needs6 && !self.enabled_forwarding6 {
+            self.enabled_forwarding6 = sysctl::enable_ipv6_forwarding().map_err(|e| {
+                DaemonError::Internal(format!("cannot enable IPv6 forwarding: {e}"))
+            })?;
+        }
         firewall::apply(&rules)?;
-        if !needs_forwarding && self.enabled_forwarding {
+        if !needs4 && self.enabled_forwarding {
             if let Err(e) = sysctl::disable_ipv4_forwarding() {
                 warn!("cannot restore IPv4 forwarding to off: {e}");
             }
             self.enabled_forwarding = false;
         }
+        if !needs6 && self.enabled_forwarding6 {
+            if let Err(e) = sysctl::disable_ipv6_forwarding() {
+                warn!("cannot restore IPv6 forwarding to off: {e}");
+            }
+            self.enabled_forwarding6 = false;
+        }
         Ok(())
+    }
+
+    /// The DNAT targets of a network's forwards.
+    fn forward_rules(&self, cfg: &NetworkConfig) -> Vec<ForwardRule> {
+        self.interfaces
+            .values()
+            .filter(|i| i.network == cfg.name)
+            .flat_map(|i| {
+                let guest6 = i.ipv6_address(cfg);
+                i.forwards.iter().map(move |p| ForwardRule {
+                    forward: p.forward,
+                    guest: i.lease.ip,
+                    guest6,
+                })
+            })
+            .collect()
     }
 }
 
@@ -527,6 +846,7 @@ fn interface_info(
     datapath: Datapath,
 ) -> InterfaceInfo {
     let cfg = &net.config;
+    let v6 = cfg.ipv6.as_ref();
     InterfaceInfo {
         vmnet_interface_id: id,
         vmnet_mac_address: lease.mac,
@@ -535,6 +855,7 @@ fn interface_info(
         vmnet_start_address: cfg.dhcp.range_start,
         vmnet_end_address: cfg.dhcp.range_end,
         vmnet_subnet_mask: cfg.subnet.netmask(),
+        vmnet_nat66_prefix: v6.filter(|v6| v6.nat66).map(|v6| v6.prefix.network()),
         network: cfg.name.clone(),
         mode: cfg.mode,
         datapath,
@@ -546,6 +867,9 @@ fn interface_info(
         dns: dns_servers(cfg),
         domain: cfg.dns.domain.clone(),
         subnet: cfg.subnet,
+        ipv6_prefix: v6.map(|v6| v6.prefix),
+        ipv6_address: v6.map(|v6| addr6::slaac_address(v6.prefix, lease.mac)),
+        gateway6: v6.map(|v6| v6.gateway),
         tap: tap.into(),
         mtu: cfg.mtu,
         forwards: Vec::new(),

@@ -1,28 +1,38 @@
-//! linnet's nftables table (`inet linnet`): forwarding and NAT for its own
-//! bridges. The whole table is generated from the active networks and
+//! linnet's nftables table (`inet linnet`): forwarding, NAT44/NAT66 and
+//! port forwards (DNAT) for its own bridges. The whole table is generated from the active networks and
 //! replaced in one atomic transaction, so applying twice (or after a crash)
 //! never duplicates a rule. Driven through nft's JSON API with typed values;
 //! no user text is ever spliced into an nft command.
 
 use std::borrow::Cow;
 
-use ipnet::Ipv4Net;
+use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use nftables::batch::Batch;
 use nftables::expr::{
-    CT, Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField, Prefix, SetItem,
+    CT, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadField,
+    Prefix, SetItem,
 };
 use nftables::schema::{Chain, NfListObject, Nftables, Rule, Table};
-use nftables::stmt::{Match, Operator, Statement};
+use nftables::stmt::{Match, NAT, NATFamily, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 use thiserror::Error;
 
 use super::NFT_TABLE;
 use crate::config::Mode;
+use crate::forward::PortForward;
 
 const FAMILY: NfFamily = NfFamily::INet;
 const FORWARD: &str = "forward";
 const POSTROUTING: &str = "postrouting";
-/// Standard hook priorities: filter (0) and srcnat (100).
+const PREROUTING: &str = "prerouting";
+const OUTPUT: &str = "output";
+const GUARD: &str = "guard";
+/// Standard hook priorities: raw (-300), dstnat (-100), filter (0), srcnat (100).
+const PRIORITY_RAW: i32 = -300;
+const PRIORITY_DSTNAT: i32 = -100;
 const PRIORITY_FILTER: i32 = 0;
 const PRIORITY_SRCNAT: i32 = 100;
 
@@ -39,8 +49,37 @@ pub enum FirewallError {
 pub struct FirewallNetwork {
     pub bridge: String,
     pub subnet: Ipv4Net,
+    pub ipv6_prefix: Option<Ipv6Net>,
     pub mode: Mode,
     pub nat44: bool,
+    pub nat66: bool,
+    pub forwards: Vec<ForwardRule>,
+}
+
+/// A published port and where it goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForwardRule {
+    pub forward: PortForward,
+    pub guest: Ipv4Addr,
+    /// The guest's SLAAC address, when its network has IPv6.
+    pub guest6: Option<Ipv6Addr>,
+}
+
+impl ForwardRule {
+    /// The (host-side match, guest address) pairs: one per address family
+    /// the forward covers.
+    fn targets(&self) -> Vec<(Option<IpAddr>, IpAddr)> {
+        match self.forward.host_addr {
+            Some(a @ IpAddr::V4(_)) => vec![(Some(a), IpAddr::V4(self.guest))],
+            Some(a @ IpAddr::V6(_)) => self
+                .guest6
+                .map(|g| vec![(Some(a), IpAddr::V6(g))])
+                .unwrap_or_default(),
+            None => std::iter::once((None, IpAddr::V4(self.guest)))
+                .chain(self.guest6.map(|g| (None, IpAddr::V6(g))))
+                .collect(),
+        }
+    }
 }
 
 /// Replaces linnet's table with the rules for `networks` (none: removes it).
@@ -86,6 +125,60 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
         NfHook::Postrouting,
         PRIORITY_SRCNAT,
     ));
+    batch.add(base_chain(
+        PREROUTING,
+        NfChainType::NAT,
+        NfHook::Prerouting,
+        PRIORITY_DSTNAT,
+    ));
+    batch.add(base_chain(
+        OUTPUT,
+        NfChainType::NAT,
+        NfHook::Output,
+        PRIORITY_DSTNAT,
+    ));
+    batch.add(base_chain(
+        GUARD,
+        NfChainType::Filter,
+        NfHook::Prerouting,
+        PRIORITY_RAW,
+    ));
+
+    // The bridges accept loopback addresses (route_localnet, so that the
+    // host's own 127.0.0.1 can reach a published port): never from a VM,
+    // which could otherwise reach the host's loopback services. Checked
+    // before NAT, so replies to forwarded loopback connections still pass.
+    for net in networks {
+        for field in ["saddr", "daddr"] {
+            batch.add(rule(
+                GUARD,
+                vec![
+                    eq(meta(MetaKey::Iifname), string(&net.bridge)),
+                    eq(payload("ip", field), prefix(loopback4())),
+                    drop(),
+                ],
+            ));
+        }
+    }
+
+    // Published ports: connections DNATed to a VM pass into its network
+    // (whatever its mode), and their replies out.
+    for net in networks.iter().filter(|n| !n.forwards.is_empty()) {
+        for dir in [MetaKey::Oifname, MetaKey::Iifname] {
+            batch.add(rule(
+                FORWARD,
+                vec![
+                    eq(meta(dir), string(&net.bridge)),
+                    Statement::Match(Match {
+                        left: ct("status"),
+                        right: string("dnat"),
+                        op: Operator::IN,
+                    }),
+                    accept(),
+                ],
+            ));
+        }
+    }
 
     // Frames between VMs of one network are bridged, not routed, but with
     // br_netfilter loaded (as on Docker hosts) they still pass this hook,
@@ -152,11 +245,18 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
             FORWARD,
             vec![eq(meta(MetaKey::Oifname), string(&net.bridge)), drop()],
         ));
-        if net.nat44 {
+        let nat = [
+            (net.nat44, "ip", Some(IpNet::V4(net.subnet))),
+            (net.nat66, "ip6", net.ipv6_prefix.map(IpNet::V6)),
+        ];
+        for (on, family, source) in nat {
+            let Some(source) = source.filter(|_| on) else {
+                continue;
+            };
             batch.add(rule(
                 POSTROUTING,
                 vec![
-                    eq(payload("ip", "saddr"), prefix(net.subnet)),
+                    eq(payload(family, "saddr"), prefix(source)),
                     Statement::Match(Match {
                         left: meta(MetaKey::Oifname),
                         right: string(&net.bridge),
@@ -167,7 +267,103 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
             ));
         }
     }
+    for net in networks {
+        add_forwards(&mut batch, net);
+    }
     batch.to_nftables()
+}
+
+/// DNAT for each published port, in prerouting (from outside) and output
+/// (from the host itself), and the masquerades that make the replies come
+/// back: for a VM of the same network using the published port (hairpin)
+/// and for connections from the host's 127.0.0.1.
+fn add_forwards(batch: &mut Batch<'static>, net: &FirewallNetwork) {
+    if net.forwards.is_empty() {
+        return;
+    }
+    for fwd in &net.forwards {
+        let f = fwd.forward;
+        for (host, guest) in fwd.targets() {
+            let family = if guest.is_ipv4() { "ip" } else { "ip6" };
+            let mut matches = vec![match host {
+                Some(addr) => eq(payload(family, "daddr"), string(&addr.to_string())),
+                None => eq(fib_daddr_type(), string("local")),
+            }];
+            if host.is_none() {
+                matches.insert(0, eq(meta(MetaKey::Nfproto), string(family_name(guest))));
+            }
+            matches.push(eq(meta(MetaKey::L4proto), string(f.protocol.as_str())));
+            matches.push(eq(payload("th", "dport"), number(f.host_port)));
+            let dnat = Statement::DNAT(Some(NAT {
+                addr: Some(string(&guest.to_string())),
+                family: Some(if guest.is_ipv4() {
+                    NATFamily::IP
+                } else {
+                    NATFamily::IP6
+                }),
+                port: Some(number(f.guest_port)),
+                flags: None::<HashSet<_>>,
+            }));
+            let mut from_outside = matches.clone();
+            from_outside.push(dnat.clone());
+            batch.add(rule(PREROUTING, from_outside));
+            let mut from_host = matches;
+            if guest.is_ipv6() {
+                // ::1 cannot leave the loopback device (IPv6 has no
+                // route_localnet): leave it to be refused, not black-holed.
+                from_host.insert(
+                    1,
+                    Statement::Match(Match {
+                        left: payload("ip6", "daddr"),
+                        right: string("::1"),
+                        op: Operator::NEQ,
+                    }),
+                );
+            }
+            from_host.push(dnat);
+            batch.add(rule(OUTPUT, from_host));
+        }
+    }
+    batch.add(rule(
+        POSTROUTING,
+        vec![
+            eq(meta(MetaKey::Iifname), string(&net.bridge)),
+            eq(meta(MetaKey::Oifname), string(&net.bridge)),
+            Statement::Match(Match {
+                left: ct("status"),
+                right: string("dnat"),
+                op: Operator::IN,
+            }),
+            Statement::Masquerade(None),
+        ],
+    ));
+    batch.add(rule(
+        POSTROUTING,
+        vec![
+            eq(meta(MetaKey::Oifname), string(&net.bridge)),
+            eq(payload("ip", "saddr"), prefix(loopback4())),
+            Statement::Masquerade(None),
+        ],
+    ));
+}
+
+fn loopback4() -> Ipv4Net {
+    Ipv4Net::new(Ipv4Addr::LOCALHOST, 8).expect("8 is a valid prefix length")
+}
+
+fn family_name(addr: IpAddr) -> &'static str {
+    if addr.is_ipv4() { "ipv4" } else { "ipv6" }
+}
+
+fn fib_daddr_type() -> Expression<'static> {
+    Expression::Named(NamedExpression::Fib(Fib {
+        result: FibResult::Type,
+        flags: HashSet::from([FibFlag::Daddr]),
+    }))
+}
+
+fn number(n: u16) -> Expression<'static> {
+    Expression::Number(n as u32)
 }
 
 fn table() -> NfListObject<'static> {
@@ -235,7 +431,8 @@ fn payload(protocol: &'static str, field: &'static str) -> Expression<'static> {
     )))
 }
 
-fn prefix(net: Ipv4Net) -> Expression<'static> {
+fn prefix(net: impl Into<IpNet>) -> Expression<'static> {
+    let net: IpNet = net.into();
     Expression::Named(NamedExpression::Prefix(Prefix {
         addr: Box::new(Expression::String(Cow::Owned(net.network().to_string()))),
         len: net.prefix_len() as u32,
@@ -279,14 +476,20 @@ mod tests {
             FirewallNetwork {
                 bridge: "ln-shared".into(),
                 subnet: "192.168.105.0/24".parse().unwrap(),
+                ipv6_prefix: Some("fd00:5::/64".parse().unwrap()),
                 mode: Mode::Shared,
                 nat44: true,
+                nat66: true,
+                forwards: Vec::new(),
             },
             FirewallNetwork {
                 bridge: "ln-host".into(),
                 subnet: "192.168.106.0/24".parse().unwrap(),
+                ipv6_prefix: Some("fd00:6::/64".parse().unwrap()),
                 mode: Mode::Host,
                 nat44: false,
+                nat66: false,
+                forwards: Vec::new(),
             },
         ]
     }
@@ -368,12 +571,125 @@ mod tests {
             json!(["established", "related"])
         );
         let nat = rules(&doc, "postrouting");
-        assert_eq!(nat.len(), 1, "only the shared network is masqueraded");
+        assert_eq!(nat.len(), 2, "only the shared network is masqueraded");
         assert_eq!(
             nat[0][0]["match"]["right"],
             json!({"prefix": {"addr": "192.168.105.0", "len": 24}})
         );
         assert_eq!(nat[0][1]["match"]["op"], "!=");
         assert_eq!(nat[0][2], json!({"masquerade": null}));
+        assert_eq!(
+            nat[1][0]["match"],
+            json!({"left": {"payload": {"protocol": "ip6", "field": "saddr"}}, "right": {"prefix": {"addr": "fd00:5::", "len": 64}}, "op": "=="}),
+            "NAT66 from the network's prefix"
+        );
+        assert!(rules(&doc, "prerouting").is_empty() && rules(&doc, "output").is_empty());
+    }
+
+    #[test]
+    fn loopback_addresses_from_vms_are_dropped_before_nat() {
+        let doc = ruleset(&nets());
+        let chains: Vec<Value> = commands(&doc)
+            .into_iter()
+            .filter_map(|c| c["add"]["chain"].as_object().cloned().map(Value::Object))
+            .collect();
+        let guard = chains.iter().find(|c| c["name"] == "guard").unwrap();
+        assert_eq!(guard["hook"], "prerouting");
+        assert_eq!(
+            guard["prio"], -300,
+            "raw: before NAT undoes a reply's address"
+        );
+        let rules = rules(&doc, "guard");
+        assert_eq!(rules.len(), 4, "saddr and daddr, on each bridge");
+        assert_eq!(
+            rules[1][1]["match"]["right"],
+            json!({"prefix": {"addr": "127.0.0.0", "len": 8}})
+        );
+        assert_eq!(rules[1][1]["match"]["left"]["payload"]["field"], "daddr");
+        assert_eq!(rules[1][2], json!({"drop": null}));
+    }
+
+    fn forward(spec: &str) -> ForwardRule {
+        ForwardRule {
+            forward: spec.parse().unwrap(),
+            guest: "192.168.105.2".parse().unwrap(),
+            guest6: Some("fd00:5::2".parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn a_forward_on_all_addresses_is_dnat_for_both_families_from_outside_and_host() {
+        let mut nets = nets();
+        nets[0].forwards = vec![forward("8080:80")];
+        let doc = ruleset(&nets);
+        let pre = rules(&doc, "prerouting");
+        assert_eq!(pre.len(), 2, "IPv4 and IPv6");
+        assert_eq!(
+            pre[0],
+            json!([
+                {"match": {"left": {"meta": {"key": "nfproto"}}, "right": "ipv4", "op": "=="}},
+                {"match": {"left": {"fib": {"result": "type", "flags": ["daddr"]}}, "right": "local", "op": "=="}},
+                {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
+                {"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": 8080, "op": "=="}},
+                {"dnat": {"addr": "192.168.105.2", "family": "ip", "port": 80}}
+            ])
+        );
+        assert_eq!(
+            pre[1][4],
+            json!({"dnat": {"addr": "fd00:5::2", "family": "ip6", "port": 80}})
+        );
+        let out = rules(&doc, "output");
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0], pre[0], "the host itself, same match");
+        assert_eq!(
+            out[1][1],
+            json!({"match": {"left": {"payload": {"protocol": "ip6", "field": "daddr"}}, "right": "::1", "op": "!="}}),
+            "::1 cannot be forwarded (no route_localnet in IPv6)"
+        );
+        let fwd = rules(&doc, "forward");
+        assert!(
+            fwd.iter().any(|r| r[1]
+                == json!({"match": {"left": {"ct": {"key": "status"}}, "right": "dnat", "op": "in"}})
+                && r[0]["match"]["left"]["meta"]["key"] == "oifname"),
+            "forwarded connections pass into the network"
+        );
+        let nat = rules(&doc, "postrouting");
+        let hairpin = &nat[nat.len() - 2];
+        assert_eq!(hairpin[0]["match"]["right"], "ln-shared");
+        assert_eq!(hairpin[1]["match"]["right"], "ln-shared");
+        assert_eq!(hairpin[3], json!({"masquerade": null}));
+        let localnet = &nat[nat.len() - 1];
+        assert_eq!(
+            localnet[1]["match"]["right"],
+            json!({"prefix": {"addr": "127.0.0.0", "len": 8}})
+        );
+    }
+
+    #[test]
+    fn a_forward_on_one_address_covers_only_its_family() {
+        let mut nets = nets();
+        nets[0].forwards = vec![
+            forward("127.0.0.1:2222:22/udp"),
+            forward("[2001:db8::1]:8443:443"),
+        ];
+        let doc = ruleset(&nets);
+        let pre = rules(&doc, "prerouting");
+        assert_eq!(pre.len(), 2);
+        assert_eq!(
+            pre[0][0],
+            json!({"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "127.0.0.1", "op": "=="}})
+        );
+        assert_eq!(pre[0][1]["match"]["right"], "udp");
+        assert_eq!(pre[0][3]["dnat"]["port"], 22);
+        assert_eq!(pre[1][0]["match"]["right"], "2001:db8::1");
+        assert_eq!(pre[1][3]["dnat"]["family"], "ip6");
+
+        // Without IPv6 on the network, an IPv6 address has nothing to go to.
+        let mut v4_only = forward("[2001:db8::1]:8443:443");
+        v4_only.guest6 = None;
+        assert!(v4_only.targets().is_empty());
+        let mut all = forward("8080:80");
+        all.guest6 = None;
+        assert_eq!(all.targets().len(), 1);
     }
 }

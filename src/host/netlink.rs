@@ -3,13 +3,14 @@
 
 use std::collections::BTreeSet;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
-use rtnetlink::packet_route::address::AddressAttribute;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
 use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteHeader};
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage};
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, RouteMessageBuilder};
 use thiserror::Error;
 use tracing::warn;
@@ -151,14 +152,22 @@ impl Netlink {
             .map_err(op(format!("configure link {index}")))
     }
 
-    pub async fn add_address(&self, index: u32, net: Ipv4Net) -> Result<(), NetlinkError> {
-        match self
+    /// Adds an address (IPv4 or IPv6); one already there is fine. IPv6
+    /// addresses skip duplicate address detection: they are the gateway's on
+    /// linnet's own bridge, and must be usable (bindable) at once, even
+    /// before the bridge has a port.
+    pub async fn add_address(&self, index: u32, net: IpNet) -> Result<(), NetlinkError> {
+        let mut request = self
             .handle
             .address()
-            .add(index, IpAddr::V4(net.addr()), net.prefix_len())
-            .execute()
-            .await
-        {
+            .add(index, net.addr(), net.prefix_len());
+        if net.addr().is_ipv6() {
+            request
+                .message_mut()
+                .attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        match request.execute().await {
             Err(e) => {
                 let e = to_io(e);
                 if e.raw_os_error() == Some(libc::EEXIST) {
@@ -273,22 +282,52 @@ impl Netlink {
     /// The IPv4 routes of the main table (destination, outgoing link).
     pub async fn ipv4_routes(&self) -> Result<Vec<(Ipv4Net, Option<u32>)>, NetlinkError> {
         let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let routes = self.routes(req).await?;
+        Ok(routes
+            .into_iter()
+            .filter_map(|(net, oif)| match net {
+                IpNet::V4(net) => Some((net, oif)),
+                IpNet::V6(_) => None,
+            })
+            .collect())
+    }
+
+    /// The IPv6 routes of the main table (destination, outgoing link).
+    pub async fn ipv6_routes(&self) -> Result<Vec<(Ipv6Net, Option<u32>)>, NetlinkError> {
+        let req = RouteMessageBuilder::<Ipv6Addr>::new().build();
+        let routes = self.routes(req).await?;
+        Ok(routes
+            .into_iter()
+            .filter_map(|(net, oif)| match net {
+                IpNet::V6(net) => Some((net, oif)),
+                IpNet::V4(_) => None,
+            })
+            .collect())
+    }
+
+    async fn routes(&self, req: RouteMessage) -> Result<Vec<(IpNet, Option<u32>)>, NetlinkError> {
+        let v6 = req.header.address_family == AddressFamily::Inet6;
         let mut stream = self.handle.route().get(req).execute();
         let mut out = Vec::new();
         while let Some(msg) = stream.try_next().await.map_err(op("list routes"))? {
             if msg.header.table != RouteHeader::RT_TABLE_MAIN {
                 continue;
             }
-            let mut dst = Ipv4Addr::UNSPECIFIED;
+            let mut dst = if v6 {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            };
             let mut oif = None;
             for attr in &msg.attributes {
                 match attr {
-                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
+                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = IpAddr::V4(*ip),
+                    RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = IpAddr::V6(*ip),
                     RouteAttribute::Oif(i) => oif = Some(*i),
                     _ => {}
                 }
             }
-            if let Ok(net) = Ipv4Net::new(dst, msg.header.destination_prefix_length) {
+            if let Ok(net) = IpNet::new(dst, msg.header.destination_prefix_length) {
                 out.push((net, oif));
             }
         }

@@ -1,16 +1,20 @@
 //! DNS on the gateway address (UDP and TCP, RFC 1035 / RFC 7766).
 //!
+//! Listens on the gateway's IPv4 address and, with IPv6, on PREFIX::1.
 //! Names of the network's VMs (`<name>.<domain>`, and a bare `<name>`) are
-//! answered from the lease table; everything else is passed unchanged to the
-//! upstream resolvers (dns.upstream, or /etc/resolv.conf at network start)
-//! and the upstream's answer is returned unchanged, whatever its type or code.
+//! answered from the lease table: A with the leased address, AAAA with the
+//! SLAAC address the VM forms from its MAC. Everything else is passed
+//! unchanged to the upstream resolvers (dns.upstream, or /etc/resolv.conf at
+//! network start) and the upstream's answer is returned unchanged, whatever
+//! its type or code.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::{Name, RData, Record, RecordType, rdata::A};
+use hickory_proto::rr::{RData, Record, RecordType, rdata::A, rdata::AAAA};
+use ipnet::Ipv6Net;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
@@ -18,6 +22,7 @@ use tokio::time::timeout;
 use tracing::{debug, warn};
 
 use super::{NetworkContext, ServiceError, unix_now};
+use crate::addr6;
 use crate::daemon::leases::LeaseTable;
 
 const PORT: u16 = 53;
@@ -28,7 +33,26 @@ const LOCAL_TTL: u32 = 5;
 const MAX_UDP: usize = 4096;
 
 pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceError> {
-    let addr = SocketAddr::new(IpAddr::V4(ctx.config.gateway), PORT);
+    let mut addrs = vec![IpAddr::V4(ctx.config.gateway)];
+    addrs.extend(ctx.config.ipv6.as_ref().map(|v6| IpAddr::V6(v6.gateway)));
+    let upstream = Arc::new(upstreams(&ctx));
+    if upstream.is_empty() {
+        warn!(network = %ctx.config.name, "no upstream DNS server (dns.upstream is empty and /etc/resolv.conf names none): only VM names will resolve");
+    }
+    let mut tasks = Vec::new();
+    for ip in addrs {
+        let (udp, tcp) = bind(&ctx, SocketAddr::new(ip, PORT))?;
+        tasks.push(tokio::spawn(serve_udp(
+            ctx.clone(),
+            Arc::new(udp),
+            upstream.clone(),
+        )));
+        tasks.push(tokio::spawn(serve_tcp(ctx.clone(), tcp, upstream.clone())));
+    }
+    Ok(tasks)
+}
+
+fn bind(ctx: &NetworkContext, addr: SocketAddr) -> Result<(UdpSocket, TcpListener), ServiceError> {
     let bind_err = |source| ServiceError::Bind {
         network: ctx.config.name.clone(),
         service: "DNS",
@@ -39,20 +63,15 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceErr
     udp.set_nonblocking(true).map_err(bind_err)?;
     let tcp = std::net::TcpListener::bind(addr).map_err(bind_err)?;
     tcp.set_nonblocking(true).map_err(bind_err)?;
-    let udp = UdpSocket::from_std(udp).map_err(bind_err)?;
-    let tcp = TcpListener::from_std(tcp).map_err(bind_err)?;
-    let upstream = Arc::new(upstreams(&ctx));
-    if upstream.is_empty() {
-        warn!(network = %ctx.config.name, "no upstream DNS server (dns.upstream is empty and /etc/resolv.conf names none): only VM names will resolve");
-    }
-    Ok(vec![
-        tokio::spawn(serve_udp(ctx.clone(), Arc::new(udp), upstream.clone())),
-        tokio::spawn(serve_tcp(ctx, tcp, upstream)),
-    ])
+    Ok((
+        UdpSocket::from_std(udp).map_err(bind_err)?,
+        TcpListener::from_std(tcp).map_err(bind_err)?,
+    ))
 }
 
 fn upstreams(ctx: &NetworkContext) -> Vec<SocketAddr> {
-    let own = IpAddr::V4(ctx.config.gateway);
+    let own_v6 = ctx.config.ipv6.as_ref().map(|v6| IpAddr::V6(v6.gateway));
+    let own = |ip: IpAddr| ip == IpAddr::V4(ctx.config.gateway) || Some(ip) == own_v6;
     let list = if ctx.config.dns.upstream.is_empty() {
         std::fs::read_to_string("/etc/resolv.conf")
             .map(|t| resolv_conf_servers(&t))
@@ -60,7 +79,7 @@ fn upstreams(ctx: &NetworkContext) -> Vec<SocketAddr> {
     } else {
         ctx.config.dns.upstream.clone()
     };
-    list.into_iter().filter(|a| a.ip() != own).collect()
+    list.into_iter().filter(|a| !own(a.ip())).collect()
 }
 
 pub fn resolv_conf_servers(text: &str) -> Vec<SocketAddr> {
@@ -134,7 +153,11 @@ async fn resolve(
     }
     {
         let leases = ctx.leases.lock().expect("lease table lock");
-        if let Some(answer) = answer_locally(&ctx.config.dns.domain, &leases, &msg, unix_now()) {
+        let zone = Zone {
+            domain: &ctx.config.dns.domain,
+            prefix: ctx.config.ipv6.as_ref().map(|v6| v6.prefix),
+        };
+        if let Some(answer) = zone.answer(&leases, &msg, unix_now()) {
             return answer.to_vec().ok();
         }
     }
@@ -203,55 +226,64 @@ async fn write_framed(stream: &mut TcpStream, msg: &[u8]) -> std::io::Result<()>
     stream.write_all(&out).await
 }
 
-/// Answers a query about this network's own names; None to forward it.
-/// `<vm>.<domain>` is ours (unknown names are NXDOMAIN); a bare `<vm>` is
-/// answered when a VM has that name and forwarded otherwise.
-pub fn answer_locally(
-    domain: &str,
-    leases: &LeaseTable,
-    query: &Message,
-    now: u64,
-) -> Option<Message> {
-    if query.metadata.op_code != OpCode::Query || query.queries.len() != 1 {
-        return None;
-    }
-    let q = &query.queries[0];
-    let name = q.name().to_lowercase().to_ascii();
-    let name = name.trim_end_matches('.');
-    let (label, in_zone) = match name
-        .strip_suffix(domain)
-        .and_then(|rest| rest.strip_suffix('.'))
-    {
-        Some(label) => (label, true),
-        None if !name.contains('.') && !name.is_empty() => (name, false),
-        None => return None,
-    };
-    let ip = if label.contains('.') {
-        None
-    } else {
-        leases.resolve(label, now)
-    };
-    if ip.is_none() && !in_zone {
-        return None;
-    }
-    let mut reply = Message::response(query.metadata.id, OpCode::Query);
-    reply.metadata.authoritative = true;
-    reply.metadata.recursion_desired = query.metadata.recursion_desired;
-    reply.metadata.recursion_available = true;
-    reply.queries = query.queries.clone();
-    match ip {
-        None => reply.metadata.response_code = ResponseCode::NXDomain,
-        Some(ip) if matches!(q.query_type(), RecordType::A | RecordType::ANY) => {
-            reply.answers.push(a_record(q.name().clone(), ip));
-        }
-        // The name exists but has no record of this type: NOERROR, no answer.
-        Some(_) => {}
-    }
-    Some(reply)
+/// The network's own names.
+pub struct Zone<'a> {
+    pub domain: &'a str,
+    /// With IPv6, the prefix VMs form their SLAAC addresses in.
+    pub prefix: Option<Ipv6Net>,
 }
 
-fn a_record(name: Name, ip: Ipv4Addr) -> Record {
-    Record::from_rdata(name, LOCAL_TTL, RData::A(A(ip)))
+impl Zone<'_> {
+    /// Answers a query about this network's own names; None to forward it.
+    /// `<vm>.<domain>` is ours (unknown names are NXDOMAIN); a bare `<vm>` is
+    /// answered when a VM has that name and forwarded otherwise.
+    pub fn answer(&self, leases: &LeaseTable, query: &Message, now: u64) -> Option<Message> {
+        if query.metadata.op_code != OpCode::Query || query.queries.len() != 1 {
+            return None;
+        }
+        let q = &query.queries[0];
+        let name = q.name().to_lowercase().to_ascii();
+        let name = name.trim_end_matches('.');
+        let (label, in_zone) = match name
+            .strip_suffix(self.domain)
+            .and_then(|rest| rest.strip_suffix('.'))
+        {
+            Some(label) => (label, true),
+            None if !name.contains('.') && !name.is_empty() => (name, false),
+            None => return None,
+        };
+        let lease = if label.contains('.') {
+            None
+        } else {
+            leases.resolve_lease(label, now)
+        };
+        if lease.is_none() && !in_zone {
+            return None;
+        }
+        let mut reply = Message::response(query.metadata.id, OpCode::Query);
+        reply.metadata.authoritative = true;
+        reply.metadata.recursion_desired = query.metadata.recursion_desired;
+        reply.metadata.recursion_available = true;
+        reply.queries = query.queries.clone();
+        let Some(lease) = lease else {
+            reply.metadata.response_code = ResponseCode::NXDomain;
+            return Some(reply);
+        };
+        // A name that exists but has no record of the type asked for gets
+        // NOERROR with no answer.
+        let kind = q.query_type();
+        let record = |data| Record::from_rdata(q.name().clone(), LOCAL_TTL, data);
+        if matches!(kind, RecordType::A | RecordType::ANY) {
+            reply.answers.push(record(RData::A(A(lease.ip))));
+        }
+        if matches!(kind, RecordType::AAAA | RecordType::ANY)
+            && let Some(prefix) = self.prefix
+        {
+            let ip = addr6::slaac_address(prefix, lease.mac);
+            reply.answers.push(record(RData::AAAA(AAAA(ip))));
+        }
+        Some(reply)
+    }
 }
 
 #[cfg(test)]
@@ -260,8 +292,40 @@ mod tests {
     use crate::config::Config;
     use crate::types::InterfaceId;
     use hickory_proto::op::Query;
+    use hickory_proto::rr::Name;
 
-    fn leases() -> (LeaseTable, Ipv4Addr) {
+    fn zone(prefix: Option<&str>) -> Zone<'static> {
+        Zone {
+            domain: "shared.linnet",
+            prefix: prefix.map(|p| p.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn aaaa_is_the_slaac_address_of_the_vm_mac() {
+        let (t, ip) = leases();
+        let mac = t.leases().find(|l| l.ip == ip).unwrap().mac;
+        let prefix: Ipv6Net = "fd00:1:2::/64".parse().unwrap();
+        let z = zone(Some("fd00:1:2::/64"));
+        let a = z
+            .answer(&t, &query("web.shared.linnet", RecordType::AAAA), 1)
+            .unwrap();
+        assert_eq!(
+            a.answers[0].data,
+            RData::AAAA(AAAA(addr6::slaac_address(prefix, mac)))
+        );
+        let any = z.answer(&t, &query("web", RecordType::ANY), 1).unwrap();
+        assert_eq!(any.answers.len(), 2, "A and AAAA");
+        let mx = z
+            .answer(&t, &query("web.shared.linnet", RecordType::MX), 1)
+            .unwrap();
+        assert_eq!(
+            (mx.metadata.response_code, mx.answers.len()),
+            (ResponseCode::NoError, 0)
+        );
+    }
+
+    fn leases() -> (LeaseTable, std::net::Ipv4Addr) {
         let cfg = Config::builtin();
         let mut t = LeaseTable::new(cfg.network("shared").unwrap());
         let lease = t
@@ -288,7 +352,9 @@ mod tests {
     fn vm_names_are_answered_in_the_zone_and_bare() {
         let (t, ip) = leases();
         for name in ["web.shared.linnet.", "WEB.shared.linnet", "web"] {
-            let a = answer_locally("shared.linnet", &t, &query(name, RecordType::A), 1).unwrap();
+            let a = zone(None)
+                .answer(&t, &query(name, RecordType::A), 1)
+                .unwrap();
             assert_eq!(a.metadata.id, 77);
             assert_eq!(a.metadata.response_code, ResponseCode::NoError);
             assert_eq!(a.answers.len(), 1, "{name}");
@@ -299,27 +365,23 @@ mod tests {
     #[test]
     fn unknown_names_in_the_zone_are_nxdomain_and_others_are_forwarded() {
         let (t, _) = leases();
-        let a = answer_locally(
-            "shared.linnet",
-            &t,
-            &query("nope.shared.linnet", RecordType::A),
-            1,
-        )
-        .unwrap();
+        let a = zone(None)
+            .answer(&t, &query("nope.shared.linnet", RecordType::A), 1)
+            .unwrap();
         assert_eq!(a.metadata.response_code, ResponseCode::NXDomain);
         assert!(
-            answer_locally("shared.linnet", &t, &query("example.com", RecordType::A), 1).is_none()
+            zone(None)
+                .answer(&t, &query("example.com", RecordType::A), 1)
+                .is_none()
         );
         assert!(
-            answer_locally("shared.linnet", &t, &query("localhost", RecordType::A), 1).is_none()
+            zone(None)
+                .answer(&t, &query("localhost", RecordType::A), 1)
+                .is_none()
         );
-        let aaaa = answer_locally(
-            "shared.linnet",
-            &t,
-            &query("web.shared.linnet", RecordType::AAAA),
-            1,
-        )
-        .unwrap();
+        let aaaa = zone(None)
+            .answer(&t, &query("web.shared.linnet", RecordType::AAAA), 1)
+            .unwrap();
         assert_eq!(
             (aaaa.metadata.response_code, aaaa.answers.len()),
             (ResponseCode::NoError, 0)

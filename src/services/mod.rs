@@ -1,10 +1,12 @@
-//! The per-network services on the gateway address: DHCPv4 and DNS. Each is
+//! The per-network services on the gateway address: DHCPv4, DNS and IPv6
+//! router advertisements. Each is
 //! a tokio task; sockets are bound before the network reports itself up, so
 //! a port already in use fails the attach with a clear message instead of a
 //! VM that silently gets no address.
 
 pub mod dhcp;
 pub mod dns;
+pub mod ra;
 
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -19,6 +21,7 @@ use crate::daemon::leases::LeaseTable;
 pub struct NetworkContext {
     pub config: NetworkConfig,
     pub bridge: String,
+    pub bridge_index: u32,
     pub leases: Arc<Mutex<LeaseTable>>,
 }
 
@@ -46,6 +49,14 @@ impl Services {
         }
         if ctx.config.dns.enabled {
             tasks.extend(dns::start(ctx.clone())?);
+        }
+        if ctx
+            .config
+            .ipv6
+            .as_ref()
+            .is_some_and(|v6| v6.router_advertisement)
+        {
+            tasks.extend(ra::start(ctx.clone())?);
         }
         Ok(Services { tasks })
     }

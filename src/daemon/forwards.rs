@@ -1,0 +1,262 @@
+//! Port forwards of attached interfaces: the checks before one is taken (a
+//! clash with another forward, a socket listening on the port, a privileged
+//! port, IPv6 on a network without it), and the runtime forwards kept per
+//! interface id in the state dir, so they come back when the interface
+//! attaches again, also after a daemon restart.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::state::DaemonError;
+use crate::api::ForwardOrigin;
+use crate::config::NetworkConfig;
+use crate::forward::PortForward;
+use crate::host::listeners;
+use crate::types::InterfaceId;
+
+const UNPRIVILEGED_PORT_START: &str = "/proc/sys/net/ipv4/ip_unprivileged_port_start";
+
+/// A forward an attached interface has.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Published {
+    pub forward: PortForward,
+    pub origin: ForwardOrigin,
+}
+
+/// Another interface's forward, as the clash check sees it.
+pub struct Holder<'a> {
+    pub forward: &'a PortForward,
+    pub interface: InterfaceId,
+    pub name: Option<&'a str>,
+    pub network: &'a str,
+}
+
+/// Refuses a forward that cannot work or would take what is not free.
+pub fn check<'a>(
+    forward: &PortForward,
+    net: &NetworkConfig,
+    uid: u32,
+    mut held: impl Iterator<Item = Holder<'a>>,
+) -> Result<(), DaemonError> {
+    let port = format!("{}/{}", forward.host_port, forward.protocol.as_str());
+    if matches!(forward.host_addr, Some(IpAddr::V6(_))) && net.ipv6.is_none() {
+        return Err(DaemonError::BadRequest(format!(
+            "{forward}: network \"{}\" has no IPv6, so nothing can be forwarded from an IPv6 address; use an IPv4 address or turn ipv6 on",
+            net.name
+        )));
+    }
+    let first_unprivileged = std::fs::read_to_string(UNPRIVILEGED_PORT_START)
+        .ok()
+        .and_then(|t| t.trim().parse::<u16>().ok())
+        .unwrap_or(1024);
+    if uid != 0 && forward.host_port < first_unprivileged {
+        return Err(DaemonError::Forbidden(format!(
+            "host port {port} is privileged (below net.ipv4.ip_unprivileged_port_start = {first_unprivileged}): only root may publish it; choose a host port of {first_unprivileged} or more"
+        )));
+    }
+    if let Some(h) = held.find(|h| h.forward.clashes_with(forward)) {
+        let name = h.name.map(|n| format!(" ({n})")).unwrap_or_default();
+        return Err(DaemonError::Conflict(format!(
+            "host port {port} is already forwarded to interface {}{name} on network \"{}\" ({}); choose another host port, or remove that one with `linnet forward rm`",
+            h.interface, h.network, h.forward
+        )));
+    }
+    if let Some(l) = listeners::on_port(forward.protocol, forward.host_port, forward.host_addr)
+        .into_iter()
+        .next()
+    {
+        let owner = l.owner.map(|o| format!(" of {o}")).unwrap_or_default();
+        return Err(DaemonError::Conflict(format!(
+            "host port {port} is already bound by a listening socket on {}{owner} in linnet's network namespace; choose another host port or stop that service",
+            l.addr
+        )));
+    }
+    Ok(())
+}
+
+/// Runtime forwards by interface id: `<state>/forwards.json`.
+pub struct ForwardStore {
+    path: PathBuf,
+    saved: BTreeMap<InterfaceId, Saved>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Saved {
+    network: String,
+    forwards: Vec<PortForward>,
+}
+
+impl ForwardStore {
+    /// Reads the store; none yet is an empty one.
+    pub fn open(path: &Path) -> io::Result<ForwardStore> {
+        let saved = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{}: {e}; move it away to start without saved forwards",
+                        path.display()
+                    ),
+                )
+            })?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        };
+        Ok(ForwardStore {
+            path: path.to_path_buf(),
+            saved,
+        })
+    }
+
+    /// The runtime forwards of `id` on `network`.
+    pub fn get(&self, id: InterfaceId, network: &str) -> Vec<PortForward> {
+        self.saved
+            .get(&id)
+            .filter(|s| s.network == network)
+            .map(|s| s.forwards.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn add(&mut self, id: InterfaceId, network: &str, forward: PortForward) -> io::Result<()> {
+        let entry = self.saved.entry(id).or_insert_with(|| Saved {
+            network: network.into(),
+            forwards: Vec::new(),
+        });
+        if entry.network != network {
+            // The interface moved networks: what it had elsewhere is moot.
+            *entry = Saved {
+                network: network.into(),
+                forwards: Vec::new(),
+            };
+        }
+        entry.forwards.push(forward);
+        self.save()
+    }
+
+    /// Removes `forward` of `id` on `network`; whether it was there.
+    pub fn remove(
+        &mut self,
+        id: InterfaceId,
+        network: &str,
+        forward: &PortForward,
+    ) -> io::Result<bool> {
+        let Some(entry) = self.saved.get_mut(&id).filter(|s| s.network == network) else {
+            return Ok(false);
+        };
+        let before = entry.forwards.len();
+        entry.forwards.retain(|f| f != forward);
+        let removed = entry.forwards.len() != before;
+        if entry.forwards.is_empty() {
+            self.saved.remove(&id);
+        }
+        if removed {
+            self.save()?;
+        }
+        Ok(removed)
+    }
+
+    fn save(&self) -> io::Result<()> {
+        let tmp = self.path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(&self.saved).map_err(io::Error::other)?;
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, &self.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn fwd(s: &str) -> PortForward {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn store_keeps_runtime_forwards_per_interface_and_network() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("forwards.json");
+        let id = InterfaceId::from_bytes([7; 16]);
+        let mut store = ForwardStore::open(&path).unwrap();
+        store.add(id, "shared", fwd("8080:80")).unwrap();
+        store.add(id, "shared", fwd("5353:53/udp")).unwrap();
+        let store = ForwardStore::open(&path).unwrap();
+        assert_eq!(
+            store.get(id, "shared"),
+            vec![fwd("8080:80"), fwd("5353:53/udp")]
+        );
+        assert!(store.get(id, "host").is_empty(), "only on its network");
+        let mut store = store;
+        assert!(store.remove(id, "shared", &fwd("8080:80/tcp")).unwrap());
+        assert!(!store.remove(id, "shared", &fwd("8080:80")).unwrap());
+        assert_eq!(
+            ForwardStore::open(&path).unwrap().get(id, "shared"),
+            vec![fwd("5353:53/udp")]
+        );
+        std::fs::write(&path, "{not json").unwrap();
+        let e = ForwardStore::open(&path).err().unwrap().to_string();
+        assert!(
+            e.contains("forwards.json") && e.contains("move it away"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn checks_name_the_holder_and_the_limit() {
+        let cfg = Config::from_yaml("networks:\n  host:\n    ipv6: false\n", "t").unwrap();
+        let shared = cfg.network("shared").unwrap();
+        let other = InterfaceId::from_bytes([9; 16]);
+        let held = fwd("8080:80");
+        let holders = || {
+            std::iter::once(Holder {
+                forward: &held,
+                interface: other,
+                name: Some("web"),
+                network: "shared",
+            })
+        };
+        let e = check(&fwd("8080:81"), shared, 0, holders()).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!(
+                "host port 8080/tcp is already forwarded to interface {other} (web)"
+            )),
+            "{e}"
+        );
+        assert!(check(&fwd("8080:81/udp"), shared, 0, holders()).is_ok());
+        let e = check(&fwd("80:80"), shared, 1000, std::iter::empty()).unwrap_err();
+        assert!(
+            e.to_string().contains("host port 80/tcp is privileged"),
+            "{e}"
+        );
+        let e = check(
+            &fwd("[2001:db8::1]:8080:80"),
+            cfg.network("host").unwrap(),
+            0,
+            std::iter::empty(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("network \"host\" has no IPv6"),
+            "{e}"
+        );
+        let busy = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = busy.local_addr().unwrap().port();
+        let e = check(
+            &fwd(&format!("{port}:53/udp")),
+            shared,
+            0,
+            std::iter::empty(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains(&format!(
+                "already bound by a listening socket on 127.0.0.1:{port}"
+            )),
+            "{e}"
+        );
+    }
+}
