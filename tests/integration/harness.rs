@@ -21,6 +21,9 @@ use serde_json::Value;
 
 pub const UPSTREAM_IP: &str = "203.0.113.254";
 pub const UPSTREAM_HOST_SIDE: &str = "203.0.113.1";
+/// The uplink's IPv6 (documentation prefix): upstream ::fe, host ::1.
+pub const UPSTREAM_IP6: &str = "2001:db8:113::fe";
+pub const UPSTREAM_HOST_SIDE6: &str = "2001:db8:113::1";
 pub const UPSTREAM_NAME: &str = "web.upstream.test";
 pub const UPSTREAM_PAGE: &str = "hello from upstream";
 
@@ -166,8 +169,8 @@ impl Drop for Netns {
 
 pub struct World {
     pub host: Netns,
-    /// Held so that Drop removes it; tests reach it only through addresses.
-    _upstream: Netns,
+    /// The "internet": a web server on UPSTREAM_IP and UPSTREAM_IP6, DNS.
+    pub upstream: Netns,
     pub dir: tempfile::TempDir,
     pub config: Option<PathBuf>,
     daemon: Option<Child>,
@@ -217,6 +220,26 @@ impl World {
         ]));
         must(&mut host.cmd(&["ip", "link", "set", &veth_up, "up"]));
         must(&mut host.cmd(&["ip", "route", "add", "default", "via", UPSTREAM_IP]));
+        // IPv6 on the uplink too (nodad: usable at once).
+        must(&mut host.cmd(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{UPSTREAM_HOST_SIDE6}/64"),
+            "dev",
+            &veth_up,
+            "nodad",
+        ]));
+        must(&mut host.cmd(&["ip", "-6", "route", "add", "default", "via", UPSTREAM_IP6]));
+        must(&mut upstream.cmd(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{UPSTREAM_IP6}/64"),
+            "dev",
+            "eth0",
+            "nodad",
+        ]));
         must(&mut upstream.cmd(&[
             "ip",
             "addr",
@@ -229,14 +252,16 @@ impl World {
         let www = dir.path().join("www");
         std::fs::create_dir_all(&www).unwrap();
         std::fs::write(www.join("index.html"), format!("{UPSTREAM_PAGE}\n")).unwrap();
-        must(&mut upstream.cmd(&[
-            "busybox",
-            "httpd",
-            "-p",
-            &format!("{UPSTREAM_IP}:80"),
-            "-h",
-            www.to_str().unwrap(),
-        ]));
+        for listen in [format!("{UPSTREAM_IP}:80"), format!("[{UPSTREAM_IP6}]:80")] {
+            must(&mut upstream.cmd(&[
+                "busybox",
+                "httpd",
+                "-p",
+                &listen,
+                "-h",
+                www.to_str().unwrap(),
+            ]));
+        }
         must(&mut upstream.cmd(&[
             "dnsmasq",
             "--no-resolv",
@@ -250,11 +275,36 @@ impl World {
         host.set_resolv_conf(&format!("nameserver {UPSTREAM_IP}\n"));
         World {
             host,
-            _upstream: upstream,
+            upstream,
             dir,
             config,
             daemon: None,
         }
+    }
+
+    /// linnet-testdns in the upstream namespace on `port` of both its
+    /// addresses: one answer of every record type (see tools/testdns).
+    pub fn start_testdns(&self, port: u16) -> Reaped {
+        let bin = linnet_bin().with_file_name("linnet-testdns");
+        let v4 = format!("{UPSTREAM_IP}:{port}");
+        let v6 = format!("[{UPSTREAM_IP6}]:{port}");
+        let child = self
+            .upstream
+            .cmd(&[bin.to_str().unwrap(), "--listen", &v4, "--listen", &v6])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut server = Reaped(child);
+        // It prints one line once both addresses are bound.
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(server.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("serving"), "linnet-testdns: {line}");
+        server
     }
 
     pub fn run_dir(&self) -> PathBuf {
@@ -527,6 +577,39 @@ impl Guest {
         self.info["gateway"].as_str().unwrap().to_string()
     }
 
+    /// The SLAAC address the attach JSON says the guest forms.
+    pub fn ipv6(&self) -> String {
+        self.info["ipv6_address"]
+            .as_str()
+            .expect("the attach JSON has ipv6_address")
+            .to_string()
+    }
+
+    pub fn gateway6(&self) -> String {
+        self.info["gateway6"].as_str().unwrap().to_string()
+    }
+
+    /// The global IPv6 addresses eth0 has formed (not tentative), after
+    /// waiting for the first: the kernel's own SLAAC, no client software.
+    pub fn slaac_addresses(&self) -> Vec<String> {
+        wait_for("a SLAAC address on eth0", Duration::from_secs(10), || {
+            let out = must(&mut self.ns.cmd(&[
+                "ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "global",
+            ]));
+            let ready: Vec<String> = out
+                .lines()
+                .filter(|l| !l.contains("tentative"))
+                .filter_map(|l| {
+                    l.split_whitespace()
+                        .skip_while(|w| *w != "inet6")
+                        .nth(1)
+                        .map(|a| a.split('/').next().unwrap().to_string())
+                })
+                .collect();
+            (!ready.is_empty()).then_some(ready)
+        })
+    }
+
     pub fn tap(&self) -> String {
         self.info["tap"].as_str().unwrap().to_string()
     }
@@ -613,7 +696,7 @@ impl Guest {
     }
 
     pub fn fetch(&self, url: &str) -> Option<String> {
-        let out = run(&mut self.ns.cmd(&["curl", "-sS", "--max-time", "3", url]));
+        let out = run(&mut self.ns.cmd(&["curl", "-sS", "-g", "--max-time", "3", url]));
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned())

@@ -2,6 +2,7 @@
 //! throwaway namespaces (see harness.rs). Run with `make test`.
 
 mod harness;
+mod ipv6;
 mod qemu;
 mod sockets;
 

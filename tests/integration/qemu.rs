@@ -179,11 +179,15 @@ fn qemu_vm_gets_reported_ip_pings_gateway_fetches_through_nat_and_resolves() {
         &format!(
             "ping -c 1 -W 3 192.168.105.1 && echo RESULT-PING-GW-OK\n\
              wget -q -O - http://{UPSTREAM_IP}/ | sed 's/^/RESULT-PAGE: /'\n\
-             nslookup {UPSTREAM_NAME} 192.168.105.1 | sed -n 's/^Address: /RESULT-DNS: /p'\n"
+             nslookup {UPSTREAM_NAME} 192.168.105.1 | sed -n 's/^Address: /RESULT-DNS: /p'\n\
+             i=0; while [ $i -lt 50 ] && ! ip -6 addr show dev eth0 | grep 'scope global' | grep -qv tentative; do sleep 0.2; i=$((i+1)); done\n\
+             ip -6 addr show dev eth0 | sed -n 's/.*inet6 \\([^/]*\\)\\/64 scope global.*/RESULT-IPV6: \\1/p'\n\
+             ip -6 route | grep -q '^default via fe80::1' && echo RESULT-ROUTE6-OK\n"
         ),
         &[],
     );
     let ip = vm.ip();
+    let ipv6 = vm.info["ipv6_address"].as_str().unwrap().to_string();
     let console = vm.finish();
     assert!(
         console.contains(&format!("linnet-guest: lease ip={ip} ")),
@@ -198,6 +202,16 @@ fn qemu_vm_gets_reported_ip_pings_gateway_fetches_through_nat_and_resolves() {
         console.contains(&format!("RESULT-DNS: {UPSTREAM_IP}")),
         "{console}"
     );
+    let formed: Vec<&str> = console
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("RESULT-IPV6: "))
+        .collect();
+    assert_eq!(
+        formed,
+        vec![ipv6.as_str()],
+        "the guest formed exactly the reported IPv6 address by SLAAC:\n{console}"
+    );
+    assert!(console.contains("RESULT-ROUTE6-OK"), "{console}");
 }
 
 #[test]

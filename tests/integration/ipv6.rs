@@ -1,0 +1,214 @@
+//! IPv6: the kernel's own SLAAC in guest namespaces against linnet's router
+//! advertisements, NAT66 to the upstream, AAAA for VM names, and DNS
+//! answers of every type passed through unchanged (compared with dig).
+
+use crate::harness::*;
+
+fn rdisc6(guest: &Guest) -> String {
+    must(&mut guest.ns.cmd(&["rdisc6", "-1", "-w", "2000", "eth0"]))
+}
+
+/// One field of rdisc6's output ("Router lifetime : 1800 (...)" -> "1800").
+fn field<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix(key))
+        .filter_map(|rest| rest.trim_start().strip_prefix(':'))
+        .filter_map(|v| v.split_whitespace().next())
+        .collect()
+}
+
+#[test]
+fn guest_forms_its_slaac_address_and_reaches_gateway_peer_and_upstream_over_ipv6() {
+    let mut world = World::new();
+    world.start_daemon();
+    let a = world.guest("shared", &["--name", "six-a"]);
+    let b = world.guest("shared", &["--name", "six-b"]);
+    let prefix = a.info["ipv6_prefix"].as_str().unwrap().to_string();
+    assert_eq!(
+        a.info["vmnet_nat66_prefix"].as_str(),
+        prefix.strip_suffix("/64")
+    );
+    assert!(a.ipv6().starts_with(prefix.trim_end_matches(":/64")));
+
+    assert_eq!(
+        a.slaac_addresses(),
+        vec![a.ipv6()],
+        "the kernel's SLAAC forms exactly the ipv6_address of the attach JSON"
+    );
+    let routes = must(&mut a.ns.cmd(&["ip", "-6", "route", "show", "default"]));
+    assert!(
+        routes.contains("default via fe80::1 dev eth0 proto ra"),
+        "default route via the gateway's link-local address: {routes}"
+    );
+
+    let ra = rdisc6(&a);
+    assert_eq!(field(&ra, "Prefix"), vec![prefix.as_str()], "{ra}");
+    assert_eq!(field(&ra, "Router lifetime"), vec!["1800"], "{ra}");
+    assert_eq!(field(&ra, "MTU"), vec!["1500"], "{ra}");
+    assert_eq!(
+        field(&ra, "Recursive DNS server"),
+        vec![a.gateway6().as_str()],
+        "RDNSS names the gateway: {ra}"
+    );
+    assert_eq!(field(&ra, "DNS search list"), vec!["shared.linnet"], "{ra}");
+    assert!(ra.contains("from fe80::1"), "{ra}");
+
+    assert!(a.ping(&a.gateway6()), "guest pings the gateway over IPv6");
+    assert_eq!(
+        a.fetch(&format!("http://[{UPSTREAM_IP6}]/")).as_deref(),
+        Some(format!("{UPSTREAM_PAGE}\n").as_str()),
+        "NAT66 to the upstream's IPv6 address"
+    );
+    // AAAA for another VM, asked over IPv6 of the gateway.
+    let aaaa = must(&mut a.ns.cmd(&[
+        "dig",
+        "+short",
+        "+time=2",
+        "AAAA",
+        "six-b.shared.linnet",
+        &format!("@{}", a.gateway6()),
+    ]));
+    assert_eq!(aaaa.trim(), b.ipv6(), "AAAA of another guest");
+    assert_eq!(b.slaac_addresses(), vec![b.ipv6()]);
+    assert!(a.ping(&b.ipv6()), "VM to VM over IPv6");
+}
+
+#[test]
+fn host_network_has_ipv6_inside_but_no_default_route_and_no_way_out() {
+    let mut world = World::new();
+    world.start_daemon();
+    let g = world.guest("host", &[]);
+    assert!(g.info.get("vmnet_nat66_prefix").is_none(), "{}", g.info);
+    assert_eq!(g.slaac_addresses(), vec![g.ipv6()]);
+    let ra = rdisc6(&g);
+    assert_eq!(
+        field(&ra, "Router lifetime"),
+        vec!["0"],
+        "not a default router: {ra}"
+    );
+    let routes = must(&mut g.ns.cmd(&["ip", "-6", "route", "show", "default"]));
+    assert_eq!(routes.trim(), "", "no default route on a host network");
+    assert!(g.ping(&g.gateway6()), "the host is on-link");
+    // Even with a route put in by hand, nothing is forwarded out.
+    must(&mut g.ns.cmd(&[
+        "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+    ]));
+    assert_eq!(g.fetch(&format!("http://[{UPSTREAM_IP6}]/")), None);
+}
+
+#[test]
+fn router_advertisement_false_sends_none() {
+    let mut world = World::with_config("networks:\n  shared:\n    router_advertisement: false\n");
+    world.start_daemon();
+    let g = world.guest("shared", &[]);
+    let out = run(&mut g.ns.cmd(&["rdisc6", "-1", "-w", "1000", "-r", "2", "eth0"]));
+    assert!(
+        !out.status.success(),
+        "no advertisement: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // The gateway still holds its addresses; a guest configured by hand works.
+    must(&mut g.ns.cmd(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{}/64", g.ipv6()),
+        "dev",
+        "eth0",
+        "nodad",
+    ]));
+    assert!(g.ping(&g.gateway6()));
+}
+
+/// dig's view of an answer, without what differs between two servers
+/// asked the same question (the message id, timings, the server line).
+fn dig(guest: &Guest, server: &str, port: u16, args: &[&str]) -> String {
+    let out = must(
+        guest
+            .ns
+            .cmd(&[
+                "dig",
+                "+time=3",
+                "+tries=1",
+                "+noall",
+                "+comments",
+                "+answer",
+                "+authority",
+            ])
+            .args(["-p", &port.to_string(), &format!("@{server}")])
+            .args(args),
+    );
+    let mut lines: Vec<String> = Vec::new();
+    for line in out.lines() {
+        if let Some(status) = line.split("status: ").nth(1) {
+            lines.push(format!("status {}", status.split(',').next().unwrap()));
+        } else if !line.starts_with(';') && !line.trim().is_empty() {
+            lines.push(line.split_whitespace().collect::<Vec<_>>().join(" "));
+        }
+    }
+    lines.join("\n")
+}
+
+#[test]
+fn dns_passes_every_record_type_and_error_through_unchanged() {
+    let mut world = World::with_config(&format!(
+        "networks:\n  shared:\n    dns: {{ upstream: ['{UPSTREAM_IP}:5353'] }}\n"
+    ));
+    let _dns = world.start_testdns(5353);
+    world.start_daemon();
+    let g = world.guest("shared", &[]);
+    assert_eq!(g.udhcpc(), g.ip());
+    g.slaac_addresses();
+    let questions: &[&[&str]] = &[
+        &["A", "web.upstream.test"],
+        &["AAAA", "web.upstream.test"],
+        &["SOA", "upstream.test"],
+        &["SRV", "_http._tcp.upstream.test"],
+        &["PTR", "254.113.0.203.in-addr.arpa"],
+        &["TXT", "txt.upstream.test"],
+        &["MX", "mail.upstream.test"],
+        &["A", "alias.upstream.test"],
+        &["A", "nope.upstream.test"],
+        &["MX", "web.upstream.test"],
+        &["A", "fail.upstream.test"],
+        &["+tcp", "TXT", "txt.upstream.test"],
+    ];
+    let expected_status = [
+        "NOERROR", "NOERROR", "NOERROR", "NOERROR", "NOERROR", "NOERROR", "NOERROR", "NOERROR",
+        "NXDOMAIN", "NOERROR", "SERVFAIL", "NOERROR",
+    ];
+    for (q, status) in questions.iter().zip(expected_status) {
+        let direct = dig(&g, UPSTREAM_IP, 5353, q);
+        assert!(
+            direct.starts_with(&format!("status {status}")),
+            "{q:?} upstream: {direct}"
+        );
+        assert!(
+            status != "NOERROR" || direct.lines().count() > 1,
+            "{q:?} has records: {direct}"
+        );
+        for server in [g.gateway(), g.gateway6()] {
+            assert_eq!(
+                dig(&g, &server, 53, q),
+                direct,
+                "{q:?} through linnet's DNS on {server}"
+            );
+        }
+    }
+    let chain = dig(&g, &g.gateway(), 53, &["A", "alias.upstream.test"]);
+    assert_eq!(chain.matches("CNAME").count(), 2, "{chain}");
+}
+
+#[test]
+fn ipv6_prefix_that_overlaps_a_route_is_refused() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    ipv6_prefix: '2001:db8:113::/64'\n");
+    world.start_daemon();
+    let out = run(&mut world.linnet(&["run", "--", "true"]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("ipv6_prefix 2001:db8:113::/64 overlaps route 2001:db8:113::/64 on interface"),
+        "{err}"
+    );
+}
