@@ -324,19 +324,25 @@ fn add_forwards(batch: &mut Batch<'static>, net: &FirewallNetwork) {
             batch.add(rule(OUTPUT, from_host));
         }
     }
-    batch.add(rule(
-        POSTROUTING,
-        vec![
-            eq(meta(MetaKey::Iifname), string(&net.bridge)),
-            eq(meta(MetaKey::Oifname), string(&net.bridge)),
-            Statement::Match(Match {
-                left: ct("status"),
-                right: string("dnat"),
-                op: Operator::IN,
-            }),
-            Statement::Masquerade(None),
-        ],
-    ));
+    // Hairpin: the input interface is not known in postrouting, so a VM's
+    // own connection is told by its source address.
+    let sources = std::iter::once(("ip", IpNet::V4(net.subnet)))
+        .chain(net.ipv6_prefix.map(|p| ("ip6", IpNet::V6(p))));
+    for (family, source) in sources {
+        batch.add(rule(
+            POSTROUTING,
+            vec![
+                eq(meta(MetaKey::Oifname), string(&net.bridge)),
+                eq(payload(family, "saddr"), prefix(source)),
+                Statement::Match(Match {
+                    left: ct("status"),
+                    right: string("dnat"),
+                    op: Operator::IN,
+                }),
+                Statement::Masquerade(None),
+            ],
+        ));
+    }
     batch.add(rule(
         POSTROUTING,
         vec![
@@ -654,10 +660,18 @@ mod tests {
             "forwarded connections pass into the network"
         );
         let nat = rules(&doc, "postrouting");
-        let hairpin = &nat[nat.len() - 2];
+        let hairpin = &nat[nat.len() - 3];
         assert_eq!(hairpin[0]["match"]["right"], "ln-shared");
-        assert_eq!(hairpin[1]["match"]["right"], "ln-shared");
+        assert_eq!(
+            hairpin[1]["match"]["right"],
+            json!({"prefix": {"addr": "192.168.105.0", "len": 24}}),
+            "a VM of the network reaching another through a published port"
+        );
         assert_eq!(hairpin[3], json!({"masquerade": null}));
+        assert_eq!(
+            nat[nat.len() - 2][1]["match"]["left"]["payload"]["protocol"],
+            "ip6"
+        );
         let localnet = &nat[nat.len() - 1];
         assert_eq!(
             localnet[1]["match"]["right"],

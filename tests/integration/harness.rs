@@ -58,7 +58,7 @@ pub fn standin_bin() -> PathBuf {
     path
 }
 
-fn repo_file(rel: &str) -> String {
+pub fn repo_file(rel: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join(rel)
         .display()
@@ -89,6 +89,20 @@ pub fn must(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a linnet command that must fail as linnet itself (exit 125, not
+/// the VMM's status); returns its one-line message.
+pub fn failure(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(!out.status.success(), "{cmd:?} should fail");
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(125),
+        "linnet's own failures exit 125: {err}"
+    );
+    err
 }
 
 pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {

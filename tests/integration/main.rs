@@ -1,6 +1,7 @@
 //! Integration scenarios for the core: real kernel, real clients, each in
 //! throwaway namespaces (see harness.rs). Run with `make test`.
 
+mod forwarding;
 mod harness;
 mod ipv6;
 mod qemu;
@@ -320,18 +321,6 @@ fn root_run_starts_a_daemon_on_demand_which_exits_when_idle() {
 }
 
 // ---- errors: one line that names the thing and the fix, non-zero exit ------------
-
-fn failure(cmd: &mut Command) -> String {
-    let out = run(cmd);
-    assert!(!out.status.success(), "{cmd:?} should fail");
-    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    assert_eq!(
-        out.status.code(),
-        Some(125),
-        "linnet's own failures exit 125: {err}"
-    );
-    err
-}
 
 fn run_true(world: &World, args: &[&str]) -> Command {
     let mut a = vec!["run"];
