@@ -128,9 +128,10 @@ pub struct Daemon {
     networks: BTreeMap<String, ActiveNetwork>,
     interfaces: BTreeMap<InterfaceId, Interface>,
     forward_store: Option<ForwardStore>,
-    /// Whether the daemon turned IPv4 / IPv6 forwarding on (and so turns it off).
+    /// Whether the daemon turned IPv4 forwarding on (and so turns it off),
+    /// and what it changed to turn IPv6 forwarding on (to put back).
     enabled_forwarding: bool,
-    enabled_forwarding6: bool,
+    forwarding6: Option<sysctl::Ipv6Forwarding>,
 }
 
 impl Daemon {
@@ -144,7 +145,7 @@ impl Daemon {
             interfaces: BTreeMap::new(),
             forward_store: None,
             enabled_forwarding: false,
-            enabled_forwarding6: false,
+            forwarding6: None,
         }
     }
 
@@ -800,10 +801,10 @@ impl Daemon {
                 DaemonError::Internal(format!("cannot enable IPv4 forwarding: {e}"))
             })?;
         }
-        if needs6 && !self.enabled_forwarding6 {
-            self.enabled_forwarding6 = sysctl::enable_ipv6_forwarding().map_err(|e| {
+        if needs6 && self.forwarding6.is_none() {
+            self.forwarding6 = Some(sysctl::enable_ipv6_forwarding().map_err(|e| {
                 DaemonError::Internal(format!("cannot enable IPv6 forwarding: {e}"))
-            })?;
+            })?);
         }
         firewall::apply(&rules)?;
         if !needs4 && self.enabled_forwarding {
@@ -812,11 +813,11 @@ impl Daemon {
             }
             self.enabled_forwarding = false;
         }
-        if !needs6 && self.enabled_forwarding6 {
-            if let Err(e) = sysctl::disable_ipv6_forwarding() {
-                warn!("cannot restore IPv6 forwarding to off: {e}");
-            }
-            self.enabled_forwarding6 = false;
+        if !needs6
+            && let Some(changed) = self.forwarding6.take()
+            && let Err(e) = sysctl::disable_ipv6_forwarding(&changed)
+        {
+            warn!("cannot restore IPv6 forwarding to off: {e}");
         }
         Ok(())
     }

@@ -290,8 +290,8 @@ fn daemon_restart_after_sigkill_reconciles_without_duplicates() {
     assert_eq!(rules.matches("table inet linnet").count(), 1, "{rules}");
     assert_eq!(
         rules.matches("masquerade").count(),
-        1,
-        "no duplicated rules: {rules}"
+        2,
+        "NAT44 and NAT66, no duplicated rules: {rules}"
     );
     assert_eq!(a.udhcpc(), a.ip());
     assert_eq!(b.udhcpc(), b.ip());
