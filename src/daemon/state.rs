@@ -7,7 +7,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::forwards::{self, ForwardStore, Holder, Published};
 use super::leases::{Lease, LeaseError};
@@ -525,6 +525,11 @@ impl Daemon {
                 self.netlink.delete_link(stale.index).await?;
             }
             let fd = tap::create(&tap_name, client.uid, client.gid)?;
+            // A bridge port needs no IPv6 of its own: without this the
+            // host's end of each TAP would do DAD and MLD into the VM network.
+            if let Err(e) = sysctl::set_link("ipv6", &tap_name, "disable_ipv6", "1") {
+                debug!(tap = %tap_name, "IPv6 stays on: {e}");
+            }
             let index = self
                 .netlink
                 .link(&tap_name)
