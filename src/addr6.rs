@@ -3,6 +3,7 @@
 //! forms from its MAC.
 
 use std::net::Ipv6Addr;
+use std::sync::OnceLock;
 
 use ipnet::Ipv6Net;
 
@@ -12,10 +13,28 @@ use crate::types::{MacAddr, stable_hash};
 pub const GATEWAY_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 
 /// A unique local /64 (RFC 4193: fd00::/8, a 40-bit global id, subnet 0)
-/// whose global id is a hash of the network's name, so it is the same after
-/// every restart and on every host. Set `ipv6_prefix` to choose another.
+/// whose global id is a hash of the network's name and this host's
+/// machine id: the same after every restart, and different on another host
+/// (RFC 4193 wants global ids that do not collide when sites are joined).
+/// Set `ipv6_prefix` to choose another.
 pub fn ula_prefix(network: &str) -> Ipv6Net {
-    let h = stable_hash(format!("linnet ula {network}").as_bytes()).to_be_bytes();
+    ula_prefix_for(network, host_id())
+}
+
+/// /etc/machine-id (systemd, dbus), read once; empty on a host without one.
+fn host_id() -> &'static str {
+    static ID: OnceLock<String> = OnceLock::new();
+    ID.get_or_init(|| {
+        ["/etc/machine-id", "/var/lib/dbus/machine-id"]
+            .iter()
+            .find_map(|p| std::fs::read_to_string(p).ok())
+            .map(|id| id.trim().to_string())
+            .unwrap_or_default()
+    })
+}
+
+fn ula_prefix_for(network: &str, host: &str) -> Ipv6Net {
+    let h = stable_hash(format!("linnet ula {host} {network}").as_bytes()).to_be_bytes();
     let mut octets = [0u8; 16];
     octets[0] = 0xfd;
     octets[1..6].copy_from_slice(&h[..5]);
@@ -45,16 +64,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ula_prefix_is_stable_unique_local_and_per_name() {
-        let p = ula_prefix("shared");
-        assert_eq!(p, ula_prefix("shared"), "same name, same prefix");
-        assert_ne!(p, ula_prefix("host"));
+    fn ula_prefix_is_stable_unique_local_per_name_and_per_host() {
+        assert_eq!(ula_prefix("shared"), ula_prefix("shared"), "stable");
+        let host = "0123456789abcdef0123456789abcdef";
+        let p = ula_prefix_for("shared", host);
+        assert_ne!(p, ula_prefix_for("host", host));
+        assert_ne!(p, ula_prefix_for("shared", "another host"));
         assert_eq!(p.prefix_len(), 64);
         assert_eq!(p.network().octets()[0], 0xfd, "in fd00::/8");
         assert_eq!(&p.network().octets()[6..], &[0u8; 10], "subnet id 0");
         // Pinned: a prefix that changed between releases would renumber VMs.
-        assert_eq!(p.to_string(), "fdb3:e939:15e7::/64");
-        assert_eq!(ula_prefix("host").to_string(), "fdcc:6d38:9bee::/64");
+        assert_eq!(p.to_string(), "fd38:9085:884::/64");
         assert_eq!(gateway(p), {
             let mut o = p.network().octets();
             o[15] = 1;

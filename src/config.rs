@@ -431,11 +431,6 @@ impl Validator<'_> {
             ));
         }
 
-        let ipv6 = self.ipv6(name, mode, &spec)?;
-        let forwards = self.forwards(&spec.forwards)?;
-        let dhcp = self.dhcp(spec.dhcp.unwrap_or_default(), subnet, gateway, hosts)?;
-        let dns = self.dns(name, spec.dns.unwrap_or_default())?;
-
         let mtu = spec.mtu.unwrap_or(DEFAULT_MTU);
         if !(576..=65535).contains(&mtu) {
             return Err(self.err(
@@ -443,6 +438,11 @@ impl Validator<'_> {
                 format!("{mtu} is out of range; allowed 576 to 65535"),
             ));
         }
+        let ipv6 = self.ipv6(name, mode, mtu, &spec)?;
+        let forwards = self.forwards(&spec.forwards)?;
+        let dhcp = self.dhcp(spec.dhcp.unwrap_or_default(), subnet, gateway, hosts)?;
+        let dns = self.dns(name, spec.dns.unwrap_or_default())?;
+
         let nat44 = spec.nat44.unwrap_or(mode == Mode::Shared);
         if nat44 && mode == Mode::Host {
             return Err(self.err(
@@ -472,6 +472,7 @@ impl Validator<'_> {
         &self,
         name: &str,
         mode: Mode,
+        mtu: u32,
         spec: &NetworkSpec,
     ) -> Result<Option<Ipv6Config>, ConfigError> {
         if !spec.ipv6.unwrap_or(true) {
@@ -487,6 +488,12 @@ impl Validator<'_> {
                 return Err(self.err(key, "needs ipv6: true; remove it or turn IPv6 on"));
             }
             return Ok(None);
+        }
+        if mtu < 1280 {
+            return Err(self.err(
+                "mtu",
+                format!("{mtu} is below 1280, the least IPv6 allows; raise mtu or set ipv6: false"),
+            ));
         }
         let prefix = match &spec.ipv6_prefix {
             None => addr6::ula_prefix(name),
@@ -869,6 +876,12 @@ mod tests {
         );
         let m = message("networks:\n  shared:\n    mtu: 100\n");
         assert!(m.contains("mtu: 100 is out of range"), "{m}");
+        let m = message("networks:\n  shared:\n    mtu: 1000\n");
+        assert!(
+            m.contains("mtu: 1000 is below 1280, the least IPv6 allows"),
+            "{m}"
+        );
+        assert!(load("networks:\n  shared:\n    mtu: 1000\n    ipv6: false\n").is_ok());
         let m = message("networks:\n  host:\n    nat44: true\n");
         assert!(m.contains("network \"host\": nat44:"), "{m}");
         let m = message("networks:\n  shared:\n    dhcp: { range: 192.168.105.9-192.168.105.3 }\n");

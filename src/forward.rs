@@ -96,6 +96,11 @@ impl FromStr for PortForward {
                         "write the IPv6 address in brackets: [{addr}]"
                     )));
                 }
+                if addr == IpAddr::V6(std::net::Ipv6Addr::LOCALHOST) {
+                    return Err(fail(
+                        "::1 cannot be forwarded: IPv6 packets from ::1 never leave the host; use 127.0.0.1 or one of the host's addresses".into(),
+                    ));
+                }
                 if addr.is_multicast() || addr.is_unspecified() {
                     return Err(fail(format!(
                         "{addr} is not a host address; leave it out to forward on every address"
@@ -188,7 +193,7 @@ mod tests {
         let v6 = parse("[2001:db8::1]:8443:443");
         assert_eq!(v6.host_addr, Some("2001:db8::1".parse().unwrap()));
         assert_eq!(v6.to_string(), "[2001:db8::1]:8443:443/tcp");
-        for canonical in ["8080:80/tcp", "10.0.0.1:1:65535/udp", "[::1]:80:80/tcp"] {
+        for canonical in ["8080:80/tcp", "10.0.0.1:1:65535/udp", "[fd00::1]:80:80/tcp"] {
             assert_eq!(parse(canonical).to_string(), canonical);
         }
     }
@@ -202,6 +207,7 @@ mod tests {
         assert!(refused("8080:80/sctp").contains("unknown protocol \"sctp\""));
         assert!(refused("banana:8080:80").contains("\"banana\" is not an IP address"));
         assert!(refused("::1:8080:80").contains("in brackets: [::1]"));
+        assert!(refused("[::1]:8080:80").contains("::1 cannot be forwarded"));
         assert!(refused("0.0.0.0:8080:80").contains("leave it out"));
         assert!(refused("1:2:3:4").contains("expected [HOST_ADDR:]HOST_PORT:GUEST_PORT"));
         assert!(refused("").contains("needs both"));

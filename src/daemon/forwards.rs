@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use tracing::error;
 
 use super::state::DaemonError;
 use crate::api::ForwardOrigin;
@@ -69,7 +70,12 @@ pub fn check<'a>(
         .into_iter()
         .next()
     {
-        let owner = l.owner.map(|o| format!(" of {o}")).unwrap_or_default();
+        // Which process holds it is for root's eyes only.
+        let owner = l
+            .owner
+            .filter(|_| uid == 0)
+            .map(|o| format!(" of {o}"))
+            .unwrap_or_default();
         return Err(DaemonError::Conflict(format!(
             "host port {port} is already bound by a listening socket on {}{owner} in linnet's network namespace; choose another host port or stop that service",
             l.addr
@@ -84,25 +90,34 @@ pub struct ForwardStore {
     saved: BTreeMap<InterfaceId, Saved>,
 }
 
+/// An interface id's kept forwards. Interface ids are chosen by clients and
+/// shown by `ls`, so they are no secret: the forwards come back only to the
+/// uid that had the interface when they were added (or to root).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Saved {
     network: String,
+    owner_uid: u32,
     forwards: Vec<PortForward>,
 }
 
 impl ForwardStore {
-    /// Reads the store; none yet is an empty one.
+    /// Reads the store; none yet is an empty one. An unreadable one is
+    /// moved aside (the forwards in it are lost, the VMs' networks are not).
     pub fn open(path: &Path) -> io::Result<ForwardStore> {
         let saved = match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "{}: {e}; move it away to start without saved forwards",
-                        path.display()
-                    ),
-                )
-            })?,
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(saved) => saved,
+                Err(e) => {
+                    let aside = path.with_extension("json.bad");
+                    std::fs::rename(path, &aside)?;
+                    error!(
+                        "{}: {e}; moved to {}, starting without kept forwards",
+                        path.display(),
+                        aside.display()
+                    );
+                    BTreeMap::new()
+                }
+            },
             Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
             Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
         };
@@ -112,26 +127,33 @@ impl ForwardStore {
         })
     }
 
-    /// The runtime forwards of `id` on `network`.
-    pub fn get(&self, id: InterfaceId, network: &str) -> Vec<PortForward> {
+    /// The kept forwards of `id` on `network`, for a client of `uid`.
+    pub fn get(&self, id: InterfaceId, network: &str, uid: u32) -> Vec<PortForward> {
         self.saved
             .get(&id)
-            .filter(|s| s.network == network)
+            .filter(|s| s.network == network && (uid == 0 || uid == s.owner_uid))
             .map(|s| s.forwards.clone())
             .unwrap_or_default()
     }
 
-    pub fn add(&mut self, id: InterfaceId, network: &str, forward: PortForward) -> io::Result<()> {
-        let entry = self.saved.entry(id).or_insert_with(|| Saved {
+    /// Keeps `forward` for `id`, whose interface `owner_uid` attached.
+    pub fn add(
+        &mut self,
+        id: InterfaceId,
+        network: &str,
+        owner_uid: u32,
+        forward: PortForward,
+    ) -> io::Result<()> {
+        let fresh = || Saved {
             network: network.into(),
+            owner_uid,
             forwards: Vec::new(),
-        });
-        if entry.network != network {
-            // The interface moved networks: what it had elsewhere is moot.
-            *entry = Saved {
-                network: network.into(),
-                forwards: Vec::new(),
-            };
+        };
+        let entry = self.saved.entry(id).or_insert_with(fresh);
+        if entry.network != network || entry.owner_uid != owner_uid {
+            // The id is someone else's now, or on another network: what
+            // it had before is moot.
+            *entry = fresh();
         }
         entry.forwards.push(forward);
         self.save()
@@ -182,26 +204,35 @@ mod tests {
         let path = dir.path().join("forwards.json");
         let id = InterfaceId::from_bytes([7; 16]);
         let mut store = ForwardStore::open(&path).unwrap();
-        store.add(id, "shared", fwd("8080:80")).unwrap();
-        store.add(id, "shared", fwd("5353:53/udp")).unwrap();
+        store.add(id, "shared", 1000, fwd("8080:80")).unwrap();
+        store.add(id, "shared", 1000, fwd("5353:53/udp")).unwrap();
         let store = ForwardStore::open(&path).unwrap();
         assert_eq!(
-            store.get(id, "shared"),
+            store.get(id, "shared", 1000),
             vec![fwd("8080:80"), fwd("5353:53/udp")]
         );
-        assert!(store.get(id, "host").is_empty(), "only on its network");
+        assert_eq!(store.get(id, "shared", 0).len(), 2, "root may have them");
+        assert!(
+            store.get(id, "shared", 1001).is_empty(),
+            "another user attaching with the id gets none"
+        );
+        assert!(
+            store.get(id, "host", 1000).is_empty(),
+            "only on its network"
+        );
         let mut store = store;
         assert!(store.remove(id, "shared", &fwd("8080:80/tcp")).unwrap());
         assert!(!store.remove(id, "shared", &fwd("8080:80")).unwrap());
         assert_eq!(
-            ForwardStore::open(&path).unwrap().get(id, "shared"),
+            ForwardStore::open(&path).unwrap().get(id, "shared", 1000),
             vec![fwd("5353:53/udp")]
         );
         std::fs::write(&path, "{not json").unwrap();
-        let e = ForwardStore::open(&path).err().unwrap().to_string();
+        let store = ForwardStore::open(&path).unwrap();
+        assert!(store.get(id, "shared", 1000).is_empty());
         assert!(
-            e.contains("forwards.json") && e.contains("move it away"),
-            "{e}"
+            dir.path().join("forwards.json.bad").exists(),
+            "a broken store is moved aside, not fatal"
         );
     }
 

@@ -273,7 +273,7 @@ impl Daemon {
         for forward in &req.publish {
             self.take_forward(id, *forward, ForwardOrigin::Publish, client.uid)?;
         }
-        let kept = self.store().get(id, &network);
+        let kept = self.store().get(id, &network, client.uid);
         let from_config = cfg.forwards.iter().filter(|f| match &f.target {
             ForwardTarget::InterfaceId(target) => *target == id,
             ForwardTarget::Name(n) => name.as_deref() == Some(n.as_str()),
@@ -396,7 +396,8 @@ impl Daemon {
             let _ = self.sync_host();
             return Err(e);
         }
-        if let Err(e) = self.store().add(id, &req.network, req.forward) {
+        let owner = self.interfaces[&id].uid;
+        if let Err(e) = self.store().add(id, &req.network, owner, req.forward) {
             warn!(interface = %id, "cannot save forward {}: {e}; it lasts until detach", req.forward);
         }
         info!(network = %req.network, interface = %id, forward = %req.forward, "port published");
@@ -451,15 +452,16 @@ impl Daemon {
                 req.forward, req.network
             )));
         }
-        self.interfaces
-            .get_mut(&id)
-            .expect("attached")
-            .forwards
-            .retain(|p| p.forward != req.forward);
-        self.store()
-            .remove(id, &req.network, &req.forward)
-            .map_err(|e| DaemonError::Internal(format!("cannot save forwards: {e}")))?;
-        self.sync_host()?;
+        let iface = self.interfaces.get_mut(&id).expect("attached");
+        iface.forwards.retain(|p| p.forward != req.forward);
+        if let Err(e) = self.sync_host() {
+            let iface = self.interfaces.get_mut(&id).expect("attached");
+            iface.forwards.push(found);
+            return Err(e);
+        }
+        if let Err(e) = self.store().remove(id, &req.network, &req.forward) {
+            warn!(interface = %id, "cannot save forwards: {e}; {} may come back at the next attach", req.forward);
+        }
         info!(network = %req.network, interface = %id, forward = %req.forward, "port unpublished");
         Ok(())
     }
@@ -640,6 +642,13 @@ impl Daemon {
             .iter()
             .filter_map(|id| self.interfaces.remove(id).map(|i| (*id, i)))
             .collect();
+        // Their published ports go first, so nothing is sent to addresses
+        // that are about to be free.
+        if gone.iter().any(|(_, i)| !i.forwards.is_empty())
+            && let Err(e) = self.sync_host()
+        {
+            warn!("removing published ports of detached interfaces failed: {e}");
+        }
         let taps: Vec<u32> = gone.iter().map(|(_, i)| i.tap_index).collect();
         let deleted = self.netlink.delete_links(&taps).await;
         if deleted.is_err() {
@@ -798,7 +807,7 @@ impl Daemon {
         let forwards4 = rules.iter().any(|r| !r.forwards.is_empty());
         let forwards6 = rules
             .iter()
-            .any(|r| r.forwards.iter().any(|f| f.guest6.is_some()));
+            .any(|r| r.forwards.iter().any(|f| f.covers_ipv6()));
         let needs4 = forwards4 || rules.iter().any(|r| r.nat44);
         let needs6 = forwards6 || rules.iter().any(|r| r.nat66);
         if needs4 && !self.enabled_forwarding {

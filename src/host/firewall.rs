@@ -66,6 +66,11 @@ pub struct ForwardRule {
 }
 
 impl ForwardRule {
+    /// Whether it forwards anything over IPv6 (which needs IPv6 forwarding).
+    pub fn covers_ipv6(&self) -> bool {
+        self.targets().iter().any(|(_, guest)| guest.is_ipv6())
+    }
+
     /// The (host-side match, guest address) pairs: one per address family
     /// the forward covers.
     fn targets(&self) -> Vec<(Option<IpAddr>, IpAddr)> {
@@ -162,18 +167,15 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
     }
 
     // Published ports: connections DNATed to a VM pass into its network
-    // (whatever its mode), and their replies out.
+    // (whatever its mode), and only their replies come out.
     for net in networks.iter().filter(|n| !n.forwards.is_empty()) {
-        for dir in [MetaKey::Oifname, MetaKey::Iifname] {
+        for (dir, way) in [(MetaKey::Oifname, "original"), (MetaKey::Iifname, "reply")] {
             batch.add(rule(
                 FORWARD,
                 vec![
                     eq(meta(dir), string(&net.bridge)),
-                    Statement::Match(Match {
-                        left: ct("status"),
-                        right: string("dnat"),
-                        op: Operator::IN,
-                    }),
+                    dnated(),
+                    eq(ct("direction"), string(way)),
                     accept(),
                 ],
             ));
@@ -257,11 +259,7 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
                 POSTROUTING,
                 vec![
                     eq(payload(family, "saddr"), prefix(source)),
-                    Statement::Match(Match {
-                        left: meta(MetaKey::Oifname),
-                        right: string(&net.bridge),
-                        op: Operator::NEQ,
-                    }),
+                    not_eq(meta(MetaKey::Oifname), string(&net.bridge)),
                     Statement::Masquerade(None),
                 ],
             ));
@@ -285,13 +283,13 @@ fn add_forwards(batch: &mut Batch<'static>, net: &FirewallNetwork) {
         let f = fwd.forward;
         for (host, guest) in fwd.targets() {
             let family = if guest.is_ipv4() { "ip" } else { "ip6" };
+            // Only the host's own addresses: a forward never captures
+            // traffic to other machines that passes through or leaves it.
             let mut matches = vec![match host {
                 Some(addr) => eq(payload(family, "daddr"), string(&addr.to_string())),
-                None => eq(fib_daddr_type(), string("local")),
+                None => eq(meta(MetaKey::Nfproto), string(family_name(guest))),
             }];
-            if host.is_none() {
-                matches.insert(0, eq(meta(MetaKey::Nfproto), string(family_name(guest))));
-            }
+            matches.push(eq(fib_daddr_type(), string("local")));
             matches.push(eq(meta(MetaKey::L4proto), string(f.protocol.as_str())));
             matches.push(eq(payload("th", "dport"), number(f.host_port)));
             let dnat = Statement::DNAT(Some(NAT {
@@ -304,21 +302,23 @@ fn add_forwards(batch: &mut Batch<'static>, net: &FirewallNetwork) {
                 port: Some(number(f.guest_port)),
                 flags: None::<HashSet<_>>,
             }));
-            let mut from_outside = matches.clone();
-            from_outside.push(dnat.clone());
-            batch.add(rule(PREROUTING, from_outside));
+            // From outside: never to a loopback address. The kernel drops
+            // such packets only when it routes them, after this hook, so a
+            // DNAT here would open 127.0.0.1 forwards to the LAN. (IPv6 to
+            // ::1 from outside is dropped before any hook.)
+            if !host.is_some_and(|a| a.is_loopback()) {
+                let mut from_outside = matches.clone();
+                if host.is_none() && guest.is_ipv4() {
+                    from_outside.insert(1, not_eq(payload("ip", "daddr"), prefix(loopback4())));
+                }
+                from_outside.push(dnat.clone());
+                batch.add(rule(PREROUTING, from_outside));
+            }
             let mut from_host = matches;
-            if guest.is_ipv6() {
+            if host.is_none() && guest.is_ipv6() {
                 // ::1 cannot leave the loopback device (IPv6 has no
                 // route_localnet): leave it to be refused, not black-holed.
-                from_host.insert(
-                    1,
-                    Statement::Match(Match {
-                        left: payload("ip6", "daddr"),
-                        right: string("::1"),
-                        op: Operator::NEQ,
-                    }),
-                );
+                from_host.insert(1, not_eq(payload("ip6", "daddr"), string("::1")));
             }
             from_host.push(dnat);
             batch.add(rule(OUTPUT, from_host));
@@ -334,11 +334,7 @@ fn add_forwards(batch: &mut Batch<'static>, net: &FirewallNetwork) {
             vec![
                 eq(meta(MetaKey::Oifname), string(&net.bridge)),
                 eq(payload(family, "saddr"), prefix(source)),
-                Statement::Match(Match {
-                    left: ct("status"),
-                    right: string("dnat"),
-                    op: Operator::IN,
-                }),
+                dnated(),
                 Statement::Masquerade(None),
             ],
         ));
@@ -462,6 +458,23 @@ fn list(items: &[&'static str]) -> Expression<'static> {
             .map(|s| Expression::String(Cow::Borrowed(*s)))
             .collect(),
     )
+}
+
+/// `ct status dnat`: a connection some DNAT rule redirected.
+fn dnated() -> Statement<'static> {
+    Statement::Match(Match {
+        left: ct("status"),
+        right: string("dnat"),
+        op: Operator::IN,
+    })
+}
+
+fn not_eq(left: Expression<'static>, right: Expression<'static>) -> Statement<'static> {
+    Statement::Match(Match {
+        left,
+        right,
+        op: Operator::NEQ,
+    })
 }
 
 fn accept() -> Statement<'static> {
@@ -634,11 +647,13 @@ mod tests {
             pre[0],
             json!([
                 {"match": {"left": {"meta": {"key": "nfproto"}}, "right": "ipv4", "op": "=="}},
+                {"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": {"prefix": {"addr": "127.0.0.0", "len": 8}}, "op": "!="}},
                 {"match": {"left": {"fib": {"result": "type", "flags": ["daddr"]}}, "right": "local", "op": "=="}},
                 {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
                 {"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": 8080, "op": "=="}},
                 {"dnat": {"addr": "192.168.105.2", "family": "ip", "port": 80}}
-            ])
+            ]),
+            "from outside: any local address but loopback"
         );
         assert_eq!(
             pre[1][4],
@@ -646,18 +661,36 @@ mod tests {
         );
         let out = rules(&doc, "output");
         assert_eq!(out.len(), 2);
-        assert_eq!(out[0], pre[0], "the host itself, same match");
+        let mut from_host = pre[0].as_array().unwrap().clone();
+        from_host.remove(1);
+        assert_eq!(
+            out[0],
+            json!(from_host),
+            "the host itself, loopback included"
+        );
         assert_eq!(
             out[1][1],
             json!({"match": {"left": {"payload": {"protocol": "ip6", "field": "daddr"}}, "right": "::1", "op": "!="}}),
             "::1 cannot be forwarded (no route_localnet in IPv6)"
         );
         let fwd = rules(&doc, "forward");
-        assert!(
-            fwd.iter().any(|r| r[1]
-                == json!({"match": {"left": {"ct": {"key": "status"}}, "right": "dnat", "op": "in"}})
-                && r[0]["match"]["left"]["meta"]["key"] == "oifname"),
-            "forwarded connections pass into the network"
+        assert_eq!(
+            &fwd[..2],
+            &[
+                json!([
+                    {"match": {"left": {"meta": {"key": "oifname"}}, "right": "ln-shared", "op": "=="}},
+                    {"match": {"left": {"ct": {"key": "status"}}, "right": "dnat", "op": "in"}},
+                    {"match": {"left": {"ct": {"key": "direction"}}, "right": "original", "op": "=="}},
+                    {"accept": null}
+                ]),
+                json!([
+                    {"match": {"left": {"meta": {"key": "iifname"}}, "right": "ln-shared", "op": "=="}},
+                    {"match": {"left": {"ct": {"key": "status"}}, "right": "dnat", "op": "in"}},
+                    {"match": {"left": {"ct": {"key": "direction"}}, "right": "reply", "op": "=="}},
+                    {"accept": null}
+                ])
+            ],
+            "forwarded connections pass into the network, only their replies out"
         );
         let nat = rules(&doc, "postrouting");
         let hairpin = &nat[nat.len() - 3];
@@ -687,16 +720,23 @@ mod tests {
             forward("[2001:db8::1]:8443:443"),
         ];
         let doc = ruleset(&nets);
-        let pre = rules(&doc, "prerouting");
-        assert_eq!(pre.len(), 2);
+        let out = rules(&doc, "output");
+        assert_eq!(out.len(), 2);
         assert_eq!(
-            pre[0][0],
+            out[0][0],
             json!({"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "127.0.0.1", "op": "=="}})
         );
-        assert_eq!(pre[0][1]["match"]["right"], "udp");
-        assert_eq!(pre[0][3]["dnat"]["port"], 22);
-        assert_eq!(pre[1][0]["match"]["right"], "2001:db8::1");
-        assert_eq!(pre[1][3]["dnat"]["family"], "ip6");
+        assert_eq!(
+            out[0][1]["match"]["right"], "local",
+            "only while the address is the host's"
+        );
+        assert_eq!(out[0][2]["match"]["right"], "udp");
+        assert_eq!(out[0][4]["dnat"]["port"], 22);
+        let pre = rules(&doc, "prerouting");
+        assert_eq!(pre.len(), 1, "127.0.0.1 is never forwarded from outside");
+        assert_eq!(pre[0][0]["match"]["right"], "2001:db8::1");
+        assert_eq!(pre[0][1]["match"]["right"], "local");
+        assert_eq!(pre[0][4]["dnat"]["family"], "ip6");
 
         // Without IPv6 on the network, an IPv6 address has nothing to go to.
         let mut v4_only = forward("[2001:db8::1]:8443:443");

@@ -36,14 +36,17 @@ pub enum ServiceError {
     },
 }
 
-/// The running services of one network; dropping it stops them.
+/// The running services of one network; dropping it stops them (and then
+/// the farewells go out).
 pub struct Services {
     tasks: Vec<JoinHandle<()>>,
+    _farewells: Vec<ra::Farewell>,
 }
 
 impl Services {
     pub async fn start(ctx: Arc<NetworkContext>) -> Result<Services, ServiceError> {
         let mut tasks = Vec::new();
+        let mut farewells = Vec::new();
         if ctx.config.dhcp.enabled {
             tasks.push(dhcp::start(ctx.clone())?);
         }
@@ -56,9 +59,15 @@ impl Services {
             .as_ref()
             .is_some_and(|v6| v6.router_advertisement)
         {
-            tasks.extend(ra::start(ctx.clone())?);
+            if let Some((task, farewell)) = ra::start(ctx.clone())? {
+                tasks.push(task);
+                farewells.push(farewell);
+            }
         }
-        Ok(Services { tasks })
+        Ok(Services {
+            tasks,
+            _farewells: farewells,
+        })
     }
 }
 

@@ -3,8 +3,8 @@
 //! and the network's domain as search list (RDNSS/DNSSL, RFC 8106).
 //!
 //! Sent from fe80::1 to all nodes at start and every 20-60 s, and in answer
-//! to each router solicitation: to its sender, or to all nodes (at most once
-//! a second) when it comes from `::`.
+//! to each router solicitation: at once to its sender, or to all nodes when
+//! it comes from `::` (at most one multicast per 3 s, RFC 4861 6.2.6).
 //!
 //! The encoding is written here: no maintained crate has typed RDNSS and
 //! DNSSL options (smoltcp's NDISC stops at the RFC 4861 options), the
@@ -13,7 +13,7 @@
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hickory_proto::rr::Name;
 use hickory_proto::serialize::binary::BinEncodable;
@@ -21,6 +21,7 @@ use ipnet::Ipv6Net;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::io::unix::AsyncFd;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::{NetworkContext, ServiceError};
@@ -43,8 +44,9 @@ const ROUTER_LIFETIME: u16 = 1800;
 const DNS_LIFETIME: u32 = 3 * 60;
 const PREFIX_VALID: u32 = 86_400;
 const PREFIX_PREFERRED: u32 = 14_400;
-/// Answers to solicitations from `::` go to all nodes; not more often.
-const MIN_MULTICAST_GAP: Duration = Duration::from_secs(1);
+/// Advertisements to all nodes: at most one per MIN_DELAY_BETWEEN_RAS
+/// (RFC 4861 10).
+const MIN_MULTICAST_GAP: Duration = Duration::from_secs(3);
 
 /// What one network advertises.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +56,8 @@ pub struct Advert {
     pub router_lifetime: u16,
     pub mtu: u32,
     pub prefix: Ipv6Net,
+    /// Seconds guests prefer their addresses in the prefix for new connections.
+    pub prefix_preferred: u32,
     /// The DNS server and the search domain, when the network has DNS.
     pub dns: Option<(Ipv6Addr, String)>,
 }
@@ -67,11 +71,23 @@ impl Advert {
             router_lifetime: if default_router { ROUTER_LIFETIME } else { 0 },
             mtu: cfg.mtu,
             prefix: v6.prefix,
+            prefix_preferred: PREFIX_PREFERRED,
             dns: cfg
                 .dns
                 .enabled
                 .then(|| (v6.gateway, cfg.dns.domain.clone())),
         })
+    }
+
+    /// What is sent when the network goes down: not a router any more, the
+    /// prefix deprecated (addresses stay until their valid lifetime, which
+    /// hosts never shorten below 2 h, RFC 4862 5.5.3).
+    pub fn farewell(&self) -> Advert {
+        Advert {
+            router_lifetime: 0,
+            prefix_preferred: 0,
+            ..self.clone()
+        }
     }
 
     /// The ICMPv6 message, checksum left zero for the kernel.
@@ -89,7 +105,7 @@ impl Advert {
             o.push(self.prefix.prefix_len());
             o.push(0b1100_0000);
             o.extend_from_slice(&PREFIX_VALID.to_be_bytes());
-            o.extend_from_slice(&PREFIX_PREFERRED.to_be_bytes());
+            o.extend_from_slice(&self.prefix_preferred.to_be_bytes());
             o.extend_from_slice(&[0; 4]);
             o.extend_from_slice(&self.prefix.network().octets());
         });
@@ -132,22 +148,51 @@ fn option(m: &mut Vec<u8>, kind: u8, body: impl FnOnce(&mut Vec<u8>)) {
     m[start + 1] = (padded / 8) as u8;
 }
 
-pub fn start(ctx: Arc<NetworkContext>) -> Result<Option<JoinHandle<()>>, ServiceError> {
+/// The last word of a network's advertiser: when dropped (the network
+/// goes down), it tells the guests that the gateway is no longer their
+/// router and its prefix no longer preferred (RFC 4861 6.2.5), so they
+/// stop sending there at once instead of when the lifetimes run out.
+pub struct Farewell {
+    socket: Socket,
+    message: Vec<u8>,
+    to: SockAddr,
+}
+
+impl Drop for Farewell {
+    fn drop(&mut self) {
+        let _ = self.socket.send_to(&self.message, &self.to);
+    }
+}
+
+pub fn start(ctx: Arc<NetworkContext>) -> Result<Option<(JoinHandle<()>, Farewell)>, ServiceError> {
     let Some(advert) = Advert::for_network(&ctx) else {
         return Ok(None);
     };
-    let socket = open(&ctx).map_err(|source| ServiceError::Bind {
+    let bind_err = |source| ServiceError::Bind {
         network: ctx.config.name.clone(),
         service: "router advertisements",
         addr: format!("[{GATEWAY_LINK_LOCAL}%{}]", ctx.bridge),
         source,
-    })?;
-    Ok(Some(tokio::spawn(serve(ctx, socket, advert.encode()))))
+    };
+    let socket = open(&ctx).map_err(bind_err)?;
+    let farewell = Farewell {
+        socket: socket.try_clone().map_err(bind_err)?,
+        message: advert.farewell().encode(),
+        to: all_nodes(ctx.bridge_index),
+    };
+    let socket = watch(socket).map_err(bind_err)?;
+    let task = tokio::spawn(serve(ctx, socket, advert.encode()));
+    Ok(Some((task, farewell)))
+}
+
+fn all_nodes(bridge_index: u32) -> SockAddr {
+    SockAddr::from(SocketAddrV6::new(ALL_NODES, 0, 0, bridge_index))
 }
 
 /// A raw ICMPv6 socket on the bridge that hears only router solicitations
-/// and sends from fe80::1 with hop limit 255 (receivers drop less).
-fn open(ctx: &NetworkContext) -> std::io::Result<AsyncFd<Socket>> {
+/// and sends from fe80::1 with hop limit 255 (RFC 4861 requires it: a
+/// receiver drops any advertisement that crossed a router).
+fn open(ctx: &NetworkContext) -> std::io::Result<Socket> {
     let socket = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
     only_solicitations(&socket)?;
     socket.bind_device(Some(ctx.bridge.as_bytes()))?;
@@ -159,6 +204,10 @@ fn open(ctx: &NetworkContext) -> std::io::Result<AsyncFd<Socket>> {
     let source = SocketAddrV6::new(GATEWAY_LINK_LOCAL, 0, 0, ctx.bridge_index);
     socket.bind(&source.into())?;
     socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+fn watch(socket: Socket) -> std::io::Result<AsyncFd<Socket>> {
     // SAFETY: the AsyncFd owns the socket, so the fd stays open while it
     // is registered.
     unsafe { AsyncFd::register(socket) }.map_err(|e| e.into_parts().1)
@@ -189,15 +238,21 @@ fn only_solicitations(socket: &Socket) -> std::io::Result<()> {
 
 async fn serve(ctx: Arc<NetworkContext>, socket: AsyncFd<Socket>, advert: Vec<u8>) {
     let network = &ctx.config.name;
-    let all_nodes = SockAddr::from(SocketAddrV6::new(ALL_NODES, 0, 0, ctx.bridge_index));
+    let all_nodes = all_nodes(ctx.bridge_index);
     let mut last_multicast: Option<Instant> = None;
-    let mut next_periodic = tokio::time::Instant::now();
+    let mut next_multicast = Instant::now();
     let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 1500];
     loop {
         let solicited_by = tokio::select! {
-            _ = tokio::time::sleep_until(next_periodic) => None,
+            _ = tokio::time::sleep_until(next_multicast) => None,
             ready = socket.readable() => {
-                let Ok(mut guard) = ready else { continue };
+                let mut guard = match ready {
+                    Ok(guard) => guard,
+                    Err(e) => {
+                        warn!(%network, "router advertisements stop: {e}");
+                        return;
+                    }
+                };
                 match guard.try_io(|s| s.get_ref().recv_from(&mut buf)) {
                     Ok(Ok((len, from))) => {
                         // SAFETY: recv_from initialised the first `len` bytes.
@@ -216,23 +271,30 @@ async fn serve(ctx: Arc<NetworkContext>, socket: AsyncFd<Socket>, advert: Vec<u8
             }
         };
         let dest = match solicited_by {
-            None => {
-                next_periodic = tokio::time::Instant::now() + periodic_interval();
-                all_nodes.clone()
-            }
+            // A solicitation from an address: answered to it, at once.
             Some(from) if !from.is_unspecified() => {
                 SockAddr::from(SocketAddrV6::new(from, 0, 0, ctx.bridge_index))
             }
+            // From `::` (no address yet): the answer goes to all nodes,
+            // which RFC 4861 6.2.6 allows once per MIN_MULTICAST_GAP; a
+            // later one is sent when the gap is over.
             Some(_) => {
-                if last_multicast.is_some_and(|t| t.elapsed() < MIN_MULTICAST_GAP) {
+                let earliest = last_multicast.map_or(Instant::now(), |t| t + MIN_MULTICAST_GAP);
+                next_multicast = next_multicast.min(earliest);
+                continue;
+            }
+            None => {
+                if let Some(t) = last_multicast
+                    && t.elapsed() < MIN_MULTICAST_GAP
+                {
+                    next_multicast = t + MIN_MULTICAST_GAP;
                     continue;
                 }
+                last_multicast = Some(Instant::now());
+                next_multicast = Instant::now() + periodic_interval();
                 all_nodes.clone()
             }
         };
-        if dest == all_nodes {
-            last_multicast = Some(Instant::now());
-        }
         match socket.get_ref().send_to(&advert, &dest) {
             Ok(_) => debug!(%network, to = ?dest.as_socket(), "router advertisement sent"),
             Err(e) => debug!(%network, "router advertisement not sent: {e}"),
@@ -259,6 +321,7 @@ mod tests {
             router_lifetime: ROUTER_LIFETIME,
             mtu: 1500,
             prefix: "fd00:1:2::/64".parse().unwrap(),
+            prefix_preferred: PREFIX_PREFERRED,
             dns: dns.then(|| ("fd00:1:2::1".parse().unwrap(), "shared.linnet".into())),
         }
     }
@@ -331,6 +394,15 @@ mod tests {
         assert_eq!(&m[6..8], &[0, 0]);
         let kinds: Vec<u8> = options(&m).iter().map(|(t, _)| *t).collect();
         assert_eq!(kinds, [3, 5]);
+    }
+
+    #[test]
+    fn farewell_ends_the_default_route_and_deprecates_the_prefix() {
+        let m = advert(true).farewell().encode();
+        assert_eq!(&m[6..8], &[0, 0], "router lifetime 0");
+        let pio = options(&m)[0].1;
+        assert_eq!(&pio[2..6], &86_400u32.to_be_bytes(), "still valid");
+        assert_eq!(&pio[6..10], &[0; 4], "no longer preferred");
     }
 
     #[test]

@@ -112,8 +112,29 @@ fn published_ports_reach_the_guest_from_outside_from_the_host_and_over_ipv6() {
         ask(&other.ns, &web.gateway(), 8080, "tcp"),
         Some(from_gateway)
     );
+    // A VM of another network reaches it as it reaches the host.
+    let lab = world.guest("host", &[]);
+    assert_eq!(lab.udhcpc(), lab.ip());
+    assert_eq!(
+        ask(&lab.ns, &lab.gateway(), 8080, "tcp"),
+        Some(format!("web from {}", lab.ip()))
+    );
     // Not published: nothing answers.
     assert_eq!(ask(up, UPSTREAM_HOST_SIDE, 8082, "tcp"), None);
+
+    // One VM detaching takes its ports along while the other keeps its own.
+    let mut other = other;
+    other.stop();
+    wait_for(
+        "other's rules to go",
+        std::time::Duration::from_secs(5),
+        || (!world.host.nft_ruleset().contains("8081")).then_some(()),
+    );
+    assert_eq!(ask(up, UPSTREAM_HOST_SIDE, 8081, "tcp"), None);
+    assert_eq!(
+        ask(up, UPSTREAM_HOST_SIDE, 8080, "tcp"),
+        Some(format!("web from {UPSTREAM_IP}"))
+    );
 }
 
 #[test]
