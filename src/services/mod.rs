@@ -53,16 +53,14 @@ impl Services {
         if ctx.config.dns.enabled {
             tasks.extend(dns::start(ctx.clone())?);
         }
-        if ctx
+        let advertise = ctx
             .config
             .ipv6
             .as_ref()
-            .is_some_and(|v6| v6.router_advertisement)
-        {
-            if let Some((task, farewell)) = ra::start(ctx.clone())? {
-                tasks.push(task);
-                farewells.push(farewell);
-            }
+            .is_some_and(|v6| v6.router_advertisement);
+        if advertise && let Some((task, farewell)) = ra::start(ctx.clone())? {
+            tasks.push(task);
+            farewells.push(farewell);
         }
         Ok(Services {
             tasks,
