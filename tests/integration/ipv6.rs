@@ -71,6 +71,11 @@ fn guest_forms_its_slaac_address_and_reaches_gateway_peer_and_upstream_over_ipv6
     assert_eq!(aaaa.trim(), b.ipv6(), "AAAA of another guest");
     assert_eq!(b.slaac_addresses(), vec![b.ipv6()]);
     assert!(a.ping(&b.ipv6()), "VM to VM over IPv6");
+    let ls = must(&mut world.linnet(&["ls"]));
+    assert!(
+        ls.contains(&prefix) && ls.contains(&a.ipv6()) && ls.contains(&b.ipv6()),
+        "linnet ls shows the prefix and the guests' addresses: {ls}"
+    );
 }
 
 #[test]
