@@ -20,7 +20,8 @@ use crate::api::{
 use crate::config::{Config, DEFAULT_NETWORK, ForwardTarget, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
 use crate::forward::PortForward;
-use crate::host::firewall::{self, FirewallError, ForwardRule};
+use crate::host::firewall::{self, ForwardRule};
+use crate::host::nft::{Nft, NftError};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
 use crate::host::tap::{self, TapError};
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
@@ -58,7 +59,7 @@ pub enum DaemonError {
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
     #[error(transparent)]
-    Firewall(#[from] FirewallError),
+    Firewall(#[from] NftError),
     #[error(transparent)]
     Service(#[from] ServiceError),
     #[error("{0}")]
@@ -125,6 +126,7 @@ pub struct Daemon {
     lease_dir: PathBuf,
     state_dir: PathBuf,
     netlink: Netlink,
+    nft: Nft,
     networks: BTreeMap<String, ActiveNetwork>,
     interfaces: BTreeMap<InterfaceId, Interface>,
     forward_store: Option<ForwardStore>,
@@ -141,6 +143,7 @@ impl Daemon {
             lease_dir: state_dir.join("leases"),
             state_dir,
             netlink,
+            nft: Nft::open(),
             networks: BTreeMap::new(),
             interfaces: BTreeMap::new(),
             forward_store: None,
@@ -188,7 +191,7 @@ impl Daemon {
             ForwardStore::open(&path)
                 .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?,
         );
-        firewall::remove()?;
+        firewall::remove(&mut self.nft)?;
         let persistent: Vec<String> = self
             .config
             .networks
@@ -820,7 +823,7 @@ impl Daemon {
                 DaemonError::Internal(format!("cannot enable IPv6 forwarding: {e}"))
             })?);
         }
-        firewall::apply(&rules)?;
+        firewall::apply(&mut self.nft, &rules)?;
         if !needs4 && self.enabled_forwarding {
             if let Err(e) = sysctl::disable_ipv4_forwarding() {
                 warn!("cannot restore IPv4 forwarding to off: {e}");

@@ -18,9 +18,8 @@ use nftables::expr::{
 use nftables::schema::{Chain, NfListObject, Nftables, Rule, Table};
 use nftables::stmt::{Match, NAT, NATFamily, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
-use thiserror::Error;
-
 use super::NFT_TABLE;
+use super::nft::{Nft, NftError};
 use crate::config::Mode;
 use crate::forward::PortForward;
 
@@ -36,13 +35,6 @@ const PRIORITY_DSTNAT: i32 = -100;
 const PRIORITY_FILTER: i32 = 0;
 const PRIORITY_SRCNAT: i32 = 100;
 
-#[derive(Debug, Error)]
-pub enum FirewallError {
-    #[error("nft is not installed: install the nftables package (apt-get install nftables)")]
-    NftMissing,
-    #[error("nftables refused linnet's table: {0}")]
-    Apply(String),
-}
 
 /// What the firewall needs to know about one active network.
 #[derive(Debug, Clone)]
@@ -88,24 +80,13 @@ impl ForwardRule {
 }
 
 /// Replaces linnet's table with the rules for `networks` (none: removes it).
-pub fn apply(networks: &[FirewallNetwork]) -> Result<(), FirewallError> {
-    run(&ruleset(networks))
+pub fn apply(nft: &mut Nft, networks: &[FirewallNetwork]) -> Result<(), NftError> {
+    nft.apply(&ruleset(networks))
 }
 
 /// Removes linnet's table, if there is one.
-pub fn remove() -> Result<(), FirewallError> {
-    run(&ruleset(&[]))
-}
-
-fn run(doc: &Nftables) -> Result<(), FirewallError> {
-    nftables::helper::apply_ruleset(doc).map_err(|e| match e {
-        nftables::helper::NftablesError::NftExecution { inner, .. }
-            if inner.kind() == std::io::ErrorKind::NotFound =>
-        {
-            FirewallError::NftMissing
-        }
-        other => FirewallError::Apply(other.to_string()),
-    })
+pub fn remove(nft: &mut Nft) -> Result<(), NftError> {
+    nft.apply(&ruleset(&[]))
 }
 
 /// The transaction: (re)create the table empty, then fill it. `add` + `delete`

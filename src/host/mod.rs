@@ -5,6 +5,7 @@
 pub mod firewall;
 pub mod listeners;
 pub mod netlink;
+pub mod nft;
 pub mod privileges;
 pub mod sysctl;
 pub mod tap;

@@ -1,0 +1,176 @@
+//! Runs nftables commands (JSON in, JSON out) through libnftables in the
+//! daemon's own process: the same parser and checks as the `nft` command,
+//! without a process per change. That keeps guarding an interface at attach
+//! well under a millisecond instead of the ~4 ms an `nft` process costs.
+//! Falls back to the `nft` command when the library cannot be loaded.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use libloading::Library;
+use nftables::schema::Nftables;
+use thiserror::Error;
+use tracing::debug;
+
+const LIBRARY: &str = "libnftables.so.1";
+/// NFT_CTX_OUTPUT_JSON in libnftables.h: JSON output, and JSON input too.
+const OUTPUT_JSON: c_uint = 1 << 4;
+
+#[derive(Debug, Error)]
+pub enum NftError {
+    #[error("nft is not installed: install the nftables package (apt-get install nftables)")]
+    Missing,
+    #[error("nftables refused linnet's rules: {0}")]
+    Refused(String),
+}
+
+type CtxNew = unsafe extern "C" fn(c_uint) -> *mut c_void;
+type CtxFree = unsafe extern "C" fn(*mut c_void);
+type SetFlags = unsafe extern "C" fn(*mut c_void, c_uint);
+type Buffer = unsafe extern "C" fn(*mut c_void) -> c_int;
+type GetBuffer = unsafe extern "C" fn(*mut c_void) -> *const c_char;
+type RunCmd = unsafe extern "C" fn(*mut c_void, *const c_char) -> c_int;
+
+/// An open libnftables context and the functions that use it.
+struct Context {
+    ctx: *mut c_void,
+    free: CtxFree,
+    run: RunCmd,
+    output: GetBuffer,
+    error: GetBuffer,
+    /// Keeps the code above mapped; dropped last.
+    _library: Library,
+}
+
+// SAFETY: the context is only ever used through `&mut Nft`, one call at a
+// time (so a shared `&Context` gives no access at all); libnftables keeps no
+// thread-local state.
+unsafe impl Send for Context {}
+unsafe impl Sync for Context {}
+
+impl Context {
+    fn open() -> Result<Context, libloading::Error> {
+        // SAFETY: loading libnftables runs no initialisers with preconditions.
+        let library = unsafe { Library::new(LIBRARY) }?;
+        // SAFETY: the symbols have these C signatures (libnftables.h); the
+        // pointers stay valid while `library` is loaded, which `Context` keeps.
+        unsafe {
+            let new: CtxNew = *library.get(b"nft_ctx_new\0")?;
+            let free: CtxFree = *library.get(b"nft_ctx_free\0")?;
+            let set_flags: SetFlags = *library.get(b"nft_ctx_output_set_flags\0")?;
+            let buffer_output: Buffer = *library.get(b"nft_ctx_buffer_output\0")?;
+            let buffer_error: Buffer = *library.get(b"nft_ctx_buffer_error\0")?;
+            let run: RunCmd = *library.get(b"nft_run_cmd_from_buffer\0")?;
+            let output: GetBuffer = *library.get(b"nft_ctx_get_output_buffer\0")?;
+            let error: GetBuffer = *library.get(b"nft_ctx_get_error_buffer\0")?;
+            let ctx = new(0);
+            if ctx.is_null() {
+                return Err(libloading::Error::DlOpenUnknown);
+            }
+            set_flags(ctx, OUTPUT_JSON);
+            buffer_output(ctx);
+            buffer_error(ctx);
+            Ok(Context {
+                ctx,
+                free,
+                run,
+                output,
+                error,
+                _library: library,
+            })
+        }
+    }
+
+    fn run(&mut self, command: &str) -> Result<String, NftError> {
+        let text = CString::new(command).map_err(|e| NftError::Refused(e.to_string()))?;
+        // SAFETY: ctx is live; the buffers are owned by it and read before
+        // the next call replaces them.
+        unsafe {
+            let rc = (self.run)(self.ctx, text.as_ptr());
+            let read = |p: *const c_char| {
+                if p.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(p).to_string_lossy().into_owned()
+                }
+            };
+            let output = read((self.output)(self.ctx));
+            if rc == 0 {
+                Ok(output)
+            } else {
+                Err(NftError::Refused(read((self.error)(self.ctx)).trim().to_string()))
+            }
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: ctx came from nft_ctx_new and is freed once.
+        unsafe { (self.free)(self.ctx) }
+    }
+}
+
+/// The way to nftables: the library when it loads, else the command.
+pub struct Nft {
+    context: Option<Context>,
+}
+
+impl Nft {
+    pub fn open() -> Nft {
+        let context = match Context::open() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                debug!("{LIBRARY} not usable ({e}); running the nft command instead");
+                None
+            }
+        };
+        Nft { context }
+    }
+
+    /// Applies a batch of commands as one transaction.
+    pub fn apply(&mut self, doc: &Nftables) -> Result<(), NftError> {
+        let json = serde_json::to_string(doc).map_err(|e| NftError::Refused(e.to_string()))?;
+        self.run(&json).map(|_| ())
+    }
+
+    /// Runs one command (JSON or nft syntax) and returns its JSON output.
+    pub fn run(&mut self, command: &str) -> Result<String, NftError> {
+        match &mut self.context {
+            Some(context) => context.run(command),
+            None => run_command(command),
+        }
+    }
+}
+
+fn run_command(command: &str) -> Result<String, NftError> {
+    let mut child = Command::new("nft")
+        .args(["-j", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => NftError::Missing,
+            _ => NftError::Refused(format!("cannot run nft: {e}")),
+        })?;
+    let written = child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(command.as_bytes());
+    let out = child
+        .wait_with_output()
+        .map_err(|e| NftError::Refused(format!("nft: {e}")))?;
+    if let Err(e) = written {
+        return Err(NftError::Refused(format!("nft: {e}")));
+    }
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(NftError::Refused(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
+    }
+}
