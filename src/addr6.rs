@@ -54,6 +54,12 @@ pub fn slaac_address(prefix: Ipv6Net, mac: MacAddr) -> Ipv6Addr {
     with_interface_id(prefix, iid)
 }
 
+/// The link-local address a guest forms from its MAC (fe80::/64, EUI-64).
+pub fn link_local(mac: MacAddr) -> Ipv6Addr {
+    let fe80 = Ipv6Net::new(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 64).expect("valid");
+    slaac_address(fe80, mac)
+}
+
 fn with_interface_id(prefix: Ipv6Net, iid: u64) -> Ipv6Addr {
     let net = u128::from(prefix.network());
     Ipv6Addr::from(net | u128::from(iid))
@@ -91,6 +97,10 @@ mod tests {
             "fd12:3456:789a::5054:ff:fe12:3456"
                 .parse::<Ipv6Addr>()
                 .unwrap()
+        );
+        assert_eq!(
+            link_local(mac),
+            "fe80::5054:ff:fe12:3456".parse::<Ipv6Addr>().unwrap()
         );
         let local: MacAddr = "02:00:00:00:00:01".parse().unwrap();
         assert_eq!(

@@ -218,6 +218,9 @@ pub struct InterfaceStatus {
     /// Bytes the VM received and sent (the TAP's tx and rx).
     pub vm_rx_bytes: u64,
     pub vm_tx_bytes: u64,
+    /// Frames from the VM that anti-spoofing dropped (None: not guarded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spoofed_drops: Option<u64>,
 }
 
 // ---- transport ------------------------------------------------------------------

@@ -56,6 +56,9 @@ pub struct NetworkConfig {
     pub nat44: bool,
     /// None with `ipv6: false`.
     pub ipv6: Option<Ipv6Config>,
+    /// A VM may send only from its own MAC and addresses.
+    pub anti_spoofing: bool,
+    /// The network's VMs cannot reach each other.
     pub isolation: bool,
     pub persistent: bool,
     pub allow: Allow,
@@ -199,6 +202,7 @@ struct NetworkSpec {
     ipv6_prefix: Option<String>,
     router_advertisement: Option<bool>,
     nat66: Option<bool>,
+    anti_spoofing: Option<bool>,
     isolation: Option<bool>,
     persistent: Option<bool>,
     allow: Option<AllowSpec>,
@@ -461,6 +465,7 @@ impl Validator<'_> {
             mtu,
             nat44,
             ipv6,
+            anti_spoofing: spec.anti_spoofing.unwrap_or(true),
             isolation: spec.isolation.unwrap_or(false),
             persistent: spec.persistent.unwrap_or(false),
             allow: self.allow(spec.allow)?,

@@ -66,6 +66,7 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         "VM RX",
         "VM TX",
         "RELAY DROPS",
+        "SPOOFED",
     ])];
     for i in &interfaces {
         rows.push(vec![
@@ -94,6 +95,10 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             // Frames the relay dropped on their way to / from the VM.
             i.relay
                 .map(|r| format!("{}/{}", r.to_vm.drops, r.from_vm.drops))
+                .unwrap_or_else(|| "-".into()),
+            // Frames from the VM that anti-spoofing dropped.
+            i.spoofed_drops
+                .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
         ]);
     }

@@ -102,6 +102,8 @@ pub fn init_logging(cli: &Cli) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
+        // Colours only for a person at a terminal, not in log files.
+        .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
         .with_target(false)
         .init();
 }

@@ -143,6 +143,7 @@ impl ActiveNetwork {
             mode: self.config.mode,
             nat44: self.config.nat44,
             nat66: v6.is_some_and(|v6| v6.nat66),
+            isolation: self.config.isolation,
             forwards,
         }
     }

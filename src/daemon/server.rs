@@ -23,6 +23,10 @@ use crate::api::{self, MAX_MESSAGE, Request, Response, SOCKET_NAME};
 use crate::config::Config;
 use crate::host::netlink::Netlink;
 
+/// How often spoofed-frame drops are looked at and logged (one line per
+/// interface and period at most).
+const DROP_REPORT_PERIOD: Duration = Duration::from_secs(5);
+
 pub struct Options {
     pub run_dir: PathBuf,
     pub state_dir: PathBuf,
@@ -61,6 +65,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut idle_ticks = tokio::time::interval(Duration::from_millis(500));
+    let mut drop_reports = tokio::time::interval(DROP_REPORT_PERIOD);
     let mut idle_since = tokio::time::Instant::now();
 
     loop {
@@ -90,6 +95,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             }
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
+            _ = drop_reports.tick() => daemon.lock().await.report_drops(),
             _ = idle_ticks.tick() => {
                 let Some(limit) = opts.idle_exit else { continue };
                 let idle = connections.load(Ordering::SeqCst) == 0 && daemon.lock().await.is_idle();
@@ -282,7 +288,8 @@ async fn handle(
         },
         Request::List => {
             let stats = daemon.link_stats().await;
-            (daemon.list(&stats), None)
+            let drops = daemon.guard_drops();
+            (daemon.list(&stats, &drops), None)
         }
         Request::ForwardAdd(req) => reply(daemon.handle_forward_add(client, req)),
         Request::ForwardRemove(req) => reply(daemon.handle_forward_remove(client, req)),

@@ -21,8 +21,9 @@ use crate::config::{Config, DEFAULT_NETWORK, ForwardTarget, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
 use crate::forward::PortForward;
 use crate::host::firewall::{self, ForwardRule};
-use crate::host::nft::{Nft, NftError};
+use crate::host::guard::{self, PortGuard};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
+use crate::host::nft::{Nft, NftError};
 use crate::host::tap::{self, TapError};
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
 use crate::services::{ServiceError, unix_now};
@@ -111,6 +112,8 @@ struct Interface {
     datapath: Datapath,
     relay: Option<RelayCounters>,
     forwards: Vec<Published>,
+    /// Whether it has a chain in the guard table.
+    guarded: bool,
 }
 
 impl Interface {
@@ -130,6 +133,10 @@ pub struct Daemon {
     networks: BTreeMap<String, ActiveNetwork>,
     interfaces: BTreeMap<InterfaceId, Interface>,
     forward_store: Option<ForwardStore>,
+    /// Whether the guard table exists (made with the first guarded port).
+    guard_ready: bool,
+    /// Spoofed frames dropped per TAP, as last reported in the log.
+    drops_reported: BTreeMap<String, u64>,
     /// Whether the daemon turned IPv4 forwarding on (and so turns it off),
     /// and what it changed to turn IPv6 forwarding on (to put back).
     enabled_forwarding: bool,
@@ -147,6 +154,8 @@ impl Daemon {
             networks: BTreeMap::new(),
             interfaces: BTreeMap::new(),
             forward_store: None,
+            guard_ready: false,
+            drops_reported: BTreeMap::new(),
             enabled_forwarding: false,
             forwarding6: None,
         }
@@ -192,6 +201,7 @@ impl Daemon {
                 .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?,
         );
         firewall::remove(&mut self.nft)?;
+        guard::remove(&mut self.nft)?;
         let persistent: Vec<String> = self
             .config
             .networks
@@ -525,6 +535,8 @@ impl Daemon {
                 .expect("lease lock")
                 .attach(id, req.mac, req.name.clone(), now)?;
         let tap_name = host::tap_name(&id);
+        let guarded = net.config.anti_spoofing || net.config.isolation;
+        let (nft, guard_ready) = (&mut self.nft, &mut self.guard_ready);
         let made = async {
             if let Some(stale) = self.netlink.link(&tap_name).await? {
                 self.netlink.delete_link(stale.index).await?;
@@ -543,6 +555,14 @@ impl Daemon {
                     DaemonError::Internal(format!("TAP {tap_name} vanished after creation"))
                 })?
                 .index;
+            // Guarded before it joins the bridge and before the VM has its fd.
+            if guarded {
+                if !*guard_ready {
+                    guard::create(nft)?;
+                    *guard_ready = true;
+                }
+                guard::add_port(nft, &port_guard(&net.config, &tap_name, &lease))?;
+            }
             let alias = format!("{ALIAS_INTERFACE}{id}");
             let settings = LinkSettings {
                 master: Some(net.bridge_index),
@@ -559,6 +579,9 @@ impl Daemon {
             Ok(made) => made,
             Err(e) => {
                 leases.detach(id, now);
+                if guarded && self.guard_ready {
+                    let _ = guard::remove_ports(&mut self.nft, &[tap_name.as_str()]);
+                }
                 return Err(e);
             }
         };
@@ -581,6 +604,7 @@ impl Daemon {
                 datapath,
                 relay: None,
                 forwards: Vec::new(),
+                guarded,
             },
         );
         Ok((info, fd))
@@ -654,6 +678,25 @@ impl Daemon {
         }
         let taps: Vec<u32> = gone.iter().map(|(_, i)| i.tap_index).collect();
         let deleted = self.netlink.delete_links(&taps).await;
+        let guarded: Vec<&str> = gone
+            .iter()
+            .filter(|(_, i)| i.guarded)
+            .map(|(_, i)| i.tap.as_str())
+            .collect();
+        if !guarded.is_empty() {
+            if let Err(e) = guard::remove_ports(&mut self.nft, &guarded) {
+                warn!("removing the guard of {} failed: {e}", guarded.join(" "));
+            }
+            for tap in &guarded {
+                self.drops_reported.remove(*tap);
+            }
+        }
+        if self.guard_ready && !self.interfaces.values().any(|i| i.guarded) {
+            match guard::remove(&mut self.nft) {
+                Ok(()) => self.guard_ready = false,
+                Err(e) => warn!("removing the guard table failed: {e}"),
+            }
+        }
         if deleted.is_err() {
             let names: Vec<&str> = gone.iter().map(|(_, i)| i.tap.as_str()).collect();
             warn!("some of these TAPs may be left: {}", names.join(" "));
@@ -679,7 +722,40 @@ impl Daemon {
         deleted.map_err(Into::into)
     }
 
-    pub fn list(&self, stats: &BTreeMap<u32, (u64, u64)>) -> Response {
+    /// Frames dropped by each guarded TAP's rules so far.
+    pub fn guard_drops(&mut self) -> BTreeMap<String, u64> {
+        if !self.guard_ready {
+            return BTreeMap::new();
+        }
+        guard::drops(&mut self.nft).unwrap_or_else(|e| {
+            warn!("cannot read the guard's counters: {e}");
+            BTreeMap::new()
+        })
+    }
+
+    /// Logs, per interface, the frames its VM had dropped since the last
+    /// report: called every few seconds, so a flood is one line per period.
+    pub fn report_drops(&mut self) {
+        let drops = self.guard_drops();
+        for (id, iface) in &self.interfaces {
+            let Some(&now) = drops.get(&iface.tap) else {
+                continue;
+            };
+            let before = self
+                .drops_reported
+                .insert(iface.tap.clone(), now)
+                .unwrap_or(0);
+            if now > before {
+                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %iface.lease.ip, mac = %iface.lease.mac, dropped = now - before, total = now, "dropped frames the VM sent from addresses that are not its own (anti_spoofing); `linnet ls` counts them");
+            }
+        }
+    }
+
+    pub fn list(
+        &self,
+        stats: &BTreeMap<u32, (u64, u64)>,
+        drops: &BTreeMap<String, u64>,
+    ) -> Response {
         let networks = self
             .config
             .networks
@@ -721,6 +797,11 @@ impl Daemon {
                     // The TAP's tx is what the VM received.
                     vm_rx_bytes: tx,
                     vm_tx_bytes: rx,
+                    spoofed_drops: if i.guarded && cfg.anti_spoofing {
+                        Some(drops.get(&i.tap).copied().unwrap_or(0))
+                    } else {
+                        None
+                    },
                 }
             })
             .collect();
@@ -759,6 +840,9 @@ impl Daemon {
         }
         if let Err(e) = self.sync_host() {
             warn!("cleaning up the firewall failed: {e}");
+        }
+        if let Err(e) = guard::remove(&mut self.nft) {
+            warn!("cleaning up the guard table failed: {e}");
         }
     }
 
@@ -891,5 +975,24 @@ fn interface_info(
         tap: tap.into(),
         mtu: cfg.mtu,
         forwards: Vec::new(),
+    }
+}
+
+/// What an interface's VM may send from: its MAC, its leased IPv4, its
+/// link-local and SLAAC IPv6 addresses.
+fn port_guard(cfg: &NetworkConfig, tap: &str, lease: &Lease) -> PortGuard {
+    let mut ipv6 = vec![addr6::link_local(lease.mac)];
+    ipv6.extend(
+        cfg.ipv6
+            .as_ref()
+            .map(|v6| addr6::slaac_address(v6.prefix, lease.mac)),
+    );
+    PortGuard {
+        tap: tap.into(),
+        mac: lease.mac,
+        ipv4: lease.ip,
+        ipv6,
+        anti_spoofing: cfg.anti_spoofing,
+        isolated: cfg.isolation,
     }
 }

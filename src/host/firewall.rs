@@ -9,6 +9,10 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use super::NFT_TABLE;
+use super::nft::{Nft, NftError};
+use crate::config::Mode;
+use crate::forward::PortForward;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use nftables::batch::Batch;
 use nftables::expr::{
@@ -18,10 +22,6 @@ use nftables::expr::{
 use nftables::schema::{Chain, NfListObject, Nftables, Rule, Table};
 use nftables::stmt::{Match, NAT, NATFamily, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
-use super::NFT_TABLE;
-use super::nft::{Nft, NftError};
-use crate::config::Mode;
-use crate::forward::PortForward;
 
 const FAMILY: NfFamily = NfFamily::INet;
 const FORWARD: &str = "forward";
@@ -35,7 +35,6 @@ const PRIORITY_DSTNAT: i32 = -100;
 const PRIORITY_FILTER: i32 = 0;
 const PRIORITY_SRCNAT: i32 = 100;
 
-
 /// What the firewall needs to know about one active network.
 #[derive(Debug, Clone)]
 pub struct FirewallNetwork {
@@ -45,6 +44,8 @@ pub struct FirewallNetwork {
     pub mode: Mode,
     pub nat44: bool,
     pub nat66: bool,
+    /// VMs of the network may not reach each other, not even routed.
+    pub isolation: bool,
     pub forwards: Vec<ForwardRule>,
 }
 
@@ -165,14 +166,16 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
 
     // Frames between VMs of one network are bridged, not routed, but with
     // br_netfilter loaded (as on Docker hosts) they still pass this hook,
-    // in and out of the bridge itself: let them through first.
+    // in and out of the bridge itself: let them through first. On an
+    // isolated network, drop them: that is also a VM routing to another
+    // through the gateway (its bridge-level isolation is in the guard table).
     for net in networks {
         batch.add(rule(
             FORWARD,
             vec![
                 eq(meta(MetaKey::Iifname), string(&net.bridge)),
                 eq(meta(MetaKey::Oifname), string(&net.bridge)),
-                accept(),
+                if net.isolation { drop() } else { accept() },
             ],
         ));
     }
@@ -480,6 +483,7 @@ mod tests {
                 mode: Mode::Shared,
                 nat44: true,
                 nat66: true,
+                isolation: false,
                 forwards: Vec::new(),
             },
             FirewallNetwork {
@@ -489,6 +493,7 @@ mod tests {
                 mode: Mode::Host,
                 nat44: false,
                 nat66: false,
+                isolation: false,
                 forwards: Vec::new(),
             },
         ]

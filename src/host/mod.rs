@@ -3,6 +3,7 @@
 //! module carries out. Kernel-visible names are defined here, in one place.
 
 pub mod firewall;
+pub mod guard;
 pub mod listeners;
 pub mod netlink;
 pub mod nft;

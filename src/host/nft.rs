@@ -99,7 +99,9 @@ impl Context {
             if rc == 0 {
                 Ok(output)
             } else {
-                Err(NftError::Refused(read((self.error)(self.ctx)).trim().to_string()))
+                Err(NftError::Refused(
+                    read((self.error)(self.ctx)).trim().to_string(),
+                ))
             }
         }
     }

@@ -2,6 +2,7 @@
 //! throwaway namespaces (see harness.rs). Run with `make test`.
 
 mod forwarding;
+mod guard;
 mod harness;
 mod ipv6;
 mod qemu;

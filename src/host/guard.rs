@@ -1,0 +1,355 @@
+//! Anti-spoofing and isolation on the bridges, in linnet's own table
+//! `bridge linnet`: every frame a VM sends enters the bridge through its
+//! TAP, where the `prerouting` chain jumps (one hash lookup in the `ports`
+//! verdict map) to that TAP's own chain. There only the VM's own addresses
+//! pass; everything else is dropped and counted in the TAP's named counter.
+//! No userspace on the datapath.
+//!
+//! Per TAP, added in one transaction before the VM gets its fd and removed
+//! at detach: a counter, a chain, an element of `ports` and, on an isolated
+//! network, of `isolated` (whose members the `forward` chain keeps apart).
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use serde_json::{Value, json};
+
+use super::nft::{Nft, NftError};
+use crate::types::MacAddr;
+
+const FAMILY: &str = "bridge";
+const TABLE: &str = "linnet";
+const PORTS: &str = "ports";
+const ISOLATED: &str = "isolated";
+/// The bridge family's filter priority.
+const PRIORITY: i32 = -200;
+
+/// What one TAP's VM may send from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PortGuard {
+    pub tap: String,
+    pub mac: MacAddr,
+    pub ipv4: Ipv4Addr,
+    /// Its link-local address and, on a network with IPv6, its SLAAC one.
+    pub ipv6: Vec<Ipv6Addr>,
+    /// Anti-spoofing (off: only isolation, if any).
+    pub anti_spoofing: bool,
+    pub isolated: bool,
+}
+
+/// The table with its base chains, map and set (created empty, or emptied).
+pub fn create(nft: &mut Nft) -> Result<(), NftError> {
+    let table = json!({"family": FAMILY, "name": TABLE});
+    let base = |name: &str, hook: &str| {
+        json!({"chain": {"family": FAMILY, "table": TABLE, "name": name,
+            "type": "filter", "hook": hook, "prio": PRIORITY, "policy": "accept"}})
+    };
+    let commands = vec![
+        json!({"add": {"table": table}}),
+        json!({"delete": {"table": table}}),
+        json!({"add": {"table": table}}),
+        json!({"add": {"map": {"family": FAMILY, "table": TABLE, "name": PORTS,
+            "type": "ifname", "map": "verdict"}}}),
+        json!({"add": {"set": {"family": FAMILY, "table": TABLE, "name": ISOLATED,
+            "type": "ifname"}}}),
+        json!({"add": base("prerouting", "prerouting")}),
+        json!({"add": base("forward", "forward")}),
+        rule(
+            "prerouting",
+            vec![json!({"vmap": {"key": meta("iifname"), "data": format!("@{PORTS}")}})],
+        ),
+        // Frames between two ports of an isolated network (their VMs); frames
+        // to and from the host pass.
+        rule(
+            "forward",
+            vec![
+                json!({"match": {"op": "==", "left": meta("iifname"), "right": format!("@{ISOLATED}")}}),
+                json!({"match": {"op": "==", "left": meta("oifname"), "right": format!("@{ISOLATED}")}}),
+                json!({"drop": null}),
+            ],
+        ),
+    ];
+    run(nft, commands)
+}
+
+/// Removes the table, if there is one.
+pub fn remove(nft: &mut Nft) -> Result<(), NftError> {
+    let table = json!({"family": FAMILY, "name": TABLE});
+    run(
+        nft,
+        vec![
+            json!({"add": {"table": table}}),
+            json!({"delete": {"table": table}}),
+        ],
+    )
+}
+
+/// Guards one TAP (the table must exist).
+pub fn add_port(nft: &mut Nft, port: &PortGuard) -> Result<(), NftError> {
+    run(nft, port_commands(port))
+}
+
+/// Removes the TAPs' chains, counters and elements, in one transaction.
+pub fn remove_ports(nft: &mut Nft, taps: &[&str]) -> Result<(), NftError> {
+    let mut commands = Vec::new();
+    for tap in taps {
+        let elem = json!({"family": FAMILY, "table": TABLE, "name": PORTS, "elem": [tap]});
+        commands.push(json!({"delete": {"element": elem}}));
+        commands
+            .push(json!({"delete": {"chain": {"family": FAMILY, "table": TABLE, "name": tap}}}));
+        commands
+            .push(json!({"delete": {"counter": {"family": FAMILY, "table": TABLE, "name": tap}}}));
+    }
+    // Isolation membership only exists for some; delete what is there.
+    for tap in taps {
+        let elem = json!({"family": FAMILY, "table": TABLE, "name": ISOLATED, "elem": [tap]});
+        commands.insert(0, json!({"add": {"element": elem.clone()}}));
+        commands.insert(1, json!({"delete": {"element": elem}}));
+    }
+    run(nft, commands)
+}
+
+/// Frames dropped so far, by TAP.
+pub fn drops(nft: &mut Nft) -> Result<BTreeMap<String, u64>, NftError> {
+    let out = nft.run(&format!("list counters table {FAMILY} {TABLE}"))?;
+    Ok(parse_counters(&out))
+}
+
+fn parse_counters(json: &str) -> BTreeMap<String, u64> {
+    let doc: Value = serde_json::from_str(json).unwrap_or_default();
+    doc["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| {
+            let c = o.get("counter")?;
+            Some((c["name"].as_str()?.to_string(), c["packets"].as_u64()?))
+        })
+        .collect()
+}
+
+fn run(nft: &mut Nft, commands: Vec<Value>) -> Result<(), NftError> {
+    nft.run(&json!({ "nftables": commands }).to_string())
+        .map(|_| ())
+}
+
+fn meta(key: &str) -> Value {
+    json!({"meta": {"key": key}})
+}
+
+fn payload(protocol: &str, field: &str) -> Value {
+    json!({"payload": {"protocol": protocol, "field": field}})
+}
+
+fn matches(op: &str, left: Value, right: Value) -> Value {
+    json!({"match": {"op": op, "left": left, "right": right}})
+}
+
+fn set(items: Vec<Value>) -> Value {
+    json!({ "set": items })
+}
+
+fn rule(chain: &str, expr: Vec<Value>) -> Value {
+    json!({"add": {"rule": {"family": FAMILY, "table": TABLE, "chain": chain, "expr": expr}}})
+}
+
+/// The target address of a neighbour solicitation or advertisement: 128
+/// bits at offset 8 of the ICMPv6 header (nft names no field for it).
+fn nd_target() -> Value {
+    json!({"payload": {"base": "th", "offset": 64, "len": 128}})
+}
+
+/// An IPv6 address as the 128-bit number a raw payload compares with.
+fn as_number(ip: &Ipv6Addr) -> Value {
+    Value::String(format!("0x{:032x}", u128::from(*ip)))
+}
+
+fn port_commands(port: &PortGuard) -> Vec<Value> {
+    let tap = port.tap.as_str();
+    let mut commands = vec![
+        json!({"add": {"counter": {"family": FAMILY, "table": TABLE, "name": tap}}}),
+        json!({"add": {"chain": {"family": FAMILY, "table": TABLE, "name": tap}}}),
+    ];
+    let drop = |mut expr: Vec<Value>| {
+        expr.push(json!({"counter": tap}));
+        expr.push(json!({"drop": null}));
+        rule(tap, expr)
+    };
+    let accept = |mut expr: Vec<Value>| {
+        expr.push(json!({"accept": null}));
+        rule(tap, expr)
+    };
+    if port.anti_spoofing {
+        let mac = Value::String(port.mac.to_string());
+        let ip = Value::String(port.ipv4.to_string());
+        let own6: Vec<Value> = port.ipv6.iter().map(|a| json!(a.to_string())).collect();
+        let own6_numbers: Vec<Value> = port.ipv6.iter().map(as_number).collect();
+        let ether_type = |t: &str| matches("==", payload("ether", "type"), json!(t));
+        let icmpv6 = |t: Value| matches("==", payload("icmpv6", "type"), t);
+        commands.extend([
+            // Its own MAC, and only IPv4, ARP and IPv6 (no VLAN tags that
+            // could carry anything inside).
+            drop(vec![matches("!=", payload("ether", "saddr"), mac.clone())]),
+            drop(vec![matches(
+                "!=",
+                payload("ether", "type"),
+                set(vec![json!("ip"), json!("arp"), json!("ip6")]),
+            )]),
+            // ARP: its own MAC and IPv4 as sender (0.0.0.0 for probes,
+            // RFC 5227).
+            drop(vec![
+                ether_type("arp"),
+                matches("!=", payload("arp", "saddr ether"), mac),
+            ]),
+            drop(vec![
+                ether_type("arp"),
+                matches(
+                    "!=",
+                    payload("arp", "saddr ip"),
+                    set(vec![ip.clone(), json!("0.0.0.0")]),
+                ),
+            ]),
+            // IPv4: no DHCP server; 0.0.0.0 only as a DHCP client; else its
+            // own address.
+            drop(vec![
+                ether_type("ip"),
+                matches("==", payload("udp", "sport"), json!(67)),
+            ]),
+            accept(vec![
+                matches("==", payload("ip", "saddr"), json!("0.0.0.0")),
+                matches("==", payload("udp", "sport"), json!(68)),
+                matches("==", payload("udp", "dport"), json!(67)),
+            ]),
+            drop(vec![
+                ether_type("ip"),
+                matches("!=", payload("ip", "saddr"), ip),
+            ]),
+            // IPv6: no router advertisements or redirects, no DHCPv6 server.
+            drop(vec![icmpv6(set(vec![
+                json!("nd-router-advert"),
+                json!("nd-redirect"),
+            ]))]),
+            drop(vec![
+                ether_type("ip6"),
+                matches("==", payload("udp", "sport"), json!(547)),
+            ]),
+            // `::` only for duplicate address detection of its own
+            // addresses, and the multicast listener reports that go with it.
+            accept(vec![
+                matches("==", payload("ip6", "saddr"), json!("::")),
+                icmpv6(set(vec![
+                    json!("mld-listener-report"),
+                    json!("mld2-listener-report"),
+                ])),
+            ]),
+            accept(vec![
+                matches("==", payload("ip6", "saddr"), json!("::")),
+                icmpv6(json!("nd-neighbor-solicit")),
+                matches("==", nd_target(), set(own6_numbers.clone())),
+            ]),
+            drop(vec![
+                ether_type("ip6"),
+                matches("!=", payload("ip6", "saddr"), set(own6)),
+            ]),
+            // Neighbour advertisements only for its own addresses.
+            drop(vec![
+                icmpv6(json!("nd-neighbor-advert")),
+                matches("!=", nd_target(), set(own6_numbers)),
+            ]),
+        ]);
+    }
+    let elem = json!({"family": FAMILY, "table": TABLE, "name": PORTS,
+        "elem": [[tap, {"jump": {"target": tap}}]]});
+    commands.push(json!({"add": {"element": elem}}));
+    if port.isolated {
+        let elem = json!({"family": FAMILY, "table": TABLE, "name": ISOLATED, "elem": [tap]});
+        commands.push(json!({"add": {"element": elem}}));
+    }
+    commands
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port() -> PortGuard {
+        PortGuard {
+            tap: "lnt0123456789ab".into(),
+            mac: "52:54:00:12:34:56".parse().unwrap(),
+            ipv4: "192.168.105.2".parse().unwrap(),
+            ipv6: vec![
+                "fe80::5054:ff:fe12:3456".parse().unwrap(),
+                "fd00::5054:ff:fe12:3456".parse().unwrap(),
+            ],
+            anti_spoofing: true,
+            isolated: false,
+        }
+    }
+
+    fn rules(commands: &[Value]) -> Vec<String> {
+        commands
+            .iter()
+            .filter_map(|c| c["add"].get("rule"))
+            .map(|r| r["expr"].to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_port_gets_counter_chain_rules_and_its_map_element() {
+        let cmds = port_commands(&port());
+        assert_eq!(cmds[0]["add"]["counter"]["name"], "lnt0123456789ab");
+        assert_eq!(cmds[1]["add"]["chain"]["name"], "lnt0123456789ab");
+        let last = cmds.last().unwrap();
+        assert_eq!(
+            last["add"]["element"]["elem"],
+            json!([["lnt0123456789ab", {"jump": {"target": "lnt0123456789ab"}}]])
+        );
+        let rules = rules(&cmds);
+        assert_eq!(rules.len(), 13);
+        assert!(
+            rules[0].contains(r#""right":"52:54:00:12:34:56""#)
+                && rules[0].contains(r#""op":"!=""#)
+        );
+        for r in rules.iter().filter(|r| r.contains("drop")) {
+            assert!(
+                r.contains(r#"{"counter":"lnt0123456789ab"}"#),
+                "every drop is counted: {r}"
+            );
+        }
+        let arp_ip = json!({"match": {"op": "!=", "left": {"payload": {"protocol": "arp", "field": "saddr ip"}},
+            "right": {"set": ["192.168.105.2", "0.0.0.0"]}}});
+        assert!(
+            rules.iter().any(|r| r.contains(&arp_ip.to_string())),
+            "ARP sender: its own IPv4, or 0.0.0.0 for a probe"
+        );
+        assert!(rules.iter().any(|r| r.contains("nd-router-advert")));
+        let na = rules
+            .iter()
+            .find(|r| r.contains("nd-neighbor-advert"))
+            .unwrap();
+        assert!(
+            na.contains(r#"{"set":["0xfe80000000000000505400fffe123456","0xfd00000000000000505400fffe123456"]}"#),
+            "{na}"
+        );
+    }
+
+    #[test]
+    fn without_anti_spoofing_only_the_map_and_isolation_remain() {
+        let mut p = port();
+        p.anti_spoofing = false;
+        p.isolated = true;
+        let cmds = port_commands(&p);
+        assert!(rules(&cmds).is_empty());
+        assert_eq!(cmds[cmds.len() - 1]["add"]["element"]["name"], "isolated");
+    }
+
+    #[test]
+    fn counters_are_read_from_nft_json() {
+        let out = r#"{"nftables": [{"metainfo": {}}, {"counter": {"family": "bridge", "name": "lnta", "table": "linnet", "handle": 3, "packets": 7, "bytes": 420}}]}"#;
+        assert_eq!(
+            parse_counters(out),
+            BTreeMap::from([("lnta".to_string(), 7)])
+        );
+        assert!(parse_counters("garbage").is_empty());
+    }
+}

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Test tooling for anti-spoofing: raw Ethernet frames from a guest.
+
+  spoof.py send IFACE KIND [KEY=VALUE...]
+      sends one frame of KIND out of IFACE, broadcast (or all-nodes
+      multicast), carrying the marker "LINNET-<KIND>" inside its payload
+      (UDP data, ICMPv6 echo data, an ignored ND option, the DHCP sname; in
+      ARP, whose fields are all fixed, a 6-byte tag as target MAC) so a
+      capture can tell it apart. Keys: mac, ip, ll (the sender's own MAC, IPv4,
+      link-local IPv6), gw, gw6 (the gateway's IPv4/IPv6), other_ip,
+      other_mac, other_ip6 (someone else's).
+  spoof.py capture IFACE SECONDS
+      prints the markers of the frames IFACE receives meanwhile.
+
+Kinds: honest, other-mac, other-ip, garp-gateway, arp-reply-other,
+other-ip6, na-gateway, ra, dhcp-offer. Checksums are right, so a frame that
+got through would be acted upon (neighbour caches, SLAAC, DHCP clients).
+"""
+import socket
+import struct
+import sys
+import time
+
+BROADCAST = b"\xff" * 6
+ALL_NODES_MAC = bytes.fromhex("333300000001")
+ALL_NODES = socket.inet_pton(socket.AF_INET6, "ff02::1")
+
+
+def mac(text):
+    return bytes.fromhex(text.replace(":", ""))
+
+
+def v4(text):
+    return socket.inet_aton(text)
+
+
+def v6(text):
+    return socket.inet_pton(socket.AF_INET6, text)
+
+
+def checksum(data):
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def ether(dst, src, ethertype, payload):
+    return dst + src + struct.pack("!H", ethertype) + payload
+
+
+def nd_option(marker):
+    """An ND option of an unassigned type carrying the marker; receivers
+    ignore options they do not know (RFC 4861 4.6)."""
+    body = marker + b"\0" * (-(len(marker) + 2) % 8)
+    return struct.pack("!BB", 253, (len(body) + 2) // 8) + body
+
+
+# ARP frames carry one of these as target MAC instead of a marker.
+ARP_TAGS = {"garp-gateway": b"LNgarp", "arp-reply-other": b"LNarpr"}
+
+
+def ipv4_udp(src, dst, sport, dport, data):
+    udp = struct.pack("!HHHH", sport, dport, 8 + len(data), 0) + data
+    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, src, dst)
+    header = header[:10] + struct.pack("!H", checksum(header)) + header[12:]
+    return header + udp
+
+
+def arp(op, sender_mac, sender_ip, target_mac, target_ip):
+    return struct.pack("!HHBBH6s4s6s4s", 1, 0x0800, 6, 4, op, sender_mac, sender_ip, target_mac, target_ip)
+
+
+def ipv6_icmp(src, dst, icmp):
+    pseudo = src + dst + struct.pack("!I3xB", len(icmp), 58)
+    icmp = icmp[:2] + struct.pack("!H", checksum(pseudo + icmp)) + icmp[4:]
+    return struct.pack("!IHBB16s16s", 0x60000000, len(icmp), 58, 255, src, dst) + icmp
+
+
+def frame(kind, k):
+    marker = f"LINNET-{kind}".encode()
+    own_mac, own_ip = mac(k["mac"]), v4(k["ip"])
+    everyone = v4("255.255.255.255")
+    if kind == "honest":
+        return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(own_ip, everyone, 9999, 9999, marker))
+    if kind == "other-mac":
+        return ether(BROADCAST, mac(k["other_mac"]), 0x0800, ipv4_udp(own_ip, everyone, 9999, 9999, marker))
+    if kind == "other-ip":
+        return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(v4(k["other_ip"]), everyone, 9999, 9999, marker))
+    if kind == "garp-gateway":
+        gw = v4(k["gw"])
+        return ether(BROADCAST, own_mac, 0x0806, arp(1, own_mac, gw, ARP_TAGS[kind], gw))
+    if kind == "arp-reply-other":
+        return ether(BROADCAST, own_mac, 0x0806, arp(2, own_mac, v4(k["other_ip"]), ARP_TAGS[kind], v4(k["gw"])))
+    if kind == "other-ip6":
+        echo = struct.pack("!BBHHH", 128, 0, 0, 1, 1) + marker
+        return ether(ALL_NODES_MAC, own_mac, 0x86DD, ipv6_icmp(v6(k["other_ip6"]), ALL_NODES, echo))
+    if kind == "na-gateway":
+        # Override flag set, target the gateway, our MAC as its link address.
+        na = struct.pack("!BBHI16s", 136, 0, 0, 0x20000000, v6(k["gw6"]))
+        na += struct.pack("!BB6s", 2, 1, own_mac) + nd_option(marker)
+        return ether(ALL_NODES_MAC, own_mac, 0x86DD, ipv6_icmp(v6(k["ll"]), ALL_NODES, na))
+    if kind == "ra":
+        prefix = struct.pack("!BBBBIII16s", 3, 4, 64, 0xC0, 86400, 14400, 0, v6("2001:db8:bad::"))
+        ra = struct.pack("!BBHBBHII", 134, 0, 0, 64, 0, 1800, 0, 0) + prefix + nd_option(marker)
+        return ether(ALL_NODES_MAC, own_mac, 0x86DD, ipv6_icmp(v6(k["ll"]), ALL_NODES, ra))
+    if kind == "dhcp-offer":
+        offer = bytearray(240)
+        offer[0] = 2  # BOOTREPLY
+        offer[1], offer[2] = 1, 6
+        offer[16:20] = v4(k["other_ip"])  # yiaddr
+        offer[44 : 44 + len(marker)] = marker  # sname
+        offer[236:240] = b"\x63\x82\x53\x63"
+        options = bytes([53, 1, 2, 54, 4]) + own_ip + bytes([3, 4]) + own_ip + b"\xff"
+        payload = ipv4_udp(own_ip, everyone, 67, 68, bytes(offer) + options)
+        return ether(BROADCAST, own_mac, 0x0800, payload)
+    sys.exit(f"unknown kind {kind}")
+
+
+def send(iface, kind, keys):
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    s.bind((iface, 0))
+    s.send(frame(kind, keys))
+
+
+def capture(iface, seconds):
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+    s.bind((iface, 0))
+    s.settimeout(0.1)
+    print("capturing", flush=True)
+    seen = set()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            data = s.recv(65535)
+        except socket.timeout:
+            continue
+        at = data.find(b"LINNET-")
+        if at >= 0:
+            stop = at + 7
+            while stop < len(data) and (chr(data[stop]).isalnum() or data[stop] == ord("-")):
+                stop += 1
+            seen.add(data[at:stop].decode())
+        if data[12:14] == b"\x08\x06":
+            for kind, tag in ARP_TAGS.items():
+                if data[32:38] == tag:
+                    seen.add(f"LINNET-{kind}")
+    for marker in sorted(seen):
+        print(marker)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["send"]:
+        keys = dict(arg.split("=", 1) for arg in sys.argv[4:])
+        send(sys.argv[2], sys.argv[3], keys)
+    elif sys.argv[1:2] == ["capture"]:
+        capture(sys.argv[2], float(sys.argv[3]))
+    else:
+        sys.exit(__doc__)
