@@ -381,3 +381,71 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod decoder_properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// JSON leaves of every kind, for objects shaped like requests.
+    fn leaf() -> impl Strategy<Value = serde_json::Value> {
+        prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            ".{0,40}".prop_map(serde_json::Value::from),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Whatever bytes arrive, decoding returns (a request or an error).
+        #[test]
+        fn any_bytes_decode_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            let _ = serde_json::from_slice::<Request>(&bytes);
+        }
+
+        /// Objects with real op names and random fields and values.
+        #[test]
+        fn request_shaped_objects_decode_without_panicking(
+            op in prop_oneof![
+                Just("attach"), Just("detach"), Just("counters"), Just("list"),
+                Just("forward_add"), Just("forward_remove"), Just("forward_list"), Just("bogus"),
+            ],
+            fields in proptest::collection::btree_map(
+                prop_oneof![
+                    Just("network".to_string()), Just("interface_id".to_string()),
+                    Just("mac".to_string()), Just("name".to_string()),
+                    Just("datapath".to_string()), Just("publish".to_string()),
+                    Just("forward".to_string()), Just("counters".to_string()),
+                    "[a-z]{1,8}",
+                ],
+                leaf(),
+                0..6,
+            ),
+        ) {
+            let mut object = serde_json::Map::new();
+            object.insert("op".into(), op.into());
+            object.extend(fields);
+            let bytes = serde_json::to_vec(&object).unwrap();
+            let _ = serde_json::from_slice::<Request>(&bytes);
+        }
+
+        /// Requests that decode come back the same when encoded again.
+        #[test]
+        fn forward_requests_round_trip(
+            host in 1u16.., guest in 1u16.., udp in any::<bool>(),
+            network in "[a-z][a-z0-9_-]{0,11}",
+        ) {
+            let forward: crate::forward::PortForward =
+                format!("{host}:{guest}/{}", if udp { "udp" } else { "tcp" }).parse().unwrap();
+            let req = Request::ForwardAdd(ForwardRequest {
+                network, interface_id: None, name: Some("web".into()), forward,
+            });
+            let text = serde_json::to_string(&req).unwrap();
+            let back: Request = serde_json::from_str(&text).unwrap();
+            prop_assert_eq!(serde_json::to_string(&back).unwrap(), text);
+        }
+    }
+}

@@ -62,6 +62,10 @@ pub struct NetworkConfig {
     pub isolation: bool,
     pub persistent: bool,
     pub allow: Allow,
+    /// At most this many interfaces on the network (None: its addresses).
+    pub max_interfaces: Option<u32>,
+    /// At most this many per uid on the network (root included).
+    pub max_interfaces_per_uid: Option<u32>,
     /// Ports published while the matching interface is attached.
     pub forwards: Vec<StaticForward>,
 }
@@ -206,6 +210,8 @@ struct NetworkSpec {
     isolation: Option<bool>,
     persistent: Option<bool>,
     allow: Option<AllowSpec>,
+    max_interfaces: Option<u32>,
+    max_interfaces_per_uid: Option<u32>,
     #[serde(default)]
     forwards: Vec<ForwardSpec>,
 }
@@ -469,6 +475,9 @@ impl Validator<'_> {
             isolation: spec.isolation.unwrap_or(false),
             persistent: spec.persistent.unwrap_or(false),
             allow: self.allow(spec.allow)?,
+            max_interfaces: self.limit("max_interfaces", spec.max_interfaces)?,
+            max_interfaces_per_uid: self
+                .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
             forwards,
         })
     }
@@ -592,6 +601,16 @@ impl Validator<'_> {
             out.push(StaticForward { target, forward });
         }
         Ok(out)
+    }
+
+    fn limit(&self, key: &str, value: Option<u32>) -> Result<Option<u32>, ConfigError> {
+        match value {
+            Some(0) => Err(self.err(
+                key,
+                "0 would refuse every attach; use at least 1, or leave it out for no limit",
+            )),
+            other => Ok(other),
+        }
     }
 
     fn subnet(&self, text: &str) -> Result<Ipv4Net, ConfigError> {
@@ -881,6 +900,19 @@ mod tests {
         );
         let m = message("networks:\n  shared:\n    mtu: 100\n");
         assert!(m.contains("mtu: 100 is out of range"), "{m}");
+        let m = message("networks:\n  shared:\n    max_interfaces_per_uid: 0\n");
+        assert!(
+            m.contains("max_interfaces_per_uid: 0 would refuse every attach"),
+            "{m}"
+        );
+        let cfg =
+            load("networks:\n  shared:\n    max_interfaces: 10\n    max_interfaces_per_uid: 2\n")
+                .unwrap();
+        let shared = cfg.network("shared").unwrap();
+        assert_eq!(
+            (shared.max_interfaces, shared.max_interfaces_per_uid),
+            (Some(10), Some(2))
+        );
         let m = message("networks:\n  shared:\n    mtu: 1000\n");
         assert!(
             m.contains("mtu: 1000 is below 1280, the least IPv6 allows"),

@@ -226,17 +226,23 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
                 api::recv_packet(fd.as_fd(), &mut buf)
             })
             .await;
-        let len = match received {
-            Ok(Some((len, _fds))) => len,
+        // Whatever a client sends, it gets an answer and the daemon carries
+        // on: an oversized packet (its rest already discarded by the
+        // kernel) or one that is not a request is refused, not fatal.
+        let (response, fd) = match received {
+            Ok(Some((len, _fds))) => match serde_json::from_slice::<Request>(&buf[..len]) {
+                Err(e) => (bad_request(format!("cannot parse request: {e}")), None),
+                Ok(request) => handle(daemon, client, request).await,
+            },
             Ok(None) => break,
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                debug!(client = client.id, "refused: {e}");
+                (bad_request(format!("request refused: {e}")), None)
+            }
             Err(e) => {
                 debug!(client = client.id, "connection error: {e}");
                 break;
             }
-        };
-        let (response, fd) = match serde_json::from_slice::<Request>(&buf[..len]) {
-            Err(e) => (bad_request(format!("cannot parse request: {e}")), None),
-            Ok(request) => handle(daemon, client, request).await,
         };
         let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
         let sent = conn

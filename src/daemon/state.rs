@@ -238,6 +238,7 @@ impl Daemon {
         if let Some(name) = &req.name {
             types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
         }
+        self.check_limits(cfg, client.uid)?;
         let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
         if let Some(other) = self.interfaces.get(&id) {
             return Err(DaemonError::Busy(format!(
@@ -267,6 +268,28 @@ impl Daemon {
             self.release_network_if_unused(&network).await;
         }
         result
+    }
+
+    /// Refuses an attach past the network's `max_interfaces` or
+    /// `max_interfaces_per_uid`.
+    fn check_limits(&self, cfg: &NetworkConfig, uid: u32) -> Result<(), DaemonError> {
+        let on_network = || self.interfaces.values().filter(|i| i.network == cfg.name);
+        let name = &cfg.name;
+        if let Some(max) = cfg.max_interfaces
+            && on_network().count() >= max as usize
+        {
+            return Err(DaemonError::Busy(format!(
+                "network \"{name}\" has {max} interfaces, its limit (networks.{name}.max_interfaces); detach one or raise the limit"
+            )));
+        }
+        if let Some(max) = cfg.max_interfaces_per_uid
+            && on_network().filter(|i| i.uid == uid).count() >= max as usize
+        {
+            return Err(DaemonError::Busy(format!(
+                "uid {uid} has {max} interfaces on network \"{name}\", its limit (networks.{name}.max_interfaces_per_uid); detach one or raise the limit"
+            )));
+        }
+        Ok(())
     }
 
     /// The forwards an interface gets when it attaches: those it asked for

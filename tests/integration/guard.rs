@@ -1,9 +1,11 @@
-//! Guard: anti-spoofing (raw frames from a guest, a capture in another) and
-//! network isolation.
+//! Guard: anti-spoofing (raw frames from a guest, a capture in another),
+//! network isolation, and a daemon that bad or stalled clients cannot hurt.
 
 use std::io::BufRead;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::Stdio;
 
+use nix::sys::socket::{self, MsgFlags};
 use serde_json::Value;
 
 use crate::harness::*;
@@ -130,14 +132,15 @@ fn spoofed_frames_are_dropped_and_counted_while_honest_ones_pass() {
         "no address from a rogue RA"
     );
     victim.assert_reaches_upstream("the victim after the spoofs");
-    // The drops are logged, per interface.
+    // The drops are logged, per interface (in one line or in several when
+    // a report fell in the middle).
     wait_for("the drop report", std::time::Duration::from_secs(8), || {
         let log = world.daemon_log_text();
         log.lines()
             .any(|l| {
                 l.contains("anti_spoofing")
                     && l.contains(&format!("tap={}", attacker.tap()))
-                    && l.contains("dropped=8")
+                    && l.contains(&format!("total={}", SPOOFS.len()))
             })
             .then_some(())
     });
@@ -199,4 +202,107 @@ fn isolated_guests_reach_gateway_and_upstream_but_not_each_other() {
         !a.ping(&b.ip().to_string()),
         "nor routed through the gateway"
     );
+}
+
+/// Sends one packet and reads the one reply (fds that come along dropped).
+fn exchange(api: &OwnedFd, packet: &[u8]) -> Value {
+    socket::send(api.as_raw_fd(), packet, MsgFlags::empty()).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let len = socket::recv(api.as_raw_fd(), &mut buf, MsgFlags::MSG_CMSG_CLOEXEC).unwrap();
+    serde_json::from_slice(&buf[..len]).unwrap()
+}
+
+#[test]
+fn hostile_and_stalled_clients_do_not_hurt_the_daemon_or_others() {
+    let mut world = World::new();
+    world.start_daemon();
+    // One connects and never says anything; another sends an attach and
+    // never reads the answer.
+    let _silent = crate::api_connect(&world);
+    let deaf = crate::api_connect(&world);
+    socket::send(deaf.as_raw_fd(), br#"{"op": "attach"}"#, MsgFlags::empty()).unwrap();
+
+    let api = crate::api_connect(&world);
+    let huge = vec![b'{'; 200 * 1024];
+    let mut noise = Vec::new();
+    let mut x: u32 = 0x1234_5678;
+    for _ in 0..4096 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        noise.push(x as u8);
+    }
+    let cases: [(&[u8], &str); 6] = [
+        (&noise, "cannot parse request"),
+        (&huge, "larger than 64 KiB"),
+        (br#"{"op": "explode"}"#, "unknown variant `explode`"),
+        (br#"{"op": "attach", "network": "#, "cannot parse request"),
+        (
+            br#"{"op": "attach", "mac": "ff:ff:ff:ff:ff:ff"}"#,
+            "multicast",
+        ),
+        (
+            br#"{"op": "detach", "interface_id": 5}"#,
+            "cannot parse request",
+        ),
+    ];
+    for (packet, why) in cases {
+        let reply = exchange(&api, packet);
+        assert_eq!(reply["reply"], "error", "{reply}");
+        assert_eq!(reply["kind"], "bad_request", "{reply}");
+        assert!(reply["message"].as_str().unwrap().contains(why), "{reply}");
+    }
+    // The same connection, and a new one, still attach, without waiting
+    // for the stalled clients.
+    let (info, _tap) = crate::api_attach(&api, "shared");
+    assert_eq!(info["network"], "shared");
+    let started = std::time::Instant::now();
+    let other = crate::api_connect(&world);
+    let (_, _tap2) = crate::api_attach(&other, "shared");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "stalled clients delayed an attach by {:?}",
+        started.elapsed()
+    );
+    must(&mut world.linnet(&["ls"]));
+}
+
+#[test]
+fn interface_limits_per_network_and_per_uid_are_enforced() {
+    let mut world = World::with_config(
+        "networks:\n  shared:\n    max_interfaces: 3\n    max_interfaces_per_uid: 2\n    allow: { users: [root, nobody] }\n",
+    );
+    world.start_daemon();
+    let root = crate::api_connect(&world);
+    let _a = crate::api_attach(&root, "shared");
+    let _b = crate::api_attach(&root, "shared");
+    let err = failure(&mut world.linnet(&["run", "--", "true"]));
+    assert!(
+        err.contains("uid 0 has 2 interfaces on network \"shared\", its limit (networks.shared.max_interfaces_per_uid)"),
+        "{err}"
+    );
+    let mut nobody = Reaped(
+        world
+            .linnet_wrapped(AS_NOBODY, &["run", "--", "sleep", "30"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(
+        "nobody's interface",
+        std::time::Duration::from_secs(5),
+        || {
+            must(&mut world.linnet(&["ls", "--json"]))
+                .contains("\"client_uid\": 65534")
+                .then_some(())
+        },
+    );
+    let err = failure(&mut world.linnet_wrapped(AS_NOBODY, &["run", "--", "true"]));
+    assert!(
+        err.contains(
+            "network \"shared\" has 3 interfaces, its limit (networks.shared.max_interfaces)"
+        ),
+        "{err}"
+    );
+    let _ = nobody.kill();
 }
