@@ -8,13 +8,23 @@ import time
 
 from .host import Processes, ip, link_exists, run, wait_for
 
-# The networks the daemon serves: `shared` (MTU 1500) is built in.
+# The networks the daemon serves: `shared` (MTU 1500) is built in; `open`
+# and `openjumbo` are the same without anti-spoofing, to measure its cost.
 NETWORKS_YAML = """\
 networks:
   jumbo:
     mode: shared
     subnet: 192.168.120.0/24
     mtu: 65520
+  open:
+    mode: shared
+    subnet: 192.168.121.0/24
+    anti_spoofing: false
+  openjumbo:
+    mode: shared
+    subnet: 192.168.122.0/24
+    mtu: 65520
+    anti_spoofing: false
   scale:
     mode: host
     subnet: 10.80.0.0/20
@@ -39,8 +49,10 @@ class LinnetDaemon:
         wait_for(lambda: procs.check_alive() or os.path.exists(self.socket), "the linnet daemon's socket")
 
     @staticmethod
-    def network_for(mtu):
-        return {1500: "shared", 65520: "jumbo"}[mtu]
+    def network_for(mtu, anti_spoofing=True):
+        if anti_spoofing:
+            return {1500: "shared", 65520: "jumbo"}[mtu]
+        return {1500: "open", 65520: "openjumbo"}[mtu]
 
 
 class Env:

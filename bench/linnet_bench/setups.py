@@ -130,14 +130,15 @@ class Linnet(Setup):
     group = "linnet"
     STANDIN_FLAG = {"tap": "--fd", "dgram": "--dgram-fd", "stream": "--stream-fd"}
 
-    def __init__(self, name, datapath, vnet_hdr=False):
+    def __init__(self, name, datapath, vnet_hdr=False, anti_spoofing=True):
         super().__init__(name)
         self.datapath = datapath
         self.vnet_hdr = vnet_hdr
+        self.anti_spoofing = anti_spoofing
 
     def up(self, env, mtu):
         topo = Topology()
-        network = env.linnet.network_for(mtu)
+        network = env.linnet.network_for(mtu, self.anti_spoofing)
         info = None
         for _ in range(self.guests()):
             ns = env.guest_ns()
@@ -287,6 +288,7 @@ def all_setups():
         Bridge("bridge + veth"),
         TapRelay("tap relay (no linnet)"),
         Linnet("linnet tap", "tap"),
+        Linnet("linnet tap, no anti-spoofing", "tap", anti_spoofing=False),
         Linnet("linnet dgram", "dgram"),
         Linnet("linnet stream", "stream"),
         Linnet("linnet dgram + vnet", "dgram", vnet_hdr=True),

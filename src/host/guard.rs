@@ -91,20 +91,28 @@ pub fn add_port(nft: &mut Nft, port: &PortGuard) -> Result<(), NftError> {
 
 /// Removes the TAPs' chains, counters and elements, in one transaction.
 pub fn remove_ports(nft: &mut Nft, taps: &[&str]) -> Result<(), NftError> {
+    // Adding before deleting makes each delete valid whether or not the
+    // port had that chain or element (isolation only, say); the chain that
+    // jumps to the others goes first.
     let mut commands = Vec::new();
     for tap in taps {
-        let elem = json!({"family": FAMILY, "table": TABLE, "name": PORTS, "elem": [tap]});
-        commands.push(json!({"delete": {"element": elem}}));
-        commands
-            .push(json!({"delete": {"chain": {"family": FAMILY, "table": TABLE, "name": tap}}}));
-        commands
-            .push(json!({"delete": {"counter": {"family": FAMILY, "table": TABLE, "name": tap}}}));
-    }
-    // Isolation membership only exists for some; delete what is there.
-    for tap in taps {
-        let elem = json!({"family": FAMILY, "table": TABLE, "name": ISOLATED, "elem": [tap]});
-        commands.insert(0, json!({"add": {"element": elem.clone()}}));
-        commands.insert(1, json!({"delete": {"element": elem}}));
+        let chains =
+            chain_names(tap).map(|name| json!({"family": FAMILY, "table": TABLE, "name": name}));
+        for chain in &chains {
+            commands.push(json!({"add": {"chain": chain}}));
+        }
+        let ports = json!({"family": FAMILY, "table": TABLE, "name": PORTS,
+            "elem": [[tap, {"jump": {"target": tap}}]]});
+        let isolated = json!({"family": FAMILY, "table": TABLE, "name": ISOLATED, "elem": [tap]});
+        for elem in [ports, isolated] {
+            commands.push(json!({"add": {"element": elem.clone()}}));
+            commands.push(json!({"delete": {"element": elem}}));
+        }
+        for chain in chains {
+            commands.push(json!({"delete": {"chain": chain}}));
+        }
+        let counter = json!({"family": FAMILY, "table": TABLE, "name": tap});
+        commands.push(json!({"delete": {"counter": counter}}));
     }
     run(nft, commands)
 }
@@ -164,103 +172,139 @@ fn as_number(ip: &Ipv6Addr) -> Value {
     Value::String(format!("0x{:032x}", u128::from(*ip)))
 }
 
+/// The chains of one TAP: `TAP` checks the source MAC and sends each
+/// frame by its ether type to `TAP-arp`, `TAP-ip` or `TAP-ip6` (any other
+/// type is dropped), so a frame meets only the few rules of its protocol;
+/// the common case, a packet from the VM's own address, passes after two.
+/// Each protocol chain ends in a verdict of its own.
+fn chain_names(tap: &str) -> [String; 4] {
+    [
+        tap.to_string(),
+        format!("{tap}-arp"),
+        format!("{tap}-ip"),
+        format!("{tap}-ip6"),
+    ]
+}
+
 fn port_commands(port: &PortGuard) -> Vec<Value> {
     let tap = port.tap.as_str();
-    let mut commands = vec![
-        json!({"add": {"counter": {"family": FAMILY, "table": TABLE, "name": tap}}}),
-        json!({"add": {"chain": {"family": FAMILY, "table": TABLE, "name": tap}}}),
-    ];
-    let drop = |mut expr: Vec<Value>| {
-        expr.push(json!({"counter": tap}));
-        expr.push(json!({"drop": null}));
-        rule(tap, expr)
-    };
-    let accept = |mut expr: Vec<Value>| {
-        expr.push(json!({"accept": null}));
-        rule(tap, expr)
-    };
+    let mut commands =
+        vec![json!({"add": {"counter": {"family": FAMILY, "table": TABLE, "name": tap}}})];
     if port.anti_spoofing {
+        let [main, arp, ip4, ip6] = chain_names(tap);
+        for chain in [&main, &arp, &ip4, &ip6] {
+            commands
+                .push(json!({"add": {"chain": {"family": FAMILY, "table": TABLE, "name": chain}}}));
+        }
+        let drop = |chain: &str, mut expr: Vec<Value>| {
+            expr.push(json!({"counter": tap}));
+            expr.push(json!({"drop": null}));
+            rule(chain, expr)
+        };
+        let accept = |chain: &str, mut expr: Vec<Value>| {
+            expr.push(json!({"accept": null}));
+            rule(chain, expr)
+        };
         let mac = Value::String(port.mac.to_string());
         let ip = Value::String(port.ipv4.to_string());
         let own6: Vec<Value> = port.ipv6.iter().map(|a| json!(a.to_string())).collect();
         let own6_numbers: Vec<Value> = port.ipv6.iter().map(as_number).collect();
-        let ether_type = |t: &str| matches("==", payload("ether", "type"), json!(t));
         let icmpv6 = |t: Value| matches("==", payload("icmpv6", "type"), t);
+        let udp_sport = |port: u16| matches("==", payload("udp", "sport"), json!(port));
+        // goto, not jump: a protocol chain's verdict is final, nothing after
+        // the dispatch runs for a frame that was dispatched.
+        let goto = |chain: &str| json!({"goto": {"target": chain}});
         commands.extend([
-            // Its own MAC, and only IPv4, ARP and IPv6 (no VLAN tags that
-            // could carry anything inside).
-            drop(vec![matches("!=", payload("ether", "saddr"), mac.clone())]),
-            drop(vec![matches(
-                "!=",
-                payload("ether", "type"),
-                set(vec![json!("ip"), json!("arp"), json!("ip6")]),
-            )]),
+            // Its own MAC; then by protocol. Nothing but IPv4, ARP and IPv6
+            // (no VLAN tags that could carry anything inside).
+            drop(
+                &main,
+                vec![matches("!=", payload("ether", "saddr"), mac.clone())],
+            ),
+            rule(
+                &main,
+                vec![
+                    json!({"vmap": {"key": payload("ether", "type"), "data": {"set": [
+                        ["arp", goto(&arp)], ["ip", goto(&ip4)], ["ip6", goto(&ip6)],
+                    ]}}}),
+                ],
+            ),
+            drop(&main, vec![]),
             // ARP: its own MAC and IPv4 as sender (0.0.0.0 for probes,
             // RFC 5227).
-            drop(vec![
-                ether_type("arp"),
-                matches("!=", payload("arp", "saddr ether"), mac),
-            ]),
-            drop(vec![
-                ether_type("arp"),
-                matches(
+            drop(
+                &arp,
+                vec![matches("!=", payload("arp", "saddr ether"), mac)],
+            ),
+            drop(
+                &arp,
+                vec![matches(
                     "!=",
                     payload("arp", "saddr ip"),
                     set(vec![ip.clone(), json!("0.0.0.0")]),
-                ),
-            ]),
-            // IPv4: no DHCP server; 0.0.0.0 only as a DHCP client; else its
-            // own address.
-            drop(vec![
-                ether_type("ip"),
-                matches("==", payload("udp", "sport"), json!(67)),
-            ]),
-            accept(vec![
-                matches("==", payload("ip", "saddr"), json!("0.0.0.0")),
-                matches("==", payload("udp", "sport"), json!(68)),
-                matches("==", payload("udp", "dport"), json!(67)),
-            ]),
-            drop(vec![
-                ether_type("ip"),
-                matches("!=", payload("ip", "saddr"), ip),
-            ]),
-            // IPv6: no router advertisements or redirects, no DHCPv6 server.
-            drop(vec![icmpv6(set(vec![
-                json!("nd-router-advert"),
-                json!("nd-redirect"),
-            ]))]),
-            drop(vec![
-                ether_type("ip6"),
-                matches("==", payload("udp", "sport"), json!(547)),
-            ]),
+                )],
+            ),
+            accept(&arp, vec![]),
+            // IPv4: never a DHCP server; its own address; 0.0.0.0 only as a
+            // DHCP client.
+            drop(&ip4, vec![udp_sport(67)]),
+            accept(&ip4, vec![matches("==", payload("ip", "saddr"), ip)]),
+            accept(
+                &ip4,
+                vec![
+                    matches("==", payload("ip", "saddr"), json!("0.0.0.0")),
+                    udp_sport(68),
+                    matches("==", payload("udp", "dport"), json!(67)),
+                ],
+            ),
+            drop(&ip4, vec![]),
+            // IPv6: no router advertisements or redirects, no DHCPv6
+            // server, neighbour advertisements only for its own addresses.
+            drop(
+                &ip6,
+                vec![icmpv6(set(vec![
+                    json!("nd-router-advert"),
+                    json!("nd-redirect"),
+                ]))],
+            ),
+            drop(&ip6, vec![udp_sport(547)]),
+            drop(
+                &ip6,
+                vec![
+                    icmpv6(json!("nd-neighbor-advert")),
+                    matches("!=", nd_target(), set(own6_numbers.clone())),
+                ],
+            ),
+            accept(
+                &ip6,
+                vec![matches("==", payload("ip6", "saddr"), set(own6))],
+            ),
             // `::` only for duplicate address detection of its own
             // addresses, and the multicast listener reports that go with it.
-            accept(vec![
-                matches("==", payload("ip6", "saddr"), json!("::")),
-                icmpv6(set(vec![
-                    json!("mld-listener-report"),
-                    json!("mld2-listener-report"),
-                ])),
-            ]),
-            accept(vec![
-                matches("==", payload("ip6", "saddr"), json!("::")),
-                icmpv6(json!("nd-neighbor-solicit")),
-                matches("==", nd_target(), set(own6_numbers.clone())),
-            ]),
-            drop(vec![
-                ether_type("ip6"),
-                matches("!=", payload("ip6", "saddr"), set(own6)),
-            ]),
-            // Neighbour advertisements only for its own addresses.
-            drop(vec![
-                icmpv6(json!("nd-neighbor-advert")),
-                matches("!=", nd_target(), set(own6_numbers)),
-            ]),
+            accept(
+                &ip6,
+                vec![
+                    matches("==", payload("ip6", "saddr"), json!("::")),
+                    icmpv6(set(vec![
+                        json!("mld-listener-report"),
+                        json!("mld2-listener-report"),
+                    ])),
+                ],
+            ),
+            accept(
+                &ip6,
+                vec![
+                    matches("==", payload("ip6", "saddr"), json!("::")),
+                    icmpv6(json!("nd-neighbor-solicit")),
+                    matches("==", nd_target(), set(own6_numbers)),
+                ],
+            ),
+            drop(&ip6, vec![]),
         ]);
+        let elem = json!({"family": FAMILY, "table": TABLE, "name": PORTS,
+            "elem": [[tap, {"jump": {"target": tap}}]]});
+        commands.push(json!({"add": {"element": elem}}));
     }
-    let elem = json!({"family": FAMILY, "table": TABLE, "name": PORTS,
-        "elem": [[tap, {"jump": {"target": tap}}]]});
-    commands.push(json!({"add": {"element": elem}}));
     if port.isolated {
         let elem = json!({"family": FAMILY, "table": TABLE, "name": ISOLATED, "elem": [tap]});
         commands.push(json!({"add": {"element": elem}}));
@@ -286,60 +330,100 @@ mod tests {
         }
     }
 
-    fn rules(commands: &[Value]) -> Vec<String> {
+    /// The rules of `chain`, as their expression arrays.
+    fn rules(commands: &[Value], chain: &str) -> Vec<Value> {
         commands
             .iter()
             .filter_map(|c| c["add"].get("rule"))
-            .map(|r| r["expr"].to_string())
+            .filter(|r| r["chain"] == chain)
+            .map(|r| r["expr"].clone())
             .collect()
     }
 
     #[test]
-    fn a_port_gets_counter_chain_rules_and_its_map_element() {
+    fn a_port_gets_its_counter_chains_rules_and_map_element() {
         let cmds = port_commands(&port());
         assert_eq!(cmds[0]["add"]["counter"]["name"], "lnt0123456789ab");
-        assert_eq!(cmds[1]["add"]["chain"]["name"], "lnt0123456789ab");
+        let chains: Vec<&Value> = cmds
+            .iter()
+            .filter_map(|c| c["add"]["chain"].get("name"))
+            .collect();
+        assert_eq!(
+            chains,
+            [
+                "lnt0123456789ab",
+                "lnt0123456789ab-arp",
+                "lnt0123456789ab-ip",
+                "lnt0123456789ab-ip6"
+            ]
+        );
         let last = cmds.last().unwrap();
         assert_eq!(
             last["add"]["element"]["elem"],
             json!([["lnt0123456789ab", {"jump": {"target": "lnt0123456789ab"}}]])
         );
-        let rules = rules(&cmds);
-        assert_eq!(rules.len(), 13);
-        assert!(
-            rules[0].contains(r#""right":"52:54:00:12:34:56""#)
-                && rules[0].contains(r#""op":"!=""#)
+        let main = rules(&cmds, "lnt0123456789ab");
+        assert_eq!(main.len(), 3);
+        assert_eq!(main[0][0]["match"]["right"], "52:54:00:12:34:56");
+        assert_eq!(
+            main[1][0]["vmap"]["data"]["set"][1],
+            json!(["ip", {"goto": {"target": "lnt0123456789ab-ip"}}])
         );
-        for r in rules.iter().filter(|r| r.contains("drop")) {
-            assert!(
-                r.contains(r#"{"counter":"lnt0123456789ab"}"#),
-                "every drop is counted: {r}"
-            );
+        assert_eq!(
+            main[2],
+            json!([{"counter": "lnt0123456789ab"}, {"drop": null}]),
+            "other ether types"
+        );
+        for chain in chains {
+            for r in rules(&cmds, chain.as_str().unwrap()) {
+                let last = r.as_array().unwrap().last().unwrap();
+                if last == &json!({"drop": null}) {
+                    let n = r.as_array().unwrap().len();
+                    assert_eq!(
+                        r[n - 2],
+                        json!({"counter": "lnt0123456789ab"}),
+                        "every drop is counted: {r}"
+                    );
+                }
+            }
         }
-        let arp_ip = json!({"match": {"op": "!=", "left": {"payload": {"protocol": "arp", "field": "saddr ip"}},
-            "right": {"set": ["192.168.105.2", "0.0.0.0"]}}});
-        assert!(
-            rules.iter().any(|r| r.contains(&arp_ip.to_string())),
-            "ARP sender: its own IPv4, or 0.0.0.0 for a probe"
+        let arp = rules(&cmds, "lnt0123456789ab-arp");
+        assert_eq!(
+            arp[1][0]["match"]["right"],
+            json!({"set": ["192.168.105.2", "0.0.0.0"]})
         );
-        assert!(rules.iter().any(|r| r.contains("nd-router-advert")));
-        let na = rules
-            .iter()
-            .find(|r| r.contains("nd-neighbor-advert"))
-            .unwrap();
-        assert!(
-            na.contains(r#"{"set":["0xfe80000000000000505400fffe123456","0xfd00000000000000505400fffe123456"]}"#),
-            "{na}"
+        let ip = rules(&cmds, "lnt0123456789ab-ip");
+        assert_eq!(
+            ip[0][0]["match"]["left"]["payload"]["field"], "sport",
+            "no DHCP server"
         );
+        assert_eq!(
+            ip[1][0]["match"]["right"], "192.168.105.2",
+            "then its own address passes"
+        );
+        let ip6 = rules(&cmds, "lnt0123456789ab-ip6");
+        assert_eq!(
+            ip6[0][0]["match"]["right"],
+            json!({"set": ["nd-router-advert", "nd-redirect"]})
+        );
+        assert_eq!(
+            ip6[2][1]["match"]["right"],
+            json!({"set": ["0xfe80000000000000505400fffe123456", "0xfd00000000000000505400fffe123456"]}),
+            "neighbour advertisements only for its own addresses"
+        );
+        assert_eq!(ip6.last().unwrap()[1], json!({"drop": null}));
     }
 
     #[test]
-    fn without_anti_spoofing_only_the_map_and_isolation_remain() {
+    fn without_anti_spoofing_only_isolation_remains() {
         let mut p = port();
         p.anti_spoofing = false;
         p.isolated = true;
         let cmds = port_commands(&p);
-        assert!(rules(&cmds).is_empty());
+        assert!(
+            cmds.iter()
+                .all(|c| c["add"].get("rule").is_none() && c["add"].get("chain").is_none())
+        );
         assert_eq!(cmds[cmds.len() - 1]["add"]["element"]["name"], "isolated");
     }
 

@@ -147,6 +147,35 @@ fn spoofed_frames_are_dropped_and_counted_while_honest_ones_pass() {
 }
 
 #[test]
+fn a_guard_goes_with_its_interface_and_the_table_with_the_last() {
+    let mut world = World::new();
+    world.start_daemon();
+    let mut a = world.guest("shared", &[]);
+    let b = world.guest("shared", &[]);
+    let table = || {
+        run(&mut world
+            .host
+            .cmd(&["nft", "list", "table", "bridge", "linnet"]))
+    };
+    let listed = String::from_utf8_lossy(&table().stdout).into_owned();
+    assert!(
+        listed.contains(&a.tap()) && listed.contains(&b.tap()),
+        "{listed}"
+    );
+    a.stop();
+    wait_for("a's guard to go", std::time::Duration::from_secs(5), || {
+        let listed = String::from_utf8_lossy(&table().stdout).into_owned();
+        (!listed.contains(&a.tap()) && listed.contains(&b.tap())).then_some(())
+    });
+    drop(b);
+    wait_for(
+        "the guard table to go",
+        std::time::Duration::from_secs(5),
+        || (!table().status.success()).then_some(()),
+    );
+}
+
+#[test]
 fn without_anti_spoofing_the_same_frames_get_through() {
     let mut world = World::with_config("networks:\n  shared:\n    anti_spoofing: false\n");
     world.start_daemon();
