@@ -309,7 +309,9 @@ pub fn recv_packet(
     fd: BorrowedFd<'_>,
     buf: &mut [u8],
 ) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
-    let mut cmsg_space = nix::cmsg_space!([RawFd; 4]);
+    // Room for as many fds as one message can carry (SCM_MAX_FD), so none
+    // a client sends is cut off, and all are closed when dropped.
+    let mut cmsg_space = nix::cmsg_space!([RawFd; 253]);
     let mut iov = [io::IoSliceMut::new(buf)];
     let msg = socket::recvmsg::<()>(
         fd.as_raw_fd(),

@@ -448,6 +448,14 @@ impl Validator<'_> {
                 format!("{mtu} is out of range; allowed 576 to 65535"),
             ));
         }
+        let anti_spoofing = spec.anti_spoofing.unwrap_or(true);
+        let isolation = spec.isolation.unwrap_or(false);
+        if isolation && !anti_spoofing {
+            return Err(self.err(
+                "isolation",
+                "needs anti_spoofing: without it a VM can take another's MAC and receive its traffic",
+            ));
+        }
         let ipv6 = self.ipv6(name, mode, mtu, &spec)?;
         let forwards = self.forwards(&spec.forwards)?;
         let dhcp = self.dhcp(spec.dhcp.unwrap_or_default(), subnet, gateway, hosts)?;
@@ -471,8 +479,8 @@ impl Validator<'_> {
             mtu,
             nat44,
             ipv6,
-            anti_spoofing: spec.anti_spoofing.unwrap_or(true),
-            isolation: spec.isolation.unwrap_or(false),
+            anti_spoofing,
+            isolation,
             persistent: spec.persistent.unwrap_or(false),
             allow: self.allow(spec.allow)?,
             max_interfaces: self.limit("max_interfaces", spec.max_interfaces)?,
@@ -900,6 +908,8 @@ mod tests {
         );
         let m = message("networks:\n  shared:\n    mtu: 100\n");
         assert!(m.contains("mtu: 100 is out of range"), "{m}");
+        let m = message("networks:\n  shared:\n    isolation: true\n    anti_spoofing: false\n");
+        assert!(m.contains("isolation: needs anti_spoofing"), "{m}");
         let m = message("networks:\n  shared:\n    max_interfaces_per_uid: 0\n");
         assert!(
             m.contains("max_interfaces_per_uid: 0 would refuse every attach"),

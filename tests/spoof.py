@@ -13,8 +13,13 @@
       prints the markers of the frames IFACE receives meanwhile.
 
 Kinds: honest, other-mac, other-ip, garp-gateway, arp-reply-other,
-other-ip6, na-gateway, ra, dhcp-offer. Checksums are right, so a frame that
-got through would be acted upon (neighbour caches, SLAAC, DHCP clients).
+other-ip6, na-gateway, ra, dhcp-offer, dhcp-offer-port (from another source
+port), dhcp-other-mac (a DISCOVER for someone else's MAC), frag-ra (an
+IPv6 first fragment without its ICMPv6 header, RFC 7113), vlan (a tagged
+frame hiding another source address), ll-other-mac (to the 802.1 link-local
+group, which the bridge does not forward but could learn from). Checksums
+are right, so a frame that got through would be acted upon (neighbour
+caches, SLAAC, DHCP clients).
 """
 import socket
 import struct
@@ -79,10 +84,22 @@ def ipv6_icmp(src, dst, icmp):
     return struct.pack("!IHBB16s16s", 0x60000000, len(icmp), 58, 255, src, dst) + icmp
 
 
+def bootp(op, chaddr, yiaddr, marker, options):
+    message = bytearray(240)
+    message[0] = op
+    message[1], message[2] = 1, 6
+    message[16:20] = yiaddr
+    message[28:34] = chaddr
+    message[44 : 44 + len(marker)] = marker  # sname
+    message[236:240] = b"\x63\x82\x53\x63"
+    return bytes(message) + options
+
+
 def frame(kind, k):
     marker = f"LINNET-{kind}".encode()
     own_mac, own_ip = mac(k["mac"]), v4(k["ip"])
     everyone = v4("255.255.255.255")
+    offer_options = bytes([53, 1, 2, 54, 4]) + own_ip + bytes([3, 4]) + own_ip + b"\xff"
     if kind == "honest":
         return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(own_ip, everyone, 9999, 9999, marker))
     if kind == "other-mac":
@@ -106,16 +123,28 @@ def frame(kind, k):
         prefix = struct.pack("!BBBBIII16s", 3, 4, 64, 0xC0, 86400, 14400, 0, v6("2001:db8:bad::"))
         ra = struct.pack("!BBHBBHII", 134, 0, 0, 64, 0, 1800, 0, 0) + prefix + nd_option(marker)
         return ether(ALL_NODES_MAC, own_mac, 0x86DD, ipv6_icmp(v6(k["ll"]), ALL_NODES, ra))
-    if kind == "dhcp-offer":
-        offer = bytearray(240)
-        offer[0] = 2  # BOOTREPLY
-        offer[1], offer[2] = 1, 6
-        offer[16:20] = v4(k["other_ip"])  # yiaddr
-        offer[44 : 44 + len(marker)] = marker  # sname
-        offer[236:240] = b"\x63\x82\x53\x63"
-        options = bytes([53, 1, 2, 54, 4]) + own_ip + bytes([3, 4]) + own_ip + b"\xff"
-        payload = ipv4_udp(own_ip, everyone, 67, 68, bytes(offer) + options)
-        return ether(BROADCAST, own_mac, 0x0800, payload)
+    if kind in ("dhcp-offer", "dhcp-offer-port"):
+        offer = bootp(2, mac(k["other_mac"]), v4(k["other_ip"]), marker, offer_options)
+        sport = 67 if kind == "dhcp-offer" else 1234
+        return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(own_ip, everyone, sport, 68, offer))
+    if kind == "dhcp-other-mac":
+        discover = bootp(1, mac(k["other_mac"]), b"\0" * 4, marker, bytes([53, 1, 1, 255]))
+        return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(v4("0.0.0.0"), everyone, 68, 67, discover))
+    if kind == "frag-ra":
+        # Fragment header (more fragments follow), then destination options
+        # whose PadN carries the marker; the RA would be in the next fragment.
+        pad = marker + b"\0" * (-(len(marker) + 4) % 8)
+        dstopts = struct.pack("!BBBB", 58, (len(pad) + 4) // 8 - 1, 1, len(pad)) + pad
+        frag = struct.pack("!BBHI", 60, 0, 0x0001, 0x4C4E)
+        payload = frag + dstopts
+        ip6 = struct.pack("!IHBB16s16s", 0x60000000, len(payload), 44, 255, v6(k["ll"]), ALL_NODES)
+        return ether(ALL_NODES_MAC, own_mac, 0x86DD, ip6 + payload)
+    if kind == "vlan":
+        inner = ipv4_udp(v4(k["other_ip"]), everyone, 9999, 9999, marker)
+        return BROADCAST + own_mac + struct.pack("!HHH", 0x8100, 5, 0x0800) + inner
+    if kind == "ll-other-mac":
+        lldp = struct.pack("!HH", 0x0207, 0) + marker
+        return ether(bytes.fromhex("0180c200000e"), mac(k["other_mac"]), 0x88CC, lldp)
     sys.exit(f"unknown kind {kind}")
 
 

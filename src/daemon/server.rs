@@ -65,7 +65,16 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut idle_ticks = tokio::time::interval(Duration::from_millis(500));
-    let mut drop_reports = tokio::time::interval(DROP_REPORT_PERIOD);
+    // Drop reports run on their own, so a long request never delays
+    // accepting clients or signals here.
+    let reporter = daemon.clone();
+    let drop_reports = tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(DROP_REPORT_PERIOD);
+        loop {
+            ticks.tick().await;
+            reporter.lock().await.report_drops();
+        }
+    });
     let mut idle_since = tokio::time::Instant::now();
 
     loop {
@@ -95,7 +104,6 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             }
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
-            _ = drop_reports.tick() => daemon.lock().await.report_drops(),
             _ = idle_ticks.tick() => {
                 let Some(limit) = opts.idle_exit else { continue };
                 let idle = connections.load(Ordering::SeqCst) == 0 && daemon.lock().await.is_idle();
@@ -108,6 +116,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             }
         }
     }
+    drop_reports.abort();
     daemon.lock().await.shutdown().await;
     let _ = std::fs::remove_file(&socket_path);
     info!("stopped; nothing left behind");

@@ -706,7 +706,9 @@ impl Daemon {
             .filter(|(_, i)| i.guarded)
             .map(|(_, i)| i.tap.as_str())
             .collect();
-        if !guarded.is_empty() {
+        // A TAP that could not be deleted keeps its guard: its client may
+        // still hold the fd.
+        if !guarded.is_empty() && deleted.is_ok() {
             if let Err(e) = guard::remove_ports(&mut self.nft, &guarded) {
                 warn!("removing the guard of {} failed: {e}", guarded.join(" "));
             }
@@ -714,7 +716,7 @@ impl Daemon {
                 self.drops_reported.remove(*tap);
             }
         }
-        if self.guard_ready && !self.interfaces.values().any(|i| i.guarded) {
+        if self.guard_ready && deleted.is_ok() && !self.interfaces.values().any(|i| i.guarded) {
             match guard::remove(&mut self.nft) {
                 Ok(()) => self.guard_ready = false,
                 Err(e) => warn!("removing the guard table failed: {e}"),
@@ -769,7 +771,7 @@ impl Daemon {
                 .insert(iface.tap.clone(), now)
                 .unwrap_or(0);
             if now > before {
-                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %iface.lease.ip, mac = %iface.lease.mac, dropped = now - before, total = now, "dropped frames the VM sent from addresses that are not its own (anti_spoofing); `linnet ls` counts them");
+                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %iface.lease.ip, mac = %iface.lease.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
             }
         }
     }

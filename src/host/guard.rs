@@ -3,7 +3,10 @@
 //! TAP, where the `prerouting` chain jumps (one hash lookup in the `ports`
 //! verdict map) to that TAP's own chain. There only the VM's own addresses
 //! pass; everything else is dropped and counted in the TAP's named counter.
-//! No userspace on the datapath.
+//! No userspace on the datapath. (Frames to the 802.1 link-local group,
+//! 01:80:c2:00:00:0x, never pass the bridge's hooks: the bridge does not
+//! forward them but hands them to the TAP's own stack, which has no
+//! address; the bridges are made not to learn source MACs from them.)
 //!
 //! Per TAP, added in one transaction before the VM gets its fd and removed
 //! at detach: a counter, a chain, an element of `ports` and, on an isolated
@@ -112,6 +115,7 @@ pub fn remove_ports(nft: &mut Nft, taps: &[&str]) -> Result<(), NftError> {
             commands.push(json!({"delete": {"chain": chain}}));
         }
         let counter = json!({"family": FAMILY, "table": TABLE, "name": tap});
+        commands.push(json!({"add": {"counter": counter.clone()}}));
         commands.push(json!({"delete": {"counter": counter}}));
     }
     run(nft, commands)
@@ -124,7 +128,10 @@ pub fn drops(nft: &mut Nft) -> Result<BTreeMap<String, u64>, NftError> {
 }
 
 fn parse_counters(json: &str) -> BTreeMap<String, u64> {
-    let doc: Value = serde_json::from_str(json).unwrap_or_default();
+    let doc: Value = serde_json::from_str(json).unwrap_or_else(|e| {
+        tracing::warn!("cannot read nft's counters ({e}): {json}");
+        Value::Null
+    });
     doc["nftables"]
         .as_array()
         .into_iter()
@@ -167,6 +174,24 @@ fn nd_target() -> Value {
     json!({"payload": {"base": "th", "offset": 64, "len": 128}})
 }
 
+/// The client hardware address of a DHCP message: 48 bits at byte 28 of
+/// the BOOTP header, after the 8-byte UDP header.
+fn dhcp_chaddr() -> Value {
+    json!({"payload": {"base": "th", "offset": (8 + 28) * 8, "len": 48}})
+}
+
+fn mac_number(mac: &MacAddr) -> u64 {
+    mac.0.iter().fold(0, |n, b| (n << 8) | u64::from(*b))
+}
+
+fn fragment() -> Value {
+    matches("==", json!({"exthdr": {"name": "frag"}}), json!(true))
+}
+
+fn prefix(addr: &str, len: u8) -> Value {
+    json!({"prefix": {"addr": addr, "len": len}})
+}
+
 /// An IPv6 address as the 128-bit number a raw payload compares with.
 fn as_number(ip: &Ipv6Addr) -> Value {
     Value::String(format!("0x{:032x}", u128::from(*ip)))
@@ -193,8 +218,11 @@ fn port_commands(port: &PortGuard) -> Vec<Value> {
     if port.anti_spoofing {
         let [main, arp, ip4, ip6] = chain_names(tap);
         for chain in [&main, &arp, &ip4, &ip6] {
-            commands
-                .push(json!({"add": {"chain": {"family": FAMILY, "table": TABLE, "name": chain}}}));
+            let chain = json!({"family": FAMILY, "table": TABLE, "name": chain});
+            // Flushed, in case a failed removal left the chain of an earlier
+            // interface with this TAP name: its rules must not come first.
+            commands.push(json!({"add": {"chain": chain.clone()}}));
+            commands.push(json!({"flush": {"chain": chain}}));
         }
         let drop = |chain: &str, mut expr: Vec<Value>| {
             expr.push(json!({"counter": tap}));
@@ -211,6 +239,7 @@ fn port_commands(port: &PortGuard) -> Vec<Value> {
         let own6_numbers: Vec<Value> = port.ipv6.iter().map(as_number).collect();
         let icmpv6 = |t: Value| matches("==", payload("icmpv6", "type"), t);
         let udp_sport = |port: u16| matches("==", payload("udp", "sport"), json!(port));
+        let udp_dport = |port: u16| matches("==", payload("udp", "dport"), json!(port));
         // goto, not jump: a protocol chain's verdict is final, nothing after
         // the dispatch runs for a frame that was dispatched.
         let goto = |chain: &str| json!({"goto": {"target": chain}});
@@ -245,9 +274,20 @@ fn port_commands(port: &PortGuard) -> Vec<Value> {
                 )],
             ),
             accept(&arp, vec![]),
-            // IPv4: never a DHCP server; its own address; 0.0.0.0 only as a
-            // DHCP client.
+            // IPv4: never a DHCP server (whatever its source port: clients
+            // look at the destination); as a client, only for its own MAC
+            // (chaddr, 28 bytes into the message), so it cannot drain the
+            // pool or take another's lease; its own address, or 0.0.0.0 as
+            // a DHCP client.
             drop(&ip4, vec![udp_sport(67)]),
+            drop(&ip4, vec![udp_dport(68)]),
+            drop(
+                &ip4,
+                vec![
+                    udp_dport(67),
+                    matches("!=", dhcp_chaddr(), json!(mac_number(&port.mac))),
+                ],
+            ),
             accept(&ip4, vec![matches("==", payload("ip", "saddr"), ip)]),
             accept(
                 &ip4,
@@ -258,8 +298,25 @@ fn port_commands(port: &PortGuard) -> Vec<Value> {
                 ],
             ),
             drop(&ip4, vec![]),
-            // IPv6: no router advertisements or redirects, no DHCPv6
-            // server, neighbour advertisements only for its own addresses.
+            // IPv6: no fragments from link-local addresses or to link-local
+            // multicast (RFC 7113: a first fragment without the ICMPv6
+            // header would slip an RA past the next rules); no router
+            // advertisements or redirects, no DHCPv6 server, neighbour
+            // advertisements only for its own addresses.
+            drop(
+                &ip6,
+                vec![
+                    fragment(),
+                    matches("==", payload("ip6", "saddr"), prefix("fe80::", 10)),
+                ],
+            ),
+            drop(
+                &ip6,
+                vec![
+                    fragment(),
+                    matches("==", payload("ip6", "daddr"), prefix("ff02::", 16)),
+                ],
+            ),
             drop(
                 &ip6,
                 vec![icmpv6(set(vec![
@@ -268,6 +325,7 @@ fn port_commands(port: &PortGuard) -> Vec<Value> {
                 ]))],
             ),
             drop(&ip6, vec![udp_sport(547)]),
+            drop(&ip6, vec![udp_dport(546)]),
             drop(
                 &ip6,
                 vec![
@@ -397,17 +455,31 @@ mod tests {
             ip[0][0]["match"]["left"]["payload"]["field"], "sport",
             "no DHCP server"
         );
+        assert_eq!(ip[1][0]["match"]["right"], 68, "nothing to DHCP clients");
         assert_eq!(
-            ip[1][0]["match"]["right"], "192.168.105.2",
+            ip[2][1]["match"],
+            json!({"op": "!=", "left": {"payload": {"base": "th", "offset": 288, "len": 48}}, "right": 0x5254_0012_3456u64}),
+            "DHCP requests only for its own MAC"
+        );
+        assert_eq!(
+            ip[3][0]["match"]["right"], "192.168.105.2",
             "then its own address passes"
         );
         let ip6 = rules(&cmds, "lnt0123456789ab-ip6");
         assert_eq!(
-            ip6[0][0]["match"]["right"],
+            ip6[0][0],
+            json!({"match": {"op": "==", "left": {"exthdr": {"name": "frag"}}, "right": true}})
+        );
+        assert_eq!(
+            ip6[2][0]["match"]["right"],
             json!({"set": ["nd-router-advert", "nd-redirect"]})
         );
         assert_eq!(
-            ip6[2][1]["match"]["right"],
+            ip6[4][0]["match"]["right"], 546,
+            "nothing to DHCPv6 clients"
+        );
+        assert_eq!(
+            ip6[5][1]["match"]["right"],
             json!({"set": ["0xfe80000000000000505400fffe123456", "0xfd00000000000000505400fffe123456"]}),
             "neighbour advertisements only for its own addresses"
         );

@@ -9,7 +9,9 @@ use futures::TryStreamExt;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
-use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
+use rtnetlink::packet_route::link::{
+    BridgeBooleanOptionFlags, InfoKind, LinkAttribute, LinkInfo, LinkMessage,
+};
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage};
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, RouteMessageBuilder};
 use thiserror::Error;
@@ -109,7 +111,14 @@ impl Netlink {
 
     /// Creates a bridge (down), returning its index.
     pub async fn create_bridge(&self, name: &str, mtu: u32) -> Result<u32, NetlinkError> {
-        let msg = LinkBridge::new(name).down().mtu(mtu).build();
+        // Frames to 01:80:c2:00:00:0x skip the bridge's prerouting hook (and
+        // so the guard) but would still teach it their source MAC: a VM
+        // could move another's MAC to its own port. Learn nothing from them.
+        let msg = LinkBridge::new(name)
+            .down()
+            .mtu(mtu)
+            .set_boolean_opt(BridgeBooleanOptionFlags::NoLinkLocalLearn, true)
+            .build();
         self.handle
             .link()
             .add(msg)

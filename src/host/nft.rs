@@ -7,6 +7,7 @@
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 
 use libloading::Library;
 use nftables::schema::Nftables;
@@ -43,14 +44,13 @@ struct Context {
     _library: Library,
 }
 
-// SAFETY: the context is only ever used through `&mut Nft`, one call at a
-// time (so a shared `&Context` gives no access at all); libnftables keeps no
-// thread-local state.
+// SAFETY: a context may move between threads as long as one call runs at a
+// time, which the Mutex in `Nft` ensures. (libnftables also has process-wide
+// state, so the daemon keeps a single `Nft`.)
 unsafe impl Send for Context {}
-unsafe impl Sync for Context {}
 
 impl Context {
-    fn open() -> Result<Context, libloading::Error> {
+    fn open() -> Result<Context, ContextError> {
         // SAFETY: loading libnftables runs no initialisers with preconditions.
         let library = unsafe { Library::new(LIBRARY) }?;
         // SAFETY: the symbols have these C signatures (libnftables.h); the
@@ -66,11 +66,13 @@ impl Context {
             let error: GetBuffer = *library.get(b"nft_ctx_get_error_buffer\0")?;
             let ctx = new(0);
             if ctx.is_null() {
-                return Err(libloading::Error::DlOpenUnknown);
+                return Err(ContextError::Null);
             }
             set_flags(ctx, OUTPUT_JSON);
-            buffer_output(ctx);
-            buffer_error(ctx);
+            if buffer_output(ctx) != 0 || buffer_error(ctx) != 0 {
+                free(ctx);
+                return Err(ContextError::Buffers);
+            }
             Ok(Context {
                 ctx,
                 free,
@@ -95,13 +97,14 @@ impl Context {
                     CStr::from_ptr(p).to_string_lossy().into_owned()
                 }
             };
+            // Both buffers are read every time, so warnings of one call do
+            // not turn up in the next one's error.
             let output = read((self.output)(self.ctx));
+            let error = read((self.error)(self.ctx));
             if rc == 0 {
                 Ok(output)
             } else {
-                Err(NftError::Refused(
-                    read((self.error)(self.ctx)).trim().to_string(),
-                ))
+                Err(NftError::Refused(error.trim().to_string()))
             }
         }
     }
@@ -114,15 +117,25 @@ impl Drop for Context {
     }
 }
 
+#[derive(Debug, Error)]
+enum ContextError {
+    #[error(transparent)]
+    Load(#[from] libloading::Error),
+    #[error("nft_ctx_new failed")]
+    Null,
+    #[error("cannot buffer libnftables' output")]
+    Buffers,
+}
+
 /// The way to nftables: the library when it loads, else the command.
 pub struct Nft {
-    context: Option<Context>,
+    context: Option<Mutex<Context>>,
 }
 
 impl Nft {
     pub fn open() -> Nft {
         let context = match Context::open() {
-            Ok(c) => Some(c),
+            Ok(c) => Some(Mutex::new(c)),
             Err(e) => {
                 debug!("{LIBRARY} not usable ({e}); running the nft command instead");
                 None
@@ -140,7 +153,7 @@ impl Nft {
     /// Runs one command (JSON or nft syntax) and returns its JSON output.
     pub fn run(&mut self, command: &str) -> Result<String, NftError> {
         match &mut self.context {
-            Some(context) => context.run(command),
+            Some(context) => context.get_mut().expect("not poisoned").run(command),
             None => run_command(command),
         }
     }

@@ -10,7 +10,9 @@ use serde_json::Value;
 
 use crate::harness::*;
 
-const SPOOFS: [&str; 8] = [
+/// Every kind tests/spoof.py sends that anti-spoofing must stop (and
+/// count).
+const SPOOFS: [&str; 12] = [
     "other-mac",
     "other-ip",
     "garp-gateway",
@@ -19,6 +21,10 @@ const SPOOFS: [&str; 8] = [
     "na-gateway",
     "ra",
     "dhcp-offer",
+    "dhcp-offer-port",
+    "dhcp-other-mac",
+    "frag-ra",
+    "vlan",
 ];
 
 fn ready(world: &World, extra: &[&str]) -> Guest {
@@ -107,7 +113,10 @@ fn spoofed_frames_are_dropped_and_counted_while_honest_ones_pass() {
     assert_ne!(gateway_mac, "none");
     assert_eq!(spoofed_drops(&world, &attacker), Some(0));
 
-    let mut kinds = vec!["honest"];
+    // The link-local frame never reaches another port nor the guard: the
+    // bridge hands it to the TAP's own stack. What matters is that the
+    // bridge does not learn the victim's MAC from it (checked below).
+    let mut kinds = vec!["honest", "ll-other-mac"];
     kinds.extend(SPOOFS);
     let seen = send_and_capture(&attacker, &victim, &kinds);
     assert_eq!(
@@ -124,6 +133,19 @@ fn spoofed_frames_are_dropped_and_counted_while_honest_ones_pass() {
 
     // The victim is unharmed: same neighbour entries, no rogue prefix,
     // still reaches the gateway and the upstream.
+    // The bridge still sends the victim's MAC to the victim's port (the
+    // link-local frame claimed it from the attacker's).
+    let fdb = |tap: &str| must(&mut world.host.cmd(&["bridge", "fdb", "show", "dev", tap]));
+    assert!(
+        fdb(&victim.tap()).contains(&victim.mac()),
+        "{}",
+        fdb(&victim.tap())
+    );
+    assert!(
+        !fdb(&attacker.tap()).contains(&victim.mac()),
+        "{}",
+        fdb(&attacker.tap())
+    );
     assert_eq!(neighbour(&victim, &victim.gateway()), gateway_mac);
     assert_eq!(neighbour(&victim, &victim.gateway6()), gateway6_mac);
     assert_eq!(
