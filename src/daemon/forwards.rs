@@ -1,8 +1,10 @@
-//! Port forwards of attached interfaces: the checks before one is taken (a
-//! clash with another forward, a socket listening on the port, a privileged
-//! port, IPv6 on a network without it), and the runtime forwards kept per
-//! interface id in the state dir, so they come back when the interface
-//! attaches again, also after a daemon restart.
+//! Port forwards of attached interfaces: which an interface gets at attach
+//! (asked for, kept, configured), the API's add/remove/list, the checks
+//! before one is taken (a clash with another forward, a socket listening on
+//! the port, a privileged port, IPv6 on a network without it), the firewall
+//! rules they become, and the runtime forwards kept per interface id in the
+//! state dir, so they come back when the interface attaches again, also
+//! after a daemon restart.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -10,12 +12,13 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tracing::error;
+use tracing::{error, info, warn};
 
-use super::state::DaemonError;
-use crate::api::ForwardOrigin;
-use crate::config::NetworkConfig;
+use super::state::{Client, Daemon, DaemonError};
+use crate::api::{AttachRequest, ForwardOrigin, ForwardRequest, ForwardStatus, Response};
+use crate::config::{ForwardTarget, NetworkConfig};
 use crate::forward::PortForward;
+use crate::host::firewall::ForwardRule;
 use crate::host::listeners;
 use crate::types::InterfaceId;
 
@@ -82,6 +85,257 @@ pub fn check<'a>(
         )));
     }
     Ok(())
+}
+
+/// The daemon's side of forwards: given at attach, changed by the API,
+/// turned into firewall rules.
+impl Daemon {
+    /// The forwards an interface gets when it attaches: those it asked for
+    /// (each must be free, or the attach fails), then those kept for its id
+    /// and those of the config (taken when free, else skipped with a
+    /// warning: the VM still gets its network).
+    pub(super) fn publish_on_attach(
+        &mut self,
+        id: InterfaceId,
+        client: &Client,
+        req: &AttachRequest,
+    ) -> Result<Vec<PortForward>, DaemonError> {
+        let iface = &self.interfaces[&id];
+        let network = iface.network.clone();
+        let cfg = self.config.network(&network).expect("attached").clone();
+        let name = iface.lease.name.clone();
+        for forward in &req.publish {
+            self.take_forward(id, *forward, ForwardOrigin::Publish, client.uid)?;
+        }
+        let kept = self.store().get(id, &network, client.uid);
+        let from_config = cfg.forwards.iter().filter(|f| match &f.target {
+            ForwardTarget::InterfaceId(target) => *target == id,
+            ForwardTarget::Name(n) => name.as_deref() == Some(n.as_str()),
+        });
+        let restore: Vec<(PortForward, ForwardOrigin)> = kept
+            .into_iter()
+            .map(|f| (f, ForwardOrigin::Runtime))
+            .chain(from_config.map(|f| (f.forward, ForwardOrigin::Config)))
+            .collect();
+        for (forward, origin) in restore {
+            if let Err(e) = self.take_forward(id, forward, origin, 0) {
+                warn!(%network, interface = %id, %forward, "forward not restored: {e}");
+            }
+        }
+        let forwards: Vec<PortForward> = self.interfaces[&id]
+            .forwards
+            .iter()
+            .map(|p| p.forward)
+            .collect();
+        if !forwards.is_empty() {
+            self.sync_host()?;
+            let list: Vec<String> = forwards.iter().map(|f| f.to_string()).collect();
+            info!(%network, interface = %id, forwards = %list.join(" "), "ports published");
+        }
+        Ok(forwards)
+    }
+
+    /// Checks `forward` and gives it to interface `id` (the firewall is
+    /// not updated here).
+    fn take_forward(
+        &mut self,
+        id: InterfaceId,
+        forward: PortForward,
+        origin: ForwardOrigin,
+        uid: u32,
+    ) -> Result<(), DaemonError> {
+        let network = &self.interfaces[&id].network;
+        let cfg = self.config.network(network).expect("attached");
+        let held = self.interfaces.iter().flat_map(|(other, i)| {
+            i.forwards.iter().map(move |p| Holder {
+                forward: &p.forward,
+                interface: *other,
+                name: i.lease.name.as_deref(),
+                network: &i.network,
+            })
+        });
+        check(&forward, cfg, uid, held)?;
+        let iface = self.interfaces.get_mut(&id).expect("attached");
+        iface.forwards.push(Published { forward, origin });
+        Ok(())
+    }
+
+    /// The attached interface a forward request names, checked against the
+    /// caller: its owner or root.
+    fn forward_target(
+        &self,
+        client: &Client,
+        req: &ForwardRequest,
+    ) -> Result<Option<InterfaceId>, DaemonError> {
+        if self.config.network(&req.network).is_none() {
+            return Err(self.unknown_network(&req.network));
+        }
+        let found = match (&req.interface_id, &req.name) {
+            (Some(id), None) => self
+                .interfaces
+                .get_key_value(id)
+                .filter(|(_, i)| i.network == req.network)
+                .map(|(id, i)| (*id, i)),
+            (None, Some(name)) => self.interfaces.iter().find_map(|(id, i)| {
+                (i.network == req.network && i.lease.name.as_deref() == Some(name.as_str()))
+                    .then_some((*id, i))
+            }),
+            _ => {
+                return Err(DaemonError::BadRequest(
+                    "name the interface with exactly one of --interface-id and --name".into(),
+                ));
+            }
+        };
+        let Some((id, iface)) = found else {
+            return Ok(None);
+        };
+        if client.uid != 0 && client.uid != iface.uid {
+            return Err(DaemonError::Forbidden(format!(
+                "interface {id} belongs to uid {}; only it or root may change its forwards",
+                iface.uid
+            )));
+        }
+        Ok(Some(id))
+    }
+
+    fn no_such_interface(req: &ForwardRequest) -> DaemonError {
+        let which = match (&req.interface_id, &req.name) {
+            (Some(id), _) => format!("interface {id}"),
+            (_, Some(name)) => format!("an interface named \"{name}\""),
+            _ => "that interface".into(),
+        };
+        DaemonError::BadRequest(format!(
+            "unknown interface: {which} is not attached to network \"{}\"; `linnet ls` lists the attached interfaces",
+            req.network
+        ))
+    }
+
+    /// `forward add`: publishes a port of an attached interface and keeps
+    /// it for the interface id.
+    pub fn handle_forward_add(
+        &mut self,
+        client: &Client,
+        req: ForwardRequest,
+    ) -> Result<(), DaemonError> {
+        let id = self
+            .forward_target(client, &req)?
+            .ok_or_else(|| Self::no_such_interface(&req))?;
+        self.take_forward(id, req.forward, ForwardOrigin::Runtime, client.uid)?;
+        let undo = |daemon: &mut Daemon| {
+            let iface = daemon.interfaces.get_mut(&id).expect("attached");
+            iface.forwards.retain(|p| p.forward != req.forward);
+        };
+        if let Err(e) = self.sync_host() {
+            undo(self);
+            let _ = self.sync_host();
+            return Err(e);
+        }
+        let owner = self.interfaces[&id].uid;
+        if let Err(e) = self.store().add(id, &req.network, owner, req.forward) {
+            warn!(interface = %id, "cannot save forward {}: {e}; it lasts until detach", req.forward);
+        }
+        info!(network = %req.network, interface = %id, forward = %req.forward, "port published");
+        Ok(())
+    }
+
+    /// `forward rm`: of an attached interface, or a kept one of a detached id.
+    pub fn handle_forward_remove(
+        &mut self,
+        client: &Client,
+        req: ForwardRequest,
+    ) -> Result<(), DaemonError> {
+        let Some(id) = self.forward_target(client, &req)? else {
+            // Not attached: it may still have a kept forward (root only,
+            // as the owner is not known).
+            if let (Some(id), 0) = (req.interface_id, client.uid)
+                && self
+                    .store()
+                    .remove(id, &req.network, &req.forward)
+                    .map_err(|e| DaemonError::Internal(format!("cannot save forwards: {e}")))?
+            {
+                info!(network = %req.network, interface = %id, forward = %req.forward, "kept forward removed");
+                return Ok(());
+            }
+            return Err(Self::no_such_interface(&req));
+        };
+        let iface = &self.interfaces[&id];
+        let Some(found) = iface
+            .forwards
+            .iter()
+            .find(|p| p.forward == req.forward)
+            .copied()
+        else {
+            let has: Vec<String> = iface
+                .forwards
+                .iter()
+                .map(|p| p.forward.to_string())
+                .collect();
+            return Err(DaemonError::BadRequest(format!(
+                "interface {id} has no forward {}; it has: {}",
+                req.forward,
+                if has.is_empty() {
+                    "none".into()
+                } else {
+                    has.join(", ")
+                }
+            )));
+        };
+        if found.origin == ForwardOrigin::Config {
+            return Err(DaemonError::BadRequest(format!(
+                "{} of interface {id} is declared in networks.{}.forwards; remove it there",
+                req.forward, req.network
+            )));
+        }
+        let iface = self.interfaces.get_mut(&id).expect("attached");
+        iface.forwards.retain(|p| p.forward != req.forward);
+        if let Err(e) = self.sync_host() {
+            let iface = self.interfaces.get_mut(&id).expect("attached");
+            iface.forwards.push(found);
+            return Err(e);
+        }
+        if let Err(e) = self.store().remove(id, &req.network, &req.forward) {
+            warn!(interface = %id, "cannot save forwards: {e}; {} may come back at the next attach", req.forward);
+        }
+        info!(network = %req.network, interface = %id, forward = %req.forward, "port unpublished");
+        Ok(())
+    }
+
+    pub fn forward_list(&self) -> Response {
+        let mut forwards = Vec::new();
+        for (id, iface) in &self.interfaces {
+            let cfg = self.config.network(&iface.network).expect("attached");
+            let v6 = iface.ipv6_address(cfg);
+            for p in &iface.forwards {
+                let port = p.forward.guest_port;
+                forwards.push(ForwardStatus {
+                    network: iface.network.clone(),
+                    interface_id: *id,
+                    name: iface.lease.name.clone(),
+                    forward: p.forward,
+                    guest: (iface.lease.ip, port).into(),
+                    guest6: v6.map(|ip| (ip, port).into()),
+                    origin: p.origin,
+                });
+            }
+        }
+        Response::Forwards { forwards }
+    }
+
+    /// The DNAT targets of a network's forwards.
+    pub(super) fn forward_rules(&self, cfg: &NetworkConfig) -> Vec<ForwardRule> {
+        self.interfaces
+            .values()
+            .filter(|i| i.network == cfg.name)
+            .flat_map(|i| {
+                let guest6 = i.ipv6_address(cfg);
+                i.forwards.iter().map(move |p| ForwardRule {
+                    forward: p.forward,
+                    guest: i.lease.ip,
+                    guest6,
+                })
+            })
+            .collect()
+    }
 }
 
 /// Runtime forwards by interface id: `<state>/forwards.json`.
