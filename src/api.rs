@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::Mode;
 use crate::datapath::{Datapath, RelayCounters};
 use crate::forward::PortForward;
+use crate::policy::Policy;
 use crate::types::{InterfaceId, MacAddr};
 
 /// Requests and replies larger than this are refused.
@@ -47,6 +48,52 @@ pub enum Request {
     ForwardRemove(ForwardRequest),
     /// The forwards of all attached interfaces.
     ForwardList,
+    /// An attached interface's connect/listen policy.
+    PolicyShow(InterfaceRef),
+    /// Replaces an attached interface's policy; new connections follow it.
+    PolicySet(PolicySetRequest),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySetRequest {
+    pub network: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_id: Option<InterfaceId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub policy: Policy,
+}
+
+impl PolicySetRequest {
+    pub fn interface(&self) -> InterfaceRef {
+        InterfaceRef {
+            network: self.network.clone(),
+            interface_id: self.interface_id,
+            name: self.name.clone(),
+        }
+    }
+}
+
+impl ForwardRequest {
+    pub fn interface(&self) -> InterfaceRef {
+        InterfaceRef {
+            network: self.network.clone(),
+            interface_id: self.interface_id,
+            name: self.name.clone(),
+        }
+    }
+}
+
+/// Names an attached interface: by `interface_id` or by `name`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterfaceRef {
+    pub network: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_id: Option<InterfaceId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// Names an attached interface (by `interface_id` or by `name`) and a port.
@@ -103,6 +150,10 @@ pub struct AttachRequest {
     /// Ports to publish for as long as the interface is attached.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publish: Vec<PortForward>,
+    /// What the VM may connect to and be connected on; default: the
+    /// network's `policy:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Policy>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -122,6 +173,10 @@ pub enum Response {
     },
     Forwards {
         forwards: Vec<ForwardStatus>,
+    },
+    Policy {
+        interface_id: InterfaceId,
+        policy: Policy,
     },
     Error {
         kind: ErrorKind,
@@ -182,6 +237,9 @@ pub struct InterfaceInfo {
     pub tap: String,
     pub mtu: u32,
     pub forwards: Vec<PortForward>,
+    /// Empty lists: nothing restricted.
+    #[serde(default)]
+    pub policy: Policy,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -218,6 +276,8 @@ pub struct InterfaceStatus {
     /// Bytes the VM received and sent (the TAP's tx and rx).
     pub vm_rx_bytes: u64,
     pub vm_tx_bytes: u64,
+    #[serde(default, skip_serializing_if = "Policy::is_open")]
+    pub policy: Policy,
     /// Frames from the VM that anti-spoofing dropped (None: not guarded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spoofed_drops: Option<u64>,

@@ -14,6 +14,7 @@ use thiserror::Error;
 
 use crate::addr6;
 use crate::forward::PortForward;
+use crate::policy::{Policy, PolicySpecError};
 use crate::types::{self, InterfaceId, MacAddr};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/linnet/networks.yaml";
@@ -68,6 +69,8 @@ pub struct NetworkConfig {
     pub max_interfaces_per_uid: Option<u32>,
     /// Ports published while the matching interface is attached.
     pub forwards: Vec<StaticForward>,
+    /// The connect/listen policy of interfaces that bring none of their own.
+    pub policy: Policy,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -214,6 +217,18 @@ struct NetworkSpec {
     max_interfaces_per_uid: Option<u32>,
     #[serde(default)]
     forwards: Vec<ForwardSpec>,
+    policy: Option<PolicySpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicySpec {
+    /// `--allow-connect` rules.
+    #[serde(default)]
+    egress: Vec<String>,
+    /// `--allow-listen` rules.
+    #[serde(default)]
+    ingress: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -487,7 +502,25 @@ impl Validator<'_> {
             max_interfaces_per_uid: self
                 .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
             forwards,
+            policy: self.policy(spec.policy.unwrap_or_default())?,
         })
+    }
+
+    fn policy(&self, spec: PolicySpec) -> Result<Policy, ConfigError> {
+        let mut policy = Policy::default();
+        for (i, text) in spec.egress.iter().enumerate() {
+            let rule = text.parse().map_err(|e: PolicySpecError| {
+                self.err(&format!("policy.egress[{i}]"), e.to_string())
+            })?;
+            policy.egress.push(rule);
+        }
+        for (i, text) in spec.ingress.iter().enumerate() {
+            let rule = text.parse().map_err(|e: PolicySpecError| {
+                self.err(&format!("policy.ingress[{i}]"), e.to_string())
+            })?;
+            policy.ingress.push(rule);
+        }
+        Ok(policy)
     }
 
     fn ipv6(
@@ -1041,6 +1074,25 @@ mod tests {
             "networks:\n  host:\n    ipv6_prefix: fd00:1::/64\n  shared:\n    ipv6_prefix: fd00:1::/64\n",
         );
         assert!(m.contains("is also the prefix of network"), "{m}");
+    }
+
+    #[test]
+    fn policy_defaults_are_parsed_and_checked() {
+        let cfg = load(
+            "networks:\n  shared:\n    policy: { egress: ['198.51.100.1:8080/tcp'], ingress: ['8000/tcp'] }\n",
+        )
+        .unwrap();
+        let p = &cfg.network("shared").unwrap().policy;
+        assert_eq!(p.egress[0].to_string(), "198.51.100.1:8080/tcp");
+        assert_eq!(p.ingress[0].to_string(), "8000/tcp");
+        assert!(cfg.network("host").unwrap().policy.is_open());
+        let m = message("networks:\n  shared:\n    policy: { ingress: ['0/tcp'] }\n");
+        assert!(
+            m.contains("policy.ingress[0]: \"0/tcp\": port 0 is out of range"),
+            "{m}"
+        );
+        let m = message("networks:\n  shared:\n    policy: { egres: [] }\n");
+        assert!(m.contains("unknown field `egres`"), "{m}");
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod daemon;
 mod datapath;
 mod forward;
 mod host;
+mod policy;
 mod services;
 mod types;
 

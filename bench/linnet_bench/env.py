@@ -9,7 +9,9 @@ import time
 from .host import Processes, ip, link_exists, run, wait_for
 
 # The networks the daemon serves: `shared` (MTU 1500) is built in; `open`
-# and `openjumbo` are the same without anti-spoofing, to measure its cost.
+# and `openjumbo` are the same without anti-spoofing, `policed` and
+# `policedjumbo` with anti-spoofing and a connect/listen policy that lets
+# iperf3 through, to measure what they cost.
 NETWORKS_YAML = """\
 networks:
   jumbo:
@@ -25,6 +27,15 @@ networks:
     subnet: 192.168.122.0/24
     mtu: 65520
     anti_spoofing: false
+  policed:
+    mode: shared
+    subnet: 192.168.123.0/24
+    policy: { egress: ["192.168.123.0/24"], ingress: ["5201/tcp"] }
+  policedjumbo:
+    mode: shared
+    subnet: 192.168.124.0/24
+    mtu: 65520
+    policy: { egress: ["192.168.124.0/24"], ingress: ["5201/tcp"] }
   scale:
     mode: host
     subnet: 10.80.0.0/20
@@ -49,7 +60,9 @@ class LinnetDaemon:
         wait_for(lambda: procs.check_alive() or os.path.exists(self.socket), "the linnet daemon's socket")
 
     @staticmethod
-    def network_for(mtu, anti_spoofing=True):
+    def network_for(mtu, anti_spoofing=True, policy=False):
+        if policy:
+            return {1500: "policed", 65520: "policedjumbo"}[mtu]
         if anti_spoofing:
             return {1500: "shared", 65520: "jumbo"}[mtu]
         return {1500: "open", 65520: "openjumbo"}[mtu]

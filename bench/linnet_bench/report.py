@@ -46,6 +46,9 @@ def targets(results):
         for d in DIRECTIONS:
             out.append(ratio_target(results, "anti-spoofing on vs off (tap)", "linnet tap",
                                     "linnet tap, no anti-spoofing", mtu, d, 0.95))
+            out.append(ratio_target(results, "anti-spoofing + policy vs off (tap)",
+                                    "linnet tap, anti-spoofing + policy",
+                                    "linnet tap, no anti-spoofing", mtu, d, 0.95))
     for ours, goal in (("linnet dgram", 3), ("linnet stream", 3),
                        ("linnet dgram + vnet", 4), ("linnet stream + vnet", 4)):
         for peer in ("passt (stream)", "slirp4netns"):

@@ -130,15 +130,16 @@ class Linnet(Setup):
     group = "linnet"
     STANDIN_FLAG = {"tap": "--fd", "dgram": "--dgram-fd", "stream": "--stream-fd"}
 
-    def __init__(self, name, datapath, vnet_hdr=False, anti_spoofing=True):
+    def __init__(self, name, datapath, vnet_hdr=False, anti_spoofing=True, policy=False):
         super().__init__(name)
         self.datapath = datapath
         self.vnet_hdr = vnet_hdr
         self.anti_spoofing = anti_spoofing
+        self.policy = policy
 
     def up(self, env, mtu):
         topo = Topology()
-        network = env.linnet.network_for(mtu, self.anti_spoofing)
+        network = env.linnet.network_for(mtu, self.anti_spoofing, self.policy)
         info = None
         for _ in range(self.guests()):
             ns = env.guest_ns()
@@ -289,6 +290,7 @@ def all_setups():
         TapRelay("tap relay (no linnet)"),
         Linnet("linnet tap", "tap"),
         Linnet("linnet tap, no anti-spoofing", "tap", anti_spoofing=False),
+        Linnet("linnet tap, anti-spoofing + policy", "tap", policy=True),
         Linnet("linnet dgram", "dgram"),
         Linnet("linnet stream", "stream"),
         Linnet("linnet dgram + vnet", "dgram", vnet_hdr=True),

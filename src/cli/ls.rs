@@ -67,6 +67,7 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         "VM TX",
         "RELAY DROPS",
         "SPOOFED",
+        "POLICY",
     ])];
     for i in &interfaces {
         rows.push(vec![
@@ -100,6 +101,7 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             i.spoofed_drops
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
+            policy_summary(&i.policy),
         ]);
     }
     if interfaces.is_empty() {
@@ -141,4 +143,19 @@ fn human_bytes(n: u64) -> String {
     } else {
         format!("{v:.1} {}", UNITS[unit])
     }
+}
+
+/// "connect 2, listen 1" or "-" when nothing is restricted.
+fn policy_summary(p: &crate::policy::Policy) -> String {
+    if p.is_open() {
+        return "-".into();
+    }
+    let mut parts = Vec::new();
+    if !p.egress.is_empty() {
+        parts.push(format!("connect {}", p.egress.len()));
+    }
+    if !p.ingress.is_empty() {
+        parts.push(format!("listen {}", p.ingress.len()));
+    }
+    parts.join(", ")
 }

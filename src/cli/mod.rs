@@ -5,6 +5,7 @@ mod daemon;
 mod forward;
 mod helper;
 mod ls;
+mod policy;
 mod run;
 
 use std::io;
@@ -23,6 +24,7 @@ use crate::datapath::relay::{Relay, RelayError};
 use crate::datapath::vnet::{self, ClientHeader};
 use crate::datapath::{Counters, Datapath, RelayCounters};
 use crate::forward::PortForward;
+use crate::policy::{ConnectRule, ListenRule, Policy};
 use crate::types::{InterfaceId, MacAddr};
 
 /// linnet's own failures (as opposed to the command `linnet run` started),
@@ -86,6 +88,9 @@ pub enum CommandArgs {
     /// Publish ports of attached VMs on the host, at runtime.
     #[command(subcommand)]
     Forward(forward::ForwardCommand),
+    /// Show or change what an attached VM may connect to and be connected on.
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
 }
 
 pub fn init_logging(cli: &Cli) {
@@ -115,6 +120,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         CommandArgs::Helper(args) => helper::main(&cli, args).map(|()| 0),
         CommandArgs::Ls(args) => ls::main(&cli, args).map(|()| 0),
         CommandArgs::Forward(cmd) => forward::main(&cli, cmd).map(|()| 0),
+        CommandArgs::Policy(cmd) => policy::main(&cli, cmd).map(|()| 0),
     }
 }
 
@@ -227,6 +233,15 @@ pub struct AttachArgs {
         value_name = "[HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]"
     )]
     pub publish: Vec<PortForward>,
+    /// Let the VM open connections only to these destinations (repeatable;
+    /// DHCP and DNS to its gateway always pass, and replies): e.g.
+    /// 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443.
+    #[arg(long, value_name = "CIDR[:PORT[-PORT]][/tcp|/udp]")]
+    pub allow_connect: Vec<ConnectRule>,
+    /// Accept connections to the VM only on these ports (repeatable), from
+    /// the host, other VMs and port forwards: e.g. 8000/tcp, 5000-5010.
+    #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
+    pub allow_listen: Vec<ListenRule>,
 }
 
 /// Attaches an interface; returns what the VMM needs to know and the TAP.
@@ -245,6 +260,10 @@ pub fn attach(
         name: args.name.clone(),
         datapath: Some(datapath),
         publish: args.publish.clone(),
+        policy: (!args.allow_connect.is_empty() || !args.allow_listen.is_empty()).then(|| Policy {
+            egress: args.allow_connect.clone(),
+            ingress: args.allow_listen.clone(),
+        }),
     };
     let (response, fds) = channel.call(&Request::Attach(request))?;
     let info = match response {

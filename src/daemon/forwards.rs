@@ -127,10 +127,13 @@ impl Daemon {
             .iter()
             .map(|p| p.forward)
             .collect();
-        if !forwards.is_empty() {
+        let policy_on = !self.interfaces[&id].policy.is_open();
+        if !forwards.is_empty() || policy_on {
             self.sync_host()?;
-            let list: Vec<String> = forwards.iter().map(|f| f.to_string()).collect();
-            info!(%network, interface = %id, forwards = %list.join(" "), "ports published");
+            if !forwards.is_empty() {
+                let list: Vec<String> = forwards.iter().map(|f| f.to_string()).collect();
+                info!(%network, interface = %id, forwards = %list.join(" "), "ports published");
+            }
         }
         Ok(forwards)
     }
@@ -160,56 +163,6 @@ impl Daemon {
         Ok(())
     }
 
-    /// The attached interface a forward request names, checked against the
-    /// caller: its owner or root.
-    fn forward_target(
-        &self,
-        client: &Client,
-        req: &ForwardRequest,
-    ) -> Result<Option<InterfaceId>, DaemonError> {
-        if self.config.network(&req.network).is_none() {
-            return Err(self.unknown_network(&req.network));
-        }
-        let found = match (&req.interface_id, &req.name) {
-            (Some(id), None) => self
-                .interfaces
-                .get_key_value(id)
-                .filter(|(_, i)| i.network == req.network)
-                .map(|(id, i)| (*id, i)),
-            (None, Some(name)) => self.interfaces.iter().find_map(|(id, i)| {
-                (i.network == req.network && i.lease.name.as_deref() == Some(name.as_str()))
-                    .then_some((*id, i))
-            }),
-            _ => {
-                return Err(DaemonError::BadRequest(
-                    "name the interface with exactly one of --interface-id and --name".into(),
-                ));
-            }
-        };
-        let Some((id, iface)) = found else {
-            return Ok(None);
-        };
-        if client.uid != 0 && client.uid != iface.uid {
-            return Err(DaemonError::Forbidden(format!(
-                "interface {id} belongs to uid {}; only it or root may change its forwards",
-                iface.uid
-            )));
-        }
-        Ok(Some(id))
-    }
-
-    fn no_such_interface(req: &ForwardRequest) -> DaemonError {
-        let which = match (&req.interface_id, &req.name) {
-            (Some(id), _) => format!("interface {id}"),
-            (_, Some(name)) => format!("an interface named \"{name}\""),
-            _ => "that interface".into(),
-        };
-        DaemonError::BadRequest(format!(
-            "unknown interface: {which} is not attached to network \"{}\"; `linnet ls` lists the attached interfaces",
-            req.network
-        ))
-    }
-
     /// `forward add`: publishes a port of an attached interface and keeps
     /// it for the interface id.
     pub fn handle_forward_add(
@@ -218,8 +171,8 @@ impl Daemon {
         req: ForwardRequest,
     ) -> Result<(), DaemonError> {
         let id = self
-            .forward_target(client, &req)?
-            .ok_or_else(|| Self::no_such_interface(&req))?;
+            .interface_named(client, &req.interface(), "forwards")?
+            .ok_or_else(|| Self::no_such_interface(&req.interface()))?;
         self.take_forward(id, req.forward, ForwardOrigin::Runtime, client.uid)?;
         let undo = |daemon: &mut Daemon| {
             let iface = daemon.interfaces.get_mut(&id).expect("attached");
@@ -244,7 +197,7 @@ impl Daemon {
         client: &Client,
         req: ForwardRequest,
     ) -> Result<(), DaemonError> {
-        let Some(id) = self.forward_target(client, &req)? else {
+        let Some(id) = self.interface_named(client, &req.interface(), "forwards")? else {
             // Not attached: it may still have a kept forward (root only,
             // as the owner is not known).
             if let (Some(id), 0) = (req.interface_id, client.uid)
@@ -256,7 +209,7 @@ impl Daemon {
                 info!(network = %req.network, interface = %id, forward = %req.forward, "kept forward removed");
                 return Ok(());
             }
-            return Err(Self::no_such_interface(&req));
+            return Err(Self::no_such_interface(&req.interface()));
         };
         let iface = &self.interfaces[&id];
         let Some(found) = iface

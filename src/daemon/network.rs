@@ -13,7 +13,7 @@ use super::leases::LeaseTable;
 use super::state::DaemonError;
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::NetworkConfig;
-use crate::host::firewall::{FirewallNetwork, ForwardRule};
+use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink};
 use crate::host::{self, ALIAS_NETWORK, sysctl};
 use crate::services::{NetworkContext, Services, unix_now};
@@ -134,7 +134,11 @@ impl ActiveNetwork {
     }
 
     /// The firewall's view of this network, with the ports published to it.
-    pub fn firewall(&self, forwards: Vec<ForwardRule>) -> FirewallNetwork {
+    pub fn firewall(
+        &self,
+        forwards: Vec<ForwardRule>,
+        policies: Vec<InterfacePolicy>,
+    ) -> FirewallNetwork {
         let v6 = self.config.ipv6.as_ref();
         FirewallNetwork {
             bridge: self.bridge.clone(),
@@ -145,6 +149,8 @@ impl ActiveNetwork {
             nat66: v6.is_some_and(|v6| v6.nat66),
             isolation: self.config.isolation,
             forwards,
+            gateways: dns_servers(&self.config),
+            policies,
         }
     }
 }

@@ -309,6 +309,14 @@ async fn handle(
         Request::ForwardAdd(req) => reply(daemon.handle_forward_add(client, req)),
         Request::ForwardRemove(req) => reply(daemon.handle_forward_remove(client, req)),
         Request::ForwardList => (daemon.forward_list(), None),
+        Request::PolicyShow(which) => match daemon.policy_show(client, &which) {
+            Ok(r) => (r, None),
+            Err(e) => (e.into_response(), None),
+        },
+        Request::PolicySet(req) => match daemon.policy_set(client, req) {
+            Ok(r) => (r, None),
+            Err(e) => (e.into_response(), None),
+        },
     }
 }
 

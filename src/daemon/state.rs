@@ -3,6 +3,7 @@
 //! `host` and `network`.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
@@ -14,16 +15,18 @@ use super::leases::{Lease, LeaseError};
 use super::network::{ActiveNetwork, dns_servers};
 use crate::addr6;
 use crate::api::{
-    AttachRequest, ErrorKind, InterfaceInfo, InterfaceStatus, NetworkStatus, Response,
+    AttachRequest, ErrorKind, InterfaceInfo, InterfaceRef, InterfaceStatus, NetworkStatus,
+    PolicySetRequest, Response,
 };
 use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
-use crate::host::firewall;
+use crate::host::firewall::{self, InterfacePolicy};
 use crate::host::guard::{self, PortGuard};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
 use crate::host::nft::{Nft, NftError};
 use crate::host::tap::{self, TapError};
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
+use crate::policy::Policy;
 use crate::services::{ServiceError, unix_now};
 use crate::types::{self, InterfaceId};
 
@@ -62,6 +65,8 @@ pub enum DaemonError {
     #[error(transparent)]
     Service(#[from] ServiceError),
     #[error("{0}")]
+    HostSetup(String),
+    #[error("{0}")]
     Internal(String),
 }
 
@@ -76,7 +81,8 @@ impl DaemonError {
             DaemonError::Tap(_)
             | DaemonError::Netlink(_)
             | DaemonError::Firewall(_)
-            | DaemonError::Service(_) => ErrorKind::HostSetup,
+            | DaemonError::Service(_)
+            | DaemonError::HostSetup(_) => ErrorKind::HostSetup,
             DaemonError::Internal(_) => ErrorKind::Internal,
         }
     }
@@ -110,8 +116,9 @@ pub(super) struct Interface {
     datapath: Datapath,
     relay: Option<RelayCounters>,
     pub(super) forwards: Vec<Published>,
-    /// Whether it has a chain in the guard table.
+    /// Whether it has elements in the guard table.
     guarded: bool,
+    pub(super) policy: Policy,
 }
 
 impl Interface {
@@ -237,6 +244,8 @@ impl Daemon {
             types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
         }
         self.check_limits(cfg, client.uid)?;
+        let policy = req.policy.as_ref().unwrap_or(&cfg.policy);
+        check_policy_possible(policy)?;
         let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
         if let Some(other) = self.interfaces.get(&id) {
             return Err(DaemonError::Busy(format!(
@@ -288,6 +297,97 @@ impl Daemon {
             )));
         }
         Ok(())
+    }
+
+    /// The attached interface a request names, checked against the caller:
+    /// its owner or root may change its `what`. None: not attached.
+    pub(super) fn interface_named(
+        &self,
+        client: &Client,
+        which: &InterfaceRef,
+        what: &str,
+    ) -> Result<Option<InterfaceId>, DaemonError> {
+        if self.config.network(&which.network).is_none() {
+            return Err(self.unknown_network(&which.network));
+        }
+        let found = match (&which.interface_id, &which.name) {
+            (Some(id), None) => self
+                .interfaces
+                .get_key_value(id)
+                .filter(|(_, i)| i.network == which.network)
+                .map(|(id, i)| (*id, i)),
+            (None, Some(name)) => self.interfaces.iter().find_map(|(id, i)| {
+                (i.network == which.network && i.lease.name.as_deref() == Some(name.as_str()))
+                    .then_some((*id, i))
+            }),
+            _ => {
+                return Err(DaemonError::BadRequest(
+                    "name the interface with exactly one of --interface-id and --name".into(),
+                ));
+            }
+        };
+        let Some((id, iface)) = found else {
+            return Ok(None);
+        };
+        if client.uid != 0 && client.uid != iface.uid {
+            return Err(DaemonError::Forbidden(format!(
+                "interface {id} belongs to uid {}; only it or root may change its {what}",
+                iface.uid
+            )));
+        }
+        Ok(Some(id))
+    }
+
+    pub(super) fn no_such_interface(which: &InterfaceRef) -> DaemonError {
+        let what = match (&which.interface_id, &which.name) {
+            (Some(id), _) => format!("interface {id}"),
+            (_, Some(name)) => format!("an interface named \"{name}\""),
+            _ => "that interface".into(),
+        };
+        DaemonError::BadRequest(format!(
+            "unknown interface: {what} is not attached to network \"{}\"; `linnet ls` lists the attached interfaces",
+            which.network
+        ))
+    }
+
+    /// `policy show`.
+    pub fn policy_show(
+        &self,
+        client: &Client,
+        which: &InterfaceRef,
+    ) -> Result<Response, DaemonError> {
+        let id = self
+            .interface_named(client, which, "policy")?
+            .ok_or_else(|| Self::no_such_interface(which))?;
+        Ok(Response::Policy {
+            interface_id: id,
+            policy: self.interfaces[&id].policy.clone(),
+        })
+    }
+
+    /// `policy set`: the new policy holds for new connections at once.
+    pub fn policy_set(
+        &mut self,
+        client: &Client,
+        req: PolicySetRequest,
+    ) -> Result<Response, DaemonError> {
+        check_policy_possible(&req.policy)?;
+        let which = req.interface();
+        let id = self
+            .interface_named(client, &which, "policy")?
+            .ok_or_else(|| Self::no_such_interface(&which))?;
+        let iface = self.interfaces.get_mut(&id).expect("attached");
+        let before = std::mem::replace(&mut iface.policy, req.policy.clone());
+        if let Err(e) = self.sync_host() {
+            self.interfaces.get_mut(&id).expect("attached").policy = before;
+            let _ = self.sync_host();
+            return Err(e);
+        }
+        info!(network = %req.network, interface = %id, policy = ?req.policy, "policy set");
+        Ok(Response::Policy {
+            interface_id: id,
+            policy: req.policy,
+        })
     }
 
     pub(super) fn unknown_network(&self, name: &str) -> DaemonError {
@@ -380,7 +480,11 @@ impl Daemon {
             warn!(network, "cannot save leases: {e}");
         }
         drop(leases);
-        let info = interface_info(net, id, &lease, &tap_name, datapath);
+        let policy = req
+            .policy
+            .clone()
+            .unwrap_or_else(|| net.config.policy.clone());
+        let info = interface_info(net, id, &lease, &tap_name, datapath, &policy);
         info!(network, interface = %id, ip = %lease.ip, mac = %lease.mac, tap = %tap_name, %datapath, pid = ?client.pid, uid = client.uid, "attached");
         self.interfaces.insert(
             id,
@@ -396,6 +500,7 @@ impl Daemon {
                 relay: None,
                 forwards: Vec::new(),
                 guarded,
+                policy,
             },
         );
         Ok((info, fd))
@@ -462,7 +567,9 @@ impl Daemon {
             .collect();
         // Their published ports go first, so nothing is sent to addresses
         // that are about to be free.
-        if gone.iter().any(|(_, i)| !i.forwards.is_empty())
+        if gone
+            .iter()
+            .any(|(_, i)| !i.forwards.is_empty() || !i.policy.is_open())
             && let Err(e) = self.sync_host()
         {
             warn!("removing published ports of detached interfaces failed: {e}");
@@ -594,6 +701,7 @@ impl Daemon {
                     // The TAP's tx is what the VM received.
                     vm_rx_bytes: tx,
                     vm_tx_bytes: rx,
+                    policy: i.policy.clone(),
                     spoofed_drops: if i.guarded && cfg.anti_spoofing {
                         Some(drops.get(&i.tap).copied().unwrap_or(0))
                     } else {
@@ -686,7 +794,7 @@ impl Daemon {
         let rules: Vec<_> = self
             .networks
             .values()
-            .map(|n| n.firewall(self.forward_rules(&n.config)))
+            .map(|n| n.firewall(self.forward_rules(&n.config), self.policies(&n.config)))
             .collect();
         let forwards4 = rules.iter().any(|r| !r.forwards.is_empty());
         let forwards6 = rules
@@ -727,6 +835,7 @@ fn interface_info(
     lease: &Lease,
     tap: &str,
     datapath: Datapath,
+    policy: &Policy,
 ) -> InterfaceInfo {
     let cfg = &net.config;
     let v6 = cfg.ipv6.as_ref();
@@ -756,6 +865,28 @@ fn interface_info(
         tap: tap.into(),
         mtu: cfg.mtu,
         forwards: Vec::new(),
+        policy: policy.clone(),
+    }
+}
+
+impl Daemon {
+    /// The connect/listen policies of a network's interfaces, with the
+    /// addresses that identify their VMs.
+    fn policies(&self, cfg: &NetworkConfig) -> Vec<InterfacePolicy> {
+        self.interfaces
+            .values()
+            .filter(|i| i.network == cfg.name && !i.policy.is_open())
+            .map(|i| InterfacePolicy {
+                tap: i.tap.clone(),
+                addrs: port_guard(cfg, &i.tap, &i.lease)
+                    .ipv6
+                    .into_iter()
+                    .map(IpAddr::V6)
+                    .chain(std::iter::once(IpAddr::V4(i.lease.ip)))
+                    .collect(),
+                policy: i.policy.clone(),
+            })
+            .collect()
     }
 }
 
@@ -776,4 +907,15 @@ fn port_guard(cfg: &NetworkConfig, tap: &str, lease: &Lease) -> PortGuard {
         anti_spoofing: cfg.anti_spoofing,
         isolated: cfg.isolation,
     }
+}
+
+/// A policy between VMs of one bridge needs their frames to pass the inet
+/// hooks, which only the br_netfilter module does.
+fn check_policy_possible(policy: &Policy) -> Result<(), DaemonError> {
+    if policy.is_open() || std::path::Path::new("/proc/sys/net/bridge").exists() {
+        return Ok(());
+    }
+    Err(DaemonError::HostSetup(
+        "a connect/listen policy needs the br_netfilter module, so that traffic between VMs of one network passes linnet's firewall: run `modprobe br_netfilter` (and add it to /etc/modules-load.d)".into(),
+    ))
 }

@@ -12,7 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use super::NFT_TABLE;
 use super::nft::{Nft, NftError};
 use crate::config::Mode;
-use crate::forward::PortForward;
+use crate::forward::{PortForward, Protocol};
+use crate::policy::{ConnectRule, ListenRule, Policy, Ports};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use nftables::batch::Batch;
 use nftables::expr::{
@@ -47,6 +48,19 @@ pub struct FirewallNetwork {
     /// VMs of the network may not reach each other, not even routed.
     pub isolation: bool,
     pub forwards: Vec<ForwardRule>,
+    /// The gateway's addresses (DNS), always allowed to policy VMs.
+    pub gateways: Vec<IpAddr>,
+    /// Interfaces with a connect/listen policy.
+    pub policies: Vec<InterfacePolicy>,
+}
+
+/// One interface's policy and the addresses that identify its VM (its own
+/// for sure: anti-spoofing keeps others from using them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InterfacePolicy {
+    pub tap: String,
+    pub addrs: Vec<IpAddr>,
+    pub policy: Policy,
 }
 
 /// A published port and where it goes.
@@ -147,6 +161,8 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
             ));
         }
     }
+
+    add_policies(&mut batch, networks);
 
     // Published ports: connections DNATed to a VM pass into its network
     // (whatever its mode), and only their replies come out.
@@ -333,6 +349,182 @@ fn add_forwards(batch: &mut Batch<'static>, net: &FirewallNetwork) {
     ));
 }
 
+const INPUT: &str = "input";
+const LOCAL_OUT: &str = "local-out";
+
+/// Connect/listen policies, enforced with conntrack on what is routed or
+/// reaches the host: the first packet of each connection from a policy VM
+/// jumps to its `out-TAP` chain, of each to it to its `in-TAP` chain, from
+/// the forward hook (the outside, other networks, port forwards), the input
+/// hook (the host's services) and the output hook (the host itself).
+/// Traffic between two VMs of one bridge is not routed and not seen here.
+fn add_policies(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
+    let all: Vec<(&FirewallNetwork, &InterfacePolicy)> = networks
+        .iter()
+        .flat_map(|n| n.policies.iter().map(move |p| (n, p)))
+        .filter(|(_, p)| !p.policy.is_open())
+        .collect();
+    if all.is_empty() {
+        return;
+    }
+    batch.add(base_chain(
+        INPUT,
+        NfChainType::Filter,
+        NfHook::Input,
+        PRIORITY_FILTER,
+    ));
+    batch.add(base_chain(
+        LOCAL_OUT,
+        NfChainType::Filter,
+        NfHook::Output,
+        PRIORITY_FILTER,
+    ));
+    for (net, iface) in all {
+        let new = || {
+            Statement::Match(Match {
+                left: ct("state"),
+                right: string("new"),
+                op: Operator::IN,
+            })
+        };
+        let by_family = |field: &'static str| {
+            let v4: Vec<String> = iface
+                .addrs
+                .iter()
+                .filter(|a| a.is_ipv4())
+                .map(|a| a.to_string())
+                .collect();
+            let v6: Vec<String> = iface
+                .addrs
+                .iter()
+                .filter(|a| a.is_ipv6())
+                .map(|a| a.to_string())
+                .collect();
+            [("ip", v4), ("ip6", v6)]
+                .into_iter()
+                .filter(|(_, a)| !a.is_empty())
+                .map(move |(family, addrs)| eq(payload(family, field), set(&addrs)))
+        };
+        if !iface.policy.egress.is_empty() {
+            let chain = format!("out-{}", iface.tap);
+            batch.add(chain_object(&chain));
+            // DHCP and DNS to the gateway always pass.
+            batch.add(rule(
+                chain.clone(),
+                vec![eq(payload("udp", "dport"), number(67)), accept()],
+            ));
+            for gw in &net.gateways {
+                let family = if gw.is_ipv4() { "ip" } else { "ip6" };
+                batch.add(rule(
+                    chain.clone(),
+                    vec![
+                        eq(payload(family, "daddr"), string(&gw.to_string())),
+                        eq(
+                            meta(MetaKey::L4proto),
+                            set(&["tcp".to_string(), "udp".to_string()]),
+                        ),
+                        eq(payload("th", "dport"), number(53)),
+                        accept(),
+                    ],
+                ));
+            }
+            for r in &iface.policy.egress {
+                batch.add(rule(chain.clone(), connect_match(r)));
+            }
+            batch.add(rule(chain.clone(), vec![Statement::Reject(None)]));
+            for hook in [FORWARD, INPUT] {
+                for source in by_family("saddr") {
+                    batch.add(rule(hook, vec![source, new(), jump(&chain)]));
+                }
+            }
+        }
+        if !iface.policy.ingress.is_empty() {
+            let chain = format!("in-{}", iface.tap);
+            batch.add(chain_object(&chain));
+            batch.add(rule(
+                chain.clone(),
+                vec![
+                    eq(payload("icmp", "type"), string("echo-request")),
+                    accept(),
+                ],
+            ));
+            batch.add(rule(
+                chain.clone(),
+                vec![
+                    eq(payload("icmpv6", "type"), string("echo-request")),
+                    accept(),
+                ],
+            ));
+            for r in &iface.policy.ingress {
+                batch.add(rule(chain.clone(), listen_match(r)));
+            }
+            batch.add(rule(chain.clone(), vec![Statement::Reject(None)]));
+            for hook in [FORWARD, LOCAL_OUT] {
+                for dest in by_family("daddr") {
+                    batch.add(rule(hook, vec![dest, new(), jump(&chain)]));
+                }
+            }
+        }
+    }
+}
+
+fn protocol_match(protocol: Option<Protocol>) -> Statement<'static> {
+    match protocol {
+        Some(p) => eq(meta(MetaKey::L4proto), string(p.as_str())),
+        None => eq(
+            meta(MetaKey::L4proto),
+            set(&["tcp".to_string(), "udp".to_string()]),
+        ),
+    }
+}
+
+fn ports_match(ports: Ports) -> Statement<'static> {
+    let right = if ports.first == ports.last {
+        number(ports.first)
+    } else {
+        Expression::Range(Box::new(nftables::expr::Range {
+            range: [number(ports.first), number(ports.last)],
+        }))
+    };
+    eq(payload("th", "dport"), right)
+}
+
+/// `ip daddr NET [meta l4proto P th dport PORTS] accept`.
+fn connect_match(r: &ConnectRule) -> Vec<Statement<'static>> {
+    let family = if r.net.addr().is_ipv4() { "ip" } else { "ip6" };
+    let mut out = vec![eq(payload(family, "daddr"), prefix(r.net))];
+    match (r.ports, r.protocol) {
+        (None, None) => {}
+        (None, Some(p)) => out.push(protocol_match(Some(p))),
+        (Some(ports), p) => {
+            out.push(protocol_match(p));
+            out.push(ports_match(ports));
+        }
+    }
+    out.push(accept());
+    out
+}
+
+/// `meta l4proto P th dport PORTS accept`.
+fn listen_match(r: &ListenRule) -> Vec<Statement<'static>> {
+    vec![protocol_match(r.protocol), ports_match(r.ports), accept()]
+}
+
+fn chain_object(name: &str) -> NfListObject<'static> {
+    NfListObject::Chain(Chain {
+        family: FAMILY,
+        table: Cow::Borrowed(NFT_TABLE),
+        name: Cow::Owned(name.to_string()),
+        ..Default::default()
+    })
+}
+
+fn jump(chain: &str) -> Statement<'static> {
+    Statement::Jump(nftables::stmt::JumpTarget {
+        target: Cow::Owned(chain.to_string()),
+    })
+}
+
 fn loopback4() -> Ipv4Net {
     Ipv4Net::new(Ipv4Addr::LOCALHOST, 8).expect("8 is a valid prefix length")
 }
@@ -378,11 +570,14 @@ fn base_chain(
     })
 }
 
-fn rule(chain: &'static str, expr: Vec<Statement<'static>>) -> NfListObject<'static> {
+fn rule(
+    chain: impl Into<Cow<'static, str>>,
+    expr: Vec<Statement<'static>>,
+) -> NfListObject<'static> {
     NfListObject::Rule(Rule {
         family: FAMILY,
         table: Cow::Borrowed(NFT_TABLE),
-        chain: Cow::Borrowed(chain),
+        chain: chain.into(),
         expr: Cow::Owned(expr),
         ..Default::default()
     })
@@ -485,6 +680,8 @@ mod tests {
                 nat66: true,
                 isolation: false,
                 forwards: Vec::new(),
+                gateways: Vec::new(),
+                policies: Vec::new(),
             },
             FirewallNetwork {
                 bridge: "ln-host".into(),
@@ -495,6 +692,8 @@ mod tests {
                 nat66: false,
                 isolation: false,
                 forwards: Vec::new(),
+                gateways: Vec::new(),
+                policies: Vec::new(),
             },
         ]
     }
@@ -696,6 +895,70 @@ mod tests {
             localnet[1]["match"]["right"],
             json!({"prefix": {"addr": "127.0.0.0", "len": 8}})
         );
+    }
+
+    #[test]
+    fn a_policy_jumps_new_connections_to_its_chains() {
+        let mut nets = nets();
+        nets[0].gateways = vec!["192.168.105.1".parse().unwrap()];
+        nets[0].policies = vec![InterfacePolicy {
+            tap: "lnta".into(),
+            addrs: vec![
+                "192.168.105.2".parse().unwrap(),
+                "fd00:5::2".parse().unwrap(),
+            ],
+            policy: Policy {
+                egress: vec![
+                    "198.51.100.1:8080/tcp".parse().unwrap(),
+                    "10.0.0.0/8".parse().unwrap(),
+                ],
+                ingress: vec!["8000-8010".parse().unwrap()],
+            },
+        }];
+        let doc = ruleset(&nets);
+        let fwd = rules(&doc, "forward");
+        assert_eq!(
+            fwd[0],
+            json!([
+                {"match": {"left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"set": ["192.168.105.2"]}, "op": "=="}},
+                {"match": {"left": {"ct": {"key": "state"}}, "right": "new", "op": "in"}},
+                {"jump": {"target": "out-lnta"}}
+            ]),
+            "the first rules of forward: the policy's jumps"
+        );
+        assert_eq!(fwd[1][0]["match"]["left"]["payload"]["protocol"], "ip6");
+        assert_eq!(fwd[2][2], json!({"jump": {"target": "in-lnta"}}));
+        assert_eq!(rules(&doc, "input").len(), 2, "VM to host: egress");
+        assert_eq!(rules(&doc, "local-out").len(), 2, "host to VM: ingress");
+        let out = rules(&doc, "out-lnta");
+        assert_eq!(out[0][0]["match"]["right"], 67, "DHCP always");
+        assert_eq!(
+            out[1][0]["match"]["right"], "192.168.105.1",
+            "DNS to the gateway always"
+        );
+        assert_eq!(
+            out[2],
+            json!([
+                {"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": {"prefix": {"addr": "198.51.100.1", "len": 32}}, "op": "=="}},
+                {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
+                {"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": 8080, "op": "=="}},
+                {"accept": null}
+            ])
+        );
+        assert_eq!(
+            out[3].as_array().unwrap().len(),
+            2,
+            "a whole network, any traffic"
+        );
+        assert_eq!(out[4], json!([{"reject": null}]));
+        let inn = rules(&doc, "in-lnta");
+        assert_eq!(
+            inn[2][1],
+            json!({"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": {"range": [8000, 8010]}, "op": "=="}})
+        );
+        assert_eq!(inn[3], json!([{"reject": null}]));
+        // Without policies there are no input/output filter chains at all.
+        assert!(rules(&ruleset(&super::tests::nets()), "input").is_empty());
     }
 
     #[test]

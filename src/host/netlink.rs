@@ -10,7 +10,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
 use rtnetlink::packet_route::link::{
-    BridgeBooleanOptionFlags, InfoKind, LinkAttribute, LinkInfo, LinkMessage,
+    BridgeBooleanOptionFlags, InfoBridge, InfoKind, LinkAttribute, LinkInfo, LinkMessage,
 };
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage};
 use rtnetlink::{Handle, LinkBridge, LinkUnspec, RouteMessageBuilder};
@@ -118,6 +118,12 @@ impl Netlink {
             .down()
             .mtu(mtu)
             .set_boolean_opt(BridgeBooleanOptionFlags::NoLinkLocalLearn, true)
+            // Bridged IPv4/IPv6 also passes the inet hooks (when the
+            // br_netfilter module is there), whatever the namespace's
+            // bridge-nf-call sysctls say: connect/listen policies and
+            // isolation then hold between VMs of one network too.
+            .append_info_data(InfoBridge::NfCallIpTables(true))
+            .append_info_data(InfoBridge::NfCallIp6Tables(true))
             .build();
         self.handle
             .link()

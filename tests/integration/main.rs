@@ -5,6 +5,7 @@ mod forwarding;
 mod guard;
 mod harness;
 mod ipv6;
+mod policy;
 mod qemu;
 mod sockets;
 

@@ -1,0 +1,111 @@
+//! `linnet policy show|set`: an attached VM's connect/listen policy.
+
+use anyhow::bail;
+use clap::{Args, Subcommand};
+
+use super::Cli;
+use crate::api::{InterfaceRef, PolicySetRequest, Request, Response};
+use crate::policy::{ConnectRule, ListenRule, Policy};
+use crate::types::InterfaceId;
+
+#[derive(Subcommand)]
+pub enum PolicyCommand {
+    /// Show what a VM may connect to and be connected on.
+    Show(Which),
+    /// Replace a VM's policy; new connections follow it at once. With
+    /// neither option, nothing is restricted.
+    Set(SetArgs),
+}
+
+#[derive(Args)]
+pub struct Which {
+    /// The VM's network.
+    #[arg(long, short, default_value = crate::config::DEFAULT_NETWORK)]
+    network: String,
+    /// The VM's interface id.
+    #[arg(
+        long,
+        value_name = "UUID",
+        required_unless_present = "name",
+        conflicts_with = "name"
+    )]
+    interface_id: Option<InterfaceId>,
+    /// The VM's name (given with `run --name`).
+    #[arg(long)]
+    name: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct SetArgs {
+    #[command(flatten)]
+    which: Which,
+    /// Let the VM connect only to these destinations (repeatable).
+    #[arg(long, value_name = "CIDR[:PORT[-PORT]][/tcp|/udp]")]
+    allow_connect: Vec<ConnectRule>,
+    /// Accept connections to the VM only on these ports (repeatable).
+    #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
+    allow_listen: Vec<ListenRule>,
+}
+
+impl Which {
+    fn interface(&self) -> InterfaceRef {
+        InterfaceRef {
+            network: self.network.clone(),
+            interface_id: self.interface_id,
+            name: self.name.clone(),
+        }
+    }
+}
+
+pub fn main(cli: &Cli, cmd: &PolicyCommand) -> anyhow::Result<()> {
+    let (request, which) = match cmd {
+        PolicyCommand::Show(w) => (Request::PolicyShow(w.interface()), w),
+        PolicyCommand::Set(a) => {
+            let i = a.which.interface();
+            let req = PolicySetRequest {
+                network: i.network,
+                interface_id: i.interface_id,
+                name: i.name,
+                policy: Policy {
+                    egress: a.allow_connect.clone(),
+                    ingress: a.allow_listen.clone(),
+                },
+            };
+            (Request::PolicySet(req), &a.which)
+        }
+    };
+    let (response, _) = cli.connect()?.call(&request)?;
+    match response {
+        Response::Policy {
+            interface_id,
+            policy,
+        } => {
+            if which.json {
+                let doc = serde_json::json!({"interface_id": interface_id, "policy": policy});
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                println!("interface {interface_id}");
+                println!("  connect: {}", describe(&policy.egress, "anywhere"));
+                println!("  listen:  {}", describe(&policy.ingress, "any port"));
+            }
+            Ok(())
+        }
+        Response::Error { message, .. } => bail!(message),
+        other => bail!("unexpected reply from the daemon: {other:?}"),
+    }
+}
+
+fn describe<T: ToString>(rules: &[T], open: &str) -> String {
+    if rules.is_empty() {
+        open.to_string()
+    } else {
+        rules
+            .iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}

@@ -1,0 +1,320 @@
+//! Per-interface connect/listen policy as users write it (kvmserver's
+//! `--allow-connect` / `--allow-listen`): what a VM may connect to, and on
+//! which of its ports others may connect to it. No rule of a kind means
+//! that kind is not restricted.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use thiserror::Error;
+
+use crate::forward::Protocol;
+
+#[derive(Debug, Error, PartialEq)]
+#[error("\"{spec}\": {problem} (expected {expected})")]
+pub struct PolicySpecError {
+    spec: String,
+    problem: String,
+    expected: &'static str,
+}
+
+const CONNECT_FORM: &str =
+    "CIDR[:PORT[-PORT]][/tcp|/udp], e.g. 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443";
+const LISTEN_FORM: &str = "PORT[-PORT][/tcp|/udp], e.g. 8000/tcp or 5000-5010";
+
+/// An inclusive range of ports, 1 to 65535.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ports {
+    pub first: u16,
+    pub last: u16,
+}
+
+/// `--allow-connect`: the VM may open connections to `net`, on `ports`
+/// (any when None), over `protocol` (TCP and UDP when None; with neither
+/// ports nor protocol, any traffic, ICMP included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectRule {
+    pub net: IpNet,
+    pub ports: Option<Ports>,
+    pub protocol: Option<Protocol>,
+}
+
+/// `--allow-listen`: others may connect to the VM on `ports` over
+/// `protocol` (TCP and UDP when None).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ListenRule {
+    pub ports: Ports,
+    pub protocol: Option<Protocol>,
+}
+
+/// An interface's policy. Empty lists: nothing restricted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<ConnectRule>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress: Vec<ListenRule>,
+}
+
+impl Policy {
+    pub fn is_open(&self) -> bool {
+        self.egress.is_empty() && self.ingress.is_empty()
+    }
+}
+
+fn split_protocol<'a>(
+    spec: &'a str,
+    fail: &dyn Fn(String) -> PolicySpecError,
+) -> Result<(&'a str, Option<Protocol>), PolicySpecError> {
+    match spec.rsplit_once('/') {
+        Some((rest, "tcp")) => Ok((rest, Some(Protocol::Tcp))),
+        Some((rest, "udp")) => Ok((rest, Some(Protocol::Udp))),
+        Some((_, other)) if other.chars().all(|c| c.is_ascii_alphabetic()) => Err(fail(format!(
+            "unknown protocol \"{other}\"; use tcp or udp"
+        ))),
+        _ => Ok((spec, None)),
+    }
+}
+
+fn parse_ports(
+    text: &str,
+    fail: &dyn Fn(String) -> PolicySpecError,
+) -> Result<Ports, PolicySpecError> {
+    let port = |t: &str| -> Result<u16, PolicySpecError> {
+        match t.parse::<u32>() {
+            Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
+            Ok(p) => Err(fail(format!(
+                "port {p} is out of range; allowed 1 to 65535"
+            ))),
+            Err(_) => Err(fail(format!("port \"{t}\" is not a number"))),
+        }
+    };
+    let (first, last) = match text.split_once('-') {
+        Some((a, b)) => (port(a)?, port(b)?),
+        None => {
+            let p = port(text)?;
+            (p, p)
+        }
+    };
+    if first > last {
+        return Err(fail(format!("port range {first}-{last} is backwards")));
+    }
+    Ok(Ports { first, last })
+}
+
+impl FromStr for ConnectRule {
+    type Err = PolicySpecError;
+
+    fn from_str(spec: &str) -> Result<ConnectRule, PolicySpecError> {
+        let fail = |problem: String| PolicySpecError {
+            spec: spec.into(),
+            problem,
+            expected: CONNECT_FORM,
+        };
+        let (rest, protocol) = split_protocol(spec, &fail)?;
+        // [V6NET]:PORTS, or V4NET:PORTS, or a bare network of either family.
+        let (net_text, ports_text) = if let Some(inner) = rest.strip_prefix('[') {
+            let (net, after) = inner
+                .split_once(']')
+                .ok_or_else(|| fail("a '[' without its ']'".into()))?;
+            match after.strip_prefix(':') {
+                Some(ports) => (net, Some(ports)),
+                None if after.is_empty() => (net, None),
+                None => return Err(fail(format!("\"{after}\" after the address"))),
+            }
+        } else if rest.matches(':').count() == 1 {
+            let (net, ports) = rest.split_once(':').expect("one colon");
+            (net, Some(ports))
+        } else {
+            (rest, None)
+        };
+        let net =
+            match net_text.parse::<IpNet>() {
+                Ok(net) => net,
+                Err(_) => IpNet::from(net_text.parse::<IpAddr>().map_err(|_| {
+                    fail(format!("\"{net_text}\" is not an IP address or network"))
+                })?),
+            };
+        if net != net.trunc() {
+            return Err(fail(format!(
+                "\"{net_text}\" has host bits set; did you mean {}?",
+                net.trunc()
+            )));
+        }
+        let ports = ports_text.map(|p| parse_ports(p, &fail)).transpose()?;
+        Ok(ConnectRule {
+            net,
+            ports,
+            protocol,
+        })
+    }
+}
+
+impl FromStr for ListenRule {
+    type Err = PolicySpecError;
+
+    fn from_str(spec: &str) -> Result<ListenRule, PolicySpecError> {
+        let fail = |problem: String| PolicySpecError {
+            spec: spec.into(),
+            problem,
+            expected: LISTEN_FORM,
+        };
+        let (rest, protocol) = split_protocol(spec, &fail)?;
+        Ok(ListenRule {
+            ports: parse_ports(rest, &fail)?,
+            protocol,
+        })
+    }
+}
+
+impl fmt::Display for Ports {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
+fn write_protocol(f: &mut fmt::Formatter<'_>, protocol: Option<Protocol>) -> fmt::Result {
+    match protocol {
+        Some(p) => write!(f, "/{}", p.as_str()),
+        None => Ok(()),
+    }
+}
+
+impl fmt::Display for ConnectRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let single = self.net.prefix_len() == self.net.max_prefix_len();
+        let net = if single {
+            self.net.addr().to_string()
+        } else {
+            self.net.to_string()
+        };
+        match (self.net, self.ports) {
+            (IpNet::V6(_), Some(ports)) => write!(f, "[{net}]:{ports}")?,
+            (_, Some(ports)) => write!(f, "{net}:{ports}")?,
+            (_, None) => write!(f, "{net}")?,
+        }
+        write_protocol(f, self.protocol)
+    }
+}
+
+impl fmt::Display for ListenRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.ports)?;
+        write_protocol(f, self.protocol)
+    }
+}
+
+macro_rules! serde_as_string {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                String::deserialize(d)?
+                    .parse()
+                    .map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+serde_as_string!(ConnectRule);
+serde_as_string!(ListenRule);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connect(s: &str) -> ConnectRule {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    fn listen(s: &str) -> ListenRule {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn connect_rules_parse_and_print_canonically() {
+        let r = connect("198.51.100.1:8080/tcp");
+        assert_eq!(r.net.to_string(), "198.51.100.1/32");
+        assert_eq!(
+            r.ports,
+            Some(Ports {
+                first: 8080,
+                last: 8080
+            })
+        );
+        assert_eq!(r.protocol, Some(Protocol::Tcp));
+        for canonical in [
+            "198.51.100.1:8080/tcp",
+            "10.0.0.0/8",
+            "10.0.0.0/8:1000-2000/udp",
+            "[2001:db8::/32]:443/tcp",
+            "2001:db8::1",
+            "[2001:db8::1]:53",
+            "192.0.2.0/24/udp",
+        ] {
+            assert_eq!(connect(canonical).to_string(), canonical);
+        }
+        assert_eq!(connect("2001:db8::/32").ports, None);
+    }
+
+    #[test]
+    fn listen_rules_parse_and_print_canonically() {
+        assert_eq!(
+            listen("8000/tcp"),
+            ListenRule {
+                ports: Ports {
+                    first: 8000,
+                    last: 8000
+                },
+                protocol: Some(Protocol::Tcp)
+            }
+        );
+        for canonical in ["8000/tcp", "5000-5010", "53/udp"] {
+            assert_eq!(listen(canonical).to_string(), canonical);
+        }
+    }
+
+    #[test]
+    fn bad_rules_say_what_is_wrong() {
+        let bad = |s: &str| s.parse::<ConnectRule>().unwrap_err().to_string();
+        assert!(bad("banana").contains("\"banana\" is not an IP address or network"));
+        assert!(bad("10.0.0.1/8").contains("has host bits set; did you mean 10.0.0.0/8?"));
+        assert!(bad("10.0.0.1:0").contains("port 0 is out of range"));
+        assert!(bad("10.0.0.1:90-80").contains("port range 90-80 is backwards"));
+        assert!(bad("10.0.0.1:80/sctp").contains("unknown protocol \"sctp\""));
+        assert!(bad("[2001:db8::1:80").contains("a '[' without its ']'"));
+        assert!(bad("10.0.0.1:http").contains("expected CIDR[:PORT[-PORT]]"));
+        let bad = |s: &str| s.parse::<ListenRule>().unwrap_err().to_string();
+        assert!(bad("70000").contains("port 70000 is out of range"));
+        assert!(bad("ssh").contains("port \"ssh\" is not a number"));
+        assert!(bad("22/icmp").contains("unknown protocol \"icmp\""));
+    }
+
+    #[test]
+    fn policies_round_trip_as_json() {
+        let p = Policy {
+            egress: vec![connect("198.51.100.1:8080/tcp")],
+            ingress: vec![listen("8000/tcp")],
+        };
+        let text = serde_json::to_string(&p).unwrap();
+        assert_eq!(
+            text,
+            r#"{"egress":["198.51.100.1:8080/tcp"],"ingress":["8000/tcp"]}"#
+        );
+        assert_eq!(serde_json::from_str::<Policy>(&text).unwrap(), p);
+        assert!(Policy::default().is_open());
+    }
+}

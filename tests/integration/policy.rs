@@ -1,0 +1,176 @@
+//! Per-interface policy, kvmserver-style: `--allow-connect` limits what a
+//! VM may connect to, `--allow-listen` on which of its ports it may be
+//! connected to.
+
+use std::process::Stdio;
+
+use crate::harness::*;
+
+const ALLOWED_HOST: &str = "198.51.100.1";
+
+fn serve(ns: &Netns, tag: &str, port: u16) -> Reaped {
+    let script = repo_file("tests/echo_peer.py");
+    let mut child = Reaped(
+        ns.cmd(&["python3", &script, "serve", tag, &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "serving");
+    child
+}
+
+fn ask(ns: &Netns, host: &str, port: u16) -> Option<String> {
+    let script = repo_file("tests/echo_peer.py");
+    let out = run(&mut ns.cmd(&["python3", &script, "ask", host, &port.to_string(), "tcp"]));
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+#[test]
+fn allow_connect_limits_what_the_guest_reaches() {
+    let mut world = World::new();
+    must(&mut world.upstream.cmd(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{ALLOWED_HOST}/32"),
+        "dev",
+        "eth0",
+    ]));
+    let _servers = [
+        serve(&world.upstream, "up", 8080),
+        serve(&world.upstream, "up", 8081),
+    ];
+    world.start_daemon();
+    let g = world.guest(
+        "shared",
+        &["--allow-connect", &format!("{ALLOWED_HOST}:8080/tcp")],
+    );
+    assert_eq!(g.udhcpc(), g.ip());
+    assert_eq!(
+        g.info["policy"]["egress"],
+        serde_json::json!([format!("{ALLOWED_HOST}:8080/tcp")])
+    );
+    assert_eq!(
+        ask(&g.ns, ALLOWED_HOST, 8080).as_deref(),
+        Some(format!("up from {}", UPSTREAM_HOST_SIDE).as_str())
+    );
+    assert_eq!(
+        ask(&g.ns, ALLOWED_HOST, 8081),
+        None,
+        "another port of the same host"
+    );
+    assert_eq!(
+        g.fetch(&format!("http://{UPSTREAM_IP}/")),
+        None,
+        "another address"
+    );
+    assert_eq!(
+        g.lookup(UPSTREAM_NAME, &g.gateway()).as_deref(),
+        Some(UPSTREAM_IP),
+        "DNS through the gateway always passes"
+    );
+}
+
+#[test]
+fn allow_listen_limits_who_reaches_the_guest() {
+    let mut world = World::new();
+    world.start_daemon();
+    let g = world.guest("shared", &["--allow-listen", "8000/tcp"]);
+    let other = world.guest("shared", &[]);
+    assert_eq!(g.udhcpc(), g.ip());
+    assert_eq!(other.udhcpc(), other.ip());
+    let _servers = [serve(&g.ns, "g", 8000), serve(&g.ns, "g", 8001)];
+    let ip = g.ip().to_string();
+    assert!(
+        ask(&world.host, &ip, 8000).is_some(),
+        "the host on an allowed port"
+    );
+    assert_eq!(
+        ask(&world.host, &ip, 8001),
+        None,
+        "the host on another port"
+    );
+    assert!(
+        ask(&other.ns, &ip, 8000).is_some(),
+        "another guest on an allowed port"
+    );
+    assert_eq!(
+        ask(&other.ns, &ip, 8001),
+        None,
+        "another guest on another port"
+    );
+}
+
+#[test]
+fn policy_set_at_runtime_applies_to_new_connections() {
+    let mut world = World::new();
+    must(&mut world.upstream.cmd(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{ALLOWED_HOST}/32"),
+        "dev",
+        "eth0",
+    ]));
+    let _servers = [
+        serve(&world.upstream, "up", 8080),
+        serve(&world.upstream, "up", 8081),
+    ];
+    world.start_daemon();
+    let g = world.guest(
+        "shared",
+        &[
+            "--name",
+            "pol",
+            "--allow-connect",
+            &format!("{ALLOWED_HOST}:8080/tcp"),
+        ],
+    );
+    assert_eq!(g.udhcpc(), g.ip());
+    assert!(ask(&g.ns, ALLOWED_HOST, 8080).is_some());
+    assert_eq!(ask(&g.ns, ALLOWED_HOST, 8081), None);
+    let ls = must(&mut world.linnet(&["ls"]));
+    assert!(ls.contains("connect 1"), "linnet ls shows the policy: {ls}");
+
+    must(&mut world.linnet(&[
+        "policy",
+        "set",
+        "--name",
+        "pol",
+        "--allow-connect",
+        &format!("{ALLOWED_HOST}:8081/tcp"),
+    ]));
+    let shown: serde_json::Value = serde_json::from_str(&must(
+        &mut world.linnet(&["policy", "show", "--name", "pol", "--json"]),
+    ))
+    .unwrap();
+    assert_eq!(
+        shown["policy"]["egress"],
+        serde_json::json!([format!("{ALLOWED_HOST}:8081/tcp")])
+    );
+    assert_eq!(ask(&g.ns, ALLOWED_HOST, 8080), None, "no longer allowed");
+    assert!(ask(&g.ns, ALLOWED_HOST, 8081).is_some(), "now allowed");
+
+    must(&mut world.linnet(&["policy", "set", "--name", "pol"]));
+    assert!(
+        ask(&g.ns, ALLOWED_HOST, 8080).is_some(),
+        "an empty policy restricts nothing"
+    );
+    let err = failure(&mut world.linnet(&["policy", "set", "--name", "nosuch"]));
+    assert!(
+        err.contains("unknown interface: an interface named \"nosuch\""),
+        "{err}"
+    );
+    let err =
+        failure(&mut world.linnet(&["policy", "set", "--name", "pol", "--allow-listen", "0"]));
+    assert!(err.contains("port 0 is out of range"), "{err}");
+}
