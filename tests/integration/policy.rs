@@ -84,7 +84,17 @@ fn allow_connect_limits_what_the_guest_reaches() {
 fn allow_listen_limits_who_reaches_the_guest() {
     let mut world = World::new();
     world.start_daemon();
-    let g = world.guest("shared", &["--allow-listen", "8000/tcp"]);
+    let g = world.guest(
+        "shared",
+        &[
+            "--allow-listen",
+            "8000/tcp",
+            "-p",
+            "9000:8000",
+            "-p",
+            "9001:8001",
+        ],
+    );
     let other = world.guest("shared", &[]);
     assert_eq!(g.udhcpc(), g.ip());
     assert_eq!(other.udhcpc(), other.ip());
@@ -107,6 +117,20 @@ fn allow_listen_limits_who_reaches_the_guest() {
         ask(&other.ns, &ip, 8001),
         None,
         "another guest on another port"
+    );
+    assert!(
+        ask(&world.upstream, UPSTREAM_HOST_SIDE, 9000).is_some(),
+        "a port forward to an allowed port"
+    );
+    assert_eq!(
+        ask(&world.upstream, UPSTREAM_HOST_SIDE, 9001),
+        None,
+        "a port forward to another port"
+    );
+    assert_eq!(
+        ask(&world.host, "127.0.0.1", 9001),
+        None,
+        "from the host through a forward"
     );
 }
 
