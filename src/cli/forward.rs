@@ -3,11 +3,10 @@
 use anyhow::bail;
 use clap::{Args, Subcommand};
 
-use super::Cli;
 use super::ls::{print_table, row};
+use super::{Cli, InterfaceArgs};
 use crate::api::{ForwardRequest, Request, Response};
 use crate::forward::PortForward;
-use crate::types::InterfaceId;
 
 #[derive(Subcommand)]
 pub enum ForwardCommand {
@@ -23,20 +22,8 @@ pub enum ForwardCommand {
 
 #[derive(Args)]
 pub struct ForwardArgs {
-    /// The VM's network.
-    #[arg(long, short, default_value = crate::config::DEFAULT_NETWORK)]
-    network: String,
-    /// The VM's interface id.
-    #[arg(
-        long,
-        value_name = "UUID",
-        required_unless_present = "name",
-        conflicts_with = "name"
-    )]
-    interface_id: Option<InterfaceId>,
-    /// The VM's name (given with `run --name`).
-    #[arg(long)]
-    name: Option<String>,
+    #[command(flatten)]
+    which: InterfaceArgs,
     /// Connections to HOST_PORT on the host's addresses (or only HOST_ADDR)
     /// go to GUEST_PORT of the VM; TCP unless /udp.
     #[arg(value_name = "[HOST_ADDR:]HOST_PORT:GUEST_PORT[/tcp|/udp]")]
@@ -107,10 +94,11 @@ pub fn main(cli: &Cli, cmd: &ForwardCommand) -> anyhow::Result<()> {
 
 impl ForwardArgs {
     fn request(&self) -> ForwardRequest {
+        let which = self.which.interface();
         ForwardRequest {
-            network: self.network.clone(),
-            interface_id: self.interface_id,
-            name: self.name.clone(),
+            network: which.network,
+            interface_id: which.interface_id,
+            name: which.name,
             forward: self.forward,
         }
     }

@@ -244,6 +244,35 @@ pub struct AttachArgs {
     pub allow_listen: Vec<ListenRule>,
 }
 
+/// Names an attached interface; shared by `forward` and `policy`.
+#[derive(Args)]
+pub struct InterfaceArgs {
+    /// The VM's network.
+    #[arg(long, short, default_value = crate::config::DEFAULT_NETWORK)]
+    pub network: String,
+    /// The VM's interface id.
+    #[arg(
+        long,
+        value_name = "UUID",
+        required_unless_present = "name",
+        conflicts_with = "name"
+    )]
+    pub interface_id: Option<InterfaceId>,
+    /// The VM's name (given with `run --name`).
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+impl InterfaceArgs {
+    pub fn interface(&self) -> crate::api::InterfaceRef {
+        crate::api::InterfaceRef {
+            network: self.network.clone(),
+            interface_id: self.interface_id,
+            name: self.name.clone(),
+        }
+    }
+}
+
 /// Attaches an interface; returns what the VMM needs to know and the TAP.
 pub fn attach(
     channel: &Channel,

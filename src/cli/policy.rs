@@ -3,10 +3,9 @@
 use anyhow::bail;
 use clap::{Args, Subcommand};
 
-use super::Cli;
-use crate::api::{InterfaceRef, PolicySetRequest, Request, Response};
+use super::{Cli, InterfaceArgs};
+use crate::api::{PolicySetRequest, Request, Response};
 use crate::policy::{ConnectRule, ListenRule, Policy};
-use crate::types::InterfaceId;
 
 #[derive(Subcommand)]
 pub enum PolicyCommand {
@@ -19,20 +18,8 @@ pub enum PolicyCommand {
 
 #[derive(Args)]
 pub struct Which {
-    /// The VM's network.
-    #[arg(long, short, default_value = crate::config::DEFAULT_NETWORK)]
-    network: String,
-    /// The VM's interface id.
-    #[arg(
-        long,
-        value_name = "UUID",
-        required_unless_present = "name",
-        conflicts_with = "name"
-    )]
-    interface_id: Option<InterfaceId>,
-    /// The VM's name (given with `run --name`).
-    #[arg(long)]
-    name: Option<String>,
+    #[command(flatten)]
+    interface: InterfaceArgs,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -50,21 +37,11 @@ pub struct SetArgs {
     allow_listen: Vec<ListenRule>,
 }
 
-impl Which {
-    fn interface(&self) -> InterfaceRef {
-        InterfaceRef {
-            network: self.network.clone(),
-            interface_id: self.interface_id,
-            name: self.name.clone(),
-        }
-    }
-}
-
 pub fn main(cli: &Cli, cmd: &PolicyCommand) -> anyhow::Result<()> {
     let (request, which) = match cmd {
-        PolicyCommand::Show(w) => (Request::PolicyShow(w.interface()), w),
+        PolicyCommand::Show(w) => (Request::PolicyShow(w.interface.interface()), w),
         PolicyCommand::Set(a) => {
-            let i = a.which.interface();
+            let i = a.which.interface.interface();
             let req = PolicySetRequest {
                 network: i.network,
                 interface_id: i.interface_id,

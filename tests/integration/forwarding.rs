@@ -9,38 +9,6 @@ use serde_json::Value;
 
 use crate::harness::*;
 
-/// tests/echo_peer.py serving TCP and UDP on `port` in the guest, each
-/// answer "TAG from CLIENT".
-fn serve(guest: &Guest, tag: &str, port: u16) -> Reaped {
-    let script = repo_file("tests/echo_peer.py");
-    let mut child = Reaped(
-        guest
-            .ns
-            .cmd(&["python3", &script, "serve", tag, &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "serving");
-    child
-}
-
-/// The answer a client in `ns` gets from HOST:PORT, or None.
-fn ask(ns: &Netns, host: &str, port: u16, proto: &str) -> Option<String> {
-    let script = repo_file("tests/echo_peer.py");
-    let out = run(&mut ns.cmd(&["python3", &script, "ask", host, &port.to_string(), proto]));
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
 fn guest_with_addresses(world: &World, extra: &[&str]) -> Guest {
     let g = world.guest("shared", extra);
     assert_eq!(g.udhcpc(), g.ip());
@@ -62,7 +30,10 @@ fn published_ports_reach_the_guest_from_outside_from_the_host_and_over_ipv6() {
         &["--name", "web", "--publish", "8080:80", "-p", "5353:80/udp"],
     );
     let other = guest_with_addresses(&world, &["--name", "other", "--publish", "8081:80"]);
-    let _servers = [serve(&web, "web", 80), serve(&other, "other", 80)];
+    let _servers = [
+        echo_serve(&web.ns, "web", 80),
+        echo_serve(&other.ns, "other", 80),
+    ];
     assert_eq!(
         web.info["forwards"],
         serde_json::json!(["8080:80/tcp", "5353:80/udp"])
@@ -73,54 +44,54 @@ fn published_ports_reach_the_guest_from_outside_from_the_host_and_over_ipv6() {
     // From outside: the guest sees the real client.
     let from_up = format!("web from {UPSTREAM_IP}");
     assert_eq!(
-        ask(up, UPSTREAM_HOST_SIDE, 8080, "tcp"),
+        echo_ask(up, UPSTREAM_HOST_SIDE, 8080, "tcp"),
         Some(from_up.clone())
     );
-    assert_eq!(ask(up, UPSTREAM_HOST_SIDE, 5353, "udp"), Some(from_up));
+    assert_eq!(echo_ask(up, UPSTREAM_HOST_SIDE, 5353, "udp"), Some(from_up));
     assert_eq!(
-        ask(up, UPSTREAM_HOST_SIDE6, 8080, "tcp"),
+        echo_ask(up, UPSTREAM_HOST_SIDE6, 8080, "tcp"),
         Some(format!("web from {UPSTREAM_IP6}")),
         "IPv6 host address to the guest's SLAAC address"
     );
     // Two guests publish the same guest port on different host ports.
     assert_eq!(
-        ask(up, UPSTREAM_HOST_SIDE, 8081, "tcp"),
+        echo_ask(up, UPSTREAM_HOST_SIDE, 8081, "tcp"),
         Some(format!("other from {UPSTREAM_IP}"))
     );
 
     // From the host itself: its own address is kept; 127.0.0.1 is
     // masqueraded to the gateway (it cannot leave the host).
     assert_eq!(
-        ask(host, UPSTREAM_HOST_SIDE, 8080, "tcp"),
+        echo_ask(host, UPSTREAM_HOST_SIDE, 8080, "tcp"),
         Some(format!("web from {UPSTREAM_HOST_SIDE}"))
     );
     assert_eq!(
-        ask(host, UPSTREAM_HOST_SIDE6, 8080, "tcp"),
+        echo_ask(host, UPSTREAM_HOST_SIDE6, 8080, "tcp"),
         Some(format!("web from {UPSTREAM_HOST_SIDE6}"))
     );
     let from_gateway = format!("web from {}", web.gateway());
     assert_eq!(
-        ask(host, "127.0.0.1", 8080, "tcp"),
+        echo_ask(host, "127.0.0.1", 8080, "tcp"),
         Some(from_gateway.clone())
     );
     assert_eq!(
-        ask(host, "127.0.0.1", 5353, "udp"),
+        echo_ask(host, "127.0.0.1", 5353, "udp"),
         Some(from_gateway.clone())
     );
     // Another VM of the network through the gateway (hairpin).
     assert_eq!(
-        ask(&other.ns, &web.gateway(), 8080, "tcp"),
+        echo_ask(&other.ns, &web.gateway(), 8080, "tcp"),
         Some(from_gateway)
     );
     // A VM of another network reaches it as it reaches the host.
     let lab = world.guest("host", &[]);
     assert_eq!(lab.udhcpc(), lab.ip());
     assert_eq!(
-        ask(&lab.ns, &lab.gateway(), 8080, "tcp"),
+        echo_ask(&lab.ns, &lab.gateway(), 8080, "tcp"),
         Some(format!("web from {}", lab.ip()))
     );
     // Not published: nothing answers.
-    assert_eq!(ask(up, UPSTREAM_HOST_SIDE, 8082, "tcp"), None);
+    assert_eq!(echo_ask(up, UPSTREAM_HOST_SIDE, 8082, "tcp"), None);
 
     // One VM detaching takes its ports along while the other keeps its own.
     let mut other = other;
@@ -130,9 +101,9 @@ fn published_ports_reach_the_guest_from_outside_from_the_host_and_over_ipv6() {
         std::time::Duration::from_secs(5),
         || (!world.host.nft_ruleset().contains("8081")).then_some(()),
     );
-    assert_eq!(ask(up, UPSTREAM_HOST_SIDE, 8081, "tcp"), None);
+    assert_eq!(echo_ask(up, UPSTREAM_HOST_SIDE, 8081, "tcp"), None);
     assert_eq!(
-        ask(up, UPSTREAM_HOST_SIDE, 8080, "tcp"),
+        echo_ask(up, UPSTREAM_HOST_SIDE, 8080, "tcp"),
         Some(format!("web from {UPSTREAM_IP}"))
     );
 }
@@ -143,12 +114,12 @@ fn runtime_forwards_are_added_removed_listed_and_follow_the_interface() {
     world.start_daemon();
     let id = "6f1c1e8a-7d2b-4c55-9a43-1d0c2b3a4f5e";
     let mut web = guest_with_addresses(&world, &["--name", "web", "--interface-id", id]);
-    let server = serve(&web, "web", 80);
+    let server = echo_serve(&web.ns, "web", 80);
     let up = &world.upstream;
 
     must(&mut world.linnet(&["forward", "add", "--name", "web", "9090:80"]));
     assert_eq!(
-        ask(up, UPSTREAM_HOST_SIDE, 9090, "tcp"),
+        echo_ask(up, UPSTREAM_HOST_SIDE, 9090, "tcp"),
         Some(format!("web from {UPSTREAM_IP}"))
     );
     let ls = forward_ls(&world);
@@ -169,7 +140,11 @@ fn runtime_forwards_are_added_removed_listed_and_follow_the_interface() {
     );
 
     must(&mut world.linnet(&["forward", "rm", "--name", "web", "9090:80"]));
-    assert_eq!(ask(up, UPSTREAM_HOST_SIDE, 9090, "tcp"), None, "removed");
+    assert_eq!(
+        echo_ask(up, UPSTREAM_HOST_SIDE, 9090, "tcp"),
+        None,
+        "removed"
+    );
     assert!(forward_ls(&world).is_empty());
 
     // Kept for the interface id: gone at detach, back at the next attach,
@@ -191,10 +166,10 @@ fn runtime_forwards_are_added_removed_listed_and_follow_the_interface() {
             world.start_daemon();
         }
         let web = guest_with_addresses(&world, &["--interface-id", id]);
-        let _server = serve(&web, "again", 80);
+        let _server = echo_serve(&web.ns, "again", 80);
         assert_eq!(web.info["forwards"], serde_json::json!(["9091:80/tcp"]));
         assert_eq!(
-            ask(&world.upstream, UPSTREAM_HOST_SIDE, 9091, "tcp"),
+            echo_ask(&world.upstream, UPSTREAM_HOST_SIDE, 9091, "tcp"),
             Some(format!("again from {UPSTREAM_IP}")),
             "restored (daemon restarted: {restart})"
         );
@@ -211,10 +186,10 @@ fn config_forwards_go_to_the_named_vm_and_stay_in_the_config() {
     );
     world.start_daemon();
     let g = guest_with_addresses(&world, &["--name", "cfgvm"]);
-    let _server = serve(&g, "cfg", 80);
+    let _server = echo_serve(&g.ns, "cfg", 80);
     assert_eq!(g.info["forwards"], serde_json::json!(["7070:80/tcp"]));
     assert_eq!(
-        ask(&world.upstream, UPSTREAM_HOST_SIDE, 7070, "tcp"),
+        echo_ask(&world.upstream, UPSTREAM_HOST_SIDE, 7070, "tcp"),
         Some(format!("cfg from {UPSTREAM_IP}"))
     );
     assert_eq!(forward_ls(&world)[0]["origin"], "config");
@@ -260,7 +235,7 @@ fn forward_errors_name_the_conflict() {
     wait_for(
         "the host's listener",
         std::time::Duration::from_secs(5),
-        || ask(&world.host, "127.0.0.1", 7071, "tcp").map(|_| ()),
+        || echo_ask(&world.host, "127.0.0.1", 7071, "tcp").map(|_| ()),
     );
     let err = failure(&mut world.linnet(&["forward", "add", "--name", "b", "7071:80"]));
     assert!(

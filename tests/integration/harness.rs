@@ -757,6 +757,36 @@ impl Guest {
     }
 }
 
+/// tests/echo_peer.py serving TCP and UDP on `port` in `ns`, answering
+/// each client "TAG from CLIENT-ADDRESS"; ready when returned.
+pub fn echo_serve(ns: &Netns, tag: &str, port: u16) -> Reaped {
+    let script = repo_file("tests/echo_peer.py");
+    let mut child = Reaped(
+        ns.cmd(&["python3", &script, "serve", tag, &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    use std::io::BufRead;
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "serving");
+    child
+}
+
+/// The answer a client in `ns` gets from an echo server at HOST:PORT over
+/// `proto` (tcp or udp), or None.
+pub fn echo_ask(ns: &Netns, host: &str, port: u16, proto: &str) -> Option<String> {
+    let script = repo_file("tests/echo_peer.py");
+    let out = run(&mut ns.cmd(&["python3", &script, "ask", host, &port.to_string(), proto]));
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 /// SIGTERM, and wait.
 pub fn terminate(child: &mut Child) -> std::process::ExitStatus {
     let _ = Command::new("kill")

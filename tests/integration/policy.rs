@@ -2,54 +2,35 @@
 //! VM may connect to, `--allow-listen` on which of its ports it may be
 //! connected to.
 
-use std::process::Stdio;
-
 use crate::harness::*;
 
 const ALLOWED_HOST: &str = "198.51.100.1";
 
-fn serve(ns: &Netns, tag: &str, port: u16) -> Reaped {
-    let script = repo_file("tests/echo_peer.py");
-    let mut child = Reaped(
-        ns.cmd(&["python3", &script, "serve", tag, &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "serving");
-    child
+fn tcp(ns: &Netns, host: &str, port: u16) -> Option<String> {
+    echo_ask(ns, host, port, "tcp")
 }
 
-fn ask(ns: &Netns, host: &str, port: u16) -> Option<String> {
-    let script = repo_file("tests/echo_peer.py");
-    let out = run(&mut ns.cmd(&["python3", &script, "ask", host, &port.to_string(), "tcp"]));
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+/// A world whose upstream also holds ALLOWED_HOST, with echo servers on
+/// its ports 8080 and 8081, and a daemon.
+fn world_with_allowed_host() -> (World, [Reaped; 2]) {
+    let mut world = World::new();
+    let address = format!("{ALLOWED_HOST}/32");
+    must(
+        &mut world
+            .upstream
+            .cmd(&["ip", "addr", "add", &address, "dev", "eth0"]),
+    );
+    let servers = [
+        echo_serve(&world.upstream, "up", 8080),
+        echo_serve(&world.upstream, "up", 8081),
+    ];
+    world.start_daemon();
+    (world, servers)
 }
 
 #[test]
 fn allow_connect_limits_what_the_guest_reaches() {
-    let mut world = World::new();
-    must(&mut world.upstream.cmd(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{ALLOWED_HOST}/32"),
-        "dev",
-        "eth0",
-    ]));
-    let _servers = [
-        serve(&world.upstream, "up", 8080),
-        serve(&world.upstream, "up", 8081),
-    ];
-    world.start_daemon();
+    let (world, _servers) = world_with_allowed_host();
     let g = world.guest(
         "shared",
         &["--allow-connect", &format!("{ALLOWED_HOST}:8080/tcp")],
@@ -60,11 +41,11 @@ fn allow_connect_limits_what_the_guest_reaches() {
         serde_json::json!([format!("{ALLOWED_HOST}:8080/tcp")])
     );
     assert_eq!(
-        ask(&g.ns, ALLOWED_HOST, 8080).as_deref(),
+        tcp(&g.ns, ALLOWED_HOST, 8080).as_deref(),
         Some(format!("up from {}", UPSTREAM_HOST_SIDE).as_str())
     );
     assert_eq!(
-        ask(&g.ns, ALLOWED_HOST, 8081),
+        tcp(&g.ns, ALLOWED_HOST, 8081),
         None,
         "another port of the same host"
     );
@@ -98,37 +79,37 @@ fn allow_listen_limits_who_reaches_the_guest() {
     let other = world.guest("shared", &[]);
     assert_eq!(g.udhcpc(), g.ip());
     assert_eq!(other.udhcpc(), other.ip());
-    let _servers = [serve(&g.ns, "g", 8000), serve(&g.ns, "g", 8001)];
+    let _servers = [echo_serve(&g.ns, "g", 8000), echo_serve(&g.ns, "g", 8001)];
     let ip = g.ip().to_string();
     assert!(
-        ask(&world.host, &ip, 8000).is_some(),
+        tcp(&world.host, &ip, 8000).is_some(),
         "the host on an allowed port"
     );
     assert_eq!(
-        ask(&world.host, &ip, 8001),
+        tcp(&world.host, &ip, 8001),
         None,
         "the host on another port"
     );
     assert!(
-        ask(&other.ns, &ip, 8000).is_some(),
+        tcp(&other.ns, &ip, 8000).is_some(),
         "another guest on an allowed port"
     );
     assert_eq!(
-        ask(&other.ns, &ip, 8001),
+        tcp(&other.ns, &ip, 8001),
         None,
         "another guest on another port"
     );
     assert!(
-        ask(&world.upstream, UPSTREAM_HOST_SIDE, 9000).is_some(),
+        tcp(&world.upstream, UPSTREAM_HOST_SIDE, 9000).is_some(),
         "a port forward to an allowed port"
     );
     assert_eq!(
-        ask(&world.upstream, UPSTREAM_HOST_SIDE, 9001),
+        tcp(&world.upstream, UPSTREAM_HOST_SIDE, 9001),
         None,
         "a port forward to another port"
     );
     assert_eq!(
-        ask(&world.host, "127.0.0.1", 9001),
+        tcp(&world.host, "127.0.0.1", 9001),
         None,
         "from the host through a forward"
     );
@@ -136,20 +117,7 @@ fn allow_listen_limits_who_reaches_the_guest() {
 
 #[test]
 fn policy_set_at_runtime_applies_to_new_connections() {
-    let mut world = World::new();
-    must(&mut world.upstream.cmd(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{ALLOWED_HOST}/32"),
-        "dev",
-        "eth0",
-    ]));
-    let _servers = [
-        serve(&world.upstream, "up", 8080),
-        serve(&world.upstream, "up", 8081),
-    ];
-    world.start_daemon();
+    let (world, _servers) = world_with_allowed_host();
     let g = world.guest(
         "shared",
         &[
@@ -160,8 +128,8 @@ fn policy_set_at_runtime_applies_to_new_connections() {
         ],
     );
     assert_eq!(g.udhcpc(), g.ip());
-    assert!(ask(&g.ns, ALLOWED_HOST, 8080).is_some());
-    assert_eq!(ask(&g.ns, ALLOWED_HOST, 8081), None);
+    assert!(tcp(&g.ns, ALLOWED_HOST, 8080).is_some());
+    assert_eq!(tcp(&g.ns, ALLOWED_HOST, 8081), None);
     let ls = must(&mut world.linnet(&["ls"]));
     assert!(ls.contains("connect 1"), "linnet ls shows the policy: {ls}");
 
@@ -181,12 +149,12 @@ fn policy_set_at_runtime_applies_to_new_connections() {
         shown["policy"]["egress"],
         serde_json::json!([format!("{ALLOWED_HOST}:8081/tcp")])
     );
-    assert_eq!(ask(&g.ns, ALLOWED_HOST, 8080), None, "no longer allowed");
-    assert!(ask(&g.ns, ALLOWED_HOST, 8081).is_some(), "now allowed");
+    assert_eq!(tcp(&g.ns, ALLOWED_HOST, 8080), None, "no longer allowed");
+    assert!(tcp(&g.ns, ALLOWED_HOST, 8081).is_some(), "now allowed");
 
     must(&mut world.linnet(&["policy", "set", "--name", "pol"]));
     assert!(
-        ask(&g.ns, ALLOWED_HOST, 8080).is_some(),
+        tcp(&g.ns, ALLOWED_HOST, 8080).is_some(),
         "an empty policy restricts nothing"
     );
     let err = failure(&mut world.linnet(&["policy", "set", "--name", "nosuch"]));
