@@ -52,6 +52,12 @@ pub enum Request {
     PolicyShow(InterfaceRef),
     /// Replaces an attached interface's policy; new connections follow it.
     PolicySet(PolicySetRequest),
+    /// What the host's other firewalls and routes do to the networks
+    /// (all, or the one named).
+    Doctor {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -178,6 +184,9 @@ pub enum Response {
         interface_id: InterfaceId,
         policy: Policy,
     },
+    Doctor {
+        report: Box<DoctorReport>,
+    },
     Error {
         kind: ErrorKind,
         message: String,
@@ -218,7 +227,10 @@ pub struct InterfaceInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub mac_address: MacAddr,
-    pub ip_address: Ipv4Addr,
+    /// None on a network without DHCP, unless a static lease names the
+    /// interface: the guest sets its own address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_address: Option<Ipv4Addr>,
     pub gateway: Ipv4Addr,
     /// The gateway's DNS addresses (IPv4, and IPv6 when the network has it).
     pub dns: Vec<IpAddr>,
@@ -240,6 +252,10 @@ pub struct InterfaceInfo {
     /// Empty lists: nothing restricted.
     #[serde(default)]
     pub policy: Policy,
+    /// What the host's other firewalls block of this network's traffic
+    /// (`linnet doctor` has the details).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -254,6 +270,9 @@ pub struct NetworkStatus {
     pub bridge: Option<String>,
     pub interfaces: usize,
     pub persistent: bool,
+    /// What the host's other firewalls block of its traffic, while it is up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -262,7 +281,8 @@ pub struct InterfaceStatus {
     pub name: Option<String>,
     pub network: String,
     pub mac_address: MacAddr,
-    pub ip_address: Ipv4Addr,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_address: Option<Ipv4Addr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6_address: Option<Ipv6Addr>,
     pub tap: String,
@@ -281,6 +301,47 @@ pub struct InterfaceStatus {
     /// Frames from the VM that anti-spoofing dropped (None: not guarded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spoofed_drops: Option<u64>,
+}
+
+/// `linnet doctor`: the namespace as linnet sees it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DoctorReport {
+    /// Default routes, the one in use first ("interface (metric N)").
+    pub uplinks_ipv4: Vec<String>,
+    pub uplinks_ipv6: Vec<String>,
+    /// The other firewalls found: "ip filter (docker)", "inet firewalld
+    /// (firewalld)", "iptables-legacy filter", ...
+    pub firewalls: Vec<String>,
+    /// Whether Docker's DOCKER-USER chain exists (per family: ip, ip6),
+    /// and whether linnet may add its rules there.
+    pub docker_user_chain: Vec<String>,
+    pub docker_user_enabled: bool,
+    /// The forwarding sysctls as they are now.
+    pub ipv4_forwarding: bool,
+    pub ipv6_forwarding: bool,
+    /// What could not be read (nftables, legacy iptables, routes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+    pub networks: Vec<NetworkDoctor>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NetworkDoctor {
+    pub name: String,
+    pub mode: Mode,
+    pub bridge: String,
+    pub up: bool,
+    /// The interface its NAT goes out of, per family (None: no default
+    /// route, so no way out).
+    pub uplink_ipv4: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uplink_ipv6: Option<String>,
+    /// Whether linnet's accept rules for it are in DOCKER-USER.
+    pub docker_user_rules: bool,
+    pub checks: Vec<crate::coexist::FlowCheck>,
+    /// Other things worth knowing (no default route, DHCP off, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 // ---- transport ------------------------------------------------------------------

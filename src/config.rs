@@ -160,10 +160,19 @@ impl Allow {
     }
 }
 
+/// How linnet deals with the host's other firewalls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FirewallConfig {
+    /// Add accept rules for linnet's bridges to Docker's DOCKER-USER chain
+    /// when it exists.
+    pub docker_user: bool,
+}
+
 /// All networks the daemon knows, by name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub networks: BTreeMap<String, NetworkConfig>,
+    pub firewall: FirewallConfig,
     /// Where the networks came from, for messages.
     pub source: Option<PathBuf>,
 }
@@ -193,6 +202,14 @@ pub enum ConfigError {
 struct FileSpec {
     #[serde(default)]
     networks: BTreeMap<String, NetworkSpec>,
+    #[serde(default)]
+    firewall: FirewallSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FirewallSpec {
+    docker_user: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -201,7 +218,8 @@ struct NetworkSpec {
     mode: Option<Mode>,
     subnet: Option<String>,
     gateway: Option<String>,
-    dhcp: Option<DhcpSpec>,
+    /// `false`, `true`, or the keys of `DhcpSpec`.
+    dhcp: Option<serde_norway::Value>,
     dns: Option<DnsSpec>,
     mtu: Option<u32>,
     nat44: Option<bool>,
@@ -326,6 +344,9 @@ impl Config {
         check_no_overlaps(&networks, file)?;
         Ok(Config {
             networks,
+            firewall: FirewallConfig {
+                docker_user: spec.firewall.docker_user.unwrap_or(true),
+            },
             source: None,
         })
     }
@@ -473,7 +494,15 @@ impl Validator<'_> {
         }
         let ipv6 = self.ipv6(name, mode, mtu, &spec)?;
         let forwards = self.forwards(&spec.forwards)?;
-        let dhcp = self.dhcp(spec.dhcp.unwrap_or_default(), subnet, gateway, hosts)?;
+        let dhcp_spec = match spec.dhcp {
+            None => DhcpSpec::default(),
+            Some(serde_norway::Value::Bool(on)) => DhcpSpec {
+                enabled: Some(on),
+                ..DhcpSpec::default()
+            },
+            Some(v) => serde_norway::from_value(v).map_err(|e| self.err("dhcp", e.to_string()))?,
+        };
+        let dhcp = self.dhcp(dhcp_spec, subnet, gateway, hosts)?;
         let dns = self.dns(name, spec.dns.unwrap_or_default())?;
 
         let nat44 = spec.nat44.unwrap_or(mode == Mode::Shared);

@@ -3,6 +3,7 @@
 mod addr6;
 mod api;
 mod cli;
+mod coexist;
 mod config;
 mod daemon;
 mod datapath;

@@ -50,6 +50,11 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         ]);
     }
     print_table(&rows);
+    for n in &networks {
+        for w in &n.warnings {
+            println!("warning: network {}: {w}", n.name);
+        }
+    }
     println!();
     let mut rows = vec![row(&[
         "INTERFACE",
@@ -76,7 +81,9 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             i.network.clone(),
             i.datapath.to_string(),
             i.mac_address.to_string(),
-            i.ip_address.to_string(),
+            i.ip_address
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "-".into()),
             i.ipv6_address
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "-".into()),

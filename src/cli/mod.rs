@@ -2,6 +2,7 @@
 //! global options and reaching (or starting) the daemon.
 
 mod daemon;
+mod doctor;
 mod forward;
 mod helper;
 mod ls;
@@ -91,6 +92,10 @@ pub enum CommandArgs {
     /// Show or change what an attached VM may connect to and be connected on.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
+    /// Check what the host's other firewalls (Docker, firewalld, iptables,
+    /// nft tables) and routes do to each network's traffic, and how to fix
+    /// what blocks it. Exits 1 when something is blocked.
+    Doctor(doctor::DoctorArgs),
 }
 
 pub fn init_logging(cli: &Cli) {
@@ -121,6 +126,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         CommandArgs::Ls(args) => ls::main(&cli, args).map(|()| 0),
         CommandArgs::Forward(cmd) => forward::main(&cli, cmd).map(|()| 0),
         CommandArgs::Policy(cmd) => policy::main(&cli, cmd).map(|()| 0),
+        CommandArgs::Doctor(args) => doctor::main(&cli, args),
     }
 }
 
@@ -300,6 +306,9 @@ pub fn attach(
         Response::Error { message, .. } => bail!(message),
         other => bail!("unexpected reply from the daemon: {other:?}"),
     };
+    for w in &info.warnings {
+        eprintln!("linnet: warning: network {}: {w}", info.network);
+    }
     let tap = fds
         .into_iter()
         .next()

@@ -175,7 +175,11 @@ fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd, datapath: Dat
     let values = [
         ("{fd}", fd.to_string()),
         ("{mac}", info.mac_address.to_string()),
-        ("{ip}", info.ip_address.to_string()),
+        // Empty without an address linnet knows (no DHCP on the network).
+        (
+            "{ip}",
+            info.ip_address.map(|ip| ip.to_string()).unwrap_or_default(),
+        ),
         ("{tap}", info.tap.clone()),
         ("{gateway}", info.gateway.to_string()),
         ("{network}", info.network.clone()),

@@ -103,7 +103,7 @@ impl Daemon {
         let iface = &self.interfaces[&id];
         let network = iface.network.clone();
         let cfg = self.config.network(&network).expect("attached").clone();
-        let name = iface.lease.name.clone();
+        let name = iface.name.clone();
         for forward in &req.publish {
             self.take_forward(id, *forward, ForwardOrigin::Publish, client.uid)?;
         }
@@ -147,13 +147,19 @@ impl Daemon {
         origin: ForwardOrigin,
         uid: u32,
     ) -> Result<(), DaemonError> {
-        let network = &self.interfaces[&id].network;
-        let cfg = self.config.network(network).expect("attached");
+        let iface = &self.interfaces[&id];
+        let cfg = self.config.network(&iface.network).expect("attached");
+        if iface.ip.is_none() {
+            return Err(DaemonError::BadRequest(format!(
+                "interface {id} has no IPv4 address linnet knows (network \"{}\" has dhcp off): give it a static lease (dhcp.static with its interface_id or MAC) to publish ports",
+                cfg.name
+            )));
+        }
         let held = self.interfaces.iter().flat_map(|(other, i)| {
             i.forwards.iter().map(move |p| Holder {
                 forward: &p.forward,
                 interface: *other,
-                name: i.lease.name.as_deref(),
+                name: i.name.as_deref(),
                 network: &i.network,
             })
         });
@@ -258,14 +264,16 @@ impl Daemon {
         for (id, iface) in &self.interfaces {
             let cfg = self.config.network(&iface.network).expect("attached");
             let v6 = iface.ipv6_address(cfg);
+            // Only interfaces with an IPv4 address have forwards.
+            let Some(ip) = iface.ip else { continue };
             for p in &iface.forwards {
                 let port = p.forward.guest_port;
                 forwards.push(ForwardStatus {
                     network: iface.network.clone(),
                     interface_id: *id,
-                    name: iface.lease.name.clone(),
+                    name: iface.name.clone(),
                     forward: p.forward,
-                    guest: (iface.lease.ip, port).into(),
+                    guest: (ip, port).into(),
                     guest6: v6.map(|ip| (ip, port).into()),
                     origin: p.origin,
                 });
@@ -279,11 +287,12 @@ impl Daemon {
         self.interfaces
             .values()
             .filter(|i| i.network == cfg.name)
-            .flat_map(|i| {
+            .filter_map(|i| Some((i, i.ip?)))
+            .flat_map(|(i, guest)| {
                 let guest6 = i.ipv6_address(cfg);
                 i.forwards.iter().map(move |p| ForwardRule {
                     forward: p.forward,
-                    guest: i.lease.ip,
+                    guest,
                     guest6,
                 })
             })

@@ -177,7 +177,7 @@ impl LeaseTable {
             }
             None => self.derive_free_mac(id, now),
         };
-        let ip = match self.static_for(Some(id), None) {
+        let ip = match self.static_for(Some(id), Some(mac)) {
             Some(ip) => {
                 if let Some(holder) = self
                     .leases
@@ -217,6 +217,33 @@ impl LeaseTable {
         };
         self.leases.insert(ip, lease.clone());
         Ok(lease)
+    }
+
+    /// Whether a static lease names interface `id` or `mac`.
+    pub fn has_static(&self, id: InterfaceId, mac: Option<MacAddr>) -> bool {
+        self.static_for(Some(id), mac).is_some()
+    }
+
+    /// The MAC of an interface that gets no address from linnet (a network
+    /// without DHCP, and no static lease for it): the one asked for, the
+    /// one its id had, or a new one. Any address it held is let go.
+    pub fn attach_without_address(
+        &mut self,
+        id: InterfaceId,
+        mac: Option<MacAddr>,
+        now: u64,
+    ) -> Result<MacAddr, LeaseError> {
+        let owner = Owner::Interface { id };
+        let existing = self.leases.values().find(|l| l.owner == owner).map(|l| l.mac);
+        let mac = match mac.or(existing) {
+            Some(mac) => {
+                self.check_mac_free(mac, &owner, now)?;
+                mac
+            }
+            None => self.derive_free_mac(id, now),
+        };
+        self.leases.retain(|_, l| l.owner != owner);
+        Ok(mac)
     }
 
     /// The interface left: its address stays reserved for `lease_time`.

@@ -75,6 +75,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             reporter.lock().await.report_drops();
         }
     });
+    let watch = super::watch::spawn(daemon.clone());
     let mut idle_since = tokio::time::Instant::now();
 
     loop {
@@ -117,6 +118,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         }
     }
     drop_reports.abort();
+    watch.abort();
     daemon.lock().await.shutdown().await;
     let _ = std::fs::remove_file(&socket_path);
     info!("stopped; nothing left behind");
@@ -317,6 +319,7 @@ async fn handle(
             Ok(r) => (r, None),
             Err(e) => (e.into_response(), None),
         },
+        Request::Doctor { network } => (daemon.doctor(network.as_deref()), None),
     }
 }
 

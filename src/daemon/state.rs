@@ -3,15 +3,16 @@
 //! `host` and `network`.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use thiserror::Error;
 use tracing::{debug, info, warn};
 
+use super::coexist::HostView;
 use super::forwards::{ForwardStore, Published};
-use super::leases::{Lease, LeaseError};
+use super::leases::LeaseError;
 use super::network::{ActiveNetwork, dns_servers};
 use crate::addr6;
 use crate::api::{
@@ -21,14 +22,14 @@ use crate::api::{
 use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
 use crate::host::firewall::{self, InterfacePolicy};
-use crate::host::guard::{self, PortGuard};
+use crate::host::guard::{self, Ipv4Source, PortGuard};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
 use crate::host::nft::{Nft, NftError};
 use crate::host::tap::{self, TapError};
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
 use crate::policy::Policy;
 use crate::services::{ServiceError, unix_now};
-use crate::types::{self, InterfaceId};
+use crate::types::{self, InterfaceId, MacAddr};
 
 #[derive(Debug, Error)]
 pub enum DaemonError {
@@ -107,7 +108,12 @@ pub struct Client {
 
 pub(super) struct Interface {
     pub(super) network: String,
-    pub(super) lease: Lease,
+    pub(super) mac: MacAddr,
+    /// None on a network without DHCP when it has no static lease: the
+    /// guest sets its own address, which linnet does not know.
+    pub(super) ip: Option<Ipv4Addr>,
+    /// The name given at attach.
+    pub(super) name: Option<String>,
     tap: String,
     tap_index: u32,
     client: u64,
@@ -125,7 +131,7 @@ impl Interface {
     pub(super) fn ipv6_address(&self, cfg: &NetworkConfig) -> Option<std::net::Ipv6Addr> {
         cfg.ipv6
             .as_ref()
-            .map(|v6| addr6::slaac_address(v6.prefix, self.lease.mac))
+            .map(|v6| addr6::slaac_address(v6.prefix, self.mac))
     }
 }
 
@@ -133,19 +139,21 @@ pub struct Daemon {
     pub(super) config: Config,
     lease_dir: PathBuf,
     state_dir: PathBuf,
-    netlink: Netlink,
-    nft: Nft,
-    networks: BTreeMap<String, ActiveNetwork>,
+    pub(super) netlink: Netlink,
+    pub(super) nft: Nft,
+    pub(super) networks: BTreeMap<String, ActiveNetwork>,
     pub(super) interfaces: BTreeMap<InterfaceId, Interface>,
     forward_store: Option<ForwardStore>,
     /// Whether the guard table exists (made with the first guarded port).
-    guard_ready: bool,
+    pub(super) guard_ready: bool,
     /// Spoofed frames dropped per TAP, as last reported in the log.
     drops_reported: BTreeMap<String, u64>,
     /// Whether the daemon turned IPv4 forwarding on (and so turns it off),
     /// and what it changed to turn IPv6 forwarding on (to put back).
-    enabled_forwarding: bool,
-    forwarding6: Option<sysctl::Ipv6Forwarding>,
+    pub(super) enabled_forwarding: bool,
+    pub(super) forwarding6: Option<sysctl::Ipv6Forwarding>,
+    /// The other firewalls and the routes, as last looked at.
+    pub(super) host: HostView,
 }
 
 impl Daemon {
@@ -163,6 +171,7 @@ impl Daemon {
             drops_reported: BTreeMap::new(),
             enabled_forwarding: false,
             forwarding6: None,
+            host: HostView::default(),
         }
     }
 
@@ -217,6 +226,9 @@ impl Daemon {
         for name in persistent {
             self.ensure_network(&name).await?;
         }
+        // Also takes out DOCKER-USER rules a previous daemon left.
+        self.refresh_uplinks().await;
+        self.check_host();
         Ok(())
     }
 
@@ -317,7 +329,7 @@ impl Daemon {
                 .filter(|(_, i)| i.network == which.network)
                 .map(|(id, i)| (*id, i)),
             (None, Some(name)) => self.interfaces.iter().find_map(|(id, i)| {
-                (i.network == which.network && i.lease.name.as_deref() == Some(name.as_str()))
+                (i.network == which.network && i.name.as_deref() == Some(name.as_str()))
                     .then_some((*id, i))
             }),
             _ => {
@@ -419,11 +431,16 @@ impl Daemon {
         let net = &self.networks[network];
         let now = unix_now();
         let datapath = req.datapath.unwrap_or_default();
-        let lease =
-            net.leases
-                .lock()
-                .expect("lease lock")
-                .attach(id, req.mac, req.name.clone(), now)?;
+        let (mac, ip) = {
+            let mut leases = net.leases.lock().expect("lease lock");
+            // Without DHCP only a static lease gives an address linnet knows.
+            if net.config.dhcp.enabled || leases.has_static(id, req.mac) {
+                let lease = leases.attach(id, req.mac, req.name.clone(), now)?;
+                (lease.mac, Some(lease.ip))
+            } else {
+                (leases.attach_without_address(id, req.mac, now)?, None)
+            }
+        };
         let tap_name = host::tap_name(&id);
         let guarded = net.config.anti_spoofing || net.config.isolation;
         let (nft, guard_ready) = (&mut self.nft, &mut self.guard_ready);
@@ -451,7 +468,7 @@ impl Daemon {
                     guard::create(nft)?;
                     *guard_ready = true;
                 }
-                guard::add_port(nft, &port_guard(&net.config, &tap_name, &lease))?;
+                guard::add_port(nft, &port_guard(&net.config, &tap_name, mac, ip))?;
             }
             let alias = format!("{ALIAS_INTERFACE}{id}");
             let settings = LinkSettings {
@@ -470,7 +487,7 @@ impl Daemon {
             Err(e) => {
                 leases.detach(id, now);
                 if guarded && self.guard_ready {
-                    let port = port_guard(&net.config, &tap_name, &lease);
+                    let port = port_guard(&net.config, &tap_name, mac, ip);
                     let _ = guard::remove_ports(&mut self.nft, &[port]);
                 }
                 return Err(e);
@@ -484,13 +501,16 @@ impl Daemon {
             .policy
             .clone()
             .unwrap_or_else(|| net.config.policy.clone());
-        let info = interface_info(net, id, &lease, &tap_name, datapath, &policy);
-        info!(network, interface = %id, ip = %lease.ip, mac = %lease.mac, tap = %tap_name, %datapath, pid = ?client.pid, uid = client.uid, "attached");
+        let mut info = interface_info(net, id, (mac, ip, req.name.clone()), &tap_name, datapath, &policy);
+        info.warnings = self.network_warnings(network);
+        info!(network, interface = %id, ip = ?ip, %mac, tap = %tap_name, %datapath, pid = ?client.pid, uid = client.uid, "attached");
         self.interfaces.insert(
             id,
             Interface {
                 network: network.into(),
-                lease,
+                mac,
+                ip,
+                name: req.name.clone(),
                 tap: tap_name,
                 tap_index,
                 client: client.id,
@@ -581,7 +601,7 @@ impl Daemon {
             .filter(|(_, i)| i.guarded)
             .filter_map(|(_, i)| {
                 let cfg = self.config.network(&i.network)?;
-                Some(port_guard(cfg, &i.tap, &i.lease))
+                Some(port_guard(cfg, &i.tap, i.mac, i.ip))
             })
             .collect();
         // A TAP that could not be deleted keeps its guard: its client may
@@ -650,7 +670,7 @@ impl Daemon {
                 .insert(iface.tap.clone(), now)
                 .unwrap_or(0);
             if now > before {
-                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %iface.lease.ip, mac = %iface.lease.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
+                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = ?iface.ip, mac = %iface.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
             }
         }
     }
@@ -677,6 +697,7 @@ impl Daemon {
                     .filter(|i| i.network == cfg.name)
                     .count(),
                 persistent: cfg.persistent,
+                warnings: self.network_warnings(&cfg.name),
             })
             .collect();
         let interfaces = self
@@ -687,10 +708,10 @@ impl Daemon {
                 let cfg = self.config.network(&i.network).expect("attached");
                 InterfaceStatus {
                     interface_id: *id,
-                    name: i.lease.name.clone(),
+                    name: i.name.clone(),
                     network: i.network.clone(),
-                    mac_address: i.lease.mac,
-                    ip_address: i.lease.ip,
+                    mac_address: i.mac,
+                    ip_address: i.ip,
                     ipv6_address: i.ipv6_address(cfg),
                     tap: i.tap.clone(),
                     forwards: i.forwards.iter().map(|p| p.forward).collect(),
@@ -749,6 +770,7 @@ impl Daemon {
         if let Err(e) = guard::remove(&mut self.nft) {
             warn!("cleaning up the guard table failed: {e}");
         }
+        self.clear_docker_user();
     }
 
     async fn ensure_network(&mut self, name: &str) -> Result<(), DaemonError> {
@@ -769,6 +791,8 @@ impl Daemon {
             let _ = self.sync_host();
             return Err(e);
         }
+        self.refresh_uplinks().await;
+        self.check_host();
         Ok(())
     }
 
@@ -785,23 +809,15 @@ impl Daemon {
             if let Err(e) = self.sync_host() {
                 warn!("updating the firewall failed: {e}");
             }
+            self.check_host();
         }
     }
 
     /// Makes the firewall table and the forwarding sysctls match the active
     /// networks and their interfaces' forwards.
     pub(super) fn sync_host(&mut self) -> Result<(), DaemonError> {
-        let rules: Vec<_> = self
-            .networks
-            .values()
-            .map(|n| n.firewall(self.forward_rules(&n.config), self.policies(&n.config)))
-            .collect();
-        let forwards4 = rules.iter().any(|r| !r.forwards.is_empty());
-        let forwards6 = rules
-            .iter()
-            .any(|r| r.forwards.iter().any(|f| f.covers_ipv6()));
-        let needs4 = forwards4 || rules.iter().any(|r| r.nat44);
-        let needs6 = forwards6 || rules.iter().any(|r| r.nat66);
+        let rules = self.firewall_networks();
+        let (needs4, needs6) = forwarding_needs(&rules);
         if needs4 && !self.enabled_forwarding {
             self.enabled_forwarding = sysctl::enable_ipv4_forwarding().map_err(|e| {
                 DaemonError::Internal(format!("cannot enable IPv4 forwarding: {e}"))
@@ -829,10 +845,47 @@ impl Daemon {
     }
 }
 
+/// Whether the networks need IPv4 and IPv6 forwarding.
+fn forwarding_needs(rules: &[firewall::FirewallNetwork]) -> (bool, bool) {
+    let forwards4 = rules.iter().any(|r| !r.forwards.is_empty());
+    let forwards6 = rules
+        .iter()
+        .any(|r| r.forwards.iter().any(|f| f.covers_ipv6()));
+    (
+        forwards4 || rules.iter().any(|r| r.nat44),
+        forwards6 || rules.iter().any(|r| r.nat66),
+    )
+}
+
+impl Daemon {
+    pub(super) fn forwarding_needs(&self) -> (bool, bool) {
+        forwarding_needs(&self.firewall_networks())
+    }
+
+    fn firewall_networks(&self) -> Vec<firewall::FirewallNetwork> {
+        self.networks
+            .values()
+            .map(|n| n.firewall(self.forward_rules(&n.config), self.policies(&n.config)))
+            .collect()
+    }
+
+    /// The guard of every guarded interface.
+    pub(super) fn guarded_ports(&self) -> Vec<PortGuard> {
+        self.interfaces
+            .values()
+            .filter(|i| i.guarded)
+            .filter_map(|i| {
+                let cfg = self.config.network(&i.network)?;
+                Some(port_guard(cfg, &i.tap, i.mac, i.ip))
+            })
+            .collect()
+    }
+}
+
 fn interface_info(
     net: &ActiveNetwork,
     id: InterfaceId,
-    lease: &Lease,
+    (mac, ip, name): (MacAddr, Option<Ipv4Addr>, Option<String>),
     tap: &str,
     datapath: Datapath,
     policy: &Policy,
@@ -841,7 +894,7 @@ fn interface_info(
     let v6 = cfg.ipv6.as_ref();
     InterfaceInfo {
         vmnet_interface_id: id,
-        vmnet_mac_address: lease.mac,
+        vmnet_mac_address: mac,
         vmnet_mtu: cfg.mtu,
         vmnet_max_packet_size: cfg.mtu + 14,
         vmnet_start_address: cfg.dhcp.range_start,
@@ -852,20 +905,21 @@ fn interface_info(
         mode: cfg.mode,
         datapath,
         interface_id: id,
-        name: lease.name.clone(),
-        mac_address: lease.mac,
-        ip_address: lease.ip,
+        name,
+        mac_address: mac,
+        ip_address: ip,
         gateway: cfg.gateway,
         dns: dns_servers(cfg),
         domain: cfg.dns.domain.clone(),
         subnet: cfg.subnet,
         ipv6_prefix: v6.map(|v6| v6.prefix),
-        ipv6_address: v6.map(|v6| addr6::slaac_address(v6.prefix, lease.mac)),
+        ipv6_address: v6.map(|v6| addr6::slaac_address(v6.prefix, mac)),
         gateway6: v6.map(|v6| v6.gateway),
         tap: tap.into(),
         mtu: cfg.mtu,
         forwards: Vec::new(),
         policy: policy.clone(),
+        warnings: Vec::new(),
     }
 }
 
@@ -878,11 +932,11 @@ impl Daemon {
             .filter(|i| i.network == cfg.name && !i.policy.is_open())
             .map(|i| InterfacePolicy {
                 tap: i.tap.clone(),
-                addrs: port_guard(cfg, &i.tap, &i.lease)
+                addrs: port_guard(cfg, &i.tap, i.mac, i.ip)
                     .ipv6
                     .into_iter()
                     .map(IpAddr::V6)
-                    .chain(std::iter::once(IpAddr::V4(i.lease.ip)))
+                    .chain(i.ip.map(IpAddr::V4))
                     .collect(),
                 policy: i.policy.clone(),
             })
@@ -890,23 +944,39 @@ impl Daemon {
     }
 }
 
-/// What an interface's VM may send from: its MAC, its leased IPv4, its
-/// link-local and SLAAC IPv6 addresses.
-fn port_guard(cfg: &NetworkConfig, tap: &str, lease: &Lease) -> PortGuard {
-    let mut ipv6 = vec![addr6::link_local(lease.mac)];
+/// What an interface's VM may send from: its MAC, its leased IPv4 (without
+/// one, any address of the subnet but the gateway's), its link-local and
+/// SLAAC IPv6 addresses.
+fn port_guard(cfg: &NetworkConfig, tap: &str, mac: MacAddr, ip: Option<Ipv4Addr>) -> PortGuard {
+    let mut ipv6 = vec![addr6::link_local(mac)];
     ipv6.extend(
         cfg.ipv6
             .as_ref()
-            .map(|v6| addr6::slaac_address(v6.prefix, lease.mac)),
+            .map(|v6| addr6::slaac_address(v6.prefix, mac)),
     );
+    let ipv4 = match ip {
+        Some(ip) => Ipv4Source::Address(ip),
+        None => Ipv4Source::Ranges(subnet_but(cfg.subnet, cfg.gateway)),
+    };
     PortGuard {
         tap: tap.into(),
-        mac: lease.mac,
-        ipv4: lease.ip,
+        mac,
+        ipv4,
         ipv6,
         anti_spoofing: cfg.anti_spoofing,
         isolated: cfg.isolation,
     }
+}
+
+/// The host addresses of `subnet` without `gateway`, as ranges.
+fn subnet_but(subnet: ipnet::Ipv4Net, gateway: Ipv4Addr) -> Vec<(Ipv4Addr, Ipv4Addr)> {
+    let (first, last) = (u32::from(subnet.network()) + 1, u32::from(subnet.broadcast()) - 1);
+    let g = u32::from(gateway);
+    [(first, g.saturating_sub(1)), (g + 1, last)]
+        .into_iter()
+        .filter(|(a, b)| a <= b)
+        .map(|(a, b)| (Ipv4Addr::from(a), Ipv4Addr::from(b)))
+        .collect()
 }
 
 /// A policy between VMs of one bridge needs their frames to pass the inet

@@ -38,6 +38,8 @@ table bridge linnet {
     # What each TAP's VM may send from.
     set macs { type ifname . ether_addr; }
     set ipv4 { type ifname . ipv4_addr; }
+    # Ranges, for VMs whose address linnet does not know (no DHCP).
+    set ipv4ranges { type ifname . ipv4_addr; flags interval; }
     set ipv6 { type ifname . ipv6_addr; }
     # Its MAC as the 48-bit chaddr of a DHCP message (byte 28 of BOOTP,
     # after the 8-byte UDP header), and its IPv6 addresses as the 128-bit
@@ -64,8 +66,9 @@ table bridge linnet {
     chain from_arp {
         meta iifname . arp saddr ether != @macs update @drops { meta iifname } drop
         arp saddr ip 0.0.0.0 accept
-        meta iifname . arp saddr ip != @ipv4 update @drops { meta iifname } drop
-        accept
+        meta iifname . arp saddr ip @ipv4 accept
+        meta iifname . arp saddr ip @ipv4ranges accept
+        update @drops { meta iifname } drop
     }
 
     # Never a DHCP server (whatever the source port: clients look at the
@@ -77,6 +80,7 @@ table bridge linnet {
         udp dport 68 update @drops { meta iifname } drop
         udp dport 67 meta iifname . @th,288,48 != @chaddr update @drops { meta iifname } drop
         meta iifname . ip saddr @ipv4 accept
+        meta iifname . ip saddr @ipv4ranges accept
         ip saddr 0.0.0.0 udp sport 68 udp dport 67 accept
         update @drops { meta iifname } drop
     }
@@ -109,12 +113,22 @@ table bridge linnet {
 }
 "#;
 
+/// The IPv4 sources a VM may use.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ipv4Source {
+    /// Its lease.
+    Address(Ipv4Addr),
+    /// Inclusive ranges: its network's, when linnet does not know which
+    /// address the guest set itself.
+    Ranges(Vec<(Ipv4Addr, Ipv4Addr)>),
+}
+
 /// What one TAP's VM may send from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PortGuard {
     pub tap: String,
     pub mac: MacAddr,
-    pub ipv4: Ipv4Addr,
+    pub ipv4: Ipv4Source,
     /// Its link-local address and, on a network with IPv6, its SLAAC one.
     pub ipv6: Vec<Ipv6Addr>,
     /// Anti-spoofing (off: only isolation, if any).
@@ -226,7 +240,17 @@ fn elements(port: &PortGuard) -> Vec<Value> {
     if port.anti_spoofing {
         out.push(element("guarded", json!(tap)));
         out.push(element("macs", concat(tap, json!(port.mac.to_string()))));
-        out.push(element("ipv4", concat(tap, json!(port.ipv4.to_string()))));
+        match &port.ipv4 {
+            Ipv4Source::Address(ip) => {
+                out.push(element("ipv4", concat(tap, json!(ip.to_string()))));
+            }
+            Ipv4Source::Ranges(ranges) => {
+                for (a, b) in ranges {
+                    let range = json!({"range": [a.to_string(), b.to_string()]});
+                    out.push(element("ipv4ranges", concat(tap, range)));
+                }
+            }
+        }
         out.push(element("chaddr", concat(tap, hex(mac_number(&port.mac)))));
         for ip in &port.ipv6 {
             out.push(element("ipv6", concat(tap, json!(ip.to_string()))));
@@ -247,7 +271,7 @@ mod tests {
         PortGuard {
             tap: "lnt0123456789ab".into(),
             mac: "52:54:00:12:34:56".parse().unwrap(),
-            ipv4: "192.168.105.2".parse().unwrap(),
+            ipv4: Ipv4Source::Address("192.168.105.2".parse().unwrap()),
             ipv6: vec![
                 "fe80::5054:ff:fe12:3456".parse().unwrap(),
                 "fd00::5054:ff:fe12:3456".parse().unwrap(),

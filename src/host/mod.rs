@@ -2,12 +2,15 @@
 //! devices (ioctl), the nftables table, sysctls. The daemon decides; this
 //! module carries out. Kernel-visible names are defined here, in one place.
 
+pub mod docker_user;
 pub mod firewall;
 pub mod guard;
+pub mod legacy;
 pub mod listeners;
 pub mod netlink;
 pub mod nft;
 pub mod privileges;
+pub mod ruleset;
 pub mod sysctl;
 pub mod tap;
 

@@ -300,8 +300,8 @@ impl Netlink {
         let routes = self.routes(req).await?;
         Ok(routes
             .into_iter()
-            .filter_map(|(net, oif)| match net {
-                IpNet::V4(net) => Some((net, oif)),
+            .filter_map(|r| match r.dst {
+                IpNet::V4(net) => Some((net, r.oif)),
                 IpNet::V6(_) => None,
             })
             .collect())
@@ -313,14 +313,32 @@ impl Netlink {
         let routes = self.routes(req).await?;
         Ok(routes
             .into_iter()
-            .filter_map(|(net, oif)| match net {
-                IpNet::V6(net) => Some((net, oif)),
+            .filter_map(|r| match r.dst {
+                IpNet::V6(net) => Some((net, r.oif)),
                 IpNet::V4(_) => None,
             })
             .collect())
     }
 
-    async fn routes(&self, req: RouteMessage) -> Result<Vec<(IpNet, Option<u32>)>, NetlinkError> {
+    /// The default routes of the main table of one family, the one the
+    /// kernel uses (lowest metric) first.
+    pub async fn default_routes(&self, ipv6: bool) -> Result<Vec<Route>, NetlinkError> {
+        let req = if ipv6 {
+            RouteMessageBuilder::<Ipv6Addr>::new().build()
+        } else {
+            RouteMessageBuilder::<Ipv4Addr>::new().build()
+        };
+        let mut routes: Vec<Route> = self
+            .routes(req)
+            .await?
+            .into_iter()
+            .filter(|r| r.dst.prefix_len() == 0)
+            .collect();
+        routes.sort_by_key(|r| r.metric);
+        Ok(routes)
+    }
+
+    async fn routes(&self, req: RouteMessage) -> Result<Vec<Route>, NetlinkError> {
         let v6 = req.header.address_family == AddressFamily::Inet6;
         let mut stream = self.handle.route().get(req).execute();
         let mut out = Vec::new();
@@ -333,21 +351,31 @@ impl Netlink {
             } else {
                 IpAddr::V4(Ipv4Addr::UNSPECIFIED)
             };
-            let mut oif = None;
+            let (mut oif, mut metric) = (None, 0);
             for attr in &msg.attributes {
                 match attr {
                     RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = IpAddr::V4(*ip),
                     RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = IpAddr::V6(*ip),
                     RouteAttribute::Oif(i) => oif = Some(*i),
+                    RouteAttribute::Priority(p) => metric = *p,
                     _ => {}
                 }
             }
-            if let Ok(net) = IpNet::new(dst, msg.header.destination_prefix_length) {
-                out.push((net, oif));
+            if let Ok(dst) = IpNet::new(dst, msg.header.destination_prefix_length) {
+                out.push(Route { dst, oif, metric });
             }
         }
         Ok(out)
     }
+}
+
+/// A route of the main table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    pub dst: IpNet,
+    /// None for a multipath route.
+    pub oif: Option<u32>,
+    pub metric: u32,
 }
 
 #[derive(Debug, Default, Clone, Copy)]

@@ -34,6 +34,12 @@ fn switch_on(path: &str) -> io::Result<bool> {
     Ok(true)
 }
 
+/// Whether IPv4 (or IPv6) forwarding is on now.
+pub fn forwarding_on(ipv6: bool) -> bool {
+    let path = if ipv6 { IPV6_FORWARD } else { IPV4_FORWARD };
+    std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1")
+}
+
 /// Turns IPv4 forwarding on; returns whether it was off before.
 pub fn enable_ipv4_forwarding() -> io::Result<bool> {
     switch_on(IPV4_FORWARD)

@@ -1,0 +1,375 @@
+//! Living with the host's other firewalls and routes: what blocks the
+//! networks' traffic (logged once, shown in attach replies, `linnet ls` and
+//! `linnet doctor`), linnet's rules in Docker's DOCKER-USER, putting back
+//! linnet's own tables and forwarding sysctls when something removes them,
+//! and following the default route.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ipnet::IpNet;
+use tracing::{info, warn};
+
+use super::state::Daemon;
+use crate::api::{DoctorReport, NetworkDoctor, Response};
+use crate::coexist::{self, FlowCheck, LegacyChain, NetworkView, Status};
+use crate::config::{Mode, NetworkConfig};
+use crate::host::netlink::Route;
+use crate::host::ruleset::{Owner, Ruleset};
+use crate::host::{self, docker_user, guard, legacy, sysctl};
+
+/// The default routes of both families, the one in use first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Uplinks {
+    pub ipv4: Vec<(String, u32)>,
+    pub ipv6: Vec<(String, u32)>,
+}
+
+impl Uplinks {
+    fn describe(routes: &[(String, u32)]) -> Vec<String> {
+        routes
+            .iter()
+            .map(|(dev, metric)| format!("{dev} (metric {metric})"))
+            .collect()
+    }
+}
+
+/// What was found the last time the host was looked at.
+#[derive(Default)]
+pub struct HostView {
+    pub uplinks: Uplinks,
+    /// Per network: its flows' checks.
+    pub checks: BTreeMap<String, Vec<FlowCheck>>,
+    /// Networks whose rules are in DOCKER-USER.
+    pub docker_rules: BTreeSet<String>,
+    pub docker_chain: Vec<&'static str>,
+    pub firewalls: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+impl Daemon {
+    /// Re-reads the default routes; logs when the uplink changes.
+    pub async fn refresh_uplinks(&mut self) {
+        let mut uplinks = Uplinks::default();
+        let names: BTreeMap<u32, String> = match self.netlink.links().await {
+            Ok(links) => links.into_iter().map(|l| (l.index, l.name)).collect(),
+            Err(e) => {
+                warn!("cannot list links for the uplink: {e}");
+                return;
+            }
+        };
+        for (ipv6, out) in [(false, &mut uplinks.ipv4), (true, &mut uplinks.ipv6)] {
+            match self.netlink.default_routes(ipv6).await {
+                Ok(routes) => {
+                    *out = routes
+                        .iter()
+                        .map(|r: &Route| {
+                            let dev = r
+                                .oif
+                                .and_then(|i| names.get(&i).cloned())
+                                .unwrap_or_else(|| "multipath".into());
+                            (dev, r.metric)
+                        })
+                        .collect();
+                }
+                Err(e) => warn!("cannot read the default routes: {e}"),
+            }
+        }
+        let before = std::mem::take(&mut self.host.uplinks);
+        if uplinks != before && !self.networks.is_empty() {
+            let show = |r: &[(String, u32)]| r.first().map_or("none".to_string(), |(d, _)| d.clone());
+            info!(
+                ipv4 = %show(&uplinks.ipv4),
+                ipv6 = %show(&uplinks.ipv6),
+                was_ipv4 = %show(&before.ipv4),
+                was_ipv6 = %show(&before.ipv6),
+                "uplink changed: NAT follows the default route for new connections"
+            );
+            for (family, routes) in [("IPv4", &uplinks.ipv4), ("IPv6", &uplinks.ipv6)] {
+                if routes.is_empty() && self.networks.values().any(|n| n.config.mode == Mode::Shared) {
+                    warn!("no {family} default route: VMs of shared networks cannot reach beyond this host over {family}");
+                }
+            }
+        }
+        self.host.uplinks = uplinks;
+    }
+
+    /// Looks at the namespace's firewalls: puts back linnet's own tables if
+    /// they are gone, keeps its DOCKER-USER rules in place, and records
+    /// (and logs, when it changes) what blocks each active network.
+    pub fn check_host(&mut self) {
+        let mut errors = Vec::new();
+        let mut rs = match Ruleset::read(&mut self.nft) {
+            Ok(rs) => rs,
+            Err(e) => {
+                warn!("cannot read the nftables ruleset: {e}");
+                errors.push(format!("nftables: {e}"));
+                Ruleset::default()
+            }
+        };
+        if errors.is_empty() && self.restore_tables(&rs) {
+            // Read again: what was put back (DOCKER-USER rules are not ours
+            // to assume gone with our table).
+            if let Ok(again) = Ruleset::read(&mut self.nft) {
+                rs = again;
+            }
+        }
+        if errors.is_empty() && self.sync_docker_user(&rs) {
+            if let Ok(again) = Ruleset::read(&mut self.nft) {
+                rs = again;
+            }
+        }
+        let legacy = legacy::chains().unwrap_or_else(|e| {
+            errors.push(format!("legacy iptables: {e}"));
+            Vec::new()
+        });
+        self.restore_forwarding();
+        let names: Vec<String> = self.networks.keys().cloned().collect();
+        let mut checks = BTreeMap::new();
+        for name in names {
+            let cfg = self.networks[&name].config.clone();
+            let found = self.network_checks(&rs, &legacy, &cfg);
+            let old = self.host.checks.get(&name).map(|c| warnings(c)).unwrap_or_default();
+            let new = warnings(&found);
+            for w in new.iter().filter(|w| !old.contains(w)) {
+                warn!(network = %name, "{w}");
+            }
+            if !old.is_empty() && new.is_empty() {
+                info!(network = %name, "nothing blocks the network's traffic any more");
+            }
+            checks.insert(name, found);
+        }
+        self.host.checks = checks;
+        self.host.docker_chain = docker_user::present(&rs);
+        self.host.firewalls = firewalls(&rs, &legacy);
+        self.host.errors = errors;
+    }
+
+    /// The warnings for one network (empty while it is down).
+    pub(super) fn network_warnings(&self, network: &str) -> Vec<String> {
+        self.host.checks.get(network).map(|c| warnings(c)).unwrap_or_default()
+    }
+
+    fn network_checks(&self, rs: &Ruleset, legacy: &[LegacyChain], cfg: &NetworkConfig) -> Vec<FlowCheck> {
+        let bridge = host::bridge_name(&cfg.name);
+        let first = |r: &[(String, u32)]| r.first().map(|(d, _)| d.clone());
+        let (up4, up6) = (first(&self.host.uplinks.ipv4), first(&self.host.uplinks.ipv6));
+        let view = NetworkView {
+            bridge: &bridge,
+            shared: cfg.mode == Mode::Shared,
+            dhcp: cfg.dhcp.enabled,
+            dns: cfg.dns.enabled,
+            subnet: IpNet::V4(cfg.subnet),
+            gateway: cfg.gateway.into(),
+            ipv6: cfg.ipv6.as_ref().map(|v6| (IpNet::V6(v6.prefix), v6.gateway.into())),
+            uplink4: up4.as_deref(),
+            uplink6: up6.as_deref(),
+        };
+        coexist::flows(&view)
+            .iter()
+            .map(|flow| {
+                let mut c = coexist::check(rs, flow, &bridge);
+                coexist::check_legacy(legacy, flow, &bridge, &mut c);
+                c
+            })
+            .collect()
+    }
+
+    /// Puts back `inet linnet` and `bridge linnet` (with every guarded
+    /// port) if they are gone. Returns whether it did.
+    fn restore_tables(&mut self, rs: &Ruleset) -> bool {
+        let mut restored = false;
+        if !self.networks.is_empty() && !rs.has_linnet("inet") {
+            warn!("linnet's table inet linnet is gone (nft flush ruleset, or a firewall reload?): putting it back");
+            match self.sync_host() {
+                Ok(()) => {
+                    info!("restored table inet linnet");
+                    restored = true;
+                }
+                Err(e) => warn!("cannot restore table inet linnet: {e}"),
+            }
+        }
+        if self.guard_ready && !rs.has_linnet("bridge") {
+            warn!("linnet's table bridge linnet is gone: putting it back with every guarded interface");
+            let ports = self.guarded_ports();
+            let result = guard::create(&mut self.nft).and_then(|()| {
+                ports.iter().try_for_each(|p| guard::add_port(&mut self.nft, p))
+            });
+            match result {
+                Ok(()) => {
+                    info!(interfaces = ports.len(), "restored table bridge linnet");
+                    restored = true;
+                }
+                Err(e) => warn!("cannot restore table bridge linnet: {e}"),
+            }
+        }
+        restored
+    }
+
+    /// Keeps linnet's accept rules in DOCKER-USER for every active network
+    /// (none when `firewall.docker_user` is off). Returns whether it changed
+    /// anything.
+    fn sync_docker_user(&mut self, rs: &Ruleset) -> bool {
+        let bridges: Vec<(String, String)> = if self.config.firewall.docker_user {
+            self.networks.values().map(|n| (n.config.name.clone(), n.bridge.clone())).collect()
+        } else {
+            Vec::new()
+        };
+        let wanted: Vec<docker_user::Wanted> = bridges
+            .iter()
+            .map(|(network, bridge)| docker_user::Wanted { network, bridge })
+            .collect();
+        match docker_user::sync(&mut self.nft, rs, &wanted) {
+            Ok(changes) => {
+                for (family, network) in &changes.added {
+                    info!(network = %network, family = %family, "added accept rules for the network's bridge to Docker's DOCKER-USER chain");
+                }
+                for (family, network) in &changes.removed {
+                    info!(network = %network, family = %family, "removed linnet's rules from DOCKER-USER");
+                }
+                self.host.docker_rules = if docker_user::present(rs).is_empty() {
+                    BTreeSet::new()
+                } else {
+                    bridges.into_iter().map(|(n, _)| n).collect()
+                };
+                !changes.added.is_empty() || !changes.removed.is_empty()
+            }
+            Err(e) => {
+                warn!("cannot update linnet's rules in DOCKER-USER: {e}");
+                false
+            }
+        }
+    }
+
+    /// Removes linnet's DOCKER-USER rules (at shutdown).
+    pub(super) fn clear_docker_user(&mut self) {
+        match Ruleset::read(&mut self.nft) {
+            Ok(rs) => {
+                if let Err(e) = docker_user::sync(&mut self.nft, &rs, &[]) {
+                    warn!("cannot remove linnet's rules from DOCKER-USER: {e}");
+                }
+            }
+            Err(e) => warn!("cannot read the ruleset to clean DOCKER-USER: {e}"),
+        }
+    }
+
+    /// Turns forwarding back on if the networks need it and something
+    /// turned it off.
+    pub fn restore_forwarding(&mut self) {
+        let (needs4, needs6) = self.forwarding_needs();
+        for (needed, ipv6) in [(needs4, false), (needs6, true)] {
+            if !needed || sysctl::forwarding_on(ipv6) {
+                continue;
+            }
+            let family = if ipv6 { "IPv6" } else { "IPv4" };
+            warn!("{family} forwarding was turned off behind linnet's back: turning it on again (its networks need it)");
+            let done = if ipv6 {
+                sysctl::enable_ipv6_forwarding().map(|changed| {
+                    self.forwarding6.get_or_insert(changed);
+                })
+            } else {
+                sysctl::enable_ipv4_forwarding().map(|_| self.enabled_forwarding = true)
+            };
+            if let Err(e) = done {
+                warn!("cannot turn {family} forwarding on: {e}");
+            }
+        }
+    }
+
+    pub fn doctor(&self, network: Option<&str>) -> Response {
+        if let Some(name) = network
+            && self.config.network(name).is_none()
+        {
+            return self.unknown_network(name).into_response();
+        }
+        let docker_chain: Vec<String> = self.host.docker_chain.iter().map(|f| f.to_string()).collect();
+        let networks = self
+            .config
+            .networks
+            .values()
+            .filter(|c| network.is_none_or(|n| n == c.name))
+            .map(|cfg| {
+                let up = self.networks.contains_key(&cfg.name);
+                let checks = self.host.checks.get(&cfg.name).cloned().unwrap_or_default();
+                let first = |r: &[(String, u32)]| r.first().map(|(d, _)| d.clone());
+                let mut notes = Vec::new();
+                if !up {
+                    notes.push("down: checked when it comes up (at its first attach)".into());
+                }
+                if cfg.mode == Mode::Shared && self.host.uplinks.ipv4.is_empty() {
+                    notes.push("no IPv4 default route: VMs cannot reach beyond this host over IPv4".into());
+                }
+                if cfg.mode == Mode::Shared && cfg.ipv6.is_some() && self.host.uplinks.ipv6.is_empty() {
+                    notes.push("no IPv6 default route: VMs cannot reach beyond this host over IPv6".into());
+                }
+                if self.host.uplinks.ipv4.len() > 1 {
+                    notes.push(format!(
+                        "several IPv4 default routes: {} (the lowest metric is used)",
+                        Uplinks::describe(&self.host.uplinks.ipv4).join(", ")
+                    ));
+                }
+                if !cfg.dhcp.enabled {
+                    notes.push("DHCP is off: guests set their own IPv4 address; interfaces without a static lease have no ip_address".into());
+                }
+                if !self.config.firewall.docker_user && !docker_chain.is_empty() {
+                    notes.push("firewall.docker_user is false: linnet adds no rules to DOCKER-USER".into());
+                }
+                NetworkDoctor {
+                    name: cfg.name.clone(),
+                    mode: cfg.mode,
+                    bridge: host::bridge_name(&cfg.name),
+                    up,
+                    uplink_ipv4: (cfg.mode == Mode::Shared).then(|| first(&self.host.uplinks.ipv4)).flatten(),
+                    uplink_ipv6: (cfg.mode == Mode::Shared && cfg.ipv6.is_some())
+                        .then(|| first(&self.host.uplinks.ipv6))
+                        .flatten(),
+                    docker_user_rules: self.host.docker_rules.contains(&cfg.name),
+                    checks,
+                    notes,
+                }
+            })
+            .collect();
+        Response::Doctor {
+            report: Box::new(DoctorReport {
+                uplinks_ipv4: Uplinks::describe(&self.host.uplinks.ipv4),
+                uplinks_ipv6: Uplinks::describe(&self.host.uplinks.ipv6),
+                firewalls: self.host.firewalls.clone(),
+                docker_user_chain: docker_chain,
+                docker_user_enabled: self.config.firewall.docker_user,
+                ipv4_forwarding: sysctl::forwarding_on(false),
+                ipv6_forwarding: sysctl::forwarding_on(true),
+                errors: self.host.errors.clone(),
+                networks,
+            }),
+        }
+    }
+}
+
+fn warnings(checks: &[FlowCheck]) -> Vec<String> {
+    checks
+        .iter()
+        .filter(|c| c.status != Status::Passes)
+        .filter_map(FlowCheck::warning)
+        .collect()
+}
+
+/// The other firewalls, one line each.
+fn firewalls(rs: &Ruleset, legacy: &[LegacyChain]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for c in &rs.chains {
+        let owner = rs.owner(&c.family, &c.table);
+        if owner == Owner::Linnet {
+            continue;
+        }
+        let line = format!("{} {} ({})", c.family, c.table, coexist::owner_name(owner));
+        if !out.contains(&line) {
+            out.push(line);
+        }
+    }
+    for c in legacy {
+        let line = format!("iptables-legacy {} {}", c.family, c.table);
+        if !out.contains(&line) {
+            out.push(line);
+        }
+    }
+    out
+}
