@@ -54,7 +54,7 @@ impl FlowKind {
     }
 
     /// Whether the bridge is where the traffic comes in (else where it goes).
-    fn from_bridge(self) -> bool {
+    fn enters_from_bridge(self) -> bool {
         matches!(
             self,
             FlowKind::Outbound | FlowKind::BetweenVms | FlowKind::Dhcp | FlowKind::Dns
@@ -330,12 +330,7 @@ pub fn check(rs: &Ruleset, flow: &Flow, bridge: &str) -> FlowCheck {
 /// many rules it has (the rules' matches are binary structures of each
 /// match module). A DROP policy with no rules blocks for sure; with rules,
 /// maybe.
-pub fn check_legacy(
-    legacy: &[LegacyChain],
-    flow: &Flow,
-    bridge: &str,
-    check: &mut FlowCheck,
-) {
+pub fn check_legacy(legacy: &[LegacyChain], flow: &Flow, bridge: &str, check: &mut FlowCheck) {
     let family = match flow.family {
         Family::Ipv4 => "ip",
         Family::Ipv6 => "ip6",
@@ -449,13 +444,7 @@ impl Walk<'_> {
     fn blocker(&self, base: &Chain, chain: &Chain, verdict: String) -> Blocker {
         let owner = self.rs.owner(&base.family, &base.table);
         let table = format!("{} {}", base.family, base.table);
-        let fix = fix(
-            owner,
-            base,
-            self.flow.kind,
-            self.flow.family,
-            self.bridge,
-        );
+        let fix = fix(owner, base, self.flow.kind, self.flow.family, self.bridge);
         Blocker {
             table,
             base_chain: base.name.clone(),
@@ -510,9 +499,7 @@ impl Walk<'_> {
         } else if let Some(ct) = left.get("ct") {
             match ct.get("key").and_then(Value::as_str) {
                 Some("state") => Tri::from(values(right).iter().any(|v| v == flow.state)),
-                Some("status") if values(right).iter().any(|v| v == "dnat") => {
-                    Tri::from(flow.dnat)
-                }
+                Some("status") if values(right).iter().any(|v| v == "dnat") => Tri::from(flow.dnat),
                 _ => Tri::Maybe,
             }
         } else if let Some(p) = left.get("payload") {
@@ -611,10 +598,7 @@ fn verdict(e: &Value) -> Option<Verdict> {
         "accept" => Verdict::Accept,
         "drop" | "reject" => Verdict::Drop,
         "return" => Verdict::Return,
-        "jump" | "goto" => Verdict::Jump(
-            body.get("target")?.as_str()?.to_owned(),
-            key == "goto",
-        ),
+        "jump" | "goto" => Verdict::Jump(body.get("target")?.as_str()?.to_owned(), key == "goto"),
         _ => return None,
     })
 }
@@ -749,7 +733,7 @@ fn iptables_tool(family: Family, suffix: &str) -> String {
 }
 
 fn iptables_fix(tool: &str, chain: &str, kind: FlowKind, bridge: &str) -> String {
-    let dir = if kind.from_bridge() { "-i" } else { "-o" };
+    let dir = if kind.enters_from_bridge() { "-i" } else { "-o" };
     format!("{tool} -I {chain} {dir} {bridge} -j ACCEPT")
 }
 
@@ -764,9 +748,15 @@ fn fix(owner: Owner, base: &Chain, kind: FlowKind, family: Family, bridge: &str)
         Owner::Firewalld => format!(
             "`firewall-cmd --zone=trusted --change-interface={bridge}` (and again with --permanent)"
         ),
-        Owner::Docker | Owner::IptablesNft => format!("`{}`", iptables_fix(&tool, &base.name, kind, bridge)),
+        Owner::Docker | Owner::IptablesNft => {
+            format!("`{}`", iptables_fix(&tool, &base.name, kind, bridge))
+        }
         _ => {
-            let dir = if kind.from_bridge() { "iifname" } else { "oifname" };
+            let dir = if kind.enters_from_bridge() {
+                "iifname"
+            } else {
+                "oifname"
+            };
             format!(
                 "`nft insert rule {} {} {} {dir} {bridge} accept`",
                 base.family, base.table, base.name
@@ -918,7 +908,10 @@ mod tests {
         for kind in [FlowKind::Replies, FlowKind::Published] {
             assert_eq!(status(&c, kind, Family::Ipv4).status, Status::Passes);
         }
-        assert_eq!(status(&c, FlowKind::Dns, Family::Ipv6).status, Status::Blocked);
+        assert_eq!(
+            status(&c, FlowKind::Dns, Family::Ipv6).status,
+            Status::Blocked
+        );
         // With the default zone's uplink, forwarding out is allowed.
         let c = checks("firewalld", Some("eth0"));
         assert_eq!(
@@ -977,7 +970,10 @@ mod tests {
             .iter()
             .map(|f| check(&rs, f, BRIDGE))
             .collect();
-        assert_eq!(status(&c, FlowKind::Outbound, Family::Ipv4).blockers.len(), 2);
+        assert_eq!(
+            status(&c, FlowKind::Outbound, Family::Ipv4).blockers.len(),
+            2
+        );
     }
 
     #[test]

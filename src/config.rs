@@ -895,6 +895,30 @@ mod tests {
     }
 
     #[test]
+    fn dhcp_false_is_short_for_enabled_false() {
+        let cfg = load("networks:\n  shared:\n    dhcp: false\n  host:\n    dhcp: { enabled: false, lease_time: 60 }\n").unwrap();
+        assert!(!cfg.network("shared").unwrap().dhcp.enabled);
+        assert!(!cfg.network("host").unwrap().dhcp.enabled);
+        assert_eq!(cfg.network("host").unwrap().dhcp.lease_time, 60);
+        let m = message("networks:\n  shared:\n    dhcp: { enable: false }\n");
+        assert!(
+            m.contains("network \"shared\": dhcp: unknown field `enable`"),
+            "{m}"
+        );
+        let m = message("networks:\n  shared:\n    dhcp: 3\n");
+        assert!(m.contains("network \"shared\": dhcp:"), "{m}");
+    }
+
+    #[test]
+    fn docker_user_is_on_unless_turned_off() {
+        assert!(Config::builtin().firewall.docker_user);
+        let cfg = load("firewall:\n  docker_user: false\n").unwrap();
+        assert!(!cfg.firewall.docker_user);
+        let m = message("firewall:\n  docker: false\n");
+        assert!(m.contains("unknown field `docker`"), "{m}");
+    }
+
+    #[test]
     fn builtins_need_no_file() {
         let cfg = Config::builtin();
         let shared = cfg.network("shared").unwrap();

@@ -77,7 +77,10 @@ fn print(r: &DoctorReport) {
     for n in &r.networks {
         println!();
         let state = if n.up { "up" } else { "down" };
-        println!("network {} ({}, bridge {}, {state})", n.name, n.mode, n.bridge);
+        println!(
+            "network {} ({}, bridge {}, {state})",
+            n.name, n.mode, n.bridge
+        );
         if n.mode == crate::config::Mode::Shared {
             println!(
                 "  uplink: IPv4 {}, IPv6 {}",

@@ -102,7 +102,11 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
     }
     signals.thread_block().context("cannot block signals")?;
     let relay = spawn_relay(relay);
-    info!(interface = %info.interface_id, ip = ?info.ip_address, %datapath, "relaying");
+    if let Some(ip) = info.ip_address {
+        info!(interface = %info.interface_id, %ip, %datapath, "relaying");
+    } else {
+        info!(interface = %info.interface_id, %datapath, "relaying");
+    }
 
     let mut reported = RelayCounters::default();
     let mut next_report = Instant::now() + REPORT_EVERY;

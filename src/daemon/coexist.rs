@@ -76,7 +76,8 @@ impl Daemon {
         }
         let before = std::mem::take(&mut self.host.uplinks);
         if uplinks != before && !self.networks.is_empty() {
-            let show = |r: &[(String, u32)]| r.first().map_or("none".to_string(), |(d, _)| d.clone());
+            let show =
+                |r: &[(String, u32)]| r.first().map_or("none".to_string(), |(d, _)| d.clone());
             info!(
                 ipv4 = %show(&uplinks.ipv4),
                 ipv6 = %show(&uplinks.ipv6),
@@ -85,8 +86,15 @@ impl Daemon {
                 "uplink changed: NAT follows the default route for new connections"
             );
             for (family, routes) in [("IPv4", &uplinks.ipv4), ("IPv6", &uplinks.ipv6)] {
-                if routes.is_empty() && self.networks.values().any(|n| n.config.mode == Mode::Shared) {
-                    warn!("no {family} default route: VMs of shared networks cannot reach beyond this host over {family}");
+                if routes.is_empty()
+                    && self
+                        .networks
+                        .values()
+                        .any(|n| n.config.mode == Mode::Shared)
+                {
+                    warn!(
+                        "no {family} default route: VMs of shared networks cannot reach beyond this host over {family}"
+                    );
                 }
             }
         }
@@ -106,17 +114,18 @@ impl Daemon {
                 Ruleset::default()
             }
         };
-        if errors.is_empty() && self.restore_tables(&rs) {
-            // Read again: what was put back (DOCKER-USER rules are not ours
-            // to assume gone with our table).
-            if let Ok(again) = Ruleset::read(&mut self.nft) {
-                rs = again;
-            }
+        // After a repair, read again: the checks see what is now there.
+        if errors.is_empty()
+            && self.restore_tables(&rs)
+            && let Ok(again) = Ruleset::read(&mut self.nft)
+        {
+            rs = again;
         }
-        if errors.is_empty() && self.sync_docker_user(&rs) {
-            if let Ok(again) = Ruleset::read(&mut self.nft) {
-                rs = again;
-            }
+        if errors.is_empty()
+            && self.sync_docker_user(&rs)
+            && let Ok(again) = Ruleset::read(&mut self.nft)
+        {
+            rs = again;
         }
         let legacy = legacy::chains().unwrap_or_else(|e| {
             errors.push(format!("legacy iptables: {e}"));
@@ -128,7 +137,12 @@ impl Daemon {
         for name in names {
             let cfg = self.networks[&name].config.clone();
             let found = self.network_checks(&rs, &legacy, &cfg);
-            let old = self.host.checks.get(&name).map(|c| warnings(c)).unwrap_or_default();
+            let old = self
+                .host
+                .checks
+                .get(&name)
+                .map(|c| warnings(c))
+                .unwrap_or_default();
             let new = warnings(&found);
             for w in new.iter().filter(|w| !old.contains(w)) {
                 warn!(network = %name, "{w}");
@@ -146,13 +160,25 @@ impl Daemon {
 
     /// The warnings for one network (empty while it is down).
     pub(super) fn network_warnings(&self, network: &str) -> Vec<String> {
-        self.host.checks.get(network).map(|c| warnings(c)).unwrap_or_default()
+        self.host
+            .checks
+            .get(network)
+            .map(|c| warnings(c))
+            .unwrap_or_default()
     }
 
-    fn network_checks(&self, rs: &Ruleset, legacy: &[LegacyChain], cfg: &NetworkConfig) -> Vec<FlowCheck> {
+    fn network_checks(
+        &self,
+        rs: &Ruleset,
+        legacy: &[LegacyChain],
+        cfg: &NetworkConfig,
+    ) -> Vec<FlowCheck> {
         let bridge = host::bridge_name(&cfg.name);
         let first = |r: &[(String, u32)]| r.first().map(|(d, _)| d.clone());
-        let (up4, up6) = (first(&self.host.uplinks.ipv4), first(&self.host.uplinks.ipv6));
+        let (up4, up6) = (
+            first(&self.host.uplinks.ipv4),
+            first(&self.host.uplinks.ipv6),
+        );
         let view = NetworkView {
             bridge: &bridge,
             shared: cfg.mode == Mode::Shared,
@@ -160,7 +186,10 @@ impl Daemon {
             dns: cfg.dns.enabled,
             subnet: IpNet::V4(cfg.subnet),
             gateway: cfg.gateway.into(),
-            ipv6: cfg.ipv6.as_ref().map(|v6| (IpNet::V6(v6.prefix), v6.gateway.into())),
+            ipv6: cfg
+                .ipv6
+                .as_ref()
+                .map(|v6| (IpNet::V6(v6.prefix), v6.gateway.into())),
             uplink4: up4.as_deref(),
             uplink6: up6.as_deref(),
         };
@@ -179,7 +208,9 @@ impl Daemon {
     fn restore_tables(&mut self, rs: &Ruleset) -> bool {
         let mut restored = false;
         if !self.networks.is_empty() && !rs.has_linnet("inet") {
-            warn!("linnet's table inet linnet is gone (nft flush ruleset, or a firewall reload?): putting it back");
+            warn!(
+                "linnet's table inet linnet is gone (nft flush ruleset, or a firewall reload?): putting it back"
+            );
             match self.sync_host() {
                 Ok(()) => {
                     info!("restored table inet linnet");
@@ -189,10 +220,14 @@ impl Daemon {
             }
         }
         if self.guard_ready && !rs.has_linnet("bridge") {
-            warn!("linnet's table bridge linnet is gone: putting it back with every guarded interface");
+            warn!(
+                "linnet's table bridge linnet is gone: putting it back with every guarded interface"
+            );
             let ports = self.guarded_ports();
             let result = guard::create(&mut self.nft).and_then(|()| {
-                ports.iter().try_for_each(|p| guard::add_port(&mut self.nft, p))
+                ports
+                    .iter()
+                    .try_for_each(|p| guard::add_port(&mut self.nft, p))
             });
             match result {
                 Ok(()) => {
@@ -210,7 +245,10 @@ impl Daemon {
     /// anything.
     fn sync_docker_user(&mut self, rs: &Ruleset) -> bool {
         let bridges: Vec<(String, String)> = if self.config.firewall.docker_user {
-            self.networks.values().map(|n| (n.config.name.clone(), n.bridge.clone())).collect()
+            self.networks
+                .values()
+                .map(|n| (n.config.name.clone(), n.bridge.clone()))
+                .collect()
         } else {
             Vec::new()
         };
@@ -261,7 +299,9 @@ impl Daemon {
                 continue;
             }
             let family = if ipv6 { "IPv6" } else { "IPv4" };
-            warn!("{family} forwarding was turned off behind linnet's back: turning it on again (its networks need it)");
+            warn!(
+                "{family} forwarding was turned off behind linnet's back: turning it on again (its networks need it)"
+            );
             let done = if ipv6 {
                 sysctl::enable_ipv6_forwarding().map(|changed| {
                     self.forwarding6.get_or_insert(changed);
@@ -281,7 +321,12 @@ impl Daemon {
         {
             return self.unknown_network(name).into_response();
         }
-        let docker_chain: Vec<String> = self.host.docker_chain.iter().map(|f| f.to_string()).collect();
+        let docker_chain: Vec<String> = self
+            .host
+            .docker_chain
+            .iter()
+            .map(|f| f.to_string())
+            .collect();
         let networks = self
             .config
             .networks

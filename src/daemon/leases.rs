@@ -234,7 +234,11 @@ impl LeaseTable {
         now: u64,
     ) -> Result<MacAddr, LeaseError> {
         let owner = Owner::Interface { id };
-        let existing = self.leases.values().find(|l| l.owner == owner).map(|l| l.mac);
+        let existing = self
+            .leases
+            .values()
+            .find(|l| l.owner == owner)
+            .map(|l| l.mac);
         let mac = match mac.or(existing) {
             Some(mac) => {
                 self.check_mac_free(mac, &owner, now)?;

@@ -501,9 +501,16 @@ impl Daemon {
             .policy
             .clone()
             .unwrap_or_else(|| net.config.policy.clone());
-        let mut info = interface_info(net, id, (mac, ip, req.name.clone()), &tap_name, datapath, &policy);
+        let mut info = interface_info(
+            net,
+            id,
+            (mac, ip, req.name.clone()),
+            &tap_name,
+            datapath,
+            &policy,
+        );
         info.warnings = self.network_warnings(network);
-        info!(network, interface = %id, ip = ?ip, %mac, tap = %tap_name, %datapath, pid = ?client.pid, uid = client.uid, "attached");
+        info!(network, interface = %id, ip = %shown_ip(ip), %mac, tap = %tap_name, %datapath, pid = ?client.pid, uid = client.uid, "attached");
         self.interfaces.insert(
             id,
             Interface {
@@ -670,7 +677,7 @@ impl Daemon {
                 .insert(iface.tap.clone(), now)
                 .unwrap_or(0);
             if now > before {
-                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = ?iface.ip, mac = %iface.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
+                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %shown_ip(iface.ip), mac = %iface.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
             }
         }
     }
@@ -968,9 +975,17 @@ fn port_guard(cfg: &NetworkConfig, tap: &str, mac: MacAddr, ip: Option<Ipv4Addr>
     }
 }
 
+/// An interface's IPv4 address for logs: "none" without DHCP.
+pub(super) fn shown_ip(ip: Option<Ipv4Addr>) -> String {
+    ip.map_or_else(|| "none (no DHCP)".into(), |ip| ip.to_string())
+}
+
 /// The host addresses of `subnet` without `gateway`, as ranges.
 fn subnet_but(subnet: ipnet::Ipv4Net, gateway: Ipv4Addr) -> Vec<(Ipv4Addr, Ipv4Addr)> {
-    let (first, last) = (u32::from(subnet.network()) + 1, u32::from(subnet.broadcast()) - 1);
+    let (first, last) = (
+        u32::from(subnet.network()) + 1,
+        u32::from(subnet.broadcast()) - 1,
+    );
     let g = u32::from(gateway);
     [(first, g.saturating_sub(1)), (g + 1, last)]
         .into_iter()

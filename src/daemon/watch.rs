@@ -63,12 +63,19 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>) -> tokio::task::JoinHandle<()> {
         let nft = open(libc::NETLINK_NETFILTER, &[NFNLGRP_NFTABLES]);
         let rt = open(
             libc::NETLINK_ROUTE,
-            &[RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE, RTNLGRP_IPV4_NETCONF, RTNLGRP_IPV6_NETCONF],
+            &[
+                RTNLGRP_IPV4_ROUTE,
+                RTNLGRP_IPV6_ROUTE,
+                RTNLGRP_IPV4_NETCONF,
+                RTNLGRP_IPV6_NETCONF,
+            ],
         );
         let (nft, rt) = match (nft, rt) {
             (Ok(nft), Ok(rt)) => (nft, rt),
             (Err(e), _) | (_, Err(e)) => {
-                warn!("cannot watch nftables and route changes ({e}): linnet will not put back its rules if something removes them");
+                warn!(
+                    "cannot watch nftables and route changes ({e}): linnet will not put back its rules if something removes them"
+                );
                 return;
             }
         };
@@ -138,7 +145,8 @@ async fn read(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> usize {
             Err(e) => return failed(e).await,
         };
         match guard.try_io(|fd| {
-            socket::recv(fd.get_ref().as_raw_fd(), buf, socket::MsgFlags::empty()).map_err(io::Error::from)
+            socket::recv(fd.get_ref().as_raw_fd(), buf, socket::MsgFlags::empty())
+                .map_err(io::Error::from)
         }) {
             Ok(Ok(n)) => return n,
             Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => return 0,
@@ -174,13 +182,19 @@ fn netfilter_matters(buf: &[u8]) -> bool {
             continue;
         }
         let op = kind & 0xff;
-        if matches!(op, NFT_MSG_NEWSETELEM | NFT_MSG_GETSETELEM | NFT_MSG_DELSETELEM | NFT_MSG_NEWGEN) {
+        if matches!(
+            op,
+            NFT_MSG_NEWSETELEM | NFT_MSG_GETSETELEM | NFT_MSG_DELSETELEM | NFT_MSG_NEWGEN
+        ) {
             continue;
         }
         let family = msg[16];
-        let ours = matches!(family, NFPROTO_INET | NFPROTO_BRIDGE) && table_name(&msg[20..]) == Some(b"linnet");
-        let deletes = matches!(op, NFT_MSG_DELTABLE | NFT_MSG_DELCHAIN | NFT_MSG_DELRULE | NFT_MSG_DELSET)
-            || op >= NFT_MSG_DESTROYTABLE;
+        let ours = matches!(family, NFPROTO_INET | NFPROTO_BRIDGE)
+            && table_name(&msg[20..]) == Some(b"linnet");
+        let deletes = matches!(
+            op,
+            NFT_MSG_DELTABLE | NFT_MSG_DELCHAIN | NFT_MSG_DELRULE | NFT_MSG_DELSET
+        ) || op >= NFT_MSG_DESTROYTABLE;
         if !ours || deletes {
             return true;
         }
@@ -230,10 +244,26 @@ mod tests {
     #[test]
     fn own_changes_do_not_matter_but_deletes_do() {
         let new_rule = 6;
-        assert!(!netfilter_matters(&message(new_rule, NFPROTO_INET, "linnet")));
-        assert!(!netfilter_matters(&message(NFT_MSG_NEWSETELEM, NFPROTO_BRIDGE, "linnet")));
-        assert!(netfilter_matters(&message(NFT_MSG_DELTABLE, NFPROTO_INET, "linnet")));
-        assert!(netfilter_matters(&message(NFT_MSG_DELCHAIN, NFPROTO_BRIDGE, "linnet")));
+        assert!(!netfilter_matters(&message(
+            new_rule,
+            NFPROTO_INET,
+            "linnet"
+        )));
+        assert!(!netfilter_matters(&message(
+            NFT_MSG_NEWSETELEM,
+            NFPROTO_BRIDGE,
+            "linnet"
+        )));
+        assert!(netfilter_matters(&message(
+            NFT_MSG_DELTABLE,
+            NFPROTO_INET,
+            "linnet"
+        )));
+        assert!(netfilter_matters(&message(
+            NFT_MSG_DELCHAIN,
+            NFPROTO_BRIDGE,
+            "linnet"
+        )));
         // Someone else's table, even if it is called linnet.
         assert!(netfilter_matters(&message(new_rule, 2, "linnet")));
         assert!(netfilter_matters(&message(new_rule, 2, "filter")));

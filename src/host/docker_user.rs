@@ -63,7 +63,10 @@ pub fn sync(nft: &mut Nft, rs: &Ruleset, wanted: &[Wanted]) -> Result<Changes, N
             .collect();
         tagged.sort_unstable();
         tagged.dedup();
-        for network in tagged.iter().filter(|n| !wanted.iter().any(|w| w.network == **n)) {
+        for network in tagged
+            .iter()
+            .filter(|n| !wanted.iter().any(|w| w.network == **n))
+        {
             commands.extend(ours(network).into_iter().map(|h| delete(family, h)));
             changes.removed.push((family.into(), (*network).into()));
         }
@@ -100,7 +103,9 @@ fn in_place(rs: &Ruleset, family: &str, w: &Wanted) -> bool {
         .iter()
         .filter(|r| r.comment.as_deref() == Some(tag.as_str()))
         .all(|r| {
-            r.expr.iter().any(|e| e["match"]["right"] == Value::from(w.bridge))
+            r.expr
+                .iter()
+                .any(|e| e["match"]["right"] == w.bridge)
         })
 }
 

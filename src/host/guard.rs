@@ -314,6 +314,24 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_ipv4_address_is_any_of_the_ranges() {
+        let mut p = port();
+        let (a, b) = (
+            "192.168.105.2".parse().unwrap(),
+            "192.168.105.254".parse().unwrap(),
+        );
+        p.ipv4 = Ipv4Source::Ranges(vec![(a, b)]);
+        let sets = by_set(&elements(&p));
+        assert!(!sets.contains_key("ipv4"));
+        assert_eq!(
+            sets["ipv4ranges"],
+            [
+                json!({"concat": ["lnt0123456789ab", {"range": ["192.168.105.2", "192.168.105.254"]}]})
+            ]
+        );
+    }
+
+    #[test]
     fn without_anti_spoofing_only_isolation_remains() {
         let mut p = port();
         p.anti_spoofing = false;
@@ -333,7 +351,15 @@ mod tests {
             }
         }
         for set in [
-            "guarded", "isolated", "macs", "ipv4", "ipv6", "chaddr", "ndtarget", "drops",
+            "guarded",
+            "isolated",
+            "macs",
+            "ipv4",
+            "ipv4ranges",
+            "ipv6",
+            "chaddr",
+            "ndtarget",
+            "drops",
         ] {
             assert!(RULESET.contains(&format!("set {set} {{")), "{set}");
             assert!(RULESET.contains(&format!("@{set}")), "{set} is used");

@@ -63,12 +63,22 @@ pub fn chains() -> io::Result<Vec<LegacyChain>> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         };
-        let tables: Vec<&str> = names.lines().map(str::trim).filter(|n| !n.is_empty()).collect();
+        let tables: Vec<&str> = names
+            .lines()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
         if tables.is_empty() {
             continue;
         }
         // SAFETY: plain socket(2); the fd is owned at once.
-        let fd = unsafe { libc::socket(layout.domain, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW) };
+        let fd = unsafe {
+            libc::socket(
+                layout.domain,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::IPPROTO_RAW,
+            )
+        };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -81,10 +91,23 @@ pub fn chains() -> io::Result<Vec<LegacyChain>> {
     Ok(out)
 }
 
-fn getsockopt(fd: &OwnedFd, level: libc::c_int, opt: libc::c_int, buf: &mut [u8]) -> io::Result<()> {
+fn getsockopt(
+    fd: &OwnedFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    buf: &mut [u8],
+) -> io::Result<()> {
     let mut len = buf.len() as libc::socklen_t;
     // SAFETY: buf is valid for len bytes and len is passed by reference.
-    let rc = unsafe { libc::getsockopt(fd.as_raw_fd(), level, opt, buf.as_mut_ptr().cast(), &mut len) };
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -102,14 +125,22 @@ fn u16_at(buf: &[u8], at: usize) -> Option<u16> {
 fn named(table: &str) -> io::Result<[u8; TABLE_NAME_LEN]> {
     let mut name = [0u8; TABLE_NAME_LEN];
     if table.len() >= TABLE_NAME_LEN {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("table name {table} too long")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("table name {table} too long"),
+        ));
     }
     name[..table.len()].copy_from_slice(table.as_bytes());
     Ok(name)
 }
 
 fn read_table(fd: &OwnedFd, layout: &Layout, table: &str) -> io::Result<Vec<LegacyChain>> {
-    let bad = || io::Error::new(io::ErrorKind::InvalidData, format!("legacy table {table}: short answer from the kernel"));
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("legacy table {table}: short answer from the kernel"),
+        )
+    };
     let mut info = [0u8; GETINFO_LEN];
     info[..TABLE_NAME_LEN].copy_from_slice(&named(table)?);
     getsockopt(fd, layout.level, SO_GET_INFO, &mut info)?;
@@ -129,7 +160,10 @@ fn read_table(fd: &OwnedFd, layout: &Layout, table: &str) -> io::Result<Vec<Lega
         if valid_hooks & (1 << hook) == 0 {
             continue;
         }
-        let (start, end) = (hook_entry(hook).ok_or_else(bad)? as usize, underflow(hook).ok_or_else(bad)? as usize);
+        let (start, end) = (
+            hook_entry(hook).ok_or_else(bad)? as usize,
+            underflow(hook).ok_or_else(bad)? as usize,
+        );
         let mut rules = 0;
         let mut at = start;
         while at < end {

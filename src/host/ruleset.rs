@@ -243,7 +243,8 @@ mod tests {
         assert!(err.contains("does not parse"), "{err}");
         let err = Ruleset::parse("{\"x\": 1}").unwrap_err();
         assert!(err.contains("no \"nftables\""), "{err}");
-        let err = Ruleset::parse("{\"nftables\": [{\"chain\": {\"family\": \"ip\"}}]}").unwrap_err();
+        let err =
+            Ruleset::parse("{\"nftables\": [{\"chain\": {\"family\": \"ip\"}}]}").unwrap_err();
         assert!(err.contains("\"table\""), "{err}");
     }
 }
