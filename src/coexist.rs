@@ -733,7 +733,11 @@ fn iptables_tool(family: Family, suffix: &str) -> String {
 }
 
 fn iptables_fix(tool: &str, chain: &str, kind: FlowKind, bridge: &str) -> String {
-    let dir = if kind.enters_from_bridge() { "-i" } else { "-o" };
+    let dir = if kind.enters_from_bridge() {
+        "-i"
+    } else {
+        "-o"
+    };
     format!("{tool} -I {chain} {dir} {bridge} -j ACCEPT")
 }
 

@@ -102,11 +102,7 @@ fn in_place(rs: &Ruleset, family: &str, w: &Wanted) -> bool {
     rs.rules(family, TABLE, CHAIN)
         .iter()
         .filter(|r| r.comment.as_deref() == Some(tag.as_str()))
-        .all(|r| {
-            r.expr
-                .iter()
-                .any(|e| e["match"]["right"] == w.bridge)
-        })
+        .all(|r| r.expr.iter().any(|e| e["match"]["right"] == w.bridge))
 }
 
 fn delete(family: &str, handle: u64) -> Value {
