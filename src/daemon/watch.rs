@@ -20,8 +20,9 @@ use tracing::{debug, warn};
 
 use super::state::Daemon;
 
-/// How long changes are gathered before acting: a firewall reload is many
-/// messages, and the restore must still come well within a second.
+/// How long changes are gathered before acting: Docker or a firewall
+/// manager makes many changes one by one. Not when linnet's own tables were
+/// deleted: while they are gone, guests have no NAT.
 const SETTLE: Duration = Duration::from_millis(100);
 /// Legacy iptables sends no notifications: it is looked at this often.
 const POLL: Duration = Duration::from_secs(30);
@@ -49,10 +50,21 @@ const RTNLGRP_IPV6_ROUTE: u32 = 11;
 const RTNLGRP_IPV4_NETCONF: u32 = 24;
 const RTNLGRP_IPV6_NETCONF: u32 = 25;
 
-/// What a batch of notifications asks for.
+/// What a batch of nf_tables notifications is about, least urgent first.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Change {
+    #[default]
+    None,
+    /// Someone else's tables (or an overflow).
+    Foreign,
+    /// Something of linnet's own tables was deleted.
+    OwnDeleted,
+}
+
+/// What the notifications so far ask for.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 struct Wake {
-    netfilter: bool,
+    netfilter: Change,
     routes: bool,
 }
 
@@ -85,21 +97,26 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>) -> tokio::task::JoinHandle<()> {
         loop {
             let mut wake = Wake::default();
             tokio::select! {
-                n = read(&nft, &mut nft_buf) => wake.netfilter = netfilter_matters(&nft_buf[..n]),
+                n = read(&nft, &mut nft_buf) => wake.netfilter = netfilter_change(&nft_buf[..n]),
                 _ = read(&rt, &mut rt_buf) => wake.routes = true,
-                _ = poll.tick() => wake.netfilter = true,
+                _ = poll.tick() => wake.netfilter = Change::Foreign,
             }
             if wake == Wake::default() {
                 continue;
             }
             // Gather what follows for a moment.
-            let settle = tokio::time::sleep(SETTLE);
+            let settle = tokio::time::sleep(if wake.netfilter == Change::OwnDeleted {
+                Duration::ZERO
+            } else {
+                SETTLE
+            });
             tokio::pin!(settle);
             loop {
                 tokio::select! {
-                    n = read(&nft, &mut nft_buf) => wake.netfilter |= netfilter_matters(&nft_buf[..n]),
-                    _ = read(&rt, &mut rt_buf) => wake.routes = true,
+                    biased;
                     _ = &mut settle => break,
+                    n = read(&nft, &mut nft_buf) => wake.netfilter = wake.netfilter.max(netfilter_change(&nft_buf[..n])),
+                    _ = read(&rt, &mut rt_buf) => wake.routes = true,
                 }
             }
             debug!(?wake, "the namespace changed");
@@ -162,19 +179,20 @@ async fn failed(e: io::Error) -> usize {
     0
 }
 
-/// Whether nf_tables messages in `buf` are about something other than
-/// linnet's own set elements or its own tables being (re)made. An empty
-/// buffer (overflow) matters.
-fn netfilter_matters(buf: &[u8]) -> bool {
+/// What the nf_tables messages in `buf` are about. linnet's own set
+/// elements and its own tables being made do not count; an empty buffer
+/// (an overflow) does.
+fn netfilter_change(buf: &[u8]) -> Change {
     if buf.is_empty() {
-        return true;
+        return Change::Foreign;
     }
+    let mut change = Change::None;
     let mut at = 0;
     while at + 20 <= buf.len() {
         let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
         let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().expect("2 bytes"));
-        if len < 16 || at + len > buf.len() {
-            return true;
+        if len < 20 || at + len > buf.len() {
+            return change.max(Change::Foreign);
         }
         let msg = &buf[at..at + len];
         at += (len + 3) & !3;
@@ -195,11 +213,13 @@ fn netfilter_matters(buf: &[u8]) -> bool {
             op,
             NFT_MSG_DELTABLE | NFT_MSG_DELCHAIN | NFT_MSG_DELRULE | NFT_MSG_DELSET
         ) || op >= NFT_MSG_DESTROYTABLE;
-        if !ours || deletes {
-            return true;
-        }
+        change = change.max(match (ours, deletes) {
+            (true, true) => Change::OwnDeleted,
+            (true, false) => Change::None,
+            (false, _) => Change::Foreign,
+        });
     }
-    false
+    change
 }
 
 /// The table name attribute of an nf_tables message body, without its NUL.
@@ -242,35 +262,30 @@ mod tests {
     }
 
     #[test]
-    fn own_changes_do_not_matter_but_deletes_do() {
+    fn own_changes_do_not_count_but_deletes_do() {
         let new_rule = 6;
-        assert!(!netfilter_matters(&message(
-            new_rule,
-            NFPROTO_INET,
-            "linnet"
-        )));
-        assert!(!netfilter_matters(&message(
-            NFT_MSG_NEWSETELEM,
-            NFPROTO_BRIDGE,
-            "linnet"
-        )));
-        assert!(netfilter_matters(&message(
-            NFT_MSG_DELTABLE,
-            NFPROTO_INET,
-            "linnet"
-        )));
-        assert!(netfilter_matters(&message(
-            NFT_MSG_DELCHAIN,
-            NFPROTO_BRIDGE,
-            "linnet"
-        )));
+        let change = |op, family, table| netfilter_change(&message(op, family, table));
+        assert_eq!(change(new_rule, NFPROTO_INET, "linnet"), Change::None);
+        assert_eq!(
+            change(NFT_MSG_NEWSETELEM, NFPROTO_BRIDGE, "linnet"),
+            Change::None
+        );
+        assert_eq!(
+            change(NFT_MSG_DELTABLE, NFPROTO_INET, "linnet"),
+            Change::OwnDeleted
+        );
+        assert_eq!(
+            change(NFT_MSG_DELCHAIN, NFPROTO_BRIDGE, "linnet"),
+            Change::OwnDeleted
+        );
         // Someone else's table, even if it is called linnet.
-        assert!(netfilter_matters(&message(new_rule, 2, "linnet")));
-        assert!(netfilter_matters(&message(new_rule, 2, "filter")));
-        // A batch: one message that matters is enough.
+        assert_eq!(change(new_rule, 2, "linnet"), Change::Foreign);
+        assert_eq!(change(new_rule, 2, "filter"), Change::Foreign);
+        // A batch counts as its most urgent message.
         let mut batch = message(new_rule, NFPROTO_INET, "linnet");
         batch.extend(message(0, 2, "filter"));
-        assert!(netfilter_matters(&batch));
-        assert!(netfilter_matters(&[]), "an overflow");
+        batch.extend(message(NFT_MSG_DELTABLE, NFPROTO_BRIDGE, "linnet"));
+        assert_eq!(netfilter_change(&batch), Change::OwnDeleted);
+        assert_eq!(netfilter_change(&[]), Change::Foreign, "an overflow");
     }
 }

@@ -306,7 +306,9 @@ fn time_to_restore(world: &World, argv: &[&str]) -> Duration {
     wait_for("linnet's tables back", Duration::from_secs(3), || {
         (linnet_tables(world) == (true, true)).then_some(())
     });
-    start.elapsed()
+    let took = start.elapsed();
+    eprintln!("{}: linnet's tables back after {took:?}", argv.join(" "));
+    took
 }
 
 #[test]
