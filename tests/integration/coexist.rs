@@ -457,7 +457,37 @@ fn nat_follows_the_default_route_to_another_uplink() {
             (network(&report, "shared")["uplink_ipv4"] == veth.as_str()).then_some(())
         },
     );
+    // A second default route with a higher metric: the first stays in use.
+    must(&mut world.host.cmd(&[
+        "ip",
+        "route",
+        "add",
+        "default",
+        "via",
+        UPSTREAM_IP,
+        "metric",
+        "100",
+    ]));
+    wait_for(
+        "doctor to list both default routes",
+        Duration::from_secs(2),
+        || {
+            let (report, _) = doctor(&world, &["--network", "shared"]);
+            let notes = network(&report, "shared")["notes"].to_string();
+            notes
+                .contains(&format!(
+                    "several IPv4 default routes: {veth} (metric 0), {uplink1} (metric 100)"
+                ))
+                .then_some(())
+        },
+    );
+    assert_eq!(g.fetch(&site).as_deref(), Some("two"));
     // No IPv4 default route at all: doctor says so.
+    must(
+        &mut world
+            .host
+            .cmd(&["ip", "route", "del", "default", "metric", "100"]),
+    );
     must(&mut world.host.cmd(&["ip", "route", "del", "default"]));
     wait_for(
         "doctor to see no default route",
