@@ -27,28 +27,54 @@ const SETTLE: Duration = Duration::from_millis(100);
 /// Legacy iptables sends no notifications: it is looked at this often.
 const POLL: Duration = Duration::from_secs(30);
 
-const NFNLGRP_NFTABLES: u32 = 7;
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-/// nf_tables message types (`enum nf_tables_msg_types`).
-const NFT_MSG_DELTABLE: u16 = 2;
-const NFT_MSG_DELCHAIN: u16 = 5;
-const NFT_MSG_DELRULE: u16 = 8;
-const NFT_MSG_DELSET: u16 = 11;
-const NFT_MSG_NEWSETELEM: u16 = 12;
-const NFT_MSG_GETSETELEM: u16 = 13;
-const NFT_MSG_DELSETELEM: u16 = 14;
-const NFT_MSG_NEWGEN: u16 = 16;
-/// NFT_MSG_DESTROY* (kernels 6.3+) mean delete too.
-const NFT_MSG_DESTROYTABLE: u16 = 26;
-const NFPROTO_INET: u8 = 1;
-const NFPROTO_BRIDGE: u8 = 7;
+const NFNLGRP_NFTABLES: u32 = libc::NFNLGRP_NFTABLES as u32;
+const NFNL_SUBSYS_NFTABLES: u16 = libc::NFNL_SUBSYS_NFTABLES as u16;
+/// nf_tables message types that never count: set elements (linnet's own
+/// change at every attach; others' are data, not rules), the generation
+/// message that ends every transaction, traces.
+const IGNORED: [i32; 6] = [
+    libc::NFT_MSG_NEWSETELEM,
+    libc::NFT_MSG_GETSETELEM,
+    libc::NFT_MSG_DELSETELEM,
+    libc::NFT_MSG_NEWGEN,
+    libc::NFT_MSG_GETGEN,
+    libc::NFT_MSG_TRACE,
+];
+/// Deletions: DELTABLE, DELCHAIN, DELRULE, DELSET, and (kernels 6.3+)
+/// DESTROYTABLE, DESTROYCHAIN, DESTROYRULE, DESTROYSET.
+const DELETES: [i32; 8] = [
+    libc::NFT_MSG_DELTABLE,
+    libc::NFT_MSG_DELCHAIN,
+    libc::NFT_MSG_DELRULE,
+    libc::NFT_MSG_DELSET,
+    26,
+    27,
+    28,
+    29,
+];
+/// NFT_MSG_DESTROYSETELEM: set elements again.
+const DESTROYSETELEM: i32 = 30;
+const NFPROTO_INET: u8 = libc::NFPROTO_INET as u8;
+const NFPROTO_BRIDGE: u8 = libc::NFPROTO_BRIDGE as u8;
 /// The table's name is attribute 1 of table, chain, rule and set messages.
 const NFTA_TABLE: u16 = 1;
 
-const RTNLGRP_IPV4_ROUTE: u32 = 7;
-const RTNLGRP_IPV6_ROUTE: u32 = 11;
-const RTNLGRP_IPV4_NETCONF: u32 = 24;
-const RTNLGRP_IPV6_NETCONF: u32 = 25;
+/// Route messages, netconf (forwarding) messages and policy rules.
+const RTM_NEWROUTE: u16 = libc::RTM_NEWROUTE;
+const RTM_DELROUTE: u16 = libc::RTM_DELROUTE;
+const RTM_NEWNETCONF: u16 = libc::RTM_NEWNETCONF;
+const RTM_DELNETCONF: u16 = 81;
+const RTM_NEWRULE: u16 = libc::RTM_NEWRULE;
+const RTM_DELRULE: u16 = libc::RTM_DELRULE;
+const RT_TABLE_LOCAL: u8 = libc::RT_TABLE_LOCAL;
+const ROUTE_GROUPS: [u32; 6] = [
+    libc::RTNLGRP_IPV4_ROUTE,
+    libc::RTNLGRP_IPV6_ROUTE,
+    libc::RTNLGRP_IPV4_RULE,
+    libc::RTNLGRP_IPV6_RULE,
+    libc::RTNLGRP_IPV4_NETCONF,
+    libc::RTNLGRP_IPV6_NETCONF,
+];
 
 /// What a batch of nf_tables notifications is about, least urgent first.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -73,15 +99,7 @@ struct Wake {
 pub fn spawn(daemon: Arc<Mutex<Daemon>>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let nft = open(libc::NETLINK_NETFILTER, &[NFNLGRP_NFTABLES]);
-        let rt = open(
-            libc::NETLINK_ROUTE,
-            &[
-                RTNLGRP_IPV4_ROUTE,
-                RTNLGRP_IPV6_ROUTE,
-                RTNLGRP_IPV4_NETCONF,
-                RTNLGRP_IPV6_NETCONF,
-            ],
-        );
+        let rt = open(libc::NETLINK_ROUTE, &ROUTE_GROUPS);
         let (nft, rt) = match (nft, rt) {
             (Ok(nft), Ok(rt)) => (nft, rt),
             (Err(e), _) | (_, Err(e)) => {
@@ -98,7 +116,7 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>) -> tokio::task::JoinHandle<()> {
             let mut wake = Wake::default();
             tokio::select! {
                 n = read(&nft, &mut nft_buf) => wake.netfilter = netfilter_change(&nft_buf[..n]),
-                _ = read(&rt, &mut rt_buf) => wake.routes = true,
+                n = read(&rt, &mut rt_buf) => wake.routes = route_change(&rt_buf[..n]),
                 _ = poll.tick() => wake.netfilter = Change::Foreign,
             }
             if wake == Wake::default() {
@@ -116,7 +134,7 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>) -> tokio::task::JoinHandle<()> {
                     biased;
                     _ = &mut settle => break,
                     n = read(&nft, &mut nft_buf) => wake.netfilter = wake.netfilter.max(netfilter_change(&nft_buf[..n])),
-                    _ = read(&rt, &mut rt_buf) => wake.routes = true,
+                    n = read(&rt, &mut rt_buf) => wake.routes |= route_change(&rt_buf[..n]),
                 }
             }
             debug!(?wake, "the namespace changed");
@@ -154,12 +172,13 @@ fn open(protocol: libc::c_int, groups: &[u32]) -> io::Result<AsyncFd<OwnedFd>> {
 }
 
 /// The length of the next datagram; 0 for an overflow (ENOBUFS), which
-/// counts as a change. Other errors are logged and waited out.
+/// counts as a change. Other errors are logged and waited out, and then
+/// read as a datagram too short to mean anything.
 async fn read(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> usize {
     loop {
         let mut guard = match fd.readable().await {
             Ok(guard) => guard,
-            Err(e) => return failed(e).await,
+            Err(e) => return failed(e, buf).await,
         };
         match guard.try_io(|fd| {
             socket::recv(fd.get_ref().as_raw_fd(), buf, socket::MsgFlags::empty())
@@ -167,16 +186,18 @@ async fn read(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> usize {
         }) {
             Ok(Ok(n)) => return n,
             Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOBUFS) => return 0,
-            Ok(Err(e)) => return failed(e).await,
+            Ok(Err(e)) => return failed(e, buf).await,
             Err(_would_block) => continue,
         }
     }
 }
 
-async fn failed(e: io::Error) -> usize {
+async fn failed(e: io::Error, buf: &mut [u8]) -> usize {
     warn!("reading netlink notifications failed: {e}");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    0
+    // One byte: no message in it, so no change.
+    buf[0] = 0;
+    1
 }
 
 /// What the nf_tables messages in `buf` are about. linnet's own set
@@ -199,20 +220,14 @@ fn netfilter_change(buf: &[u8]) -> Change {
         if kind >> 8 != NFNL_SUBSYS_NFTABLES {
             continue;
         }
-        let op = kind & 0xff;
-        if matches!(
-            op,
-            NFT_MSG_NEWSETELEM | NFT_MSG_GETSETELEM | NFT_MSG_DELSETELEM | NFT_MSG_NEWGEN
-        ) {
+        let op = i32::from(kind & 0xff);
+        if IGNORED.contains(&op) || op == DESTROYSETELEM {
             continue;
         }
         let family = msg[16];
         let ours = matches!(family, NFPROTO_INET | NFPROTO_BRIDGE)
             && table_name(&msg[20..]) == Some(b"linnet");
-        let deletes = matches!(
-            op,
-            NFT_MSG_DELTABLE | NFT_MSG_DELCHAIN | NFT_MSG_DELRULE | NFT_MSG_DELSET
-        ) || op >= NFT_MSG_DESTROYTABLE;
+        let deletes = DELETES.contains(&op);
         change = change.max(match (ours, deletes) {
             (true, true) => Change::OwnDeleted,
             (true, false) => Change::None,
@@ -220,6 +235,69 @@ fn netfilter_change(buf: &[u8]) -> Change {
         });
     }
     change
+}
+
+/// Whether rtnetlink messages in `buf` change a default route of the main
+/// table or a forwarding sysctl (netconf). The routes every TAP and bridge
+/// brings (link-local, multicast, local) do not: with a thousand TAPs, a
+/// look at the host for each would cost more than the attaches themselves.
+fn route_change(buf: &[u8]) -> bool {
+    if buf.is_empty() {
+        return true; // an overflow
+    }
+    let mut at = 0;
+    while at + 16 <= buf.len() {
+        let len = u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().expect("2 bytes"));
+        if len < 16 || at + len > buf.len() {
+            return true;
+        }
+        let body = &buf[at + 16..at + len];
+        at += (len + 3) & !3;
+        match kind {
+            RTM_NEWNETCONF | RTM_DELNETCONF if all_forwarding(body) => return true,
+            // Policy routing (wg-quick, VPNs) decides the uplink too.
+            RTM_NEWRULE | RTM_DELRULE => return true,
+            // struct rtmsg: family, dst_len, src_len, tos, table, ...: a
+            // default route in any table but the local one, or the two
+            // halves VPNs use instead (0.0.0.0/1 and 128.0.0.0/1).
+            RTM_NEWROUTE | RTM_DELROUTE if body.len() >= 5 => {
+                if body[1] <= 1 && body[4] != RT_TABLE_LOCAL {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Whether a netconf message (`struct netconfmsg`, padded to 4 bytes, then
+/// attributes) is about forwarding of "all" interfaces: what linnet turns on.
+/// Every new TAP brings netconf messages of its own, which do not count.
+fn all_forwarding(body: &[u8]) -> bool {
+    const NETCONFA_IFINDEX: u16 = 1;
+    const NETCONFA_FORWARDING: u16 = 2;
+    const NETCONFA_IFINDEX_ALL: i32 = -1;
+    let (mut all, mut forwarding) = (false, false);
+    let mut attrs = body.get(4..).unwrap_or_default();
+    while attrs.len() >= 4 {
+        let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
+        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]) & 0x3fff;
+        if len < 4 || len > attrs.len() {
+            break;
+        }
+        match kind {
+            NETCONFA_IFINDEX if len >= 8 => {
+                all = i32::from_ne_bytes(attrs[4..8].try_into().expect("4 bytes"))
+                    == NETCONFA_IFINDEX_ALL;
+            }
+            NETCONFA_FORWARDING => forwarding = true,
+            _ => {}
+        }
+        attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
+    }
+    all && forwarding
 }
 
 /// The table name attribute of an nf_tables message body, without its NUL.
@@ -261,21 +339,62 @@ mod tests {
         m
     }
 
+    fn route(kind: u16, dst_len: u8, table: u8) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend(28u32.to_ne_bytes());
+        m.extend(kind.to_ne_bytes());
+        m.extend([0u8; 10]);
+        m.extend([10, dst_len, 0, 0, table, 0, 0, 0, 0, 0, 0, 0]);
+        m
+    }
+
+    #[test]
+    fn only_default_routes_and_forwarding_count() {
+        assert!(route_change(&route(RTM_NEWROUTE, 0, libc::RT_TABLE_MAIN)));
+        assert!(route_change(&route(RTM_DELROUTE, 0, libc::RT_TABLE_MAIN)));
+        assert!(
+            !route_change(&route(RTM_NEWROUTE, 64, libc::RT_TABLE_MAIN)),
+            "a prefix route"
+        );
+        assert!(
+            !route_change(&route(RTM_NEWROUTE, 0, 255)),
+            "the local table"
+        );
+        let netconf = |ifindex: i32| {
+            let mut m = Vec::new();
+            m.extend(36u32.to_ne_bytes());
+            m.extend(RTM_NEWNETCONF.to_ne_bytes());
+            m.extend([0u8; 10]);
+            m.extend([2u8, 0, 0, 0]);
+            m.extend([8u8, 0, 1, 0]);
+            m.extend(ifindex.to_ne_bytes());
+            m.extend([8u8, 0, 2, 0]);
+            m.extend(1i32.to_ne_bytes());
+            m
+        };
+        assert!(route_change(&netconf(-1)), "forwarding of all");
+        assert!(!route_change(&netconf(7)), "a new TAP's settings");
+        let mut batch = route(RTM_NEWROUTE, 8, 255);
+        batch.extend(route(RTM_NEWROUTE, 0, libc::RT_TABLE_MAIN));
+        assert!(route_change(&batch));
+        assert!(route_change(&[]), "an overflow");
+    }
+
     #[test]
     fn own_changes_do_not_count_but_deletes_do() {
         let new_rule = 6;
         let change = |op, family, table| netfilter_change(&message(op, family, table));
         assert_eq!(change(new_rule, NFPROTO_INET, "linnet"), Change::None);
         assert_eq!(
-            change(NFT_MSG_NEWSETELEM, NFPROTO_BRIDGE, "linnet"),
+            change(libc::NFT_MSG_NEWSETELEM as u16, NFPROTO_BRIDGE, "linnet"),
             Change::None
         );
         assert_eq!(
-            change(NFT_MSG_DELTABLE, NFPROTO_INET, "linnet"),
+            change(libc::NFT_MSG_DELTABLE as u16, NFPROTO_INET, "linnet"),
             Change::OwnDeleted
         );
         assert_eq!(
-            change(NFT_MSG_DELCHAIN, NFPROTO_BRIDGE, "linnet"),
+            change(libc::NFT_MSG_DELCHAIN as u16, NFPROTO_BRIDGE, "linnet"),
             Change::OwnDeleted
         );
         // Someone else's table, even if it is called linnet.
@@ -284,7 +403,11 @@ mod tests {
         // A batch counts as its most urgent message.
         let mut batch = message(new_rule, NFPROTO_INET, "linnet");
         batch.extend(message(0, 2, "filter"));
-        batch.extend(message(NFT_MSG_DELTABLE, NFPROTO_BRIDGE, "linnet"));
+        batch.extend(message(
+            libc::NFT_MSG_DELTABLE as u16,
+            NFPROTO_BRIDGE,
+            "linnet",
+        ));
         assert_eq!(netfilter_change(&batch), Change::OwnDeleted);
         assert_eq!(netfilter_change(&[]), Change::Foreign, "an overflow");
     }
