@@ -53,12 +53,15 @@ impl FlowKind {
         }
     }
 
-    /// Whether the bridge is where the traffic comes in (else where it goes).
-    fn enters_from_bridge(self) -> bool {
-        matches!(
-            self,
-            FlowKind::Outbound | FlowKind::BetweenVms | FlowKind::Dhcp | FlowKind::Dns
-        )
+    /// How a rule names the bridge for this traffic, in iptables and in nft:
+    /// as where it comes in, or where it goes.
+    fn interface_keys(self) -> (&'static str, &'static str) {
+        match self {
+            FlowKind::Outbound | FlowKind::BetweenVms | FlowKind::Dhcp | FlowKind::Dns => {
+                ("-i", "iifname")
+            }
+            FlowKind::Replies | FlowKind::Published | FlowKind::FromHost => ("-o", "oifname"),
+        }
     }
 }
 
@@ -67,6 +70,15 @@ impl FlowKind {
 pub enum Family {
     Ipv4,
     Ipv6,
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::Ipv4 => "IPv4",
+            Family::Ipv6 => "IPv6",
+        })
+    }
 }
 
 /// An interface as a packet sees it.
@@ -95,6 +107,22 @@ pub struct Flow {
     pub daddr: Option<IpNet>,
 }
 
+impl Flow {
+    /// The flow as a hook sees it: no output interface yet before routing
+    /// (prerouting, input), no input interface on the way out (output,
+    /// postrouting).
+    fn at_hook(&self, hook: &str) -> Flow {
+        let mut f = self.clone();
+        let none = Iface::Named(String::new());
+        match hook {
+            "prerouting" | "input" => f.oif = none,
+            "output" | "postrouting" => f.iif = none,
+            _ => {}
+        }
+        f
+    }
+}
+
 /// What a network is, for the flows it needs.
 pub struct NetworkView<'a> {
     pub bridge: &'a str,
@@ -108,6 +136,9 @@ pub struct NetworkView<'a> {
     /// The uplink of each family (from the default route), if any.
     pub uplink4: Option<&'a str>,
     pub uplink6: Option<&'a str>,
+    /// Whether br_netfilter is loaded, so that frames between VMs of one
+    /// bridge pass the IP hooks too.
+    pub br_netfilter: bool,
 }
 
 /// The flows a network needs, in both of its families.
@@ -170,16 +201,18 @@ pub fn flows(net: &NetworkView) -> Vec<Flow> {
             None,
             vm_net,
         ));
-        out.push(flow(
-            FlowKind::BetweenVms,
-            &["forward"],
-            bridge(),
-            bridge(),
-            "new",
-            None,
-            vm_net,
-            vm_net,
-        ));
+        if net.br_netfilter {
+            out.push(flow(
+                FlowKind::BetweenVms,
+                &["forward"],
+                bridge(),
+                bridge(),
+                "new",
+                None,
+                vm_net,
+                vm_net,
+            ));
+        }
         if net.dhcp && family == Family::Ipv4 {
             out.push(flow(
                 FlowKind::Dhcp,
@@ -268,10 +301,7 @@ impl FlowCheck {
         Some(format!(
             "{} ({}) {how} by {} chain {} ({}, {}); fix: {}",
             self.flow.describe(),
-            match self.family {
-                Family::Ipv4 => "IPv4",
-                Family::Ipv6 => "IPv6",
-            },
+            self.family,
             first.table,
             first.chain,
             first.verdict,
@@ -287,34 +317,43 @@ pub fn check(rs: &Ruleset, flow: &Flow, bridge: &str) -> FlowCheck {
         Family::Ipv4 => &["ip", "inet"],
         Family::Ipv6 => &["ip6", "inet"],
     };
-    let mut walk = Walk {
-        rs,
-        flow,
-        bridge,
-        maybe: Vec::new(),
-    };
+    let mut maybe = Vec::new();
     let mut blocked = Vec::new();
     for hook in flow.hooks {
+        let at_hook = flow.at_hook(hook);
+        let mut walk = Walk {
+            rs,
+            flow: &at_hook,
+            bridge,
+            maybe: Vec::new(),
+        };
         for base in rs.base_chains(families, hook) {
             if rs.owner(&base.family, &base.table) == Owner::Linnet {
                 continue;
             }
-            let end = walk.chain(base, base, true, 0);
-            let end = match end {
-                End::Fall if base.policy.as_deref() == Some("drop") => {
-                    End::Drop(walk.blocker(base, base, "policy drop".into()))
+            match walk.chain(base, base, true, 0) {
+                End::Drop(b) => blocked.push(b),
+                End::Fall { left } if base.policy.as_deref() == Some("drop") => {
+                    let b = walk.blocker(base, base, "policy drop".into());
+                    if left {
+                        walk.note(b);
+                    } else {
+                        blocked.push(b);
+                    }
                 }
-                end => end,
-            };
-            if let End::Drop(b) = end {
-                blocked.push(b);
+                _ => {}
+            }
+        }
+        for b in walk.maybe {
+            if !maybe.contains(&b) {
+                maybe.push(b);
             }
         }
     }
     let (status, blockers) = if !blocked.is_empty() {
         (Status::Blocked, blocked)
-    } else if !walk.maybe.is_empty() {
-        (Status::MayBeBlocked, walk.maybe)
+    } else if !maybe.is_empty() {
+        (Status::MayBeBlocked, maybe)
     } else {
         (Status::Passes, Vec::new())
     };
@@ -354,7 +393,10 @@ pub fn check_legacy(legacy: &[LegacyChain], flow: &Flow, bridge: &str, check: &m
             chain: chain.name.clone(),
             verdict,
             owner: "iptables-legacy".into(),
-            fix: format!("`{}`", iptables_fix(&tool, &chain.name, flow.kind, bridge)),
+            fix: format!(
+                "`{}`",
+                iptables_fix(&tool, &chain.table, &chain.name, flow.kind, bridge)
+            ),
         };
         match (sure, check.status) {
             (true, Status::Blocked) => check.blockers.push(blocker),
@@ -387,8 +429,11 @@ pub struct LegacyChain {
 enum End {
     Accept,
     Drop(Blocker),
-    /// The end of the chain, or `return`.
-    Fall,
+    /// The end of the chain, or `return`; `left`: some of the packets may
+    /// have been accepted on the way (by a rule that only maybe applied).
+    Fall {
+        left: bool,
+    },
 }
 
 /// Chains jumped through deeper than this are not followed (nft itself
@@ -405,40 +450,63 @@ struct Walk<'a> {
 
 impl Walk<'_> {
     /// Walks `chain`; `sure` is whether every packet of the flow gets here.
+    /// Once a rule that only maybe applies accepts, returns or jumps away,
+    /// the rest of the chain sees only some of the packets: from then on
+    /// nothing is sure.
     fn chain(&mut self, base: &Chain, chain: &Chain, sure: bool, depth: usize) -> End {
-        let rules = self.rs.rules(&chain.family, &chain.table, &chain.name);
-        for rule in rules {
+        let (mut sure, mut left) = (sure, false);
+        for rule in self.rs.rules(&chain.family, &chain.table, &chain.name) {
             let applies = match self.matches(rule) {
                 Tri::No => continue,
                 Tri::Yes => sure,
                 Tri::Maybe => false,
             };
-            let verdict = rule.expr.iter().find_map(verdict);
-            match verdict {
+            match rule.expr.iter().find_map(verdict) {
                 Some(Verdict::Accept) if applies => return End::Accept,
+                Some(Verdict::Accept) => (sure, left) = (false, true),
                 Some(Verdict::Drop) => {
                     let b = self.blocker(base, chain, describe_rule(rule));
                     if applies {
                         return End::Drop(b);
                     }
-                    self.maybe.push(b);
+                    self.note(b);
                 }
-                Some(Verdict::Return) if applies => return End::Fall,
-                Some(Verdict::Jump(target, goto)) if depth < MAX_DEPTH => {
-                    let Some(next) = self.rs.chain(&chain.family, &chain.table, &target) else {
+                Some(Verdict::Return) if applies => return End::Fall { left },
+                Some(Verdict::Return) => sure = false,
+                Some(Verdict::Jump(target, goto)) => {
+                    let next = self.rs.chain(&chain.family, &chain.table, &target);
+                    let Some(next) = next.filter(|_| depth < MAX_DEPTH) else {
+                        // Not followed: anything may happen there.
+                        (sure, left) = (false, true);
                         continue;
                     };
                     match self.chain(base, next, applies, depth + 1) {
-                        End::Fall if goto && applies => return End::Fall,
-                        End::Fall => {}
+                        End::Fall { left: l } if goto && applies => {
+                            return End::Fall { left: left || l };
+                        }
+                        // Back from a jump, unless some were accepted; not
+                        // back from a goto that only some packets took.
+                        End::Fall { left: l } => {
+                            left |= l;
+                            if l || goto {
+                                sure = false;
+                            }
+                        }
                         end if applies => return end,
-                        _ => {}
+                        _ => (sure, left) = (false, true),
                     }
                 }
-                _ => {}
+                None => {}
             }
         }
-        End::Fall
+        End::Fall { left }
+    }
+
+    /// A drop that applies to some of the traffic (once).
+    fn note(&mut self, b: Blocker) {
+        if !self.maybe.contains(&b) {
+            self.maybe.push(b);
+        }
     }
 
     fn blocker(&self, base: &Chain, chain: &Chain, verdict: String) -> Blocker {
@@ -462,7 +530,7 @@ impl Walk<'_> {
         for e in &rule.expr {
             let t = if let Some(m) = e.get("match") {
                 self.one_match(m)
-            } else if e.get("xt").is_some() || e.get("vmap").is_some() {
+            } else if e["xt"]["type"] == "match" || e.get("vmap").is_some() {
                 Tri::Maybe
             } else {
                 continue;
@@ -477,6 +545,9 @@ impl Walk<'_> {
 
     fn one_match(&self, m: &Value) -> Tri {
         let op = m.get("op").and_then(Value::as_str).unwrap_or("==");
+        if !matches!(op, "==" | "!=" | "in") {
+            return Tri::Maybe; // <, >, ranges of ports, ...
+        }
         let (left, right) = (&m["left"], &m["right"]);
         let flow = self.flow;
         let t = if let Some(meta) = left.get("meta") {
@@ -484,22 +555,22 @@ impl Walk<'_> {
                 Some("iifname") => iface_match(&flow.iif, right, self.bridge),
                 Some("oifname") => iface_match(&flow.oif, right, self.bridge),
                 Some("l4proto") => match flow.l4 {
-                    Some((proto, _)) => Tri::from(values(right).iter().any(|v| v == proto)),
+                    Some((proto, _)) => any_is(right, proto),
                     None => Tri::Maybe,
                 },
-                Some("nfproto") => {
-                    let own = match flow.family {
+                Some("nfproto") => any_is(
+                    right,
+                    match flow.family {
                         Family::Ipv4 => "ipv4",
                         Family::Ipv6 => "ipv6",
-                    };
-                    Tri::from(values(right).iter().any(|v| v == own))
-                }
+                    },
+                ),
                 _ => Tri::Maybe,
             }
         } else if let Some(ct) = left.get("ct") {
             match ct.get("key").and_then(Value::as_str) {
-                Some("state") => Tri::from(values(right).iter().any(|v| v == flow.state)),
-                Some("status") if values(right).iter().any(|v| v == "dnat") => Tri::from(flow.dnat),
+                Some("state") => any_is(right, flow.state),
+                Some("status") if any_is(right, "dnat") == Tri::Yes => Tri::from(flow.dnat),
                 _ => Tri::Maybe,
             }
         } else if let Some(p) = left.get("payload") {
@@ -541,7 +612,7 @@ impl Walk<'_> {
                     return Tri::No;
                 }
                 if field == "dport" {
-                    Tri::from(values(right).iter().any(|v| v == &port.to_string()))
+                    any_is(right, &port.to_string())
                 } else {
                     Tri::Maybe
                 }
@@ -597,37 +668,45 @@ fn verdict(e: &Value) -> Option<Verdict> {
     Some(match key.as_str() {
         "accept" => Verdict::Accept,
         "drop" | "reject" => Verdict::Drop,
+        // iptables-nft's `-j REJECT` (other xt targets do not end the walk).
+        "xt" if body["type"] == "target" && body["name"] == "REJECT" => Verdict::Drop,
         "return" => Verdict::Return,
         "jump" | "goto" => Verdict::Jump(body.get("target")?.as_str()?.to_owned(), key == "goto"),
         _ => return None,
     })
 }
 
-/// A rule's right-hand side as strings: one value, a list or an anonymous set.
-fn values(right: &Value) -> Vec<String> {
+/// A rule's right-hand side as strings: one value, a list or an anonymous
+/// set of them. None when it cannot be known here: a named set (`@name`),
+/// a range, a map.
+fn values(right: &Value) -> Option<Vec<String>> {
     let list = match right {
         Value::Array(items) => items.as_slice(),
         Value::Object(o) => match o.get("set") {
-            Some(Value::Array(items)) => items.as_slice(),
-            _ => return Vec::new(),
+            Some(Value::Array(items)) if o.len() == 1 => items.as_slice(),
+            _ => return None,
         },
         other => std::slice::from_ref(other),
     };
     list.iter()
-        .filter_map(|v| match v {
-            Value::String(s) => Some(s.clone()),
+        .map(|v| match v {
+            Value::String(s) if !s.starts_with('@') => Some(s.clone()),
             Value::Number(n) => Some(n.to_string()),
             _ => None,
         })
         .collect()
 }
 
+/// Whether `value` is among the rule's right-hand side.
+fn any_is(right: &Value, value: &str) -> Tri {
+    values(right).map_or(Tri::Maybe, |vs| Tri::from(vs.iter().any(|v| v == value)))
+}
+
 /// An interface name against one or more names, `*` as a trailing wildcard.
 fn iface_match(iface: &Iface, right: &Value, bridge: &str) -> Tri {
-    if right.get("set").is_none() && !right.is_string() && !right.is_array() {
+    let Some(names) = values(right) else {
         return Tri::Maybe; // a named set, a map, ...
-    }
-    let names = values(right);
+    };
     let fits = |name: &str, pattern: &str| match pattern.strip_suffix('*') {
         Some(prefix) => name.starts_with(prefix),
         None => name == pattern,
@@ -702,7 +781,8 @@ fn describe_rule(rule: &Rule) -> String {
                         })
                         .unwrap_or("?");
                     let op = body["op"].as_str().unwrap_or("==");
-                    format!("{left} {op} {}", values(&body["right"]).join(","))
+                    let right = values(&body["right"]).map_or("…".into(), |v| v.join(","));
+                    format!("{left} {op} {right}")
                 }
                 "xt" => format!("xt {}", body["name"].as_str().unwrap_or("?")),
                 "counter" => return None,
@@ -732,13 +812,16 @@ fn iptables_tool(family: Family, suffix: &str) -> String {
     }
 }
 
-fn iptables_fix(tool: &str, chain: &str, kind: FlowKind, bridge: &str) -> String {
-    let dir = if kind.enters_from_bridge() {
-        "-i"
+/// `iptables -I CHAIN -i BRIDGE -j ACCEPT`, with `-t TABLE` but for filter
+/// and `-o` for traffic into the bridge.
+fn iptables_fix(tool: &str, table: &str, chain: &str, kind: FlowKind, bridge: &str) -> String {
+    let (dir, _) = kind.interface_keys();
+    let table = if table == "filter" {
+        String::new()
     } else {
-        "-o"
+        format!("-t {table} ")
     };
-    format!("{tool} -I {chain} {dir} {bridge} -j ACCEPT")
+    format!("{tool} {table}-I {chain} {dir} {bridge} -j ACCEPT")
 }
 
 /// The command that lets `kind` through the table's base chain `base`.
@@ -747,20 +830,19 @@ fn fix(owner: Owner, base: &Chain, kind: FlowKind, family: Family, bridge: &str)
     match owner {
         Owner::Docker if base.name == "FORWARD" => format!(
             "let linnet add its accept rules to DOCKER-USER (the default; remove `docker_user: false` from the config's `firewall:`), or run `{}`",
-            iptables_fix(&tool, "DOCKER-USER", kind, bridge)
+            iptables_fix(&tool, "filter", "DOCKER-USER", kind, bridge)
         ),
         Owner::Firewalld => format!(
             "`firewall-cmd --zone=trusted --change-interface={bridge}` (and again with --permanent)"
         ),
         Owner::Docker | Owner::IptablesNft => {
-            format!("`{}`", iptables_fix(&tool, &base.name, kind, bridge))
+            format!(
+                "`{}`",
+                iptables_fix(&tool, &base.table, &base.name, kind, bridge)
+            )
         }
         _ => {
-            let dir = if kind.enters_from_bridge() {
-                "iifname"
-            } else {
-                "oifname"
-            };
+            let (_, dir) = kind.interface_keys();
             format!(
                 "`nft insert rule {} {} {} {dir} {bridge} accept`",
                 base.family, base.table, base.name
@@ -790,6 +872,7 @@ mod tests {
             )),
             uplink4: uplink,
             uplink6: uplink,
+            br_netfilter: true,
         }
     }
 
@@ -877,10 +960,14 @@ mod tests {
     }
 
     #[test]
-    fn ufw_input_policy_blocks_dhcp_and_dns() {
+    fn ufw_input_policy_may_block_dhcp_and_dns() {
         let c = checks("ufw", Some("eth0"));
         let dhcp = status(&c, FlowKind::Dhcp, Family::Ipv4);
-        assert_eq!(dhcp.status, Status::Blocked, "{dhcp:?}");
+        // Before the DROP policy, iptables' `-m conntrack --ctstate
+        // RELATED,ESTABLISHED -j ACCEPT` is an xt match nft cannot show:
+        // it may accept some of the traffic, so the policy "may" block.
+        assert_eq!(dhcp.status, Status::MayBeBlocked, "{dhcp:?}");
+        assert_eq!(dhcp.blockers[0].verdict, "policy drop");
         assert_eq!(dhcp.blockers[0].chain, "INPUT");
         assert_eq!(dhcp.blockers[0].owner, "iptables-nft");
         assert_eq!(
@@ -977,6 +1064,105 @@ mod tests {
         assert_eq!(
             status(&c, FlowKind::Outbound, Family::Ipv4).blockers.len(),
             2
+        );
+    }
+
+    /// A forward base chain with `rules` before a drop policy.
+    fn forward_chain(rules: &[Value]) -> Ruleset {
+        let mut items = vec![serde_json::json!({"chain": {"family": "inet", "table": "t",
+            "name": "fwd", "hook": "forward", "prio": 0, "policy": "drop"}})];
+        for (i, expr) in rules.iter().enumerate() {
+            items.push(serde_json::json!({"rule": {"family": "inet", "table": "t",
+                "chain": "fwd", "handle": i + 2, "expr": expr}}));
+        }
+        Ruleset::parse(&serde_json::json!({ "nftables": items }).to_string()).unwrap()
+    }
+
+    fn outbound(rs: &Ruleset) -> FlowCheck {
+        let flow = flows(&view(Some("eth0")))
+            .into_iter()
+            .find(|f| f.kind == FlowKind::Outbound && f.family == Family::Ipv4)
+            .unwrap();
+        check(rs, &flow, BRIDGE)
+    }
+
+    #[test]
+    fn named_sets_ranges_and_comparisons_are_undecidable() {
+        let iif = |right: Value, op: &str| serde_json::json!([{"match": {"op": op, "left": {"meta": {"key": "iifname"}}, "right": right}}, {"accept": null}]);
+        for (right, op) in [
+            (serde_json::json!("@trusted"), "=="),
+            (serde_json::json!("@trusted"), "!="),
+            (serde_json::json!({"range": ["a", "z"]}), "=="),
+            (serde_json::json!("eth0"), "<"),
+        ] {
+            let c = outbound(&forward_chain(&[iif(right.clone(), op)]));
+            assert_eq!(c.status, Status::MayBeBlocked, "{right} {op}: {c:?}");
+        }
+        // Decidable: the bridge by name accepts all of it.
+        let c = outbound(&forward_chain(&[iif(serde_json::json!(BRIDGE), "==")]));
+        assert_eq!(c.status, Status::Passes);
+        let c = outbound(&forward_chain(&[iif(
+            serde_json::json!({"set": ["x", BRIDGE]}),
+            "==",
+        )]));
+        assert_eq!(c.status, Status::Passes);
+    }
+
+    #[test]
+    fn an_xt_reject_target_drops_and_other_targets_do_not_decide() {
+        let reject = serde_json::json!([{"xt": {"type": "target", "name": "REJECT"}}]);
+        let log = serde_json::json!([{"xt": {"type": "target", "name": "LOG"}}, {"accept": null}]);
+        let c = outbound(&forward_chain(&[log]));
+        assert_eq!(c.status, Status::Passes, "LOG then accept: {c:?}");
+        let rs = forward_chain(&[reject]);
+        let c = outbound(&rs);
+        assert_eq!(c.status, Status::Blocked);
+        assert_eq!(c.blockers[0].verdict, "rule 2: xt REJECT");
+    }
+
+    #[test]
+    fn what_a_maybe_rule_lets_go_is_not_surely_dropped_later() {
+        let maybe_accept =
+            serde_json::json!([{"xt": {"type": "match", "name": "conntrack"}}, {"accept": null}]);
+        let c = outbound(&forward_chain(&[maybe_accept]));
+        assert_eq!(c.status, Status::MayBeBlocked);
+        // The same through a jumped-to chain.
+        let rs = Ruleset::parse(&serde_json::json!({"nftables": [
+            {"chain": {"family": "inet", "table": "t", "name": "fwd", "hook": "forward", "prio": 0, "policy": "drop"}},
+            {"chain": {"family": "inet", "table": "t", "name": "sub"}},
+            {"rule": {"family": "inet", "table": "t", "chain": "fwd", "handle": 2, "expr": [{"jump": {"target": "sub"}}]}},
+            {"rule": {"family": "inet", "table": "t", "chain": "sub", "handle": 3, "expr": [
+                {"xt": {"type": "match", "name": "conntrack"}}, {"accept": null}]}}
+        ]}).to_string()).unwrap();
+        assert_eq!(outbound(&rs).status, Status::MayBeBlocked);
+        // A sure accept in the jumped-to chain passes all of it.
+        let rs = Ruleset::parse(&serde_json::json!({"nftables": [
+            {"chain": {"family": "inet", "table": "t", "name": "fwd", "hook": "forward", "prio": 0, "policy": "drop"}},
+            {"chain": {"family": "inet", "table": "t", "name": "sub"}},
+            {"rule": {"family": "inet", "table": "t", "chain": "fwd", "handle": 2, "expr": [{"jump": {"target": "sub"}}]}},
+            {"rule": {"family": "inet", "table": "t", "chain": "sub", "handle": 3, "expr": [{"accept": null}]}}
+        ]}).to_string()).unwrap();
+        assert_eq!(outbound(&rs).status, Status::Passes);
+    }
+
+    #[test]
+    fn fixes_name_the_table_and_between_vms_needs_br_netfilter() {
+        let rs = Ruleset::parse(&serde_json::json!({"nftables": [
+            {"chain": {"family": "ip", "table": "raw", "name": "PREROUTING", "hook": "prerouting", "prio": -300, "policy": "drop"}}
+        ]}).to_string()).unwrap();
+        let c = outbound(&rs);
+        assert_eq!(c.blockers[0].owner, "iptables-nft");
+        assert_eq!(
+            c.blockers[0].fix,
+            "`iptables -t raw -I PREROUTING -i lnbr-shared -j ACCEPT`"
+        );
+        let mut v = view(Some("eth0"));
+        v.br_netfilter = false;
+        assert!(flows(&v).iter().all(|f| f.kind != FlowKind::BetweenVms));
+        assert!(
+            flows(&view(None))
+                .iter()
+                .any(|f| f.kind == FlowKind::BetweenVms)
         );
     }
 

@@ -192,6 +192,7 @@ impl Daemon {
                 .map(|v6| (IpNet::V6(v6.prefix), v6.gateway.into())),
             uplink4: up4.as_deref(),
             uplink6: up6.as_deref(),
+            br_netfilter: std::path::Path::new("/proc/sys/net/bridge").exists(),
         };
         coexist::flows(&view)
             .iter()
@@ -224,17 +225,21 @@ impl Daemon {
                 "linnet's table bridge linnet is gone: putting it back with every guarded interface"
             );
             let ports = self.guarded_ports();
-            let result = guard::create(&mut self.nft).and_then(|()| {
-                ports
-                    .iter()
-                    .try_for_each(|p| guard::add_port(&mut self.nft, p))
-            });
+            let result =
+                guard::create(&mut self.nft).and_then(|()| guard::add_ports(&mut self.nft, &ports));
+            // The counters start again at 0.
+            self.drops_reported.clear();
+
             match result {
                 Ok(()) => {
                     info!(interfaces = ports.len(), "restored table bridge linnet");
                     restored = true;
                 }
-                Err(e) => warn!("cannot restore table bridge linnet: {e}"),
+                Err(e) => {
+                    // Gone again, so the next look at the host retries.
+                    let _ = guard::remove(&mut self.nft);
+                    warn!("cannot restore table bridge linnet (retried at the next change): {e}");
+                }
             }
         }
         restored
@@ -291,7 +296,8 @@ impl Daemon {
     }
 
     /// Turns forwarding back on if the networks need it and something
-    /// turned it off.
+    /// turned it off; what that changes is put back when linnet stops
+    /// forwarding, as when it turned forwarding on in the first place.
     pub fn restore_forwarding(&mut self) {
         let (needs4, needs6) = self.forwarding_needs();
         for (needed, ipv6) in [(needs4, false), (needs6, true)] {
@@ -303,11 +309,12 @@ impl Daemon {
                 "{family} forwarding was turned off behind linnet's back: turning it on again (its networks need it)"
             );
             let done = if ipv6 {
-                sysctl::enable_ipv6_forwarding().map(|changed| {
-                    self.forwarding6.get_or_insert(changed);
+                sysctl::enable_ipv6_forwarding().map(|again| match &mut self.forwarding6 {
+                    Some(changed) => changed.merge(again),
+                    None => self.forwarding6 = Some(again),
                 })
             } else {
-                sysctl::enable_ipv4_forwarding().map(|_| self.enabled_forwarding = true)
+                sysctl::enable_ipv4_forwarding().map(|was_off| self.enabled_forwarding |= was_off)
             };
             if let Err(e) = done {
                 warn!("cannot turn {family} forwarding on: {e}");

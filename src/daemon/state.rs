@@ -147,7 +147,7 @@ pub struct Daemon {
     /// Whether the guard table exists (made with the first guarded port).
     pub(super) guard_ready: bool,
     /// Spoofed frames dropped per TAP, as last reported in the log.
-    drops_reported: BTreeMap<String, u64>,
+    pub(super) drops_reported: BTreeMap<String, u64>,
     /// Whether the daemon turned IPv4 forwarding on (and so turns it off),
     /// and what it changed to turn IPv6 forwarding on (to put back).
     pub(super) enabled_forwarding: bool,
@@ -389,6 +389,9 @@ impl Daemon {
             .interface_named(client, &which, "policy")?
             .ok_or_else(|| Self::no_such_interface(&which))?;
         let iface = self.interfaces.get_mut(&id).expect("attached");
+        if iface.ip.is_none() && !req.policy.is_open() {
+            return Err(no_address_for_policy(&req.network));
+        }
         let before = std::mem::replace(&mut iface.policy, req.policy.clone());
         if let Err(e) = self.sync_host() {
             self.interfaces.get_mut(&id).expect("attached").policy = before;
@@ -431,10 +434,18 @@ impl Daemon {
         let net = &self.networks[network];
         let now = unix_now();
         let datapath = req.datapath.unwrap_or_default();
+        let policy = req
+            .policy
+            .clone()
+            .unwrap_or_else(|| net.config.policy.clone());
         let (mac, ip) = {
             let mut leases = net.leases.lock().expect("lease lock");
             // Without DHCP only a static lease gives an address linnet knows.
-            if net.config.dhcp.enabled || leases.has_static(id, req.mac) {
+            let addressed = net.config.dhcp.enabled || leases.has_static(id, req.mac);
+            if !addressed && !policy.is_open() {
+                return Err(no_address_for_policy(network));
+            }
+            if addressed {
                 let lease = leases.attach(id, req.mac, req.name.clone(), now)?;
                 (lease.mac, Some(lease.ip))
             } else {
@@ -497,10 +508,6 @@ impl Daemon {
             warn!(network, "cannot save leases: {e}");
         }
         drop(leases);
-        let policy = req
-            .policy
-            .clone()
-            .unwrap_or_else(|| net.config.policy.clone());
         let mut info = interface_info(
             net,
             id,
@@ -603,14 +610,7 @@ impl Daemon {
         }
         let taps: Vec<u32> = gone.iter().map(|(_, i)| i.tap_index).collect();
         let deleted = self.netlink.delete_links(&taps).await;
-        let guarded: Vec<PortGuard> = gone
-            .iter()
-            .filter(|(_, i)| i.guarded)
-            .filter_map(|(_, i)| {
-                let cfg = self.config.network(&i.network)?;
-                Some(port_guard(cfg, &i.tap, i.mac, i.ip))
-            })
-            .collect();
+        let guarded: Vec<PortGuard> = gone.iter().filter_map(|(_, i)| self.guard_of(i)).collect();
         // A TAP that could not be deleted keeps its guard: its client may
         // still hold the fd.
         if !guarded.is_empty() && deleted.is_ok() {
@@ -880,12 +880,14 @@ impl Daemon {
     pub(super) fn guarded_ports(&self) -> Vec<PortGuard> {
         self.interfaces
             .values()
-            .filter(|i| i.guarded)
-            .filter_map(|i| {
-                let cfg = self.config.network(&i.network)?;
-                Some(port_guard(cfg, &i.tap, i.mac, i.ip))
-            })
+            .filter_map(|i| self.guard_of(i))
             .collect()
+    }
+
+    /// An interface's guard, if it has one.
+    fn guard_of(&self, i: &Interface) -> Option<PortGuard> {
+        let cfg = self.config.network(&i.network).filter(|_| i.guarded)?;
+        Some(port_guard(cfg, &i.tap, i.mac, i.ip))
     }
 }
 
@@ -992,6 +994,14 @@ fn subnet_but(subnet: ipnet::Ipv4Net, gateway: Ipv4Addr) -> Vec<(Ipv4Addr, Ipv4A
         .filter(|(a, b)| a <= b)
         .map(|(a, b)| (Ipv4Addr::from(a), Ipv4Addr::from(b)))
         .collect()
+}
+
+/// A policy is enforced by the VM's addresses; without DHCP and a static
+/// lease linnet does not know its IPv4 one.
+fn no_address_for_policy(network: &str) -> DaemonError {
+    DaemonError::BadRequest(format!(
+        "network \"{network}\" has DHCP off and no static lease for this interface, so linnet does not know its IPv4 address and cannot enforce a connect/listen policy: give it a static lease (dhcp.static with its interface_id or MAC)"
+    ))
 }
 
 /// A policy between VMs of one bridge needs their frames to pass the inet

@@ -261,10 +261,10 @@ fn route_change(buf: &[u8]) -> bool {
             // struct rtmsg: family, dst_len, src_len, tos, table, ...: a
             // default route in any table but the local one, or the two
             // halves VPNs use instead (0.0.0.0/1 and 128.0.0.0/1).
-            RTM_NEWROUTE | RTM_DELROUTE if body.len() >= 5 => {
-                if body[1] <= 1 && body[4] != RT_TABLE_LOCAL {
-                    return true;
-                }
+            RTM_NEWROUTE | RTM_DELROUTE
+                if body.len() >= 5 && body[1] <= 1 && body[4] != RT_TABLE_LOCAL =>
+            {
+                return true;
             }
             _ => {}
         }

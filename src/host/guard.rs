@@ -156,8 +156,14 @@ pub fn remove(nft: &mut Nft) -> Result<(), NftError> {
 
 /// Guards one TAP (the table must exist).
 pub fn add_port(nft: &mut Nft, port: &PortGuard) -> Result<(), NftError> {
-    let commands = elements(port)
-        .into_iter()
+    add_ports(nft, std::slice::from_ref(port))
+}
+
+/// Guards several ports in one transaction (all or none).
+pub fn add_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
+    let commands = ports
+        .iter()
+        .flat_map(elements)
         .map(|elem| json!({"add": {"element": elem}}))
         .collect();
     run(nft, commands)

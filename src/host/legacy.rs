@@ -85,7 +85,17 @@ pub fn chains() -> io::Result<Vec<LegacyChain>> {
         // SAFETY: fd is a new, valid descriptor nobody else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         for table in tables {
-            out.extend(read_table(&fd, layout, table)?);
+            // EAGAIN: the table changed between the two calls; ENOENT: it
+            // went away.
+            let mut tries = 0;
+            let chains = loop {
+                match read_table(&fd, layout, table) {
+                    Err(e) if e.raw_os_error() == Some(libc::EAGAIN) && tries < 3 => tries += 1,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break Vec::new(),
+                    other => break other?,
+                }
+            };
+            out.extend(chains);
         }
     }
     Ok(out)

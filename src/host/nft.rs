@@ -17,6 +17,8 @@ use tracing::debug;
 const LIBRARY: &str = "libnftables.so.1";
 /// NFT_CTX_OUTPUT_JSON in libnftables.h: JSON output, and JSON input too.
 const OUTPUT_JSON: c_uint = 1 << 4;
+/// NFT_CTX_OUTPUT_TERSE: listings without set elements.
+const OUTPUT_TERSE: c_uint = 1 << 11;
 
 #[derive(Debug, Error)]
 pub enum NftError {
@@ -37,6 +39,7 @@ type RunCmd = unsafe extern "C" fn(*mut c_void, *const c_char) -> c_int;
 struct Context {
     ctx: *mut c_void,
     free: CtxFree,
+    set_flags: SetFlags,
     run: RunCmd,
     output: GetBuffer,
     error: GetBuffer,
@@ -76,12 +79,23 @@ impl Context {
             Ok(Context {
                 ctx,
                 free,
+                set_flags,
                 run,
                 output,
                 error,
                 _library: library,
             })
         }
+    }
+
+    /// Runs `command` with the terse flag on (no set elements listed).
+    fn run_terse(&mut self, command: &str) -> Result<String, NftError> {
+        // SAFETY: ctx is live; flags are plain bits.
+        unsafe { (self.set_flags)(self.ctx, OUTPUT_JSON | OUTPUT_TERSE) };
+        let out = self.run(command);
+        // SAFETY: as above.
+        unsafe { (self.set_flags)(self.ctx, OUTPUT_JSON) };
+        out
     }
 
     fn run(&mut self, command: &str) -> Result<String, NftError> {
@@ -154,14 +168,25 @@ impl Nft {
     pub fn run(&mut self, command: &str) -> Result<String, NftError> {
         match &mut self.context {
             Some(context) => context.get_mut().expect("not poisoned").run(command),
-            None => run_command(command),
+            None => run_command(command, false),
+        }
+    }
+
+    /// A listing without set elements (which can be large: others' block
+    /// lists, linnet's own guard sets).
+    pub fn list_terse(&mut self, command: &str) -> Result<String, NftError> {
+        match &mut self.context {
+            Some(context) => context.get_mut().expect("not poisoned").run_terse(command),
+            None => run_command(command, true),
         }
     }
 }
 
-fn run_command(command: &str) -> Result<String, NftError> {
+fn run_command(command: &str, terse: bool) -> Result<String, NftError> {
+    let flags: &[&str] = if terse { &["-j", "-t"] } else { &["-j"] };
     let mut child = Command::new("nft")
-        .args(["-j", "-f", "-"])
+        .args(flags)
+        .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -64,7 +64,7 @@ impl Ruleset {
     /// Reads every table but linnet's own (whose sets can be large, and
     /// whose rules linnet knows).
     pub fn read(nft: &mut Nft) -> Result<Ruleset, NftError> {
-        let tables = nft.run("list tables")?;
+        let tables = nft.list_terse("list tables")?;
         let mut out = Ruleset::default();
         for table in table_names(&tables).map_err(NftError::Refused)? {
             if table.name == "linnet" {
@@ -72,7 +72,7 @@ impl Ruleset {
                 continue;
             }
             // It may be gone already: read what is there.
-            match nft.run(&format!("list table {} {}", table.family, table.name)) {
+            match nft.list_terse(&format!("list table {} {}", table.family, table.name)) {
                 Ok(json) => out.add(&json).map_err(NftError::Refused)?,
                 Err(e) => tracing::debug!("table {} {} not read: {e}", table.family, table.name),
             }

@@ -57,6 +57,18 @@ pub struct Ipv6Forwarding {
     pub accept_ra_raised: Vec<String>,
 }
 
+impl Ipv6Forwarding {
+    /// Adds what turning it on again changed.
+    pub fn merge(&mut self, again: Ipv6Forwarding) {
+        self.was_off |= again.was_off;
+        for link in again.accept_ra_raised {
+            if !self.accept_ra_raised.contains(&link) {
+                self.accept_ra_raised.push(link);
+            }
+        }
+    }
+}
+
 /// Turns IPv6 forwarding on. A forwarding host ignores router
 /// advertisements on links with accept_ra = 1, so a host whose own default
 /// route came from one would lose it when it expires. Those links (and only

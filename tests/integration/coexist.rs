@@ -566,6 +566,19 @@ fn dhcp_off_network_takes_the_guests_own_address() {
         "8080:80",
     ]));
     assert!(err.contains("has no IPv4 address linnet knows"), "{err}");
+    let err = failure(&mut world.linnet(&[
+        "run",
+        "--network",
+        "plain",
+        "--allow-connect",
+        "10.0.0.0/8",
+        "--",
+        "true",
+    ]));
+    assert!(
+        err.contains("cannot enforce a connect/listen policy"),
+        "{err}"
+    );
 
     // With a static lease the reply says the address.
     let s = world.guest("lab", &["--interface-id", static_id]);
