@@ -5,6 +5,7 @@
 //! and following the default route.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use tracing::{info, warn};
@@ -20,9 +21,18 @@ use crate::host::{self, docker_user, guard, legacy, sysctl};
 /// The default routes of both families, the one in use first.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Uplinks {
+    /// The default routes of the main table (interface, metric).
     pub ipv4: Vec<(String, u32)>,
     pub ipv6: Vec<(String, u32)>,
+    /// The interface the kernel routes internet traffic out of (also with
+    /// policy routing or a VPN's 0/1 routes); None: no route.
+    pub used4: Option<String>,
+    pub used6: Option<String>,
 }
+
+/// Where the route lookups for "the internet" go: nothing is sent there.
+const PROBE4: Ipv4Addr = Ipv4Addr::new(1, 1, 1, 1);
+const PROBE6: Ipv6Addr = Ipv6Addr::new(0x2606, 0x4700, 0x4700, 0, 0, 0, 0, 0x1111);
 
 impl Uplinks {
     fn describe(routes: &[(String, u32)]) -> Vec<String> {
@@ -74,26 +84,33 @@ impl Daemon {
                 Err(e) => warn!("cannot read the default routes: {e}"),
             }
         }
+        for (probe, used) in [
+            (IpAddr::V4(PROBE4), &mut uplinks.used4),
+            (IpAddr::V6(PROBE6), &mut uplinks.used6),
+        ] {
+            match self.netlink.route_to(probe).await {
+                Ok(oif) => *used = oif.and_then(|i| names.get(&i).cloned()),
+                Err(e) => warn!("cannot look up the uplink: {e}"),
+            }
+        }
         let before = std::mem::take(&mut self.host.uplinks);
         if uplinks != before && !self.networks.is_empty() {
-            let show =
-                |r: &[(String, u32)]| r.first().map_or("none".to_string(), |(d, _)| d.clone());
+            let show = |u: &Option<String>| u.clone().unwrap_or_else(|| "none".into());
             info!(
-                ipv4 = %show(&uplinks.ipv4),
-                ipv6 = %show(&uplinks.ipv6),
-                was_ipv4 = %show(&before.ipv4),
-                was_ipv6 = %show(&before.ipv6),
-                "uplink changed: NAT follows the default route for new connections"
+                ipv4 = %show(&uplinks.used4),
+                ipv6 = %show(&uplinks.used6),
+                was_ipv4 = %show(&before.used4),
+                was_ipv6 = %show(&before.used6),
+                "uplink changed: NAT follows the route for new connections"
             );
-            for (family, routes) in [("IPv4", &uplinks.ipv4), ("IPv6", &uplinks.ipv6)] {
-                if routes.is_empty()
-                    && self
-                        .networks
-                        .values()
-                        .any(|n| n.config.mode == Mode::Shared)
-                {
+            let shared = self
+                .networks
+                .values()
+                .any(|n| n.config.mode == Mode::Shared);
+            for (family, used) in [("IPv4", &uplinks.used4), ("IPv6", &uplinks.used6)] {
+                if used.is_none() && shared {
                     warn!(
-                        "no {family} default route: VMs of shared networks cannot reach beyond this host over {family}"
+                        "no {family} route to the internet: VMs of shared networks cannot reach beyond this host over {family}"
                     );
                 }
             }
@@ -174,11 +191,7 @@ impl Daemon {
         cfg: &NetworkConfig,
     ) -> Vec<FlowCheck> {
         let bridge = host::bridge_name(&cfg.name);
-        let first = |r: &[(String, u32)]| r.first().map(|(d, _)| d.clone());
-        let (up4, up6) = (
-            first(&self.host.uplinks.ipv4),
-            first(&self.host.uplinks.ipv6),
-        );
+        let (up4, up6) = (&self.host.uplinks.used4, &self.host.uplinks.used6);
         let view = NetworkView {
             bridge: &bridge,
             shared: cfg.mode == Mode::Shared,
@@ -342,22 +355,27 @@ impl Daemon {
             .map(|cfg| {
                 let up = self.networks.contains_key(&cfg.name);
                 let checks = self.host.checks.get(&cfg.name).cloned().unwrap_or_default();
-                let first = |r: &[(String, u32)]| r.first().map(|(d, _)| d.clone());
                 let mut notes = Vec::new();
                 if !up {
                     notes.push("down: checked when it comes up (at its first attach)".into());
                 }
-                if cfg.mode == Mode::Shared && self.host.uplinks.ipv4.is_empty() {
-                    notes.push("no IPv4 default route: VMs cannot reach beyond this host over IPv4".into());
-                }
-                if cfg.mode == Mode::Shared && cfg.ipv6.is_some() && self.host.uplinks.ipv6.is_empty() {
-                    notes.push("no IPv6 default route: VMs cannot reach beyond this host over IPv6".into());
-                }
-                if self.host.uplinks.ipv4.len() > 1 {
-                    notes.push(format!(
-                        "several IPv4 default routes: {} (the lowest metric is used)",
-                        Uplinks::describe(&self.host.uplinks.ipv4).join(", ")
-                    ));
+                let uplinks = &self.host.uplinks;
+                let families = [
+                    ("IPv4", true, &uplinks.used4, &uplinks.ipv4),
+                    ("IPv6", cfg.ipv6.is_some(), &uplinks.used6, &uplinks.ipv6),
+                ];
+                for (family, on, used, defaults) in families {
+                    if cfg.mode == Mode::Shared && on && used.is_none() {
+                        notes.push(format!(
+                            "no {family} route to the internet: VMs cannot reach beyond this host over {family}"
+                        ));
+                    }
+                    if defaults.len() > 1 {
+                        notes.push(format!(
+                            "several {family} default routes: {} (the lowest metric is used)",
+                            Uplinks::describe(defaults).join(", ")
+                        ));
+                    }
                 }
                 if !cfg.dhcp.enabled {
                     notes.push("DHCP is off: guests set their own IPv4 address; interfaces without a static lease have no ip_address".into());
@@ -370,9 +388,9 @@ impl Daemon {
                     mode: cfg.mode,
                     bridge: host::bridge_name(&cfg.name),
                     up,
-                    uplink_ipv4: (cfg.mode == Mode::Shared).then(|| first(&self.host.uplinks.ipv4)).flatten(),
+                    uplink_ipv4: (cfg.mode == Mode::Shared).then(|| self.host.uplinks.used4.clone()).flatten(),
                     uplink_ipv6: (cfg.mode == Mode::Shared && cfg.ipv6.is_some())
-                        .then(|| first(&self.host.uplinks.ipv6))
+                        .then(|| self.host.uplinks.used6.clone())
                         .flatten(),
                     docker_user_rules: self.host.docker_rules.contains(&cfg.name),
                     checks,

@@ -320,6 +320,40 @@ impl Netlink {
             .collect())
     }
 
+    /// The interface the kernel would send a packet to `dst` out of (a
+    /// route lookup like `ip route get`: policy routing and VPNs' 0/1
+    /// routes included; nothing is sent). None: no route.
+    pub async fn route_to(&self, dst: IpAddr) -> Result<Option<u32>, NetlinkError> {
+        let req = match dst {
+            IpAddr::V4(a) => RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(a, 32)
+                .build(),
+            IpAddr::V6(a) => RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(a, 128)
+                .build(),
+        };
+        let mut stream = self.handle.route().get(req).execute();
+        match stream.try_next().await {
+            Ok(Some(msg)) => Ok(msg.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(i) => Some(*i),
+                _ => None,
+            })),
+            Ok(None) => Ok(None),
+            Err(e) => {
+                let e = to_io(e);
+                match e.raw_os_error() {
+                    Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EINVAL | libc::EACCES) => {
+                        Ok(None)
+                    }
+                    _ => Err(NetlinkError {
+                        what: format!("look up the route to {dst}"),
+                        source: e,
+                    }),
+                }
+            }
+        }
+    }
+
     /// The default routes of the main table of one family, the one the
     /// kernel uses (lowest metric) first.
     pub async fn default_routes(&self, ipv6: bool) -> Result<Vec<Route>, NetlinkError> {

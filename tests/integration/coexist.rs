@@ -439,6 +439,27 @@ fn nat_follows_the_default_route_to_another_uplink() {
     let uplink1 = format!("v{}", world.upstream.name);
     assert_eq!(network(&report, "shared")["uplink_ipv4"], uplink1.as_str());
 
+    // A VPN's way: two halves of the address space, the default route kept.
+    for half in ["0.0.0.0/1", "128.0.0.0/1"] {
+        must(
+            &mut world
+                .host
+                .cmd(&["ip", "route", "add", half, "via", "198.18.0.254"]),
+        );
+    }
+    assert_eq!(g.fetch(&site).as_deref(), Some("two"), "through the VPN");
+    wait_for(
+        "doctor to name the VPN's uplink",
+        Duration::from_secs(2),
+        || {
+            let (report, _) = doctor(&world, &["--network", "shared"]);
+            (network(&report, "shared")["uplink_ipv4"] == veth.as_str()).then_some(())
+        },
+    );
+    for half in ["0.0.0.0/1", "128.0.0.0/1"] {
+        must(&mut world.host.cmd(&["ip", "route", "del", half]));
+    }
+    assert_eq!(g.fetch(&site).as_deref(), Some("one"), "VPN down");
     must(
         &mut world
             .host
@@ -498,7 +519,7 @@ fn nat_follows_the_default_route_to_another_uplink() {
             (shared["uplink_ipv4"].is_null()
                 && shared["notes"]
                     .to_string()
-                    .contains("no IPv4 default route"))
+                    .contains("no IPv4 route to the internet"))
             .then_some(())
         },
     );
