@@ -974,6 +974,7 @@ fn port_guard(cfg: &NetworkConfig, tap: &str, mac: MacAddr, ip: Option<Ipv4Addr>
         ipv6,
         anti_spoofing: cfg.anti_spoofing,
         isolated: cfg.isolation,
+        dhcp_server: !cfg.dhcp.enabled,
     }
 }
 

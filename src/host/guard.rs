@@ -35,6 +35,8 @@ table bridge linnet {
     # TAPs whose frames are checked, and those kept apart.
     set guarded { type ifname; }
     set isolated { type ifname; }
+    # TAPs whose VM may be a DHCP server: on networks where linnet's is off.
+    set dhcp_servers { type ifname; }
     # What each TAP's VM may send from.
     set macs { type ifname . ether_addr; }
     set ipv4 { type ifname . ipv4_addr; }
@@ -72,12 +74,13 @@ table bridge linnet {
     }
 
     # Never a DHCP server (whatever the source port: clients look at the
-    # destination); DHCP requests only for its own MAC, so it can neither
+    # destination), unless its network leaves DHCP to the VMs (linnet's is
+    # off there); DHCP requests only for its own MAC, so it can neither
     # drain the pool nor take another's lease; its own address, or 0.0.0.0
     # as a DHCP client.
     chain from_ip {
-        udp sport 67 update @drops { meta iifname } drop
-        udp dport 68 update @drops { meta iifname } drop
+        udp sport 67 iifname != @dhcp_servers update @drops { meta iifname } drop
+        udp dport 68 iifname != @dhcp_servers update @drops { meta iifname } drop
         udp dport 67 meta iifname . @th,288,48 != @chaddr update @drops { meta iifname } drop
         meta iifname . ip saddr @ipv4 accept
         meta iifname . ip saddr @ipv4ranges accept
@@ -134,6 +137,8 @@ pub struct PortGuard {
     /// Anti-spoofing (off: only isolation, if any).
     pub anti_spoofing: bool,
     pub isolated: bool,
+    /// May answer DHCP (its network has linnet's DHCP off).
+    pub dhcp_server: bool,
 }
 
 /// The table, created empty (or emptied).
@@ -263,6 +268,9 @@ fn elements(port: &PortGuard) -> Vec<Value> {
             out.push(element("ndtarget", concat(tap, hex(u128::from(*ip)))));
         }
     }
+    if port.anti_spoofing && port.dhcp_server {
+        out.push(element("dhcp_servers", json!(tap)));
+    }
     if port.isolated {
         out.push(element("isolated", json!(tap)));
     }
@@ -284,6 +292,7 @@ mod tests {
             ],
             anti_spoofing: true,
             isolated: false,
+            dhcp_server: false,
         }
     }
 
@@ -334,6 +343,17 @@ mod tests {
             [
                 json!({"concat": ["lnt0123456789ab", {"range": ["192.168.105.2", "192.168.105.254"]}]})
             ]
+        );
+    }
+
+    #[test]
+    fn without_linnets_dhcp_a_vm_may_serve_dhcp() {
+        assert!(!by_set(&elements(&port())).contains_key("dhcp_servers"));
+        let mut p = port();
+        p.dhcp_server = true;
+        assert_eq!(
+            by_set(&elements(&p))["dhcp_servers"],
+            [json!("lnt0123456789ab")]
         );
     }
 

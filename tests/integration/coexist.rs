@@ -557,6 +557,35 @@ fn dhcp_off_network_takes_the_guests_own_address() {
         g.fetch(&format!("http://{UPSTREAM_IP}/")).as_deref(),
         Some(format!("{UPSTREAM_PAGE}\n").as_str())
     );
+    // The network's DHCP is the users' own: a DHCP server in a VM serves
+    // another VM (anti-spoofing lets DHCP servers be where linnet's is off).
+    let conf = world.dir.path().join("udhcpd.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "interface eth0\nstart 10.89.0.100\nend 10.89.0.110\noption subnet 255.255.255.0\noption router 10.89.0.1\nlease_file {}\npidfile {}\n",
+            world.dir.path().join("udhcpd.leases").display(),
+            world.dir.path().join("udhcpd.pid").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(world.dir.path().join("udhcpd.leases"), "").unwrap();
+    let _server = Reaped(
+        g.ns.cmd(&["busybox", "udhcpd", "-f", conf.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let client = world.guest("plain", &[]);
+    assert_eq!(
+        client.udhcpc().to_string(),
+        "10.89.0.100",
+        "a lease from the VM's own DHCP server"
+    );
+    assert!(client.ping("10.89.0.50"), "and it reaches the server VM");
+    drop(client);
+
     // Not an address outside the network.
     must(&mut g.ns.cmd(&["ip", "addr", "flush", "dev", "eth0"]));
     must(
