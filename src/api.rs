@@ -306,7 +306,8 @@ pub struct InterfaceStatus {
 /// `linnet doctor`: the namespace as linnet sees it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DoctorReport {
-    /// Default routes, the one in use first ("interface (metric N)").
+    /// Default routes of the main table, lowest metric first
+    /// ("interface (metric N)").
     pub uplinks_ipv4: Vec<String>,
     pub uplinks_ipv6: Vec<String>,
     /// The other firewalls found: "ip filter (docker)", "inet firewalld
@@ -319,7 +320,7 @@ pub struct DoctorReport {
     /// The forwarding sysctls as they are now.
     pub ipv4_forwarding: bool,
     pub ipv6_forwarding: bool,
-    /// What could not be read (nftables, legacy iptables, routes).
+    /// What could not be read (nftables, legacy iptables).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
     pub networks: Vec<NetworkDoctor>,

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use super::state::Daemon;
 use crate::api::{DoctorReport, NetworkDoctor, Response};
-use crate::coexist::{self, FlowCheck, LegacyChain, NetworkView, Status};
+use crate::coexist::{self, FlowCheck, LegacyChain, NetworkView};
 use crate::config::{Mode, NetworkConfig};
 use crate::host::netlink::Route;
 use crate::host::ruleset::{Owner, Ruleset};
@@ -415,11 +415,7 @@ impl Daemon {
 }
 
 fn warnings(checks: &[FlowCheck]) -> Vec<String> {
-    checks
-        .iter()
-        .filter(|c| c.status != Status::Passes)
-        .filter_map(FlowCheck::warning)
-        .collect()
+    checks.iter().filter_map(FlowCheck::warning).collect()
 }
 
 /// The other firewalls, one line each.

@@ -67,7 +67,7 @@ impl Ruleset {
         let tables = nft.list_terse("list tables")?;
         let mut out = Ruleset::default();
         for table in table_names(&tables).map_err(NftError::Refused)? {
-            if table.name == "linnet" {
+            if table.name == "linnet" && matches!(table.family.as_str(), "inet" | "bridge") {
                 out.linnet_tables.push(table);
                 continue;
             }
