@@ -891,11 +891,15 @@ mod tests {
             .unwrap_or_else(|| panic!("no {kind:?} {family:?}"))
     }
 
+    fn assert_all_pass(recording: &str) {
+        for c in checks(recording, Some("eth0")) {
+            assert_eq!(c.status, Status::Passes, "{recording}: {c:?}");
+        }
+    }
+
     #[test]
     fn empty_ruleset_blocks_nothing() {
-        for c in checks("empty", Some("eth0")) {
-            assert_eq!(c.status, Status::Passes, "{c:?}");
-        }
+        assert_all_pass("empty");
     }
 
     #[test]
@@ -1013,9 +1017,7 @@ mod tests {
 
     #[test]
     fn libvirt_rules_leave_other_bridges_alone() {
-        for c in checks("libvirt", Some("eth0")) {
-            assert_eq!(c.status, Status::Passes, "{c:?}");
-        }
+        assert_all_pass("libvirt");
     }
 
     #[test]

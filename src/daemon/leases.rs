@@ -165,18 +165,8 @@ impl LeaseTable {
         now: u64,
     ) -> Result<Lease, LeaseError> {
         let owner = Owner::Interface { id };
-        let existing = self
-            .leases
-            .values()
-            .find(|l| l.owner == owner)
-            .map(|l| (l.ip, l.mac));
-        let mac = match mac.or(existing.map(|(_, m)| m)) {
-            Some(mac) => {
-                self.check_mac_free(mac, &owner, now)?;
-                mac
-            }
-            None => self.derive_free_mac(id, now),
-        };
+        let existing = self.held_by(&owner).map(|l| l.ip);
+        let mac = self.choose_mac(id, mac, now)?;
         let ip = match self.static_for(Some(id), Some(mac)) {
             Some(ip) => {
                 if let Some(holder) = self
@@ -194,7 +184,7 @@ impl LeaseTable {
                 ip
             }
             None => match existing {
-                Some((ip, _)) => ip,
+                Some(ip) => ip,
                 None => self.free_address(now)?,
             },
         };
@@ -233,21 +223,33 @@ impl LeaseTable {
         mac: Option<MacAddr>,
         now: u64,
     ) -> Result<MacAddr, LeaseError> {
+        let mac = self.choose_mac(id, mac, now)?;
+        self.leases
+            .retain(|_, l| l.owner != Owner::Interface { id });
+        Ok(mac)
+    }
+
+    /// The lease `owner` holds, if any.
+    fn held_by(&self, owner: &Owner) -> Option<&Lease> {
+        self.leases.values().find(|l| l.owner == *owner)
+    }
+
+    /// Interface `id`'s MAC: the one asked for (refused if another holds
+    /// it), the one its lease had, or a new one derived from its id.
+    fn choose_mac(
+        &self,
+        id: InterfaceId,
+        asked: Option<MacAddr>,
+        now: u64,
+    ) -> Result<MacAddr, LeaseError> {
         let owner = Owner::Interface { id };
-        let existing = self
-            .leases
-            .values()
-            .find(|l| l.owner == owner)
-            .map(|l| l.mac);
-        let mac = match mac.or(existing) {
+        match asked.or(self.held_by(&owner).map(|l| l.mac)) {
             Some(mac) => {
                 self.check_mac_free(mac, &owner, now)?;
-                mac
+                Ok(mac)
             }
-            None => self.derive_free_mac(id, now),
-        };
-        self.leases.retain(|_, l| l.owner != owner);
-        Ok(mac)
+            None => Ok(self.derive_free_mac(id, now)),
+        }
     }
 
     /// The interface left: its address stays reserved for `lease_time`.

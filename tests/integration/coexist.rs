@@ -392,21 +392,7 @@ fn nat_follows_the_default_route_to_another_uplink() {
     const SITE: &str = "192.0.2.80";
     let mut world = World::new();
     let second = Netns::new("up2");
-    let veth = format!("v{}", second.name);
-    must(Command::new("ip").args([
-        "link",
-        "add",
-        &veth,
-        "netns",
-        &world.host.name,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        &second.name,
-    ]));
+    let veth = uplink(&world.host, &second);
     must(
         &mut world
             .host

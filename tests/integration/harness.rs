@@ -181,6 +181,27 @@ impl Drop for Netns {
     }
 }
 
+/// A veth between `host` and `other`: `v<other's name>` in the host,
+/// `eth0` in the other. Returns the host side's name.
+pub fn uplink(host: &Netns, other: &Netns) -> String {
+    let name = format!("v{}", other.name);
+    must(Command::new("ip").args([
+        "link",
+        "add",
+        &name,
+        "netns",
+        &host.name,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        &other.name,
+    ]));
+    name
+}
+
 pub struct World {
     pub host: Netns,
     /// The "internet": a web server on UPSTREAM_IP and UPSTREAM_IP6, DNS.
@@ -209,21 +230,7 @@ impl World {
             p
         });
         // The uplink: host 203.0.113.1 <-> upstream 203.0.113.254 (TEST-NET-3).
-        let veth_up = format!("v{}", upstream.name);
-        must(Command::new("ip").args([
-            "link",
-            "add",
-            &veth_up,
-            "netns",
-            &host.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            &upstream.name,
-        ]));
+        let veth_up = uplink(&host, &upstream);
         must(&mut host.cmd(&[
             "ip",
             "addr",
