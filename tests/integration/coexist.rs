@@ -3,7 +3,7 @@
 //! deleted table, forwarding turned off), the default route moving, and a
 //! network without DHCP. All in the test's own host namespace.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
