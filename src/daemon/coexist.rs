@@ -15,8 +15,8 @@ use crate::api::{DoctorReport, NetworkDoctor, Response};
 use crate::coexist::{self, FlowCheck, LegacyChain, NetworkView};
 use crate::config::{Mode, NetworkConfig};
 use crate::host::netlink::Route;
-use crate::host::ruleset::{Owner, Ruleset};
-use crate::host::{self, docker_user, guard, legacy, sysctl};
+use crate::host::ruleset::{Owner, Ruleset, Shape, linnet_shape};
+use crate::host::{self, docker_user, firewall, guard, legacy, sysctl};
 
 /// The default routes of both families, the one in use first.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -54,6 +54,9 @@ pub struct HostView {
     pub docker_chain: Vec<&'static str>,
     pub firewalls: Vec<String>,
     pub errors: Vec<String>,
+    /// Set when a rebuilt table did not list as expected (see
+    /// `shapes_differ`).
+    pub shapes_unreliable: bool,
 }
 
 impl Daemon {
@@ -133,7 +136,7 @@ impl Daemon {
         };
         // After a repair, read again: the checks see what is now there.
         if errors.is_empty()
-            && self.restore_tables(&rs)
+            && self.restore_tables()
             && let Ok(again) = Ruleset::read(&mut self.nft)
         {
             rs = again;
@@ -219,34 +222,44 @@ impl Daemon {
 
     /// Puts back `inet linnet` and `bridge linnet` (with every guarded
     /// port) if they are gone. Returns whether it did.
-    fn restore_tables(&mut self, rs: &Ruleset) -> bool {
+    fn restore_tables(&mut self) -> bool {
         let mut restored = false;
-        if !self.networks.is_empty() && !rs.has_linnet("inet") {
-            warn!(
-                "linnet's table inet linnet is gone (nft flush ruleset, or a firewall reload?): putting it back"
-            );
-            match self.sync_host() {
-                Ok(()) => {
-                    info!("restored table inet linnet");
-                    restored = true;
+        if !self.networks.is_empty() {
+            let expected = firewall::shape(&self.firewall_networks());
+            let expected = (!self.host.shapes_unreliable).then_some(&expected);
+            if let Some(damage) = self.damage("inet", expected) {
+                warn!("linnet's table inet linnet {damage}: putting it back");
+                match self.sync_host() {
+                    Ok(()) => {
+                        info!("restored table inet linnet");
+                        restored = true;
+                        if self.damage("inet", expected).is_some() {
+                            self.shapes_differ("inet");
+                        }
+                    }
+                    Err(e) => warn!("cannot restore table inet linnet: {e}"),
                 }
-                Err(e) => warn!("cannot restore table inet linnet: {e}"),
             }
         }
-        if self.guard_ready && !rs.has_linnet("bridge") {
+        let expected = guard::expected_shape().filter(|_| !self.host.shapes_unreliable);
+        if self.guard_ready
+            && let Some(damage) = self.damage("bridge", expected)
+        {
             warn!(
-                "linnet's table bridge linnet is gone: putting it back with every guarded interface"
+                "linnet's table bridge linnet {damage}: putting it back with every guarded interface"
             );
             let ports = self.guarded_ports();
             let result =
                 guard::create(&mut self.nft).and_then(|()| guard::add_ports(&mut self.nft, &ports));
             // The counters start again at 0.
             self.drops_reported.clear();
-
             match result {
                 Ok(()) => {
                     info!(interfaces = ports.len(), "restored table bridge linnet");
                     restored = true;
+                    if self.damage("bridge", expected).is_some() {
+                        self.shapes_differ("bridge");
+                    }
                 }
                 Err(e) => {
                     // Gone again, so the next look at the host retries.
@@ -256,6 +269,33 @@ impl Daemon {
             }
         }
         restored
+    }
+
+    /// A table just rebuilt still does not list as expected: nft shows some
+    /// rule otherwise than linnet counts it. Comparing again would rebuild
+    /// for ever (each rebuild wakes the watch), so from now on only a table
+    /// that is gone is put back.
+    fn shapes_differ(&mut self, family: &str) {
+        warn!(
+            "table {family} linnet lists otherwise than linnet made it; from now on linnet puts back only tables that are gone, not lost rules"
+        );
+        self.host.shapes_unreliable = true;
+    }
+
+    /// What happened to linnet's table `family linnet`, if it is not as
+    /// linnet made it (`expected`; None: only whether it is there).
+    fn damage(&mut self, family: &str, expected: Option<&Shape>) -> Option<&'static str> {
+        match linnet_shape(&mut self.nft, family) {
+            Ok(None) => Some("is gone (nft flush ruleset, or a firewall reload?)"),
+            Ok(Some(actual)) if expected.is_some_and(|e| *e != actual) => {
+                Some("lost rules or chains (nft flush table or delete rule?)")
+            }
+            Ok(Some(_)) => None,
+            Err(e) => {
+                warn!("cannot read table {family} linnet: {e}");
+                None
+            }
+        }
     }
 
     /// Keeps linnet's accept rules in DOCKER-USER for every active network

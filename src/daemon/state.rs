@@ -869,7 +869,7 @@ impl Daemon {
         forwarding_needs(&self.firewall_networks())
     }
 
-    fn firewall_networks(&self) -> Vec<firewall::FirewallNetwork> {
+    pub(super) fn firewall_networks(&self) -> Vec<firewall::FirewallNetwork> {
         self.networks
             .values()
             .map(|n| n.firewall(self.forward_rules(&n.config), self.policies(&n.config)))

@@ -11,6 +11,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::NFT_TABLE;
 use super::nft::{Nft, NftError};
+use super::ruleset::Shape;
 use crate::config::Mode;
 use crate::forward::{PortForward, Protocol};
 use crate::policy::{ConnectRule, ListenRule, Policy, Ports};
@@ -20,7 +21,7 @@ use nftables::expr::{
     CT, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadField,
     Prefix, SetItem,
 };
-use nftables::schema::{Chain, NfListObject, Nftables, Rule, Table};
+use nftables::schema::{Chain, NfCmd, NfListObject, NfObject, Nftables, Rule, Table};
 use nftables::stmt::{Match, NAT, NATFamily, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
@@ -102,6 +103,24 @@ pub fn apply(nft: &mut Nft, networks: &[FirewallNetwork]) -> Result<(), NftError
 /// Removes linnet's table, if there is one.
 pub fn remove(nft: &mut Nft) -> Result<(), NftError> {
     nft.apply(&ruleset(&[]))
+}
+
+/// The chains of the table `ruleset(networks)` makes and how many rules
+/// each gets.
+pub fn shape(networks: &[FirewallNetwork]) -> Shape {
+    let mut shape = Shape::new();
+    for object in ruleset(networks).objects.iter() {
+        match object {
+            NfObject::CmdObject(NfCmd::Add(NfListObject::Chain(c))) => {
+                shape.entry(c.name.to_string()).or_default();
+            }
+            NfObject::CmdObject(NfCmd::Add(NfListObject::Rule(r))) => {
+                *shape.entry(r.chain.to_string()).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    shape
 }
 
 /// The transaction: (re)create the table empty, then fill it. `add` + `delete`
@@ -696,6 +715,17 @@ mod tests {
                 policies: Vec::new(),
             },
         ]
+    }
+
+    #[test]
+    fn the_shape_counts_each_chains_rules() {
+        assert!(shape(&[]).is_empty(), "no networks, no table");
+        let doc = ruleset(&nets());
+        let shape = shape(&nets());
+        for chain in [FORWARD, POSTROUTING, PREROUTING, OUTPUT, GUARD] {
+            assert_eq!(shape[chain], rules(&doc, chain).len(), "{chain}");
+        }
+        assert_eq!(shape[GUARD], 4, "loopback from two bridges, both ways");
     }
 
     fn commands(doc: &Nftables) -> Vec<Value> {

@@ -19,10 +19,12 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 
 use super::nft::{Nft, NftError};
+use super::ruleset::{Shape, linnet_shape};
 use crate::types::MacAddr;
 
 const FAMILY: &str = "bridge";
@@ -144,7 +146,22 @@ pub struct PortGuard {
 /// The table, created empty (or emptied).
 pub fn create(nft: &mut Nft) -> Result<(), NftError> {
     remove(nft)?;
-    nft.run(RULESET).map(|_| ())
+    nft.run(RULESET)?;
+    if SHAPE.get().is_none()
+        && let Ok(Some(shape)) = linnet_shape(nft, FAMILY)
+    {
+        let _ = SHAPE.set(shape);
+    }
+    Ok(())
+}
+
+/// The table's chains and rule counts as the first `create` made them
+/// (the same text every time), to tell later that something was deleted.
+static SHAPE: OnceLock<Shape> = OnceLock::new();
+
+/// The table's shape as `create` makes it (known once it has).
+pub fn expected_shape() -> Option<&'static Shape> {
+    SHAPE.get()
 }
 
 /// Removes the table, if there is one.

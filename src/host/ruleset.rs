@@ -45,6 +45,32 @@ pub struct Rule {
     pub expr: Vec<Value>,
 }
 
+/// A table's chains and how many rules each has: enough to tell that
+/// something was deleted from it.
+pub type Shape = BTreeMap<String, usize>;
+
+/// The shape of linnet's own table `family linnet` as it is now (None: there
+/// is no such table).
+pub fn linnet_shape(nft: &mut Nft, family: &str) -> Result<Option<Shape>, NftError> {
+    let tables = nft.list_terse("list tables")?;
+    let present = table_names(&tables)
+        .map_err(NftError::Refused)?
+        .iter()
+        .any(|t| t.family == family && t.name == "linnet");
+    if !present {
+        return Ok(None);
+    }
+    let json = nft.list_terse(&format!("list table {family} linnet"))?;
+    let mut rs = Ruleset::default();
+    rs.add(&json).map_err(NftError::Refused)?;
+    Ok(Some(
+        rs.chains
+            .iter()
+            .map(|c| (c.name.clone(), rs.rules(family, "linnet", &c.name).len()))
+            .collect(),
+    ))
+}
+
 /// One table's address.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TableId {
@@ -56,8 +82,6 @@ pub struct TableId {
 pub struct Ruleset {
     pub chains: Vec<Chain>,
     rules: BTreeMap<(String, String, String), Vec<Rule>>,
-    /// linnet's own tables, seen but not read.
-    linnet_tables: Vec<TableId>,
 }
 
 impl Ruleset {
@@ -68,7 +92,6 @@ impl Ruleset {
         let mut out = Ruleset::default();
         for table in table_names(&tables).map_err(NftError::Refused)? {
             if table.name == "linnet" && matches!(table.family.as_str(), "inet" | "bridge") {
-                out.linnet_tables.push(table);
                 continue;
             }
             // It may be gone already: read what is there.
@@ -86,11 +109,6 @@ impl Ruleset {
         let mut out = Ruleset::default();
         out.add(json)?;
         Ok(out)
-    }
-
-    /// Whether linnet's table `family linnet` was there when read.
-    pub fn has_linnet(&self, family: &str) -> bool {
-        self.linnet_tables.iter().any(|t| t.family == family)
     }
 
     fn add(&mut self, json: &str) -> Result<(), String> {

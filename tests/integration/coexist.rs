@@ -371,6 +371,39 @@ fn flushed_or_deleted_tables_and_forwarding_are_put_back_within_a_second() {
         "delete bridge table: back after {took:?}"
     );
 
+    // Rules deleted from inside the tables, the tables left standing.
+    for (argv, chain, sign) in [
+        (
+            ["nft", "flush", "table", "inet", "linnet"],
+            ["inet", "linnet", "postrouting"],
+            "masquerade",
+        ),
+        (
+            ["nft", "flush", "chain", "bridge", "linnet"],
+            ["bridge", "linnet", "guard"],
+            "vmap",
+        ),
+    ] {
+        let mut argv = argv.to_vec();
+        if argv[2] == "chain" {
+            argv.push("guard");
+        }
+        must(&mut world.host.cmd(&argv));
+        let start = Instant::now();
+        wait_for("the rules back", Duration::from_secs(2), || {
+            let mut list = vec!["nft", "list", "chain"];
+            list.extend_from_slice(&chain);
+            // Not there for a moment while linnet rebuilds it.
+            let out = run(&mut world.host.cmd(&list));
+            String::from_utf8_lossy(&out.stdout)
+                .contains(sign)
+                .then_some(())
+        });
+        eprintln!("{}: rules back after {:?}", argv.join(" "), start.elapsed());
+        assert!(start.elapsed() < Duration::from_secs(1));
+    }
+    g.assert_reaches_upstream("after nft flush table inet linnet");
+
     must(&mut world.host.cmd(&["sysctl", "-qw", "net.ipv4.ip_forward=0"]));
     wait_for("forwarding back on", Duration::from_secs(1), || {
         let v = must(&mut world.host.cmd(&["cat", "/proc/sys/net/ipv4/ip_forward"]));
