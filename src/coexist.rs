@@ -436,9 +436,19 @@ enum End {
     },
 }
 
+/// Statements that let only some packets on (rate limits, quotas, ...).
+const MAYBE_STATEMENTS: [&str; 6] = ["limit", "quota", "meter", "ct count", "synproxy", "fwd"];
+
 /// Chains jumped through deeper than this are not followed (nft itself
 /// refuses loops; this only bounds the work).
 const MAX_DEPTH: usize = 16;
+
+/// Where a walk through a chain is: whether every packet of the flow that
+/// entered is still here, and whether some may have been accepted.
+struct Place {
+    sure: bool,
+    left: bool,
+}
 
 struct Walk<'a> {
     rs: &'a Ruleset,
@@ -454,52 +464,105 @@ impl Walk<'_> {
     /// the rest of the chain sees only some of the packets: from then on
     /// nothing is sure.
     fn chain(&mut self, base: &Chain, chain: &Chain, sure: bool, depth: usize) -> End {
-        let (mut sure, mut left) = (sure, false);
+        let mut at = Place { sure, left: false };
         for rule in self.rs.rules(&chain.family, &chain.table, &chain.name) {
-            let applies = match self.matches(rule) {
-                Tri::No => continue,
-                Tri::Yes => sure,
-                Tri::Maybe => false,
-            };
-            match rule.expr.iter().find_map(verdict) {
-                Some(Verdict::Accept) if applies => return End::Accept,
-                Some(Verdict::Accept) => (sure, left) = (false, true),
-                Some(Verdict::Drop) => {
-                    let b = self.blocker(base, chain, describe_rule(rule));
-                    if applies {
-                        return End::Drop(b);
-                    }
-                    self.note(b);
+            let holds = self.matches(rule);
+            if holds == Tri::No {
+                continue;
+            }
+            for (verdict, holds) in self.verdicts(rule, holds) {
+                if let Some(end) = self.take(base, chain, rule, verdict, holds, &mut at, depth) {
+                    return end;
                 }
-                Some(Verdict::Return) if applies => return End::Fall { left },
-                Some(Verdict::Return) => sure = false,
-                Some(Verdict::Jump(target, goto)) => {
-                    let next = self.rs.chain(&chain.family, &chain.table, &target);
-                    let Some(next) = next.filter(|_| depth < MAX_DEPTH) else {
-                        // Not followed: anything may happen there.
-                        (sure, left) = (false, true);
-                        continue;
-                    };
-                    match self.chain(base, next, applies, depth + 1) {
-                        End::Fall { left: l } if goto && applies => {
-                            return End::Fall { left: left || l };
-                        }
-                        // Back from a jump, unless some were accepted; not
-                        // back from a goto that only some packets took.
-                        End::Fall { left: l } => {
-                            left |= l;
-                            if l || goto {
-                                sure = false;
-                            }
-                        }
-                        end if applies => return end,
-                        _ => (sure, left) = (false, true),
-                    }
-                }
-                None => {}
             }
         }
-        End::Fall { left }
+        End::Fall { left: at.left }
+    }
+
+    /// The rule's verdicts and for which packets each holds: one, or one
+    /// per entry of a verdict map (the entry whose key is the packets'
+    /// surely, others maybe or not at all).
+    fn verdicts(&self, rule: &Rule, holds: Tri) -> Vec<(Verdict, Tri)> {
+        let Some(vmap) = rule.expr.iter().find_map(|e| e.get("vmap")) else {
+            return rule
+                .expr
+                .iter()
+                .find_map(verdict)
+                .map(|v| vec![(v, holds)])
+                .unwrap_or_default();
+        };
+        let Some(entries) = vmap["data"]["set"].as_array() else {
+            // A named map: any verdict, for any of the packets.
+            return vec![(Verdict::Unknown, Tri::Maybe)];
+        };
+        entries
+            .iter()
+            .filter_map(|entry| {
+                let (key, target) = (entry.get(0)?, entry.get(1)?);
+                let key_match = serde_json::json!({"op": "==", "left": vmap["key"], "right": key});
+                let holds = holds.and(self.one_match(&key_match));
+                (holds != Tri::No).then(|| (verdict(target).unwrap_or(Verdict::Unknown), holds))
+            })
+            .collect()
+    }
+
+    /// Follows one verdict that holds for all of the packets at `at`
+    /// (`holds` Yes) or some; returns how the chain ends, if it does here.
+    #[allow(clippy::too_many_arguments)]
+    fn take(
+        &mut self,
+        base: &Chain,
+        chain: &Chain,
+        rule: &Rule,
+        verdict: Verdict,
+        holds: Tri,
+        at: &mut Place,
+        depth: usize,
+    ) -> Option<End> {
+        let applies = holds == Tri::Yes && at.sure;
+        match verdict {
+            Verdict::Accept if applies => return Some(End::Accept),
+            Verdict::Accept => (at.sure, at.left) = (false, true),
+            Verdict::Drop => {
+                let b = self.blocker(base, chain, describe_rule(rule));
+                if applies {
+                    return Some(End::Drop(b));
+                }
+                self.note(b);
+            }
+            Verdict::Return if applies => return Some(End::Fall { left: at.left }),
+            Verdict::Return => at.sure = false,
+            Verdict::Unknown => {
+                self.note(self.blocker(base, chain, describe_rule(rule)));
+                (at.sure, at.left) = (false, true);
+            }
+            Verdict::Jump(target, goto) => {
+                let next = self.rs.chain(&chain.family, &chain.table, &target);
+                let Some(next) = next.filter(|_| depth < MAX_DEPTH) else {
+                    // Not followed: anything may happen there.
+                    (at.sure, at.left) = (false, true);
+                    return None;
+                };
+                match self.chain(base, next, applies, depth + 1) {
+                    End::Fall { left } if goto && applies => {
+                        return Some(End::Fall {
+                            left: at.left || left,
+                        });
+                    }
+                    // Back from a jump, unless some were accepted; not
+                    // back from a goto that only some packets took.
+                    End::Fall { left } => {
+                        at.left |= left;
+                        if left || goto {
+                            at.sure = false;
+                        }
+                    }
+                    end if applies => return Some(end),
+                    _ => (at.sure, at.left) = (false, true),
+                }
+            }
+        }
+        None
     }
 
     /// A drop that applies to some of the traffic (once).
@@ -530,7 +593,9 @@ impl Walk<'_> {
         for e in &rule.expr {
             let t = if let Some(m) = e.get("match") {
                 self.one_match(m)
-            } else if e["xt"]["type"] == "match" || e.get("vmap").is_some() {
+            } else if e["xt"]["type"] == "match"
+                || MAYBE_STATEMENTS.iter().any(|k| e.get(*k).is_some())
+            {
                 Tri::Maybe
             } else {
                 continue;
@@ -658,6 +723,8 @@ enum Verdict {
     Accept,
     Drop,
     Return,
+    /// Any of them (a named verdict map, `queue` to a program).
+    Unknown,
     /// Target chain; true for goto.
     Jump(String, bool),
 }
@@ -670,6 +737,7 @@ fn verdict(e: &Value) -> Option<Verdict> {
         "drop" | "reject" => Verdict::Drop,
         // iptables-nft's `-j REJECT` (other xt targets do not end the walk).
         "xt" if body["type"] == "target" && body["name"] == "REJECT" => Verdict::Drop,
+        "queue" => Verdict::Unknown,
         "return" => Verdict::Return,
         "jump" | "goto" => Verdict::Jump(body.get("target")?.as_str()?.to_owned(), key == "goto"),
         _ => return None,
@@ -1081,11 +1149,7 @@ mod tests {
     }
 
     fn outbound(rs: &Ruleset) -> FlowCheck {
-        let flow = flows(&view(Some("eth0")))
-            .into_iter()
-            .find(|f| f.kind == FlowKind::Outbound && f.family == Family::Ipv4)
-            .unwrap();
-        check(rs, &flow, BRIDGE)
+        flow_check(rs, FlowKind::Outbound)
     }
 
     #[test]
@@ -1145,6 +1209,58 @@ mod tests {
             {"rule": {"family": "inet", "table": "t", "chain": "sub", "handle": 3, "expr": [{"accept": null}]}}
         ]}).to_string()).unwrap();
         assert_eq!(outbound(&rs).status, Status::Passes);
+    }
+
+    fn flow_check(rs: &Ruleset, kind: FlowKind) -> FlowCheck {
+        let flow = flows(&view(Some("eth0")))
+            .into_iter()
+            .find(|f| f.kind == kind && f.family == Family::Ipv4)
+            .unwrap();
+        check(rs, &flow, BRIDGE)
+    }
+
+    #[test]
+    fn verdict_maps_pick_the_flows_entry() {
+        let vmap = |key: Value, entries: Value| serde_json::json!([{"vmap": {"key": key, "data": {"set": entries}}}]);
+        let ct_state = vmap(
+            serde_json::json!({"ct": {"key": "state"}}),
+            serde_json::json!([["established", {"accept": null}], ["related", {"accept": null}], ["invalid", {"drop": null}]]),
+        );
+        let rs = forward_chain(&[ct_state]);
+        assert_eq!(flow_check(&rs, FlowKind::Replies).status, Status::Passes);
+        let out = flow_check(&rs, FlowKind::Outbound);
+        assert_eq!(
+            out.status,
+            Status::Blocked,
+            "new connections reach the policy"
+        );
+        assert_eq!(out.blockers[0].verdict, "policy drop");
+        let by_iface = vmap(
+            serde_json::json!({"meta": {"key": "iifname"}}),
+            serde_json::json!([[BRIDGE, {"drop": null}], ["eth0", {"accept": null}]]),
+        );
+        let rs = forward_chain(&[by_iface]);
+        let out = flow_check(&rs, FlowKind::Outbound);
+        assert_eq!(out.status, Status::Blocked);
+        assert!(
+            out.blockers[0].verdict.starts_with("rule 2: vmap"),
+            "{out:?}"
+        );
+        assert_eq!(flow_check(&rs, FlowKind::Replies).status, Status::Passes);
+        // A named map: anything may happen.
+        let named = serde_json::json!([{"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@by_iface"}}]);
+        let c = outbound(&forward_chain(&[named]));
+        assert_eq!(c.status, Status::MayBeBlocked, "{c:?}");
+    }
+
+    #[test]
+    fn rate_limits_make_a_drop_maybe() {
+        let limited = serde_json::json!([{"limit": {"rate": 50, "per": "second", "inv": true}}, {"drop": null}]);
+        let rs = Ruleset::parse(&serde_json::json!({"nftables": [
+            {"chain": {"family": "inet", "table": "t", "name": "fwd", "hook": "forward", "prio": 0, "policy": "accept"}},
+            {"rule": {"family": "inet", "table": "t", "chain": "fwd", "handle": 2, "expr": limited}}
+        ]}).to_string()).unwrap();
+        assert_eq!(outbound(&rs).status, Status::MayBeBlocked);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use tracing::{info, warn};
@@ -55,9 +56,14 @@ pub struct HostView {
     pub firewalls: Vec<String>,
     pub errors: Vec<String>,
     /// Set when a rebuilt table did not list as expected (see
-    /// `shapes_differ`).
+    /// `check_rebuilt`).
     pub shapes_unreliable: bool,
+    /// After a failed restore of the guard table: not tried again before.
+    pub guard_retry_at: Option<Instant>,
 }
+
+/// How long after a failed restore of the guard table it is tried again.
+const GUARD_RETRY: Duration = Duration::from_secs(5);
 
 impl Daemon {
     /// Re-reads the default routes; logs when the uplink changes.
@@ -97,7 +103,8 @@ impl Daemon {
             }
         }
         let before = std::mem::take(&mut self.host.uplinks);
-        if uplinks != before && !self.networks.is_empty() {
+        let moved = (&uplinks.used4, &uplinks.used6) != (&before.used4, &before.used6);
+        if moved && !self.networks.is_empty() {
             let show = |u: &Option<String>| u.clone().unwrap_or_else(|| "none".into());
             info!(
                 ipv4 = %show(&uplinks.used4),
@@ -106,12 +113,16 @@ impl Daemon {
                 was_ipv6 = %show(&before.used6),
                 "uplink changed: NAT follows the route for new connections"
             );
-            let shared = self
-                .networks
-                .values()
-                .any(|n| n.config.mode == Mode::Shared);
-            for (family, used) in [("IPv4", &uplinks.used4), ("IPv6", &uplinks.used6)] {
-                if used.is_none() && shared {
+            let shared = |ipv6: bool| {
+                self.networks
+                    .values()
+                    .any(|n| n.config.mode == Mode::Shared && (!ipv6 || n.config.ipv6.is_some()))
+            };
+            for (family, used, ipv6) in [
+                ("IPv4", &uplinks.used4, false),
+                ("IPv6", &uplinks.used6, true),
+            ] {
+                if used.is_none() && shared(ipv6) {
                     warn!(
                         "no {family} route to the internet: VMs of shared networks cannot reach beyond this host over {family}"
                     );
@@ -233,18 +244,21 @@ impl Daemon {
                     Ok(()) => {
                         info!("restored table inet linnet");
                         restored = true;
-                        if self.damage("inet", expected).is_some() {
-                            self.shapes_differ("inet");
-                        }
+                        self.check_rebuilt("inet", expected);
                     }
                     Err(e) => warn!("cannot restore table inet linnet: {e}"),
                 }
             }
         }
         let expected = guard::expected_shape().filter(|_| !self.host.shapes_unreliable);
-        if self.guard_ready
-            && let Some(damage) = self.damage("bridge", expected)
-        {
+        let damage = match self.host.guard_retry_at {
+            _ if !self.guard_ready => None,
+            // Not before then: each attempt's own changes wake the watch.
+            Some(at) if Instant::now() < at => None,
+            Some(_) => Some("could not be put back last time"),
+            None => self.damage("bridge", expected),
+        };
+        if let Some(damage) = damage {
             warn!(
                 "linnet's table bridge linnet {damage}: putting it back with every guarded interface"
             );
@@ -257,29 +271,35 @@ impl Daemon {
                 Ok(()) => {
                     info!(interfaces = ports.len(), "restored table bridge linnet");
                     restored = true;
-                    if self.damage("bridge", expected).is_some() {
-                        self.shapes_differ("bridge");
-                    }
+                    self.host.guard_retry_at = None;
+                    self.check_rebuilt("bridge", expected);
                 }
                 Err(e) => {
-                    // Gone again, so the next look at the host retries.
-                    let _ = guard::remove(&mut self.nft);
-                    warn!("cannot restore table bridge linnet (retried at the next change): {e}");
+                    self.host.guard_retry_at = Some(Instant::now() + GUARD_RETRY);
+                    warn!(
+                        "cannot restore table bridge linnet, so anti-spoofing and isolation are off (tried again in {}s or at the next change after that): {e}",
+                        GUARD_RETRY.as_secs()
+                    );
                 }
             }
         }
         restored
     }
 
-    /// A table just rebuilt still does not list as expected: nft shows some
-    /// rule otherwise than linnet counts it. Comparing again would rebuild
-    /// for ever (each rebuild wakes the watch), so from now on only a table
-    /// that is gone is put back.
-    fn shapes_differ(&mut self, family: &str) {
-        warn!(
-            "table {family} linnet lists otherwise than linnet made it; from now on linnet puts back only tables that are gone, not lost rules"
-        );
-        self.host.shapes_unreliable = true;
+    /// If a table just rebuilt still does not list as expected, nft shows
+    /// some rule otherwise than linnet counts it: comparing again would
+    /// rebuild for ever (each rebuild wakes the watch), so from then on only
+    /// a table that is gone is put back. (A table deleted again meanwhile
+    /// says nothing about that.)
+    fn check_rebuilt(&mut self, family: &str, expected: Option<&Shape>) {
+        if let Ok(Some(actual)) = linnet_shape(&mut self.nft, family)
+            && expected.is_some_and(|e| *e != actual)
+        {
+            warn!(
+                "table {family} linnet lists otherwise than linnet made it; from now on linnet puts back only tables that are gone, not lost rules"
+            );
+            self.host.shapes_unreliable = true;
+        }
     }
 
     /// What happened to linnet's table `family linnet`, if it is not as

@@ -624,7 +624,10 @@ impl Daemon {
         }
         if self.guard_ready && deleted.is_ok() && !self.interfaces.values().any(|i| i.guarded) {
             match guard::remove(&mut self.nft) {
-                Ok(()) => self.guard_ready = false,
+                Ok(()) => {
+                    self.guard_ready = false;
+                    self.host.guard_retry_at = None;
+                }
                 Err(e) => warn!("removing the guard table failed: {e}"),
             }
         }
@@ -965,7 +968,13 @@ fn port_guard(cfg: &NetworkConfig, tap: &str, mac: MacAddr, ip: Option<Ipv4Addr>
     );
     let ipv4 = match ip {
         Some(ip) => Ipv4Source::Address(ip),
-        None => Ipv4Source::Ranges(subnet_but(cfg.subnet, cfg.gateway)),
+        // Not the gateway's, nor those of VMs with static leases.
+        None => {
+            let taken: Vec<Ipv4Addr> = std::iter::once(cfg.gateway)
+                .chain(cfg.dhcp.static_leases.iter().map(|s| s.ip))
+                .collect();
+            Ipv4Source::Ranges(subnet_except(cfg.subnet, &taken))
+        }
     };
     PortGuard {
         tap: tap.into(),
@@ -983,16 +992,26 @@ pub(super) fn shown_ip(ip: Option<Ipv4Addr>) -> String {
     ip.map_or_else(|| "none (no DHCP)".into(), |ip| ip.to_string())
 }
 
-/// The host addresses of `subnet` without `gateway`, as ranges.
-fn subnet_but(subnet: ipnet::Ipv4Net, gateway: Ipv4Addr) -> Vec<(Ipv4Addr, Ipv4Addr)> {
+/// The host addresses of `subnet` but `taken`, as inclusive ranges.
+fn subnet_except(subnet: ipnet::Ipv4Net, taken: &[Ipv4Addr]) -> Vec<(Ipv4Addr, Ipv4Addr)> {
     let (first, last) = (
         u32::from(subnet.network()) + 1,
         u32::from(subnet.broadcast()) - 1,
     );
-    let g = u32::from(gateway);
-    [(first, g.saturating_sub(1)), (g + 1, last)]
-        .into_iter()
-        .filter(|(a, b)| a <= b)
+    let mut taken: Vec<u32> = taken.iter().map(|&a| u32::from(a)).collect();
+    taken.sort_unstable();
+    let mut out = Vec::new();
+    let mut from = first;
+    for t in taken.into_iter().filter(|t| (first..=last).contains(t)) {
+        if t > from {
+            out.push((from, t - 1));
+        }
+        from = from.max(t + 1);
+    }
+    if from <= last {
+        out.push((from, last));
+    }
+    out.into_iter()
         .map(|(a, b)| (Ipv4Addr::from(a), Ipv4Addr::from(b)))
         .collect()
 }
@@ -1014,4 +1033,41 @@ fn check_policy_possible(policy: &Policy) -> Result<(), DaemonError> {
     Err(DaemonError::HostSetup(
         "a connect/listen policy needs the br_netfilter module, so that traffic between VMs of one network passes linnet's firewall: run `modprobe br_netfilter` (and add it to /etc/modules-load.d)".into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_leave_out_the_gateway_and_static_addresses() {
+        let ip = |s: &str| -> Ipv4Addr { s.parse().unwrap() };
+        let net = "10.0.0.0/24".parse().unwrap();
+        assert_eq!(
+            subnet_except(net, &[ip("10.0.0.1")]),
+            [(ip("10.0.0.2"), ip("10.0.0.254"))]
+        );
+        assert_eq!(
+            subnet_except(
+                net,
+                &[
+                    ip("10.0.0.7"),
+                    ip("10.0.0.1"),
+                    ip("10.0.0.8"),
+                    ip("10.0.0.254")
+                ]
+            ),
+            [
+                (ip("10.0.0.2"), ip("10.0.0.6")),
+                (ip("10.0.0.9"), ip("10.0.0.253"))
+            ]
+        );
+        assert!(
+            subnet_except(
+                "10.0.0.0/30".parse().unwrap(),
+                &[ip("10.0.0.1"), ip("10.0.0.2")]
+            )
+            .is_empty()
+        );
+    }
 }

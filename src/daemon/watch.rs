@@ -24,7 +24,8 @@ use super::state::Daemon;
 /// manager makes many changes one by one. Not when linnet's own tables were
 /// deleted: while they are gone, guests have no NAT.
 const SETTLE: Duration = Duration::from_millis(100);
-/// Legacy iptables sends no notifications: it is looked at this often.
+/// Legacy iptables sends no notifications, nor does the kernel when routes
+/// go with their link: the host is looked at this often too.
 const POLL: Duration = Duration::from_secs(30);
 
 const NFNLGRP_NFTABLES: u32 = libc::NFNLGRP_NFTABLES as u32;
@@ -111,13 +112,16 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>) -> tokio::task::JoinHandle<()> {
         };
         let (mut nft_buf, mut rt_buf) = (vec![0u8; 64 * 1024], vec![0u8; 8 * 1024]);
         let mut poll = tokio::time::interval(POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         poll.tick().await;
         loop {
             let mut wake = Wake::default();
             tokio::select! {
                 n = read(&nft, &mut nft_buf) => wake.netfilter = netfilter_change(&nft_buf[..n]),
                 n = read(&rt, &mut rt_buf) => wake.routes = route_change(&rt_buf[..n]),
-                _ = poll.tick() => wake.netfilter = Change::Foreign,
+                // Legacy iptables, and routes gone with a link (the kernel
+                // sends no notification for those).
+                _ = poll.tick() => (wake.netfilter, wake.routes) = (Change::Foreign, true),
             }
             if wake == Wake::default() {
                 continue;

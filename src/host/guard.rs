@@ -200,6 +200,7 @@ pub fn remove_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> 
         let mut all = elements(&PortGuard {
             anti_spoofing: true,
             isolated: true,
+            dhcp_server: true,
             ..port.clone()
         });
         all.push(element("drops", json!(port.tap)));

@@ -342,9 +342,16 @@ impl Netlink {
             Err(e) => {
                 let e = to_io(e);
                 match e.raw_os_error() {
-                    Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EINVAL | libc::EACCES) => {
-                        Ok(None)
-                    }
+                    // No route (unreachable, blackhole, prohibit), or no
+                    // IPv6 on this host at all.
+                    Some(
+                        libc::ENETUNREACH
+                        | libc::EHOSTUNREACH
+                        | libc::EINVAL
+                        | libc::EACCES
+                        | libc::EOPNOTSUPP
+                        | libc::EAFNOSUPPORT,
+                    ) => Ok(None),
                     _ => Err(NetlinkError {
                         what: format!("look up the route to {dst}"),
                         source: e,

@@ -166,7 +166,7 @@ impl Ruleset {
 
     /// Who made the table `family table`.
     pub fn owner(&self, family: &str, table: &str) -> Owner {
-        if table == "linnet" {
+        if table == "linnet" && matches!(family, "inet" | "bridge") {
             Owner::Linnet
         } else if table == "firewalld" {
             Owner::Firewalld
