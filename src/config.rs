@@ -22,6 +22,9 @@ pub const DEFAULT_NETWORK: &str = "shared";
 const DEFAULT_LEASE_TIME: u32 = 3600;
 const DEFAULT_MTU: u32 = 1500;
 const DEFAULT_ALLOW_GROUP: &str = "linnet";
+/// Why a connect/listen policy is refused on a network without anti-spoofing.
+pub const NO_POLICY_WITHOUT_ANTI_SPOOFING: &str =
+    "needs anti_spoofing: a policy knows a VM by its addresses, which without it any VM can take";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -442,7 +445,7 @@ impl Validator<'_> {
         })
     }
 
-    fn network(&self, name: &str, spec: NetworkSpec) -> Result<NetworkConfig, ConfigError> {
+    fn network(&self, name: &str, mut spec: NetworkSpec) -> Result<NetworkConfig, ConfigError> {
         types::validate_network_name(name).map_err(|e| self.err("name", e.to_string()))?;
         let (default_mode, default_subnet) = builtin_defaults(name);
         let mode = spec.mode.unwrap_or(default_mode);
@@ -492,6 +495,10 @@ impl Validator<'_> {
                 "needs anti_spoofing: without it a VM can take another's MAC and receive its traffic",
             ));
         }
+        let policy = self.policy(spec.policy.take().unwrap_or_default())?;
+        if !policy.is_open() && !anti_spoofing {
+            return Err(self.err("policy", NO_POLICY_WITHOUT_ANTI_SPOOFING));
+        }
         let ipv6 = self.ipv6(name, mode, mtu, &spec)?;
         let forwards = self.forwards(&spec.forwards)?;
         let dhcp_spec = match spec.dhcp {
@@ -531,7 +538,7 @@ impl Validator<'_> {
             max_interfaces_per_uid: self
                 .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
             forwards,
-            policy: self.policy(spec.policy.unwrap_or_default())?,
+            policy,
         })
     }
 
@@ -1127,6 +1134,18 @@ mod tests {
             "networks:\n  host:\n    ipv6_prefix: fd00:1::/64\n  shared:\n    ipv6_prefix: fd00:1::/64\n",
         );
         assert!(m.contains("is also the prefix of network"), "{m}");
+    }
+
+    #[test]
+    fn a_policy_needs_anti_spoofing() {
+        let m = message(
+            "networks:\n  shared:\n    anti_spoofing: false\n    policy: { ingress: ['22/tcp'] }\n",
+        );
+        assert!(
+            m.contains("network \"shared\": policy: needs anti_spoofing"),
+            "{m}"
+        );
+        assert!(load("networks:\n  shared:\n    anti_spoofing: false\n    policy: {}\n").is_ok());
     }
 
     #[test]

@@ -257,7 +257,7 @@ impl Daemon {
         }
         self.check_limits(cfg, client.uid)?;
         let policy = req.policy.as_ref().unwrap_or(&cfg.policy);
-        check_policy_possible(policy)?;
+        check_policy_possible(policy, cfg)?;
         let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
         if let Some(other) = self.interfaces.get(&id) {
             return Err(DaemonError::Busy(format!(
@@ -383,7 +383,11 @@ impl Daemon {
         client: &Client,
         req: PolicySetRequest,
     ) -> Result<Response, DaemonError> {
-        check_policy_possible(&req.policy)?;
+        let cfg = self
+            .config
+            .network(&req.network)
+            .ok_or_else(|| self.unknown_network(&req.network))?;
+        check_policy_possible(&req.policy, cfg)?;
         let which = req.interface();
         let id = self
             .interface_named(client, &which, "policy")?
@@ -1024,10 +1028,21 @@ fn no_address_for_policy(network: &str) -> DaemonError {
     ))
 }
 
-/// A policy between VMs of one bridge needs their frames to pass the inet
+/// A policy knows a VM by its addresses, which anti-spoofing keeps its own;
+/// and between VMs of one bridge it needs their frames to pass the inet
 /// hooks, which only the br_netfilter module does.
-fn check_policy_possible(policy: &Policy) -> Result<(), DaemonError> {
-    if policy.is_open() || std::path::Path::new("/proc/sys/net/bridge").exists() {
+fn check_policy_possible(policy: &Policy, cfg: &NetworkConfig) -> Result<(), DaemonError> {
+    if policy.is_open() {
+        return Ok(());
+    }
+    if !cfg.anti_spoofing {
+        return Err(DaemonError::BadRequest(format!(
+            "network \"{}\": a connect/listen policy {}",
+            cfg.name,
+            crate::config::NO_POLICY_WITHOUT_ANTI_SPOOFING
+        )));
+    }
+    if std::path::Path::new("/proc/sys/net/bridge").exists() {
         return Ok(());
     }
     Err(DaemonError::HostSetup(

@@ -223,6 +223,22 @@ fn without_anti_spoofing_the_same_frames_get_through() {
         None,
         "not counted: not guarded"
     );
+    // A policy knows a VM by its addresses: refused without anti-spoofing.
+    let err = failure(&mut world.linnet(&["run", "--allow-listen", "22/tcp", "--", "true"]));
+    assert!(
+        err.contains("a connect/listen policy needs anti_spoofing"),
+        "{err}"
+    );
+    let id = attacker.info["interface_id"].as_str().unwrap();
+    let err = failure(&mut world.linnet(&[
+        "policy",
+        "set",
+        "--interface-id",
+        id,
+        "--allow-listen",
+        "22/tcp",
+    ]));
+    assert!(err.contains("needs anti_spoofing"), "{err}");
 }
 
 #[test]
