@@ -1,11 +1,17 @@
 //! `linnet daemon`: the only privileged process. `state` decides what the
 //! kernel should hold (networks, interfaces, leases) and asks `host` to make
-//! it so; `server` speaks the socket protocol and watches clients.
+//! it so; `forwards`, `policies`, `guarding` and `coexist` add to the same
+//! `Daemon` for their concern (published ports, connect/listen policies,
+//! anti-spoofing, other firewalls and uplinks). `server` speaks the socket
+//! protocol and watches clients; `watch` notices when the host changes
+//! under linnet.
 
 mod coexist;
 mod forwards;
+mod guarding;
 pub mod leases;
 mod network;
+mod policies;
 mod server;
 mod state;
 mod watch;

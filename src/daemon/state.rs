@@ -3,7 +3,7 @@
 //! `host` and `network`.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
@@ -12,17 +12,18 @@ use tracing::{debug, info, warn};
 
 use super::coexist::HostView;
 use super::forwards::{ForwardStore, Published};
+use super::guarding::port_guard;
 use super::leases::LeaseError;
 use super::network::{ActiveNetwork, dns_servers};
+use super::policies::{check_policy_possible, no_address_for_policy};
 use crate::addr6;
 use crate::api::{
-    AttachRequest, ErrorKind, InterfaceInfo, InterfaceRef, InterfaceStatus, NetworkStatus,
-    PolicySetRequest, Response,
+    AttachRequest, ErrorKind, InterfaceInfo, InterfaceRef, InterfaceStatus, NetworkStatus, Response,
 };
 use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
-use crate::host::firewall::{self, InterfacePolicy};
-use crate::host::guard::{self, Ipv4Source, PortGuard};
+use crate::host::firewall;
+use crate::host::guard::{self, PortGuard};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
 use crate::host::nft::{Nft, NftError};
 use crate::host::tap::{self, TapError};
@@ -114,7 +115,7 @@ pub(super) struct Interface {
     pub(super) ip: Option<Ipv4Addr>,
     /// The name given at attach.
     pub(super) name: Option<String>,
-    tap: String,
+    pub(super) tap: String,
     tap_index: u32,
     client: u64,
     pid: Option<i32>,
@@ -123,7 +124,7 @@ pub(super) struct Interface {
     relay: Option<RelayCounters>,
     pub(super) forwards: Vec<Published>,
     /// Whether it has elements in the guard table.
-    guarded: bool,
+    pub(super) guarded: bool,
     pub(super) policy: Policy,
 }
 
@@ -360,53 +361,6 @@ impl Daemon {
             "unknown interface: {what} is not attached to network \"{}\"; `linnet ls` lists the attached interfaces",
             which.network
         ))
-    }
-
-    /// `policy show`.
-    pub fn policy_show(
-        &self,
-        client: &Client,
-        which: &InterfaceRef,
-    ) -> Result<Response, DaemonError> {
-        let id = self
-            .interface_named(client, which, "policy")?
-            .ok_or_else(|| Self::no_such_interface(which))?;
-        Ok(Response::Policy {
-            interface_id: id,
-            policy: self.interfaces[&id].policy.clone(),
-        })
-    }
-
-    /// `policy set`: the new policy holds for new connections at once.
-    pub fn policy_set(
-        &mut self,
-        client: &Client,
-        req: PolicySetRequest,
-    ) -> Result<Response, DaemonError> {
-        let cfg = self
-            .config
-            .network(&req.network)
-            .ok_or_else(|| self.unknown_network(&req.network))?;
-        check_policy_possible(&req.policy, cfg)?;
-        let which = req.interface();
-        let id = self
-            .interface_named(client, &which, "policy")?
-            .ok_or_else(|| Self::no_such_interface(&which))?;
-        let iface = self.interfaces.get_mut(&id).expect("attached");
-        if iface.ip.is_none() && !req.policy.is_open() {
-            return Err(no_address_for_policy(&req.network));
-        }
-        let before = std::mem::replace(&mut iface.policy, req.policy.clone());
-        if let Err(e) = self.sync_host() {
-            self.interfaces.get_mut(&id).expect("attached").policy = before;
-            let _ = self.sync_host();
-            return Err(e);
-        }
-        info!(network = %req.network, interface = %id, policy = ?req.policy, "policy set");
-        Ok(Response::Policy {
-            interface_id: id,
-            policy: req.policy,
-        })
     }
 
     pub(super) fn unknown_network(&self, name: &str) -> DaemonError {
@@ -660,35 +614,6 @@ impl Daemon {
         deleted.map_err(Into::into)
     }
 
-    /// Frames dropped by each guarded TAP's rules so far.
-    pub fn guard_drops(&mut self) -> BTreeMap<String, u64> {
-        if !self.guard_ready {
-            return BTreeMap::new();
-        }
-        guard::drops(&mut self.nft).unwrap_or_else(|e| {
-            warn!("cannot read the guard's counters: {e}");
-            BTreeMap::new()
-        })
-    }
-
-    /// Logs, per interface, the frames its VM had dropped since the last
-    /// report: called every few seconds, so a flood is one line per period.
-    pub fn report_drops(&mut self) {
-        let drops = self.guard_drops();
-        for (id, iface) in &self.interfaces {
-            let Some(&now) = drops.get(&iface.tap) else {
-                continue;
-            };
-            let before = self
-                .drops_reported
-                .insert(iface.tap.clone(), now)
-                .unwrap_or(0);
-            if now > before {
-                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %shown_ip(iface.ip), mac = %iface.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
-            }
-        }
-    }
-
     pub fn list(
         &self,
         stats: &BTreeMap<u32, (u64, u64)>,
@@ -882,20 +807,6 @@ impl Daemon {
             .map(|n| n.firewall(self.forward_rules(&n.config), self.policies(&n.config)))
             .collect()
     }
-
-    /// The guard of every guarded interface.
-    pub(super) fn guarded_ports(&self) -> Vec<PortGuard> {
-        self.interfaces
-            .values()
-            .filter_map(|i| self.guard_of(i))
-            .collect()
-    }
-
-    /// An interface's guard, if it has one.
-    fn guard_of(&self, i: &Interface) -> Option<PortGuard> {
-        let cfg = self.config.network(&i.network).filter(|_| i.guarded)?;
-        Some(port_guard(cfg, &i.tap, i.mac, i.ip))
-    }
 }
 
 fn interface_info(
@@ -939,150 +850,7 @@ fn interface_info(
     }
 }
 
-impl Daemon {
-    /// The connect/listen policies of a network's interfaces, with the
-    /// addresses that identify their VMs.
-    fn policies(&self, cfg: &NetworkConfig) -> Vec<InterfacePolicy> {
-        self.interfaces
-            .values()
-            .filter(|i| i.network == cfg.name && !i.policy.is_open())
-            .map(|i| InterfacePolicy {
-                tap: i.tap.clone(),
-                addrs: port_guard(cfg, &i.tap, i.mac, i.ip)
-                    .ipv6
-                    .into_iter()
-                    .map(IpAddr::V6)
-                    .chain(i.ip.map(IpAddr::V4))
-                    .collect(),
-                policy: i.policy.clone(),
-            })
-            .collect()
-    }
-}
-
-/// What an interface's VM may send from: its MAC, its leased IPv4 (without
-/// one, any address of the subnet but the gateway's), its link-local and
-/// SLAAC IPv6 addresses.
-fn port_guard(cfg: &NetworkConfig, tap: &str, mac: MacAddr, ip: Option<Ipv4Addr>) -> PortGuard {
-    let mut ipv6 = vec![addr6::link_local(mac)];
-    ipv6.extend(
-        cfg.ipv6
-            .as_ref()
-            .map(|v6| addr6::slaac_address(v6.prefix, mac)),
-    );
-    let ipv4 = match ip {
-        Some(ip) => Ipv4Source::Address(ip),
-        // Not the gateway's, nor those of VMs with static leases.
-        None => {
-            let taken: Vec<Ipv4Addr> = std::iter::once(cfg.gateway)
-                .chain(cfg.dhcp.static_leases.iter().map(|s| s.ip))
-                .collect();
-            Ipv4Source::Ranges(subnet_except(cfg.subnet, &taken))
-        }
-    };
-    PortGuard {
-        tap: tap.into(),
-        mac,
-        ipv4,
-        ipv6,
-        anti_spoofing: cfg.anti_spoofing,
-        isolated: cfg.isolation,
-        dhcp_server: !cfg.dhcp.enabled,
-    }
-}
-
 /// An interface's IPv4 address for logs: "none" without DHCP.
 pub(super) fn shown_ip(ip: Option<Ipv4Addr>) -> String {
     ip.map_or_else(|| "none (no DHCP)".into(), |ip| ip.to_string())
-}
-
-/// The host addresses of `subnet` but `taken`, as inclusive ranges.
-fn subnet_except(subnet: ipnet::Ipv4Net, taken: &[Ipv4Addr]) -> Vec<(Ipv4Addr, Ipv4Addr)> {
-    let (first, last) = (
-        u32::from(subnet.network()) + 1,
-        u32::from(subnet.broadcast()) - 1,
-    );
-    let mut taken: Vec<u32> = taken.iter().map(|&a| u32::from(a)).collect();
-    taken.sort_unstable();
-    let mut out = Vec::new();
-    let mut from = first;
-    for t in taken.into_iter().filter(|t| (first..=last).contains(t)) {
-        if t > from {
-            out.push((from, t - 1));
-        }
-        from = from.max(t + 1);
-    }
-    if from <= last {
-        out.push((from, last));
-    }
-    out.into_iter()
-        .map(|(a, b)| (Ipv4Addr::from(a), Ipv4Addr::from(b)))
-        .collect()
-}
-
-/// A policy is enforced by the VM's addresses; without DHCP and a static
-/// lease linnet does not know its IPv4 one.
-fn no_address_for_policy(network: &str) -> DaemonError {
-    DaemonError::BadRequest(format!(
-        "network \"{network}\" has DHCP off and no static lease for this interface, so linnet does not know its IPv4 address and cannot enforce a connect/listen policy: give it a static lease (dhcp.static with its interface_id or MAC)"
-    ))
-}
-
-/// A policy knows a VM by its addresses, which anti-spoofing keeps its own;
-/// and between VMs of one bridge it needs their frames to pass the inet
-/// hooks, which only the br_netfilter module does.
-fn check_policy_possible(policy: &Policy, cfg: &NetworkConfig) -> Result<(), DaemonError> {
-    if policy.is_open() {
-        return Ok(());
-    }
-    if !cfg.anti_spoofing {
-        return Err(DaemonError::BadRequest(format!(
-            "network \"{}\": a connect/listen policy {}",
-            cfg.name,
-            crate::config::NO_POLICY_WITHOUT_ANTI_SPOOFING
-        )));
-    }
-    if std::path::Path::new("/proc/sys/net/bridge").exists() {
-        return Ok(());
-    }
-    Err(DaemonError::HostSetup(
-        "a connect/listen policy needs the br_netfilter module, so that traffic between VMs of one network passes linnet's firewall: run `modprobe br_netfilter` (and add it to /etc/modules-load.d)".into(),
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_leave_out_the_gateway_and_static_addresses() {
-        let ip = |s: &str| -> Ipv4Addr { s.parse().unwrap() };
-        let net = "10.0.0.0/24".parse().unwrap();
-        assert_eq!(
-            subnet_except(net, &[ip("10.0.0.1")]),
-            [(ip("10.0.0.2"), ip("10.0.0.254"))]
-        );
-        assert_eq!(
-            subnet_except(
-                net,
-                &[
-                    ip("10.0.0.7"),
-                    ip("10.0.0.1"),
-                    ip("10.0.0.8"),
-                    ip("10.0.0.254")
-                ]
-            ),
-            [
-                (ip("10.0.0.2"), ip("10.0.0.6")),
-                (ip("10.0.0.9"), ip("10.0.0.253"))
-            ]
-        );
-        assert!(
-            subnet_except(
-                "10.0.0.0/30".parse().unwrap(),
-                &[ip("10.0.0.1"), ip("10.0.0.2")]
-            )
-            .is_empty()
-        );
-    }
 }

@@ -1,0 +1,156 @@
+//! Anti-spoofing and isolation on the daemon's side: what each interface's
+//! VM may send from, and the drops the guard counts. The table is made by
+//! `host::guard`.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use tracing::warn;
+
+use super::state::{Daemon, Interface, shown_ip};
+use crate::addr6;
+use crate::config::NetworkConfig;
+use crate::host::guard::{self, Ipv4Source, PortGuard};
+use crate::types::MacAddr;
+
+impl Daemon {
+    /// Frames dropped by each guarded TAP's rules so far.
+    pub fn guard_drops(&mut self) -> BTreeMap<String, u64> {
+        if !self.guard_ready {
+            return BTreeMap::new();
+        }
+        guard::drops(&mut self.nft).unwrap_or_else(|e| {
+            warn!("cannot read the guard's counters: {e}");
+            BTreeMap::new()
+        })
+    }
+
+    /// Logs, per interface, the frames its VM had dropped since the last
+    /// report: called every few seconds, so a flood is one line per period.
+    pub fn report_drops(&mut self) {
+        let drops = self.guard_drops();
+        for (id, iface) in &self.interfaces {
+            let Some(&now) = drops.get(&iface.tap) else {
+                continue;
+            };
+            let before = self
+                .drops_reported
+                .insert(iface.tap.clone(), now)
+                .unwrap_or(0);
+            if now > before {
+                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %shown_ip(iface.ip), mac = %iface.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
+            }
+        }
+    }
+
+    /// The guard of every guarded interface.
+    pub(super) fn guarded_ports(&self) -> Vec<PortGuard> {
+        self.interfaces
+            .values()
+            .filter_map(|i| self.guard_of(i))
+            .collect()
+    }
+
+    /// An interface's guard, if it has one.
+    pub(super) fn guard_of(&self, i: &Interface) -> Option<PortGuard> {
+        let cfg = self.config.network(&i.network).filter(|_| i.guarded)?;
+        Some(port_guard(cfg, &i.tap, i.mac, i.ip))
+    }
+}
+
+/// What an interface's VM may send from: its MAC, its leased IPv4 (without
+/// one, any address of the subnet but the gateway's), its link-local and
+/// SLAAC IPv6 addresses.
+pub(super) fn port_guard(
+    cfg: &NetworkConfig,
+    tap: &str,
+    mac: MacAddr,
+    ip: Option<Ipv4Addr>,
+) -> PortGuard {
+    let mut ipv6 = vec![addr6::link_local(mac)];
+    ipv6.extend(
+        cfg.ipv6
+            .as_ref()
+            .map(|v6| addr6::slaac_address(v6.prefix, mac)),
+    );
+    let ipv4 = match ip {
+        Some(ip) => Ipv4Source::Address(ip),
+        // Not the gateway's, nor those of VMs with static leases.
+        None => {
+            let taken: Vec<Ipv4Addr> = std::iter::once(cfg.gateway)
+                .chain(cfg.dhcp.static_leases.iter().map(|s| s.ip))
+                .collect();
+            Ipv4Source::Ranges(subnet_except(cfg.subnet, &taken))
+        }
+    };
+    PortGuard {
+        tap: tap.into(),
+        mac,
+        ipv4,
+        ipv6,
+        anti_spoofing: cfg.anti_spoofing,
+        isolated: cfg.isolation,
+        dhcp_server: !cfg.dhcp.enabled,
+    }
+}
+
+/// The host addresses of `subnet` but `taken`, as inclusive ranges.
+fn subnet_except(subnet: ipnet::Ipv4Net, taken: &[Ipv4Addr]) -> Vec<(Ipv4Addr, Ipv4Addr)> {
+    let (first, last) = (
+        u32::from(subnet.network()) + 1,
+        u32::from(subnet.broadcast()) - 1,
+    );
+    let mut taken: Vec<u32> = taken.iter().map(|&a| u32::from(a)).collect();
+    taken.sort_unstable();
+    let mut out = Vec::new();
+    let mut from = first;
+    for t in taken.into_iter().filter(|t| (first..=last).contains(t)) {
+        if t > from {
+            out.push((from, t - 1));
+        }
+        from = from.max(t + 1);
+    }
+    if from <= last {
+        out.push((from, last));
+    }
+    out.into_iter()
+        .map(|(a, b)| (Ipv4Addr::from(a), Ipv4Addr::from(b)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_leave_out_the_gateway_and_static_addresses() {
+        let ip = |s: &str| -> Ipv4Addr { s.parse().unwrap() };
+        let net = "10.0.0.0/24".parse().unwrap();
+        assert_eq!(
+            subnet_except(net, &[ip("10.0.0.1")]),
+            [(ip("10.0.0.2"), ip("10.0.0.254"))]
+        );
+        assert_eq!(
+            subnet_except(
+                net,
+                &[
+                    ip("10.0.0.7"),
+                    ip("10.0.0.1"),
+                    ip("10.0.0.8"),
+                    ip("10.0.0.254")
+                ]
+            ),
+            [
+                (ip("10.0.0.2"), ip("10.0.0.6")),
+                (ip("10.0.0.9"), ip("10.0.0.253"))
+            ]
+        );
+        assert!(
+            subnet_except(
+                "10.0.0.0/30".parse().unwrap(),
+                &[ip("10.0.0.1"), ip("10.0.0.2")]
+            )
+            .is_empty()
+        );
+    }
+}
