@@ -56,6 +56,29 @@ impl PortForward {
     }
 }
 
+/// Splits a trailing `/tcp` or `/udp` off `spec` (None: no protocol given).
+/// Only a word after the last `/` is taken for a protocol, so a network's
+/// `/8` stays where it is. The error is the problem, for the caller's type.
+pub fn split_protocol(spec: &str) -> Result<(&str, Option<Protocol>), String> {
+    match spec.rsplit_once('/') {
+        Some((rest, "tcp")) => Ok((rest, Some(Protocol::Tcp))),
+        Some((rest, "udp")) => Ok((rest, Some(Protocol::Udp))),
+        Some((_, other)) if other.chars().all(|c| c.is_ascii_alphabetic()) => {
+            Err(format!("unknown protocol \"{other}\"; use tcp or udp"))
+        }
+        _ => Ok((spec, None)),
+    }
+}
+
+/// A port number 1–65535; `what` names it in the problem ("host port").
+pub fn port_number(what: &str, text: &str) -> Result<u16, String> {
+    match text.parse::<u32>() {
+        Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
+        Ok(p) => Err(format!("{what} {p} is out of range; allowed 1 to 65535")),
+        Err(_) => Err(format!("{what} \"{text}\" is not a number")),
+    }
+}
+
 impl FromStr for PortForward {
     type Err = ForwardSpecError;
 
@@ -64,16 +87,8 @@ impl FromStr for PortForward {
             spec: spec.into(),
             problem,
         };
-        let (ports, protocol) = match spec.rsplit_once('/') {
-            None => (spec, Protocol::Tcp),
-            Some((ports, "tcp")) => (ports, Protocol::Tcp),
-            Some((ports, "udp")) => (ports, Protocol::Udp),
-            Some((_, other)) => {
-                return Err(fail(format!(
-                    "unknown protocol \"{other}\"; use tcp or udp"
-                )));
-            }
-        };
+        let (ports, protocol) = split_protocol(spec).map_err(fail)?;
+        let protocol = protocol.unwrap_or(Protocol::Tcp);
         // The address may itself hold colons: it is everything before the
         // last two fields, in brackets when it is IPv6.
         let mut fields = ports.rsplitn(3, ':');
@@ -109,19 +124,10 @@ impl FromStr for PortForward {
                 Some(addr)
             }
         };
-        let port = |what: &str, text: &str| -> Result<u16, ForwardSpecError> {
-            match text.parse::<u32>() {
-                Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
-                Ok(p) => Err(fail(format!(
-                    "{what} port {p} is out of range; allowed 1 to 65535"
-                ))),
-                Err(_) => Err(fail(format!("{what} port \"{text}\" is not a number"))),
-            }
-        };
         Ok(PortForward {
             host_addr,
-            host_port: port("host", host)?,
-            guest_port: port("guest", guest)?,
+            host_port: port_number("host port", host).map_err(fail)?,
+            guest_port: port_number("guest port", guest).map_err(fail)?,
             protocol,
         })
     }

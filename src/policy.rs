@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
-use crate::forward::Protocol;
+use crate::forward::{Protocol, port_number, split_protocol};
 
 #[derive(Debug, Error, PartialEq)]
 #[error("\"{spec}\": {problem} (expected {expected})")]
@@ -65,33 +65,11 @@ impl Policy {
     }
 }
 
-fn split_protocol<'a>(
-    spec: &'a str,
-    fail: &dyn Fn(String) -> PolicySpecError,
-) -> Result<(&'a str, Option<Protocol>), PolicySpecError> {
-    match spec.rsplit_once('/') {
-        Some((rest, "tcp")) => Ok((rest, Some(Protocol::Tcp))),
-        Some((rest, "udp")) => Ok((rest, Some(Protocol::Udp))),
-        Some((_, other)) if other.chars().all(|c| c.is_ascii_alphabetic()) => Err(fail(format!(
-            "unknown protocol \"{other}\"; use tcp or udp"
-        ))),
-        _ => Ok((spec, None)),
-    }
-}
-
 fn parse_ports(
     text: &str,
     fail: &dyn Fn(String) -> PolicySpecError,
 ) -> Result<Ports, PolicySpecError> {
-    let port = |t: &str| -> Result<u16, PolicySpecError> {
-        match t.parse::<u32>() {
-            Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
-            Ok(p) => Err(fail(format!(
-                "port {p} is out of range; allowed 1 to 65535"
-            ))),
-            Err(_) => Err(fail(format!("port \"{t}\" is not a number"))),
-        }
-    };
+    let port = |t: &str| port_number("port", t).map_err(fail);
     let (first, last) = match text.split_once('-') {
         Some((a, b)) => (port(a)?, port(b)?),
         None => {
@@ -114,7 +92,7 @@ impl FromStr for ConnectRule {
             problem,
             expected: CONNECT_FORM,
         };
-        let (rest, protocol) = split_protocol(spec, &fail)?;
+        let (rest, protocol) = split_protocol(spec).map_err(fail)?;
         // [V6NET]:PORTS, or V4NET:PORTS, or a bare network of either family.
         let (net_text, ports_text) = if let Some(inner) = rest.strip_prefix('[') {
             let (net, after) = inner
@@ -162,7 +140,7 @@ impl FromStr for ListenRule {
             problem,
             expected: LISTEN_FORM,
         };
-        let (rest, protocol) = split_protocol(spec, &fail)?;
+        let (rest, protocol) = split_protocol(spec).map_err(fail)?;
         Ok(ListenRule {
             ports: parse_ports(rest, &fail)?,
             protocol,
