@@ -301,7 +301,7 @@ fn add_forwards(batch: &mut Batch<'static>, net: &FirewallNetwork) {
     for fwd in &net.forwards {
         let f = fwd.forward;
         for (host, guest) in fwd.targets() {
-            let family = if guest.is_ipv4() { "ip" } else { "ip6" };
+            let family = ip_family(guest);
             // Only the host's own addresses: a forward never captures
             // traffic to other machines that passes through or leaves it.
             let mut matches = vec![match host {
@@ -399,90 +399,71 @@ fn add_policies(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
         PRIORITY_FILTER,
     ));
     for (net, iface) in all {
-        let new = || {
-            Statement::Match(Match {
-                left: ct("state"),
-                right: string("new"),
-                op: Operator::IN,
-            })
-        };
-        let by_family = |field: &'static str| {
-            let v4: Vec<String> = iface
-                .addrs
-                .iter()
-                .filter(|a| a.is_ipv4())
-                .map(|a| a.to_string())
-                .collect();
-            let v6: Vec<String> = iface
-                .addrs
-                .iter()
-                .filter(|a| a.is_ipv6())
-                .map(|a| a.to_string())
-                .collect();
-            [("ip", v4), ("ip6", v6)]
-                .into_iter()
-                .filter(|(_, a)| !a.is_empty())
-                .map(move |(family, addrs)| eq(payload(family, field), set(&addrs)))
-        };
         if !iface.policy.egress.is_empty() {
-            let chain = format!("out-{}", iface.tap);
-            batch.add(chain_object(&chain));
             // DHCP and DNS to the gateway always pass.
-            batch.add(rule(
-                chain.clone(),
-                vec![eq(payload("udp", "dport"), number(67)), accept()],
-            ));
+            let mut allowed = vec![vec![eq(payload("udp", "dport"), number(67)), accept()]];
             for gw in &net.gateways {
-                let family = if gw.is_ipv4() { "ip" } else { "ip6" };
-                batch.add(rule(
-                    chain.clone(),
-                    vec![
-                        eq(payload(family, "daddr"), string(&gw.to_string())),
-                        eq(
-                            meta(MetaKey::L4proto),
-                            set(&["tcp".to_string(), "udp".to_string()]),
-                        ),
-                        eq(payload("th", "dport"), number(53)),
-                        accept(),
-                    ],
-                ));
+                allowed.push(vec![
+                    eq(payload(ip_family(*gw), "daddr"), string(&gw.to_string())),
+                    protocol_match(None),
+                    eq(payload("th", "dport"), number(53)),
+                    accept(),
+                ]);
             }
-            for r in &iface.policy.egress {
-                batch.add(rule(chain.clone(), connect_match(r)));
-            }
-            batch.add(rule(chain.clone(), vec![Statement::Reject(None)]));
-            for hook in [FORWARD, INPUT] {
-                for source in by_family("saddr") {
-                    batch.add(rule(hook, vec![source, new(), jump(&chain)]));
-                }
-            }
+            allowed.extend(iface.policy.egress.iter().map(connect_match));
+            let chain = format!("out-{}", iface.tap);
+            add_policy_chain(batch, iface, &chain, allowed, [FORWARD, INPUT], "saddr");
         }
         if !iface.policy.ingress.is_empty() {
+            let mut allowed: Vec<_> = [("icmp", "echo-request"), ("icmpv6", "echo-request")]
+                .into_iter()
+                .map(|(proto, ping)| vec![eq(payload(proto, "type"), string(ping)), accept()])
+                .collect();
+            allowed.extend(iface.policy.ingress.iter().map(listen_match));
             let chain = format!("in-{}", iface.tap);
-            batch.add(chain_object(&chain));
+            add_policy_chain(batch, iface, &chain, allowed, [FORWARD, LOCAL_OUT], "daddr");
+        }
+    }
+}
+
+/// One interface's policy chain: the `allowed` rules, then a reject; new
+/// connections whose `field` (saddr: from the VM, daddr: to it) is one of
+/// the VM's addresses jump to it from `hooks`.
+fn add_policy_chain(
+    batch: &mut Batch<'static>,
+    iface: &InterfacePolicy,
+    chain: &str,
+    allowed: Vec<Vec<Statement<'static>>>,
+    hooks: [&'static str; 2],
+    field: &'static str,
+) {
+    batch.add(chain_object(chain));
+    for statements in allowed {
+        batch.add(rule(chain.to_string(), statements));
+    }
+    batch.add(rule(chain.to_string(), vec![Statement::Reject(None)]));
+    let new = || {
+        Statement::Match(Match {
+            left: ct("state"),
+            right: string("new"),
+            op: Operator::IN,
+        })
+    };
+    for (family, v6) in [("ip", false), ("ip6", true)] {
+        let addrs: Vec<String> = iface
+            .addrs
+            .iter()
+            .filter(|a| a.is_ipv6() == v6)
+            .map(|a| a.to_string())
+            .collect();
+        if addrs.is_empty() {
+            continue;
+        }
+        for hook in hooks {
             batch.add(rule(
-                chain.clone(),
-                vec![
-                    eq(payload("icmp", "type"), string("echo-request")),
-                    accept(),
-                ],
+                hook,
+                vec![eq(payload(family, field), set(&addrs)), new(), jump(chain)],
             ));
-            batch.add(rule(
-                chain.clone(),
-                vec![
-                    eq(payload("icmpv6", "type"), string("echo-request")),
-                    accept(),
-                ],
-            ));
-            for r in &iface.policy.ingress {
-                batch.add(rule(chain.clone(), listen_match(r)));
-            }
-            batch.add(rule(chain.clone(), vec![Statement::Reject(None)]));
-            for hook in [FORWARD, LOCAL_OUT] {
-                for dest in by_family("daddr") {
-                    batch.add(rule(hook, vec![dest, new(), jump(&chain)]));
-                }
-            }
         }
     }
 }
@@ -510,7 +491,7 @@ fn ports_match(ports: Ports) -> Statement<'static> {
 
 /// `ip daddr NET [meta l4proto P th dport PORTS] accept`.
 fn connect_match(r: &ConnectRule) -> Vec<Statement<'static>> {
-    let family = if r.net.addr().is_ipv4() { "ip" } else { "ip6" };
+    let family = ip_family(r.net.addr());
     let mut out = vec![eq(payload(family, "daddr"), prefix(r.net))];
     match (r.ports, r.protocol) {
         (None, None) => {}
@@ -546,6 +527,11 @@ fn jump(chain: &str) -> Statement<'static> {
 
 fn loopback4() -> Ipv4Net {
     Ipv4Net::new(Ipv4Addr::LOCALHOST, 8).expect("8 is a valid prefix length")
+}
+
+/// The payload protocol of an address: "ip" or "ip6".
+fn ip_family(addr: IpAddr) -> &'static str {
+    if addr.is_ipv4() { "ip" } else { "ip6" }
 }
 
 fn family_name(addr: IpAddr) -> &'static str {
