@@ -373,25 +373,15 @@ impl Daemon {
     /// forwarding, as when it turned forwarding on in the first place.
     pub fn restore_forwarding(&mut self) {
         let (needs4, needs6) = self.forwarding_needs();
-        for (needed, ipv6) in [(needs4, false), (needs6, true)] {
-            if !needed || sysctl::forwarding_on(ipv6) {
-                continue;
+        match self.turn_forwarding_on(needs4, needs6) {
+            Ok(turned) => {
+                for family in turned {
+                    warn!(
+                        "{family} forwarding was turned off behind linnet's back: turned it on again (its networks need it)"
+                    );
+                }
             }
-            let family = if ipv6 { "IPv6" } else { "IPv4" };
-            warn!(
-                "{family} forwarding was turned off behind linnet's back: turning it on again (its networks need it)"
-            );
-            let done = if ipv6 {
-                sysctl::enable_ipv6_forwarding().map(|again| match &mut self.forwarding6 {
-                    Some(changed) => changed.merge(again),
-                    None => self.forwarding6 = Some(again),
-                })
-            } else {
-                sysctl::enable_ipv4_forwarding().map(|was_off| self.enabled_forwarding |= was_off)
-            };
-            if let Err(e) = done {
-                warn!("cannot turn {family} forwarding on: {e}");
-            }
+            Err(e) => warn!("{e}"),
         }
     }
 

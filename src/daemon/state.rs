@@ -224,12 +224,15 @@ impl Daemon {
             .filter(|n| n.persistent)
             .map(|n| n.name.clone())
             .collect();
+        if persistent.is_empty() {
+            // Takes out DOCKER-USER rules a previous daemon left (a network
+            // coming up does it too).
+            self.refresh_uplinks().await;
+            self.check_host();
+        }
         for name in persistent {
             self.ensure_network(&name).await?;
         }
-        // Also takes out DOCKER-USER rules a previous daemon left.
-        self.refresh_uplinks().await;
-        self.check_host();
         Ok(())
     }
 
@@ -757,16 +760,7 @@ impl Daemon {
     pub(super) fn sync_host(&mut self) -> Result<(), DaemonError> {
         let rules = self.firewall_networks();
         let (needs4, needs6) = forwarding_needs(&rules);
-        if needs4 && !self.enabled_forwarding {
-            self.enabled_forwarding = sysctl::enable_ipv4_forwarding().map_err(|e| {
-                DaemonError::Internal(format!("cannot enable IPv4 forwarding: {e}"))
-            })?;
-        }
-        if needs6 && self.forwarding6.is_none() {
-            self.forwarding6 = Some(sysctl::enable_ipv6_forwarding().map_err(|e| {
-                DaemonError::Internal(format!("cannot enable IPv6 forwarding: {e}"))
-            })?);
-        }
+        self.turn_forwarding_on(needs4, needs6)?;
         firewall::apply(&mut self.nft, &rules)?;
         if !needs4 && self.enabled_forwarding {
             if let Err(e) = sysctl::disable_ipv4_forwarding() {
@@ -781,6 +775,34 @@ impl Daemon {
             warn!("cannot restore IPv6 forwarding to off: {e}");
         }
         Ok(())
+    }
+
+    /// Turns on the forwarding the networks need where it is off now, and
+    /// records what that changed, to be put back when no network needs it.
+    /// Returns the families it turned on.
+    pub(super) fn turn_forwarding_on(
+        &mut self,
+        needs4: bool,
+        needs6: bool,
+    ) -> Result<Vec<&'static str>, DaemonError> {
+        let failed = |family: &str, e: std::io::Error| {
+            DaemonError::Internal(format!("cannot enable {family} forwarding: {e}"))
+        };
+        let mut turned = Vec::new();
+        if needs4 && !sysctl::forwarding_on(false) {
+            sysctl::enable_ipv4_forwarding().map_err(|e| failed("IPv4", e))?;
+            self.enabled_forwarding = true;
+            turned.push("IPv4");
+        }
+        if needs6 && !sysctl::forwarding_on(true) {
+            let changed = sysctl::enable_ipv6_forwarding().map_err(|e| failed("IPv6", e))?;
+            match &mut self.forwarding6 {
+                Some(before) => before.merge(changed),
+                None => self.forwarding6 = Some(changed),
+            }
+            turned.push("IPv6");
+        }
+        Ok(turned)
     }
 }
 
