@@ -50,7 +50,7 @@ pub struct HostView {
     pub uplinks: Uplinks,
     /// Per network: its flows' checks.
     pub checks: BTreeMap<String, Vec<FlowCheck>>,
-    /// Networks whose rules are in DOCKER-USER.
+    /// Networks whose rules are in DOCKER-USER (as last read).
     pub docker_rules: BTreeSet<String>,
     pub docker_chain: Vec<&'static str>,
     pub firewalls: Vec<String>,
@@ -185,6 +185,7 @@ impl Daemon {
         }
         self.host.checks = checks;
         self.host.docker_chain = docker_user::present(&rs);
+        self.host.docker_rules = docker_user::tagged(&rs);
         self.host.firewalls = firewalls(&rs, &legacy);
         self.host.errors = errors;
     }
@@ -322,17 +323,14 @@ impl Daemon {
     /// (none when `firewall.docker_user` is off). Returns whether it changed
     /// anything.
     fn sync_docker_user(&mut self, rs: &Ruleset) -> bool {
-        let bridges: Vec<(String, String)> = if self.config.firewall.docker_user {
-            self.networks
-                .values()
-                .map(|n| (n.config.name.clone(), n.bridge.clone()))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let wanted: Vec<docker_user::Wanted> = bridges
-            .iter()
-            .map(|(network, bridge)| docker_user::Wanted { network, bridge })
+        let wanted: Vec<docker_user::Wanted> = self
+            .networks
+            .values()
+            .filter(|_| self.config.firewall.docker_user)
+            .map(|n| docker_user::Wanted {
+                network: &n.config.name,
+                bridge: &n.bridge,
+            })
             .collect();
         match docker_user::sync(&mut self.nft, rs, &wanted) {
             Ok(changes) => {
@@ -342,11 +340,6 @@ impl Daemon {
                 for (family, network) in &changes.removed {
                     info!(network = %network, family = %family, "removed linnet's rules from DOCKER-USER");
                 }
-                self.host.docker_rules = if docker_user::present(rs).is_empty() {
-                    BTreeSet::new()
-                } else {
-                    bridges.into_iter().map(|(n, _)| n).collect()
-                };
                 !changes.added.is_empty() || !changes.removed.is_empty()
             }
             Err(e) => {

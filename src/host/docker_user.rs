@@ -10,6 +10,8 @@
 //! iptables-nft reads back (`iptables -S DOCKER-USER` lists them), so Docker
 //! keeps managing its chain.
 
+use std::collections::BTreeSet;
+
 use serde_json::{Value, json};
 
 use super::nft::{Nft, NftError};
@@ -40,6 +42,26 @@ pub fn present(rs: &Ruleset) -> Vec<&'static str> {
         .into_iter()
         .filter(|f| rs.chain(f, TABLE, CHAIN).is_some())
         .collect()
+}
+
+/// The networks whose rules are in DOCKER-USER, in every family that has
+/// the chain.
+pub fn tagged(rs: &Ruleset) -> BTreeSet<String> {
+    let families = present(rs);
+    let mut out: Option<BTreeSet<String>> = None;
+    for family in families {
+        let here: BTreeSet<String> = rs
+            .rules(family, TABLE, CHAIN)
+            .iter()
+            .filter_map(|r| r.comment.as_deref()?.strip_prefix(TAG))
+            .map(str::to_owned)
+            .collect();
+        out = Some(match out {
+            Some(before) => before.intersection(&here).cloned().collect(),
+            None => here,
+        });
+    }
+    out.unwrap_or_default()
 }
 
 /// Makes DOCKER-USER hold exactly the rules of `wanted` networks (none:
@@ -113,6 +135,20 @@ fn delete(family: &str, handle: u64) -> Value {
 mod tests {
     use super::*;
     use crate::host::ruleset::recorded;
+
+    #[test]
+    fn tagged_networks_are_read_back() {
+        let mut json: Value = serde_json::from_str(&recorded("docker")).unwrap();
+        assert!(tagged(&Ruleset::parse(&json.to_string()).unwrap()).is_empty());
+        json["nftables"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"rule": {
+            "family": "ip", "table": TABLE, "chain": CHAIN, "handle": 99,
+            "comment": "linnet network shared", "expr": [{"accept": null}]}}));
+        let rs = Ruleset::parse(&json.to_string()).unwrap();
+        assert_eq!(tagged(&rs), BTreeSet::from(["shared".to_string()]));
+    }
 
     #[test]
     fn finds_the_chain_in_dockers_ruleset_only() {
