@@ -301,6 +301,10 @@ pub struct InterfaceStatus {
     /// Frames from the VM that anti-spoofing dropped (None: not guarded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spoofed_drops: Option<u64>,
+    /// Why its TAP is off the network (its VMM misbehaved); it stays so
+    /// until detached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_off: Option<String>,
 }
 
 /// `linnet doctor`: the namespace as linnet sees it.

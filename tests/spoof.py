@@ -16,8 +16,15 @@ Kinds: honest, other-mac, other-ip, garp-gateway, arp-reply-other,
 other-ip6, na-gateway, ra, dhcp-offer, dhcp-offer-port (from another source
 port), dhcp-other-mac (a DISCOVER for someone else's MAC), frag-ra (an
 IPv6 first fragment without its ICMPv6 header, RFC 7113), vlan (a tagged
-frame hiding another source address), ll-other-mac (to the 802.1 link-local
-group, which the bridge does not forward but could learn from). Checksums
+frame hiding another source address), qinq (an 802.1ad tag), ll-other-mac
+(to the 802.1 link-local group, which the bridge does not forward but could
+learn from), arp-probe-other (an address probe for someone else's IPv4,
+which would make it decline its lease), arp-probe-own (one for its own,
+which passes), frag6-short (an IPv6 first fragment from its own global
+address, its transport header left for a later fragment; to other_mac),
+dhcp-frag (the first fragment of a DHCP request from its own address whose
+chaddr would come in the second; sent with the second, which carries
+chaddr=CHADDR). Checksums
 are right, so a frame that got through would be acted upon (neighbour
 caches, SLAAC, DHCP clients).
 """
@@ -64,7 +71,12 @@ def nd_option(marker):
 
 
 # ARP frames carry one of these as target MAC instead of a marker.
-ARP_TAGS = {"garp-gateway": b"LNgarp", "arp-reply-other": b"LNarpr"}
+ARP_TAGS = {
+    "garp-gateway": b"LNgarp",
+    "arp-reply-other": b"LNarpr",
+    "arp-probe-other": b"LNprbo",
+    "arp-probe-own": b"LNprbs",
+}
 
 
 def ipv4_udp(src, dst, sport, dport, data):
@@ -142,16 +154,47 @@ def frame(kind, k):
     if kind == "vlan":
         inner = ipv4_udp(v4(k["other_ip"]), everyone, 9999, 9999, marker)
         return BROADCAST + own_mac + struct.pack("!HHH", 0x8100, 5, 0x0800) + inner
+    if kind == "qinq":
+        inner = ipv4_udp(own_ip, everyone, 9999, 9999, marker)
+        return BROADCAST + own_mac + struct.pack("!HHH", 0x88A8, 5, 0x0800) + inner
+    if kind in ("arp-probe-other", "arp-probe-own"):
+        target = v4(k["other_ip"] if kind == "arp-probe-other" else k["ip"])
+        return ether(BROADCAST, own_mac, 0x0806, arp(1, own_mac, v4("0.0.0.0"), ARP_TAGS[kind], target))
+    if kind == "frag6-short":
+        # Destination options before the fragment header (they are in every
+        # fragment) carry the marker; the UDP header is not in this one.
+        pad = marker + b"\0" * (-(len(marker) + 4) % 8)
+        dstopts = struct.pack("!BBBB", 44, (len(pad) + 4) // 8 - 1, 1, len(pad)) + pad
+        frag = struct.pack("!BBHI", 17, 0, 0x0001, 0x4C4F)
+        payload = dstopts + frag
+        ip6 = struct.pack("!IHBB16s16s", 0x60000000, len(payload), 60, 64, v6(k["ip6"]), v6(k["other_ip6"]))
+        return ether(mac(k["other_mac"]), own_mac, 0x86DD, ip6 + payload)
     if kind == "ll-other-mac":
         lldp = struct.pack("!HH", 0x0207, 0) + marker
         return ether(bytes.fromhex("0180c200000e"), mac(k["other_mac"]), 0x88CC, lldp)
     sys.exit(f"unknown kind {kind}")
 
 
+def dhcp_fragments(k):
+    """A DHCPDISCOVER for k["chaddr"] from the sender's own address, cut
+    after 24 bytes of BOOTP (chaddr is at 28): two IPv4 fragments."""
+    discover = bootp(1, mac(k["chaddr"]), b"\0" * 4, b"LINNET-dhcp-frag", bytes([53, 1, 1, 255]))
+    udp = struct.pack("!HHHH", 68, 67, 8 + len(discover), 0) + discover
+    own_mac, src, dst = mac(k["mac"]), v4(k["ip"]), v4("255.255.255.255")
+    frames = []
+    for offset, piece, more in ((0, udp[:32], 0x2000), (32, udp[32:], 0)):
+        header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(piece), 0x4C4E, more | (offset // 8), 64, 17, 0, src, dst)
+        header = header[:10] + struct.pack("!H", checksum(header)) + header[12:]
+        frames.append(ether(BROADCAST, own_mac, 0x0800, header + piece))
+    return frames
+
+
 def send(iface, kind, keys):
     s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
     s.bind((iface, 0))
-    s.send(frame(kind, keys))
+    frames = dhcp_fragments(keys) if kind == "dhcp-frag" else [frame(kind, keys)]
+    for f in frames:
+        s.send(f)
 
 
 def capture(iface, seconds):

@@ -116,6 +116,13 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
     } else {
         print_table(&rows);
     }
+    for i in interfaces.iter().filter(|i| i.cut_off.is_some()) {
+        let why = i.cut_off.as_deref().unwrap_or_default();
+        println!(
+            "cut off: interface {} (TAP {}): {why}",
+            i.interface_id, i.tap
+        );
+    }
     Ok(())
 }
 

@@ -209,6 +209,14 @@ impl LeaseTable {
         Ok(lease)
     }
 
+    /// Whether `mac` is an attached interface's (or has a static lease).
+    pub fn is_attached_mac(&self, mac: MacAddr) -> bool {
+        self.static_for(None, Some(mac)).is_some()
+            || self.leases.values().any(|l| {
+                l.mac == mac && l.held_until.is_none() && matches!(l.owner, Owner::Interface { .. })
+            })
+    }
+
     /// Whether a static lease names interface `id` or `mac`.
     pub fn has_static(&self, id: InterfaceId, mac: Option<MacAddr>) -> bool {
         self.static_for(Some(id), mac).is_some()

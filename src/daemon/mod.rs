@@ -4,7 +4,7 @@
 //! `Daemon` for their concern (published ports, connect/listen policies,
 //! anti-spoofing, other firewalls and uplinks). `server` speaks the socket
 //! protocol and watches clients; `watch` notices when the host changes
-//! under linnet.
+//! under linnet, `tap_watch` when a VMM changes its TAP's MAC.
 
 mod coexist;
 mod forwards;
@@ -14,6 +14,7 @@ mod network;
 mod policies;
 mod server;
 mod state;
+mod tap_watch;
 mod watch;
 
 pub use server::{Options, run};

@@ -55,9 +55,19 @@ impl ActiveNetwork {
         check_overlap(cfg, netlink, adopted).await?;
         let index = match adopted {
             Some(index) => index,
-            None => netlink.create_bridge(&bridge, cfg.mtu).await?,
+            None => {
+                netlink
+                    .create_bridge(&bridge, cfg.mtu, host::bridge_mac(&cfg.name))
+                    .await?
+            }
         };
         let result = async {
+            if adopted.is_some() {
+                // One made before bridges' MACs were pinned.
+                netlink
+                    .set_address(index, host::bridge_mac(&cfg.name))
+                    .await?;
+            }
             let gateway =
                 Ipv4Net::new(cfg.gateway, cfg.subnet.prefix_len()).expect("validated prefix");
             netlink

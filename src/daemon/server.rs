@@ -76,6 +76,8 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         }
     });
     let watch = super::watch::spawn(daemon.clone());
+    let tap_addresses = daemon.lock().await.tap_addresses.clone();
+    let tap_watch = super::tap_watch::spawn(daemon.clone(), tap_addresses);
     let mut idle_since = tokio::time::Instant::now();
 
     loop {
@@ -119,6 +121,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     }
     drop_reports.abort();
     watch.abort();
+    tap_watch.abort();
     daemon.lock().await.shutdown().await;
     let _ = std::fs::remove_file(&socket_path);
     info!("stopped; nothing left behind");

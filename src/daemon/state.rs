@@ -16,6 +16,7 @@ use super::guarding::port_guard;
 use super::leases::LeaseError;
 use super::network::{ActiveNetwork, dns_servers};
 use super::policies::{check_policy_possible, no_address_for_policy};
+use super::tap_watch::TapAddresses;
 use crate::addr6;
 use crate::api::{
     AttachRequest, ErrorKind, InterfaceInfo, InterfaceRef, InterfaceStatus, NetworkStatus, Response,
@@ -117,6 +118,8 @@ pub(super) struct Interface {
     pub(super) name: Option<String>,
     pub(super) tap: String,
     tap_index: u32,
+    /// Why its TAP was taken off the network, if it was.
+    cut_off: Option<String>,
     client: u64,
     pid: Option<i32>,
     pub(super) uid: u32,
@@ -155,6 +158,8 @@ pub struct Daemon {
     pub(super) forwarding6: Option<sysctl::Ipv6Forwarding>,
     /// The other firewalls and the routes, as last looked at.
     pub(super) host: HostView,
+    /// Each TAP's MAC at attach, which `tap_watch` compares with.
+    pub(super) tap_addresses: TapAddresses,
 }
 
 impl Daemon {
@@ -173,6 +178,7 @@ impl Daemon {
             enabled_forwarding: false,
             forwarding6: None,
             host: HostView::default(),
+            tap_addresses: TapAddresses::default(),
         }
     }
 
@@ -426,14 +432,10 @@ impl Daemon {
             if let Err(e) = sysctl::set_link("ipv6", &tap_name, "disable_ipv6", "1") {
                 debug!(tap = %tap_name, "IPv6 stays on: {e}");
             }
-            let index = self
-                .netlink
-                .link(&tap_name)
-                .await?
-                .ok_or_else(|| {
-                    DaemonError::Internal(format!("TAP {tap_name} vanished after creation"))
-                })?
-                .index;
+            let link = self.netlink.link(&tap_name).await?.ok_or_else(|| {
+                DaemonError::Internal(format!("TAP {tap_name} vanished after creation"))
+            })?;
+            let (index, tap_mac) = (link.index, link.address);
             // Guarded before it joins the bridge and before the VM has its fd.
             if guarded {
                 if !*guard_ready {
@@ -450,6 +452,10 @@ impl Daemon {
                 up: true,
             };
             self.netlink.configure(index, settings).await?;
+            // Recorded before the VMM has the fd, so any change is its.
+            if let Some(mac) = tap_mac {
+                self.tap_addresses.record(index, mac);
+            }
             Ok::<_, DaemonError>((fd, index))
         }
         .await;
@@ -488,6 +494,7 @@ impl Daemon {
                 name: req.name.clone(),
                 tap: tap_name,
                 tap_index,
+                cut_off: None,
                 client: client.id,
                 pid: client.pid,
                 uid: client.uid,
@@ -499,6 +506,26 @@ impl Daemon {
             },
         );
         Ok((info, fd))
+    }
+
+    /// A VMM changed its TAP's MAC (`tap_watch`): the TAP leaves its bridge
+    /// and goes down, which also removes the bridge entry the new MAC made.
+    pub async fn tap_address_changed(&mut self, index: u32, was: MacAddr, now: MacAddr) {
+        let Some((id, iface)) = self
+            .interfaces
+            .iter_mut()
+            .find(|(_, i)| i.tap_index == index)
+        else {
+            return;
+        };
+        warn!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?iface.pid, uid = iface.uid, %was, %now,
+            "the VMM changed its TAP's MAC, which could take another VM's traffic: the TAP is off the network until detached");
+        iface.cut_off = Some(format!(
+            "its VMM changed the TAP's MAC from {was} to {now}; off the network until detached"
+        ));
+        if let Err(e) = self.netlink.cut_off(index).await {
+            warn!(tap = %iface.tap, "cannot take the TAP off its bridge: {e}");
+        }
     }
 
     /// Records what a client's relay moved for one of its interfaces.
@@ -570,6 +597,9 @@ impl Daemon {
             warn!("removing published ports of detached interfaces failed: {e}");
         }
         let taps: Vec<u32> = gone.iter().map(|(_, i)| i.tap_index).collect();
+        for &index in &taps {
+            self.tap_addresses.forget(index);
+        }
         let deleted = self.netlink.delete_links(&taps).await;
         let guarded: Vec<PortGuard> = gone.iter().filter_map(|(_, i)| self.guard_of(i)).collect();
         // A TAP that could not be deleted keeps its guard: its client may
@@ -670,6 +700,7 @@ impl Daemon {
                     } else {
                         None
                     },
+                    cut_off: i.cut_off.clone(),
                 }
             })
             .collect();

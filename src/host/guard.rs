@@ -66,24 +66,26 @@ table bridge linnet {
         update @drops { meta iifname } drop
     }
 
-    # Its own MAC and IPv4 as sender; 0.0.0.0 for address probes (RFC 5227).
+    # Its own MAC and IPv4 as sender; 0.0.0.0 for address probes (RFC
+    # 5227) of its own address only: a probe for another's address, while
+    # that one checks it, would make it decline its lease.
     chain from_arp {
         meta iifname . arp saddr ether != @macs update @drops { meta iifname } drop
-        arp saddr ip 0.0.0.0 accept
         meta iifname . arp saddr ip @ipv4 accept
         meta iifname . arp saddr ip @ipv4ranges accept
+        arp saddr ip 0.0.0.0 meta iifname . arp daddr ip @ipv4 accept
+        arp saddr ip 0.0.0.0 meta iifname . arp daddr ip @ipv4ranges accept
         update @drops { meta iifname } drop
     }
 
     # Never a DHCP server (whatever the source port: clients look at the
     # destination), unless its network leaves DHCP to the VMs (linnet's is
-    # off there); DHCP requests only for its own MAC, so it can neither
-    # drain the pool nor take another's lease; its own address, or 0.0.0.0
-    # as a DHCP client.
+    # off there); DHCP requests only for its own MAC; its own address, or
+    # 0.0.0.0 as a DHCP client.
     chain from_ip {
         udp sport 67 iifname != @dhcp_servers update @drops { meta iifname } drop
         udp dport 68 iifname != @dhcp_servers update @drops { meta iifname } drop
-        udp dport 67 meta iifname . @th,288,48 != @chaddr update @drops { meta iifname } drop
+        udp dport 67 jump dhcp_request
         meta iifname . ip saddr @ipv4 accept
         meta iifname . ip saddr @ipv4ranges accept
         ip saddr 0.0.0.0 udp sport 68 udp dport 67 accept
@@ -96,7 +98,17 @@ table bridge linnet {
     # DHCPv6 server; neighbour advertisements only for its own addresses;
     # its own addresses, or :: for duplicate address detection of them and
     # the multicast listener reports that go with it.
+    # A DHCP request only for its own MAC, so it can neither drain the pool
+    # nor take another's lease: a request whose chaddr is not there to read
+    # (cut short, or a first fragment whose rest would carry it) is dropped.
+    chain dhcp_request {
+        ip frag-off & 0x2000 != 0 update @drops { meta iifname } drop
+        meta iifname . @th,288,48 @chaddr return
+        update @drops { meta iifname } drop
+    }
+
     chain from_ip6 {
+        frag frag-off 0 jump first_fragment6
         exthdr frag exists ip6 saddr fe80::/10 update @drops { meta iifname } drop
         exthdr frag exists ip6 daddr ff02::/16 update @drops { meta iifname } drop
         icmpv6 type { nd-router-advert, nd-redirect } update @drops { meta iifname } drop
@@ -109,11 +121,38 @@ table bridge linnet {
         update @drops { meta iifname } drop
     }
 
+    # A first fragment carries the whole header chain and its transport
+    # header (RFC 7112), or the rules above would judge it by what is not
+    # there: 20 bytes of TCP, 8 of UDP or ICMPv6, and never a neighbour
+    # discovery message (RFC 6980); other protocols are not fragmented.
+    chain first_fragment6 {
+        meta l4proto tcp @th,152,8 & 0 == 0 return
+        meta l4proto udp @th,56,8 & 0 == 0 return
+        icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect } update @drops { meta iifname } drop
+        meta l4proto ipv6-icmp @th,56,8 & 0 == 0 return
+        update @drops { meta iifname } drop
+    }
+
     # Frames between two ports of an isolated network (their VMs); frames
     # to and from the host pass.
     chain forward {
         type filter hook forward priority filter; policy accept;
         iifname @isolated oifname @isolated drop
+        oifname @guarded jump to_port
+    }
+
+    chain output {
+        type filter hook output priority filter; policy accept;
+        oifname @guarded jump to_port
+    }
+
+    # Unicast leaves through a guarded port only for its VM's own MAC:
+    # never another VM's frames, whatever the bridge's table says (a VMM
+    # that gave its TAP another VM's MAC, in the moment before linnet takes
+    # that TAP off; unknown unicast, which the bridge floods to every port).
+    chain to_port {
+        ether daddr & 01:00:00:00:00:00 != 00:00:00:00:00:00 return
+        meta oifname . ether daddr != @macs drop
     }
 }
 "#;
@@ -387,7 +426,7 @@ mod tests {
     #[test]
     fn the_ruleset_counts_every_drop_and_names_every_set_it_uses() {
         for line in RULESET.lines().map(str::trim) {
-            if line.ends_with(" drop") && !line.contains("oifname @isolated") {
+            if line.ends_with(" drop") && !line.contains("oifname") {
                 assert!(
                     line.contains("update @drops { meta iifname } drop"),
                     "{line}"

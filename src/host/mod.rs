@@ -14,7 +14,7 @@ pub mod ruleset;
 pub mod sysctl;
 pub mod tap;
 
-use crate::types::{InterfaceId, stable_hash};
+use crate::types::{InterfaceId, MacAddr, stable_hash};
 
 /// Bridges are `ln-<network>` (network names are at most 12 bytes).
 pub const BRIDGE_PREFIX: &str = "ln-";
@@ -30,6 +30,13 @@ pub const TUN_DEVICE: &str = "/dev/net/tun";
 
 pub fn bridge_name(network: &str) -> String {
     format!("{BRIDGE_PREFIX}{network}")
+}
+
+/// The bridge's own MAC, which is the gateway's: stable per network name
+/// (guests' neighbour caches survive a restart) and set explicitly, so the
+/// bridge never takes a port's.
+pub fn bridge_mac(network: &str) -> MacAddr {
+    MacAddr::derived(format!("linnet bridge {network}").as_bytes())
 }
 
 pub fn tap_name(id: &InterfaceId) -> String {

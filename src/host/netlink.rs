@@ -17,6 +17,8 @@ use rtnetlink::{Handle, LinkBridge, LinkUnspec, RouteMessageBuilder};
 use thiserror::Error;
 use tracing::warn;
 
+use crate::types::MacAddr;
+
 #[derive(Debug, Error)]
 #[error("{what}: {source}")]
 pub struct NetlinkError {
@@ -40,6 +42,8 @@ pub struct Link {
     pub kind: LinkKind,
     pub alias: Option<String>,
     pub master: Option<u32>,
+    /// Its MAC (IFLA_ADDRESS), for an Ethernet-like link.
+    pub address: Option<MacAddr>,
     pub rx_bytes: u64,
     pub tx_bytes: u64,
 }
@@ -109,14 +113,23 @@ impl Netlink {
         }
     }
 
-    /// Creates a bridge (down), returning its index.
-    pub async fn create_bridge(&self, name: &str, mtu: u32) -> Result<u32, NetlinkError> {
+    /// Creates a bridge (down) with the MAC `mac`, returning its index.
+    pub async fn create_bridge(
+        &self,
+        name: &str,
+        mtu: u32,
+        mac: MacAddr,
+    ) -> Result<u32, NetlinkError> {
         // Frames to 01:80:c2:00:00:0x skip the bridge's prerouting hook (and
         // so the guard) but would still teach it their source MAC: a VM
         // could move another's MAC to its own port. Learn nothing from them.
+        // A bridge whose MAC was never set takes the lowest of its ports':
+        // a VMM that sets its TAP's MAC (its fd allows that) would move the
+        // gateway's MAC under every VM. Set, it stays.
         let msg = LinkBridge::new(name)
             .down()
             .mtu(mtu)
+            .address(mac.0.to_vec())
             .set_boolean_opt(BridgeBooleanOptionFlags::NoLinkLocalLearn, true)
             // Bridged IPv4/IPv6 also passes the inet hooks (when the
             // br_netfilter module is there), whatever the namespace's
@@ -165,6 +178,34 @@ impl Netlink {
             .execute()
             .await
             .map_err(op(format!("configure link {index}")))
+    }
+
+    /// Takes a link off its bridge and down, for good: what a TAP whose VMM
+    /// misbehaved gets. Its owner cannot undo either without CAP_NET_ADMIN.
+    pub async fn cut_off(&self, index: u32) -> Result<(), NetlinkError> {
+        let msg = LinkUnspec::new_with_index(index)
+            .nocontroller()
+            .down()
+            .build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(op(format!("take link {index} off its bridge")))
+    }
+
+    /// Sets a link's MAC.
+    pub async fn set_address(&self, index: u32, mac: MacAddr) -> Result<(), NetlinkError> {
+        let msg = LinkUnspec::new_with_index(index)
+            .address(mac.0.to_vec())
+            .build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(op(format!("set the MAC of link {index}")))
     }
 
     /// Adds an address (IPv4 or IPv6); one already there is fine. IPv6
@@ -435,6 +476,7 @@ fn parse_link(msg: LinkMessage) -> Link {
         kind: LinkKind::Other,
         alias: None,
         master: None,
+        address: None,
         rx_bytes: 0,
         tx_bytes: 0,
     };
@@ -444,6 +486,7 @@ fn parse_link(msg: LinkMessage) -> Link {
             LinkAttribute::Group(g) => link.group = g,
             LinkAttribute::IfAlias(a) => link.alias = Some(a),
             LinkAttribute::Controller(m) => link.master = Some(m),
+            LinkAttribute::Address(a) => link.address = <[u8; 6]>::try_from(a).ok().map(MacAddr),
             LinkAttribute::Stats64(s) => (link.rx_bytes, link.tx_bytes) = (s.rx_bytes, s.tx_bytes),
             LinkAttribute::LinkInfo(infos) => {
                 for info in infos {

@@ -109,6 +109,14 @@ pub fn respond(
         return None;
     }
     let mac = MacAddr(req.chaddr()[..6].try_into().ok()?);
+    // With anti-spoofing each VM can only ask for its own MAC, so a MAC
+    // that is no attached interface's is someone draining the pool (the
+    // guard stops that on the wire; this holds whatever reaches us): one
+    // lease per interface.
+    if net.anti_spoofing && !leases.is_attached_mac(mac) {
+        debug!(network = %net.name, %mac, "DHCP from a MAC that is no attached interface's: ignored");
+        return None;
+    }
     let requested = match req.opts().get(OptionCode::RequestedIpAddress) {
         Some(DhcpOption::RequestedIpAddress(ip)) => Some(*ip),
         _ => None,
@@ -336,8 +344,9 @@ mod tests {
     }
 
     #[test]
-    fn renewal_is_unicast_and_unknown_mac_gets_dynamic_lease() {
-        let (net, mut leases) = setup();
+    fn without_anti_spoofing_an_unknown_mac_gets_a_dynamic_lease_renewed_by_unicast() {
+        let (mut net, mut leases) = setup();
+        net.anti_spoofing = false;
         let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
         let offer = respond(
             &net,
@@ -359,11 +368,45 @@ mod tests {
     }
 
     #[test]
+    fn with_anti_spoofing_a_mac_that_is_no_interfaces_gets_nothing() {
+        let (net, mut leases) = setup();
+        assert!(net.anti_spoofing, "the default");
+        for n in 0..50u8 {
+            let made_up: MacAddr = MacAddr([0x52, 0x54, 0, 0, 9, n]);
+            let discover = client(MessageType::Discover, made_up, None);
+            assert!(respond(&net, &mut leases, &discover, 0).is_none());
+            let request = client(
+                MessageType::Request,
+                made_up,
+                Some(Ipv4Addr::new(192, 168, 105, 9)),
+            );
+            assert!(respond(&net, &mut leases, &request, 0).is_none());
+        }
+        assert_eq!(leases.leases().count(), 0, "the pool is not drained");
+        let id = InterfaceId::from_bytes([7; 16]);
+        let lease = leases.attach(id, None, None, 0).unwrap();
+        let offer = respond(
+            &net,
+            &mut leases,
+            &client(MessageType::Discover, lease.mac, None),
+            0,
+        );
+        assert_eq!(
+            offer.unwrap().yiaddr(),
+            lease.ip,
+            "an attached interface is served"
+        );
+    }
+
+    #[test]
     fn host_network_gives_no_router() {
         let cfg = Config::builtin();
         let net = cfg.network("host").unwrap().clone();
         let mut leases = LeaseTable::new(&net);
-        let mac: MacAddr = "52:54:00:00:00:01".parse().unwrap();
+        let mac = leases
+            .attach(InterfaceId::from_bytes([1; 16]), None, None, 0)
+            .unwrap()
+            .mac;
         let offer = respond(
             &net,
             &mut leases,

@@ -12,7 +12,7 @@ use crate::harness::*;
 
 /// Every kind tests/spoof.py sends that anti-spoofing must stop (and
 /// count).
-const SPOOFS: [&str; 12] = [
+const SPOOFS: [&str; 15] = [
     "other-mac",
     "other-ip",
     "garp-gateway",
@@ -25,6 +25,9 @@ const SPOOFS: [&str; 12] = [
     "dhcp-other-mac",
     "frag-ra",
     "vlan",
+    "qinq",
+    "arp-probe-other",
+    "frag6-short",
 ];
 
 fn ready(world: &World, extra: &[&str]) -> Guest {
@@ -74,6 +77,7 @@ fn send_and_capture(attacker: &Guest, victim: &Guest, kinds: &[&str]) -> Vec<Str
     let keys = [
         format!("mac={}", attacker.mac()),
         format!("ip={}", attacker.ip()),
+        format!("ip6={}", attacker.ipv6()),
         format!("ll={}", link_local(attacker)),
         format!("gw={}", attacker.gateway()),
         format!("gw6={}", attacker.gateway6()),
@@ -116,13 +120,16 @@ fn spoofed_frames_are_dropped_and_counted_while_honest_ones_pass() {
     // The link-local frame never reaches another port nor the guard: the
     // bridge hands it to the TAP's own stack. What matters is that the
     // bridge does not learn the victim's MAC from it (checked below).
-    let mut kinds = vec!["honest", "ll-other-mac"];
+    let mut kinds = vec!["honest", "arp-probe-own", "ll-other-mac"];
     kinds.extend(SPOOFS);
     let seen = send_and_capture(&attacker, &victim, &kinds);
     assert_eq!(
         seen,
-        vec!["LINNET-honest".to_string()],
-        "only the honest frame crosses the bridge"
+        vec![
+            "LINNET-arp-probe-own".to_string(),
+            "LINNET-honest".to_string()
+        ],
+        "only the honest frames cross the bridge"
     );
     assert_eq!(
         spoofed_drops(&world, &attacker),
@@ -372,4 +379,42 @@ fn interface_limits_per_network_and_per_uid_are_enforced() {
         "{err}"
     );
     let _ = nobody.kill();
+}
+
+#[test]
+fn fragmented_dhcp_requests_for_made_up_macs_drain_nothing() {
+    let mut world = World::new();
+    world.start_daemon();
+    let attacker = ready(&world, &[]);
+    let script = repo_file("tests/spoof.py");
+    let made_up: Vec<String> = (0..20).map(|n| format!("52:54:00:aa:00:{n:02x}")).collect();
+    for chaddr in &made_up {
+        must(&mut attacker.ns.cmd(&[
+            "python3",
+            &script,
+            "send",
+            "eth0",
+            "dhcp-frag",
+            &format!("mac={}", attacker.mac()),
+            &format!("ip={}", attacker.ip()),
+            &format!("chaddr={chaddr}"),
+        ]));
+    }
+    // Each first fragment is dropped (and counted); a second fragment alone
+    // is nothing the host can reassemble.
+    assert_eq!(spoofed_drops(&world, &attacker), Some(made_up.len() as u64));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let leases = std::fs::read_to_string(world.state_dir().join("leases/shared.json")).unwrap();
+    for chaddr in &made_up {
+        assert!(
+            !leases.contains(chaddr.as_str()),
+            "{chaddr} got a lease: {leases}"
+        );
+    }
+    assert!(
+        !world.daemon_log_text().contains("DHCPOFFER") || {
+            let log = world.daemon_log_text();
+            made_up.iter().all(|m| !log.contains(m.as_str()))
+        }
+    );
 }

@@ -9,6 +9,7 @@ mod ipv6;
 mod policy;
 mod qemu;
 mod sockets;
+mod tenant;
 
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

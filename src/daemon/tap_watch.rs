@@ -1,0 +1,108 @@
+//! Notices a VMM changing its TAP's MAC. The TAP fd linnet hands out
+//! accepts SIOCSIFHWADDR without any capability, and a bridge port's MAC
+//! becomes a permanent ("local") entry of the bridge's forwarding table:
+//! a VMM that gives its TAP a victim's MAC draws the host's frames for the
+//! victim to its own port. So each TAP's MAC at attach is recorded, and a
+//! TAP whose MAC changes is taken off its bridge and down at once (which
+//! also takes its bridge entries away); the interface stays listed, with
+//! the reason, until its client detaches. The guard's unicast rule (only
+//! frames to the VM's own MAC leave through its port) covers the moment
+//! before that.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as SyncMutex};
+
+use futures::StreamExt;
+use rtnetlink::MulticastGroup;
+use rtnetlink::packet_core::NetlinkPayload;
+use rtnetlink::packet_route::RouteNetlinkMessage;
+use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use tokio::sync::Mutex;
+use tracing::warn;
+
+use super::state::Daemon;
+use crate::types::MacAddr;
+
+/// Each attached TAP's MAC as it was at attach, by link index. Shared by
+/// the daemon (which records and forgets) and the watch (which compares),
+/// so the watch takes the daemon's lock only when something changed.
+#[derive(Clone, Default)]
+pub struct TapAddresses(Arc<SyncMutex<HashMap<u32, MacAddr>>>);
+
+impl TapAddresses {
+    pub fn record(&self, index: u32, mac: MacAddr) {
+        self.0.lock().expect("tap addresses").insert(index, mac);
+    }
+
+    pub fn forget(&self, index: u32) {
+        self.0.lock().expect("tap addresses").remove(&index);
+    }
+
+    /// The MAC recorded for `index` when `now` differs from it.
+    fn changed(&self, index: u32, now: MacAddr) -> Option<MacAddr> {
+        let known = self.0.lock().expect("tap addresses");
+        known.get(&index).copied().filter(|&was| was != now)
+    }
+}
+
+/// The index and MAC a link message carries, if it has both.
+fn link_address(msg: &LinkMessage) -> Option<(u32, MacAddr)> {
+    msg.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Address(bytes) => <[u8; 6]>::try_from(bytes.as_slice())
+            .ok()
+            .map(|b| (msg.header.index, MacAddr(b))),
+        _ => None,
+    })
+}
+
+/// Watches link notifications until the daemon stops.
+pub fn spawn(daemon: Arc<Mutex<Daemon>>, known: TapAddresses) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let (connection, _handle, mut messages) = match rtnetlink::new_multicast_connection(&[
+            MulticastGroup::Link,
+        ]) {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(
+                    "cannot watch links ({e}): a VMM that changes its TAP's MAC will not be cut off"
+                );
+                return;
+            }
+        };
+        tokio::spawn(connection);
+        while let Some((msg, _)) = messages.next().await {
+            let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = msg.payload
+            else {
+                continue;
+            };
+            let Some((index, now)) = link_address(&link) else {
+                continue;
+            };
+            if let Some(was) = known.changed(index, now) {
+                known.forget(index);
+                daemon
+                    .lock()
+                    .await
+                    .tap_address_changed(index, was, now)
+                    .await;
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_recorded_tap_whose_mac_differs_counts() {
+        let known = TapAddresses::default();
+        let mac = |b| MacAddr([2, 0, 0, 0, 0, b]);
+        known.record(7, mac(1));
+        assert_eq!(known.changed(7, mac(1)), None, "same MAC");
+        assert_eq!(known.changed(8, mac(2)), None, "not a TAP of ours");
+        assert_eq!(known.changed(7, mac(2)), Some(mac(1)));
+        known.forget(7);
+        assert_eq!(known.changed(7, mac(2)), None, "forgotten at detach");
+    }
+}
