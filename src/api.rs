@@ -2,7 +2,9 @@
 //!
 //! A unix SOCK_SEQPACKET socket: every message is one JSON object in one
 //! packet, so no framing is needed; a TAP file descriptor travels with its
-//! reply as SCM_RIGHTS. docs/api.md is the reference for other languages.
+//! reply as SCM_RIGHTS. A reply larger than one packet (the listing of a
+//! thousand interfaces) travels in a sealed memfd, announced by a small
+//! `{"large_message": N}`. docs/api.md is the reference for other languages.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -22,8 +24,18 @@ use crate::forward::PortForward;
 use crate::policy::Policy;
 use crate::types::{InterfaceId, MacAddr};
 
-/// Requests and replies larger than this are refused.
+/// Requests larger than this are refused; replies larger than this come
+/// in a memfd.
 pub const MAX_MESSAGE: usize = 64 * 1024;
+/// The largest reply a client reads from a memfd.
+const MAX_LARGE_MESSAGE: usize = 64 << 20;
+
+/// Announces a reply of `large_message` bytes in the memfd sent with it.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LargeMessage {
+    large_message: usize,
+}
 pub const SOCKET_NAME: &str = "linnet.sock";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -378,11 +390,20 @@ impl Channel {
     /// the peer closed the connection.
     pub fn recv<T: for<'de> Deserialize<'de>>(&self) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
         let mut buf = vec![0u8; MAX_MESSAGE];
-        let Some((len, fds)) = recv_packet(self.fd.as_fd(), &mut buf)? else {
+        let Some((len, mut fds)) = recv_packet(self.fd.as_fd(), &mut buf)? else {
             return Ok(None);
         };
-        let msg = serde_json::from_slice(&buf[..len])
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let invalid = |e| io::Error::new(io::ErrorKind::InvalidData, e);
+        if fds.len() == 1
+            && let Ok(large) = serde_json::from_slice::<LargeMessage>(&buf[..len])
+        {
+            let bytes = read_large(&fds.remove(0), large.large_message)?;
+            return Ok(Some((
+                serde_json::from_slice(&bytes).map_err(invalid)?,
+                fds,
+            )));
+        }
+        let msg = serde_json::from_slice(&buf[..len]).map_err(invalid)?;
         Ok(Some((msg, fds)))
     }
 
@@ -429,6 +450,58 @@ pub fn send_message<T: Serialize>(fd: BorrowedFd<'_>, msg: &T, fds: &[RawFd]) ->
     Ok(())
 }
 
+/// Sends a reply: in one packet, or, when larger, as a memfd that holds it
+/// (sealed, so the reader sees exactly what was written), announced by a
+/// `LargeMessage` packet.
+pub fn send_reply<T: Serialize>(fd: BorrowedFd<'_>, msg: &T, fds: &[RawFd]) -> io::Result<()> {
+    let bytes = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    if bytes.len() <= MAX_MESSAGE || !fds.is_empty() {
+        return send_message(fd, msg, fds);
+    }
+    let memfd = sealed_memfd(&bytes)?;
+    let announce = LargeMessage {
+        large_message: bytes.len(),
+    };
+    send_message(fd, &announce, &[memfd.as_raw_fd()])
+}
+
+fn sealed_memfd(bytes: &[u8]) -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name and flags; the result is checked.
+    let raw = unsafe {
+        libc::memfd_create(
+            c"linnet-reply".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a new descriptor that we now own.
+    let memfd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut file = std::fs::File::from(memfd);
+    io::Write::write_all(&mut file, bytes)?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on a descriptor we own, with an integer argument.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file.into())
+}
+
+/// Reads the `len` bytes of a large reply from its memfd.
+fn read_large(memfd: &OwnedFd, len: usize) -> io::Result<Vec<u8>> {
+    if len > MAX_LARGE_MESSAGE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a reply of {len} bytes is more than linnet reads"),
+        ));
+    }
+    let file = std::fs::File::from(memfd.try_clone()?);
+    let mut bytes = vec![0u8; len];
+    std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, 0)?;
+    Ok(bytes)
+}
+
 /// Receives one packet into `buf`. A packet that did not fit is an error, not
 /// a silently cut message.
 pub fn recv_packet(
@@ -470,6 +543,38 @@ pub fn recv_packet(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reply_above_one_packet_arrives_whole_through_a_memfd() {
+        let (daemon, client) = socket::socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let big = Response::Error {
+            kind: ErrorKind::Internal,
+            message: "x".repeat(3 * MAX_MESSAGE),
+        };
+        let small = Response::Ok;
+        send_reply(daemon.as_fd(), &big, &[]).unwrap();
+        send_reply(daemon.as_fd(), &small, &[]).unwrap();
+        let client = Channel { fd: client };
+        let (got, fds) = client.recv::<Response>().unwrap().unwrap();
+        assert!(
+            fds.is_empty(),
+            "the memfd is the transport's, not the caller's"
+        );
+        match got {
+            Response::Error { message, .. } => assert_eq!(message.len(), 3 * MAX_MESSAGE),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            client.recv::<Response>().unwrap().unwrap().0,
+            Response::Ok
+        ));
+    }
 
     #[test]
     fn requests_have_a_stable_wire_form() {

@@ -28,6 +28,11 @@ def call(sock, request):
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
     reply = json.loads(msg)
+    if "large_message" in reply and len(fds) == 1:
+        # A reply above 64 KiB, in a memfd (docs/api.md).
+        memfd = fds.pop()
+        reply = json.loads(os.pread(memfd, reply["large_message"], 0))
+        os.close(memfd)
     if reply.get("reply") == "error":
         raise BenchError(f"linnet refused {request['op']}: {reply}")
     return reply, list(fds)

@@ -259,13 +259,34 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
             }
         };
         let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
-        let sent = conn
+        let mut sent = conn
             .async_io(Interest::WRITABLE, |c| {
-                api::send_message(c.as_fd(), &response, &fds)
+                api::send_reply(c.as_fd(), &response, &fds)
             })
             .await;
         // Our copy of the TAP fd closes here; the client holds its own.
         drop(fd);
+        // A reply that could not be sent (no memory for a large one, say)
+        // is an error for this request, not the end of the connection: the
+        // client's interfaces live as long as it does.
+        if let Err(e) = &sent
+            && !connection_gone(e)
+        {
+            warn!(
+                client = client.id,
+                uid = client.uid,
+                "cannot send a reply: {e}"
+            );
+            let error = Response::Error {
+                kind: api::ErrorKind::Internal,
+                message: format!("the daemon could not send its reply: {e}"),
+            };
+            sent = conn
+                .async_io(Interest::WRITABLE, |c| {
+                    api::send_message(c.as_fd(), &error, &[])
+                })
+                .await;
+        }
         if let Err(e) = sent {
             debug!(client = client.id, "cannot reply: {e}");
             break;
@@ -324,6 +345,14 @@ async fn handle(
         },
         Request::Doctor { network } => (daemon.doctor(network.as_deref()), None),
     }
+}
+
+/// Whether a send failed because the client is no longer there.
+fn connection_gone(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)
+    )
 }
 
 fn reply(result: Result<(), DaemonError>) -> (Response, Option<OwnedFd>) {

@@ -127,3 +127,80 @@ fn a_vmm_that_changes_its_taps_mac_is_cut_off_and_harms_no_one() {
     );
     victim.assert_reaches_upstream("the victim");
 }
+
+/// Sends `{"op": "list"}` on `api` and reads the reply, from a memfd when
+/// it is large (docs/api.md).
+fn api_list(api: &std::os::fd::OwnedFd) -> Value {
+    use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    socket::send(api.as_raw_fd(), br#"{"op": "list"}"#, MsgFlags::empty()).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let msg = socket::recvmsg::<()>(
+        api.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .unwrap();
+    let mut fds = vec![];
+    for cmsg in msg.cmsgs().unwrap() {
+        if let ControlMessageOwned::ScmRights(got) = cmsg {
+            fds.extend(got);
+        }
+    }
+    let len = msg.bytes;
+    let reply: Value = serde_json::from_slice(&buf[..len]).unwrap();
+    let Some(n) = reply["large_message"].as_u64() else {
+        return reply;
+    };
+    assert_eq!(fds.len(), 1, "a large reply comes with its memfd");
+    // SAFETY: SCM_RIGHTS gave us this descriptor to own.
+    let memfd = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fds[0]) });
+    let mut bytes = vec![0u8; n as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&memfd, &mut bytes, 0).unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[test]
+fn a_listing_of_hundreds_of_interfaces_arrives_whole_and_costs_no_one_their_interfaces() {
+    const COUNT: usize = 300;
+    let mut world =
+        World::with_config("networks:\n  big:\n    mode: host\n    subnet: 10.77.0.0/22\n");
+    world.start_daemon();
+    let api = crate::api_connect(&world);
+    let attached: Vec<_> = (0..COUNT).map(|_| crate::api_attach(&api, "big")).collect();
+    let ids: Vec<&Value> = attached.iter().map(|(i, _)| &i["interface_id"]).collect();
+
+    // On the very connection that holds the interfaces: a reply this large
+    // once ended the connection, and with it every interface.
+    let listing = api_list(&api);
+    assert_eq!(listing["reply"], "listing", "{listing}");
+    assert_eq!(listing["interfaces"].as_array().unwrap().len(), COUNT);
+
+    let json: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap();
+    let listed: Vec<&Value> = json["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i["interface_id"])
+        .collect();
+    assert!(
+        ids.iter().all(|id| listed.contains(id)),
+        "every interface listed"
+    );
+    let human = must(&mut world.linnet(&["ls"]));
+    assert_eq!(
+        human.lines().filter(|l| l.contains("lnt")).count(),
+        COUNT,
+        "one row per interface"
+    );
+    let again = api_list(&api);
+    assert_eq!(
+        again["interfaces"].as_array().unwrap().len(),
+        COUNT,
+        "still attached"
+    );
+    drop(attached);
+}
