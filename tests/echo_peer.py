@@ -4,9 +4,18 @@
   echo_peer.py serve TAG PORT   answer each TCP connection and UDP datagram on
                                 PORT (IPv4 and IPv6) with "TAG from ADDR",
                                 ADDR being the client's address as seen here
-  echo_peer.py ask HOST PORT tcp|udp   print the answer (exit 1 on none)
+  echo_peer.py ask HOST PORT tcp|udp [CHADDR]   print the answer; exit 1 when
+                                nothing came back within 2 s, 2 when the
+                                connection was refused (a TCP reset, an
+                                ICMP unreachable). With CHADDR, a UDP
+                                datagram is shaped as a BOOTP request from
+                                that MAC, so anti-spoofing lets it pass.
+  echo_peer.py invalid SRC HOST PORT   send one TCP segment that conntrack
+                                cannot place (SYN and FIN together) carrying
+                                the marker "LINNET-invalid"
 """
 import socket
+import struct
 import sys
 import threading
 
@@ -39,7 +48,7 @@ def serve(tag, port):
             conn.sendall(f"{tag} from {peer(addr)}\n".encode())
 
 
-def ask(host, port, proto):
+def ask(host, port, proto, chaddr=None):
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     kind = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
     with socket.socket(family, kind) as s:
@@ -47,17 +56,46 @@ def ask(host, port, proto):
         try:
             s.connect((host, port))
             if proto == "udp":
-                s.send(b"hello")
+                data = b"hello"
+                if chaddr:
+                    data = bytearray(240)
+                    data[0] = 1
+                    data[28:34] = bytes.fromhex(chaddr.replace(":", ""))
+                s.send(bytes(data))
             print(s.recv(2048).decode().strip())
+        except ConnectionRefusedError as e:
+            print(f"refused: {e}", file=sys.stderr)
+            sys.exit(2)
         except OSError as e:
             print(f"no answer: {e}", file=sys.stderr)
             sys.exit(1)
+
+
+def checksum(data):
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def invalid(src, host, port):
+    syn_fin = 0x03
+    payload = b"LINNET-invalid"
+    tcp = struct.pack("!HHIIBBHHH", 40000, port, 1, 0, 5 << 4, syn_fin, 1024, 0, 0) + payload
+    pseudo = socket.inet_aton(src) + socket.inet_aton(host) + struct.pack("!BBH", 0, 6, len(tcp))
+    tcp = tcp[:16] + struct.pack("!H", checksum(pseudo + tcp)) + tcp[18:]
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP) as s:
+        s.sendto(tcp, (host, 0))
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         serve(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1:2] == ["ask"]:
-        ask(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        ask(sys.argv[2], int(sys.argv[3]), sys.argv[4], *sys.argv[5:6])
+    elif sys.argv[1:2] == ["invalid"]:
+        invalid(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
         sys.exit(__doc__)

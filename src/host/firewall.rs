@@ -400,8 +400,22 @@ fn add_policies(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
     ));
     for (net, iface) in all {
         if !iface.policy.egress.is_empty() {
-            // DHCP and DNS to the gateway always pass.
-            let mut allowed = vec![vec![eq(payload("udp", "dport"), number(67)), accept()]];
+            // DHCP and DNS to the gateway always pass, and DHCP broadcast
+            // from a client's port (a lease rebinding); nothing else on
+            // port 67 does.
+            let mut allowed = vec![vec![
+                eq(payload("ip", "daddr"), string("255.255.255.255")),
+                eq(payload("udp", "sport"), number(68)),
+                eq(payload("udp", "dport"), number(67)),
+                accept(),
+            ]];
+            for gw in net.gateways.iter().filter(|gw| gw.is_ipv4()) {
+                allowed.push(vec![
+                    eq(payload("ip", "daddr"), string(&gw.to_string())),
+                    eq(payload("udp", "dport"), number(67)),
+                    accept(),
+                ]);
+            }
             for gw in &net.gateways {
                 allowed.push(vec![
                     eq(payload(ip_family(*gw), "daddr"), string(&gw.to_string())),
@@ -442,10 +456,10 @@ fn add_policy_chain(
         batch.add(rule(chain.to_string(), statements));
     }
     batch.add(rule(chain.to_string(), vec![Statement::Reject(None)]));
-    let new = || {
+    let state = |which: &str| {
         Statement::Match(Match {
             left: ct("state"),
-            right: string("new"),
+            right: string(which),
             op: Operator::IN,
         })
     };
@@ -460,9 +474,23 @@ fn add_policy_chain(
             continue;
         }
         for hook in hooks {
+            // What conntrack cannot place (a segment of no connection, odd
+            // flags) would skip the `new` match below: it is dropped.
             batch.add(rule(
                 hook,
-                vec![eq(payload(family, field), set(&addrs)), new(), jump(chain)],
+                vec![
+                    eq(payload(family, field), set(&addrs)),
+                    state("invalid"),
+                    drop(),
+                ],
+            ));
+            batch.add(rule(
+                hook,
+                vec![
+                    eq(payload(family, field), set(&addrs)),
+                    state("new"),
+                    jump(chain),
+                ],
             ));
         }
     }
@@ -933,27 +961,43 @@ mod tests {
         }];
         let doc = ruleset(&nets);
         let fwd = rules(&doc, "forward");
+        let vm = json!({"match": {"left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"set": ["192.168.105.2"]}, "op": "=="}});
         assert_eq!(
             fwd[0],
-            json!([
-                {"match": {"left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"set": ["192.168.105.2"]}, "op": "=="}},
-                {"match": {"left": {"ct": {"key": "state"}}, "right": "new", "op": "in"}},
-                {"jump": {"target": "out-lnta"}}
-            ]),
-            "the first rules of forward: the policy's jumps"
+            json!([vm, {"match": {"left": {"ct": {"key": "state"}}, "right": "invalid", "op": "in"}}, {"drop": null}]),
+            "first what conntrack cannot place is dropped"
         );
-        assert_eq!(fwd[1][0]["match"]["left"]["payload"]["protocol"], "ip6");
-        assert_eq!(fwd[2][2], json!({"jump": {"target": "in-lnta"}}));
-        assert_eq!(rules(&doc, "input").len(), 2, "VM to host: egress");
-        assert_eq!(rules(&doc, "local-out").len(), 2, "host to VM: ingress");
+        assert_eq!(
+            fwd[1],
+            json!([vm, {"match": {"left": {"ct": {"key": "state"}}, "right": "new", "op": "in"}}, {"jump": {"target": "out-lnta"}}]),
+            "then new connections jump to the policy"
+        );
+        assert_eq!(fwd[3][0]["match"]["left"]["payload"]["protocol"], "ip6");
+        assert_eq!(fwd[5][2], json!({"jump": {"target": "in-lnta"}}));
+        assert_eq!(rules(&doc, "input").len(), 4, "VM to host: egress");
+        assert_eq!(rules(&doc, "local-out").len(), 4, "host to VM: ingress");
         let out = rules(&doc, "out-lnta");
-        assert_eq!(out[0][0]["match"]["right"], 67, "DHCP always");
+        assert_eq!(
+            out[0],
+            json!([
+                {"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "255.255.255.255", "op": "=="}},
+                {"match": {"left": {"payload": {"protocol": "udp", "field": "sport"}}, "right": 68, "op": "=="}},
+                {"match": {"left": {"payload": {"protocol": "udp", "field": "dport"}}, "right": 67, "op": "=="}},
+                {"accept": null}
+            ]),
+            "DHCP broadcast from a client's port"
+        );
         assert_eq!(
             out[1][0]["match"]["right"], "192.168.105.1",
+            "DHCP to the gateway, and no other host"
+        );
+        assert_eq!(out[1][1]["match"]["right"], 67);
+        assert_eq!(
+            out[2][0]["match"]["right"], "192.168.105.1",
             "DNS to the gateway always"
         );
         assert_eq!(
-            out[2],
+            out[3],
             json!([
                 {"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": {"prefix": {"addr": "198.51.100.1", "len": 32}}, "op": "=="}},
                 {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
@@ -962,11 +1006,11 @@ mod tests {
             ])
         );
         assert_eq!(
-            out[3].as_array().unwrap().len(),
+            out[4].as_array().unwrap().len(),
             2,
             "a whole network, any traffic"
         );
-        assert_eq!(out[4], json!([{"reject": null}]));
+        assert_eq!(out[5], json!([{"reject": null}]));
         let inn = rules(&doc, "in-lnta");
         assert_eq!(
             inn[2][1],

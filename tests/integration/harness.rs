@@ -794,6 +794,43 @@ pub fn echo_ask(ns: &Netns, host: &str, port: u16, proto: &str) -> Option<String
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
+/// What a client got from an echo server.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    Answer(String),
+    /// A TCP reset or an ICMP unreachable: a reject, not a silent drop.
+    Refused,
+    /// Nothing within 2 s.
+    Silent,
+}
+
+/// Like `echo_ask`, telling a refusal from silence.
+pub fn echo_try(ns: &Netns, host: &str, port: u16, proto: &str) -> Reply {
+    echo_try_as(ns, host, port, proto, None)
+}
+
+/// `echo_try`; with `chaddr`, a UDP datagram is shaped as a DHCP request
+/// from that MAC (what anti-spoofing lets through to port 67).
+pub fn echo_try_as(ns: &Netns, host: &str, port: u16, proto: &str, chaddr: Option<&str>) -> Reply {
+    let script = repo_file("tests/echo_peer.py");
+    let port = port.to_string();
+    let mut argv = vec![
+        "python3",
+        script.as_str(),
+        "ask",
+        host,
+        port.as_str(),
+        proto,
+    ];
+    argv.extend(chaddr);
+    let out = run(&mut ns.cmd(&argv));
+    match out.status.code() {
+        Some(0) => Reply::Answer(String::from_utf8_lossy(&out.stdout).trim().to_string()),
+        Some(2) => Reply::Refused,
+        _ => Reply::Silent,
+    }
+}
+
 /// SIGTERM, and wait.
 pub fn terminate(child: &mut Child) -> std::process::ExitStatus {
     let _ = Command::new("kill")

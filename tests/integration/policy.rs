@@ -166,3 +166,71 @@ fn policy_set_at_runtime_applies_to_new_connections() {
         failure(&mut world.linnet(&["policy", "set", "--name", "pol", "--allow-listen", "0"]));
     assert!(err.contains("port 0 is out of range"), "{err}");
 }
+
+#[test]
+fn allow_connect_holds_for_udp_icmp_ipv6_dhcp_port_and_invalid_packets() {
+    let (world, _servers) = world_with_allowed_host();
+    let _dhcp_port = echo_serve(&world.upstream, "up", 67);
+    let g = world.guest(
+        "shared",
+        &[
+            "--allow-connect",
+            &format!("{ALLOWED_HOST}:8080/tcp"),
+            "--allow-connect",
+            &format!("[{UPSTREAM_IP6}]:8081/tcp"),
+        ],
+    );
+    assert_eq!(g.udhcpc(), g.ip(), "DHCP with the gateway passes");
+    g.slaac_addresses();
+    let answer = |host: &str| Reply::Answer(format!("up from {host}"));
+    assert_eq!(
+        echo_try(&g.ns, ALLOWED_HOST, 8080, "tcp"),
+        answer(UPSTREAM_HOST_SIDE)
+    );
+    assert_eq!(
+        echo_try(&g.ns, ALLOWED_HOST, 8080, "udp"),
+        Reply::Refused,
+        "UDP to a port allowed for TCP"
+    );
+    assert_eq!(
+        echo_try_as(&g.ns, UPSTREAM_IP, 67, "udp", Some(&g.mac())),
+        Reply::Refused,
+        "UDP to port 67 of a host that is not the gateway"
+    );
+    assert!(!g.ping(UPSTREAM_IP), "ICMP to a host not allowed");
+    assert_eq!(
+        echo_try(&g.ns, UPSTREAM_IP6, 8081, "tcp"),
+        answer(UPSTREAM_HOST_SIDE6),
+        "IPv6 to the allowed port"
+    );
+    assert_eq!(
+        echo_try(&g.ns, UPSTREAM_IP6, 8080, "tcp"),
+        Reply::Refused,
+        "IPv6 to another port"
+    );
+
+    // A segment conntrack cannot place never reaches the upstream.
+    let spoof = repo_file("tests/spoof.py");
+    let mut capture = Reaped(
+        world
+            .upstream
+            .cmd(&["python3", &spoof, "capture", "eth0", "2"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = std::io::BufReader::new(capture.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "capturing");
+    let echo = repo_file("tests/echo_peer.py");
+    let ip = g.ip().to_string();
+    must(
+        &mut g
+            .ns
+            .cmd(&["python3", &echo, "invalid", &ip, UPSTREAM_IP, "8081"]),
+    );
+    capture.wait().unwrap();
+    let seen: Vec<String> = std::io::BufRead::lines(out).map(|l| l.unwrap()).collect();
+    assert!(seen.is_empty(), "an invalid segment got out: {seen:?}");
+}
