@@ -160,6 +160,8 @@ pub struct Daemon {
     pub(super) host: HostView,
     /// Each TAP's MAC at attach, which `tap_watch` compares with.
     pub(super) tap_addresses: TapAddresses,
+    /// The number in the next TAP's name.
+    next_tap: u32,
 }
 
 impl Daemon {
@@ -179,6 +181,7 @@ impl Daemon {
             forwarding6: None,
             host: HostView::default(),
             tap_addresses: TapAddresses::default(),
+            next_tap: 0,
         }
     }
 
@@ -419,14 +422,16 @@ impl Daemon {
                 (leases.attach_without_address(id, req.mac, now)?, None)
             }
         };
-        let tap_name = host::tap_name(&id);
+        let (tap_name, fd) = match new_tap(&mut self.next_tap, client) {
+            Ok(made) => made,
+            Err(e) => {
+                net.leases.lock().expect("lease lock").detach(id, now);
+                return Err(e.into());
+            }
+        };
         let guarded = net.config.anti_spoofing || net.config.isolation;
         let (nft, guard_ready) = (&mut self.nft, &mut self.guard_ready);
         let made = async {
-            if let Some(stale) = self.netlink.link(&tap_name).await? {
-                self.netlink.delete_link(stale.index).await?;
-            }
-            let fd = tap::create(&tap_name, client.uid, client.gid)?;
             // A bridge port needs no IPv6 of its own: without this the
             // host's end of each TAP would do DAD and MLD into the VM network.
             if let Err(e) = sysctl::set_link("ipv6", &tap_name, "disable_ipv6", "1") {
@@ -456,11 +461,11 @@ impl Daemon {
             if let Some(mac) = tap_mac {
                 self.tap_addresses.record(index, mac);
             }
-            Ok::<_, DaemonError>((fd, index))
+            Ok::<_, DaemonError>(index)
         }
         .await;
         let mut leases = net.leases.lock().expect("lease lock");
-        let (fd, tap_index) = match made {
+        let tap_index = match made {
             Ok(made) => made,
             Err(e) => {
                 leases.detach(id, now);
@@ -834,6 +839,22 @@ impl Daemon {
             turned.push("IPv6");
         }
         Ok(turned)
+    }
+}
+
+/// A new TAP for `client`, named by the daemon's counter: the first free
+/// name from `next` on. A link that has a name already is never opened or
+/// deleted (whoever made it), only passed over.
+fn new_tap(next: &mut u32, client: &Client) -> Result<(String, OwnedFd), TapError> {
+    let mut tries = 0;
+    loop {
+        let name = host::tap_name(*next);
+        *next = next.wrapping_add(1);
+        match tap::create(&name, client.uid, client.gid) {
+            Err(TapError::NameTaken(_)) if tries < 4096 => tries += 1,
+            Err(e) => return Err(e),
+            Ok(fd) => return Ok((name, fd)),
+        }
     }
 }
 

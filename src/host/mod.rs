@@ -14,11 +14,12 @@ pub mod ruleset;
 pub mod sysctl;
 pub mod tap;
 
-use crate::types::{InterfaceId, MacAddr, stable_hash};
+use crate::types::MacAddr;
 
 /// Bridges are `ln-<network>` (network names are at most 12 bytes).
 pub const BRIDGE_PREFIX: &str = "ln-";
-/// TAPs are `lnt` + 12 hex digits derived from the interface id.
+/// TAPs are `lnt` + a number the daemon counts up: no client can choose
+/// or predict another's TAP from its own request.
 pub const TAP_PREFIX: &str = "lnt";
 /// The alias (IFLA_IFALIAS) marks links linnet made, so reconcile never
 /// touches a look-alike: `linnet:network:<name>`, `linnet:interface:<id>`.
@@ -39,8 +40,8 @@ pub fn bridge_mac(network: &str) -> MacAddr {
     MacAddr::derived(format!("linnet bridge {network}").as_bytes())
 }
 
-pub fn tap_name(id: &InterfaceId) -> String {
-    format!("{TAP_PREFIX}{:012x}", stable_hash(id.as_bytes()) >> 16)
+pub fn tap_name(number: u32) -> String {
+    format!("{TAP_PREFIX}{number}")
 }
 
 #[cfg(test)]
@@ -50,9 +51,6 @@ mod tests {
     #[test]
     fn kernel_names_fit_in_ifnamsiz() {
         assert_eq!(bridge_name("abcdefghijkl").len(), 15);
-        let tap = tap_name(&InterfaceId::from_bytes([1; 16]));
-        assert_eq!(tap.len(), 15);
-        assert_eq!(tap, tap_name(&InterfaceId::from_bytes([1; 16])), "stable");
-        assert_ne!(tap, tap_name(&InterfaceId::from_bytes([2; 16])));
+        assert_eq!(tap_name(u32::MAX).len(), 13);
     }
 }

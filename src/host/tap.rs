@@ -17,6 +17,8 @@ const TUNSETGROUP: libc::c_ulong = 0x4004_54ce;
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
+/// Fail with EBUSY rather than attach to a TAP that already has the name.
+const IFF_TUN_EXCL: libc::c_short = -0x8000;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
 pub const OFFLOAD_CSUM: u32 = 0x01;
@@ -33,6 +35,8 @@ pub enum TapError {
     TunOpen(io::Error),
     #[error("cannot create TAP {name}: {source}")]
     Create { name: String, source: io::Error },
+    #[error("a link named {0} exists already")]
+    NameTaken(String),
     #[error("cannot give TAP {name} to uid {uid} gid {gid}: {source}")]
     Owner {
         name: String,
@@ -50,7 +54,8 @@ struct IfReq {
 }
 
 /// Creates the TAP `name` (non-persistent: it disappears when the last fd
-/// to it closes) owned by `uid`/`gid`, and returns its fd.
+/// to it closes) owned by `uid`/`gid`, and returns its fd. Never opens a
+/// TAP that exists already: that is `NameTaken`.
 pub fn create(name: &str, uid: u32, gid: u32) -> Result<OwnedFd, TapError> {
     let file = OpenOptions::new()
         .read(true)
@@ -66,7 +71,7 @@ pub fn create(name: &str, uid: u32, gid: u32) -> Result<OwnedFd, TapError> {
         })?;
     let mut req = IfReq {
         name: [0; libc::IFNAMSIZ],
-        flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
+        flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | IFF_TUN_EXCL,
         _pad: [0; 22],
     };
     let bytes = name.as_bytes();
@@ -80,9 +85,13 @@ pub fn create(name: &str, uid: u32, gid: u32) -> Result<OwnedFd, TapError> {
     let fd = file.as_raw_fd();
     // SAFETY: `req` is a properly sized struct ifreq that outlives the call.
     if unsafe { libc::ioctl(fd, TUNSETIFF as _, &mut req) } < 0 {
+        let source = io::Error::last_os_error();
+        if source.raw_os_error() == Some(libc::EBUSY) {
+            return Err(TapError::NameTaken(name.into()));
+        }
         return Err(TapError::Create {
             name: name.into(),
-            source: io::Error::last_os_error(),
+            source,
         });
     }
     let owner_err = |source| TapError::Owner {

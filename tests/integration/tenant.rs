@@ -204,3 +204,57 @@ fn a_listing_of_hundreds_of_interfaces_arrives_whole_and_costs_no_one_their_inte
     );
     drop(attached);
 }
+
+/// The TAP name linnet once derived from an interface id (a 64-bit FNV-1a
+/// of its bytes): a client could choose an id to aim at another's TAP.
+fn name_once_derived_from(id: &uuid::Uuid) -> String {
+    let hash = id
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("lnt{:012x}", hash >> 16)
+}
+
+fn link_index(ns: &Netns, name: &str) -> Option<String> {
+    let out = run(&mut ns.cmd(&["ip", "-o", "link", "show", name]));
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .split(':')
+            .next()
+            .unwrap()
+            .to_string()
+    })
+}
+
+#[test]
+fn an_attach_never_deletes_or_opens_a_link_it_did_not_make() {
+    let mut world = World::new();
+    world.start_daemon();
+    let id = uuid::Uuid::parse_str("6b1c6b70-1111-4c4c-9c9c-000000000042").unwrap();
+    // Someone else's TAPs: under the name the id once led to, and under
+    // the first name the daemon counts.
+    let theirs = [name_once_derived_from(&id), "lnt0".to_string()];
+    let before: Vec<String> = theirs
+        .iter()
+        .map(|name| {
+            must(
+                &mut world
+                    .host
+                    .cmd(&["ip", "tuntap", "add", "dev", name, "mode", "tap"]),
+            );
+            link_index(&world.host, name).unwrap()
+        })
+        .collect();
+    let g = world.guest("shared", &["--interface-id", &id.to_string()]);
+    assert!(!theirs.contains(&g.tap()), "{}", g.tap());
+    assert_eq!(g.udhcpc(), g.ip());
+    for (name, index) in theirs.iter().zip(&before) {
+        assert_eq!(
+            link_index(&world.host, name).as_ref(),
+            Some(index),
+            "{name} untouched"
+        );
+    }
+}
