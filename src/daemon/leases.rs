@@ -39,6 +39,10 @@ pub struct Lease {
     /// The hostname the guest sent in DHCP (option 12).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    /// The uid that attached it (an interface's lease): while the lease
+    /// lives, its id and name are that user's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
     /// None while held indefinitely (attached); else unix seconds after which
     /// the address may go to someone else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -67,6 +71,23 @@ pub enum LeaseError {
         ip: Ipv4Addr,
         id: InterfaceId,
         holder: MacAddr,
+    },
+    #[error(
+        "network \"{network}\": interface {id} belongs to uid {holder}; only it or root may attach it (choose another --interface-id)"
+    )]
+    NotYours {
+        network: String,
+        id: InterfaceId,
+        holder: u32,
+    },
+    #[error(
+        "network \"{network}\": the name \"{name}\" is held by interface {holder_id} of uid {holder_uid}; choose another --name"
+    )]
+    NameTaken {
+        network: String,
+        name: String,
+        holder_id: InterfaceId,
+        holder_uid: u32,
     },
     #[error(
         "network \"{network}\": MAC {mac} is already used by interface {other}; choose another --mac"
@@ -157,6 +178,7 @@ impl LeaseTable {
 
     /// Reserves an address for interface `id` and holds it until `detach`.
     /// The same id gets back the same MAC and address whenever it still can.
+    #[cfg(test)]
     pub fn attach(
         &mut self,
         id: InterfaceId,
@@ -164,7 +186,21 @@ impl LeaseTable {
         name: Option<String>,
         now: u64,
     ) -> Result<Lease, LeaseError> {
+        self.attach_for(0, id, mac, name, now)
+    }
+
+    /// Interface `id`'s lease, for user `uid`: refused when the id or the
+    /// name is another user's (root may take any id, not a held name).
+    pub fn attach_for(
+        &mut self,
+        uid: u32,
+        id: InterfaceId,
+        mac: Option<MacAddr>,
+        name: Option<String>,
+        now: u64,
+    ) -> Result<Lease, LeaseError> {
         let owner = Owner::Interface { id };
+        self.check_claim(uid, id, name.as_deref(), now)?;
         let existing = self.held_by(&owner).map(|l| l.ip);
         let mac = self.choose_mac(id, mac, now)?;
         let ip = match self.static_for(Some(id), Some(mac)) {
@@ -203,6 +239,7 @@ impl LeaseTable {
             owner,
             name,
             hostname,
+            uid: Some(uid),
             held_until: None,
         };
         self.leases.insert(ip, lease.clone());
@@ -215,6 +252,52 @@ impl LeaseTable {
             || self.leases.values().any(|l| {
                 l.mac == mac && l.held_until.is_none() && matches!(l.owner, Owner::Interface { .. })
             })
+    }
+
+    /// Refuses `uid` an id whose live lease is another user's, and a name
+    /// another interface's live lease holds.
+    pub fn check_claim(
+        &self,
+        uid: u32,
+        id: InterfaceId,
+        name: Option<&str>,
+        now: u64,
+    ) -> Result<(), LeaseError> {
+        let owner = Owner::Interface { id };
+        if let Some(holder) = self
+            .held_by(&owner)
+            .filter(|l| l.is_live(now))
+            .and_then(|l| l.uid)
+            && holder != uid
+            && uid != 0
+        {
+            return Err(LeaseError::NotYours {
+                network: self.network.clone(),
+                id,
+                holder,
+            });
+        }
+        let Some(name) = name else { return Ok(()) };
+        let held = self.leases.values().find(|l| {
+            l.owner != owner
+                && l.is_live(now)
+                && l.name
+                    .as_deref()
+                    .is_some_and(|n| n.eq_ignore_ascii_case(name))
+        });
+        match held {
+            Some(Lease {
+                owner: Owner::Interface { id: holder_id },
+                uid,
+                ..
+            }) => Err(LeaseError::NameTaken {
+                network: self.network.clone(),
+                name: name.into(),
+                holder_id: *holder_id,
+                holder_uid: uid.unwrap_or(0),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Whether a static lease names interface `id` or `mac`.
@@ -304,6 +387,7 @@ impl LeaseTable {
                 owner: Owner::Mac,
                 name: None,
                 hostname: None,
+                uid: None,
                 held_until,
             },
         );
@@ -314,6 +398,17 @@ impl LeaseTable {
     /// hostname and extends a dynamic lease. Returns false if `ip` is not `mac`'s.
     pub fn bind(&mut self, mac: MacAddr, ip: Ipv4Addr, hostname: Option<String>, now: u64) -> bool {
         let lease_time = self.lease_time;
+        // A guest's hostname never takes a name that another VM holds, as
+        // given at attach or sent first by its own DHCP client.
+        let hostname = hostname.filter(|h| {
+            !self.leases.values().any(|l| {
+                l.ip != ip
+                    && l.is_live(now)
+                    && [&l.name, &l.hostname]
+                        .into_iter()
+                        .any(|n| n.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(h)))
+            })
+        });
         match self.leases.get_mut(&ip) {
             Some(lease) if lease.mac == mac && lease.is_live(now) => {
                 if hostname.is_some() {
@@ -345,14 +440,16 @@ impl LeaseTable {
         self.resolve_lease(name, now).map(|l| l.ip)
     }
 
-    /// The live lease whose VM is called `name` (given at attach, or the
-    /// hostname its DHCP client sent).
+    /// The live lease whose VM is called `name` (given at attach, or else
+    /// the hostname its DHCP client sent).
     pub fn resolve_lease(&self, name: &str, now: u64) -> Option<&Lease> {
         let matches =
             |n: &Option<String>| n.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name));
-        self.leases
-            .values()
-            .find(|l| l.is_live(now) && (matches(&l.name) || matches(&l.hostname)))
+        let live = || self.leases.values().filter(|l| l.is_live(now));
+        // Names given at attach first: a hostname never shadows one.
+        live()
+            .find(|l| matches(&l.name))
+            .or_else(|| live().find(|l| matches(&l.hostname)))
     }
 
     pub fn lease_time(&self) -> u32 {
@@ -461,6 +558,66 @@ mod tests {
 
     fn ip(last: u8) -> Ipv4Addr {
         Ipv4Addr::new(192, 168, 105, last)
+    }
+
+    #[test]
+    fn an_id_and_its_name_belong_to_the_user_who_attached_it_while_its_lease_lives() {
+        let mut t = small();
+        t.attach_for(1000, id(1), None, Some("web".into()), 0)
+            .unwrap();
+        t.detach(id(1), 10);
+        let theft = t.attach_for(1001, id(1), None, None, 20);
+        assert!(
+            matches!(theft, Err(LeaseError::NotYours { holder: 1000, .. })),
+            "{theft:?}"
+        );
+        let name = t.attach_for(1001, id(2), None, Some("WEB".into()), 20);
+        let Err(e) = name else { panic!("{name:?}") };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "network \"shared\": the name \"WEB\" is held by interface {} of uid 1000; choose another --name",
+                id(1)
+            )
+        );
+        assert!(
+            t.attach_for(0, id(2), None, Some("web".into()), 20)
+                .is_err(),
+            "not even root takes a held name"
+        );
+        t.attach_for(1000, id(1), None, Some("web".into()), 30)
+            .expect("its owner");
+        t.detach(id(1), 40);
+        t.attach_for(0, id(1), None, None, 50)
+            .expect("root may take any id");
+        t.detach(id(1), 60);
+        // Once the lease ran out (lease_time 100), the id is anyone's.
+        t.attach_for(1001, id(1), None, Some("web".into()), 200)
+            .expect("expired");
+    }
+
+    #[test]
+    fn a_dhcp_hostname_never_takes_a_name_another_vm_holds() {
+        let mut t = small();
+        let web = t
+            .attach_for(1000, id(1), None, Some("web".into()), 0)
+            .unwrap();
+        let other = t.attach_for(1001, id(2), None, None, 0).unwrap();
+        assert!(t.bind(other.mac, other.ip, Some("web".into()), 1));
+        assert_eq!(
+            t.resolve("web", 2),
+            Some(web.ip),
+            "the name given at attach wins"
+        );
+        assert!(t.bind(other.mac, other.ip, Some("db".into()), 3));
+        assert_eq!(t.resolve("db", 4), Some(other.ip));
+        let third = t.attach_for(1002, id(3), None, None, 5).unwrap();
+        assert!(t.bind(third.mac, third.ip, Some("db".into()), 6));
+        assert_eq!(
+            t.resolve("db", 7),
+            Some(other.ip),
+            "first come, first named"
+        );
     }
 
     #[test]

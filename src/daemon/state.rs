@@ -78,7 +78,9 @@ impl DaemonError {
         match self {
             DaemonError::BadRequest(_) => ErrorKind::BadRequest,
             DaemonError::UnknownNetwork { .. } => ErrorKind::UnknownNetwork,
-            DaemonError::NotAllowed { .. } | DaemonError::Forbidden(_) => ErrorKind::NotAllowed,
+            DaemonError::NotAllowed { .. }
+            | DaemonError::Forbidden(_)
+            | DaemonError::Lease(LeaseError::NotYours { .. }) => ErrorKind::NotAllowed,
             DaemonError::Busy(_) => ErrorKind::Busy,
             DaemonError::Conflict(_) | DaemonError::Lease(_) => ErrorKind::Conflict,
             DaemonError::Tap(_)
@@ -267,6 +269,17 @@ impl Daemon {
         }
         if let Some(name) = &req.name {
             types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
+            if let Some((holder, other)) = self.interfaces.iter().find(|(_, i)| {
+                i.network == network
+                    && i.name
+                        .as_deref()
+                        .is_some_and(|n| n.eq_ignore_ascii_case(name))
+            }) {
+                return Err(DaemonError::Conflict(format!(
+                    "network \"{network}\": the name \"{name}\" is held by interface {holder} of uid {}; choose another --name",
+                    other.uid
+                )));
+            }
         }
         self.check_limits(cfg, client.uid)?;
         let policy = req.policy.as_ref().unwrap_or(&cfg.policy);
@@ -416,9 +429,10 @@ impl Daemon {
                 return Err(no_address_for_policy(network));
             }
             if addressed {
-                let lease = leases.attach(id, req.mac, req.name.clone(), now)?;
+                let lease = leases.attach_for(client.uid, id, req.mac, req.name.clone(), now)?;
                 (lease.mac, Some(lease.ip))
             } else {
+                leases.check_claim(client.uid, id, req.name.as_deref(), now)?;
                 (leases.attach_without_address(id, req.mac, now)?, None)
             }
         };

@@ -258,3 +258,95 @@ fn an_attach_never_deletes_or_opens_a_link_it_did_not_make() {
         );
     }
 }
+
+const AS_DAEMON_USER: &[&str] = &["setpriv", "--reuid", "1", "--regid", "1", "--clear-groups"];
+
+#[test]
+fn ids_and_names_belong_to_their_user_and_hostnames_take_no_ones_name() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody, daemon] }\n");
+    world.start_daemon();
+    let id = "6b1c6b70-1111-4c4c-9c9c-000000000077";
+    let listed_as_nobody =
+        || must(&mut world.linnet(&["ls", "--json"])).contains("\"client_uid\": 65534");
+    let mut held = Reaped(
+        world
+            .linnet_wrapped(
+                AS_NOBODY,
+                &[
+                    "run",
+                    "--interface-id",
+                    id,
+                    "--name",
+                    "web",
+                    "--",
+                    "sleep",
+                    "60",
+                ],
+            )
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("nobody's interface", Duration::from_secs(5), || {
+        listed_as_nobody().then_some(())
+    });
+    let taken = |args: &[&str]| failure(&mut world.linnet_wrapped(AS_DAEMON_USER, args));
+    let err = taken(&["run", "--name", "WEB", "--", "true"]);
+    assert!(
+        err.contains(&format!(
+            "the name \"WEB\" is held by interface {id} of uid 65534"
+        )),
+        "{err}"
+    );
+    let _ = held.kill();
+    let _ = held.wait();
+    wait_for("nobody's interface to go", Duration::from_secs(5), || {
+        (!listed_as_nobody()).then_some(())
+    });
+    // Detached, its address held for the lease time: still nobody's.
+    let err = taken(&["run", "--interface-id", id, "--", "true"]);
+    assert!(
+        err.contains(&format!(
+            "interface {id} belongs to uid 65534; only it or root may attach it"
+        )),
+        "{err}"
+    );
+    let err = taken(&["run", "--name", "web", "--", "true"]);
+    assert!(err.contains("is held by interface"), "{err}");
+    must(&mut world.linnet_wrapped(
+        AS_NOBODY,
+        &["run", "--interface-id", id, "--name", "web", "--", "true"],
+    ));
+
+    // A guest whose DHCP client sends another's name as its hostname.
+    // (The impostor attaches first, so its address sorts first.)
+    let other = world.guest("shared", &[]);
+    let named = world.guest("shared", &["--name", "db"]);
+    assert!(other.ip() < named.ip());
+    assert_eq!(named.udhcpc(), named.ip());
+    let out = must(&mut other.ns.cmd(&[
+        "busybox",
+        "udhcpc",
+        "-i",
+        "eth0",
+        "-n",
+        "-q",
+        "-f",
+        "-t",
+        "5",
+        "-T",
+        "1",
+        "-x",
+        "hostname:db",
+        "-s",
+        &repo_file("guest/udhcpc.script"),
+    ]));
+    assert!(out.contains(&format!("lease ip={}", other.ip())), "{out}");
+    let answer = other.lookup("db.shared.linnet", &other.gateway());
+    assert_eq!(
+        answer,
+        Some(named.ip().to_string()),
+        "db is still the VM named db"
+    );
+}
