@@ -34,8 +34,9 @@ Examples:
   linnet helper --fd 3 --vnet-hdr
 
 Stops on SIGTERM or SIGINT (the interface is detached), or when the VMM closes a
-socket given with --fd/--stream-fd. As root through sudo it becomes SUDO_UID/SUDO_GID
-after attaching; it keeps no capabilities either way.")]
+socket given with --fd/--stream-fd. As root through sudo (or with --user) it becomes
+SUDO_UID/SUDO_GID (or USER) before it attaches, so the interface is that user's; it keeps
+no capabilities either way.")]
 pub struct HelperArgs {
     #[command(flatten)]
     pub attach: AttachArgs,
@@ -81,13 +82,11 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
         _ => unreachable!("clap requires one"),
     };
     let datapath = endpoint.datapath();
-    let (channel, mut daemon) = cli.connect_or_start()?;
+    let (channel, mut daemon) = cli.connect_as_user(args.attach.user.as_deref())?;
+    // Root without sudo keeps its uid, not its capabilities.
+    privileges::become_user(None)?;
     let (info, tap) = super::attach(&channel, &args.attach, datapath)?;
-
-    if let Some(uid) = privileges::drop_privileges()? {
-        info!(uid, "dropped root privileges");
-    }
-    // Bound after dropping privileges, so the socket belongs to the user.
+    // Bound as the user, so the socket belongs to it.
     let counters = Arc::new(Counters::default());
     let relay = Relay::new(tap, endpoint, header, info.mtu, counters.clone())?;
     let _socket_file = SocketFile(args.socket.clone().or(args.stream_socket.clone()));

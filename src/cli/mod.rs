@@ -25,6 +25,7 @@ use crate::datapath::relay::{Relay, RelayError};
 use crate::datapath::vnet::{self, ClientHeader};
 use crate::datapath::{Counters, Datapath, RelayCounters};
 use crate::forward::PortForward;
+use crate::host::privileges;
 use crate::policy::{ConnectRule, ListenRule, Policy};
 use crate::types::{InterfaceId, MacAddr};
 
@@ -178,6 +179,22 @@ impl Cli {
         }
     }
 
+    /// Connects as the user the VMM will run as. Root through sudo (or
+    /// with --user) first makes sure a daemon runs, then becomes that user
+    /// — no capabilities, no_new_privs — and only then connects: the daemon
+    /// sees, checks and records the real user, and gives the TAP to it.
+    pub fn connect_as_user(&self, user: Option<&str>) -> anyhow::Result<(Channel, Option<Child>)> {
+        let Some(who) = privileges::target(user)? else {
+            return self.connect_or_start();
+        };
+        let (probe, daemon) = self.connect_or_start()?;
+        drop(probe);
+        privileges::become_user(Some(who))?;
+        tracing::info!(uid = who.uid, gid = who.gid, "dropped root privileges");
+        let channel = self.connect()?;
+        Ok((channel, daemon))
+    }
+
     /// Starts `linnet daemon` detached (own session, logs to the run dir);
     /// it exits by itself once idle.
     fn start_daemon(&self) -> anyhow::Result<Child> {
@@ -248,6 +265,10 @@ pub struct AttachArgs {
     /// the host, other VMs and port forwards: e.g. 8000/tcp, 5000-5010.
     #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
     pub allow_listen: Vec<ListenRule>,
+    /// As root: attach for USER, and run the VMM or relay as USER, with no
+    /// capabilities (default under sudo: the invoking user, SUDO_UID/SUDO_GID).
+    #[arg(long, value_name = "USER[:GROUP]")]
+    pub user: Option<String>,
 }
 
 /// Names an attached interface; shared by `forward` and `policy`.

@@ -43,6 +43,11 @@ Examples:
   linnet run --network host --name db -- cloud-hypervisor --net fd={fd},mac={mac} ...
   linnet run --datapath dgram --vnet-hdr -- krunkit ... --device virtio-net,type=unixgram,fd={fd},offloading=on
 
+As root through sudo (or with --user), linnet makes sure a daemon runs, then becomes the
+invoking user (SUDO_UID/SUDO_GID) before it attaches: the interface and its TAP are that
+user's, and CMD and the relay run as that user with no capabilities (no_new_privs).
+Without sudo, root stays root.
+
 Exit status: CMD's, or 125 when linnet itself failed.")]
 pub struct RunArgs {
     #[command(flatten)]
@@ -87,7 +92,9 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     }
     signals.thread_block().context("cannot block signals")?;
 
-    let (channel, daemon) = cli.connect_or_start()?;
+    // Before any thread starts: becoming the user is per process, but
+    // capabilities are per thread.
+    let (channel, daemon) = cli.connect_as_user(args.attach.user.as_deref())?;
     if let Some(mut daemon) = daemon {
         // Reap it whenever it exits, so it never lingers as a zombie of ours.
         std::thread::spawn(move || daemon.wait());

@@ -1,15 +1,24 @@
-//! Giving up privileges: after attaching, `linnet helper` needs only the
-//! TAP fd and its socket. Root via sudo becomes the invoking user; every
-//! capability goes, and no_new_privs keeps them from coming back on exec.
+//! Giving up privileges: `linnet run` and `linnet helper` need root only to
+//! start a daemon; the VMM and the relay need only the TAP fd and a socket.
+//! Root via sudo (or with --user) becomes the invoking user before it asks
+//! the daemon for anything, so the daemon sees who really asks and the TAP
+//! is that user's; every capability goes, and no_new_privs keeps them from
+//! coming back on exec.
 
 use std::ffi::CString;
 use std::io;
 
-use nix::unistd::{Gid, Uid, User};
+use nix::unistd::{Gid, Group, Uid, User};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum PrivilegeError {
+    #[error("--user {0}: no such user (give a name, a uid, or UID:GID)")]
+    UnknownUser(String),
+    #[error("--user {0}: no such group")]
+    UnknownGroup(String),
+    #[error("--user needs root: only root can become another user")]
+    NotRoot,
     #[error("SUDO_UID/SUDO_GID are not numbers ({0}); unset them or run without sudo")]
     BadSudoIds(String),
     #[error("cannot become uid {uid} gid {gid}: {source}")]
@@ -22,16 +31,60 @@ pub enum PrivilegeError {
     Capabilities(io::Error),
 }
 
-/// Drops to SUDO_UID/SUDO_GID when root through sudo, then clears all
-/// capabilities (effective, permitted, inheritable, ambient) and sets
-/// no_new_privs. Returns the uid switched to. Call it before starting
-/// threads: capabilities belong to each thread.
-pub fn drop_privileges() -> Result<Option<u32>, PrivilegeError> {
-    let mut became = None;
-    if Uid::effective().is_root()
-        && let Some((uid, gid)) = sudo_ids()?
-        && uid != 0
-    {
+/// A user to become.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Whom a root client becomes: `user` (NAME, UID, NAME:GROUP or UID:GID),
+/// else SUDO_UID/SUDO_GID. None: stay who we are (root without sudo, or
+/// not root at all).
+pub fn target(user: Option<&str>) -> Result<Option<Identity>, PrivilegeError> {
+    let root = Uid::effective().is_root();
+    let Some(spec) = user else {
+        return Ok(if root { sudo_ids()? } else { None }.filter(|t| t.uid != 0));
+    };
+    if !root {
+        return Err(PrivilegeError::NotRoot);
+    }
+    let (who, group) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    let unknown = || PrivilegeError::UnknownUser(spec.into());
+    let user = match who.parse::<u32>() {
+        Ok(uid) => User::from_uid(Uid::from_raw(uid))
+            .ok()
+            .flatten()
+            .map(|u| (uid, u.gid.as_raw()))
+            .or(group.map(|_| (uid, uid))),
+        Err(_) => User::from_name(who)
+            .ok()
+            .flatten()
+            .map(|u| (u.uid.as_raw(), u.gid.as_raw())),
+    };
+    let (uid, primary) = user.ok_or_else(unknown)?;
+    let gid = match group {
+        None => primary,
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => Group::from_name(g)
+                .ok()
+                .flatten()
+                .map(|g| g.gid.as_raw())
+                .ok_or_else(|| PrivilegeError::UnknownGroup(g.into()))?,
+        },
+    };
+    Ok(Some(Identity { uid, gid }))
+}
+
+/// Becomes `who` (when given), then clears all capabilities (effective,
+/// permitted, inheritable, ambient) and sets no_new_privs. Call it before
+/// starting threads: capabilities belong to each thread.
+pub fn become_user(who: Option<Identity>) -> Result<(), PrivilegeError> {
+    if let Some(Identity { uid, gid }) = who {
         let err = |source: nix::Error| PrivilegeError::Switch {
             uid,
             gid,
@@ -47,18 +100,16 @@ pub fn drop_privileges() -> Result<Option<u32>, PrivilegeError> {
         }
         nix::unistd::setresgid(g, g, g).map_err(err)?;
         nix::unistd::setresuid(u, u, u).map_err(err)?;
-        became = Some(uid);
     }
-    clear_capabilities().map_err(PrivilegeError::Capabilities)?;
-    Ok(became)
+    clear_capabilities().map_err(PrivilegeError::Capabilities)
 }
 
-fn sudo_ids() -> Result<Option<(u32, u32)>, PrivilegeError> {
+fn sudo_ids() -> Result<Option<Identity>, PrivilegeError> {
     let (Ok(uid), Ok(gid)) = (std::env::var("SUDO_UID"), std::env::var("SUDO_GID")) else {
         return Ok(None);
     };
     match (uid.parse(), gid.parse()) {
-        (Ok(u), Ok(g)) => Ok(Some((u, g))),
+        (Ok(uid), Ok(gid)) => Ok(Some(Identity { uid, gid })),
         _ => Err(PrivilegeError::BadSudoIds(format!("{uid}/{gid}"))),
     }
 }

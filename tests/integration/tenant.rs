@@ -350,3 +350,77 @@ fn ids_and_names_belong_to_their_user_and_hostnames_take_no_ones_name() {
         "db is still the VM named db"
     );
 }
+
+/// The Uid, Gid, CapEff and NoNewPrivs lines of a /proc/PID/status text.
+fn identity(status: &str) -> Vec<String> {
+    status
+        .lines()
+        .filter(|l| {
+            ["Uid:", "Gid:", "CapEff:", "NoNewPrivs:"]
+                .iter()
+                .any(|k| l.starts_with(k))
+        })
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+const NOBODY_NO_CAPS: [&str; 4] = [
+    "Uid: 65534 65534 65534 65534",
+    "Gid: 65534 65534 65534 65534",
+    "CapEff: 0000000000000000",
+    "NoNewPrivs: 1",
+];
+
+#[test]
+fn under_sudo_the_vmm_the_relay_and_the_daemons_view_are_the_invoking_users() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody] }\n");
+    world.start_daemon();
+    // `sudo linnet run` as nobody: the VMM prints its own status and that
+    // of `linnet run` (its parent, where the relay runs).
+    let script = "cat /proc/self/status; echo ---; cat /proc/$PPID/status";
+    let out = must(
+        world
+            .linnet(&["run", "--datapath", "dgram", "--", "sh", "-c", script])
+            .env("SUDO_UID", "65534")
+            .env("SUDO_GID", "65534"),
+    );
+    let (vmm, relay) = out.split_once("---").unwrap();
+    assert_eq!(identity(vmm), NOBODY_NO_CAPS, "the VMM");
+    assert_eq!(identity(relay), NOBODY_NO_CAPS, "linnet run and its relay");
+    let log = world.daemon_log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("attached") && l.contains("uid=65534")),
+        "the daemon saw the invoking user: {log}"
+    );
+
+    // `sudo linnet helper`: its connection is nobody's from the start.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let socket = dir.path().join("vm.sock");
+    let mut helper = Reaped(
+        world
+            .linnet(&["helper", "--socket", socket.to_str().unwrap()])
+            .env("SUDO_UID", "65534")
+            .env("SUDO_GID", "65534")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(helper.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let info: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(listed(&world, &info["interface_id"])["client_uid"], 65534);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", helper.id())).unwrap();
+    assert_eq!(identity(&status), NOBODY_NO_CAPS, "the helper");
+    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&socket).unwrap());
+    assert_eq!(owner, 65534, "its socket is the user's");
+}
