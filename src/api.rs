@@ -419,8 +419,23 @@ impl Channel {
 
     /// One request, one reply.
     pub fn call(&self, req: &Request) -> io::Result<(Response, Vec<OwnedFd>)> {
-        self.send(req, &[])?;
-        self.recv()?.ok_or_else(|| {
+        // A daemon that will not serve this connection says why and closes
+        // it, maybe before the request went out (EPIPE), maybe with it
+        // unread (the kernel then reports ECONNRESET once before the why).
+        let closed =
+            |e: &io::Error| matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET));
+        let read_why = || match self.recv() {
+            Err(e) if closed(&e) => self.recv(),
+            other => other,
+        };
+        if let Err(e) = self.send(req, &[]) {
+            return match closed(&e).then(read_why) {
+                Some(Ok(Some(why))) => Ok(why),
+                _ => Err(e),
+            };
+        }
+        let reply = read_why();
+        reply?.ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the linnet daemon closed the connection",

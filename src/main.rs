@@ -2,11 +2,13 @@
 
 mod addr6;
 mod api;
+mod budget;
 mod cli;
 mod coexist;
 mod config;
 mod daemon;
 mod datapath;
+mod files;
 mod forward;
 mod host;
 mod policy;

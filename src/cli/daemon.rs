@@ -14,6 +14,10 @@ pub struct DaemonArgs {
     /// (used when `linnet run` starts a daemon on demand).
     #[arg(long, value_name = "SECONDS")]
     pub idle_exit: Option<u64>,
+    /// Connections to the daemon one user other than root may hold at once
+    /// (each `linnet run` and `linnet helper` holds one while its VM runs).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_connections_per_uid: usize,
 }
 
 pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
@@ -26,5 +30,6 @@ pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
         state_dir: cli.state_dir.clone(),
         config,
         idle_exit: args.idle_exit.map(Duration::from_secs),
+        max_connections_per_uid: args.max_connections_per_uid,
     })
 }

@@ -324,8 +324,7 @@ impl ForwardStore {
             Ok(bytes) => match serde_json::from_slice(&bytes) {
                 Ok(saved) => saved,
                 Err(e) => {
-                    let aside = path.with_extension("json.bad");
-                    std::fs::rename(path, &aside)?;
+                    let aside = crate::files::move_aside(path)?;
                     error!(
                         "{}: {e}; moved to {}, starting without kept forwards",
                         path.display(),
@@ -398,10 +397,8 @@ impl ForwardStore {
     }
 
     fn save(&self) -> io::Result<()> {
-        let tmp = self.path.with_extension("json.tmp");
         let bytes = serde_json::to_vec_pretty(&self.saved).map_err(io::Error::other)?;
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, &self.path)
+        crate::files::write_atomically(&self.path, &bytes)
     }
 }
 
@@ -446,10 +443,15 @@ mod tests {
         std::fs::write(&path, "{not json").unwrap();
         let store = ForwardStore::open(&path).unwrap();
         assert!(store.get(id, "shared", 1000).is_empty());
-        assert!(
-            dir.path().join("forwards.json.bad").exists(),
-            "a broken store is moved aside, not fatal"
-        );
+        let aside = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("forwards.json.broken-")
+            });
+        assert!(aside, "a broken store is moved aside, not fatal");
     }
 
     #[test]

@@ -11,9 +11,12 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+use tokio::sync::Notify;
 
 use crate::config::NetworkConfig;
 use crate::types::{InterfaceId, MacAddr};
@@ -111,6 +114,68 @@ pub struct LeaseTable {
     path: Option<PathBuf>,
 }
 
+/// A network's lease table as the daemon and the network's services share
+/// it. Changes are saved in the background, at most once per
+/// `SAVE_EVERY`, written off the async runtime: a guest that floods DHCP
+/// costs no synchronous disk writes on the path that serves attaches.
+#[derive(Clone)]
+pub struct SharedLeases {
+    table: Arc<Mutex<LeaseTable>>,
+    changed: Arc<Notify>,
+}
+
+const SAVE_EVERY: Duration = Duration::from_secs(1);
+
+impl SharedLeases {
+    pub fn new(table: LeaseTable) -> SharedLeases {
+        SharedLeases {
+            table: Arc::new(Mutex::new(table)),
+            changed: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Asks for the table to be saved soon.
+    pub fn changed(&self) {
+        self.changed.notify_one();
+    }
+
+    /// Saves now, waiting for the disk: when the network goes down.
+    pub fn save_now(&self) -> io::Result<()> {
+        self.table.lock().expect("lease lock").save()
+    }
+
+    /// The task that saves after changes; it ends when aborted (a change
+    /// it had not saved yet is then left to `save_now`).
+    pub fn spawn_saver(&self, network: String) -> tokio::task::JoinHandle<()> {
+        let shared = self.clone();
+        tokio::spawn(async move {
+            loop {
+                shared.changed.notified().await;
+                let Some((path, bytes)) = shared.table.lock().expect("lease lock").snapshot()
+                else {
+                    continue;
+                };
+                let written = tokio::task::spawn_blocking(move || {
+                    crate::files::write_atomically(&path, &bytes)
+                })
+                .await;
+                if let Ok(Err(e)) = written {
+                    tracing::warn!(%network, "cannot save leases: {e}");
+                }
+                tokio::time::sleep(SAVE_EVERY).await;
+            }
+        })
+    }
+}
+
+impl std::ops::Deref for SharedLeases {
+    type Target = Mutex<LeaseTable>;
+
+    fn deref(&self) -> &Mutex<LeaseTable> {
+        &self.table
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct LeaseFile {
     leases: Vec<Lease>,
@@ -139,12 +204,20 @@ impl LeaseTable {
         table.path = Some(path.to_path_buf());
         match std::fs::read(path) {
             Ok(bytes) => {
-                let file: LeaseFile = serde_json::from_slice(&bytes).map_err(|e| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("{}: {e}", path.display()),
-                    )
-                })?;
+                let file: LeaseFile = match serde_json::from_slice(&bytes) {
+                    Ok(file) => file,
+                    Err(e) => {
+                        // The reservations in it are lost; the network is not.
+                        let aside = crate::files::move_aside(path)?;
+                        tracing::error!(
+                            network = %net.name,
+                            "{}: {e}; moved to {}, starting with no leases",
+                            path.display(),
+                            aside.display()
+                        );
+                        LeaseFile { leases: Vec::new() }
+                    }
+                };
                 for mut lease in file.leases {
                     lease.held_until.get_or_insert(now + table.lease_time);
                     if net.subnet.contains(&lease.ip) && lease.ip != net.gateway {
@@ -158,17 +231,22 @@ impl LeaseTable {
         Ok(table)
     }
 
-    /// Writes the table atomically (temp file + rename) if it has a path.
+    /// Writes the table (atomically, fsynced) if it has a path.
     pub fn save(&self) -> io::Result<()> {
-        let Some(path) = &self.path else {
-            return Ok(());
-        };
+        match self.snapshot() {
+            Some((path, bytes)) => crate::files::write_atomically(&path, &bytes),
+            None => Ok(()),
+        }
+    }
+
+    /// What `save` writes, and where, to be written later off the lock.
+    pub fn snapshot(&self) -> Option<(PathBuf, Vec<u8>)> {
+        let path = self.path.clone()?;
         let file = LeaseFile {
             leases: self.leases.values().cloned().collect(),
         };
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&file)?)?;
-        std::fs::rename(&tmp, path)
+        let bytes = serde_json::to_vec_pretty(&file).expect("leases serialize");
+        Some((path, bytes))
     }
 
     #[cfg(test)]
@@ -227,6 +305,19 @@ impl LeaseTable {
         // One lease per owner: drop a stale one at another address.
         self.leases
             .retain(|addr, l| l.owner != owner || *addr == ip);
+        // A detached interface gives its name up to this one (check_claim
+        // said it may).
+        if let Some(name) = &name {
+            for other in self.leases.values_mut().filter(|l| l.owner != owner) {
+                if other
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.eq_ignore_ascii_case(name))
+                {
+                    other.name = None;
+                }
+            }
+        }
         // The hostname the guest sent last time stays until it sends another.
         let hostname = self
             .leases
@@ -278,12 +369,16 @@ impl LeaseTable {
             });
         }
         let Some(name) = name else { return Ok(()) };
+        // Held: by an attached interface, or by another user's detached
+        // one whose address is still reserved. A user's own detached
+        // interface (or, for root, anyone's) gives its name up.
         let held = self.leases.values().find(|l| {
             l.owner != owner
                 && l.is_live(now)
                 && l.name
                     .as_deref()
                     .is_some_and(|n| n.eq_ignore_ascii_case(name))
+                && (l.held_until.is_none() || (l.uid != Some(uid) && uid != 0))
         });
         match held {
             Some(Lease {
@@ -580,13 +675,16 @@ mod tests {
                 id(1)
             )
         );
-        assert!(
-            t.attach_for(0, id(2), None, Some("web".into()), 20)
-                .is_err(),
-            "not even root takes a held name"
-        );
+        t.attach_for(1000, id(3), None, Some("web".into()), 25)
+            .expect("its user may give the name to another interface of theirs");
+        t.detach(id(3), 26);
         t.attach_for(1000, id(1), None, Some("web".into()), 30)
             .expect("its owner");
+        assert!(
+            t.attach_for(0, id(2), None, Some("web".into()), 35)
+                .is_err(),
+            "not even root takes a name an attached interface holds"
+        );
         t.detach(id(1), 40);
         t.attach_for(0, id(1), None, None, 50)
             .expect("root may take any id");
@@ -739,7 +837,7 @@ mod tests {
     }
 
     #[test]
-    fn table_survives_a_round_trip_to_disk_and_bad_files_are_errors() {
+    fn table_survives_a_round_trip_to_disk_and_a_bad_file_is_moved_aside() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shared.json");
         let cfg = Config::builtin();
@@ -756,7 +854,18 @@ mod tests {
         let again = back.attach(id(1), None, None, 11).unwrap();
         assert_eq!((again.mac, again.ip), (a.mac, a.ip));
         std::fs::write(&path, b"{not json").unwrap();
-        let err = LeaseTable::open(net, &path, 0).unwrap_err();
-        assert!(err.to_string().contains("shared.json"), "{err}");
+        let fresh = LeaseTable::open(net, &path, 0).expect("a network that still comes up");
+        assert_eq!(fresh.leases().count(), 0);
+        assert!(!path.exists(), "moved aside");
+        let aside = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .find(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("shared.json.broken-")
+            })
+            .expect("kept for a look");
+        assert_eq!(std::fs::read(aside.path()).unwrap(), b"{not json");
     }
 }

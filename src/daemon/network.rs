@@ -4,12 +4,12 @@
 
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
-use super::leases::LeaseTable;
+use super::leases::{LeaseTable, SharedLeases};
 use super::state::DaemonError;
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::NetworkConfig;
@@ -22,7 +22,8 @@ pub struct ActiveNetwork {
     pub config: NetworkConfig,
     pub bridge: String,
     pub bridge_index: u32,
-    pub leases: Arc<Mutex<LeaseTable>>,
+    pub leases: SharedLeases,
+    saver: tokio::task::JoinHandle<()>,
     _services: Services,
 }
 
@@ -38,9 +39,14 @@ impl ActiveNetwork {
         let alias = format!("{ALIAS_NETWORK}{}", cfg.name);
         let existing = netlink.link(&bridge).await?;
         let adopted = match &existing {
+            // Ours: marked with our alias, or — a daemon that died between
+            // creating it and marking it — unmarked but with the MAC linnet
+            // gives that network's bridge at creation.
             Some(link)
                 if link.kind == LinkKind::Bridge
-                    && link.alias.as_deref() == Some(alias.as_str()) =>
+                    && (link.alias.as_deref() == Some(alias.as_str())
+                        || (link.alias.is_none()
+                            && link.address == Some(host::bridge_mac(&cfg.name)))) =>
             {
                 Some(link.index)
             }
@@ -99,7 +105,7 @@ impl ActiveNetwork {
             let table = LeaseTable::open(cfg, &path, unix_now()).map_err(|e| {
                 DaemonError::Internal(format!("cannot read leases {}: {e}", path.display()))
             })?;
-            let leases = Arc::new(Mutex::new(table));
+            let leases = SharedLeases::new(table);
             let ctx = Arc::new(NetworkContext {
                 config: cfg.clone(),
                 bridge: bridge.clone(),
@@ -112,12 +118,14 @@ impl ActiveNetwork {
         .await;
         match result {
             Ok((leases, services)) => {
+                let saver = leases.spawn_saver(cfg.name.clone());
                 info!(network = %cfg.name, %bridge, subnet = %cfg.subnet, adopted = adopted.is_some(), "network up");
                 Ok(ActiveNetwork {
                     config: cfg.clone(),
                     bridge,
                     bridge_index: index,
                     leases,
+                    saver,
                     _services: services,
                 })
             }
@@ -134,10 +142,15 @@ impl ActiveNetwork {
             config,
             bridge,
             bridge_index,
+            leases,
+            saver,
             _services,
-            ..
         } = self;
         drop(_services);
+        saver.abort();
+        if let Err(e) = leases.save_now() {
+            tracing::warn!(network = %config.name, "cannot save leases: {e}");
+        }
         netlink.delete_link(bridge_index).await?;
         info!(network = %config.name, %bridge, "network down");
         Ok(())

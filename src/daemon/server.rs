@@ -20,6 +20,7 @@ use tracing::{debug, error, info, warn};
 
 use super::state::{Client, Daemon, DaemonError};
 use crate::api::{self, MAX_MESSAGE, Request, Response, SOCKET_NAME};
+use crate::budget::Budget;
 use crate::config::Config;
 use crate::host::netlink::Netlink;
 
@@ -33,7 +34,12 @@ pub struct Options {
     pub config: Config,
     /// Exit after this long with no interfaces and no connections.
     pub idle_exit: Option<Duration>,
+    /// Connections one uid other than root may hold open at once.
+    pub max_connections_per_uid: usize,
 }
+
+/// How long accepting pauses when the daemon is out of file descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 pub fn run(opts: Options) -> anyhow::Result<()> {
     raise_fd_limit();
@@ -61,6 +67,8 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     info!(socket = %socket_path.display(), state = %opts.state_dir.display(), "linnet daemon ready");
 
     let connections = Arc::new(AtomicUsize::new(0));
+    let per_uid = Budget::new(opts.max_connections_per_uid, usize::MAX);
+    let mut out_of_fds = 0u64;
     let next_client = AtomicU64::new(1);
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -85,11 +93,25 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             accepted = accept(&listener) => {
                 let conn = match accepted {
                     Ok(conn) => conn,
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                        // The connection waits in the backlog; spinning on
+                        // it would only burn the CPU the others need.
+                        if out_of_fds == 0 {
+                            warn!("out of file descriptors ({e}): new connections wait; `linnet ls` shows who holds how many");
+                        }
+                        out_of_fds += 1;
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
                     Err(e) => {
                         warn!("accept failed: {e}");
                         continue;
                     }
                 };
+                if out_of_fds > 0 {
+                    info!(waited = out_of_fds, "file descriptors free again: accepting");
+                    out_of_fds = 0;
+                }
                 let client = match identify(&conn, next_client.fetch_add(1, Ordering::Relaxed)) {
                     Ok(client) => client,
                     Err(e) => {
@@ -97,9 +119,24 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
                         continue;
                     }
                 };
+                let permit = match client.uid {
+                    0 => None,
+                    uid => match per_uid.try_take(uid) {
+                        Ok(permit) => Some(permit),
+                        Err(refused) => {
+                            let limit = per_uid.per_key();
+                            if let Some(count) = refused.report {
+                                warn!(uid, pid = ?client.pid, refused = count, "uid {uid} holds {limit} connections to the daemon, its limit (linnet daemon --max-connections-per-uid): refusing more");
+                            }
+                            refuse(&conn, format!("uid {uid} holds {limit} connections to the linnet daemon, its limit; close some (each `linnet run` and `helper` holds one) or ask the administrator to raise --max-connections-per-uid"));
+                            continue;
+                        }
+                    },
+                };
                 let (daemon, connections) = (daemon.clone(), connections.clone());
                 connections.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
+                    let _permit = permit;
                     serve_client(&daemon, conn, &client).await;
                     daemon.lock().await.client_gone(client.id).await;
                     connections.fetch_sub(1, Ordering::SeqCst);
@@ -126,6 +163,24 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&socket_path);
     info!("stopped; nothing left behind");
     Ok(())
+}
+
+/// Answers a connection the daemon will not serve, and closes it: the
+/// client reads the reason as the reply to its first request.
+fn refuse(conn: &AsyncFd<OwnedFd>, message: String) {
+    let response = Response::Error {
+        kind: api::ErrorKind::Busy,
+        message,
+    };
+    let _ = api::send_message(conn.get_ref().as_fd(), &response, &[]);
+    // A request already sent is read (and dropped): closing on unread data
+    // would make the client's kernel report a reset before the reason.
+    let mut scratch = [0u8; 512];
+    let _ = socket::recv(
+        conn.get_ref().as_raw_fd(),
+        &mut scratch,
+        socket::MsgFlags::MSG_DONTWAIT | socket::MsgFlags::MSG_TRUNC,
+    );
 }
 
 /// One daemon per run directory.
@@ -296,11 +351,11 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
 }
 
 async fn handle(
-    daemon: &Mutex<Daemon>,
+    lock: &Mutex<Daemon>,
     client: &Client,
     request: Request,
 ) -> (Response, Option<OwnedFd>) {
-    let mut daemon = daemon.lock().await;
+    let mut daemon = lock.lock().await;
     match request {
         Request::Attach(req) => match daemon.handle_attach(client, req).await {
             Ok((interface, fd)) => (
@@ -328,7 +383,12 @@ async fn handle(
             Err(e) => (e.into_response(), None),
         },
         Request::List => {
-            let stats = daemon.link_stats().await;
+            // The link dump (all TAPs' counters) runs without the lock, so
+            // a listing never holds up an attach.
+            let netlink = daemon.netlink.clone();
+            drop(daemon);
+            let stats = super::state::link_stats(&netlink).await;
+            let mut daemon = lock.lock().await;
             let drops = daemon.guard_drops();
             (daemon.list(&stats, &drops), None)
         }

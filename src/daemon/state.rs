@@ -490,10 +490,8 @@ impl Daemon {
                 return Err(e);
             }
         };
-        if let Err(e) = leases.save() {
-            warn!(network, "cannot save leases: {e}");
-        }
         drop(leases);
+        net.leases.changed();
         let mut info = interface_info(
             net,
             id,
@@ -656,10 +654,8 @@ impl Daemon {
             info!(network = %iface.network, interface = %id, tap = %iface.tap, "detached");
         }
         for network in networks {
-            if let Some(net) = self.networks.get(network)
-                && let Err(e) = net.leases.lock().expect("lease lock").save()
-            {
-                warn!(network, "cannot save leases: {e}");
+            if let Some(net) = self.networks.get(network) {
+                net.leases.changed();
             }
             self.release_network_if_unused(network).await;
         }
@@ -726,19 +722,6 @@ impl Daemon {
         Response::Listing {
             networks,
             interfaces,
-        }
-    }
-
-    pub async fn link_stats(&self) -> BTreeMap<u32, (u64, u64)> {
-        match self.netlink.links().await {
-            Ok(links) => links
-                .into_iter()
-                .map(|l| (l.index, (l.rx_bytes, l.tx_bytes)))
-                .collect(),
-            Err(e) => {
-                warn!("cannot read link counters: {e}");
-                BTreeMap::new()
-            }
         }
     }
 
@@ -941,4 +924,18 @@ fn interface_info(
 /// An interface's IPv4 address for logs: "none" without DHCP.
 pub(super) fn shown_ip(ip: Option<Ipv4Addr>) -> String {
     ip.map_or_else(|| "none (no DHCP)".into(), |ip| ip.to_string())
+}
+
+/// Every link's byte counters (rx, tx) by index, for `list`.
+pub async fn link_stats(netlink: &Netlink) -> BTreeMap<u32, (u64, u64)> {
+    match netlink.links().await {
+        Ok(links) => links
+            .into_iter()
+            .map(|l| (l.index, (l.rx_bytes, l.tx_bytes)))
+            .collect(),
+        Err(e) => {
+            warn!("cannot read link counters: {e}");
+            BTreeMap::new()
+        }
+    }
 }

@@ -65,10 +65,8 @@ async fn serve(ctx: Arc<NetworkContext>, socket: UdpSocket) {
         let reply = {
             let mut leases = ctx.leases.lock().expect("lease table lock");
             let reply = respond(&ctx.config, &mut leases, &request, unix_now());
-            if reply.is_some()
-                && let Err(e) = leases.save()
-            {
-                warn!(network = %ctx.config.name, "cannot save leases: {e}");
+            if reply.is_some() {
+                ctx.leases.changed();
             }
             reply
         };

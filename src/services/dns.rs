@@ -21,8 +21,11 @@ use tokio::task::JoinHandle;
 use tokio::time::timeout;
 use tracing::{debug, warn};
 
+use socket2::{Domain, Protocol, Socket, Type};
+
 use super::{NetworkContext, ServiceError, unix_now};
 use crate::addr6;
+use crate::budget::{Budget, Refused};
 use crate::daemon::leases::LeaseTable;
 
 const PORT: u16 = 53;
@@ -31,6 +34,14 @@ const TCP_IDLE: Duration = Duration::from_secs(10);
 /// Answers about VMs change as they come and go: keep caches short.
 const LOCAL_TTL: u32 = 5;
 const MAX_UDP: usize = 4096;
+/// Queries one VM (by address) may have waiting for an upstream answer, and
+/// the network in all; past them a query is dropped, as a busy resolver
+/// would, and the client retries.
+const QUERIES_PER_CLIENT: usize = 32;
+const QUERIES_IN_ALL: usize = 512;
+/// TCP connections one VM may hold open, and the network in all.
+const TCP_PER_CLIENT: usize = 4;
+const TCP_IN_ALL: usize = 64;
 
 pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceError> {
     let mut addrs = vec![IpAddr::V4(ctx.config.gateway)];
@@ -40,16 +51,36 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceErr
         warn!(network = %ctx.config.name, "no upstream DNS server (dns.upstream is empty and /etc/resolv.conf names none): only VM names will resolve");
     }
     let mut tasks = Vec::new();
+    let queries = Arc::new(Budget::new(QUERIES_PER_CLIENT, QUERIES_IN_ALL));
+    let streams = Arc::new(Budget::new(TCP_PER_CLIENT, TCP_IN_ALL));
     for ip in addrs {
         let (udp, tcp) = bind(&ctx, SocketAddr::new(ip, PORT))?;
         tasks.push(tokio::spawn(serve_udp(
             ctx.clone(),
             Arc::new(udp),
             upstream.clone(),
+            queries.clone(),
         )));
-        tasks.push(tokio::spawn(serve_tcp(ctx.clone(), tcp, upstream.clone())));
+        tasks.push(tokio::spawn(serve_tcp(
+            ctx.clone(),
+            tcp,
+            upstream.clone(),
+            streams.clone(),
+        )));
     }
     Ok(tasks)
+}
+
+/// Logs a refusal when its budget says to.
+fn refused(ctx: &NetworkContext, what: &str, client: IpAddr, refusal: &Refused) {
+    if let Some(count) = refusal.report {
+        let whose = if refusal.per_key {
+            format!("{client} has its")
+        } else {
+            "the network has its".to_string()
+        };
+        warn!(network = %ctx.config.name, %client, refused = count, "DNS: {whose} most {what} at once; dropping more");
+    }
 }
 
 fn bind(ctx: &NetworkContext, addr: SocketAddr) -> Result<(UdpSocket, TcpListener), ServiceError> {
@@ -59,13 +90,23 @@ fn bind(ctx: &NetworkContext, addr: SocketAddr) -> Result<(UdpSocket, TcpListene
         addr: addr.to_string(),
         source,
     };
-    let udp = std::net::UdpSocket::bind(addr).map_err(bind_err)?;
-    udp.set_nonblocking(true).map_err(bind_err)?;
-    let tcp = std::net::TcpListener::bind(addr).map_err(bind_err)?;
-    tcp.set_nonblocking(true).map_err(bind_err)?;
+    // Bound to the bridge: the network's VMs ask here, nobody else (not
+    // another network's VMs, not the outside through a route to the
+    // gateway's address) finds an open resolver.
+    let socket = |kind: Type, protocol: Protocol| -> std::io::Result<Socket> {
+        let socket = Socket::new(Domain::for_address(addr), kind, Some(protocol))?;
+        socket.set_reuse_address(true)?;
+        socket.bind_device(Some(ctx.bridge.as_bytes()))?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        Ok(socket)
+    };
+    let udp = socket(Type::DGRAM, Protocol::UDP).map_err(bind_err)?;
+    let tcp = socket(Type::STREAM, Protocol::TCP).map_err(bind_err)?;
+    tcp.listen(128).map_err(bind_err)?;
     Ok((
-        UdpSocket::from_std(udp).map_err(bind_err)?,
-        TcpListener::from_std(tcp).map_err(bind_err)?,
+        UdpSocket::from_std(udp.into()).map_err(bind_err)?,
+        TcpListener::from_std(tcp.into()).map_err(bind_err)?,
     ))
 }
 
@@ -94,15 +135,24 @@ async fn serve_udp(
     ctx: Arc<NetworkContext>,
     socket: Arc<UdpSocket>,
     upstream: Arc<Vec<SocketAddr>>,
+    budget: Arc<Budget<IpAddr>>,
 ) {
     let mut buf = vec![0u8; MAX_UDP];
     loop {
         let Ok((len, client)) = socket.recv_from(&mut buf).await else {
             continue;
         };
+        let permit = match budget.try_take(client.ip()) {
+            Ok(permit) => permit,
+            Err(refusal) => {
+                refused(&ctx, "queries", client.ip(), &refusal);
+                continue;
+            }
+        };
         let query = buf[..len].to_vec();
         let (ctx, socket, upstream) = (ctx.clone(), socket.clone(), upstream.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             if let Some(answer) = resolve(&ctx, &query, &upstream, Transport::Udp).await {
                 let _ = socket.send_to(&answer, client).await;
             }
@@ -114,13 +164,22 @@ async fn serve_tcp(
     ctx: Arc<NetworkContext>,
     listener: TcpListener,
     upstream: Arc<Vec<SocketAddr>>,
+    budget: Arc<Budget<IpAddr>>,
 ) {
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let Ok((mut stream, client)) = listener.accept().await else {
             continue;
+        };
+        let permit = match budget.try_take(client.ip()) {
+            Ok(permit) => permit,
+            Err(refusal) => {
+                refused(&ctx, "TCP connections", client.ip(), &refusal);
+                continue;
+            }
         };
         let (ctx, upstream) = (ctx.clone(), upstream.clone());
         tokio::spawn(async move {
+            let _permit = permit;
             while let Ok(Ok(query)) = timeout(TCP_IDLE, read_framed(&mut stream)).await {
                 let Some(answer) = resolve(&ctx, &query, &upstream, Transport::Tcp).await else {
                     break;

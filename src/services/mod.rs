@@ -8,21 +8,21 @@ pub mod dhcp;
 pub mod dns;
 pub mod ra;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
 use tokio::task::JoinHandle;
 
 use crate::config::NetworkConfig;
-use crate::daemon::leases::LeaseTable;
+use crate::daemon::leases::SharedLeases;
 
 /// What a network's services share with the daemon.
 pub struct NetworkContext {
     pub config: NetworkConfig,
     pub bridge: String,
     pub bridge_index: u32,
-    pub leases: Arc<Mutex<LeaseTable>>,
+    pub leases: SharedLeases,
 }
 
 #[derive(Debug, Error)]

@@ -366,14 +366,21 @@ impl World {
     }
 
     pub fn start_daemon(&mut self) {
+        self.start_daemon_with(&[], &[]);
+    }
+
+    /// `wrapper… linnet daemon extra…` (e.g. prlimit, daemon options).
+    pub fn start_daemon_with(&mut self, wrapper: &[&str], extra: &[&str]) {
         assert!(self.daemon.is_none(), "daemon already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.daemon_log())
             .unwrap();
+        let mut args = vec!["daemon"];
+        args.extend_from_slice(extra);
         let child = self
-            .linnet(&["daemon"])
+            .linnet_wrapped(wrapper, &args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -389,6 +396,12 @@ impl World {
                 .success()
                 .then_some(())
         });
+    }
+
+    /// The daemon's pid (`ip netns exec` and wrappers such as prlimit exec
+    /// it in place).
+    pub fn daemon_pid(&self) -> u32 {
+        self.daemon.as_ref().expect("daemon running").id()
     }
 
     pub fn daemon_log(&self) -> PathBuf {

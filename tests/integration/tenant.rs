@@ -424,3 +424,169 @@ fn under_sudo_the_vmm_the_relay_and_the_daemons_view_are_the_invoking_users() {
     let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&socket).unwrap());
     assert_eq!(owner, 65534, "its socket is the user's");
 }
+
+/// `api_flood.py` against the world's daemon, behind `wrapper`: its
+/// summary line and the process holding the connections.
+fn flood(world: &World, wrapper: &[&str], count: usize, wait: &str) -> (String, Reaped) {
+    let socket = world.run_dir().join("linnet.sock");
+    let mut argv: Vec<&str> = wrapper.to_vec();
+    let script = repo_file("tests/api_flood.py");
+    let count = count.to_string();
+    // Debian's python3: the one on PATH may be root's own (pyenv).
+    argv.extend([
+        "/usr/bin/python3",
+        &script,
+        socket.to_str().unwrap(),
+        &count,
+        wait,
+    ]);
+    let mut child = Reaped(
+        world
+            .host
+            .cmd(&argv)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (line.trim().to_string(), child)
+}
+
+/// User plus system CPU time of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn a_connection_flood_from_one_user_leaves_another_users_attach_working() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody, daemon] }\n");
+    world.start_daemon_with(&[], &["--max-connections-per-uid", "8"]);
+    let (summary, _held) = flood(&world, AS_NOBODY, 40, "5");
+    assert_eq!(summary, "answered 8 refused 32 silent 0");
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains("uid 65534 holds 8 connections to the daemon, its limit"),
+        "said once: {log}"
+    );
+    assert_eq!(
+        log.matches("its limit (linnet daemon --max-connections-per-uid)")
+            .count(),
+        1
+    );
+    let err = failure(&mut world.linnet_wrapped(AS_NOBODY, &["run", "--", "true"]));
+    assert!(
+        err.contains("uid 65534 holds 8 connections to the linnet daemon"),
+        "{err}"
+    );
+    must(&mut world.linnet_wrapped(AS_DAEMON_USER, &["run", "--", "true"]));
+    let g = world.guest("shared", &[]);
+    assert_eq!(g.udhcpc(), g.ip(), "root's VM too");
+}
+
+#[test]
+fn out_of_file_descriptors_the_daemon_waits_instead_of_spinning_and_recovers() {
+    let mut world = World::new();
+    world.start_daemon_with(&["prlimit", "--nofile=64:64", "--"], &[]);
+    let pid = world.daemon_pid();
+    let (summary, held) = flood(&world, &[], 80, "0.2");
+    assert!(summary.contains(" silent "), "{summary}");
+    let silent: usize = summary.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(silent > 0, "the flood ran the daemon out of fds: {summary}");
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(pid) - before;
+    assert!(
+        used < 50,
+        "the daemon burnt {used} ticks in 2 s waiting for fds"
+    );
+    assert!(world.daemon_log_text().contains("out of file descriptors"));
+    drop(held);
+    let g = world.guest("shared", &[]);
+    assert_eq!(g.udhcpc(), g.ip(), "attaches work again once fds are free");
+}
+
+#[test]
+fn a_damaged_lease_file_or_an_unmarked_bridge_left_by_a_crash_cost_no_network() {
+    let mut world = World::new();
+    world.start_daemon();
+    let g = world.guest("shared", &[]);
+    let bridge_mac = link_mac(&world.host, "ln-shared");
+    drop(g);
+    world.stop_daemon();
+    // What a daemon killed at the wrong moment could leave: a lease file
+    // cut short, and its bridge made but not yet marked as linnet's.
+    let leases = world.state_dir().join("leases/shared.json");
+    std::fs::write(&leases, "{\"leases\": [{\"ip\": \"192.168").unwrap();
+    must(&mut world.host.cmd(&[
+        "ip",
+        "link",
+        "add",
+        "ln-shared",
+        "address",
+        &bridge_mac,
+        "type",
+        "bridge",
+    ]));
+    world.start_daemon();
+    let g = world.guest("shared", &[]);
+    assert_eq!(g.udhcpc(), g.ip());
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains("moved to") && log.contains("starting with no leases"),
+        "{log}"
+    );
+    assert!(
+        log.contains("adopted=true"),
+        "the unmarked bridge is adopted: {log}"
+    );
+    let kept = std::fs::read_dir(world.state_dir().join("leases"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("shared.json.broken-")
+        });
+    assert!(kept, "the damaged file is kept for a look");
+}
+
+#[test]
+fn dns_answers_only_the_vms_of_its_own_bridge() {
+    let mut world = World::new();
+    world.start_daemon();
+    let shared = world.guest("shared", &[]);
+    let hostonly = world.guest("host", &[]);
+    assert_eq!(shared.udhcpc(), shared.ip());
+    assert_eq!(hostonly.udhcpc(), hostonly.ip());
+    assert_eq!(
+        shared.lookup(UPSTREAM_NAME, &shared.gateway()).as_deref(),
+        Some(UPSTREAM_IP)
+    );
+    // The host network's VM reaches the shared gateway's address (the
+    // host's own), but not a resolver there.
+    must(
+        &mut hostonly
+            .ns
+            .cmd(&["ip", "route", "add", "default", "via", &hostonly.gateway()]),
+    );
+    assert!(hostonly.ping(&shared.gateway()), "the address is reachable");
+    assert_eq!(hostonly.lookup(UPSTREAM_NAME, &shared.gateway()), None);
+    assert_eq!(
+        hostonly
+            .lookup(UPSTREAM_NAME, &hostonly.gateway())
+            .as_deref(),
+        Some(UPSTREAM_IP),
+        "its own gateway answers"
+    );
+}

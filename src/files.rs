@@ -1,0 +1,56 @@
+//! The daemon's state files (leases, kept forwards): written so that a
+//! crash or power loss leaves either the old file or the new one, never a
+//! torn one, and read so that a damaged one costs what was in it, not the
+//! network.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// Replaces `path` with `bytes`: a temporary file beside it, written and
+/// fsynced, renamed over it, and the directory fsynced so the rename lasts.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut file = File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Moves a file that cannot be read as it should aside, to
+/// `NAME.broken-UNIXTIME`, where an operator can look at it; returns where.
+pub fn move_aside(path: &Path) -> io::Result<PathBuf> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".broken-{now}"));
+    let aside = path.with_file_name(name);
+    std::fs::rename(path, &aside)?;
+    Ok(aside)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_replaced_whole_and_a_broken_one_moved_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shared.json");
+        write_atomically(&path, b"one").unwrap();
+        write_atomically(&path, b"two").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        assert!(!path.with_extension("tmp").exists(), "no temporary left");
+        let aside = move_aside(&path).unwrap();
+        assert!(!path.exists());
+        assert_eq!(std::fs::read(&aside).unwrap(), b"two");
+        assert!(aside.to_string_lossy().contains("shared.json.broken-"));
+    }
+}
