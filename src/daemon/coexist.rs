@@ -232,6 +232,24 @@ impl Daemon {
             .collect()
     }
 
+    /// Whether `inet linnet` or `bridge linnet` is gone or lost rules
+    /// while linnet needs it.
+    /// One that cannot even be read counts as damaged: held ports fail
+    /// closed.
+    pub(super) fn own_tables_damaged(&mut self) -> bool {
+        let unreliable = self.host.shapes_unreliable;
+        let inet_shape = firewall::shape(&self.firewall_networks());
+        let mut damaged =
+            |family: &str, expected: Option<&Shape>| match linnet_shape(&mut self.nft, family) {
+                Ok(Some(actual)) => expected.is_some_and(|e| *e != actual),
+                Ok(None) | Err(_) => true,
+            };
+        let inet =
+            !self.networks.is_empty() && damaged("inet", (!unreliable).then_some(&inet_shape));
+        let expected = guard::expected_shape().filter(|_| !unreliable);
+        inet || (self.guard_ready && damaged("bridge", expected))
+    }
+
     /// Puts back `inet linnet` and `bridge linnet` (with every guarded
     /// port) if they are gone. Returns whether it did.
     fn restore_tables(&mut self) -> bool {
@@ -264,8 +282,7 @@ impl Daemon {
                 "linnet's table bridge linnet {damage}: putting it back with every guarded interface"
             );
             let ports = self.guarded_ports();
-            let result =
-                guard::create(&mut self.nft).and_then(|()| guard::add_ports(&mut self.nft, &ports));
+            let result = guard::create_with(&mut self.nft, &ports);
             // The counters start again at 0.
             self.drops_reported.clear();
             match result {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::state::{Daemon, Interface, shown_ip};
 use crate::addr6;
@@ -41,6 +41,61 @@ impl Daemon {
                 warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %shown_ip(iface.ip), mac = %iface.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
             }
         }
+    }
+
+    /// Holds every guarded port — off its bridge: nothing in or out, and
+    /// nothing its VMM can undo (putting a link on a bridge needs
+    /// CAP_NET_ADMIN) — while linnet's tables are damaged, as after `nft
+    /// flush ruleset`: until the guard and the policies are back, a VM could
+    /// plant neighbour entries and routes, or reach the host's 127.0.0.1
+    /// through route_localnet. Fails closed: a port stays held until they
+    /// are back.
+    pub async fn hold_guarded_ports(&mut self) {
+        if self.ports_held || !self.own_tables_damaged() {
+            return;
+        }
+        let ports = self.live_guarded_ports();
+        warn!(
+            interfaces = ports.len(),
+            "linnet's tables are damaged: guarded interfaces forward nothing until they are back"
+        );
+        for (tap, index, _) in ports {
+            if let Err(e) = self.netlink.set_master(index, None).await {
+                warn!(%tap, "cannot hold the port: {e}");
+            }
+        }
+        self.ports_held = true;
+    }
+
+    /// Puts held ports back on their bridges once linnet's tables are whole.
+    pub async fn release_held_ports(&mut self) {
+        if !self.ports_held || self.own_tables_damaged() {
+            return;
+        }
+        let ports = self.live_guarded_ports();
+        for (tap, index, bridge) in &ports {
+            if let Err(e) = self.netlink.set_master(*index, Some(*bridge)).await {
+                warn!(%tap, "cannot put the port back on its bridge: {e}");
+            }
+        }
+        info!(
+            interfaces = ports.len(),
+            "linnet's tables are back: guarded interfaces forward again"
+        );
+        self.ports_held = false;
+    }
+
+    /// (TAP, its index, its bridge's index) of each guarded interface that
+    /// was not cut off.
+    fn live_guarded_ports(&self) -> Vec<(String, u32, u32)> {
+        self.interfaces
+            .values()
+            .filter(|i| i.guarded && i.cut_off.is_none())
+            .filter_map(|i| {
+                let bridge = self.networks.get(&i.network)?.bridge_index;
+                Some((i.tap.clone(), i.tap_index, bridge))
+            })
+            .collect()
     }
 
     /// The guard of every guarded interface.

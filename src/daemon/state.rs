@@ -119,9 +119,9 @@ pub(super) struct Interface {
     /// The name given at attach.
     pub(super) name: Option<String>,
     pub(super) tap: String,
-    tap_index: u32,
+    pub(super) tap_index: u32,
     /// Why its TAP was taken off the network, if it was.
-    cut_off: Option<String>,
+    pub(super) cut_off: Option<String>,
     client: u64,
     pid: Option<i32>,
     pub(super) uid: u32,
@@ -164,6 +164,8 @@ pub struct Daemon {
     pub(super) tap_addresses: TapAddresses,
     /// The number in the next TAP's name.
     next_tap: u32,
+    /// Whether guarded ports are held while linnet's tables are damaged.
+    pub(super) ports_held: bool,
 }
 
 impl Daemon {
@@ -184,6 +186,7 @@ impl Daemon {
             host: HostView::default(),
             tap_addresses: TapAddresses::default(),
             next_tap: 0,
+            ports_held: false,
         }
     }
 

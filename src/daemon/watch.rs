@@ -27,6 +27,8 @@ const SETTLE: Duration = Duration::from_millis(100);
 /// Legacy iptables sends no notifications, nor does the kernel when routes
 /// go with their link: the host is looked at this often too.
 const POLL: Duration = Duration::from_secs(30);
+/// How often the host is looked at while guarded ports are held.
+const HELD_RECHECK: Duration = Duration::from_secs(1);
 
 const NFNLGRP_NFTABLES: u32 = libc::NFNLGRP_NFTABLES as u32;
 const NFNL_SUBSYS_NFTABLES: u16 = libc::NFNL_SUBSYS_NFTABLES as u16;
@@ -114,6 +116,7 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>) -> tokio::task::JoinHandle<()> {
         let mut poll = tokio::time::interval(POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         poll.tick().await;
+        let mut held = false;
         loop {
             let mut wake = Wake::default();
             tokio::select! {
@@ -122,6 +125,9 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>) -> tokio::task::JoinHandle<()> {
                 // Legacy iptables, and routes gone with a link (the kernel
                 // sends no notification for those).
                 _ = poll.tick() => (wake.netfilter, wake.routes) = (Change::Foreign, true),
+                // Held ports wait for linnet's tables: look again soon (a
+                // table that goes with its owner's socket sends nothing).
+                _ = tokio::time::sleep(HELD_RECHECK), if held => wake.netfilter = Change::OwnDeleted,
             }
             if wake == Wake::default() {
                 continue;
@@ -144,13 +150,19 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>) -> tokio::task::JoinHandle<()> {
             debug!(?wake, "the namespace changed");
             let mut d = daemon.lock().await;
             if d.is_idle() {
+                held = false;
                 continue;
+            }
+            if wake.netfilter == Change::OwnDeleted {
+                d.hold_guarded_ports().await;
             }
             if wake.routes {
                 d.refresh_uplinks().await;
             }
             // Routes name the uplinks the checks use; netconf is forwarding.
             d.check_host();
+            d.release_held_ports().await;
+            held = d.ports_held;
         }
     })
 }

@@ -92,12 +92,6 @@ table bridge linnet {
         update @drops { meta iifname } drop
     }
 
-    # No fragments from link-local addresses or to link-local multicast
-    # (RFC 7113: a first fragment without its ICMPv6 header would slip an RA
-    # past the rules below); no router advertisements or redirects, no
-    # DHCPv6 server; neighbour advertisements only for its own addresses;
-    # its own addresses, or :: for duplicate address detection of them and
-    # the multicast listener reports that go with it.
     # A DHCP request only for its own MAC, so it can neither drain the pool
     # nor take another's lease: a request whose chaddr is not there to read
     # (cut short, or a first fragment whose rest would carry it) is dropped.
@@ -107,6 +101,11 @@ table bridge linnet {
         update @drops { meta iifname } drop
     }
 
+    # First fragments whole (below); no fragments from link-local addresses
+    # or to link-local multicast (RFC 7113); no router advertisements or
+    # redirects, no DHCPv6 server; neighbour advertisements only for its own
+    # addresses; its own addresses, or :: for duplicate address detection of
+    # them and the multicast listener reports that go with it.
     chain from_ip6 {
         frag frag-off 0 jump first_fragment6
         exthdr frag exists ip6 saddr fe80::/10 update @drops { meta iifname } drop
@@ -184,8 +183,21 @@ pub struct PortGuard {
 
 /// The table, created empty (or emptied).
 pub fn create(nft: &mut Nft) -> Result<(), NftError> {
-    remove(nft)?;
-    nft.run(RULESET)?;
+    create_with(nft, &[])
+}
+
+/// The table made anew with `ports` guarded, in one transaction: there is
+/// no moment with the rules in place but a port's elements missing (its
+/// frames would pass unchecked).
+pub fn create_with(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
+    let mut script =
+        format!("add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n{RULESET}");
+    for port in ports {
+        for elem in elements(port) {
+            script.push_str(&element_text(&elem));
+        }
+    }
+    nft.run(&script)?;
     if SHAPE.get().is_none()
         && let Ok(Some(shape)) = linnet_shape(nft, FAMILY)
     {
@@ -249,6 +261,33 @@ pub fn remove_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> 
         }
     }
     run(nft, commands)
+}
+
+/// A set element (as `elements` makes it in JSON) as an nft command. Its
+/// parts are linnet's own: TAP names it chose, addresses, MACs, numbers.
+fn element_text(elem: &Value) -> String {
+    let part = |v: &Value| match v {
+        Value::String(s) if s.starts_with("0x") => s.clone(),
+        Value::String(s) if s.starts_with(super::TAP_PREFIX) => format!("\"{s}\""),
+        Value::String(s) => s.clone(),
+        Value::Object(o) if o.contains_key("range") => {
+            format!(
+                "{}-{}",
+                o["range"][0].as_str().unwrap_or_default(),
+                o["range"][1].as_str().unwrap_or_default()
+            )
+        }
+        other => other.to_string(),
+    };
+    let value = &elem["elem"][0];
+    let text = match value.get("concat").and_then(Value::as_array) {
+        Some(parts) => parts.iter().map(part).collect::<Vec<_>>().join(" . "),
+        None => part(value),
+    };
+    format!(
+        "add element {FAMILY} {TABLE} {} {{ {text} }}\n",
+        elem["name"].as_str().unwrap_or_default()
+    )
 }
 
 /// Frames dropped so far, by TAP.
@@ -447,6 +486,32 @@ mod tests {
             assert!(RULESET.contains(&format!("set {set} {{")), "{set}");
             assert!(RULESET.contains(&format!("@{set}")), "{set} is used");
         }
+    }
+
+    #[test]
+    fn a_port_in_nft_syntax_is_its_json_elements() {
+        let mut p = port();
+        p.ipv4 = Ipv4Source::Ranges(vec![(
+            "192.168.105.2".parse().unwrap(),
+            "192.168.105.254".parse().unwrap(),
+        )]);
+        let text: String = elements(&p).iter().map(element_text).collect();
+        assert!(
+            text.contains("add element bridge linnet guarded { \"lnt0123456789ab\" }\n"),
+            "{text}"
+        );
+        assert!(text.contains(
+            "add element bridge linnet macs { \"lnt0123456789ab\" . 52:54:00:12:34:56 }"
+        ));
+        assert!(text.contains("add element bridge linnet ipv4ranges { \"lnt0123456789ab\" . 192.168.105.2-192.168.105.254 }"));
+        assert!(
+            text.contains(
+                "add element bridge linnet chaddr { \"lnt0123456789ab\" . 0x525400123456 }"
+            )
+        );
+        assert!(text.contains(
+            "add element bridge linnet ipv6 { \"lnt0123456789ab\" . fd00::5054:ff:fe12:3456 }"
+        ));
     }
 
     #[test]

@@ -195,6 +195,21 @@ impl Netlink {
             .map_err(op(format!("take link {index} off its bridge")))
     }
 
+    /// Puts a link on a bridge (`Some(index)`), or takes it off (`None`).
+    pub async fn set_master(&self, index: u32, master: Option<u32>) -> Result<(), NetlinkError> {
+        let msg = LinkUnspec::new_with_index(index);
+        let msg = match master {
+            Some(bridge) => msg.controller(bridge),
+            None => msg.nocontroller(),
+        };
+        self.handle
+            .link()
+            .set(msg.build())
+            .execute()
+            .await
+            .map_err(op(format!("set the bridge of link {index}")))
+    }
+
     /// Sets a link's MAC.
     pub async fn set_address(&self, index: u32, mac: MacAddr) -> Result<(), NetlinkError> {
         let msg = LinkUnspec::new_with_index(index)

@@ -358,6 +358,19 @@ fn flushed_or_deleted_tables_and_forwarding_are_put_back_within_a_second() {
             .cmd(&["nft", "list", "set", "bridge", "linnet", "macs"]),
     );
     assert!(macs.contains(&g.mac()), "{macs}");
+    // Meanwhile its port forwarded nothing (fail closed), and does again.
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains("guarded interfaces forward nothing until they are back")
+            && log.contains("guarded interfaces forward again"),
+        "{log}"
+    );
+    let port = must(
+        &mut world
+            .host
+            .cmd(&["bridge", "-d", "link", "show", "dev", &g.tap()]),
+    );
+    assert!(port.contains("state forwarding"), "{port}");
 
     let took = time_to_restore(&world, &["nft", "delete", "table", "inet", "linnet"]);
     assert!(

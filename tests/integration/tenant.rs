@@ -590,3 +590,67 @@ fn dns_answers_only_the_vms_of_its_own_bridge() {
         "its own gateway answers"
     );
 }
+
+/// Whether `tap` is on a bridge.
+fn on_a_bridge(world: &World, tap: &str) -> bool {
+    must(&mut world.host.cmd(&["ip", "-o", "link", "show", tap])).contains(" master ")
+}
+
+#[test]
+fn while_the_guard_cannot_be_put_back_guarded_vms_forward_nothing() {
+    let mut world = World::new();
+    world.start_daemon();
+    let g = world.guest("shared", &[]);
+    assert_eq!(g.udhcpc(), g.ip());
+    assert!(g.ping(&g.gateway()));
+    assert!(on_a_bridge(&world, &g.tap()));
+    // Someone flushes the ruleset and takes the guard's table name with a
+    // table only its own nft process may change (`flags owner`), so linnet
+    // cannot put its guard back while that process lives.
+    let mut squatter = Reaped(
+        world
+            .host
+            .cmd(&["nft", "-i"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    {
+        use std::io::Write;
+        let stdin = squatter.stdin.as_mut().unwrap();
+        stdin
+            .write_all(b"flush ruleset\nadd table bridge linnet { flags owner; }\n")
+            .unwrap();
+        stdin.flush().unwrap();
+    }
+    wait_for("the guest's port held", Duration::from_secs(3), || {
+        (!on_a_bridge(&world, &g.tap())).then_some(())
+    });
+    assert!(!g.ping(&g.gateway()), "no frame in or out while unguarded");
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains("guarded interfaces forward nothing until they are back"),
+        "{log}"
+    );
+    // The squatter goes, and its table with it: the guard comes back and
+    // the port forwards again.
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+    wait_for(
+        "the port back on its bridge",
+        Duration::from_secs(10),
+        || on_a_bridge(&world, &g.tap()).then_some(()),
+    );
+    assert!(g.ping(&g.gateway()));
+    let macs = must(
+        &mut world
+            .host
+            .cmd(&["nft", "list", "set", "bridge", "linnet", "macs"]),
+    );
+    assert!(
+        macs.contains(&g.mac()),
+        "the guard holds the guest again: {macs}"
+    );
+    g.assert_reaches_upstream("after the guard came back");
+}
