@@ -192,11 +192,14 @@ impl Daemon {
 
     /// The warnings for one network (empty while it is down).
     pub(super) fn network_warnings(&self, network: &str) -> Vec<String> {
-        self.host
+        let mut out = self
+            .host
             .checks
             .get(network)
             .map(|c| warnings(c))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        out.extend(self.shadow_warnings(network));
+        out
     }
 
     fn network_checks(

@@ -90,6 +90,52 @@ pub fn check<'a>(
 /// The daemon's side of forwards: given at attach, changed by the API,
 /// turned into firewall rules.
 impl Daemon {
+    /// Looks for host services that started listening on a published port
+    /// after it was published (the check at publish time cannot see them):
+    /// the forward takes their connections from outside (and its owner's
+    /// from the host), so that is said — once in the log, and for as long
+    /// as it lasts in the network's warnings (`linnet ls`, the attach reply).
+    pub fn check_shadowed_forwards(&mut self) {
+        let mut now = BTreeMap::new();
+        for (id, iface) in &self.interfaces {
+            for p in &iface.forwards {
+                let f = p.forward;
+                let Some(l) = listeners::on_port(f.protocol, f.host_port, f.host_addr)
+                    .into_iter()
+                    .next()
+                else {
+                    continue;
+                };
+                let who = l.owner.map(|o| format!(" ({o})")).unwrap_or_default();
+                let local = if iface.uid == 0 || p.origin == ForwardOrigin::Config {
+                    "every local user's"
+                } else {
+                    "its owner's local"
+                };
+                let text = format!(
+                    "host port {} is published to interface {id} but a host service now listens on {}{who}: connections from outside, and {local} connections, go to the VM, not to the service; `linnet forward rm` gives the port back",
+                    f.host_port, l.addr
+                );
+                now.insert((*id, f), (iface.network.clone(), text));
+            }
+        }
+        for (key, (network, text)) in &now {
+            if !self.shadowed.contains_key(key) {
+                warn!(%network, "{text}");
+            }
+        }
+        self.shadowed = now;
+    }
+
+    /// What `check_shadowed_forwards` found on `network`.
+    pub(super) fn shadow_warnings(&self, network: &str) -> Vec<String> {
+        self.shadowed
+            .values()
+            .filter(|(n, _)| n == network)
+            .map(|(_, text)| text.clone())
+            .collect()
+    }
+
     /// The forwards an interface gets when it attaches: those it asked for
     /// (each must be free, or the attach fails), then those kept for its id
     /// and those of the config (taken when free, else skipped with a
@@ -294,6 +340,7 @@ impl Daemon {
                     forward: p.forward,
                     guest,
                     guest6,
+                    local_uid: (p.origin != ForwardOrigin::Config && i.uid != 0).then_some(i.uid),
                 })
             })
             .collect()

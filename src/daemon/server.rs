@@ -73,14 +73,16 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut idle_ticks = tokio::time::interval(Duration::from_millis(500));
-    // Drop reports run on their own, so a long request never delays
-    // accepting clients or signals here.
+    // Drop reports and the look for shadowed forwards run on their own,
+    // so a long request never delays accepting clients or signals here.
     let reporter = daemon.clone();
     let drop_reports = tokio::spawn(async move {
         let mut ticks = tokio::time::interval(DROP_REPORT_PERIOD);
         loop {
             ticks.tick().await;
-            reporter.lock().await.report_drops();
+            let mut daemon = reporter.lock().await;
+            daemon.report_drops();
+            daemon.check_shadowed_forwards();
         }
     });
     let watch = super::watch::spawn(daemon.clone());

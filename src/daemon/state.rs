@@ -23,6 +23,7 @@ use crate::api::{
 };
 use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
+use crate::forward::PortForward;
 use crate::host::firewall;
 use crate::host::guard::{self, PortGuard};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
@@ -166,6 +167,8 @@ pub struct Daemon {
     next_tap: u32,
     /// Whether guarded ports are held while linnet's tables are damaged.
     pub(super) ports_held: bool,
+    /// Published ports a host service listens on too, with what to say.
+    pub(super) shadowed: BTreeMap<(InterfaceId, PortForward), (String, String)>,
 }
 
 impl Daemon {
@@ -187,6 +190,7 @@ impl Daemon {
             tap_addresses: TapAddresses::default(),
             next_tap: 0,
             ports_held: false,
+            shadowed: BTreeMap::new(),
         }
     }
 
@@ -798,6 +802,7 @@ impl Daemon {
         let (needs4, needs6) = forwarding_needs(&rules);
         self.turn_forwarding_on(needs4, needs6)?;
         firewall::apply(&mut self.nft, &rules)?;
+        self.check_shadowed_forwards();
         if !needs4 && self.enabled_forwarding {
             if let Err(e) = sysctl::disable_ipv4_forwarding() {
                 warn!("cannot restore IPv4 forwarding to off: {e}");

@@ -71,6 +71,10 @@ pub struct ForwardRule {
     pub guest: Ipv4Addr,
     /// The guest's SLAAC address, when its network has IPv6.
     pub guest6: Option<Ipv6Addr>,
+    /// A user's own forward (not root's or the config's) captures only
+    /// that user's connections from the host itself: another user's
+    /// connection to 127.0.0.1:PORT still reaches what listens there.
+    pub local_uid: Option<u32>,
 }
 
 impl ForwardRule {
@@ -334,6 +338,9 @@ fn add_forwards(batch: &mut Batch<'static>, net: &FirewallNetwork) {
                 batch.add(rule(PREROUTING, from_outside));
             }
             let mut from_host = matches;
+            if let Some(uid) = fwd.local_uid {
+                from_host.insert(1, eq(meta(MetaKey::Skuid), Expression::Number(uid)));
+            }
             if host.is_none() && guest.is_ipv6() {
                 // ::1 cannot leave the loopback device (IPv6 has no
                 // route_localnet): leave it to be refused, not black-holed.
@@ -862,6 +869,27 @@ mod tests {
             forward: spec.parse().unwrap(),
             guest: "192.168.105.2".parse().unwrap(),
             guest6: Some("fd00:5::2".parse().unwrap()),
+            local_uid: None,
+        }
+    }
+
+    #[test]
+    fn a_users_forward_captures_only_that_users_connections_from_the_host() {
+        let mut nets = nets();
+        nets[0].forwards = vec![ForwardRule {
+            local_uid: Some(1000),
+            ..forward("8080:80")
+        }];
+        let doc = ruleset(&nets);
+        let out = rules(&doc, "output");
+        assert!(!out.is_empty());
+        let skuid =
+            json!({"match": {"left": {"meta": {"key": "skuid"}}, "right": 1000, "op": "=="}});
+        for rule in &out {
+            assert!(rule.as_array().unwrap().contains(&skuid), "{rule}");
+        }
+        for rule in rules(&doc, "prerouting") {
+            assert!(!rule.to_string().contains("skuid"), "from outside: anyone");
         }
     }
 

@@ -654,3 +654,59 @@ fn while_the_guard_cannot_be_put_back_guarded_vms_forward_nothing() {
     );
     g.assert_reaches_upstream("after the guard came back");
 }
+
+#[test]
+fn a_users_forward_captures_no_one_elses_loopback_and_a_service_started_later_is_named() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody] }\n");
+    world.start_daemon();
+    // nobody publishes host port 9100 to its VM (no VMM needed for that).
+    let _vm = Reaped(
+        world
+            .linnet_wrapped(AS_NOBODY, &["run", "-p", "9100:8000", "--", "sleep", "60"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("nobody's forward", Duration::from_secs(5), || {
+        must(&mut world.linnet(&["forward", "ls"]))
+            .contains("9100")
+            .then_some(())
+    });
+    // Then a host service starts on that port.
+    let _service = echo_serve(&world.host, "svc", 9100);
+    let said = wait_for(
+        "the daemon to name the clash",
+        Duration::from_secs(8),
+        || {
+            let log = world.daemon_log_text();
+            log.lines()
+                .find(|l| l.contains("host port 9100 is published") && l.contains("now listens"))
+                .map(String::from)
+        },
+    );
+    assert!(said.contains("its owner's local connections"), "{said}");
+    let ls = must(&mut world.linnet(&["ls"]));
+    assert!(ls.contains("a host service now listens on"), "{ls}");
+    // root's connection to 127.0.0.1:9100 reaches the service; nobody's own
+    // goes to its VM (which has no VMM here, so nothing answers).
+    assert_eq!(
+        echo_try(&world.host, "127.0.0.1", 9100, "tcp"),
+        Reply::Answer("svc from 127.0.0.1".into())
+    );
+    let script = repo_file("tests/echo_peer.py");
+    let mut argv: Vec<&str> = AS_NOBODY.to_vec();
+    argv.extend([
+        "/usr/bin/python3",
+        &script,
+        "ask",
+        "127.0.0.1",
+        "9100",
+        "tcp",
+    ]);
+    let out = run(&mut world.host.cmd(&argv));
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("svc"),
+        "the forward's owner is sent to its VM"
+    );
+}
