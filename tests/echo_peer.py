@@ -10,6 +10,11 @@
                                 ICMP unreachable). With CHADDR, a UDP
                                 datagram is shaped as a BOOTP request from
                                 that MAC, so anti-spoofing lets it pass.
+  echo_peer.py serve-lines PORT   answer each line of each TCP connection on
+                                PORT with "echo LINE", keeping it open
+  echo_peer.py chat HOST PORT   one TCP connection: each line of stdin goes
+                                out, and its answer (or "no answer") is
+                                printed
   echo_peer.py invalid SRC HOST PORT   send one TCP segment that conntrack
                                 cannot place (SYN and FIN together) carrying
                                 the marker "LINNET-invalid"
@@ -71,6 +76,36 @@ def ask(host, port, proto, chaddr=None):
             sys.exit(1)
 
 
+def serve_lines(port):
+    tcp = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.bind(("::", port))
+    tcp.listen(16)
+    print("serving", flush=True)
+
+    def lines(conn):
+        with conn, conn.makefile("rwb", buffering=0) as f:
+            for line in f:
+                f.write(b"echo " + line)
+
+    while True:
+        conn, _ = tcp.accept()
+        threading.Thread(target=lines, args=(conn,), daemon=True).start()
+
+
+def chat(host, port):
+    with socket.create_connection((host, port), timeout=3) as s:
+        f = s.makefile("rwb", buffering=0)
+        print("connected", flush=True)
+        for line in sys.stdin:
+            try:
+                f.write(line.encode())
+                print(f.readline().decode().strip() or "no answer", flush=True)
+            except OSError as e:
+                print(f"no answer: {e}", flush=True)
+
+
 def checksum(data):
     if len(data) % 2:
         data += b"\0"
@@ -95,6 +130,10 @@ if __name__ == "__main__":
         serve(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1:2] == ["ask"]:
         ask(sys.argv[2], int(sys.argv[3]), sys.argv[4], *sys.argv[5:6])
+    elif sys.argv[1:2] == ["serve-lines"]:
+        serve_lines(int(sys.argv[2]))
+    elif sys.argv[1:2] == ["chat"]:
+        chat(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1:2] == ["invalid"]:
         invalid(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:

@@ -12,7 +12,8 @@
   spoof.py capture IFACE SECONDS
       prints the markers of the frames IFACE receives meanwhile.
 
-Kinds: honest, other-mac, other-ip, garp-gateway, arp-reply-other,
+Kinds: honest (UDP broadcast to port 9999), honest-8000 (to port 8000),
+honest6 (UDP to ff02::1 port 9999, from its link-local address), other-mac, other-ip, garp-gateway, arp-reply-other,
 other-ip6, na-gateway, ra, dhcp-offer, dhcp-offer-port (from another source
 port), dhcp-other-mac (a DISCOVER for someone else's MAC), frag-ra (an
 IPv6 first fragment without its ICMPv6 header, RFC 7113), vlan (a tagged
@@ -114,6 +115,15 @@ def frame(kind, k):
     offer_options = bytes([53, 1, 2, 54, 4]) + own_ip + bytes([3, 4]) + own_ip + b"\xff"
     if kind == "honest":
         return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(own_ip, everyone, 9999, 9999, marker))
+    if kind == "honest-8000":
+        return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(own_ip, everyone, 9999, 8000, marker))
+    if kind == "honest6":
+        src, dst = v6(k["ll"]), ALL_NODES
+        udp = struct.pack("!HHHH", 9999, 9999, 8 + len(marker), 0) + marker
+        pseudo = src + dst + struct.pack("!I3xB", len(udp), 17)
+        udp = udp[:6] + struct.pack("!H", checksum(pseudo + udp)) + udp[8:]
+        ip6 = struct.pack("!IHBB16s16s", 0x60000000, len(udp), 17, 64, src, dst)
+        return ether(ALL_NODES_MAC, own_mac, 0x86DD, ip6 + udp)
     if kind == "other-mac":
         return ether(BROADCAST, mac(k["other_mac"]), 0x0800, ipv4_udp(own_ip, everyone, 9999, 9999, marker))
     if kind == "other-ip":

@@ -257,12 +257,18 @@ pub struct AttachArgs {
     )]
     pub publish: Vec<PortForward>,
     /// Let the VM open connections only to these destinations (repeatable;
-    /// DHCP and DNS to its gateway always pass, and replies): e.g.
-    /// 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443.
+    /// replies pass, and DHCP and DNS to its gateway always do): e.g.
+    /// 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443. Note: the
+    /// gateway's DNS resolves any name through the host's resolvers, a way
+    /// out this list does not close (set dns: { enabled: false } on the
+    /// network to close it). Connections opened before a `policy set` carry
+    /// on; new ones meet the new policy.
     #[arg(long, value_name = "CIDR[:PORT[-PORT]][/tcp|/udp]")]
     pub allow_connect: Vec<ConnectRule>,
     /// Accept connections to the VM only on these ports (repeatable), from
-    /// the host, other VMs and port forwards: e.g. 8000/tcp, 5000-5010.
+    /// the host, other VMs and port forwards, and broadcast and multicast
+    /// only to them (ARP, neighbour discovery, DHCP replies and pings still
+    /// arrive): e.g. 8000/tcp, 5000-5010.
     #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
     pub allow_listen: Vec<ListenRule>,
     /// As root: attach for USER, and run the VMM or relay as USER, with no

@@ -11,6 +11,7 @@ use super::state::{Daemon, Interface, shown_ip};
 use crate::addr6;
 use crate::config::NetworkConfig;
 use crate::host::guard::{self, Ipv4Source, PortGuard};
+use crate::policy::Policy;
 use crate::types::MacAddr;
 
 impl Daemon {
@@ -109,18 +110,19 @@ impl Daemon {
     /// An interface's guard, if it has one.
     pub(super) fn guard_of(&self, i: &Interface) -> Option<PortGuard> {
         let cfg = self.config.network(&i.network).filter(|_| i.guarded)?;
-        Some(port_guard(cfg, &i.tap, i.mac, i.ip))
+        Some(port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy))
     }
 }
 
 /// What an interface's VM may send from: its MAC, its leased IPv4 (without
 /// one, any address of the subnet but the gateway's), its link-local and
-/// SLAAC IPv6 addresses.
+/// SLAAC IPv6 addresses; and with a listen policy, the ports it gets
+/// broadcast and multicast on.
 pub(super) fn port_guard(
     cfg: &NetworkConfig,
     tap: &str,
-    mac: MacAddr,
-    ip: Option<Ipv4Addr>,
+    (mac, ip): (MacAddr, Option<Ipv4Addr>),
+    policy: &Policy,
 ) -> PortGuard {
     let mut ipv6 = vec![addr6::link_local(mac)];
     ipv6.extend(
@@ -146,6 +148,7 @@ pub(super) fn port_guard(
         anti_spoofing: cfg.anti_spoofing,
         isolated: cfg.isolation,
         dhcp_server: !cfg.dhcp.enabled,
+        listen: (!policy.ingress.is_empty()).then(|| policy.ingress.clone()),
     }
 }
 

@@ -12,6 +12,7 @@ use super::state::{Client, Daemon, DaemonError};
 use crate::api::{InterfaceRef, PolicySetRequest, Response};
 use crate::config::NetworkConfig;
 use crate::host::firewall::InterfacePolicy;
+use crate::host::guard;
 use crate::policy::Policy;
 
 impl Daemon {
@@ -49,8 +50,21 @@ impl Daemon {
         if iface.ip.is_none() && !req.policy.is_open() {
             return Err(no_address_for_policy(&req.network));
         }
+        let guard_before = self.guard_of(&self.interfaces[&id]);
+        let iface = self.interfaces.get_mut(&id).expect("attached");
         let before = std::mem::replace(&mut iface.policy, req.policy.clone());
-        if let Err(e) = self.sync_host() {
+        let guard_after = self.guard_of(&self.interfaces[&id]);
+        let guarded = match (&guard_before, &guard_after) {
+            (Some(old), Some(new)) => guard::update_port(&mut self.nft, old, new),
+            _ => Ok(()),
+        };
+        if let Err(e) = guarded
+            .map_err(DaemonError::from)
+            .and_then(|()| self.sync_host())
+        {
+            if let (Some(old), Some(new)) = (&guard_before, &guard_after) {
+                let _ = guard::update_port(&mut self.nft, new, old);
+            }
             self.interfaces.get_mut(&id).expect("attached").policy = before;
             let _ = self.sync_host();
             return Err(e);
@@ -69,7 +83,7 @@ impl Daemon {
             .filter(|i| i.network == cfg.name && !i.policy.is_open())
             .map(|i| InterfacePolicy {
                 tap: i.tap.clone(),
-                addrs: port_guard(cfg, &i.tap, i.mac, i.ip)
+                addrs: port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy)
                     .ipv6
                     .into_iter()
                     .map(IpAddr::V6)

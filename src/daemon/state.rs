@@ -468,7 +468,7 @@ impl Daemon {
                     guard::create(nft)?;
                     *guard_ready = true;
                 }
-                guard::add_port(nft, &port_guard(&net.config, &tap_name, mac, ip))?;
+                guard::add_port(nft, &port_guard(&net.config, &tap_name, (mac, ip), &policy))?;
             }
             let alias = format!("{ALIAS_INTERFACE}{id}");
             let settings = LinkSettings {
@@ -491,7 +491,7 @@ impl Daemon {
             Err(e) => {
                 leases.detach(id, now);
                 if guarded && self.guard_ready {
-                    let port = port_guard(&net.config, &tap_name, mac, ip);
+                    let port = port_guard(&net.config, &tap_name, (mac, ip), &policy);
                     let _ = guard::remove_ports(&mut self.nft, &[port]);
                 }
                 return Err(e);

@@ -25,6 +25,8 @@ use serde_json::{Value, json};
 
 use super::nft::{Nft, NftError};
 use super::ruleset::{Shape, linnet_shape};
+use crate::forward::Protocol;
+use crate::policy::ListenRule;
 use crate::types::MacAddr;
 
 const FAMILY: &str = "bridge";
@@ -50,6 +52,10 @@ table bridge linnet {
     # target of a neighbour solicitation or advertisement.
     set chaddr { typeof meta iifname . @th,288,48; }
     set ndtarget { typeof meta iifname . @th,64,128; }
+    # TAPs whose VM accepts connections only on some ports (a listen
+    # policy), and those ports.
+    set listen_policed { type ifname; }
+    set listen { type ifname . inet_proto . inet_service; flags interval; }
     # Frames dropped, per TAP.
     set drops { type ifname; flags dynamic; counter; size 65535; }
 
@@ -150,8 +156,22 @@ table bridge linnet {
     # that gave its TAP another VM's MAC, in the moment before linnet takes
     # that TAP off; unknown unicast, which the bridge floods to every port).
     chain to_port {
+        ether daddr & 01:00:00:00:00:00 != 00:00:00:00:00:00 oifname @listen_policed goto to_policed_group
         ether daddr & 01:00:00:00:00:00 != 00:00:00:00:00:00 return
         meta oifname . ether daddr != @macs drop
+    }
+
+    # Broadcast and multicast to a VM with a listen policy: what keeps its
+    # network working (ARP, neighbour discovery, router advertisements,
+    # MLD, DHCP replies, pings), and its allowed ports; nothing else. (Its
+    # unicast is judged by the policy chains of inet linnet.)
+    chain to_policed_group {
+        ether type arp return
+        icmpv6 type { nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, mld-listener-query, echo-request } return
+        icmp type echo-request return
+        udp sport 67 udp dport 68 return
+        meta oifname . meta l4proto . th dport @listen return
+        drop
     }
 }
 "#;
@@ -179,6 +199,9 @@ pub struct PortGuard {
     pub isolated: bool,
     /// May answer DHCP (its network has linnet's DHCP off).
     pub dhcp_server: bool,
+    /// With a listen policy: the only ports its VM gets broadcast and
+    /// multicast on (beyond what its network needs).
+    pub listen: Option<Vec<ListenRule>>,
 }
 
 /// The table, created empty (or emptied).
@@ -242,6 +265,24 @@ pub fn add_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
     run(nft, commands)
 }
 
+/// Changes a guarded port from `old` to `new` in one transaction: no
+/// moment with neither in place.
+pub fn update_port(nft: &mut Nft, old: &PortGuard, new: &PortGuard) -> Result<(), NftError> {
+    let (before, after) = (elements(old), elements(new));
+    let mut commands = Vec::new();
+    for elem in before.iter().filter(|e| !after.contains(e)) {
+        commands.push(json!({"add": {"element": elem.clone()}}));
+        commands.push(json!({"delete": {"element": elem.clone()}}));
+    }
+    for elem in after.iter().filter(|e| !before.contains(e)) {
+        commands.push(json!({"add": {"element": elem.clone()}}));
+    }
+    if commands.is_empty() {
+        return Ok(());
+    }
+    run(nft, commands)
+}
+
 /// Removes the TAPs' elements and drop counts, in one transaction. Each
 /// element is added before it is deleted, so the delete is valid whether or
 /// not it was there.
@@ -271,11 +312,12 @@ fn element_text(elem: &Value) -> String {
         Value::String(s) if s.starts_with(super::TAP_PREFIX) => format!("\"{s}\""),
         Value::String(s) => s.clone(),
         Value::Object(o) if o.contains_key("range") => {
-            format!(
-                "{}-{}",
-                o["range"][0].as_str().unwrap_or_default(),
-                o["range"][1].as_str().unwrap_or_default()
-            )
+            let end = |v: &Value| {
+                v.as_str()
+                    .map(String::from)
+                    .unwrap_or_else(|| v.to_string())
+            };
+            format!("{}-{}", end(&o["range"][0]), end(&o["range"][1]))
         }
         other => other.to_string(),
     };
@@ -364,6 +406,22 @@ fn elements(port: &PortGuard) -> Vec<Value> {
             out.push(element("ndtarget", concat(tap, hex(u128::from(*ip)))));
         }
     }
+    if port.anti_spoofing
+        && let Some(rules) = &port.listen
+    {
+        out.push(element("listen_policed", json!(tap)));
+        for rule in rules {
+            let protocols = match rule.protocol {
+                Some(p) => vec![p],
+                None => vec![Protocol::Tcp, Protocol::Udp],
+            };
+            for protocol in protocols {
+                let ports = json!({"range": [rule.ports.first, rule.ports.last]});
+                let key = json!({"concat": [tap, protocol.as_str(), ports]});
+                out.push(element("listen", key));
+            }
+        }
+    }
     if port.anti_spoofing && port.dhcp_server {
         out.push(element("dhcp_servers", json!(tap)));
     }
@@ -389,6 +447,7 @@ mod tests {
             anti_spoofing: true,
             isolated: false,
             dhcp_server: false,
+            listen: None,
         }
     }
 

@@ -30,7 +30,7 @@ const SPOOFS: [&str; 15] = [
     "frag6-short",
 ];
 
-fn ready(world: &World, extra: &[&str]) -> Guest {
+pub(crate) fn ready(world: &World, extra: &[&str]) -> Guest {
     let g = world.guest("shared", extra);
     assert_eq!(g.udhcpc(), g.ip());
     assert_eq!(g.slaac_addresses(), vec![g.ipv6()]);
@@ -60,7 +60,7 @@ fn neighbour(g: &Guest, ip: &str) -> String {
 }
 
 /// Sends `kinds` from `attacker` while `victim` captures; the markers seen.
-fn send_and_capture(attacker: &Guest, victim: &Guest, kinds: &[&str]) -> Vec<String> {
+pub(crate) fn send_and_capture(attacker: &Guest, victim: &Guest, kinds: &[&str]) -> Vec<String> {
     let script = repo_file("tests/spoof.py");
     let mut capture = Reaped(
         victim

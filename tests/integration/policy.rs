@@ -234,3 +234,102 @@ fn allow_connect_holds_for_udp_icmp_ipv6_dhcp_port_and_invalid_packets() {
     let seen: Vec<String> = std::io::BufRead::lines(out).map(|l| l.unwrap()).collect();
     assert!(seen.is_empty(), "an invalid segment got out: {seen:?}");
 }
+
+#[test]
+fn allow_listen_holds_for_broadcast_and_multicast_too() {
+    let mut world = World::new();
+    world.start_daemon();
+    let g = crate::guard::ready(&world, &["--allow-listen", "8000"]);
+    let sender = crate::guard::ready(&world, &[]);
+    let bystander = crate::guard::ready(&world, &[]);
+    let kinds = ["honest", "honest-8000", "honest6"];
+    let everything: Vec<String> = kinds.iter().map(|k| format!("LINNET-{k}")).collect();
+    assert_eq!(
+        crate::guard::send_and_capture(&sender, &bystander, &kinds),
+        everything,
+        "a VM without a listen policy gets them all"
+    );
+    assert_eq!(
+        crate::guard::send_and_capture(&sender, &g, &kinds),
+        vec!["LINNET-honest-8000".to_string()],
+        "a listen policy of 8000 lets only port 8000 in"
+    );
+    // What its network needs still arrives: DHCP (broadcast offers), the
+    // router's advertisements (multicast), neighbour discovery.
+    assert_eq!(g.udhcpc(), g.ip());
+    assert!(sender.ping(&g.ip().to_string()), "ARP and ping");
+    assert!(sender.ping(&g.ipv6()), "neighbour discovery");
+    let ls = must(&mut world.linnet(&[
+        "policy",
+        "set",
+        "--interface-id",
+        g.info["interface_id"].as_str().unwrap(),
+        "--allow-listen",
+        "9999/udp",
+    ]));
+    assert!(ls.contains("9999"), "{ls}");
+    assert_eq!(
+        crate::guard::send_and_capture(&sender, &g, &kinds),
+        vec!["LINNET-honest".to_string(), "LINNET-honest6".to_string()],
+        "policy set changes the ports at once"
+    );
+}
+
+#[test]
+fn a_policy_applies_to_new_connections_and_one_opened_before_carries_on() {
+    use std::io::{BufRead, Write};
+    let (world, _servers) = world_with_allowed_host();
+    let script = repo_file("tests/echo_peer.py");
+    let mut server = Reaped(
+        world
+            .upstream
+            .cmd(&["python3", &script, "serve-lines", "7000"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let g = world.guest("shared", &["--name", "early"]);
+    assert_eq!(g.udhcpc(), g.ip());
+    let mut chat = Reaped(
+        g.ns.cmd(&["python3", &script, "chat", UPSTREAM_IP, "7000"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut said = std::io::BufReader::new(chat.stdout.take().unwrap());
+    let mut first = String::new();
+    said.read_line(&mut first).unwrap();
+    assert_eq!(first.trim(), "connected");
+    let mut ask = |text: &str| {
+        let stdin = chat.stdin.as_mut().unwrap();
+        writeln!(stdin, "{text}").unwrap();
+        stdin.flush().unwrap();
+        let mut answer = String::new();
+        said.read_line(&mut answer).unwrap();
+        answer.trim().to_string()
+    };
+    assert_eq!(ask("one"), "echo one");
+    must(&mut world.linnet(&[
+        "policy",
+        "set",
+        "--name",
+        "early",
+        "--allow-connect",
+        &format!("{ALLOWED_HOST}:8080/tcp"),
+    ]));
+    assert_eq!(
+        ask("two"),
+        "echo two",
+        "the connection opened before the policy carries on"
+    );
+    assert_eq!(
+        echo_try(&g.ns, UPSTREAM_IP, 7000, "tcp"),
+        Reply::Refused,
+        "a new one meets the policy"
+    );
+}
