@@ -106,6 +106,14 @@ def scale(socket_path, network, daemon_pid, marks):
                 if n in marks:
                     out["attach_s"][n] = round(time.perf_counter() - start, 3)
                     out["daemon_rss_mib"][n] = round(memory_kib(daemon_pid) / 1024, 2)
+            # The listing of them all, on the connection that holds them (a
+            # reply above 64 KiB once cost a client its interfaces).
+            listed_at = time.perf_counter()
+            listing, _ = call(sock, {"op": "list"})
+            out["list_all_s"] = round(time.perf_counter() - listed_at, 3)
+            listed = sum(1 for i in listing["interfaces"] if i["network"] == network)
+            if listed != max(marks):
+                raise BenchError(f"linnet ls listed {listed} of {max(marks)} interfaces")
             start = time.perf_counter()
         wait_for(lambda: interfaces_on(socket_path, network) == 0 and taps_on_host() == 0,
                  f"the daemon to remove {max(marks)} interfaces", timeout=120)

@@ -135,6 +135,8 @@ def markdown(results):
         ]
         for n, t in sc["attach_s"].items():
             lines.append(f"| attach {n} interfaces on one network | {t} s |")
+        if "list_all_s" in sc:
+            lines.append(f"| list them all (`list`, on their connection) | {sc['list_all_s']} s |")
         lines.append(f"| detach them all (client disconnects) | {sc['detach_all_s']} s |")
         lines.append(f"| daemon RSS at 0 interfaces | {c['daemon_rss_mib_idle']} MiB |")
         for n, rss in sc["daemon_rss_mib"].items():

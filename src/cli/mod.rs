@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 
-use crate::api::{AttachRequest, Channel, InterfaceInfo, Request, Response, SOCKET_NAME};
+use crate::api::{
+    AttachRequest, Channel, ErrorKind, InterfaceInfo, Request, Response, SOCKET_NAME,
+};
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
 use crate::datapath::relay::{Relay, RelayError};
 use crate::datapath::vnet::{self, ClientHeader};
@@ -330,6 +332,14 @@ pub fn attach(
     let (response, fds) = channel.call(&Request::Attach(request))?;
     let info = match response {
         Response::Attached { interface } => *interface,
+        Response::Error {
+            kind: ErrorKind::NotAllowed,
+            message,
+        } if nix::unistd::getuid().as_raw() != 0 && std::env::var_os("SUDO_UID").is_some() => {
+            bail!(
+                "{message} (under sudo, linnet attaches and runs the VMM as the user who ran sudo; `--user root` keeps root)"
+            )
+        }
         Response::Error { message, .. } => bail!(message),
         other => bail!("unexpected reply from the daemon: {other:?}"),
     };

@@ -69,6 +69,14 @@ fn host_network_reaches_the_host_and_peers_but_not_upstream() {
     assert_eq!(a.ip().octets()[..3], [192, 168, 106]);
     assert!(a.ping(&a.gateway()), "host-only guests reach the host");
     assert!(a.ping(&b.ip().to_string()), "and each other");
+    // DHCP gives a host network no router; a guest that routes to the
+    // gateway anyway must still not get out (the firewall stops it, not the
+    // missing route).
+    must(
+        &mut a
+            .ns
+            .cmd(&["ip", "route", "replace", "default", "via", &a.gateway()]),
+    );
     assert!(!a.ping(UPSTREAM_IP), "but not the outside");
     assert_eq!(
         a.fetch(&format!("http://{UPSTREAM_IP}/")),

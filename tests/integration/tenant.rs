@@ -710,3 +710,50 @@ fn a_users_forward_captures_no_one_elses_loopback_and_a_service_started_later_is
         "the forward's owner is sent to its VM"
     );
 }
+
+/// Sends `count` DNS queries for `name` to `server` from `ns`, as fast as
+/// it can, without waiting for answers.
+const DNS_FLOOD: &str = r#"
+import socket, struct, sys
+server, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+qname = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(count):
+    s.sendto(struct.pack("!HHHHHH", i, 0x0100, 1, 0, 0, 0) + qname + struct.pack("!HH", 1, 1), (server, 53))
+"#;
+
+#[test]
+fn a_vm_flooding_dns_gets_its_share_and_the_others_still_get_answers() {
+    // An upstream that never answers, so every forwarded query waits 2 s.
+    let mut world =
+        World::with_config("networks:\n  shared:\n    dns: { upstream: [203.0.113.99] }\n");
+    world.start_daemon();
+    let flooder = world.guest("shared", &[]);
+    let other = world.guest("shared", &["--name", "calm"]);
+    assert_eq!(flooder.udhcpc(), flooder.ip());
+    assert_eq!(other.udhcpc(), other.ip());
+    must(&mut flooder.ns.cmd(&[
+        "python3",
+        "-c",
+        DNS_FLOOD,
+        &flooder.gateway(),
+        "nowhere.example",
+        "500",
+    ]));
+    let said = wait_for("the DNS budget to bite", Duration::from_secs(5), || {
+        world
+            .daemon_log_text()
+            .lines()
+            .find(|l| l.contains("DNS:") && l.contains("most queries at once"))
+            .map(String::from)
+    });
+    assert!(
+        said.contains(&format!("{} has its most", flooder.ip())),
+        "{said}"
+    );
+    // Meanwhile another VM's question is answered at once.
+    assert_eq!(
+        other.lookup("calm.shared.linnet", &other.gateway()),
+        Some(other.ip().to_string())
+    );
+}
