@@ -99,7 +99,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
                         // The connection waits in the backlog; spinning on
                         // it would only burn the CPU the others need.
                         if out_of_fds == 0 {
-                            warn!("out of file descriptors ({e}): new connections wait; `linnet ls` shows who holds how many");
+                            warn!("out of file descriptors ({e}): new connections wait until some close");
                         }
                         out_of_fds += 1;
                         tokio::time::sleep(ACCEPT_BACKOFF).await;

@@ -183,16 +183,9 @@ impl Netlink {
     /// Takes a link off its bridge and down, for good: what a TAP whose VMM
     /// misbehaved gets. Its owner cannot undo either without CAP_NET_ADMIN.
     pub async fn cut_off(&self, index: u32) -> Result<(), NetlinkError> {
-        let msg = LinkUnspec::new_with_index(index)
-            .nocontroller()
-            .down()
-            .build();
-        self.handle
-            .link()
-            .set(msg)
-            .execute()
+        let msg = LinkUnspec::new_with_index(index).nocontroller().down();
+        self.set(msg.build(), format!("take link {index} off its bridge"))
             .await
-            .map_err(op(format!("take link {index} off its bridge")))
     }
 
     /// Puts a link on a bridge (`Some(index)`), or takes it off (`None`).
@@ -202,25 +195,24 @@ impl Netlink {
             Some(bridge) => msg.controller(bridge),
             None => msg.nocontroller(),
         };
-        self.handle
-            .link()
-            .set(msg.build())
-            .execute()
+        self.set(msg.build(), format!("set the bridge of link {index}"))
             .await
-            .map_err(op(format!("set the bridge of link {index}")))
     }
 
     /// Sets a link's MAC.
     pub async fn set_address(&self, index: u32, mac: MacAddr) -> Result<(), NetlinkError> {
-        let msg = LinkUnspec::new_with_index(index)
-            .address(mac.0.to_vec())
-            .build();
+        let msg = LinkUnspec::new_with_index(index).address(mac.0.to_vec());
+        self.set(msg.build(), format!("set the MAC of link {index}"))
+            .await
+    }
+
+    async fn set(&self, msg: LinkMessage, what: String) -> Result<(), NetlinkError> {
         self.handle
             .link()
             .set(msg)
             .execute()
             .await
-            .map_err(op(format!("set the MAC of link {index}")))
+            .map_err(op(what))
     }
 
     /// Adds an address (IPv4 or IPv6); one already there is fine. IPv6

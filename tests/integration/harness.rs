@@ -650,21 +650,21 @@ impl Guest {
 
     /// busybox udhcpc: returns the address it was given.
     pub fn udhcpc(&self) -> Ipv4Addr {
-        let out = run(&mut self.ns.cmd(&[
-            "busybox",
-            "udhcpc",
-            "-i",
-            "eth0",
-            "-n",
-            "-q",
-            "-f",
-            "-t",
-            "5",
-            "-T",
-            "1",
-            "-s",
-            &repo_file("guest/udhcpc.script"),
-        ]));
+        self.udhcpc_as(None)
+    }
+
+    /// busybox udhcpc, sending `hostname` (DHCP option 12) when given.
+    pub fn udhcpc_as(&self, hostname: Option<&str>) -> Ipv4Addr {
+        let script = repo_file("guest/udhcpc.script");
+        let option = hostname.map(|h| format!("hostname:{h}"));
+        let mut argv = vec![
+            "busybox", "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1", "-s",
+            &script,
+        ];
+        if let Some(option) = &option {
+            argv.extend(["-x", option.as_str()]);
+        }
+        let out = run(&mut self.ns.cmd(&argv));
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -805,6 +805,18 @@ pub fn echo_ask(ns: &Netns, host: &str, port: u16, proto: &str) -> Option<String
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// User plus system CPU time of `pid`, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 /// What a client got from an echo server.

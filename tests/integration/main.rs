@@ -190,9 +190,10 @@ fn api_connect(world: &World) -> OwnedFd {
     sock
 }
 
-/// Attaches an interface over `api`: its info and TAP fd.
-fn api_attach(api: &OwnedFd, network: &str) -> (Value, OwnedFd) {
-    let request = format!(r#"{{"op": "attach", "network": "{network}"}}"#);
+/// Sends one raw request over `api` and reads its reply and the fds that
+/// came with it; a reply above one packet is read from its memfd
+/// (docs/api.md).
+fn api_call(api: &OwnedFd, request: &str) -> (Value, Vec<OwnedFd>) {
     socket::send(api.as_raw_fd(), request.as_bytes(), MsgFlags::empty()).unwrap();
     let mut buf = vec![0u8; 65536];
     let mut space = nix::cmsg_space!([RawFd; 1]);
@@ -207,16 +208,32 @@ fn api_attach(api: &OwnedFd, network: &str) -> (Value, OwnedFd) {
     let mut fds = vec![];
     for cmsg in msg.cmsgs().unwrap() {
         if let ControlMessageOwned::ScmRights(got) = cmsg {
-            fds.extend(got);
+            // SAFETY: SCM_RIGHTS gave us these descriptors to own.
+            fds.extend(
+                got.into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
         }
     }
     let len = msg.bytes;
     let reply: Value = serde_json::from_slice(&buf[..len]).unwrap();
+    let Some(n) = reply["large_message"].as_u64() else {
+        return (reply, fds);
+    };
+    assert_eq!(fds.len(), 1, "a large reply comes with its memfd");
+    let memfd = std::fs::File::from(fds.remove(0));
+    let mut bytes = vec![0u8; n as usize];
+    std::os::unix::fs::FileExt::read_exact_at(&memfd, &mut bytes, 0).unwrap();
+    (serde_json::from_slice(&bytes).unwrap(), fds)
+}
+
+/// Attaches an interface over `api`: its info and TAP fd.
+fn api_attach(api: &OwnedFd, network: &str) -> (Value, OwnedFd) {
+    let request = format!(r#"{{"op": "attach", "network": "{network}"}}"#);
+    let (reply, mut fds) = api_call(api, &request);
     assert_eq!(reply["reply"], "attached", "{reply}");
     assert_eq!(fds.len(), 1, "one TAP fd");
-    // SAFETY: SCM_RIGHTS gave us this descriptor to own.
-    let tap = unsafe { OwnedFd::from_raw_fd(fds[0]) };
-    (reply["interface"].clone(), tap)
+    (reply["interface"].clone(), fds.remove(0))
 }
 
 #[test]

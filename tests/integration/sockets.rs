@@ -409,18 +409,6 @@ fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
     drop(stream_helper);
 }
 
-/// User plus system CPU time of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-}
-
 #[test]
 fn a_vmm_that_stops_reading_neither_kills_nor_spins_the_helper() {
     let mut world = World::new();

@@ -128,41 +128,6 @@ fn a_vmm_that_changes_its_taps_mac_is_cut_off_and_harms_no_one() {
     victim.assert_reaches_upstream("the victim");
 }
 
-/// Sends `{"op": "list"}` on `api` and reads the reply, from a memfd when
-/// it is large (docs/api.md).
-fn api_list(api: &std::os::fd::OwnedFd) -> Value {
-    use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-    socket::send(api.as_raw_fd(), br#"{"op": "list"}"#, MsgFlags::empty()).unwrap();
-    let mut buf = vec![0u8; 65536];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
-    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-    let msg = socket::recvmsg::<()>(
-        api.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .unwrap();
-    let mut fds = vec![];
-    for cmsg in msg.cmsgs().unwrap() {
-        if let ControlMessageOwned::ScmRights(got) = cmsg {
-            fds.extend(got);
-        }
-    }
-    let len = msg.bytes;
-    let reply: Value = serde_json::from_slice(&buf[..len]).unwrap();
-    let Some(n) = reply["large_message"].as_u64() else {
-        return reply;
-    };
-    assert_eq!(fds.len(), 1, "a large reply comes with its memfd");
-    // SAFETY: SCM_RIGHTS gave us this descriptor to own.
-    let memfd = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fds[0]) });
-    let mut bytes = vec![0u8; n as usize];
-    std::os::unix::fs::FileExt::read_exact_at(&memfd, &mut bytes, 0).unwrap();
-    serde_json::from_slice(&bytes).unwrap()
-}
-
 #[test]
 fn a_listing_of_hundreds_of_interfaces_arrives_whole_and_costs_no_one_their_interfaces() {
     const COUNT: usize = 300;
@@ -175,7 +140,7 @@ fn a_listing_of_hundreds_of_interfaces_arrives_whole_and_costs_no_one_their_inte
 
     // On the very connection that holds the interfaces: a reply this large
     // once ended the connection, and with it every interface.
-    let listing = api_list(&api);
+    let listing = crate::api_call(&api, r#"{"op": "list"}"#).0;
     assert_eq!(listing["reply"], "listing", "{listing}");
     assert_eq!(listing["interfaces"].as_array().unwrap().len(), COUNT);
 
@@ -196,7 +161,7 @@ fn a_listing_of_hundreds_of_interfaces_arrives_whole_and_costs_no_one_their_inte
         COUNT,
         "one row per interface"
     );
-    let again = api_list(&api);
+    let again = crate::api_call(&api, r#"{"op": "list"}"#).0;
     assert_eq!(
         again["interfaces"].as_array().unwrap().len(),
         COUNT,
@@ -325,24 +290,7 @@ fn ids_and_names_belong_to_their_user_and_hostnames_take_no_ones_name() {
     let named = world.guest("shared", &["--name", "db"]);
     assert!(other.ip() < named.ip());
     assert_eq!(named.udhcpc(), named.ip());
-    let out = must(&mut other.ns.cmd(&[
-        "busybox",
-        "udhcpc",
-        "-i",
-        "eth0",
-        "-n",
-        "-q",
-        "-f",
-        "-t",
-        "5",
-        "-T",
-        "1",
-        "-x",
-        "hostname:db",
-        "-s",
-        &repo_file("guest/udhcpc.script"),
-    ]));
-    assert!(out.contains(&format!("lease ip={}", other.ip())), "{out}");
+    assert_eq!(other.udhcpc_as(Some("db")), other.ip());
     let answer = other.lookup("db.shared.linnet", &other.gateway());
     assert_eq!(
         answer,
@@ -453,18 +401,6 @@ fn flood(world: &World, wrapper: &[&str], count: usize, wait: &str) -> (String, 
         .read_line(&mut line)
         .unwrap();
     (line.trim().to_string(), child)
-}
-
-/// User plus system CPU time of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }
 
 #[test]
