@@ -781,20 +781,28 @@ impl Guest {
 /// each client "TAG from CLIENT-ADDRESS"; ready when returned.
 pub fn echo_serve(ns: &Netns, tag: &str, port: u16) -> Reaped {
     let script = repo_file("tests/echo_peer.py");
+    let (child, line) =
+        spawn_until_first_line(ns.cmd(&["python3", &script, "serve", tag, &port.to_string()]));
+    assert_eq!(line, "serving");
+    child
+}
+
+/// Starts `cmd` (stdin closed), waits for the first line it prints (a
+/// tool saying it is ready, or what it found) and returns it, trimmed.
+/// The rest of its stdout is not read.
+pub fn spawn_until_first_line(mut cmd: Command) -> (Reaped, String) {
     let mut child = Reaped(
-        ns.cmd(&["python3", &script, "serve", tag, &port.to_string()])
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
-            .unwrap(),
+            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}")),
     );
     let mut line = String::new();
     use std::io::BufRead;
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert_eq!(line.trim(), "serving");
-    child
+    (child, line.trim().to_string())
 }
 
 /// The answer a client in `ns` gets from an echo server at HOST:PORT over

@@ -280,18 +280,13 @@ fn a_policy_applies_to_new_connections_and_one_opened_before_carries_on() {
     use std::io::{BufRead, Write};
     let (world, _servers) = world_with_allowed_host();
     let script = repo_file("tests/echo_peer.py");
-    let mut server = Reaped(
-        world
-            .upstream
-            .cmd(&["python3", &script, "serve-lines", "7000"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    std::io::BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (_server, ready) =
+        spawn_until_first_line(
+            world
+                .upstream
+                .cmd(&["python3", &script, "serve-lines", "7000"]),
+        );
+    assert_eq!(ready, "serving");
     let g = world.guest("shared", &["--name", "early"]);
     assert_eq!(g.udhcpc(), g.ip());
     let mut chat = Reaped(

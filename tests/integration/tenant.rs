@@ -1,7 +1,6 @@
 //! Tenant safety: what a hostile VMM (through the fd linnet gave it) or a
 //! local user (through the daemon's socket) can do to other tenants.
 
-use std::io::BufRead;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -23,27 +22,16 @@ fn link_mac(ns: &Netns, link: &str) -> String {
 fn vmm_setting_its_tap_mac(world: &World, mac: &str) -> (Reaped, Value) {
     let json = world.run_dir().join(format!("{}.json", unique("hostile")));
     let script = repo_file("tests/hostile_vmm.py");
-    let mut child = Reaped(
-        world
-            .linnet(&[
-                "run",
-                "--network",
-                "shared",
-                "--json",
-                json.to_str().unwrap(),
-            ])
-            .args(["--", "python3", &script, "set-mac", "{fd}", mac])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "set", "the VMM set its TAP's MAC");
+    let mut run = world.linnet(&[
+        "run",
+        "--network",
+        "shared",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    run.args(["--", "python3", &script, "set-mac", "{fd}", mac]);
+    let (child, said) = spawn_until_first_line(run);
+    assert_eq!(said, "set", "the VMM set its TAP's MAC");
     let info = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     (child, info)
 }
@@ -351,20 +339,12 @@ fn under_sudo_the_vmm_the_relay_and_the_daemons_view_are_the_invoking_users() {
     )
     .unwrap();
     let socket = dir.path().join("vm.sock");
-    let mut helper = Reaped(
-        world
-            .linnet(&["helper", "--socket", socket.to_str().unwrap()])
-            .env("SUDO_UID", "65534")
-            .env("SUDO_GID", "65534")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    std::io::BufReader::new(helper.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let mut helper = world.linnet(&["helper", "--socket", socket.to_str().unwrap()]);
+    helper
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534")
+        .stderr(Stdio::null());
+    let (helper, line) = spawn_until_first_line(helper);
     let info: Value = serde_json::from_str(&line).unwrap();
     assert_eq!(listed(&world, &info["interface_id"])["client_uid"], 65534);
     let status = std::fs::read_to_string(format!("/proc/{}/status", helper.id())).unwrap();
@@ -388,19 +368,8 @@ fn flood(world: &World, wrapper: &[&str], count: usize, wait: &str) -> (String, 
         &count,
         wait,
     ]);
-    let mut child = Reaped(
-        world
-            .host
-            .cmd(&argv)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    (line.trim().to_string(), child)
+    let (child, summary) = spawn_until_first_line(world.host.cmd(&argv));
+    (summary, child)
 }
 
 #[test]
