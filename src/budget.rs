@@ -1,8 +1,10 @@
 //! Budgets: at most so many of something in flight per key (a uid, a VM's
 //! address) and in all, so that one local user or one VM cannot take what
 //! the daemon and the others need. A permit is given back when dropped.
-//! Refusals are counted, and the first one in each `REPORT_EVERY` is marked
-//! for the caller to log, so a flood costs one log line per period.
+//! `RateLimit` is the same over time: at most so many per key in each
+//! window. Refusals are counted, and the first one in each `REPORT_EVERY`
+//! is marked for the caller to log, so a flood costs one log line per
+//! period.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -104,9 +106,93 @@ impl<K: Ord + Clone> Drop for Permit<K> {
     }
 }
 
+/// At most `per_window` events per key in each `window`, for at most
+/// `MAX_KEYS` keys at once (a key past those waits for old windows to end:
+/// made-up keys cannot grow the table).
+pub struct RateLimit<K: Ord + Clone> {
+    per_window: u32,
+    window: Duration,
+    seen: BTreeMap<K, (Instant, u32)>,
+    refused: u64,
+    reported_at: Option<Instant>,
+}
+
+const MAX_KEYS: usize = 4096;
+
+impl<K: Ord + Clone> RateLimit<K> {
+    pub fn new(per_window: u32, window: Duration) -> RateLimit<K> {
+        RateLimit {
+            per_window,
+            window,
+            seen: BTreeMap::new(),
+            refused: 0,
+            reported_at: None,
+        }
+    }
+
+    /// Whether one more event of `key` may happen now; a refusal says when
+    /// to log it, as `Budget::try_take` does.
+    pub fn allow(&mut self, key: &K, now: Instant) -> Result<(), Refused> {
+        let window = self.window;
+        if !self.seen.contains_key(key) && self.seen.len() >= MAX_KEYS {
+            self.seen
+                .retain(|_, (start, _)| now.duration_since(*start) < window);
+        }
+        let full = !self.seen.contains_key(key) && self.seen.len() >= MAX_KEYS;
+        let entry = (!full).then(|| self.seen.entry(key.clone()).or_insert((now, 0)));
+        let allowed = match entry {
+            Some((start, count)) => {
+                if now.duration_since(*start) >= window {
+                    (*start, *count) = (now, 0);
+                }
+                *count += 1;
+                *count <= self.per_window
+            }
+            None => false,
+        };
+        if allowed {
+            return Ok(());
+        }
+        self.refused += 1;
+        let due = self
+            .reported_at
+            .is_none_or(|at| now.duration_since(at) >= REPORT_EVERY);
+        let report = due.then(|| {
+            self.reported_at = Some(now);
+            std::mem::take(&mut self.refused)
+        });
+        Err(Refused {
+            report,
+            per_key: !full,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rate_limit_allows_so_many_per_window_per_key() {
+        let mut limit = RateLimit::new(3, Duration::from_secs(1));
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert!(limit.allow(&"a", t0).is_ok());
+        }
+        let refused = limit.allow(&"a", t0).unwrap_err();
+        assert_eq!(
+            refused,
+            Refused {
+                report: Some(1),
+                per_key: true
+            }
+        );
+        assert!(limit.allow(&"b", t0).is_ok(), "another key has its own");
+        assert!(
+            limit.allow(&"a", t0 + Duration::from_secs(1)).is_ok(),
+            "a new window"
+        );
+    }
 
     #[test]
     fn a_key_gets_its_share_the_others_theirs_and_refusals_are_reported_once() {

@@ -6,14 +6,16 @@
       multicast), carrying the marker "LINNET-<KIND>" inside its payload
       (UDP data, ICMPv6 echo data, an ignored ND option, the DHCP sname; in
       ARP, whose fields are all fixed, a 6-byte tag as target MAC) so a
-      capture can tell it apart. Keys: mac, ip, ll (the sender's own MAC, IPv4,
-      link-local IPv6), gw, gw6 (the gateway's IPv4/IPv6), other_ip,
-      other_mac, other_ip6 (someone else's).
+      capture can tell it apart. Keys: mac, ip, ip6, ll (the sender's own
+      MAC, IPv4, global and link-local IPv6), gw, gw6 (the gateway's
+      IPv4/IPv6), other_ip, other_mac, other_ip6 (someone else's), chaddr
+      (dhcp-frag's made-up MAC), count (send it this many times).
   spoof.py capture IFACE SECONDS
       prints the markers of the frames IFACE receives meanwhile.
 
 Kinds: honest (UDP broadcast to port 9999), honest-8000 (to port 8000),
-honest6 (UDP to ff02::1 port 9999, from its link-local address), other-mac, other-ip, garp-gateway, arp-reply-other,
+honest6 (UDP to ff02::1 port 9999, from its link-local address), other-mac,
+other-ip, garp-gateway, arp-reply-other,
 other-ip6, na-gateway, ra, dhcp-offer, dhcp-offer-port (from another source
 port), dhcp-other-mac (a DISCOVER for someone else's MAC), frag-ra (an
 IPv6 first fragment without its ICMPv6 header, RFC 7113), vlan (a tagged
@@ -23,7 +25,8 @@ learn from), arp-probe-other (an address probe for someone else's IPv4,
 which would make it decline its lease), arp-probe-own (one for its own,
 which passes), frag6-short (an IPv6 first fragment from its own global
 address, its transport header left for a later fragment; to other_mac),
-dhcp-frag (the first fragment of a DHCP request from its own address whose
+dhcp-discover (an honest DISCOVER for its own MAC), dhcp-frag (the first
+fragment of a DHCP request from its own address whose
 chaddr would come in the second; sent with the second, which carries
 chaddr=CHADDR). Checksums
 are right, so a frame that got through would be acted upon (neighbour
@@ -149,6 +152,9 @@ def frame(kind, k):
         offer = bootp(2, mac(k["other_mac"]), v4(k["other_ip"]), marker, offer_options)
         sport = 67 if kind == "dhcp-offer" else 1234
         return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(own_ip, everyone, sport, 68, offer))
+    if kind == "dhcp-discover":
+        discover = bootp(1, own_mac, b"\0" * 4, marker, bytes([53, 1, 1, 255]))
+        return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(v4("0.0.0.0"), everyone, 68, 67, discover))
     if kind == "dhcp-other-mac":
         discover = bootp(1, mac(k["other_mac"]), b"\0" * 4, marker, bytes([53, 1, 1, 255]))
         return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(v4("0.0.0.0"), everyone, 68, 67, discover))
@@ -203,8 +209,9 @@ def send(iface, kind, keys):
     s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
     s.bind((iface, 0))
     frames = dhcp_fragments(keys) if kind == "dhcp-frag" else [frame(kind, keys)]
-    for f in frames:
-        s.send(f)
+    for _ in range(int(keys.get("count", "1"))):
+        for f in frames:
+            s.send(f)
 
 
 def capture(iface, seconds):

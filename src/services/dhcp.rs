@@ -7,6 +7,7 @@
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
 use dhcproto::{Decodable, Decoder, Encodable, Encoder};
@@ -16,6 +17,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::{NetworkContext, ServiceError, unix_now};
+use crate::budget::RateLimit;
 use crate::config::{Mode, NetworkConfig};
 use crate::daemon::leases::LeaseTable;
 use crate::types::MacAddr;
@@ -47,9 +49,14 @@ fn bind(bridge: &str, addr: SocketAddrV4) -> std::io::Result<UdpSocket> {
     UdpSocket::from_std(socket.into())
 }
 
+/// DHCP messages one client (by MAC) may have answered per second: a
+/// client sends a few per lease; more is a VM hammering the server.
+const MESSAGES_PER_SECOND: u32 = 20;
+
 async fn serve(ctx: Arc<NetworkContext>, socket: UdpSocket) {
     let mut buf = vec![0u8; 1500];
     let mut out = Vec::with_capacity(600);
+    let mut rate = RateLimit::new(MESSAGES_PER_SECOND, Duration::from_secs(1));
     loop {
         let len = match socket.recv_from(&mut buf).await {
             Ok((len, _)) => len,
@@ -62,6 +69,13 @@ async fn serve(ctx: Arc<NetworkContext>, socket: UdpSocket) {
             debug!(network = %ctx.config.name, "ignored a packet that is not DHCP");
             continue;
         };
+        let client = request.chaddr().get(..6).unwrap_or_default().to_vec();
+        if let Err(refused) = rate.allow(&client, Instant::now()) {
+            if let Some(count) = refused.report {
+                warn!(network = %ctx.config.name, refused = count, "DHCP: a client sent more than {MESSAGES_PER_SECOND} messages in a second; ignoring the rest");
+            }
+            continue;
+        }
         let reply = {
             let mut leases = ctx.leases.lock().expect("lease table lock");
             let reply = respond(&ctx.config, &mut leases, &request, unix_now());

@@ -418,3 +418,35 @@ fn fragmented_dhcp_requests_for_made_up_macs_drain_nothing() {
         }
     );
 }
+
+#[test]
+fn a_vm_hammering_dhcp_is_answered_at_a_bounded_rate_and_still_gets_its_lease() {
+    let mut world = World::new();
+    world.start_daemon();
+    let g = ready(&world, &[]);
+    let script = repo_file("tests/spoof.py");
+    must(&mut g.ns.cmd(&[
+        "python3",
+        &script,
+        "send",
+        "eth0",
+        "dhcp-discover",
+        &format!("mac={}", g.mac()),
+        &format!("ip={}", g.ip()),
+        "count=300",
+    ]));
+    wait_for(
+        "the DHCP rate limit to be logged",
+        std::time::Duration::from_secs(5),
+        || {
+            world
+                .daemon_log_text()
+                .contains("DHCP: a client sent more than 20 messages in a second")
+                .then_some(())
+        },
+    );
+    let offers = world.daemon_log_text().matches("DHCPOFFER").count();
+    assert!(offers <= 2 * 20 + 2, "{offers} offers for 300 DISCOVERs");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(g.udhcpc(), g.ip(), "a second later it is served again");
+}
