@@ -119,6 +119,7 @@ def scale(socket_path, network, daemon_pid, marks):
                  f"the daemon to remove {max(marks)} interfaces", timeout=120)
         out["detach_all_s"] = round(time.perf_counter() - start, 3)
         out["daemon_rss_mib_after_detach"] = round(memory_kib(daemon_pid) / 1024, 2)
+        out["daemon_peak_rss_mib"] = round(memory_kib(daemon_pid, "VmHWM") / 1024, 2)
     finally:
         for tap in taps:
             os.close(tap)

@@ -141,6 +141,9 @@ def markdown(results):
         lines.append(f"| daemon RSS at 0 interfaces | {c['daemon_rss_mib_idle']} MiB |")
         for n, rss in sc["daemon_rss_mib"].items():
             lines.append(f"| daemon RSS at {n} interfaces | {rss} MiB |")
+        if "daemon_peak_rss_mib" in sc:
+            lines.append(f"| daemon RSS after detaching them all / its peak | "
+                         f"{sc['daemon_rss_mib_after_detach']} / {sc['daemon_peak_rss_mib']} MiB |")
         lines.append(f"| helper RSS (`linnet helper --socket`, attached, idle) | {h['rss_mib']} MiB |")
         lines.append(f"| helper PSS / private (its own share; code and libc are shared) | "
                      f"{h['pss_mib']} / {h['private_mib']} MiB |")

@@ -666,6 +666,12 @@ impl Daemon {
             }
             self.release_network_if_unused(network).await;
         }
+        if gone.len() >= MANY_AT_ONCE {
+            // Removing many guards at once has nftables build and parse a
+            // large batch; hand that memory back rather than keep it.
+            // SAFETY: malloc_trim only releases free heap memory.
+            unsafe { libc::malloc_trim(0) };
+        }
         deleted.map_err(Into::into)
     }
 
@@ -846,6 +852,10 @@ impl Daemon {
         Ok(turned)
     }
 }
+
+/// How many interfaces leaving at once make the daemon give freed memory
+/// back to the system.
+const MANY_AT_ONCE: usize = 16;
 
 /// A new TAP for `client`, named by the daemon's counter: the first free
 /// name from `next` on. A link that has a name already is never opened or

@@ -283,10 +283,22 @@ pub fn update_port(nft: &mut Nft, old: &PortGuard, new: &PortGuard) -> Result<()
     run(nft, commands)
 }
 
-/// Removes the TAPs' elements and drop counts, in one transaction. Each
-/// element is added before it is deleted, so the delete is valid whether or
-/// not it was there.
+/// Removes the TAPs' elements and drop counts, each batch of ports in one
+/// transaction. Each element is added before it is deleted, so the delete
+/// is valid whether or not it was there.
 pub fn remove_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
+    // In batches: nftables takes far more memory to read one batch for a
+    // thousand ports than ten for a hundred (measured: 160 MiB of heap).
+    for batch in ports.chunks(REMOVE_BATCH) {
+        remove_batch(nft, batch)?;
+    }
+    Ok(())
+}
+
+/// Ports whose elements one transaction removes.
+const REMOVE_BATCH: usize = 100;
+
+fn remove_batch(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
     let mut commands = Vec::new();
     for port in ports {
         let mut all = elements(&PortGuard {
