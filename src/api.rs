@@ -3,8 +3,9 @@
 //! A unix SOCK_SEQPACKET socket: every message is one JSON object in one
 //! packet, so no framing is needed; a TAP file descriptor travels with its
 //! reply as SCM_RIGHTS. A reply larger than one packet (the listing of a
-//! thousand interfaces) travels in a sealed memfd, announced by a small
-//! `{"large_message": N}`. docs/api.md is the reference for other languages.
+//! thousand interfaces) is announced by a small `{"large_message": N}` and
+//! follows in packets of its raw bytes. docs/api.md is the reference for
+//! other languages.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -25,12 +26,12 @@ use crate::policy::Policy;
 use crate::types::{InterfaceId, MacAddr};
 
 /// Requests larger than this are refused; replies larger than this come
-/// in a memfd.
+/// in pieces of this size.
 pub const MAX_MESSAGE: usize = 64 * 1024;
-/// The largest reply a client reads from a memfd.
+/// The largest reply a client takes.
 const MAX_LARGE_MESSAGE: usize = 64 << 20;
 
-/// Announces a reply of `large_message` bytes in the memfd sent with it.
+/// Announces a reply of `large_message` bytes in the packets that follow.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LargeMessage {
@@ -390,14 +391,12 @@ impl Channel {
     /// the peer closed the connection.
     pub fn recv<T: for<'de> Deserialize<'de>>(&self) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
         let mut buf = vec![0u8; MAX_MESSAGE];
-        let Some((len, mut fds)) = recv_packet(self.fd.as_fd(), &mut buf)? else {
+        let Some((len, fds)) = recv_packet(self.fd.as_fd(), &mut buf)? else {
             return Ok(None);
         };
         let invalid = |e| io::Error::new(io::ErrorKind::InvalidData, e);
-        if fds.len() == 1
-            && let Ok(large) = serde_json::from_slice::<LargeMessage>(&buf[..len])
-        {
-            let bytes = read_large(&fds.remove(0), large.large_message)?;
+        if let Ok(large) = serde_json::from_slice::<LargeMessage>(&buf[..len]) {
+            let bytes = self.recv_pieces(large.large_message, &mut buf)?;
             return Ok(Some((
                 serde_json::from_slice(&bytes).map_err(invalid)?,
                 fds,
@@ -405,6 +404,27 @@ impl Channel {
         }
         let msg = serde_json::from_slice(&buf[..len]).map_err(invalid)?;
         Ok(Some((msg, fds)))
+    }
+
+    /// The `len` bytes of a large reply, from the packets that carry them.
+    fn recv_pieces(&self, len: usize, buf: &mut [u8]) -> io::Result<Vec<u8>> {
+        if len > MAX_LARGE_MESSAGE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a reply of {len} bytes is more than linnet reads"),
+            ));
+        }
+        let mut bytes = Vec::with_capacity(len);
+        while bytes.len() < len {
+            let Some((n, _)) = recv_packet(self.fd.as_fd(), buf)? else {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the connection closed in the middle of a reply",
+                ));
+            };
+            bytes.extend_from_slice(&buf[..n]);
+        }
+        Ok(bytes)
     }
 
     /// Whether the daemon closed the connection (or sent something unasked,
@@ -452,69 +472,72 @@ impl AsFd for Channel {
 
 pub fn send_message<T: Serialize>(fd: BorrowedFd<'_>, msg: &T, fds: &[RawFd]) -> io::Result<()> {
     let bytes = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    send_packet(fd, &bytes, fds)
+}
+
+/// A reply's bytes: one packet, or, when larger than a packet, a
+/// `LargeMessage` announcing their size and then the bytes themselves in
+/// pieces of `MAX_MESSAGE`. The sender waits for room between packets, so
+/// a client that does not read holds up only its own connection, and what
+/// it costs the daemon is the socket's buffer.
+pub struct ReplyBytes {
+    announce: Option<Vec<u8>>,
+    body: Vec<u8>,
+}
+
+impl ReplyBytes {
+    pub fn new<T: Serialize>(msg: &T) -> io::Result<ReplyBytes> {
+        let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
+        let announce = (body.len() > MAX_MESSAGE)
+            .then(|| {
+                serde_json::to_vec(&LargeMessage {
+                    large_message: body.len(),
+                })
+            })
+            .transpose()
+            .map_err(io::Error::other)?;
+        Ok(ReplyBytes { announce, body })
+    }
+
+    /// The packets, in order (fds go with the first).
+    pub fn packets(&self) -> impl Iterator<Item = &[u8]> {
+        self.announce
+            .as_deref()
+            .into_iter()
+            .chain(self.body.chunks(MAX_MESSAGE))
+    }
+}
+
+/// Sends one packet, with `fds` attached.
+pub fn send_packet(fd: BorrowedFd<'_>, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
     if bytes.len() > MAX_MESSAGE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "message larger than 64 KiB",
         ));
     }
-    let iov = [io::IoSlice::new(&bytes)];
+    let iov = [io::IoSlice::new(bytes)];
     let cmsg = [ControlMessage::ScmRights(fds)];
     let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
     socket::sendmsg::<()>(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
     Ok(())
 }
 
-/// Sends a reply: in one packet, or, when larger, as a memfd that holds it
-/// (sealed, so the reader sees exactly what was written), announced by a
-/// `LargeMessage` packet.
-pub fn send_reply<T: Serialize>(fd: BorrowedFd<'_>, msg: &T, fds: &[RawFd]) -> io::Result<()> {
-    let bytes = serde_json::to_vec(msg).map_err(io::Error::other)?;
-    if bytes.len() <= MAX_MESSAGE || !fds.is_empty() {
-        return send_message(fd, msg, fds);
-    }
-    let memfd = sealed_memfd(&bytes)?;
-    let announce = LargeMessage {
-        large_message: bytes.len(),
-    };
-    send_message(fd, &announce, &[memfd.as_raw_fd()])
-}
-
-fn sealed_memfd(bytes: &[u8]) -> io::Result<OwnedFd> {
-    // SAFETY: a NUL-terminated name and flags; the result is checked.
-    let raw = unsafe {
-        libc::memfd_create(
-            c"linnet-reply".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: memfd_create returned a new descriptor that we now own.
-    let memfd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let mut file = std::fs::File::from(memfd);
-    io::Write::write_all(&mut file, bytes)?;
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl on a descriptor we own, with an integer argument.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(file.into())
-}
-
-/// Reads the `len` bytes of a large reply from its memfd.
-fn read_large(memfd: &OwnedFd, len: usize) -> io::Result<Vec<u8>> {
-    if len > MAX_LARGE_MESSAGE {
+/// The daemon's side: receives one request into `buf`. No request carries
+/// descriptors, so none is taken: with no room for them the kernel drops
+/// any a client sends without closing them as ours (closing a descriptor
+/// can block, on a FUSE file whose server never answers the flush). A
+/// packet that did not fit is an error. `Ok(None)`: the peer closed.
+pub fn recv_request(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let msg = socket::recvmsg::<()>(fd.as_raw_fd(), &mut iov, None, MsgFlags::empty())?;
+    if msg.flags.contains(MsgFlags::MSG_TRUNC) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("a reply of {len} bytes is more than linnet reads"),
+            "message larger than 64 KiB",
         ));
     }
-    let file = std::fs::File::from(memfd.try_clone()?);
-    let mut bytes = vec![0u8; len];
-    std::os::unix::fs::FileExt::read_exact_at(&file, &mut bytes, 0)?;
-    Ok(bytes)
+    Ok((msg.bytes > 0).then_some(msg.bytes))
 }
 
 /// Receives one packet into `buf`. A packet that did not fit is an error, not
@@ -560,7 +583,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_reply_above_one_packet_arrives_whole_through_a_memfd() {
+    fn the_daemon_takes_no_descriptor_a_client_sends() {
+        let (daemon, client) = socket::socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let open_fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+        let pipes: Vec<(OwnedFd, OwnedFd)> = (0..8).map(|_| nix::unistd::pipe().unwrap()).collect();
+        let sent: Vec<RawFd> = pipes.iter().map(|(r, _)| r.as_raw_fd()).collect();
+        send_message(client.as_fd(), &Request::List, &sent).unwrap();
+        let before = open_fds();
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        let len = recv_request(daemon.as_fd(), &mut buf).unwrap().unwrap();
+        assert_eq!(&buf[..len], br#"{"op":"list"}"#);
+        assert_eq!(open_fds(), before, "none installed, so none to close");
+    }
+
+    #[test]
+    fn a_reply_above_one_packet_arrives_whole_in_pieces() {
         let (daemon, client) = socket::socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -570,25 +613,28 @@ mod tests {
         .unwrap();
         let big = Response::Error {
             kind: ErrorKind::Internal,
-            message: "x".repeat(3 * MAX_MESSAGE),
+            message: "x".repeat(2 * MAX_MESSAGE + 7),
         };
-        let small = Response::Ok;
-        send_reply(daemon.as_fd(), &big, &[]).unwrap();
-        send_reply(daemon.as_fd(), &small, &[]).unwrap();
         let client = Channel { fd: client };
-        let (got, fds) = client.recv::<Response>().unwrap().unwrap();
-        assert!(
-            fds.is_empty(),
-            "the memfd is the transport's, not the caller's"
-        );
-        match got {
-            Response::Error { message, .. } => assert_eq!(message.len(), 3 * MAX_MESSAGE),
+        let sender = std::thread::spawn(move || {
+            for reply in [
+                ReplyBytes::new(&big).unwrap(),
+                ReplyBytes::new(&Response::Ok).unwrap(),
+            ] {
+                for packet in reply.packets() {
+                    send_packet(daemon.as_fd(), packet, &[]).unwrap();
+                }
+            }
+        });
+        match client.recv::<Response>().unwrap().unwrap().0 {
+            Response::Error { message, .. } => assert_eq!(message.len(), 2 * MAX_MESSAGE + 7),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
             client.recv::<Response>().unwrap().unwrap().0,
             Response::Ok
         ));
+        sender.join().unwrap();
     }
 
     #[test]

@@ -25,7 +25,8 @@ learn from), arp-probe-other (an address probe for someone else's IPv4,
 which would make it decline its lease), arp-probe-own (one for its own,
 which passes), frag6-short (an IPv6 first fragment from its own global
 address, its transport header left for a later fragment; to other_mac),
-dhcp-discover (an honest DISCOVER for its own MAC), dhcp-frag (the first
+dhcp-discover (an honest DISCOVER for its own MAC), dhcp-hlen (the same
+with a hardware address length of 255), dhcp-frag (the first
 fragment of a DHCP request from its own address whose
 chaddr would come in the second; sent with the second, which carries
 chaddr=CHADDR). Checksums
@@ -152,8 +153,11 @@ def frame(kind, k):
         offer = bootp(2, mac(k["other_mac"]), v4(k["other_ip"]), marker, offer_options)
         sport = 67 if kind == "dhcp-offer" else 1234
         return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(own_ip, everyone, sport, 68, offer))
-    if kind == "dhcp-discover":
-        discover = bootp(1, own_mac, b"\0" * 4, marker, bytes([53, 1, 1, 255]))
+    if kind in ("dhcp-discover", "dhcp-hlen"):
+        discover = bytearray(bootp(1, own_mac, b"\0" * 4, marker, bytes([53, 1, 1, 255])))
+        if kind == "dhcp-hlen":
+            discover[2] = 255  # a hardware address length no chaddr holds
+        discover = bytes(discover)
         return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(v4("0.0.0.0"), everyone, 68, 67, discover))
     if kind == "dhcp-other-mac":
         discover = bootp(1, mac(k["other_mac"]), b"\0" * 4, marker, bytes([53, 1, 1, 255]))

@@ -28,11 +28,15 @@ def call(sock, request):
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
     reply = json.loads(msg)
-    if "large_message" in reply and len(fds) == 1:
-        # A reply above 64 KiB, in a memfd (docs/api.md).
-        memfd = fds.pop()
-        reply = json.loads(os.pread(memfd, reply["large_message"], 0))
-        os.close(memfd)
+    if "large_message" in reply:
+        # A reply above 64 KiB: its bytes follow in packets (docs/api.md).
+        body = b""
+        while len(body) < reply["large_message"]:
+            piece = sock.recv(1 << 16)
+            if not piece:
+                raise BenchError("linnet closed the connection in the middle of a reply")
+            body += piece
+        reply = json.loads(body)
     if reply.get("reply") == "error":
         raise BenchError(f"linnet refused {request['op']}: {reply}")
     return reply, list(fds)

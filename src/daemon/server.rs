@@ -294,14 +294,14 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
     loop {
         let received = conn
             .async_io(Interest::READABLE, |fd| {
-                api::recv_packet(fd.as_fd(), &mut buf)
+                api::recv_request(fd.as_fd(), &mut buf)
             })
             .await;
         // Whatever a client sends, it gets an answer and the daemon carries
         // on: an oversized packet (its rest already discarded by the
         // kernel) or one that is not a request is refused, not fatal.
         let (response, fd) = match received {
-            Ok(Some((len, _fds))) => match serde_json::from_slice::<Request>(&buf[..len]) {
+            Ok(Some(len)) => match serde_json::from_slice::<Request>(&buf[..len]) {
                 Err(e) => (bad_request(format!("cannot parse request: {e}")), None),
                 Ok(request) => handle(daemon, client, request).await,
             },
@@ -316,17 +316,18 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
             }
         };
         let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
-        let mut sent = conn
-            .async_io(Interest::WRITABLE, |c| {
-                api::send_reply(c.as_fd(), &response, &fds)
-            })
-            .await;
+        let attached = match &response {
+            Response::Attached { interface } => Some(interface.interface_id),
+            _ => None,
+        };
+        let mut sent = send_reply(&conn, &response, &fds).await;
         // Our copy of the TAP fd closes here; the client holds its own.
         drop(fd);
-        // A reply that could not be sent (no memory for a large one, say)
-        // is an error for this request, not the end of the connection: the
-        // client's interfaces live as long as it does.
-        if let Err(e) = &sent
+        // A reply that could not be sent is an error for this request, not
+        // the end of the connection: the client's interfaces live as long
+        // as it does. (An attach whose reply did not go out is undone: no
+        // one holds its TAP.)
+        if let Err(Unsent::Before(e)) = &sent
             && !connection_gone(e)
         {
             warn!(
@@ -334,19 +335,29 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
                 uid = client.uid,
                 "cannot send a reply: {e}"
             );
+            if let Some(id) = attached {
+                let _ = daemon.lock().await.handle_detach(client, id).await;
+            }
             let error = Response::Error {
                 kind: api::ErrorKind::Internal,
                 message: format!("the daemon could not send its reply: {e}"),
             };
-            sent = conn
-                .async_io(Interest::WRITABLE, |c| {
-                    api::send_message(c.as_fd(), &error, &[])
-                })
-                .await;
+            sent = send_reply(&conn, &error, &[]).await;
         }
-        if let Err(e) = sent {
-            debug!(client = client.id, "cannot reply: {e}");
-            break;
+        match sent {
+            Ok(()) => {}
+            Err(Unsent::Before(e)) => {
+                debug!(client = client.id, "cannot reply: {e}");
+                break;
+            }
+            Err(Unsent::Midway(e)) => {
+                // The client has part of a reply and cannot tell the rest.
+                warn!(
+                    client = client.id,
+                    "a reply broke off midway, closing the connection: {e}"
+                );
+                break;
+            }
         }
     }
     debug!(client = client.id, "disconnected");
@@ -407,6 +418,39 @@ async fn handle(
         },
         Request::Doctor { network } => (daemon.doctor(network.as_deref()), None),
     }
+}
+
+/// Why a reply did not (wholly) go out.
+enum Unsent {
+    /// Nothing of it was sent.
+    Before(io::Error),
+    /// Some of its packets were.
+    Midway(io::Error),
+}
+
+/// Sends a reply's packets (fds with the first), waiting for room between
+/// them.
+async fn send_reply(
+    conn: &AsyncFd<OwnedFd>,
+    response: &Response,
+    fds: &[i32],
+) -> Result<(), Unsent> {
+    let reply = api::ReplyBytes::new(response).map_err(Unsent::Before)?;
+    for (n, packet) in reply.packets().enumerate() {
+        let with = if n == 0 { fds } else { &[] };
+        conn.async_io(Interest::WRITABLE, |c| {
+            api::send_packet(c.as_fd(), packet, with)
+        })
+        .await
+        .map_err(|e| {
+            if n == 0 {
+                Unsent::Before(e)
+            } else {
+                Unsent::Midway(e)
+            }
+        })?;
+    }
+    Ok(())
 }
 
 /// Whether a send failed because the client is no longer there.

@@ -69,7 +69,10 @@ async fn serve(ctx: Arc<NetworkContext>, socket: UdpSocket) {
             debug!(network = %ctx.config.name, "ignored a packet that is not DHCP");
             continue;
         };
-        let client = request.chaddr().get(..6).unwrap_or_default().to_vec();
+        let Some(client) = client_mac(&request) else {
+            debug!(network = %ctx.config.name, hlen = request.hlen(), "ignored a DHCP message without an Ethernet chaddr");
+            continue;
+        };
         if let Err(refused) = rate.allow(&client, Instant::now()) {
             if let Some(count) = refused.report {
                 warn!(network = %ctx.config.name, refused = count, "DHCP: a client sent more than {MESSAGES_PER_SECOND} messages in a second; ignoring the rest");
@@ -107,6 +110,16 @@ fn destination(request: &Message, reply: &Message) -> SocketAddrV4 {
     }
 }
 
+/// The client's MAC: the first 6 bytes of chaddr, when `hlen` says they
+/// are there. (`hlen` comes from the wire, and dhcproto's `chaddr()` slices
+/// by it: a value above 16 would panic.)
+fn client_mac(req: &Message) -> Option<MacAddr> {
+    if !(6..=16).contains(&req.hlen()) {
+        return None;
+    }
+    Some(MacAddr(req.chaddr()[..6].try_into().ok()?))
+}
+
 /// The server's answer to one client message, or None to stay silent.
 pub fn respond(
     net: &NetworkConfig,
@@ -114,13 +127,10 @@ pub fn respond(
     req: &Message,
     now: u64,
 ) -> Option<Message> {
-    if req.opcode() != Opcode::BootRequest
-        || req.chaddr().len() < 6
-        || !req.giaddr().is_unspecified()
-    {
+    if req.opcode() != Opcode::BootRequest || !req.giaddr().is_unspecified() {
         return None;
     }
-    let mac = MacAddr(req.chaddr()[..6].try_into().ok()?);
+    let mac = client_mac(req)?;
     // With anti-spoofing each VM can only ask for its own MAC, so a MAC
     // that is no attached interface's is someone draining the pool (the
     // guard stops that on the wire; this holds whatever reaches us): one
@@ -408,6 +418,27 @@ mod tests {
             lease.ip,
             "an attached interface is served"
         );
+    }
+
+    #[test]
+    fn a_hardware_address_length_from_the_wire_never_panics() {
+        let (net, mut leases) = setup();
+        let lease = leases
+            .attach(InterfaceId::from_bytes([1; 16]), None, None, 0)
+            .unwrap();
+        let mut bytes = Vec::new();
+        client(MessageType::Discover, lease.mac, None)
+            .encode(&mut Encoder::new(&mut bytes))
+            .unwrap();
+        for hlen in [0u8, 5, 17, 255] {
+            bytes[2] = hlen;
+            let msg = Message::decode(&mut Decoder::new(&bytes)).unwrap();
+            assert!(client_mac(&msg).is_none(), "hlen {hlen}");
+            assert!(respond(&net, &mut leases, &msg, 0).is_none(), "hlen {hlen}");
+        }
+        bytes[2] = 6;
+        let msg = Message::decode(&mut Decoder::new(&bytes)).unwrap();
+        assert_eq!(client_mac(&msg), Some(lease.mac));
     }
 
     #[test]

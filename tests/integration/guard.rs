@@ -420,21 +420,24 @@ fn fragmented_dhcp_requests_for_made_up_macs_drain_nothing() {
 }
 
 #[test]
-fn a_vm_hammering_dhcp_is_answered_at_a_bounded_rate_and_still_gets_its_lease() {
+fn a_vm_hammering_dhcp_or_sending_a_bad_length_is_answered_at_a_bounded_rate_and_still_gets_its_lease()
+ {
     let mut world = World::new();
     world.start_daemon();
     let g = ready(&world, &[]);
     let script = repo_file("tests/spoof.py");
-    must(&mut g.ns.cmd(&[
-        "python3",
-        &script,
-        "send",
-        "eth0",
-        "dhcp-discover",
-        &format!("mac={}", g.mac()),
-        &format!("ip={}", g.ip()),
-        "count=300",
-    ]));
+    for (kind, count) in [("dhcp-hlen", "1"), ("dhcp-discover", "300")] {
+        must(&mut g.ns.cmd(&[
+            "python3",
+            &script,
+            "send",
+            "eth0",
+            kind,
+            &format!("mac={}", g.mac()),
+            &format!("ip={}", g.ip()),
+            &format!("count={count}"),
+        ]));
+    }
     wait_for(
         "the DHCP rate limit to be logged",
         std::time::Duration::from_secs(5),
