@@ -6,11 +6,16 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Replaces `path` with `bytes`: a temporary file beside it, written and
 /// fsynced, renamed over it, and the directory fsynced so the rename lasts.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
+    // A name of its own per write: two writers of one file (a background
+    // save and the last one when a network goes down) never share one.
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
     let mut file = File::create(&tmp)?;
     file.write_all(bytes)?;
     file.sync_all()?;
@@ -47,7 +52,11 @@ mod tests {
         write_atomically(&path, b"one").unwrap();
         write_atomically(&path, b"two").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"two");
-        assert!(!path.with_extension("tmp").exists(), "no temporary left");
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["shared.json"], "no temporary left");
         let aside = move_aside(&path).unwrap();
         assert!(!path.exists());
         assert_eq!(std::fs::read(&aside).unwrap(), b"two");

@@ -113,6 +113,12 @@ pub fn stable_hash(data: &[u8]) -> u64 {
     })
 }
 
+/// Whether a VM's name (given at attach, or sent by its DHCP client) is
+/// `name`: DNS names, so without regard to case.
+pub fn names_match(held: Option<&str>, name: &str) -> bool {
+    held.is_some_and(|held| held.eq_ignore_ascii_case(name))
+}
+
 /// Network names become part of kernel interface names (the bridge is
 /// `ln-<name>`, at most 15 bytes), so they are short and plain.
 pub const NETWORK_NAME_MAX: usize = 12;

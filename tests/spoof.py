@@ -14,7 +14,8 @@
       prints the markers of the frames IFACE receives meanwhile.
 
 Kinds: honest (UDP broadcast to port 9999), honest-8000 (to port 8000),
-honest6 (UDP to ff02::1 port 9999, from its link-local address), other-mac,
+honest6 (UDP to ff02::1 port 9999, from its link-local address),
+bcast-in-unicast (UDP to 255.255.255.255 in a frame to other_mac), other-mac,
 other-ip, garp-gateway, arp-reply-other,
 other-ip6, na-gateway, ra, dhcp-offer, dhcp-offer-port (from another source
 port), dhcp-other-mac (a DISCOVER for someone else's MAC), frag-ra (an
@@ -119,6 +120,9 @@ def frame(kind, k):
     offer_options = bytes([53, 1, 2, 54, 4]) + own_ip + bytes([3, 4]) + own_ip + b"\xff"
     if kind == "honest":
         return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(own_ip, everyone, 9999, 9999, marker))
+    if kind == "bcast-in-unicast":
+        # A broadcast address inside a frame to one VM's own MAC.
+        return ether(mac(k["other_mac"]), own_mac, 0x0800, ipv4_udp(own_ip, everyone, 9999, 9999, marker))
     if kind == "honest-8000":
         return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(own_ip, everyone, 9999, 8000, marker))
     if kind == "honest6":

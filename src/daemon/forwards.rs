@@ -19,7 +19,7 @@ use crate::api::{AttachRequest, ForwardOrigin, ForwardRequest, ForwardStatus, Re
 use crate::config::{ForwardTarget, NetworkConfig};
 use crate::forward::PortForward;
 use crate::host::firewall::ForwardRule;
-use crate::host::listeners;
+use crate::host::listeners::{self, Listening};
 use crate::types::InterfaceId;
 
 const UNPRIVILEGED_PORT_START: &str = "/proc/sys/net/ipv4/ip_unprivileged_port_start";
@@ -96,32 +96,39 @@ impl Daemon {
     /// from the host), so that is said — once in the log, and for as long
     /// as it lasts in the network's warnings (`linnet ls`, the attach reply).
     pub fn check_shadowed_forwards(&mut self) {
+        if self.interfaces.values().all(|i| i.forwards.is_empty()) {
+            self.shadowed.clear();
+            return;
+        }
+        // One read of the tables per pass, and no look for the listener's
+        // owner (a walk through every process's fds, which a local user
+        // could make long): `ss -lnp` names it.
+        let listening = Listening::read();
         let mut now = BTreeMap::new();
         for (id, iface) in &self.interfaces {
             for p in &iface.forwards {
                 let f = p.forward;
-                let Some(l) = listeners::on_port(f.protocol, f.host_port, f.host_addr)
-                    .into_iter()
+                let Some((addr, _)) = listening
+                    .on_port(f.protocol, f.host_port, f.host_addr)
                     .next()
                 else {
                     continue;
                 };
-                let who = l.owner.map(|o| format!(" ({o})")).unwrap_or_default();
-                let local = if iface.uid == 0 || p.origin == ForwardOrigin::Config {
+                if let Some(known) = self.shadowed.get(&(*id, f)) {
+                    now.insert((*id, f), known.clone());
+                    continue;
+                }
+                let local = if iface.uid == 0 {
                     "every local user's"
                 } else {
                     "its owner's local"
                 };
                 let text = format!(
-                    "host port {} is published to interface {id} but a host service now listens on {}{who}: connections from outside, and {local} connections, go to the VM, not to the service; `linnet forward rm` gives the port back",
-                    f.host_port, l.addr
+                    "host port {} is published to interface {id} but a host service now listens on {addr} (`ss -lnp` names it): connections from outside, and {local} connections, go to the VM, not to the service; `linnet forward rm` gives the port back",
+                    f.host_port
                 );
+                warn!(network = %iface.network, "{text}");
                 now.insert((*id, f), (iface.network.clone(), text));
-            }
-        }
-        for (key, (network, text)) in &now {
-            if !self.shadowed.contains_key(key) {
-                warn!(%network, "{text}");
             }
         }
         self.shadowed = now;
@@ -340,7 +347,9 @@ impl Daemon {
                     forward: p.forward,
                     guest,
                     guest6,
-                    local_uid: (p.origin != ForwardOrigin::Config && i.uid != 0).then_some(i.uid),
+                    // By the VM's owner, config forwards too: a name in the
+                    // config is taken by whoever attaches under it first.
+                    local_uid: (i.uid != 0).then_some(i.uid),
                 })
             })
             .collect()

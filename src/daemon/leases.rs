@@ -19,7 +19,7 @@ use thiserror::Error;
 use tokio::sync::Notify;
 
 use crate::config::NetworkConfig;
-use crate::types::{InterfaceId, MacAddr};
+use crate::types::{InterfaceId, MacAddr, names_match};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -122,6 +122,9 @@ pub struct LeaseTable {
 pub struct SharedLeases {
     table: Arc<Mutex<LeaseTable>>,
     changed: Arc<Notify>,
+    /// Held across taking a snapshot and writing it, so the file's last
+    /// writer is always the one with the newest snapshot.
+    writing: Arc<Mutex<()>>,
 }
 
 const SAVE_EVERY: Duration = Duration::from_secs(1);
@@ -131,6 +134,7 @@ impl SharedLeases {
         SharedLeases {
             table: Arc::new(Mutex::new(table)),
             changed: Arc::new(Notify::new()),
+            writing: Arc::new(Mutex::new(())),
         }
     }
 
@@ -139,26 +143,26 @@ impl SharedLeases {
         self.changed.notify_one();
     }
 
-    /// Saves now, waiting for the disk: when the network goes down.
+    /// Saves now, waiting for the disk (and for a background save under
+    /// way): when the network goes down.
     pub fn save_now(&self) -> io::Result<()> {
-        self.table.lock().expect("lease lock").save()
+        let _writing = self.writing.lock().expect("lease write lock");
+        let snapshot = self.table.lock().expect("lease lock").snapshot();
+        match snapshot {
+            Some((path, bytes)) => crate::files::write_atomically(&path, &bytes),
+            None => Ok(()),
+        }
     }
 
-    /// The task that saves after changes; it ends when aborted (a change
-    /// it had not saved yet is then left to `save_now`).
+    /// The task that saves after changes, on a blocking thread; it ends
+    /// when aborted (what it had not saved yet is then `save_now`'s).
     pub fn spawn_saver(&self, network: String) -> tokio::task::JoinHandle<()> {
         let shared = self.clone();
         tokio::spawn(async move {
             loop {
                 shared.changed.notified().await;
-                let Some((path, bytes)) = shared.table.lock().expect("lease lock").snapshot()
-                else {
-                    continue;
-                };
-                let written = tokio::task::spawn_blocking(move || {
-                    crate::files::write_atomically(&path, &bytes)
-                })
-                .await;
+                let now = shared.clone();
+                let written = tokio::task::spawn_blocking(move || now.save_now()).await;
                 if let Ok(Err(e)) = written {
                     tracing::warn!(%network, "cannot save leases: {e}");
                 }
@@ -232,6 +236,7 @@ impl LeaseTable {
     }
 
     /// Writes the table (atomically, fsynced) if it has a path.
+    #[cfg(test)]
     pub fn save(&self) -> io::Result<()> {
         match self.snapshot() {
             Some((path, bytes)) => crate::files::write_atomically(&path, &bytes),
@@ -239,7 +244,7 @@ impl LeaseTable {
         }
     }
 
-    /// What `save` writes, and where, to be written later off the lock.
+    /// What to write, and where (`SharedLeases` writes it).
     pub fn snapshot(&self) -> Option<(PathBuf, Vec<u8>)> {
         let path = self.path.clone()?;
         let file = LeaseFile {
@@ -309,11 +314,7 @@ impl LeaseTable {
         // said it may).
         if let Some(name) = &name {
             for other in self.leases.values_mut().filter(|l| l.owner != owner) {
-                if other
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.eq_ignore_ascii_case(name))
-                {
+                if names_match(other.name.as_deref(), name) {
                     other.name = None;
                 }
             }
@@ -375,9 +376,7 @@ impl LeaseTable {
         let held = self.leases.values().find(|l| {
             l.owner != owner
                 && l.is_live(now)
-                && l.name
-                    .as_deref()
-                    .is_some_and(|n| n.eq_ignore_ascii_case(name))
+                && names_match(l.name.as_deref(), name)
                 && (l.held_until.is_none() || (l.uid != Some(uid) && uid != 0))
         });
         match held {
@@ -501,7 +500,7 @@ impl LeaseTable {
                     && l.is_live(now)
                     && [&l.name, &l.hostname]
                         .into_iter()
-                        .any(|n| n.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(h)))
+                        .any(|n| names_match(n.as_deref(), h))
             })
         });
         match self.leases.get_mut(&ip) {
@@ -538,8 +537,7 @@ impl LeaseTable {
     /// The live lease whose VM is called `name` (given at attach, or else
     /// the hostname its DHCP client sent).
     pub fn resolve_lease(&self, name: &str, now: u64) -> Option<&Lease> {
-        let matches =
-            |n: &Option<String>| n.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name));
+        let matches = |n: &Option<String>| names_match(n.as_deref(), name);
         let live = || self.leases.values().filter(|l| l.is_live(now));
         // Names given at attach first: a hostname never shadows one.
         live()

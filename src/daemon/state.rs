@@ -276,12 +276,11 @@ impl Daemon {
         }
         if let Some(name) = &req.name {
             types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
-            if let Some((holder, other)) = self.interfaces.iter().find(|(_, i)| {
-                i.network == network
-                    && i.name
-                        .as_deref()
-                        .is_some_and(|n| n.eq_ignore_ascii_case(name))
-            }) {
+            if let Some((holder, other)) = self
+                .interfaces
+                .iter()
+                .find(|(_, i)| i.network == network && types::names_match(i.name.as_deref(), name))
+            {
                 return Err(DaemonError::Conflict(format!(
                     "network \"{network}\": the name \"{name}\" is held by interface {holder} of uid {}; choose another --name",
                     other.uid
@@ -362,7 +361,7 @@ impl Daemon {
                 .filter(|(_, i)| i.network == which.network)
                 .map(|(id, i)| (*id, i)),
             (None, Some(name)) => self.interfaces.iter().find_map(|(id, i)| {
-                (i.network == which.network && i.name.as_deref() == Some(name.as_str()))
+                (i.network == which.network && types::names_match(i.name.as_deref(), name))
                     .then_some((*id, i))
             }),
             _ => {
@@ -443,7 +442,8 @@ impl Daemon {
                 (leases.attach_without_address(id, req.mac, now)?, None)
             }
         };
-        let (tap_name, fd) = match new_tap(&mut self.next_tap, client) {
+        let (tap_name, fd) = match tap::create_numbered(&mut self.next_tap, client.uid, client.gid)
+        {
             Ok(made) => made,
             Err(e) => {
                 net.leases.lock().expect("lease lock").detach(id, now);
@@ -451,6 +451,7 @@ impl Daemon {
             }
         };
         let guarded = net.config.anti_spoofing || net.config.isolation;
+        let held = guarded && self.ports_held;
         let (nft, guard_ready) = (&mut self.nft, &mut self.guard_ready);
         let made = async {
             // A bridge port needs no IPv6 of its own: without this the
@@ -458,10 +459,20 @@ impl Daemon {
             if let Err(e) = sysctl::set_link("ipv6", &tap_name, "disable_ipv6", "1") {
                 debug!(tap = %tap_name, "IPv6 stays on: {e}");
             }
-            let link = self.netlink.link(&tap_name).await?.ok_or_else(|| {
-                DaemonError::Internal(format!("TAP {tap_name} vanished after creation"))
-            })?;
-            let (index, tap_mac) = (link.index, link.address);
+            let index = self
+                .netlink
+                .link(&tap_name)
+                .await?
+                .ok_or_else(|| {
+                    DaemonError::Internal(format!("TAP {tap_name} vanished after creation"))
+                })?
+                .index;
+            // A MAC of linnet's choosing, set before anyone watches it: the
+            // kernel's random one is what udev's MACAddressPolicy replaces
+            // (systemd 242+ does so for TAPs), which would look like the
+            // VMM changing it.
+            let tap_mac = host::tap_mac(&tap_name);
+            self.netlink.set_address(index, tap_mac).await?;
             // Guarded before it joins the bridge and before the VM has its fd.
             if guarded {
                 if !*guard_ready {
@@ -472,16 +483,16 @@ impl Daemon {
             }
             let alias = format!("{ALIAS_INTERFACE}{id}");
             let settings = LinkSettings {
-                master: Some(net.bridge_index),
+                // While guarded ports are held (linnet's tables damaged), a
+                // new one waits off its bridge with them.
+                master: (!held).then_some(net.bridge_index),
                 mtu: Some(net.config.mtu),
                 alias: Some(&alias),
                 up: true,
             };
             self.netlink.configure(index, settings).await?;
             // Recorded before the VMM has the fd, so any change is its.
-            if let Some(mac) = tap_mac {
-                self.tap_addresses.record(index, mac);
-            }
+            self.tap_addresses.record(index, tap_mac);
             Ok::<_, DaemonError>(index)
         }
         .await;
@@ -856,22 +867,6 @@ impl Daemon {
 /// How many interfaces leaving at once make the daemon give freed memory
 /// back to the system.
 const MANY_AT_ONCE: usize = 16;
-
-/// A new TAP for `client`, named by the daemon's counter: the first free
-/// name from `next` on. A link that has a name already is never opened or
-/// deleted (whoever made it), only passed over.
-fn new_tap(next: &mut u32, client: &Client) -> Result<(String, OwnedFd), TapError> {
-    let mut tries = 0;
-    loop {
-        let name = host::tap_name(*next);
-        *next = next.wrapping_add(1);
-        match tap::create(&name, client.uid, client.gid) {
-            Err(TapError::NameTaken(_)) if tries < 4096 => tries += 1,
-            Err(e) => return Err(e),
-            Ok(fd) => return Ok((name, fd)),
-        }
-    }
-}
 
 /// Whether the networks need IPv4 and IPv6 forwarding.
 fn forwarding_needs(rules: &[firewall::FirewallNetwork]) -> (bool, bool) {

@@ -71,9 +71,9 @@ pub struct ForwardRule {
     pub guest: Ipv4Addr,
     /// The guest's SLAAC address, when its network has IPv6.
     pub guest6: Option<Ipv6Addr>,
-    /// A user's own forward (not root's or the config's) captures only
-    /// that user's connections from the host itself: another user's
-    /// connection to 127.0.0.1:PORT still reaches what listens there.
+    /// A forward to a user's VM (not root's) captures only that user's
+    /// connections from the host itself: another user's connection to
+    /// 127.0.0.1:PORT still reaches what listens there.
     pub local_uid: Option<u32>,
 }
 
@@ -462,11 +462,33 @@ fn add_policy_chain(
     for statements in allowed {
         batch.add(rule(chain.to_string(), statements));
     }
+    // Neighbour discovery and MLD, which conntrack does not track (so they
+    // come here as `untracked`): a VM's link needs them either way.
+    let link: Vec<String> = [
+        "nd-router-solicit",
+        "nd-router-advert",
+        "nd-neighbor-solicit",
+        "nd-neighbor-advert",
+        "mld-listener-query",
+        "mld-listener-report",
+        "mld2-listener-report",
+    ]
+    .map(String::from)
+    .to_vec();
+    batch.add(rule(
+        chain.to_string(),
+        vec![eq(payload("icmpv6", "type"), set(&link)), accept()],
+    ));
     batch.add(rule(chain.to_string(), vec![Statement::Reject(None)]));
-    let state = |which: &str| {
+    let state = |which: &[&str]| {
+        let which: Vec<String> = which.iter().map(|s| s.to_string()).collect();
         Statement::Match(Match {
             left: ct("state"),
-            right: string(which),
+            right: if which.len() == 1 {
+                string(&which[0])
+            } else {
+                set(&which)
+            },
             op: Operator::IN,
         })
     };
@@ -487,7 +509,7 @@ fn add_policy_chain(
                 hook,
                 vec![
                     eq(payload(family, field), set(&addrs)),
-                    state("invalid"),
+                    state(&["invalid"]),
                     drop(),
                 ],
             ));
@@ -495,7 +517,8 @@ fn add_policy_chain(
                 hook,
                 vec![
                     eq(payload(family, field), set(&addrs)),
-                    state("new"),
+                    // New, or not tracked at all (another table's notrack).
+                    state(&["new", "untracked"]),
                     jump(chain),
                 ],
             ));
@@ -997,7 +1020,7 @@ mod tests {
         );
         assert_eq!(
             fwd[1],
-            json!([vm, {"match": {"left": {"ct": {"key": "state"}}, "right": "new", "op": "in"}}, {"jump": {"target": "out-lnta"}}]),
+            json!([vm, {"match": {"left": {"ct": {"key": "state"}}, "right": {"set": ["new", "untracked"]}, "op": "in"}}, {"jump": {"target": "out-lnta"}}]),
             "then new connections jump to the policy"
         );
         assert_eq!(fwd[3][0]["match"]["left"]["payload"]["protocol"], "ip6");
@@ -1038,13 +1061,17 @@ mod tests {
             2,
             "a whole network, any traffic"
         );
-        assert_eq!(out[5], json!([{"reject": null}]));
+        assert_eq!(
+            out[5][0]["match"]["left"]["payload"]["protocol"], "icmpv6",
+            "ND and MLD"
+        );
+        assert_eq!(out[6], json!([{"reject": null}]));
         let inn = rules(&doc, "in-lnta");
         assert_eq!(
             inn[2][1],
             json!({"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": {"range": [8000, 8010]}, "op": "=="}})
         );
-        assert_eq!(inn[3], json!([{"reject": null}]));
+        assert_eq!(inn[4], json!([{"reject": null}]));
         // Without policies there are no input/output filter chains at all.
         assert!(rules(&ruleset(&super::tests::nets()), "input").is_empty());
     }

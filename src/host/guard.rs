@@ -129,12 +129,15 @@ table bridge linnet {
     # A first fragment carries the whole header chain and its transport
     # header (RFC 7112), or the rules above would judge it by what is not
     # there: 20 bytes of TCP, 8 of UDP or ICMPv6, and never a neighbour
-    # discovery message (RFC 6980); other protocols are not fragmented.
+    # discovery message (RFC 6980). ESP, GRE and SCTP (tunnels and VPNs
+    # from a VM) are not looked into by any rule here, so theirs pass;
+    # anything else, a chain cut short included, is dropped.
     chain first_fragment6 {
         meta l4proto tcp @th,152,8 & 0 == 0 return
         meta l4proto udp @th,56,8 & 0 == 0 return
         icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect } update @drops { meta iifname } drop
         meta l4proto ipv6-icmp @th,56,8 & 0 == 0 return
+        meta l4proto { esp, gre, sctp } return
         update @drops { meta iifname } drop
     }
 
@@ -156,15 +159,18 @@ table bridge linnet {
     # that gave its TAP another VM's MAC, in the moment before linnet takes
     # that TAP off; unknown unicast, which the bridge floods to every port).
     chain to_port {
+        oifname @listen_policed meta oifname . ip daddr != @ipv4 goto to_policed_group
+        oifname @listen_policed meta oifname . ip6 daddr != @ipv6 goto to_policed_group
         ether daddr & 01:00:00:00:00:00 != 00:00:00:00:00:00 oifname @listen_policed goto to_policed_group
         ether daddr & 01:00:00:00:00:00 != 00:00:00:00:00:00 return
         meta oifname . ether daddr != @macs drop
     }
 
-    # Broadcast and multicast to a VM with a listen policy: what keeps its
-    # network working (ARP, neighbour discovery, router advertisements,
-    # MLD, DHCP replies, pings), and its allowed ports; nothing else. (Its
-    # unicast is judged by the policy chains of inet linnet.)
+    # Broadcast and multicast to a VM with a listen policy (by MAC, or by
+    # address inside a frame to its own MAC): what keeps its network
+    # working (ARP, neighbour discovery, router advertisements, MLD, DHCP
+    # replies, pings), and its allowed ports; nothing else. (Packets to its
+    # own addresses are judged by the policy chains of inet linnet.)
     chain to_policed_group {
         ether type arp return
         icmpv6 type { nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, mld-listener-query, echo-request } return
@@ -394,6 +400,34 @@ fn mac_number(mac: &MacAddr) -> u128 {
     mac.0.iter().fold(0, |n, b| (n << 8) | u128::from(*b))
 }
 
+/// A listen policy's ports per protocol, overlapping and adjacent ranges
+/// merged: an interval set refuses elements that overlap.
+fn listen_ranges(rules: &[ListenRule]) -> Vec<(&'static str, u16, u16)> {
+    let mut ranges: Vec<(&'static str, u16, u16)> = rules
+        .iter()
+        .flat_map(|rule| {
+            let protocols = match rule.protocol {
+                Some(p) => vec![p],
+                None => vec![Protocol::Tcp, Protocol::Udp],
+            };
+            protocols
+                .into_iter()
+                .map(move |p| (p.as_str(), rule.ports.first, rule.ports.last))
+        })
+        .collect();
+    ranges.sort_unstable();
+    let mut merged: Vec<(&'static str, u16, u16)> = Vec::new();
+    for (protocol, first, last) in ranges {
+        match merged.last_mut() {
+            Some((p, _, end)) if *p == protocol && u32::from(first) <= u32::from(*end) + 1 => {
+                *end = (*end).max(last);
+            }
+            _ => merged.push((protocol, first, last)),
+        }
+    }
+    merged
+}
+
 /// The set elements that guard `port`.
 fn elements(port: &PortGuard) -> Vec<Value> {
     let tap = port.tap.as_str();
@@ -422,16 +456,9 @@ fn elements(port: &PortGuard) -> Vec<Value> {
         && let Some(rules) = &port.listen
     {
         out.push(element("listen_policed", json!(tap)));
-        for rule in rules {
-            let protocols = match rule.protocol {
-                Some(p) => vec![p],
-                None => vec![Protocol::Tcp, Protocol::Udp],
-            };
-            for protocol in protocols {
-                let ports = json!({"range": [rule.ports.first, rule.ports.last]});
-                let key = json!({"concat": [tap, protocol.as_str(), ports]});
-                out.push(element("listen", key));
-            }
+        for (protocol, first, last) in listen_ranges(rules) {
+            let key = json!({"concat": [tap, protocol, {"range": [first, last]}]});
+            out.push(element("listen", key));
         }
     }
     if port.anti_spoofing && port.dhcp_server {
@@ -557,6 +584,26 @@ mod tests {
             assert!(RULESET.contains(&format!("set {set} {{")), "{set}");
             assert!(RULESET.contains(&format!("@{set}")), "{set} is used");
         }
+    }
+
+    #[test]
+    fn overlapping_listen_ports_become_one_range_per_protocol() {
+        let rules: Vec<ListenRule> = ["1-65535", "80/tcp", "8000", "8000-8010/tcp", "9000/udp"]
+            .iter()
+            .map(|r| r.parse().unwrap())
+            .collect();
+        assert_eq!(
+            listen_ranges(&rules),
+            [("tcp", 1, 65535), ("udp", 1, 65535)]
+        );
+        let rules: Vec<ListenRule> = ["22/tcp", "23/tcp", "8000-8010", "8005/udp"]
+            .iter()
+            .map(|r| r.parse().unwrap())
+            .collect();
+        assert_eq!(
+            listen_ranges(&rules),
+            [("tcp", 22, 23), ("tcp", 8000, 8010), ("udp", 8000, 8010)]
+        );
     }
 
     #[test]

@@ -18,26 +18,59 @@ pub struct Listener {
 }
 
 /// Sockets of `protocol` on `port` that traffic to `host_addr` (None: any
-/// address) would reach.
+/// address) would reach, with their owners.
 pub fn on_port(protocol: Protocol, port: u16, host_addr: Option<IpAddr>) -> Vec<Listener> {
-    let (files, state) = match protocol {
-        Protocol::Tcp => (["/proc/net/tcp", "/proc/net/tcp6"], TCP_LISTEN),
-        Protocol::Udp => (["/proc/net/udp", "/proc/net/udp6"], UDP_UNCONNECTED),
-    };
-    files
-        .iter()
-        .filter_map(|f| std::fs::read_to_string(f).ok())
-        .flat_map(|text| parse_table(&text, state))
-        .filter(|(addr, _)| addr.port() == port)
-        .filter(|(addr, _)| match host_addr {
-            None => true,
-            Some(want) => addr.ip() == want || addr.ip().is_unspecified(),
-        })
+    Listening::read()
+        .on_port(protocol, port, host_addr)
         .map(|(addr, inode)| Listener {
             addr,
             owner: owner_of(inode),
         })
         .collect()
+}
+
+/// Every listening socket of the namespace, read once: to look up many
+/// ports without reading the tables again for each.
+pub struct Listening {
+    tcp: Vec<(SocketAddr, u64)>,
+    udp: Vec<(SocketAddr, u64)>,
+}
+
+impl Listening {
+    pub fn read() -> Listening {
+        let table = |files: [&str; 2], state| -> Vec<(SocketAddr, u64)> {
+            files
+                .iter()
+                .filter_map(|f| std::fs::read_to_string(f).ok())
+                .flat_map(|text| parse_table(&text, state))
+                .collect()
+        };
+        Listening {
+            tcp: table(["/proc/net/tcp", "/proc/net/tcp6"], TCP_LISTEN),
+            udp: table(["/proc/net/udp", "/proc/net/udp6"], UDP_UNCONNECTED),
+        }
+    }
+
+    /// (address, inode) of the sockets on `port` that traffic to
+    /// `host_addr` (None: any address) would reach.
+    pub fn on_port(
+        &self,
+        protocol: Protocol,
+        port: u16,
+        host_addr: Option<IpAddr>,
+    ) -> impl Iterator<Item = (SocketAddr, u64)> + '_ {
+        let rows = match protocol {
+            Protocol::Tcp => &self.tcp,
+            Protocol::Udp => &self.udp,
+        };
+        rows.iter()
+            .filter(move |(addr, _)| addr.port() == port)
+            .filter(move |(addr, _)| match host_addr {
+                None => true,
+                Some(want) => addr.ip() == want || addr.ip().is_unspecified(),
+            })
+            .copied()
+    }
 }
 
 /// (local address, inode) of each row in `state`.

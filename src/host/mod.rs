@@ -40,6 +40,12 @@ pub fn bridge_mac(network: &str) -> MacAddr {
     MacAddr::derived(format!("linnet bridge {network}").as_bytes())
 }
 
+/// The host side's MAC of a TAP (not its VM's): set explicitly, so udev
+/// leaves it alone, and never multicast.
+pub fn tap_mac(tap: &str) -> MacAddr {
+    MacAddr::derived(format!("linnet tap {tap}").as_bytes())
+}
+
 pub fn tap_name(number: u32) -> String {
     format!("{TAP_PREFIX}{number}")
 }

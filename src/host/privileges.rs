@@ -40,7 +40,7 @@ pub struct Identity {
 
 /// Whom a root client becomes: `user` (NAME, UID, NAME:GROUP or UID:GID),
 /// else SUDO_UID/SUDO_GID. None: stay who we are (root without sudo, or
-/// not root at all).
+/// with `--user root`, or not root at all).
 pub fn target(user: Option<&str>) -> Result<Option<Identity>, PrivilegeError> {
     let root = Uid::effective().is_root();
     let Some(spec) = user else {
@@ -77,7 +77,7 @@ pub fn target(user: Option<&str>) -> Result<Option<Identity>, PrivilegeError> {
                 .ok_or_else(|| PrivilegeError::UnknownGroup(g.into()))?,
         },
     };
-    Ok(Some(Identity { uid, gid }))
+    Ok((uid != 0).then_some(Identity { uid, gid }))
 }
 
 /// Becomes `who` (when given), then clears all capabilities (effective,

@@ -110,6 +110,22 @@ pub fn create(name: &str, uid: u32, gid: u32) -> Result<OwnedFd, TapError> {
     Ok(file.into())
 }
 
+/// A new TAP owned by `uid`/`gid`, named `lnt<N>` by the daemon's counter:
+/// the first free name from `next` on. A link that has a name already is
+/// never opened or deleted (whoever made it), only passed over.
+pub fn create_numbered(next: &mut u32, uid: u32, gid: u32) -> Result<(String, OwnedFd), TapError> {
+    let mut tries = 0;
+    loop {
+        let name = super::tap_name(*next);
+        *next = next.wrapping_add(1);
+        match create(&name, uid, gid) {
+            Err(TapError::NameTaken(_)) if tries < 4096 => tries += 1,
+            Err(e) => return Err(e),
+            Ok(fd) => return Ok((name, fd)),
+        }
+    }
+}
+
 /// The size of the virtio-net header in front of each frame (at least 10).
 pub fn set_vnet_header_len(fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
     let len = len as libc::c_int;

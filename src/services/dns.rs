@@ -42,6 +42,8 @@ const QUERIES_IN_ALL: usize = 512;
 /// TCP connections one VM may hold open, and the network in all.
 const TCP_PER_CLIENT: usize = 4;
 const TCP_IN_ALL: usize = 64;
+/// How long accepting pauses after a failure (out of descriptors).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceError> {
     let mut addrs = vec![IpAddr::V4(ctx.config.gateway)];
@@ -95,7 +97,9 @@ fn bind(ctx: &NetworkContext, addr: SocketAddr) -> Result<(UdpSocket, TcpListene
     // gateway's address) finds an open resolver.
     let socket = |kind: Type, protocol: Protocol| -> std::io::Result<Socket> {
         let socket = Socket::new(Domain::for_address(addr), kind, Some(protocol))?;
-        socket.set_reuse_address(true)?;
+        // TCP only: a listener restarts over connections in TIME_WAIT; a
+        // UDP socket would let another share the port.
+        socket.set_reuse_address(kind == Type::STREAM)?;
         socket.bind_device(Some(ctx.bridge.as_bytes()))?;
         socket.set_nonblocking(true)?;
         socket.bind(&addr.into())?;
@@ -142,6 +146,16 @@ async fn serve_udp(
         let Ok((len, client)) = socket.recv_from(&mut buf).await else {
             continue;
         };
+        // The network's own names are answered at once, budget or not:
+        // only what waits for an upstream counts.
+        let msg = match local_answer(&ctx, &buf[..len]) {
+            Local::Answer(answer) => {
+                let _ = socket.send_to(&answer, client).await;
+                continue;
+            }
+            Local::NotAQuery => continue,
+            Local::Forward(msg) => msg,
+        };
         let permit = match budget.try_take(client.ip()) {
             Ok(permit) => permit,
             Err(refusal) => {
@@ -150,10 +164,10 @@ async fn serve_udp(
             }
         };
         let query = buf[..len].to_vec();
-        let (ctx, socket, upstream) = (ctx.clone(), socket.clone(), upstream.clone());
+        let (socket, upstream) = (socket.clone(), upstream.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            if let Some(answer) = resolve(&ctx, &query, &upstream, Transport::Udp).await {
+            if let Some(answer) = forward(&msg, &query, &upstream, Transport::Udp).await {
                 let _ = socket.send_to(&answer, client).await;
             }
         });
@@ -167,8 +181,15 @@ async fn serve_tcp(
     budget: Arc<Budget<IpAddr>>,
 ) {
     loop {
-        let Ok((mut stream, client)) = listener.accept().await else {
-            continue;
+        let (mut stream, client) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, say: the connection waits in the
+                // backlog, and spinning on it would starve the daemon.
+                debug!(network = %ctx.config.name, "DNS over TCP: accept failed: {e}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
         };
         let permit = match budget.try_take(client.ip()) {
             Ok(permit) => permit,
@@ -198,6 +219,34 @@ enum Transport {
     Tcp,
 }
 
+/// What the network's own zone makes of a packet.
+enum Local {
+    Answer(Vec<u8>),
+    /// Not a DNS query at all: no answer.
+    NotAQuery,
+    /// A name the zone does not hold: for the upstream resolvers.
+    Forward(Box<Message>),
+}
+
+fn local_answer(ctx: &NetworkContext, query: &[u8]) -> Local {
+    let Ok(msg) = Message::from_vec(query) else {
+        return Local::NotAQuery;
+    };
+    if msg.metadata.message_type != MessageType::Query {
+        return Local::NotAQuery;
+    }
+    let leases = ctx.leases.lock().expect("lease table lock");
+    let zone = Zone {
+        domain: &ctx.config.dns.domain,
+        prefix: ctx.config.ipv6.as_ref().map(|v6| v6.prefix),
+    };
+    match zone.answer(&leases, &msg, unix_now()).map(|a| a.to_vec()) {
+        Some(Ok(answer)) => Local::Answer(answer),
+        Some(Err(_)) => Local::NotAQuery,
+        None => Local::Forward(Box::new(msg)),
+    }
+}
+
 /// The answer to one query: local, forwarded, or SERVFAIL when no upstream
 /// answered. None for bytes that are not a DNS query at all.
 async fn resolve(
@@ -206,20 +255,21 @@ async fn resolve(
     upstream: &[SocketAddr],
     transport: Transport,
 ) -> Option<Vec<u8>> {
-    let msg = Message::from_vec(query).ok()?;
-    if msg.metadata.message_type != MessageType::Query {
-        return None;
+    match local_answer(ctx, query) {
+        Local::Answer(answer) => Some(answer),
+        Local::NotAQuery => None,
+        Local::Forward(msg) => forward(&msg, query, upstream, transport).await,
     }
-    {
-        let leases = ctx.leases.lock().expect("lease table lock");
-        let zone = Zone {
-            domain: &ctx.config.dns.domain,
-            prefix: ctx.config.ipv6.as_ref().map(|v6| v6.prefix),
-        };
-        if let Some(answer) = zone.answer(&leases, &msg, unix_now()) {
-            return answer.to_vec().ok();
-        }
-    }
+}
+
+/// The upstream's answer to `query` (parsed: `msg`), or SERVFAIL when no
+/// upstream answered.
+async fn forward(
+    msg: &Message,
+    query: &[u8],
+    upstream: &[SocketAddr],
+    transport: Transport,
+) -> Option<Vec<u8>> {
     for server in upstream {
         let result = match transport {
             Transport::Udp => timeout(UPSTREAM_TIMEOUT, forward_udp(*server, query)).await,

@@ -254,6 +254,16 @@ fn allow_listen_holds_for_broadcast_and_multicast_too() {
         vec!["LINNET-honest-8000".to_string()],
         "a listen policy of 8000 lets only port 8000 in"
     );
+    assert_eq!(
+        crate::guard::send_and_capture(&sender, &g, &["bcast-in-unicast"]),
+        Vec::<String>::new(),
+        "nor a broadcast address in a frame to the VM's own MAC"
+    );
+    assert_eq!(
+        crate::guard::send_and_capture(&sender, &bystander, &["bcast-in-unicast"]),
+        vec!["LINNET-bcast-in-unicast".to_string()],
+        "(the same to a VM without a policy arrives)"
+    );
     // What its network needs still arrives: DHCP (broadcast offers), the
     // router's advertisements (multicast), neighbour discovery.
     assert_eq!(g.udhcpc(), g.ip());
