@@ -34,7 +34,8 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<JoinHandle<()>, ServiceError> {
         source,
     };
     let socket = bind(&ctx.bridge, addr).map_err(bind_err)?;
-    Ok(tokio::spawn(serve(ctx, socket)))
+    let network = ctx.config.name.clone();
+    Ok(super::spawn_service("DHCP", &network, serve(ctx, socket)))
 }
 
 /// One socket per bridge: bound to the device, so several networks can each

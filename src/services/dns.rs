@@ -57,18 +57,21 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceErr
     let streams = Arc::new(Budget::new(TCP_PER_CLIENT, TCP_IN_ALL));
     for ip in addrs {
         let (udp, tcp) = bind(&ctx, SocketAddr::new(ip, PORT))?;
-        tasks.push(tokio::spawn(serve_udp(
-            ctx.clone(),
-            Arc::new(udp),
-            upstream.clone(),
-            queries.clone(),
-        )));
-        tasks.push(tokio::spawn(serve_tcp(
-            ctx.clone(),
-            tcp,
-            upstream.clone(),
-            streams.clone(),
-        )));
+        tasks.push(super::spawn_service(
+            "DNS",
+            &ctx.config.name,
+            serve_udp(
+                ctx.clone(),
+                Arc::new(udp),
+                upstream.clone(),
+                queries.clone(),
+            ),
+        ));
+        tasks.push(super::spawn_service(
+            "DNS",
+            &ctx.config.name,
+            serve_tcp(ctx.clone(), tcp, upstream.clone(), streams.clone()),
+        ));
     }
     Ok(tasks)
 }

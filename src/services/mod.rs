@@ -77,9 +77,44 @@ impl Drop for Services {
     }
 }
 
+/// Runs a network's service as a task. A panic in it (a bug: nothing a
+/// guest sends should cause one) is logged with the service and network
+/// named, instead of ending the task without a word.
+fn spawn_service<F>(service: &'static str, network: &str, serve: F) -> JoinHandle<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    use futures::FutureExt;
+    let network = network.to_string();
+    tokio::spawn(async move {
+        if let Err(panic) = std::panic::AssertUnwindSafe(serve).catch_unwind().await {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("?");
+            tracing::error!(%network, "the {service} service stopped on a bug ({why}); restart the daemon to bring it back, and report it");
+        }
+    })
+}
+
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_service_that_panics_ends_quietly_for_its_runtime() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let ended = runtime.block_on(async {
+            super::spawn_service("test", "net", async { panic!("a bug") }).await
+        });
+        assert!(ended.is_ok(), "the panic was caught and logged");
+    }
 }

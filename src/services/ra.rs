@@ -181,7 +181,12 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<Option<(JoinHandle<()>, Farewel
         to: all_nodes(ctx.bridge_index),
     };
     let socket = watch(socket).map_err(bind_err)?;
-    let task = tokio::spawn(serve(ctx, socket, advert.encode()));
+    let network = ctx.config.name.clone();
+    let task = super::spawn_service(
+        "router advertisement",
+        &network,
+        serve(ctx, socket, advert.encode()),
+    );
     Ok(Some((task, farewell)))
 }
 
