@@ -6,8 +6,9 @@
 //! TAP whose MAC changes is taken off its bridge and down at once (which
 //! also takes its bridge entries away); the interface stays listed, with
 //! the reason, until its client detaches. The guard's unicast rule (only
-//! frames to the VM's own MAC leave through its port) covers the moment
-//! before that.
+//! frames to the VM's own MAC leave through its port) keeps the thief from
+//! the victim's frames in the moment before that. Lost notifications (an
+//! overrun) make it compare every TAP at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as SyncMutex};
@@ -18,7 +19,7 @@ use rtnetlink::packet_core::NetlinkPayload;
 use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 use tokio::sync::Mutex;
-use tracing::warn;
+use tracing::{error, warn};
 
 use super::state::Daemon;
 use crate::types::MacAddr;
@@ -71,9 +72,16 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, known: TapAddresses) -> tokio::task::Jo
         };
         tokio::spawn(connection);
         while let Some((msg, _)) = messages.next().await {
-            let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = msg.payload
-            else {
-                continue;
+            let link = match msg.payload {
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => link,
+                // Notifications were lost (the socket's buffer overflowed
+                // while the daemon was busy): look at every link instead.
+                NetlinkPayload::Overrun(_) => {
+                    warn!("link notifications were lost: comparing every TAP's MAC");
+                    recheck(&daemon, &known).await;
+                    continue;
+                }
+                _ => continue,
             };
             let Some((index, now)) = link_address(&link) else {
                 continue;
@@ -87,7 +95,27 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, known: TapAddresses) -> tokio::task::Jo
                     .await;
             }
         }
+        error!("the link watch stopped: a VMM that changes its TAP's MAC will not be cut off");
     })
+}
+
+/// Compares every recorded TAP's MAC with what the kernel has now.
+async fn recheck(daemon: &Mutex<Daemon>, known: &TapAddresses) {
+    let mut daemon = daemon.lock().await;
+    let links = match daemon.netlink.links().await {
+        Ok(links) => links,
+        Err(e) => {
+            warn!("cannot list links to compare TAPs' MACs: {e}");
+            return;
+        }
+    };
+    for link in links {
+        let Some(now) = link.address else { continue };
+        if let Some(was) = known.changed(link.index, now) {
+            known.forget(link.index);
+            daemon.tap_address_changed(link.index, was, now).await;
+        }
+    }
 }
 
 #[cfg(test)]
