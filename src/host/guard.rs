@@ -159,10 +159,17 @@ table bridge linnet {
     # that gave its TAP another VM's MAC, in the moment before linnet takes
     # that TAP off; unknown unicast, which the bridge floods to every port).
     chain to_port {
-        oifname @listen_policed meta oifname . ip daddr != @ipv4 goto to_policed_group
-        oifname @listen_policed meta oifname . ip6 daddr != @ipv6 goto to_policed_group
-        ether daddr & 01:00:00:00:00:00 != 00:00:00:00:00:00 oifname @listen_policed goto to_policed_group
+        oifname @listen_policed goto to_policed_port
         ether daddr & 01:00:00:00:00:00 != 00:00:00:00:00:00 return
+        meta oifname . ether daddr != @macs drop
+    }
+
+    # The same for a VM with a listen policy, whose broadcast and multicast
+    # (by MAC, or by address inside a frame to its own MAC) are sorted.
+    chain to_policed_port {
+        meta oifname . ip daddr != @ipv4 goto to_policed_group
+        meta oifname . ip6 daddr != @ipv6 goto to_policed_group
+        ether daddr & 01:00:00:00:00:00 != 00:00:00:00:00:00 goto to_policed_group
         meta oifname . ether daddr != @macs drop
     }
 
