@@ -408,21 +408,28 @@ impl Channel {
 
     /// The `len` bytes of a large reply, from the packets that carry them.
     fn recv_pieces(&self, len: usize, buf: &mut [u8]) -> io::Result<Vec<u8>> {
-        if len > MAX_LARGE_MESSAGE {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("a reply of {len} bytes is more than linnet reads"),
-            ));
-        }
-        let mut bytes = Vec::with_capacity(len);
-        while bytes.len() < len {
+        // One too large is still read to its end (and dropped), so the next
+        // reply on this connection is read as one.
+        let keep = len <= MAX_LARGE_MESSAGE;
+        let mut bytes = Vec::with_capacity(if keep { len } else { 0 });
+        let mut read = 0;
+        while read < len {
             let Some((n, _)) = recv_packet(self.fd.as_fd(), buf)? else {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "the connection closed in the middle of a reply",
                 ));
             };
-            bytes.extend_from_slice(&buf[..n]);
+            read += n;
+            if keep {
+                bytes.extend_from_slice(&buf[..n]);
+            }
+        }
+        if !keep {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a reply of {len} bytes is more than linnet reads"),
+            ));
         }
         Ok(bytes)
     }
@@ -499,13 +506,33 @@ impl ReplyBytes {
         Ok(ReplyBytes { announce, body })
     }
 
-    /// The packets, in order (fds go with the first).
-    pub fn packets(&self) -> impl Iterator<Item = &[u8]> {
+    /// Whether it takes more than one packet.
+    pub fn is_large(&self) -> bool {
+        self.announce.is_some()
+    }
+
+    /// The packets, in order (fds go with the first); the pieces of a large
+    /// one at most `piece` bytes (what the socket's buffer takes at once).
+    pub fn packets(&self, piece: usize) -> impl Iterator<Item = &[u8]> {
+        // A reply of one packet goes whole, whatever the piece size.
+        let piece = match self.announce {
+            Some(_) => piece.clamp(1, MAX_MESSAGE),
+            None => self.body.len().max(1),
+        };
         self.announce
             .as_deref()
             .into_iter()
-            .chain(self.body.chunks(MAX_MESSAGE))
+            .chain(self.body.chunks(piece))
     }
+}
+
+/// How large the pieces of a large reply on `fd` may be: a quarter of its
+/// send buffer as the kernel reports it (twice what was set; each packet
+/// is charged more than its bytes), at most one packet's worth.
+pub fn piece_size(fd: BorrowedFd<'_>) -> usize {
+    socket::getsockopt(&fd, socket::sockopt::SndBuf)
+        .map(|buf| (buf / 4).clamp(1024, MAX_MESSAGE))
+        .unwrap_or(MAX_MESSAGE)
 }
 
 /// Sends one packet, with `fds` attached.
@@ -621,11 +648,13 @@ mod tests {
                 ReplyBytes::new(&big).unwrap(),
                 ReplyBytes::new(&Response::Ok).unwrap(),
             ] {
-                for packet in reply.packets() {
+                for packet in reply.packets(piece_size(daemon.as_fd())) {
                     send_packet(daemon.as_fd(), packet, &[]).unwrap();
                 }
             }
         });
+        let ok = ReplyBytes::new(&Response::Ok).unwrap();
+        assert_eq!(ok.packets(10).count(), 1, "a small reply is one packet");
         match client.recv::<Response>().unwrap().unwrap().0 {
             Response::Error { message, .. } => assert_eq!(message.len(), 2 * MAX_MESSAGE + 7),
             other => panic!("{other:?}"),

@@ -113,6 +113,8 @@ pub struct RateLimit<K: Ord + Clone> {
     per_window: u32,
     window: Duration,
     seen: BTreeMap<K, (Instant, u32)>,
+    /// When the table was last cleared of ended windows.
+    swept_at: Option<Instant>,
     refused: u64,
     reported_at: Option<Instant>,
 }
@@ -125,6 +127,7 @@ impl<K: Ord + Clone> RateLimit<K> {
             per_window,
             window,
             seen: BTreeMap::new(),
+            swept_at: None,
             refused: 0,
             reported_at: None,
         }
@@ -134,9 +137,15 @@ impl<K: Ord + Clone> RateLimit<K> {
     /// to log it, as `Budget::try_take` does.
     pub fn allow(&mut self, key: &K, now: Instant) -> Result<(), Refused> {
         let window = self.window;
-        if !self.seen.contains_key(key) && self.seen.len() >= MAX_KEYS {
+        // A full table is swept at most once a window: new keys while it
+        // stays full are refused without a walk through it each.
+        let sweep_due = self
+            .swept_at
+            .is_none_or(|at| now.duration_since(at) >= window);
+        if !self.seen.contains_key(key) && self.seen.len() >= MAX_KEYS && sweep_due {
             self.seen
                 .retain(|_, (start, _)| now.duration_since(*start) < window);
+            self.swept_at = Some(now);
         }
         let full = !self.seen.contains_key(key) && self.seen.len() >= MAX_KEYS;
         let entry = (!full).then(|| self.seen.entry(key.clone()).or_insert((now, 0)));

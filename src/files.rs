@@ -16,11 +16,15 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     static WRITES: AtomicU64 = AtomicU64::new(0);
     let n = WRITES.fetch_add(1, Ordering::Relaxed);
     let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
-    let mut file = File::create(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, path)?;
+    let written = File::create(&tmp).and_then(|mut file| {
+        file.write_all(bytes)?;
+        file.sync_all()
+    });
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        // A full disk must not also fill up with temporaries.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     if let Some(dir) = path.parent() {
         File::open(dir)?.sync_all()?;
     }

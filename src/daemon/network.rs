@@ -148,8 +148,11 @@ impl ActiveNetwork {
         } = self;
         drop(_services);
         saver.abort();
-        if let Err(e) = leases.save_now() {
-            tracing::warn!(network = %config.name, "cannot save leases: {e}");
+        // On a blocking thread: it may wait for a background save's fsyncs.
+        match tokio::task::spawn_blocking(move || leases.save_now()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(network = %config.name, "cannot save leases: {e}"),
+            Err(e) => tracing::warn!(network = %config.name, "saving leases failed: {e}"),
         }
         netlink.delete_link(bridge_index).await?;
         info!(network = %config.name, %bridge, "network down");

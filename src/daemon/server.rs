@@ -38,6 +38,12 @@ pub struct Options {
     pub max_connections_per_uid: usize,
 }
 
+/// Large replies (over one packet) one uid other than root may have
+/// waiting to be read, across its connections.
+const LARGE_REPLIES_PER_UID: usize = 4;
+
+type LargeReplies = Budget<u32>;
+
 /// How long accepting pauses when the daemon is out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -68,6 +74,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
 
     let connections = Arc::new(AtomicUsize::new(0));
     let per_uid = Budget::new(opts.max_connections_per_uid, usize::MAX);
+    let large_replies = Arc::new(LargeReplies::new(LARGE_REPLIES_PER_UID, usize::MAX));
     let mut out_of_fds = 0u64;
     let next_client = AtomicU64::new(1);
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -135,11 +142,11 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
                         }
                     },
                 };
-                let (daemon, connections) = (daemon.clone(), connections.clone());
+                let (daemon, connections, large) = (daemon.clone(), connections.clone(), large_replies.clone());
                 connections.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let _permit = permit;
-                    serve_client(&daemon, conn, &client).await;
+                    serve_client(&daemon, conn, &client, &large).await;
                     daemon.lock().await.client_gone(client.id).await;
                     connections.fetch_sub(1, Ordering::SeqCst);
                 });
@@ -288,7 +295,12 @@ fn peer_groups(fd: &OwnedFd) -> io::Result<Vec<u32>> {
     Ok(groups)
 }
 
-async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &Client) {
+async fn serve_client(
+    daemon: &Mutex<Daemon>,
+    conn: AsyncFd<OwnedFd>,
+    client: &Client,
+    large: &LargeReplies,
+) {
     debug!(client = client.id, pid = ?client.pid, uid = client.uid, "connected");
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
@@ -320,7 +332,7 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
             Response::Attached { interface } => Some(interface.interface_id),
             _ => None,
         };
-        let mut sent = send_reply(&conn, &response, &fds).await;
+        let mut sent = send_reply(&conn, &response, &fds, large, client.uid).await;
         // Our copy of the TAP fd closes here; the client holds its own.
         drop(fd);
         // A reply that could not be sent is an error for this request, not
@@ -342,7 +354,7 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
                 kind: api::ErrorKind::Internal,
                 message: format!("the daemon could not send its reply: {e}"),
             };
-            sent = send_reply(&conn, &error, &[]).await;
+            sent = send_reply(&conn, &error, &[], large, client.uid).await;
         }
         match sent {
             Ok(()) => {}
@@ -352,10 +364,14 @@ async fn serve_client(daemon: &Mutex<Daemon>, conn: AsyncFd<OwnedFd>, client: &C
             }
             Err(Unsent::Midway(e)) => {
                 // The client has part of a reply and cannot tell the rest.
-                warn!(
-                    client = client.id,
-                    "a reply broke off midway, closing the connection: {e}"
-                );
+                if connection_gone(&e) {
+                    debug!(client = client.id, "gone in the middle of a reply: {e}");
+                } else {
+                    warn!(
+                        client = client.id,
+                        "a reply broke off midway, closing the connection: {e}"
+                    );
+                }
                 break;
             }
         }
@@ -434,9 +450,22 @@ async fn send_reply(
     conn: &AsyncFd<OwnedFd>,
     response: &Response,
     fds: &[i32],
+    large: &LargeReplies,
+    uid: u32,
 ) -> Result<(), Unsent> {
     let reply = api::ReplyBytes::new(response).map_err(Unsent::Before)?;
-    for (n, packet) in reply.packets().enumerate() {
+    // A large reply waits in the daemon's memory until the client has read
+    // it: a user other than root may have only so many waiting at once.
+    let _permit = match (reply.is_large(), uid) {
+        (false, _) | (true, 0) => None,
+        (true, uid) => Some(large.try_take(uid).map_err(|_| {
+            Unsent::Before(io::Error::other(format!(
+                "uid {uid} has {LARGE_REPLIES_PER_UID} large replies unread; read them first"
+            )))
+        })?),
+    };
+    let piece = api::piece_size(conn.get_ref().as_fd());
+    for (n, packet) in reply.packets(piece).enumerate() {
         let with = if n == 0 { fds } else { &[] };
         conn.async_io(Interest::WRITABLE, |c| {
             api::send_packet(c.as_fd(), packet, with)

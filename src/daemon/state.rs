@@ -545,7 +545,30 @@ impl Daemon {
 
     /// A VMM changed its TAP's MAC (`tap_watch`): the TAP leaves its bridge
     /// and goes down, which also removes the bridge entry the new MAC made.
-    pub async fn tap_address_changed(&mut self, index: u32, was: MacAddr, now: MacAddr) {
+    /// A notification can be older than the MAC linnet set at attach (the
+    /// kernel's first, random one): only the link as it is now counts.
+    pub async fn tap_address_changed(&mut self, index: u32, was: MacAddr) {
+        let Some(tap) = self
+            .interfaces
+            .values()
+            .find(|i| i.tap_index == index && i.cut_off.is_none())
+            .map(|i| i.tap.clone())
+        else {
+            return;
+        };
+        let now = match self.netlink.link(&tap).await {
+            Ok(Some(link)) if link.index == index => match link.address {
+                Some(now) if now != was => now,
+                _ => return,
+            },
+            // Gone, or the name is another link's now: nothing to cut.
+            Ok(_) => return,
+            Err(e) => {
+                warn!(%tap, "cannot read the TAP's MAC: {e}");
+                return;
+            }
+        };
+        self.tap_addresses.forget(index);
         let Some((id, iface)) = self
             .interfaces
             .iter_mut()

@@ -26,7 +26,8 @@ use crate::types::MacAddr;
 
 /// Each attached TAP's MAC as it was at attach, by link index. Shared by
 /// the daemon (which records and forgets) and the watch (which compares),
-/// so the watch takes the daemon's lock only when something changed.
+/// so the watch takes the daemon's lock only when a notification differs
+/// (the daemon then reads the link as it is now).
 #[derive(Clone, Default)]
 pub struct TapAddresses(Arc<SyncMutex<HashMap<u32, MacAddr>>>);
 
@@ -87,12 +88,7 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, known: TapAddresses) -> tokio::task::Jo
                 continue;
             };
             if let Some(was) = known.changed(index, now) {
-                known.forget(index);
-                daemon
-                    .lock()
-                    .await
-                    .tap_address_changed(index, was, now)
-                    .await;
+                daemon.lock().await.tap_address_changed(index, was).await;
             }
         }
         error!("the link watch stopped: a VMM that changes its TAP's MAC will not be cut off");
@@ -112,8 +108,7 @@ async fn recheck(daemon: &Mutex<Daemon>, known: &TapAddresses) {
     for link in links {
         let Some(now) = link.address else { continue };
         if let Some(was) = known.changed(link.index, now) {
-            known.forget(link.index);
-            daemon.tap_address_changed(link.index, was, now).await;
+            daemon.tap_address_changed(link.index, was).await;
         }
     }
 }

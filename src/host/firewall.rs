@@ -471,6 +471,7 @@ fn add_policy_chain(
         "nd-neighbor-advert",
         "mld-listener-query",
         "mld-listener-report",
+        "mld-listener-done",
         "mld2-listener-report",
     ]
     .map(String::from)
