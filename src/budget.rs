@@ -21,8 +21,28 @@ pub struct Budget<K: Ord + Clone> {
 struct State<K> {
     taken: BTreeMap<K, usize>,
     in_all: usize,
-    refused: u64,
+    refusals: Refusals,
+}
+
+/// Refusals counted, and when they were last reported.
+#[derive(Default)]
+struct Refusals {
+    count: u64,
     reported_at: Option<Instant>,
+}
+
+impl Refusals {
+    /// Counts one; the count to report now, if a report is due.
+    fn one_more(&mut self, now: Instant) -> Option<u64> {
+        self.count += 1;
+        let due = self
+            .reported_at
+            .is_none_or(|at| now.duration_since(at) >= REPORT_EVERY);
+        due.then(|| {
+            self.reported_at = Some(now);
+            std::mem::take(&mut self.count)
+        })
+    }
 }
 
 /// What a refusal tells its caller.
@@ -49,8 +69,7 @@ impl<K: Ord + Clone> Budget<K> {
             state: Arc::new(Mutex::new(State {
                 taken: BTreeMap::new(),
                 in_all: 0,
-                refused: 0,
-                reported_at: None,
+                refusals: Refusals::default(),
             })),
         }
     }
@@ -63,17 +82,8 @@ impl<K: Ord + Clone> Budget<K> {
         let mut state = self.state.lock().expect("budget lock");
         let mine = state.taken.get(&key).copied().unwrap_or(0);
         if mine >= self.per_key || state.in_all >= self.total {
-            state.refused += 1;
-            let now = Instant::now();
-            let due = state
-                .reported_at
-                .is_none_or(|at| now.duration_since(at) >= REPORT_EVERY);
-            let report = due.then(|| {
-                state.reported_at = Some(now);
-                std::mem::take(&mut state.refused)
-            });
             return Err(Refused {
-                report,
+                report: state.refusals.one_more(Instant::now()),
                 per_key: mine >= self.per_key,
             });
         }
@@ -115,8 +125,7 @@ pub struct RateLimit<K: Ord + Clone> {
     seen: BTreeMap<K, (Instant, u32)>,
     /// When the table was last cleared of ended windows.
     swept_at: Option<Instant>,
-    refused: u64,
-    reported_at: Option<Instant>,
+    refusals: Refusals,
 }
 
 const MAX_KEYS: usize = 4096;
@@ -128,8 +137,7 @@ impl<K: Ord + Clone> RateLimit<K> {
             window,
             seen: BTreeMap::new(),
             swept_at: None,
-            refused: 0,
-            reported_at: None,
+            refusals: Refusals::default(),
         }
     }
 
@@ -162,16 +170,8 @@ impl<K: Ord + Clone> RateLimit<K> {
         if allowed {
             return Ok(());
         }
-        self.refused += 1;
-        let due = self
-            .reported_at
-            .is_none_or(|at| now.duration_since(at) >= REPORT_EVERY);
-        let report = due.then(|| {
-            self.reported_at = Some(now);
-            std::mem::take(&mut self.refused)
-        });
         Err(Refused {
-            report,
+            report: self.refusals.one_more(now),
             per_key: !full,
         })
     }
