@@ -609,15 +609,20 @@ pub fn recv_packet(
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_daemon_takes_no_descriptor_a_client_sends() {
-        let (daemon, client) = socket::socketpair(
+    /// A connected pair like the daemon's socket and a client's.
+    fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
+        socket::socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
             None,
             SockFlag::SOCK_CLOEXEC,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn the_daemon_takes_no_descriptor_a_client_sends() {
+        let (daemon, client) = seqpacket_pair();
         let open_fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
         let pipes: Vec<(OwnedFd, OwnedFd)> = (0..8).map(|_| nix::unistd::pipe().unwrap()).collect();
         let sent: Vec<RawFd> = pipes.iter().map(|(r, _)| r.as_raw_fd()).collect();
@@ -631,13 +636,7 @@ mod tests {
 
     #[test]
     fn a_reply_above_one_packet_arrives_whole_in_pieces() {
-        let (daemon, client) = socket::socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap();
+        let (daemon, client) = seqpacket_pair();
         let big = Response::Error {
             kind: ErrorKind::Internal,
             message: "x".repeat(2 * MAX_MESSAGE + 7),

@@ -24,6 +24,8 @@ import struct
 import sys
 import threading
 
+from spoof import checksum  # the Internet checksum, beside this file
+
 
 def peer(addr):
     host = addr[0]
@@ -104,15 +106,6 @@ def chat(host, port):
                 print(f.readline().decode().strip() or "no answer", flush=True)
             except OSError as e:
                 print(f"no answer: {e}", flush=True)
-
-
-def checksum(data):
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
 
 
 def invalid(src, host, port):
