@@ -10,16 +10,20 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-from . import control, report
+from . import control, docs, report
 from .env import Env
-from .host import BenchError, memory_kib, version
+from .host import BenchError, memory_kib, package_version
 from .setups import DIRECTIONS, VM_TO_VM, all_setups
 from .throughput import check_path, measure, summarize
+
+
+RESULTS = "bench/results"
 
 
 def parse_args():
@@ -33,38 +37,58 @@ def parse_args():
     p.add_argument("--interfaces", type=int, default=1000, help="interfaces for the scale figure (default 1000)")
     p.add_argument("--attaches", type=int, default=200, help="attaches for the latency figure (default 200)")
     p.add_argument("--bin", default="target/release", help="where linnet and linnet-standin are")
-    p.add_argument("--out", default="bench/results", help="where latest.{md,json,svg} go")
+    p.add_argument("--gvproxy", default="target/peers/gvproxy",
+                   help="gvproxy's binary (default: where `scripts/install-deps bench` builds it, "
+                        "else gvproxy on PATH)")
+    p.add_argument("--out", default=RESULTS,
+                   help="where latest.{md,json,svg} go; when it is bench/results, the docs' "
+                        "benchmark blocks are rewritten from the results too")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 if any setup failed (for the smoke check in `make test`)")
     return p.parse_args()
 
 
-def machine(bindir):
+def linnet_commit():
+    return subprocess.run(["git", "describe", "--always", "--dirty"], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True).stdout.strip() or "unknown"
+
+
+def machine(commit):
+    """The machine and the tools every setup shares; each setup's own
+    version (a peer's package or Go module) is in its throughput entry."""
     with open("/proc/cpuinfo") as f:
         cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "unknown")
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True).stdout.strip() or "unknown"
     return {
         "cores": os.cpu_count(),
         "cpu": cpu,
         "kernel": platform.release(),
         "linnet_commit": commit,
-        "tools": {
-            "iperf3": version(["iperf3", "--version"]),
-            "passt": version(["passt", "--version"]),
-            "slirp4netns": version(["slirp4netns", "--version"]),
-            "vde_switch": version(["vde_switch", "--version"]),
-        },
+        "tools": {"iperf3": package_version("iperf3")},
     }
+
+
+def find_gvproxy(path):
+    """gvproxy as `scripts/install-deps bench` builds it, or on PATH."""
+    for candidate in (path, shutil.which("gvproxy")):
+        if candidate and os.access(candidate, os.X_OK):
+            return os.path.abspath(candidate)
+    return None
 
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
+def describe(e):
+    return str(e) if isinstance(e, BenchError) else f"{type(e).__name__}: {e}"
+
+
 def measure_round(env, setup, mtu, seconds, entry):
     """Brings the setup up, runs iperf3 once each way into `entry["runs"]`,
-    and takes it down again."""
+    and takes it down again. A run that fails (iperf3 hung or broke off) is
+    recorded against its direction and ends the round for this setup, which
+    the next round brings up afresh; a setup that does not come up at all is
+    an error, and its later rounds are skipped."""
     try:
         topo = setup.up(env, mtu)
         for direction in DIRECTIONS:
@@ -73,16 +97,22 @@ def measure_round(env, setup, mtu, seconds, entry):
             if direction == VM_TO_VM:
                 env.procs.start(f"iperf3-server-{topo.guests[1][0]}", ["iperf3", "--server"],
                                 ns=topo.guests[1][0])
-            check_path(topo, direction)
-            run = measure(topo, direction, seconds)
+            try:
+                check_path(topo, direction)
+                run = measure(topo, direction, seconds)
+            except BenchError as e:
+                entry["failures"].setdefault(direction, []).append(str(e))
+                log(f"  {setup.name:<24} MTU {mtu:<5} {report.LABEL[direction]:<8} failed: {e}")
+                break
             entry["runs"].setdefault(direction, []).append(run)
-            log(f"  {setup.name:<24} MTU {mtu:<5} {report.LABEL[direction]:<8} {run['gbps']:6.2f} Gbit/s")
+            log(f"  {setup.name:<24} MTU {mtu:<5} {report.LABEL[direction]:<8} {run['gbps']:6.2f} Gbit/s"
+                f"  {run['retransmits']} retransmits")
         if setup.group == "linnet" and setup.datapath != "tap":
             relays = [p for p in topo.net_pids if p != env.linnet.daemon.pid]
             peak = round(max(memory_kib(p, "VmHWM") for p in relays) / 1024, 2)
             entry["relay_peak_rss_mib"] = max(peak, entry.get("relay_peak_rss_mib", 0))
     except Exception as e:  # noqa: BLE001 - one setup's failure must not lose the others' results
-        entry["error"] = str(e) if isinstance(e, BenchError) else f"{type(e).__name__}: {e}"
+        entry["error"] = describe(e)
         log(f"  {setup.name} at MTU {mtu} failed: {entry['error']}")
     finally:
         env.teardown()
@@ -94,7 +124,8 @@ def control_plane(env, args, workdir):
         "daemon_rss_mib_idle": round(memory_kib(daemon) / 1024, 2),
         "latency": control.latency(env.linnet.socket, "shared", args.attaches),
         "scale": control.scale(env.linnet.socket, "scale", daemon,
-                               sorted({min(100, args.interfaces), args.interfaces})),
+                               sorted({min(100, args.interfaces), args.interfaces}),
+                               sorted({min(10, args.interfaces), args.interfaces})),
         "helper": control.helper_rss(env.linnet, workdir),
     }
 
@@ -118,7 +149,8 @@ def throughput(env, args, results):
             results["not_run"].append({"setup": setup.name, "mtu": 65520, "why": setup.why_no_jumbo})
         for mtu in setup.mtus:
             if args.mtu in (None, mtu):
-                entry = {"setup": setup.name, "group": setup.group, "mtu": mtu, "runs": {}}
+                entry = {"setup": setup.name, "group": setup.group, "version": setup.version(env),
+                         "mtu": mtu, "runs": {}, "failures": {}}
                 plan.append((setup, mtu, entry))
                 results["throughput"].append(entry)
     for round_ in range(args.runs):
@@ -127,7 +159,9 @@ def throughput(env, args, results):
             if not entry.get("error"):
                 measure_round(env, setup, mtu, args.seconds, entry)
     for _, _, entry in plan:
-        entry["directions"] = {d: summarize(runs) for d, runs in entry.pop("runs").items()}
+        runs, failures = entry.pop("runs"), entry.pop("failures")
+        entry["directions"] = {d: summarize(runs.get(d, []), failures.get(d, []))
+                               for d in DIRECTIONS if d in runs or d in failures}
 
 
 def main():
@@ -135,14 +169,15 @@ def main():
     if os.environ.get("LINNET_SANDBOX") != "1":
         sys.exit("bench: run it with `make bench` (it must run inside scripts/sandbox)")
     started = time.monotonic()
+    commit = linnet_commit()
     results = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine(args.bin),
+        "machine": machine(commit),
         "settings": {"seconds": args.seconds, "runs": args.runs, "only": args.only, "mtu": args.mtu},
         "throughput": [], "not_run": [], "control": None,
     }
     with tempfile.TemporaryDirectory(prefix="linnet-bench.") as workdir:
-        env = Env(workdir, args.bin)
+        env = Env(workdir, args.bin, find_gvproxy(args.gvproxy), commit)
         try:
             env.start_linnet()
             if not args.no_control:
@@ -174,6 +209,8 @@ def main():
         f.write("\n")
     with open(os.path.join(args.out, "latest.svg"), "w") as f:
         f.write(report.svg(results))
+    if os.path.abspath(args.out) == os.path.abspath(RESULTS):
+        docs.update(".", results)  # the docs' figures follow the committed results
     print(md)
     log(f"bench: wrote {args.out}/latest.md, latest.json and latest.svg in {results['duration_s']:.0f} s")
     problems = [f"{r['setup']} at MTU {r['mtu']} failed" for r in results["throughput"] if r.get("error")]

@@ -57,27 +57,36 @@ def percentile(values, p):
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
+def summary(xs):
+    return {"p50": round(statistics.median(xs), 3), "p99": round(percentile(xs, 0.99), 3)}
+
+
+def cycles(sock, network, count):
+    """Attach then detach one interface `count` times: the times in ms."""
+    attach_ms, detach_ms = [], []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        iid, tap = attach(sock, network)
+        t1 = time.perf_counter()
+        try:
+            call(sock, {"op": "detach", "interface_id": iid})
+        finally:
+            t2 = time.perf_counter()
+            os.close(tap)
+        attach_ms.append((t1 - t0) * 1000)
+        detach_ms.append((t2 - t1) * 1000)
+    return attach_ms, detach_ms
+
+
 def latency(socket_path, network, count):
     """Attach then detach one interface, `count` times, on a network kept up
     by one more interface: p50 and p99 in ms."""
-    attach_ms, detach_ms = [], []
     with connect(socket_path) as sock:
         _, anchor = attach(sock, network)
         try:
-            for _ in range(count):
-                t0 = time.perf_counter()
-                iid, tap = attach(sock, network)
-                t1 = time.perf_counter()
-                try:
-                    call(sock, {"op": "detach", "interface_id": iid})
-                finally:
-                    t2 = time.perf_counter()
-                    os.close(tap)
-                attach_ms.append((t1 - t0) * 1000)
-                detach_ms.append((t2 - t1) * 1000)
+            attach_ms, detach_ms = cycles(sock, network, count)
         finally:
             os.close(anchor)
-    summary = lambda xs: {"p50": round(statistics.median(xs), 3), "p99": round(percentile(xs, 0.99), 3)}
     return {"count": count, "attach_ms": summary(attach_ms), "detach_ms": summary(detach_ms)}
 
 
@@ -93,19 +102,30 @@ def taps_on_host():
     return sum(1 for line in out.splitlines() if line.split(":")[1].strip().startswith("lnt"))
 
 
-def scale(socket_path, network, daemon_pid, marks):
+# How many times the Nth attach is timed, for whether attaching stays flat
+# as a network fills.
+PROBES = 30
+
+
+def scale(socket_path, network, daemon_pid, marks, flat_at):
     """Attaches max(marks) interfaces on one network from one connection:
     the time and the daemon's RSS at each mark, then the time for the daemon
     to remove them all when the connection closes. The TAP fds stay open
-    meanwhile, as a VMM's would, so the daemon does the removing."""
+    meanwhile, as a VMM's would, so the daemon does the removing. With N-1
+    interfaces held for each N in `flat_at`, the Nth attach is timed
+    PROBES times (attached and detached again): p50 and p99 in ms."""
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits[1], limits[1]))
-    out = {"attach_s": {}, "daemon_rss_mib": {}}
+    out = {"attach_s": {}, "daemon_rss_mib": {}, "attach_at": {}}
     taps = []
     try:
         with connect(socket_path) as sock:
             start = time.perf_counter()
             for n in range(1, max(marks) + 1):
+                if n in flat_at:
+                    probe_start = time.perf_counter()
+                    out["attach_at"][n] = {"count": PROBES, **summary(cycles(sock, network, PROBES)[0])}
+                    start += time.perf_counter() - probe_start  # not in the attach-all time
                 taps.append(attach(sock, network)[1])
                 if n in marks:
                     out["attach_s"][n] = round(time.perf_counter() - start, 3)

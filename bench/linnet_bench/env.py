@@ -69,9 +69,11 @@ class LinnetDaemon:
 
 
 class Env:
-    def __init__(self, workdir, bindir):
+    def __init__(self, workdir, bindir, gvproxy=None, linnet_commit="unknown"):
         self.workdir = workdir
         self.bindir = bindir
+        self.gvproxy = gvproxy            # its binary, or None when it is not built
+        self.linnet_commit = linnet_commit
         self.standin_bin = os.path.join(bindir, "linnet-standin")
         logdir = os.path.join(workdir, "logs")
         os.makedirs(logdir, exist_ok=True)

@@ -131,3 +131,26 @@ def version(cmd):
         return f"not available ({e})"
     lines = [l for l in r.stdout.splitlines() if l.strip() and "syslog" not in l]
     return lines[0].strip() if lines else "unknown"
+
+
+def package_version(package):
+    """The Debian package's exact version, or why there is none."""
+    r = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True)
+    return f"{package} {r.stdout.strip()} (Debian)" if r.returncode == 0 and r.stdout.strip() \
+        else f"{package}: no Debian package installed"
+
+
+def go_module_version(binary):
+    """The main module and version a Go binary was built from (`go version
+    -m`), e.g. "github.com/containers/gvisor-tap-vsock v0.8.9"."""
+    try:
+        r = subprocess.run(["go", "version", "-m", binary], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({e})"
+    for line in r.stdout.splitlines():
+        fields = line.split()
+        if fields[:1] == ["mod"] and len(fields) >= 3:
+            return f"{fields[1]} {fields[2]} (Go module)"
+    return "unknown (no module information in the binary)"

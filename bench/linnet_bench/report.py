@@ -2,10 +2,20 @@
 markdown report, JSON, and an SVG chart of throughput."""
 from xml.sax.saxutils import escape
 
-from .setups import DIRECTIONS, HOST_TO_VM, VM_TO_HOST, VM_TO_VM
+from .throughput import UNSTABLE_SPREAD
+
+from .setups import DIRECTIONS, HOST_TO_VM, MIXED_BARE, MIXED_VNET, VM_TO_HOST, VM_TO_VM
 
 LABEL = {VM_TO_HOST: "VM→host", HOST_TO_VM: "host→VM", VM_TO_VM: "VM→VM"}
 COLOR = {VM_TO_HOST: "#3b75af", HOST_TO_VM: "#ef8636", VM_TO_VM: "#529e3e"}
+
+
+TAP_RELAY = "tap relay (no linnet)"
+NO_ANTI_SPOOFING = "linnet tap, no anti-spoofing"
+SOCKET_DATAPATHS = (("linnet dgram", {1500: 3, 65520: 1}), ("linnet stream", {1500: 3, 65520: 1}),
+                    ("linnet dgram + vnet", {1500: 4, 65520: 1}),
+                    ("linnet stream + vnet", {1500: 4, 65520: 1}))
+MTUS = (1500, 65520)
 
 
 def find(results, setup, mtu):
@@ -15,64 +25,222 @@ def find(results, setup, mtu):
     return None
 
 
-def gbps(results, setup, mtu, direction):
+def cell(results, setup, mtu, direction):
+    """One setup's figures at one MTU in one direction, or None."""
     r = find(results, setup, mtu)
-    d = r and r["directions"].get(direction)
-    return d and d["gbps"]
+    return r and r["directions"].get(direction)
 
 
-def ratio_target(results, name, ours, theirs, mtu, direction, goal):
-    a, b = gbps(results, ours, mtu, direction), gbps(results, theirs, mtu, direction)
-    measured = round(a / b, 2) if a and b else None
-    return {"target": name, "mtu": mtu, "direction": direction, "goal": f">= {goal}x",
-            "measured": measured, "detail": f"{a} / {b} Gbit/s" if measured else "not measured",
-            "met": measured is not None and measured >= goal}
+def gbps(results, setup, mtu, direction):
+    c = cell(results, setup, mtu, direction)
+    return c and c.get("gbps")
 
 
-def bound_target(name, value, limit, unit):
-    return {"target": name, "goal": f"<= {limit} {unit}", "measured": value,
-            "detail": f"{value} {unit}" if value is not None else "not measured",
-            "met": value is not None and value <= limit}
+def ratio_target(results, family, name, ours, theirs, mtu, direction, goal):
+    """ours / theirs in one run, or None when the run did not include both.
+    A cell that failed is "not measured"; one that is unstable (see throughput.summarize) is not judged, and the
+    target says why instead of quoting a ratio."""
+    t = {"family": family, "target": name, "ours": ours, "theirs": theirs, "mtu": mtu,
+         "direction": direction, "goal": f">= {goal}x", "measured": None}
+    if not (runs_at(results, ours, mtu, direction) and runs_at(results, theirs, mtu, direction)):
+        return None  # left out of this run (--only, --mtu) or not possible for that setup
+    a, b = cell(results, ours, mtu, direction), cell(results, theirs, mtu, direction)
+    unstable = [f"{setup} is unstable: {c['unstable']}" for setup, c in ((ours, a), (theirs, b))
+                if c and c.get("unstable")]
+    if unstable:
+        return {**t, "status": "unstable", "detail": "; ".join(unstable)}
+    if not (a and a.get("gbps") and b and b.get("gbps")):
+        return {**t, "status": "not measured", "detail": "not measured"}
+    measured = round(a["gbps"] / b["gbps"], 2)
+    return {**t, "measured": measured, "detail": f"{a['gbps']} / {b['gbps']} Gbit/s",
+            "status": "met" if measured >= goal else "missed"}
+
+
+def bound_target(name, value, limit, unit, detail=None):
+    return {"family": "control plane", "target": name, "goal": f"<= {limit} {unit}",
+            "measured": value,
+            "detail": detail or (f"{value} {unit}" if value is not None else "not measured"),
+            "status": "not measured" if value is None else "met" if value <= limit else "missed"}
+
+
+def peers(results):
+    """The peers that ran, in the order the benchmark ran them."""
+    seen = []
+    for r in results["throughput"]:
+        if r["group"] == "peer" and r["setup"] not in seen:
+            seen.append(r["setup"])
+    return seen
+
+
+def runs_at(results, setup, mtu, direction):
+    """Whether the setup was meant to run at this MTU in this direction
+    (a run that failed still counts: its target is "not measured")."""
+    planned = any(r["setup"] == setup and r["mtu"] == mtu for r in results["throughput"])
+    ruled_out = any(n["setup"] == setup and n.get("direction") in (None, direction)
+                    and n.get("mtu") in (None, mtu) for n in results["not_run"])
+    return planned and not ruled_out
 
 
 def targets(results):
     out = []
-    for mtu in (1500, 65520):
+    for mtu in MTUS:
         for d in DIRECTIONS:
-            out.append(ratio_target(results, "linnet tap vs tap relay", "linnet tap",
-                                    "tap relay (no linnet)", mtu, d, 0.95))
-    # What anti-spoofing (on by default) costs: at most 5% slower.
-    for mtu in (1500, 65520):
+            out.append(ratio_target(results, "tap", "linnet tap vs tap relay", "linnet tap",
+                                    TAP_RELAY, mtu, d, 0.95))
+    # What anti-spoofing (on by default) and a policy cost: at most 5%.
+    for mtu in MTUS:
         for d in DIRECTIONS:
-            out.append(ratio_target(results, "anti-spoofing on vs off (tap)", "linnet tap",
-                                    "linnet tap, no anti-spoofing", mtu, d, 0.95))
-            out.append(ratio_target(results, "anti-spoofing + policy vs off (tap)",
-                                    "linnet tap, anti-spoofing + policy",
-                                    "linnet tap, no anti-spoofing", mtu, d, 0.95))
-    for ours, goal in (("linnet dgram", 3), ("linnet stream", 3),
-                       ("linnet dgram + vnet", 4), ("linnet stream + vnet", 4)):
-        for peer in ("passt (stream)", "slirp4netns"):
-            for d in (VM_TO_HOST, HOST_TO_VM):
-                out.append(ratio_target(results, f"{ours} vs {peer}", ours, peer, 1500, d, goal))
+            out.append(ratio_target(results, "anti-spoofing", "anti-spoofing on vs off (tap)",
+                                    "linnet tap", NO_ANTI_SPOOFING, mtu, d, 0.95))
+            out.append(ratio_target(results, "anti-spoofing", "anti-spoofing + policy vs off (tap)",
+                                    "linnet tap, anti-spoofing + policy", NO_ANTI_SPOOFING,
+                                    mtu, d, 0.95))
+    # linnet's socket datapaths against every peer that ran at that MTU,
+    # in every direction the peer has.
+    for ours, goals in SOCKET_DATAPATHS:
+        for mtu in MTUS:
+            for d in DIRECTIONS:
+                for peer in peers(results):
+                    out.append(ratio_target(results, "peers", f"{ours} vs {peer}", ours, peer,
+                                            mtu, d, goals[mtu]))
+    # A network mixing a client with the virtio-net header and one without:
+    # each keeps its speed (within 10%) of a network of its own kind, and
+    # between them at least the speed of two bare clients.
+    for mixed, uniform in ((MIXED_VNET, "linnet dgram + vnet"), (MIXED_BARE, "linnet dgram")):
+        for d in (VM_TO_HOST, HOST_TO_VM):
+            out.append(ratio_target(results, "mixed", f"{mixed} vs a uniform network",
+                                    mixed, uniform, 1500, d, 0.9))
+        out.append(ratio_target(results, "mixed", f"{mixed} vs two bare clients",
+                                mixed, "linnet dgram", 1500, VM_TO_VM, 0.9))
+    if not (results.get("control") or results.get("control_error")):
+        return [t for t in out if t is not None]  # --no-control
     c = results.get("control") or {}
     lat = c.get("latency") or {}
     sc = c.get("scale") or {}
     get = lambda d, *keys: next((d[k] for k in keys if k in d), None)
     out.append(bound_target("attach p50", get(lat.get("attach_ms", {}), "p50"), 5, "ms"))
     out.append(bound_target("attach p99", get(lat.get("attach_ms", {}), "p99"), 20, "ms"))
+    flat = sc.get("attach_at")
+    if flat:
+        (small, a), (large, b) = sorted(flat.items(), key=lambda kv: int(kv[0]))
+        out.append(bound_target(f"attach p50 with {large} interfaces vs with {small}",
+                                round(b["p50"] / a["p50"], 2), 1.5, "x",
+                                f"{round(b['p50'] / a['p50'], 2)}x ({b['p50']} / {a['p50']} ms)"))
+    else:
+        out.append(bound_target("attach p50 with 1000 interfaces vs with 10", None, 1.5, "x"))
     out.append(bound_target("attach 1000 interfaces", get(sc.get("attach_s", {}), 1000, "1000"), 5, "s"))
     out.append(bound_target("daemon RSS at 1000 interfaces",
                             get(sc.get("daemon_rss_mib", {}), 1000, "1000"), 32, "MiB"))
     out.append(bound_target("helper RSS", get(c.get("helper") or {}, "rss_mib"), 4, "MiB"))
-    return out
+    return [t for t in out if t is not None]
 
 
 def fmt(v, digits=2):
     return "—" if v is None else f"{v:.{digits}f}"
 
 
+STATUS = {"met": "met", "missed": "**missed**", "unstable": "not judged (unstable)",
+          "not measured": "not measured"}
+
+
+def gbps_cell(r, d):
+    if r.get("error"):
+        return "failed"
+    x = r["directions"].get(d)
+    if not x:
+        return "—"
+    if x["gbps"] is None:
+        return "failed"
+    return f"*{x['gbps']:.2f}* ¹" if x.get("unstable") else f"{x['gbps']:.2f}"
+
+
+def setup_table(results, header, render):
+    lines = ["| setup | MTU | VM→host | host→VM | VM→VM |", "|---|---:|---:|---:|---:|"]
+    for r in results["throughput"]:
+        if header or not r.get("error"):
+            lines.append(f"| {r['setup']} | {r['mtu']} | "
+                         + " | ".join(render(r, d) for d in DIRECTIONS) + " |")
+    return lines
+
+
+def spread_cell(r, d):
+    x = r["directions"].get(d)
+    if not x or x["gbps"] is None:
+        return "—"
+    retransmits = "—" if x["retransmits"] is None else str(x["retransmits"])
+    return f"{retransmits} · {fmt(x['spread'])}x"
+
+
+def cpu_cell(r, d):
+    x = r["directions"].get(d)
+    if not x or x["gbps"] is None:
+        return "—"
+    return f"{x['net_cpu_s_per_gb']:.2f} · {x['standin_cpu_s_per_gb']:.2f} · {x['all_cpu_s_per_gb']:.2f}"
+
+
+def target_counts(results):
+    counts = {}
+    for t in results["targets"]:
+        counts[t["status"]] = counts.get(t["status"], 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def measured_cell(t):
+    if t["status"] == "unstable":
+        return "—"
+    if t["measured"] is None:
+        return "—"
+    return f"{t['measured']}x ({t['detail']})" if "x" in t["goal"] and t.get("ours") else t["detail"]
+
+
+def target_table(results, family):
+    lines = ["| target | MTU | direction | goal | measured | |", "|---|---:|---|---|---|---|"]
+    for t in results["targets"]:
+        if t["family"] == family:
+            lines.append(f"| {t['target']} | {t.get('mtu', '')} | {LABEL.get(t.get('direction'), '')} | "
+                         f"{t['goal']} | {measured_cell(t)} | {STATUS[t['status']]} |")
+    return lines
+
+
+def peer_matrix(results):
+    """linnet's socket datapaths against each peer: one row per datapath,
+    MTU and direction, one column per peer."""
+    rows = [t for t in results["targets"] if t["family"] == "peers"]
+    names = []
+    for t in rows:
+        if t["theirs"] not in names:
+            names.append(t["theirs"])
+    lines = ["| linnet | MTU | direction | goal | " + " | ".join(names) + " |",
+             "|---|---:|---|---|" + "---|" * len(names)]
+    keys = []
+    for t in rows:
+        k = (t["ours"], t["mtu"], t["direction"])
+        if k not in keys:
+            keys.append(k)
+    for ours, mtu, d in keys:
+        cells, goal = [], ""
+        for peer in names:
+            t = next((t for t in rows if (t["ours"], t["mtu"], t["direction"], t["theirs"])
+                      == (ours, mtu, d, peer)), None)
+            if t is None:
+                cells.append("")
+                continue
+            goal = t["goal"]
+            if t["status"] in ("met", "missed"):
+                cells.append(f"{t['measured']}x {STATUS[t['status']]}")
+            else:
+                cells.append(STATUS[t["status"]])
+        lines.append(f"| {ours.removeprefix('linnet ')} | {mtu} | {LABEL[d]} | {goal} | "
+                     + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(results):
     m, s = results["machine"], results["settings"]
+    versions = []
+    for r in results["throughput"]:
+        if r.get("version") and r["group"] == "peer" and (r["setup"], r["version"]) not in versions:
+            versions.append((r["setup"], r["version"]))
     lines = [
         "# linnet benchmark",
         "",
@@ -80,45 +248,44 @@ def markdown(results):
         f"kernel {m['kernel']} · {s['runs']} runs of {s['seconds']} s each, medians · "
         f"{results['duration_s']:.0f} s in all",
         "",
+        "Peers: " + "; ".join(f"{name}: {v}" for name, v in versions) + f"; iperf3: {m['tools']['iperf3']}.",
+        "",
         "Reproduce: `make bench` (as root; see bench/README.md).",
         "",
         "## Throughput, Gbit/s",
         "",
-        "One iperf3 TCP stream, guest namespace ↔ host (or a second guest) through each setup.",
+        "One iperf3 TCP stream, guest namespace ↔ host (or a second guest) through each setup. "
+        "¹ unstable: its runs spread more than "
+        f"{UNSTABLE_SPREAD:g}x or one failed (listed below the tables); no target is judged on it.",
         "",
-        "| setup | MTU | VM→host | host→VM | VM→VM |",
-        "|---|---:|---:|---:|---:|",
     ]
-    for r in results["throughput"]:
-        cells = [fmt(r["directions"].get(d, {}).get("gbps")) if not r.get("error") else "failed"
-                 for d in DIRECTIONS]
-        lines.append(f"| {r['setup']} | {r['mtu']} | " + " | ".join(cells) + " |")
+    lines += setup_table(results, True, gbps_cell)
+    lines += ["", "## Retransmits and spread", "",
+              "Each cell: the sender's TCP retransmits in a run (median) · the fastest run over the "
+              "slowest. Retransmits are frames the path lost or reordered.", ""]
+    lines += setup_table(results, False, spread_cell)
     lines += [
         "",
         "## CPU seconds per GB moved",
         "",
-        "Each cell: networking processes (linnet daemon and relay, passt, slirp4netns, vde) · "
-        "the stand-in VMM · the whole machine (iperf3 and the kernel included). "
-        "Kernel-only setups have no networking process.",
+        "Each cell: networking processes (linnet daemon and relay, passt, pasta, gvproxy, "
+        "slirp4netns, vde) · the stand-in VMM · the whole machine (iperf3 and the kernel "
+        "included). Kernel-only setups have no networking process.",
         "",
-        "| setup | MTU | VM→host | host→VM | VM→VM |",
-        "|---|---:|---:|---:|---:|",
     ]
-    for r in results["throughput"]:
-        if r.get("error"):
-            continue
-        cells = []
-        for d in DIRECTIONS:
-            x = r["directions"].get(d)
-            cells.append("—" if not x else
-                         f"{x['net_cpu_s_per_gb']:.2f} · {x['standin_cpu_s_per_gb']:.2f} · {x['all_cpu_s_per_gb']:.2f}")
-        lines.append(f"| {r['setup']} | {r['mtu']} | " + " | ".join(cells) + " |")
+    lines += setup_table(results, False, cpu_cell)
     notes = [f"- {r['setup']} at MTU {r['mtu']}: {r['error']}" for r in results["throughput"] if r.get("error")]
+    for r in results["throughput"]:
+        for d, x in r.get("directions", {}).items():
+            if x.get("unstable"):
+                failed = "".join(f" A run failed: {f.splitlines()[0]}" for f in x["failed_runs"][:1])
+                notes.append(f"- {r['setup']} at MTU {r['mtu']}, {LABEL[d]}: unstable, {x['unstable']}; "
+                             f"retransmits per run {x['runs_retransmits']}.{failed}")
     notes += [f"- {n['setup']}" + (f" at MTU {n['mtu']}" if n.get("mtu") else "")
-              + (f", {LABEL[n['direction']]}" if n.get("direction") else "") + f": {n['why']}"
+              + (f", {LABEL[n['direction']]}" if n.get("direction") else "") + f": not measured, {n['why']}"
               for n in results["not_run"]]
     if notes:
-        lines += ["", "Not measured:", ""] + notes
+        lines += ["", "Unstable, failed and not measured:", ""] + notes
     if results.get("control_error"):
         lines += ["", f"The control-plane figures failed: {results['control_error']}"]
     c = results.get("control")
@@ -133,6 +300,9 @@ def markdown(results):
             f"| attach p50 / p99 ({lat['count']} attaches) | {lat['attach_ms']['p50']} / {lat['attach_ms']['p99']} ms |",
             f"| detach p50 / p99 | {lat['detach_ms']['p50']} / {lat['detach_ms']['p99']} ms |",
         ]
+        for n, x in sc.get("attach_at", {}).items():
+            lines.append(f"| attach p50 / p99 with {n} interfaces on the network ({x['count']} attaches) | "
+                         f"{x['p50']} / {x['p99']} ms |")
         for n, t in sc["attach_s"].items():
             lines.append(f"| attach {n} interfaces on one network | {t} s |")
         if "list_all_s" in sc:
@@ -149,19 +319,24 @@ def markdown(results):
                      f"{h['pss_mib']} / {h['private_mib']} MiB |")
         if c.get("relay_peak_rss_mib") is not None:
             lines.append(f"| `linnet run` relay peak RSS under iperf3 | {c['relay_peak_rss_mib']} MiB |")
-    lines += ["", "## Targets", "", "| target | MTU | direction | goal | measured | |", "|---|---:|---|---|---|---|"]
-    for t in results["targets"]:
-        measured = "—" if t["measured"] is None else (
-            f"{t['measured']}x ({t['detail']})" if "x" in t["goal"] else t["detail"])
-        lines.append(f"| {t['target']} | {t.get('mtu', '')} | {LABEL.get(t.get('direction'), '')} | "
-                     f"{t['goal']} | {measured} | {'met' if t['met'] else '**missed**'} |")
+    lines += ["", "## Targets", "", f"{target_counts(results)}.", "",
+              "### The tap datapath and what anti-spoofing costs", ""]
+    lines += target_table(results, "tap") + [""] + target_table(results, "anti-spoofing")
+    lines += ["", "### linnet's socket datapaths against the peers", "",
+              "Ratio linnet / peer in one run; bare frames (QEMU's dgram and stream) and "
+              "with the virtio-net header (+ vnet: krunkit, vfkit, libkrun).", ""]
+    lines += peer_matrix(results)
+    lines += ["", "### A network mixing a + vnet client and a bare one", ""]
+    lines += target_table(results, "mixed")
+    lines += ["", "### Control plane", ""]
+    lines += target_table(results, "control plane")
     lines += ["", "![throughput per setup](latest.svg)", ""]
     return "\n".join(lines)
 
 
 def svg(results):
     rows = [r for r in results["throughput"] if not r.get("error")]
-    top = max([d["gbps"] for r in rows for d in r["directions"].values()] + [1])
+    top = max([d["gbps"] for r in rows for d in r["directions"].values() if d["gbps"]] + [1])
     bar, gap, label_w, width = 9, 12, 230, 960
     plot_w = width - label_w - 70
     height = 60 + len(rows) * (3 * bar + gap) + 30
@@ -180,7 +355,7 @@ def svg(results):
                    f'{escape(r["setup"])} · {r["mtu"]}</text>')
         for k, d in enumerate(DIRECTIONS):
             x = r["directions"].get(d)
-            if x:
+            if x and x["gbps"]:
                 w = max(1, x["gbps"] / top * plot_w)
                 out.append(f'<rect x="{label_w}" y="{y + k * bar}" width="{w:.1f}" height="{bar - 1}" '
                            f'fill="{COLOR[d]}"/><text x="{label_w + w + 4:.1f}" y="{y + k * bar + 8}" '

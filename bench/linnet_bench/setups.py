@@ -9,10 +9,13 @@ so its cost is equal for all; setups whose peer brings its own VMM side
 import json
 import os
 
-from .host import children, ip, link_exists, run, wait_for
+from .host import children, go_module_version, ip, link_exists, package_version, run, wait_for
 
 VM_TO_HOST, HOST_TO_VM, VM_TO_VM = "vm_to_host", "host_to_vm", "vm_to_vm"
 DIRECTIONS = (VM_TO_HOST, HOST_TO_VM, VM_TO_VM)
+MIXED_VNET = "linnet dgram, mixed: the + vnet client"
+MIXED_BARE = "linnet dgram, mixed: the bare client"
+MIXED_WHY = "at MTU 65520 a bare frame is as large as an offloaded segment: nothing to mix"
 
 
 class Topology:
@@ -37,6 +40,11 @@ class Setup:
 
     def unavailable(self, env):
         """Why this setup cannot run on this machine, or None."""
+        return None
+
+    def version(self, env):
+        """The exact version of what this setup measures, when it is not the
+        kernel's (which the machine's record names)."""
         return None
 
     def guests(self):
@@ -126,30 +134,38 @@ class TapRelay(Bridge):
 
 
 class Linnet(Setup):
-    """linnet: `linnet run --datapath D [--vnet-hdr] -- linnet-standin …`."""
+    """linnet: `linnet run --datapath D [--vnet-hdr] -- linnet-standin …`.
+    `vnet_hdr` is per guest (a network may mix clients with and without the
+    virtio-net header); one bool gives both guests the same."""
     group = "linnet"
     STANDIN_FLAG = {"tap": "--fd", "dgram": "--dgram-fd", "stream": "--stream-fd"}
 
-    def __init__(self, name, datapath, vnet_hdr=False, anti_spoofing=True, policy=False):
+    def __init__(self, name, datapath, vnet_hdr=False, anti_spoofing=True, policy=False,
+                 mtus=(1500, 65520), why_no_jumbo=""):
         super().__init__(name)
+        self.why_no_jumbo = why_no_jumbo
         self.datapath = datapath
-        self.vnet_hdr = vnet_hdr
+        self.vnet_hdr = vnet_hdr if isinstance(vnet_hdr, tuple) else (vnet_hdr, vnet_hdr)
         self.anti_spoofing = anti_spoofing
         self.policy = policy
+        self.mtus = mtus
+
+    def version(self, env):
+        return f"linnet {env.linnet_commit}"
 
     def up(self, env, mtu):
         topo = Topology()
         network = env.linnet.network_for(mtu, self.anti_spoofing, self.policy)
         info = None
-        for _ in range(self.guests()):
+        for vnet_hdr in self.vnet_hdr[:self.guests()]:
             ns = env.guest_ns()
             out = env.fresh_path(f"{ns}.json")
             standin = [self.STANDIN_FLAG[self.datapath], "{fd}", "--netns", f"/run/netns/{ns}"]
-            if self.vnet_hdr:
+            if vnet_hdr:
                 standin += ["--vnet-hdr", "12"]
             args = [env.linnet.bin, "run", "--network", network, "--datapath", self.datapath,
                     "--json", out]
-            if self.vnet_hdr:
+            if vnet_hdr:
                 args.append("--vnet-hdr")
             proc = env.procs.start(f"run-{ns}", args + ["--", env.standin_bin] + standin,
                                    env=env.linnet.env)
@@ -175,11 +191,27 @@ def read_json(path):
         return None
 
 
+def upstream(env):
+    """A veth to an `upstream` namespace holding the default route: passt and
+    pasta need an uplink with one. They give the guest the host's own
+    address (10.203.0.1) and gateway (10.203.0.254), which they map to the
+    host itself: the guest reaches the host's iperf3 server there."""
+    ns = env.guest_ns("upstream")
+    uplink = env.host_link("bup0")
+    ip("link", "add", uplink, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    configure(None, uplink, "10.203.0.1/24")
+    configure(ns, "eth0", "10.203.0.254/24")
+    ip("route", "add", "default", "via", "10.203.0.254")
+    # passt and pasta answer the guest's pings through ICMP ping sockets,
+    # which root may open only if its group is in this range. This is the
+    # sandbox's own namespace, gone when the benchmark ends.
+    run("sysctl", "-qw", "net.ipv4.ping_group_range=0 0")
+    return "10.203.0.1", "10.203.0.254"
+
+
 class Passt(Setup):
     """passt on its stream socket (QEMU's `-netdev stream` framing), the
-    stand-in connected to it. passt needs an uplink with a default route: a
-    veth to an `upstream` namespace. The guest reaches the host at passt's
-    gateway address, which passt maps to the host itself."""
+    stand-in connected to it."""
     group = "peer"
     vm_to_vm = False
     why_no_vm_to_vm = "a passt instance serves one VM; two VMs cannot share its network"
@@ -187,18 +219,12 @@ class Passt(Setup):
     def unavailable(self, env):
         return None if env.have("passt") else "passt is not installed (apt-get install passt)"
 
+    def version(self, env):
+        return package_version("passt")
+
     def up(self, env, mtu):
         topo = Topology()
-        upstream = env.guest_ns("upstream")
-        uplink = env.host_link("bup0")
-        ip("link", "add", uplink, "type", "veth", "peer", "name", "eth0", "netns", upstream)
-        configure(None, uplink, "10.203.0.1/24")
-        configure(upstream, "eth0", "10.203.0.254/24")
-        ip("route", "add", "default", "via", "10.203.0.254")
-        # passt answers the guest's pings through ICMP ping sockets, which
-        # root may open only if its group is in this range. This is the
-        # sandbox's own namespace, gone when the benchmark ends.
-        run("sysctl", "-qw", "net.ipv4.ping_group_range=0 0")
+        guest, host = upstream(env)
         sock = env.fresh_path("passt.sock")
         passt = env.procs.start("passt", ["passt", "--foreground", "--quiet", "--runas", "0",
                                           "--mtu", mtu, "--socket", sock])
@@ -206,11 +232,75 @@ class Passt(Setup):
         ns = env.guest_ns()
         proc = env.standin(f"standin-{ns}", ["--stream-socket", sock, "--mtu", mtu], ns)
         env.wait_link("eth0", ns)
-        # passt gives the guest the host's own address and gateway.
-        configure(ns, "eth0", "10.203.0.1/24", gateway="10.203.0.254")
-        topo.guests.append((ns, "10.203.0.1"))
-        topo.server = "10.203.0.254"
+        configure(ns, "eth0", f"{guest}/24", gateway=host)
+        topo.guests.append((ns, guest))
+        topo.server = host
         topo.net_pids.append(passt.pid)
+        topo.standin_pids.append(proc.pid)
+        return topo
+
+
+class Pasta(Setup):
+    """pasta (passt's namespace mode; podman's and fcvm's rootless default):
+    its own TAP in the guest namespace, so no stand-in, as for slirp4netns."""
+    group = "peer"
+    vm_to_vm = False
+    why_no_vm_to_vm = "a pasta instance serves one namespace; two cannot share its network"
+
+    def unavailable(self, env):
+        return None if env.have("pasta") else "pasta is not installed (apt-get install passt)"
+
+    def version(self, env):
+        return package_version("passt")
+
+    def up(self, env, mtu):
+        topo = Topology()
+        guest, host = upstream(env)
+        ns = env.guest_ns()
+        pasta = env.procs.start("pasta", ["pasta", "--foreground", "--quiet", "--runas", "0",
+                                          "--config-net", "--ns-ifname", "eth0", "--mtu", mtu,
+                                          "--netns", f"/run/netns/{ns}"])
+
+        def configured():
+            env.procs.check_alive()
+            return link_exists("eth0", ns) and guest in ip("addr", "show", "eth0", ns=ns)
+        wait_for(configured, "pasta to configure eth0")
+        topo.guests.append((ns, guest))
+        topo.server = host
+        topo.net_pids.append(pasta.pid)
+        return topo
+
+
+class Gvproxy(Setup):
+    """gvisor-tap-vsock's gvproxy (lima's user-v2 network, podman machine) on
+    its QEMU stream socket, the stand-in connected to it. The guest takes
+    gvproxy's 192.168.127.2; 192.168.127.254 is NATed to the host's
+    127.0.0.1, where the host's iperf3 server also listens."""
+    group = "peer"
+    vm_to_vm = False
+    why_no_vm_to_vm = "gvproxy's -listen-qemu socket accepts one VM (a second one joins " \
+        "through its HTTP API's /connect, as lima's usernet does)"
+
+    def unavailable(self, env):
+        return None if env.gvproxy else \
+            "gvproxy is not built (scripts/install-deps bench builds it from the Go module proxy)"
+
+    def version(self, env):
+        return go_module_version(env.gvproxy)
+
+    def up(self, env, mtu):
+        topo = Topology()
+        sock = env.fresh_path("gvproxy.sock")
+        gvproxy = env.procs.start("gvproxy", [env.gvproxy, "-listen-qemu", f"unix://{sock}",
+                                              "-mtu", mtu])
+        wait_for(lambda: env.procs.check_alive() or os.path.exists(sock), "gvproxy's socket")
+        ns = env.guest_ns()
+        proc = env.standin(f"standin-{ns}", ["--stream-socket", sock, "--mtu", mtu], ns)
+        env.wait_link("eth0", ns)
+        configure(ns, "eth0", "192.168.127.2/24", gateway="192.168.127.1")
+        topo.guests.append((ns, "192.168.127.2"))
+        topo.server = "192.168.127.254"
+        topo.net_pids.append(gvproxy.pid)
         topo.standin_pids.append(proc.pid)
         return topo
 
@@ -224,6 +314,9 @@ class Slirp(Setup):
 
     def unavailable(self, env):
         return None if env.have("slirp4netns") else "slirp4netns is not installed (apt-get install slirp4netns)"
+
+    def version(self, env):
+        return package_version("slirp4netns")
 
     def up(self, env, mtu):
         topo = Topology()
@@ -251,6 +344,9 @@ class Vde(Setup):
     def unavailable(self, env):
         return None if env.have("vde_switch") and env.have("vde_plug2tap") else \
             "vde2 is not installed (apt-get install vde2)"
+
+    def version(self, env):
+        return package_version("vde2")
 
     def up(self, env, mtu):
         topo = Topology()
@@ -295,7 +391,13 @@ def all_setups():
         Linnet("linnet stream", "stream"),
         Linnet("linnet dgram + vnet", "dgram", vnet_hdr=True),
         Linnet("linnet stream + vnet", "stream", vnet_hdr=True),
+        # One network, a client with the virtio-net header and one without,
+        # measured from each side.
+        Linnet(MIXED_VNET, "dgram", vnet_hdr=(True, False), mtus=(1500,), why_no_jumbo=MIXED_WHY),
+        Linnet(MIXED_BARE, "dgram", vnet_hdr=(False, True), mtus=(1500,), why_no_jumbo=MIXED_WHY),
         Passt("passt (stream)"),
+        Pasta("pasta"),
+        Gvproxy("gvproxy (stream)"),
         Slirp("slirp4netns"),
         Vde("vde_switch"),
     ]

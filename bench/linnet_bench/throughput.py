@@ -47,7 +47,9 @@ def iperf3(client, target, seconds, reverse):
             continue
         if error:
             raise BenchError(f"iperf3 from {client} to {target}: {error}")
-        return data["end"]["sum_received"]
+        # The sender's TCP retransmits (iperf3 reports the server's when it
+        # sends, with --reverse): frames the path lost or delivered too late.
+        return data["end"]["sum_received"], data["end"]["sum_sent"].get("retransmits")
     raise BenchError("unreachable")
 
 
@@ -55,12 +57,13 @@ def measure(topo, direction, seconds):
     """One run: Gbit/s and CPU seconds per GB moved."""
     client, target = endpoints(topo, direction)
     net0, standin0, all0 = cpu(topo.net_pids), cpu(topo.standin_pids), machine_busy_seconds()
-    received = iperf3(client, target, seconds, direction == HOST_TO_VM)
+    received, retransmits = iperf3(client, target, seconds, direction == HOST_TO_VM)
     net1, standin1, all1 = cpu(topo.net_pids), cpu(topo.standin_pids), machine_busy_seconds()
     gigabytes = received["bytes"] / 1e9
     return {
         "gbps": received["bytes"] * 8 / received["seconds"] / 1e9,
         "bytes": received["bytes"],
+        "retransmits": retransmits,
         # Processes' CPU counts from the start of iperf3's connection setup,
         # so it slightly overstates the cost per GB; equally for every setup.
         "net_cpu_s_per_gb": (net1 - net0) / gigabytes,
@@ -69,9 +72,35 @@ def measure(topo, direction, seconds):
     }
 
 
-def summarize(runs):
-    """Medians over runs, and the runs themselves."""
-    keys = ("gbps", "net_cpu_s_per_gb", "standin_cpu_s_per_gb", "all_cpu_s_per_gb")
-    out = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
-    out["runs_gbps"] = [round(r["gbps"], 3) for r in runs]
+# A cell whose fastest round is more than this many times its slowest is
+# not a measurement of the setup but of something that went wrong in it
+# (losses, stalls): it is marked unstable and no target is judged on it.
+UNSTABLE_SPREAD = 2.0
+
+
+def summarize(runs, failures=()):
+    """Medians over the runs that finished, every run, their spread, and
+    the runs that failed (an iperf3 that hung or broke off). A cell with a
+    failed run or a spread above UNSTABLE_SPREAD is unstable."""
+    out = {"runs_gbps": [round(r["gbps"], 3) for r in runs],
+           "runs_retransmits": [r["retransmits"] for r in runs],
+           "failed_runs": list(failures)}
+    if runs:
+        for k in ("gbps", "net_cpu_s_per_gb", "standin_cpu_s_per_gb", "all_cpu_s_per_gb"):
+            out[k] = round(statistics.median(r[k] for r in runs), 3)
+        retransmits = [r["retransmits"] for r in runs if r["retransmits"] is not None]
+        out["retransmits"] = round(statistics.median(retransmits)) if retransmits else None
+        lo, hi = min(out["runs_gbps"]), max(out["runs_gbps"])
+        out["spread"] = round(hi / lo, 2) if lo > 0 else None
+    else:
+        out["gbps"] = out["retransmits"] = out["spread"] = None
+    reasons = []
+    if failures:
+        reasons.append(f"{len(failures)} of {len(runs) + len(failures)} runs failed")
+    if out["spread"] is None and runs:
+        reasons.append("a run moved nothing")
+    elif out["spread"] is not None and out["spread"] > UNSTABLE_SPREAD:
+        reasons.append(f"its runs spread {out['spread']}x "
+                       f"({min(out['runs_gbps'])}–{max(out['runs_gbps'])} Gbit/s)")
+    out["unstable"] = "; ".join(reasons) or None
     return out

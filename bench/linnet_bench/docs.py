@@ -1,0 +1,138 @@
+"""The benchmark's figures in the docs, never typed by hand: a block
+between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in a doc is
+rendered from bench/results/latest.json. `bench/run` rewrites the blocks
+after a run that writes bench/results; `make lint` runs
+
+    python3 -m linnet_bench.docs --check
+
+which fails when a block differs from what the committed results render
+(a hand-edited figure, or results committed without their docs)."""
+import argparse
+import json
+import os
+import re
+import sys
+
+from .report import LABEL, STATUS, cell
+from .setups import DIRECTIONS
+
+DOCS = ("README.md", "docs/security.md", "docs/vmms.md")
+BLOCK = re.compile(r"(<!-- bench:([a-z-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
+
+
+def source(results):
+    m = results["machine"]
+    return (f"From [the benchmark's results](bench/results/latest.md) "
+            f"(linnet {m['linnet_commit']}, {results['date']}, "
+            f"{results['settings']['runs']} runs of {results['settings']['seconds']} s).")
+
+
+def ratio(t):
+    if t is None:
+        return "—"
+    if t["status"] in ("met", "missed"):
+        return f"{t['measured']}x" + ("" if t["status"] == "met" else " (missed)")
+    return STATUS[t["status"]]
+
+
+def find_target(results, target, mtu, direction):
+    return next((t for t in results["targets"] if t["target"] == target and t.get("mtu") == mtu
+                 and t.get("direction") == direction), None)
+
+
+def anti_spoofing(results):
+    lines = ["| MTU | direction | anti-spoofing on / off | anti-spoofing + policy / off |",
+             "|---:|---|---:|---:|"]
+    for mtu in (1500, 65520):
+        for d in DIRECTIONS:
+            lines.append(f"| {mtu} | {LABEL[d]} | "
+                         f"{ratio(find_target(results, 'anti-spoofing on vs off (tap)', mtu, d))} | "
+                         f"{ratio(find_target(results, 'anti-spoofing + policy vs off (tap)', mtu, d))} |")
+    return lines
+
+
+def gain(results, with_header, without, mtu, d):
+    a, b = cell(results, with_header, mtu, d), cell(results, without, mtu, d)
+    if not (a and b and a.get("gbps") and b.get("gbps")):
+        return "—"
+    if a.get("unstable") or b.get("unstable"):
+        return "unstable"
+    return f"{a['gbps'] / b['gbps']:.1f}x ({a['gbps']:.1f} vs {b['gbps']:.1f} Gbit/s)"
+
+
+def vnet_hdr(results):
+    lines = ["| MTU | direction | dgram: with the header / without | stream: with / without |",
+             "|---:|---|---:|---:|"]
+    for mtu in (1500, 65520):
+        for d in DIRECTIONS:
+            lines.append(f"| {mtu} | {LABEL[d]} | "
+                         f"{gain(results, 'linnet dgram + vnet', 'linnet dgram', mtu, d)} | "
+                         f"{gain(results, 'linnet stream + vnet', 'linnet stream', mtu, d)} |")
+    return lines
+
+
+def targets(results):
+    counts = {}
+    for t in results["targets"]:
+        counts[t["status"]] = counts.get(t["status"], 0) + 1
+    lines = ["Targets: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ". Missed:", ""]
+    for t in results["targets"]:
+        if t["status"] == "missed":
+            where = f" at MTU {t['mtu']}" if t.get("mtu") else ""
+            where += f", {LABEL[t['direction']]}" if t.get("direction") else ""
+            measured = f"{t['measured']}x" if t.get("ours") else t["detail"]
+            lines.append(f"- {t['target']}{where}: {measured} (goal {t['goal']})")
+    return lines
+
+
+RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "targets": targets}
+
+
+def render(name, results, doc):
+    """The block's text; links are made relative to the doc's folder."""
+    text = "\n".join(RENDER[name](results) + ["", source(results)]) + "\n"
+    up = "../" * doc.count("/")
+    return text.replace("](bench/", f"]({up}bench/")
+
+
+def update(root, results, check=False):
+    """Rewrites (or with `check`, compares) every block in DOCS; returns
+    the blocks that differ, as "doc: name"."""
+    stale = []
+    for doc in DOCS:
+        path = os.path.join(root, doc)
+        with open(path) as f:
+            text = f.read()
+
+        def fill(m):
+            name = m.group(2)
+            if name not in RENDER:
+                raise SystemExit(f"{doc}: unknown bench block {name!r} (known: {', '.join(RENDER)})")
+            new = render(name, results, doc)
+            if new != m.group(3):
+                stale.append(f"{doc}: {name}")
+            return m.group(1) + new + m.group(4)
+        new_text = BLOCK.sub(fill, text)
+        if not check and new_text != text:
+            with open(path, "w") as f:
+                f.write(new_text)
+    return stale
+
+
+def main():
+    p = argparse.ArgumentParser(prog="python3 -m linnet_bench.docs", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="only compare; exit 1 if a block differs")
+    p.add_argument("--results", default="bench/results/latest.json")
+    args = p.parse_args()
+    with open(args.results) as f:
+        results = json.load(f)
+    stale = update(".", results, check=args.check)
+    if stale and args.check:
+        sys.exit("docs: these blocks differ from what bench/results/latest.json renders "
+                 "(run `PYTHONPATH=bench python3 -m linnet_bench.docs` after a benchmark run): "
+                 + ", ".join(stale))
+
+
+if __name__ == "__main__":
+    main()
