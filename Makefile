@@ -23,6 +23,8 @@ guest: deps
 
 unit:
 	$(CARGO) test --workspace
+	# The benchmark's judgement (unstable cells, targets, the docs' blocks).
+	PYTHONPATH=bench PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s bench/tests
 
 # The integration suite creates bridges, rules and sysctls: it runs only
 # inside scripts/sandbox, whose namespaces vanish when it ends.
@@ -35,7 +37,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	# The integration suite is test = false, so --all-targets skips it.
 	$(CARGO) clippy --test integration -- -D warnings
-	python3 -m py_compile bench/linnet_bench/*.py
+	python3 -m py_compile bench/linnet_bench/*.py bench/tests/*.py
 	# The docs' benchmark figures are the committed results' (bench/linnet_bench/docs.py).
 	PYTHONPATH=bench PYTHONDONTWRITEBYTECODE=1 python3 -m linnet_bench.docs --check
 

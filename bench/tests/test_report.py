@@ -1,0 +1,112 @@
+"""The benchmark's judgement, without running anything: which cells are
+unstable, which targets are judged, and what the docs' blocks say.
+
+    PYTHONPATH=bench python3 -m unittest discover -s bench/tests
+"""
+import os
+import tempfile
+import unittest
+
+from linnet_bench import docs, report
+from linnet_bench.setups import HOST_TO_VM, VM_TO_HOST, VM_TO_VM
+from linnet_bench.throughput import summarize
+
+
+def run(gbps, retransmits=0):
+    return {"gbps": gbps, "bytes": int(gbps * 1e9 / 8), "retransmits": retransmits,
+            "net_cpu_s_per_gb": 1.0, "standin_cpu_s_per_gb": 1.0, "all_cpu_s_per_gb": 2.0}
+
+
+def entry(setup, mtu, group, **directions):
+    return {"setup": setup, "group": group, "mtu": mtu, "version": None,
+            "directions": {d: summarize(runs) for d, runs in directions.items()}}
+
+
+def results(*entries, not_run=()):
+    r = {"throughput": list(entries), "not_run": list(not_run), "control": None,
+         "date": "2026-11-24 00:00 UTC", "settings": {"runs": 3, "seconds": 2},
+         "machine": {"linnet_commit": "abc1234"}}
+    r["targets"] = report.targets(r)
+    return r
+
+
+class Summaries(unittest.TestCase):
+    def test_steady_runs_are_stable(self):
+        s = summarize([run(4.0), run(4.4), run(4.2, 10)])
+        self.assertEqual(s["gbps"], 4.2)
+        self.assertEqual(s["spread"], 1.1)
+        self.assertEqual(s["retransmits"], 0)
+        self.assertIsNone(s["unstable"])
+
+    def test_runs_spread_more_than_twice_are_unstable(self):
+        s = summarize([run(0.26, 1281), run(0.85, 900), run(1.57, 40)])
+        self.assertIn("spread 6.04x", s["unstable"])
+        self.assertEqual(s["runs_retransmits"], [1281, 900, 40])
+
+    def test_a_failed_run_makes_the_cell_unstable(self):
+        s = summarize([run(1.7), run(1.6)], ["iperf3 from g2 to 10.203.0.254 hung for 22 s"])
+        self.assertEqual(s["unstable"], "1 of 3 runs failed")
+        self.assertEqual(s["gbps"], 1.65)
+
+    def test_every_run_failed(self):
+        s = summarize([], ["hung"])
+        self.assertIsNone(s["gbps"])
+        self.assertTrue(s["unstable"])
+
+
+class Targets(unittest.TestCase):
+    def find(self, r, target, mtu, direction):
+        return next(t for t in r["targets"] if t["target"] == target and t["mtu"] == mtu
+                    and t["direction"] == direction)
+
+    def test_ratios_against_every_peer_at_each_mtu_and_direction(self):
+        r = results(
+            entry("linnet dgram", 1500, "linnet", vm_to_host=[run(4.5)] * 3, host_to_vm=[run(3.3)] * 3),
+            entry("slirp4netns", 1500, "peer", vm_to_host=[run(1.1)] * 3, host_to_vm=[run(3.3)] * 3),
+            not_run=[{"setup": "slirp4netns", "direction": VM_TO_VM, "why": "one namespace"}])
+        met = self.find(r, "linnet dgram vs slirp4netns", 1500, VM_TO_HOST)
+        self.assertEqual((met["measured"], met["status"]), (4.09, "met"))
+        missed = self.find(r, "linnet dgram vs slirp4netns", 1500, HOST_TO_VM)
+        self.assertEqual((missed["measured"], missed["status"]), (1.0, "missed"))
+        # No VM→VM row for a peer that has none, and none at an MTU not run.
+        self.assertFalse([t for t in r["targets"] if t["direction"] == VM_TO_VM or t["mtu"] == 65520])
+
+    def test_an_unstable_cell_is_not_judged(self):
+        r = results(
+            entry("linnet dgram", 1500, "linnet", vm_to_host=[run(4.5)] * 3),
+            entry("passt (stream)", 1500, "peer", vm_to_host=[run(0.109), run(0.188), run(0.592)]))
+        t = self.find(r, "linnet dgram vs passt (stream)", 1500, VM_TO_HOST)
+        self.assertEqual(t["status"], "unstable")
+        self.assertIsNone(t["measured"])
+        self.assertIn("passt (stream) is unstable", t["detail"])
+
+    def test_a_failed_setup_is_not_measured(self):
+        failed = {"setup": "gvproxy (stream)", "group": "peer", "mtu": 1500, "version": None,
+                  "error": "gvproxy exited with 1", "directions": {}}
+        r = results(entry("linnet stream", 1500, "linnet", vm_to_host=[run(4.5)] * 3), failed)
+        self.assertEqual(self.find(r, "linnet stream vs gvproxy (stream)", 1500, VM_TO_HOST)["status"],
+                         "not measured")
+
+
+class DocBlocks(unittest.TestCase):
+    def test_blocks_are_rendered_and_checked(self):
+        r = results(
+            entry("linnet tap", 1500, "linnet", vm_to_host=[run(19.0)] * 3),
+            entry("linnet tap, no anti-spoofing", 1500, "linnet", vm_to_host=[run(20.0)] * 3))
+        with tempfile.TemporaryDirectory() as root:
+            os.makedirs(os.path.join(root, "docs"))
+            for doc in docs.DOCS:
+                with open(os.path.join(root, doc), "w") as f:
+                    f.write("text\n<!-- bench:anti-spoofing -->\n9.99x by hand\n<!-- /bench:anti-spoofing -->\n")
+            self.assertEqual(len(docs.update(root, r, check=True)), len(docs.DOCS))
+            docs.update(root, r)
+            self.assertEqual(docs.update(root, r, check=True), [])
+            with open(os.path.join(root, "docs/security.md")) as f:
+                text = f.read()
+            self.assertIn("| 1500 | VM→host | 0.95x |", text)
+            self.assertIn("](../bench/results/latest.md)", text)
+            self.assertNotIn("9.99x", text)
+
+
+if __name__ == "__main__":
+    unittest.main()
