@@ -357,9 +357,11 @@ def svg(results):
             x = r["directions"].get(d)
             if x and x["gbps"]:
                 w = max(1, x["gbps"] / top * plot_w)
+                # An unstable cell is drawn faint and says so.
+                faint, note = (' fill-opacity="0.3"', " unstable") if x.get("unstable") else ("", "")
                 out.append(f'<rect x="{label_w}" y="{y + k * bar}" width="{w:.1f}" height="{bar - 1}" '
-                           f'fill="{COLOR[d]}"/><text x="{label_w + w + 4:.1f}" y="{y + k * bar + 8}" '
-                           f'font-size="9">{x["gbps"]:.2f}</text>')
+                           f'fill="{COLOR[d]}"{faint}/><text x="{label_w + w + 4:.1f}" y="{y + k * bar + 8}" '
+                           f'font-size="9">{x["gbps"]:.2f}{note}</text>')
         y += 3 * bar + gap
     m = results["machine"]
     out.append(f'<text x="10" y="{height - 10}" font-size="10" fill="#555">{escape(results["date"])} · '
