@@ -382,6 +382,12 @@ impl Channel {
         Ok(Channel { fd })
     }
 
+    /// A connection made by another process (`linnet helper` hands its own
+    /// to `linnet-relay`).
+    pub fn from_fd(fd: OwnedFd) -> Channel {
+        Channel { fd }
+    }
+
     /// Sends one message, with `fds` attached.
     pub fn send<T: Serialize>(&self, msg: &T, fds: &[RawFd]) -> io::Result<()> {
         send_message(self.fd.as_fd(), msg, fds)

@@ -1,4 +1,10 @@
 //! linnet: networks for virtual machines on Linux.
+//!
+//! A library only so that its two executables share the code: `linnet`
+//! (src/main.rs: the daemon and every command) and `linnet-relay`
+//! (src/bin/linnet-relay.rs: the per-VM relay `linnet helper` becomes once
+//! attached), which links only the API client and the datapath and so
+//! stays small in memory, one per VM.
 
 mod addr6;
 mod api;
@@ -15,29 +21,5 @@ mod policy;
 mod services;
 mod types;
 
-use std::process::ExitCode;
-
-use clap::Parser;
-
-fn main() -> ExitCode {
-    let args = match cli::Cli::try_parse() {
-        Ok(args) => args,
-        // Usage errors exit 125 too, so they are never mistaken for CMD's status.
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() {
-                cli::EXIT_LINNET_FAILED
-            } else {
-                0
-            });
-        }
-    };
-    cli::init_logging(&args);
-    match cli::dispatch(args) {
-        Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            eprintln!("linnet: {e:#}");
-            ExitCode::from(cli::EXIT_LINNET_FAILED)
-        }
-    }
-}
+pub use cli::main;
+pub use cli::relay::main as relay_main;

@@ -2,23 +2,20 @@
 //! and a unix socket, for VMMs that cannot take a TAP fd (QEMU dgram/stream,
 //! libkrun/krunkit, vfkit-style clients). In the spirit of vmnet-helper: one
 //! JSON line on stdout, logs on stderr, runs until SIGTERM/SIGINT, and holds
-//! no privileges once attached.
+//! no privileges once attached. This file attaches; the relaying, for the
+//! VM's lifetime, is `linnet-relay`'s (relay.rs), which this process execs.
 
-use std::io::Write;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{ArgGroup, Args};
-use nix::sys::signal::{SigSet, Signal};
 use tracing::info;
 
-use super::{AttachArgs, Cli, DAEMON_GONE, VnetArgs, report, spawn_relay};
-use crate::datapath::port::Endpoint;
-use crate::datapath::relay::Relay;
-use crate::datapath::{Counters, RelayCounters};
+use super::relay::{self, RelayArgs, VmmSocket, claim_fd, inheritable};
+use super::{AttachArgs, Cli, VnetArgs};
 use crate::host::privileges;
 
 #[derive(Args)]
@@ -56,107 +53,70 @@ pub struct HelperArgs {
     pub vnet: VnetArgs,
 }
 
-/// Signals that stop the helper (and detach its interface).
-const STOP: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
-/// How often the relay's counters go to the daemon (when they changed).
-const REPORT_EVERY: Duration = Duration::from_secs(1);
-
+/// Attaches, then becomes `linnet-relay` (src/cli/relay.rs), which binds
+/// the VMM's socket, prints the interface JSON and relays: the process that
+/// stays for the VM's lifetime is the small one.
 pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
     let header = args.vnet.header()?;
     // Claim inherited fds first, so a wrong number fails before anything is attached.
-    let inherited = |fd: RawFd| -> anyhow::Result<OwnedFd> {
-        // SAFETY: F_GETFD only asks whether the descriptor is open.
-        if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-            bail!(
-                "fd {fd} is not open; pass the socket's descriptor number as inherited by this process"
-            );
-        }
-        // SAFETY: the caller handed this descriptor to us to own.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    };
-    let endpoint = match (args.fd, &args.socket, args.stream_fd, &args.stream_socket) {
-        (Some(fd), ..) => Endpoint::DgramFd(inherited(fd)?),
-        (_, Some(path), ..) => Endpoint::DgramPath(path.clone()),
-        (_, _, Some(fd), _) => Endpoint::StreamFd(inherited(fd)?),
-        (_, _, _, Some(path)) => Endpoint::StreamPath(path.clone()),
+    let (socket, vmm_fd) = match (args.fd, &args.socket, args.stream_fd, &args.stream_socket) {
+        (Some(fd), ..) => (VmmSocket::DgramFd(fd), Some(claim_fd(fd)?)),
+        (_, Some(path), ..) => (VmmSocket::DgramPath(path.clone()), None),
+        (_, _, Some(fd), _) => (VmmSocket::StreamFd(fd), Some(claim_fd(fd)?)),
+        (_, _, _, Some(path)) => (VmmSocket::StreamPath(path.clone()), None),
         _ => unreachable!("clap requires one"),
     };
-    let datapath = endpoint.datapath();
-    let (channel, mut daemon) = cli.connect_as_user(args.attach.user.as_deref())?;
+    let datapath = socket.datapath();
+    let relay = relay_executable()?;
+    // A daemon started here stays this process's child; the relay reaps it.
+    let (channel, _daemon) = cli.connect_as_user(args.attach.user.as_deref())?;
     // Root without sudo keeps its uid, not its capabilities.
     privileges::become_user(None)?;
     let (info, tap) = super::attach(&channel, &args.attach, datapath)?;
-    // Bound as the user, so the socket belongs to it.
-    let counters = Arc::new(Counters::default());
-    let relay = Relay::new(tap, endpoint, header, info.mtu, counters.clone())?;
-    let _socket_file = SocketFile(args.socket.clone().or(args.stream_socket.clone()));
-    let mut stdout = std::io::stdout();
-    writeln!(stdout, "{}", serde_json::to_string(&info)?)
-        .and_then(|()| stdout.flush())
-        .context("cannot write the interface JSON to stdout")?;
-
-    let mut signals = SigSet::empty();
-    for s in STOP {
-        signals.add(s);
-    }
-    signals.thread_block().context("cannot block signals")?;
-    let relay = spawn_relay(relay);
-    if let Some(ip) = info.ip_address {
-        info!(interface = %info.interface_id, %ip, %datapath, "relaying");
-    } else {
-        info!(interface = %info.interface_id, %datapath, "relaying");
-    }
-
-    let mut reported = RelayCounters::default();
-    let mut next_report = Instant::now() + REPORT_EVERY;
-    loop {
-        if let Some(signal) = wait_signal(&signals, Duration::from_millis(200)) {
-            // Exiting closes our connection: the daemon detaches the interface.
-            info!("{signal}: stopping");
-            return Ok(());
-        }
-        if relay.is_finished() {
-            return match relay.join() {
-                Ok(Ok(())) => {
-                    info!("the VMM closed its socket: stopping");
-                    Ok(())
-                }
-                Ok(Err(e)) => Err(e.into()),
-                Err(_) => bail!("the relay thread panicked"),
-            };
-        }
-        if channel.peer_closed() {
-            bail!(DAEMON_GONE);
-        }
-        if Instant::now() >= next_report {
-            next_report += REPORT_EVERY;
-            report(&channel, info.interface_id, &counters, &mut reported)?;
-            if let Some(child) = daemon.as_mut()
-                && child.try_wait().ok().flatten().is_some()
-            {
-                daemon = None;
-            }
-        }
-    }
-}
-
-fn wait_signal(signals: &SigSet, timeout: Duration) -> Option<Signal> {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    let announce = relay::announcement(&serde_json::to_string(&info)?)
+        .context("cannot keep the interface JSON for the relay")?;
+    let relay_args = RelayArgs {
+        tap: tap.as_raw_fd(),
+        daemon: channel.as_fd().as_raw_fd(),
+        interface_id: info.interface_id,
+        mtu: info.mtu,
+        socket,
+        header,
+        announce: Some(announce.as_raw_fd()),
+        log: cli.log.clone(),
     };
-    // SAFETY: valid set and timespec; siginfo is not asked for.
-    let sig = unsafe { libc::sigtimedwait(signals.as_ref(), std::ptr::null_mut(), &ts) };
-    Signal::try_from(sig).ok()
+    // What the relay is handed must cross the exec.
+    let passed = [
+        Some(relay_args.tap),
+        Some(relay_args.daemon),
+        relay_args.announce,
+        vmm_fd.as_ref().map(AsRawFd::as_raw_fd),
+    ];
+    for fd in passed.into_iter().flatten() {
+        inheritable(fd).context("cannot pass descriptors to the relay")?;
+    }
+    if let Some(ip) = info.ip_address {
+        info!(interface = %info.interface_id, %ip, %datapath, "attached; starting the relay");
+    } else {
+        info!(interface = %info.interface_id, %datapath, "attached; starting the relay");
+    }
+    // Only returns if it failed; exiting then closes our connection, and
+    // the daemon detaches the interface.
+    let e = Command::new(&relay).args(relay_args.to_args()).exec();
+    Err(e).with_context(|| format!("cannot start {}", relay.display()))
 }
 
-/// Removes the socket file the helper bound, when it exits.
-struct SocketFile(Option<PathBuf>);
-
-impl Drop for SocketFile {
-    fn drop(&mut self) {
-        if let Some(path) = &self.0 {
-            let _ = std::fs::remove_file(path);
-        }
+/// `linnet-relay`, next to this executable (as `cargo build` and an
+/// installation put them).
+fn relay_executable() -> anyhow::Result<PathBuf> {
+    let linnet = std::env::current_exe().context("cannot find the linnet executable")?;
+    let relay = linnet.with_file_name(relay::EXECUTABLE);
+    if !relay.is_file() {
+        anyhow::bail!(
+            "{} is missing: linnet helper relays through it; install it next to {}",
+            relay.display(),
+            linnet.display()
+        );
     }
+    Ok(relay)
 }

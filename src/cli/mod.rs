@@ -7,12 +7,13 @@ mod forward;
 mod helper;
 mod ls;
 mod policy;
+pub mod relay;
 mod run;
 
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -101,14 +102,44 @@ pub enum CommandArgs {
     Doctor(doctor::DoctorArgs),
 }
 
+/// `linnet`'s main.
+pub fn main() -> ExitCode {
+    let args = match Cli::try_parse() {
+        Ok(args) => args,
+        // Usage errors exit 125 too, so they are never mistaken for CMD's status.
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() {
+                EXIT_LINNET_FAILED
+            } else {
+                0
+            });
+        }
+    };
+    init_logging(&args);
+    match dispatch(args) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("linnet: {e:#}");
+            ExitCode::from(EXIT_LINNET_FAILED)
+        }
+    }
+}
+
 pub fn init_logging(cli: &Cli) {
     let default = if matches!(cli.command, CommandArgs::Daemon(_)) {
         "info"
     } else {
         "warn"
     };
-    let filter = cli.log.clone().unwrap_or_else(|| default.into());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| {
+    log_to_stderr(cli.log.as_deref(), default);
+}
+
+/// Logs to stderr what `filter` lets through (`default` when there is none
+/// or it is invalid).
+pub fn log_to_stderr(filter: Option<&str>, default: &str) {
+    let filter = filter.unwrap_or(default);
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| {
         eprintln!("linnet: ignoring invalid --log filter \"{filter}\"");
         tracing_subscriber::EnvFilter::new(default)
     });

@@ -1,0 +1,417 @@
+//! `linnet-relay`: the process that stays for a VM's lifetime on a socket
+//! datapath. `linnet helper` attaches (with everything that takes: the
+//! command line, users and privileges, starting a daemon) and then becomes
+//! this small executable, passing what it holds: the TAP, the daemon
+//! connection it attached on (the interface's lifeline) and the VMM's
+//! socket. It relays until SIGTERM/SIGINT/SIGHUP, until the VMM closes a
+//! socket it was handed, or until the daemon goes away, and reports the
+//! relay's counters meanwhile.
+//!
+//! An executable of its own because one runs per VM: it links only the API
+//! client and the datapath, so it maps a fraction of `linnet`'s code (the
+//! kernel maps a binary's pages around every page touched, so a sparse walk
+//! through a large one maps most of it). Its arguments (`RelayArgs`) are an
+//! interface between linnet's executables, not one for people.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nix::sys::signal::{SigSet, Signal};
+use tracing::info;
+
+use super::{DAEMON_GONE, EXIT_LINNET_FAILED, report, spawn_relay};
+use crate::api::Channel;
+use crate::datapath::port::Endpoint;
+use crate::datapath::relay::Relay;
+use crate::datapath::vnet::ClientHeader;
+use crate::datapath::{Counters, Datapath, RelayCounters};
+use crate::types::InterfaceId;
+
+/// The executable's name; `linnet` finds it in its own directory.
+pub const EXECUTABLE: &str = "linnet-relay";
+
+/// Signals that stop the relay (and so detach its interface).
+const STOP: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
+/// How often the relay's counters go to the daemon (when they changed).
+const REPORT_EVERY: Duration = Duration::from_secs(1);
+
+const USAGE: &str = "\
+usage: linnet-relay --tap FD --daemon FD --interface-id UUID --mtu N
+                    (--fd N | --socket PATH | --stream-fd N | --stream-socket PATH)
+                    [--vnet-hdr-size BYTES] [--announce FD] [--log FILTER]
+
+The per-VM relay of `linnet helper`, which starts it once the interface is
+attached; not meant to be run by hand. --tap is the interface's TAP, --daemon
+the connection it was attached on (counters go there; when it closes, the
+interface is gone). The VMM's socket is given as for `linnet helper`.
+--announce: a file whose contents (the interface JSON) go to stdout once
+relaying.";
+
+/// What `linnet-relay` is given, as `linnet helper` passes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayArgs {
+    /// The attached interface's TAP.
+    pub tap: RawFd,
+    /// The daemon connection the interface was attached on.
+    pub daemon: RawFd,
+    pub interface_id: InterfaceId,
+    pub mtu: u32,
+    pub socket: VmmSocket,
+    /// The virtio-net header the VMM speaks.
+    pub header: ClientHeader,
+    /// A file whose contents go to stdout once the relay is ready.
+    pub announce: Option<RawFd>,
+    /// The log filter [default: warn].
+    pub log: Option<String>,
+}
+
+/// The VMM's socket, as `linnet helper` takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmmSocket {
+    DgramFd(RawFd),
+    DgramPath(PathBuf),
+    StreamFd(RawFd),
+    StreamPath(PathBuf),
+}
+
+impl VmmSocket {
+    pub fn datapath(&self) -> Datapath {
+        match self {
+            VmmSocket::DgramFd(_) | VmmSocket::DgramPath(_) => Datapath::Dgram,
+            VmmSocket::StreamFd(_) | VmmSocket::StreamPath(_) => Datapath::Stream,
+        }
+    }
+}
+
+impl RelayArgs {
+    /// The command line that gives `linnet-relay` these arguments.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = Vec::new();
+        let mut add = |flag: &str, value: OsString| {
+            args.push(flag.into());
+            args.push(value);
+        };
+        add("--tap", self.tap.to_string().into());
+        add("--daemon", self.daemon.to_string().into());
+        add("--interface-id", self.interface_id.to_string().into());
+        add("--mtu", self.mtu.to_string().into());
+        match &self.socket {
+            VmmSocket::DgramFd(fd) => add("--fd", fd.to_string().into()),
+            VmmSocket::DgramPath(path) => add("--socket", path.into()),
+            VmmSocket::StreamFd(fd) => add("--stream-fd", fd.to_string().into()),
+            VmmSocket::StreamPath(path) => add("--stream-socket", path.into()),
+        }
+        if let ClientHeader::Virtio(len) = self.header {
+            add("--vnet-hdr-size", len.to_string().into());
+        }
+        if let Some(fd) = self.announce {
+            add("--announce", fd.to_string().into());
+        }
+        if let Some(log) = &self.log {
+            add("--log", log.into());
+        }
+        args
+    }
+
+    /// Reads a command line made by `to_args` (without the program name).
+    pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<RelayArgs, String> {
+        let (mut tap, mut daemon, mut interface_id, mut mtu) = (None, None, None, None);
+        let (mut socket, mut header, mut announce, mut log) =
+            (None, ClientHeader::None, None, None);
+        let mut args = args.into_iter();
+        while let Some(flag) = args.next() {
+            let flag = flag.to_string_lossy().into_owned();
+            let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            let text = || {
+                value
+                    .to_str()
+                    .ok_or_else(|| format!("{flag}: not UTF-8: {}", value.to_string_lossy()))
+            };
+            let number = || -> Result<u32, String> {
+                text()?
+                    .parse()
+                    .map_err(|_| format!("{flag}: not a number: {}", value.to_string_lossy()))
+            };
+            let fd = || {
+                number().and_then(|n| {
+                    RawFd::try_from(n).map_err(|_| format!("{flag}: not a descriptor: {n}"))
+                })
+            };
+            let mut set_socket = |s: VmmSocket| match socket.replace(s) {
+                None => Ok(()),
+                Some(_) => Err("give one of --fd, --socket, --stream-fd, --stream-socket"),
+            };
+            match flag.as_str() {
+                "--tap" => tap = Some(fd()?),
+                "--daemon" => daemon = Some(fd()?),
+                "--interface-id" => {
+                    interface_id = Some(
+                        text()?
+                            .parse::<InterfaceId>()
+                            .map_err(|e| format!("{flag}: {e}"))?,
+                    )
+                }
+                "--mtu" => mtu = Some(number()?),
+                "--fd" => set_socket(VmmSocket::DgramFd(fd()?))?,
+                "--socket" => set_socket(VmmSocket::DgramPath(value.clone().into()))?,
+                "--stream-fd" => set_socket(VmmSocket::StreamFd(fd()?))?,
+                "--stream-socket" => set_socket(VmmSocket::StreamPath(value.clone().into()))?,
+                "--vnet-hdr-size" => {
+                    header = ClientHeader::parse(number()? as usize)
+                        .map_err(|e| format!("{flag}: {e}"))?
+                }
+                "--announce" => announce = Some(fd()?),
+                "--log" => log = Some(text()?.to_owned()),
+                _ => return Err(format!("unknown argument {flag}")),
+            }
+        }
+        let missing = |what: &str| format!("{what} is missing");
+        Ok(RelayArgs {
+            tap: tap.ok_or_else(|| missing("--tap"))?,
+            daemon: daemon.ok_or_else(|| missing("--daemon"))?,
+            interface_id: interface_id.ok_or_else(|| missing("--interface-id"))?,
+            mtu: mtu.ok_or_else(|| missing("--mtu"))?,
+            socket: socket.ok_or_else(|| {
+                missing("the VMM's socket (--fd, --socket, --stream-fd or --stream-socket)")
+            })?,
+            header,
+            announce,
+            log,
+        })
+    }
+}
+
+/// `linnet-relay`'s main.
+pub fn main() -> ExitCode {
+    let mut argv = std::env::args_os().skip(1).peekable();
+    if argv
+        .peek()
+        .is_some_and(|a| a == OsStr::new("--help") || a == OsStr::new("-h"))
+    {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let args = match RelayArgs::parse(argv) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("{EXECUTABLE}: {e}\n\n{USAGE}");
+            return ExitCode::from(EXIT_LINNET_FAILED);
+        }
+    };
+    super::log_to_stderr(args.log.as_deref(), "warn");
+    // Errors read as `linnet helper`'s: that is what its user ran.
+    match relay(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("linnet: {e:#}");
+            ExitCode::from(EXIT_LINNET_FAILED)
+        }
+    }
+}
+
+fn relay(args: &RelayArgs) -> anyhow::Result<()> {
+    // Blocked before the relay's thread starts, so it inherits the mask and
+    // only this thread takes them.
+    let mut signals = SigSet::empty();
+    for s in STOP {
+        signals.add(s);
+    }
+    signals.thread_block().context("cannot block signals")?;
+    let tap = claim_fd(args.tap)?;
+    let channel = Channel::from_fd(claim_fd(args.daemon)?);
+    let endpoint = match &args.socket {
+        VmmSocket::DgramFd(fd) => Endpoint::DgramFd(claim_fd(*fd)?),
+        VmmSocket::DgramPath(path) => Endpoint::DgramPath(path.clone()),
+        VmmSocket::StreamFd(fd) => Endpoint::StreamFd(claim_fd(*fd)?),
+        VmmSocket::StreamPath(path) => Endpoint::StreamPath(path.clone()),
+    };
+    let datapath = args.socket.datapath();
+    let counters = Arc::new(Counters::default());
+    let relay = Relay::new(tap, endpoint, args.header, args.mtu, counters.clone())?;
+    let _socket_file = SocketFile(match &args.socket {
+        VmmSocket::DgramPath(path) | VmmSocket::StreamPath(path) => Some(path.clone()),
+        _ => None,
+    });
+    if let Some(fd) = args.announce {
+        let mut text = Vec::new();
+        File::from(claim_fd(fd)?)
+            .read_to_end(&mut text)
+            .context("cannot read the interface JSON to announce")?;
+        let mut stdout = std::io::stdout();
+        stdout
+            .write_all(&text)
+            .and_then(|()| stdout.flush())
+            .context("cannot write the interface JSON to stdout")?;
+    }
+    let relay = spawn_relay(relay);
+    info!(interface = %args.interface_id, %datapath, "relaying");
+
+    let mut reported = RelayCounters::default();
+    let mut next_report = Instant::now() + REPORT_EVERY;
+    loop {
+        if let Some(signal) = wait_signal(&signals, Duration::from_millis(200)) {
+            // Exiting closes our connection: the daemon detaches the interface.
+            info!("{signal}: stopping");
+            return Ok(());
+        }
+        if relay.is_finished() {
+            return match relay.join() {
+                Ok(Ok(())) => {
+                    info!("the VMM closed its socket: stopping");
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(e.into()),
+                Err(_) => bail!("the relay thread panicked"),
+            };
+        }
+        if channel.peer_closed() {
+            bail!(DAEMON_GONE);
+        }
+        if Instant::now() >= next_report {
+            next_report += REPORT_EVERY;
+            report(&channel, args.interface_id, &counters, &mut reported)?;
+            reap_children();
+        }
+    }
+}
+
+/// Takes ownership of an inherited descriptor, if it is open.
+pub fn claim_fd(fd: RawFd) -> anyhow::Result<OwnedFd> {
+    // SAFETY: F_GETFD only asks whether the descriptor is open.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        bail!(
+            "fd {fd} is not open; pass the socket's descriptor number as inherited by this process"
+        );
+    }
+    // SAFETY: the caller handed this descriptor to us to own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Lets `fd` pass to the executable that replaces this process.
+pub fn inheritable(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor the caller holds.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The interface JSON in an anonymous file, for `--announce`.
+pub fn announcement(line: &str) -> std::io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name and no flags; the fd is checked.
+    let fd = unsafe { libc::memfd_create(c"linnet-interface".as_ptr(), 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    let mut file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.write_all(line.as_bytes())?;
+    file.write_all(b"\n")?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok(file.into())
+}
+
+/// Collects children that exited: a daemon `linnet helper` started before
+/// it became the relay is this process's child now.
+fn reap_children() {
+    // SAFETY: waitpid with no status pointer; it never blocks with WNOHANG.
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) } > 0 {}
+}
+
+fn wait_signal(signals: &SigSet, timeout: Duration) -> Option<Signal> {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: valid set and timespec; siginfo is not asked for.
+    let sig = unsafe { libc::sigtimedwait(signals.as_ref(), std::ptr::null_mut(), &ts) };
+    Signal::try_from(sig).ok()
+}
+
+/// Removes the socket file the relay bound, when it exits.
+struct SocketFile(Option<PathBuf>);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::*;
+
+    fn args() -> RelayArgs {
+        RelayArgs {
+            tap: 5,
+            daemon: 4,
+            interface_id: "6b1c6b70-1111-4c4c-9c9c-000000000001".parse().unwrap(),
+            mtu: 1500,
+            socket: VmmSocket::DgramPath(PathBuf::from(OsStr::from_bytes(b"/tmp/vm\xff.sock"))),
+            header: ClientHeader::Virtio(12),
+            announce: Some(6),
+            log: Some("linnet=debug".into()),
+        }
+    }
+
+    #[test]
+    fn what_helper_passes_is_what_the_relay_reads() {
+        for socket in [
+            VmmSocket::DgramFd(3),
+            VmmSocket::DgramPath("/tmp/vm.sock".into()),
+            VmmSocket::StreamFd(3),
+            VmmSocket::StreamPath("/tmp/vm.sock".into()),
+        ] {
+            let bare = RelayArgs {
+                socket,
+                header: ClientHeader::None,
+                announce: None,
+                log: None,
+                ..args()
+            };
+            assert_eq!(RelayArgs::parse(bare.to_args()), Ok(bare.clone()));
+        }
+        // A path need not be UTF-8.
+        assert_eq!(RelayArgs::parse(args().to_args()), Ok(args()));
+    }
+
+    #[test]
+    fn a_wrong_command_line_is_refused_with_what_is_wrong() {
+        let parse = |args: &[&str]| RelayArgs::parse(args.iter().map(OsString::from));
+        let mut line: Vec<OsString> = args().to_args();
+        line.extend(["--stream-fd".into(), "3".into()]);
+        assert_eq!(
+            RelayArgs::parse(line),
+            Err("give one of --fd, --socket, --stream-fd, --stream-socket".into())
+        );
+        assert_eq!(
+            parse(&["--tap", "3", "--daemon", "4", "--mtu", "1500", "--fd", "5"]),
+            Err("--interface-id is missing".into())
+        );
+        assert_eq!(parse(&["--tap"]), Err("--tap needs a value".into()));
+        assert_eq!(
+            parse(&["--tap", "three"]),
+            Err("--tap: not a number: three".into())
+        );
+        assert_eq!(
+            parse(&["--vnet-hdr-size", "11"]),
+            Err("--vnet-hdr-size: a virtio-net header is 10 or 12 bytes, not 11".into())
+        );
+        assert_eq!(
+            parse(&["--verbose", "1"]),
+            Err("unknown argument --verbose".into())
+        );
+    }
+}
