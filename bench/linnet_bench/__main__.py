@@ -19,7 +19,7 @@ import time
 from . import control, docs, report
 from .env import Env
 from .host import BenchError, memory_kib, package_version
-from .setups import DIRECTIONS, VM_TO_VM, all_setups
+from .setups import DIRECTIONS, VM_TO_VM, all_setups, deepen_guest_queues
 from .throughput import check_path, measure, summarize
 
 
@@ -91,6 +91,7 @@ def measure_round(env, setup, mtu, seconds, entry):
     an error, and its later rounds are skipped."""
     try:
         topo = setup.up(env, mtu)
+        deepen_guest_queues(topo)
         for direction in DIRECTIONS:
             if direction == VM_TO_VM and not setup.vm_to_vm:
                 continue
