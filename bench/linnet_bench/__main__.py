@@ -18,12 +18,13 @@ import time
 
 from . import control, docs, report
 from .env import Env
-from .host import BenchError, memory_kib, package_version
+from .host import BenchError, debian_version, memory_kib
 from .setups import DIRECTIONS, VM_TO_VM, all_setups, deepen_guest_queues
 from .throughput import check_path, measure, summarize
 
 
-RESULTS = "bench/results"
+RESULTS = "bench/results"  # a whole run's, committed, and the docs' figures
+PARTIAL = "target/bench"   # a narrowed run's
 
 
 def parse_args():
@@ -40,9 +41,10 @@ def parse_args():
     p.add_argument("--gvproxy", default="target/peers/gvproxy",
                    help="gvproxy's binary (default: where `scripts/install-deps bench` builds it, "
                         "else gvproxy on PATH)")
-    p.add_argument("--out", default=RESULTS,
-                   help="where latest.{md,json,svg} go; when it is bench/results, the docs' "
-                        "benchmark blocks are rewritten from the results too")
+    p.add_argument("--out", help=f"where latest.{{md,json,svg}} go (default: {RESULTS} for a "
+                                 f"whole run, which also rewrites the docs' benchmark blocks; "
+                                 f"{PARTIAL} for one narrowed by --only, --mtu, --no-control or "
+                                 f"fewer than 3 --runs)")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 if any setup failed (for the smoke check in `make test`)")
     return p.parse_args()
@@ -63,7 +65,7 @@ def machine(commit):
         "cpu": cpu,
         "kernel": platform.release(),
         "linnet_commit": commit,
-        "tools": {"iperf3": package_version("iperf3")},
+        "tools": {"iperf3": debian_version("iperf3")},
     }
 
 
@@ -83,17 +85,32 @@ def describe(e):
     return str(e) if isinstance(e, BenchError) else f"{type(e).__name__}: {e}"
 
 
-def measure_round(env, setup, mtu, seconds, entry):
+def measure_round(env, setup, mtu, seconds, entry, round_):
     """Brings the setup up, runs iperf3 once each way into `entry["runs"]`,
     and takes it down again. A run that fails (iperf3 hung or broke off) is
-    recorded against its direction and ends the round for this setup, which
-    the next round brings up afresh; a setup that does not come up at all is
-    an error, and its later rounds are skipped."""
+    recorded against its direction, and so are the directions after it,
+    not run: the next round brings the setup up afresh. A setup that does
+    not come up in the first round is an error and is not tried again; in a
+    later round that round's runs are recorded as failed."""
+    directions = [d for d in DIRECTIONS if d != VM_TO_VM or setup.vm_to_vm]
+    fail = lambda d, why: entry["failures"].setdefault(d, []).append(why)
     try:
-        topo = setup.up(env, mtu)
-        deepen_guest_queues(topo)
-        for direction in DIRECTIONS:
-            if direction == VM_TO_VM and not setup.vm_to_vm:
+        try:
+            topo = setup.up(env, mtu)
+            if setup.emulated_vm_tap:
+                deepen_guest_queues(topo)
+        except Exception as e:  # noqa: BLE001 - one setup's failure must not lose the others' results
+            if round_ == 0:
+                entry["error"] = describe(e)
+            else:
+                for d in directions:
+                    fail(d, f"the setup did not come up in round {round_ + 1}: {describe(e)}")
+            log(f"  {setup.name} at MTU {mtu} failed to come up: {describe(e)}")
+            return
+        failed = None
+        for direction in directions:
+            if failed:
+                fail(direction, f"not run in round {round_ + 1}: {failed}")
                 continue
             if direction == VM_TO_VM:
                 env.procs.start(f"iperf3-server-{topo.guests[1][0]}", ["iperf3", "--server"],
@@ -102,9 +119,11 @@ def measure_round(env, setup, mtu, seconds, entry):
                 check_path(topo, direction)
                 run = measure(topo, direction, seconds)
             except BenchError as e:
-                entry["failures"].setdefault(direction, []).append(str(e))
+                fail(direction, str(e))
+                failed = f"{report.LABEL[direction]} failed before it"
                 log(f"  {setup.name:<24} MTU {mtu:<5} {report.LABEL[direction]:<8} failed: {e}")
-                break
+                continue
+            run["round"] = round_
             entry["runs"].setdefault(direction, []).append(run)
             log(f"  {setup.name:<24} MTU {mtu:<5} {report.LABEL[direction]:<8} {run['gbps']:6.2f} Gbit/s"
                 f"  {run['retransmits']} retransmits")
@@ -158,7 +177,7 @@ def throughput(env, args, results):
         log(f"throughput, round {round_ + 1} of {args.runs}")
         for setup, mtu, entry in plan:
             if not entry.get("error"):
-                measure_round(env, setup, mtu, args.seconds, entry)
+                measure_round(env, setup, mtu, args.seconds, entry, round_)
     for _, _, entry in plan:
         runs, failures = entry.pop("runs"), entry.pop("failures")
         entry["directions"] = {d: summarize(runs.get(d, []), failures.get(d, []))
@@ -171,7 +190,10 @@ def main():
         sys.exit("bench: run it with `make bench` (it must run inside scripts/sandbox)")
     started = time.monotonic()
     commit = linnet_commit()
+    whole = not (args.only or args.mtu or args.no_control) and args.runs >= 3
+    out = args.out or (RESULTS if whole else PARTIAL)
     results = {
+        "format": docs.FORMAT,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(commit),
         "settings": {"seconds": args.seconds, "runs": args.runs, "only": args.only, "mtu": args.mtu},
@@ -201,20 +223,27 @@ def main():
         results["control"]["relay_peak_rss_mib"] = max(peaks)
     results["duration_s"] = round(time.monotonic() - started, 1)
     results["targets"] = report.targets(results)
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(out, exist_ok=True)
     md = report.markdown(results)
-    with open(os.path.join(args.out, "latest.md"), "w") as f:
+    with open(os.path.join(out, "latest.md"), "w") as f:
         f.write(md)
-    with open(os.path.join(args.out, "latest.json"), "w") as f:
+    with open(os.path.join(out, "latest.json"), "w") as f:
         json.dump(results, f, indent=1)
         f.write("\n")
-    with open(os.path.join(args.out, "latest.svg"), "w") as f:
+    with open(os.path.join(out, "latest.svg"), "w") as f:
         f.write(report.svg(results))
-    if os.path.abspath(args.out) == os.path.abspath(RESULTS):
-        docs.update(".", results)  # the docs' figures follow the committed results
     print(md)
-    log(f"bench: wrote {args.out}/latest.md, latest.json and latest.svg in {results['duration_s']:.0f} s")
+    log(f"bench: wrote {out}/latest.md, latest.json and latest.svg in {results['duration_s']:.0f} s")
+    if os.path.abspath(out) == os.path.abspath(RESULTS):
+        if whole:
+            docs.update(".", results)  # the docs' figures follow the committed results
+            log("bench: rewrote the benchmark blocks in " + ", ".join(docs.DOCS))
+        else:
+            log("bench: a narrowed run: the docs' benchmark blocks were left as they are")
     problems = [f"{r['setup']} at MTU {r['mtu']} failed" for r in results["throughput"] if r.get("error")]
+    problems += [f"{r['setup']} at MTU {r['mtu']}, {report.LABEL[d]}: {x['failed_runs'][0]}"
+                 for r in results["throughput"] for d, x in r.get("directions", {}).items()
+                 if x["failed_runs"]]
     if results.get("control_error"):
         problems.append("the control-plane figures failed")
     if left:

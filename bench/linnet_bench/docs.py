@@ -13,8 +13,11 @@ import os
 import re
 import sys
 
-from .report import LABEL, STATUS, cell
+from .report import ANTI_SPOOFING, LABEL, MTUS, POLICY, STATUS, cell, target_counts
 from .setups import DIRECTIONS
+
+# The results' layout this module reads (bench/linnet_bench/__main__.py).
+FORMAT = 2
 
 DOCS = ("README.md", "docs/security.md", "docs/vmms.md")
 BLOCK = re.compile(r"(<!-- bench:([a-z-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
@@ -23,15 +26,17 @@ BLOCK = re.compile(r"(<!-- bench:([a-z-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.
 def source(results):
     m = results["machine"]
     return (f"From [the benchmark's results](bench/results/latest.md) "
-            f"(linnet {m['linnet_commit']}, {results['date']}, "
-            f"{results['settings']['runs']} runs of {results['settings']['seconds']} s).")
+            f"(linnet {m['linnet_commit']}, {results['date']}, {results['settings']['runs']} "
+            f"rounds of {results['settings']['seconds']} s runs, {results['duration_s'] / 60:.0f} "
+            f"minutes in all).")
 
 
 def ratio(t):
     if t is None:
         return "—"
     if t["status"] in ("met", "missed"):
-        return f"{t['measured']}x" + ("" if t["status"] == "met" else " (missed)")
+        noise = f", rounds {t['rounds'][0]}–{t['rounds'][1]}x" if t.get("noise") else ""
+        return f"{t['measured']}x" + ("" if t["status"] == "met" else " (missed)") + noise
     return STATUS[t["status"]]
 
 
@@ -43,11 +48,10 @@ def find_target(results, target, mtu, direction):
 def anti_spoofing(results):
     lines = ["| MTU | direction | anti-spoofing on / off | anti-spoofing + policy / off |",
              "|---:|---|---:|---:|"]
-    for mtu in (1500, 65520):
+    for mtu in MTUS:
         for d in DIRECTIONS:
-            lines.append(f"| {mtu} | {LABEL[d]} | "
-                         f"{ratio(find_target(results, 'anti-spoofing on vs off (tap)', mtu, d))} | "
-                         f"{ratio(find_target(results, 'anti-spoofing + policy vs off (tap)', mtu, d))} |")
+            lines.append(f"| {mtu} | {LABEL[d]} | {ratio(find_target(results, ANTI_SPOOFING, mtu, d))} | "
+                         f"{ratio(find_target(results, POLICY, mtu, d))} |")
     return lines
 
 
@@ -63,7 +67,7 @@ def gain(results, with_header, without, mtu, d):
 def vnet_hdr(results):
     lines = ["| MTU | direction | dgram: with the header / without | stream: with / without |",
              "|---:|---|---:|---:|"]
-    for mtu in (1500, 65520):
+    for mtu in MTUS:
         for d in DIRECTIONS:
             lines.append(f"| {mtu} | {LABEL[d]} | "
                          f"{gain(results, 'linnet dgram + vnet', 'linnet dgram', mtu, d)} | "
@@ -72,15 +76,12 @@ def vnet_hdr(results):
 
 
 def targets(results):
-    counts = {}
-    for t in results["targets"]:
-        counts[t["status"]] = counts.get(t["status"], 0) + 1
-    lines = ["Targets: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ". Missed:", ""]
+    lines = [f"Targets: {target_counts(results)}. Missed:", ""]
     for t in results["targets"]:
         if t["status"] == "missed":
             where = f" at MTU {t['mtu']}" if t.get("mtu") else ""
             where += f", {LABEL[t['direction']]}" if t.get("direction") else ""
-            measured = f"{t['measured']}x" if t.get("ours") else t["detail"]
+            measured = f"{t['measured']}x" if t["kind"] == "ratio" else t["detail"]
             lines.append(f"- {t['target']}{where}: {measured} (goal {t['goal']})")
     return lines
 
@@ -127,6 +128,9 @@ def main():
     args = p.parse_args()
     with open(args.results) as f:
         results = json.load(f)
+    if results.get("format") != FORMAT:
+        sys.exit(f"docs: {args.results} is in format {results.get('format', 1)}, this reads {FORMAT}: "
+                 "run the benchmark (make bench) to write results in the current one")
     stale = update(".", results, check=args.check)
     if stale and args.check:
         sys.exit("docs: these blocks differ from what bench/results/latest.json renders "

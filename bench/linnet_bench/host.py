@@ -5,6 +5,7 @@ network namespace and guests are `ip netns` namespaces inside it, so nothing
 touches the machine's network and all of it vanishes when the run ends.
 """
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -123,27 +124,35 @@ def memory_kib(pid, field="VmRSS"):
     raise BenchError(f"no {field} for pid {pid}")
 
 
-def version(cmd):
-    """The first line a tool prints for its version, or why not."""
-    try:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"not available ({e})"
-    lines = [l for l in r.stdout.splitlines() if l.strip() and "syslog" not in l]
-    return lines[0].strip() if lines else "unknown"
-
-
-def package_version(package):
-    """The Debian package's exact version, or why there is none."""
-    r = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], stdout=subprocess.PIPE,
-                       stderr=subprocess.DEVNULL, text=True)
-    return f"{package} {r.stdout.strip()} (Debian)" if r.returncode == 0 and r.stdout.strip() \
-        else f"{package}: no Debian package installed"
+def debian_version(binary):
+    """The Debian package the `binary` on PATH comes from and its exact
+    version ("passt 0.0~git20230309.7c7625d-1 (Debian)"), or where it is
+    when no package owns it."""
+    path = shutil.which(binary)
+    if not path:
+        return f"{binary}: not installed"
+    path = os.path.realpath(path)
+    owner = subprocess.run(["dpkg-query", "-S", path], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True)
+    if owner.returncode != 0:
+        return f"{path}: not from a Debian package"
+    package = owner.stdout.split(":")[0]
+    version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True).stdout.strip()
+    return f"{package} {version} (Debian)"
 
 
 def go_module_version(binary):
-    """The main module and version a Go binary was built from (`go version
-    -m`), e.g. "github.com/containers/gvisor-tap-vsock v0.8.9"."""
+    """The module and version a Go binary was built from, e.g.
+    "github.com/containers/gvisor-tap-vsock v0.8.9 (Go module)": from the
+    note scripts/install-deps writes beside the binary it builds (the
+    benchmark may run where `go` is not on PATH, e.g. under sudo), else
+    from `go version -m`."""
+    try:
+        with open(binary + ".version") as f:
+            return f"{f.read().strip()} (Go module)"
+    except FileNotFoundError:
+        pass
     try:
         r = subprocess.run(["go", "version", "-m", binary], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, timeout=10)

@@ -1,16 +1,21 @@
 """The benchmark's results: targets as ratios measured in the same run, a
 markdown report, JSON, and an SVG chart of throughput."""
+import statistics
 from xml.sax.saxutils import escape
 
 from .throughput import UNSTABLE_SPREAD
 
-from .setups import DIRECTIONS, HOST_TO_VM, MIXED_BARE, MIXED_VNET, VM_TO_HOST, VM_TO_VM
+from .setups import (DIRECTIONS, GUEST_TXQUEUELEN, HOST_TO_VM, MIXED_BARE, MIXED_VNET, VM_TO_HOST,
+                     VM_TO_VM)
 
 LABEL = {VM_TO_HOST: "VM→host", HOST_TO_VM: "host→VM", VM_TO_VM: "VM→VM"}
 COLOR = {VM_TO_HOST: "#3b75af", HOST_TO_VM: "#ef8636", VM_TO_VM: "#529e3e"}
 
 
 TAP_RELAY = "tap relay (no linnet)"
+# Targets the docs quote (linnet_bench.docs).
+ANTI_SPOOFING = "anti-spoofing on vs off (tap)"
+POLICY = "anti-spoofing + policy vs off (tap)"
 NO_ANTI_SPOOFING = "linnet tap, no anti-spoofing"
 SOCKET_DATAPATHS = (("linnet dgram", {1500: 3, 65520: 1}), ("linnet stream", {1500: 3, 65520: 1}),
                     ("linnet dgram + vnet", {1500: 4, 65520: 1}),
@@ -36,12 +41,22 @@ def gbps(results, setup, mtu, direction):
     return c and c.get("gbps")
 
 
+def paired_ratios(a, b):
+    """ours / theirs round by round: each round measured both setups, so a
+    slow spell of the machine hits both sides of a ratio alike."""
+    theirs = dict(zip(b["runs_round"], b["runs_gbps"]))
+    return [x / theirs[r] for r, x in zip(a["runs_round"], a["runs_gbps"]) if r in theirs]
+
+
 def ratio_target(results, family, name, ours, theirs, mtu, direction, goal):
     """ours / theirs in one run, or None when the run did not include both.
-    A cell that failed is "not measured"; one that is unstable (see throughput.summarize) is not judged, and the
+    The measure is the median of the rounds' ratios; when the rounds fall
+    on both sides of the goal the target says so ("within noise") next to
+    its met or missed. A cell that failed outright is "not measured"; one
+    that is unstable (see throughput.summarize) is not judged, and the
     target says why instead of quoting a ratio."""
-    t = {"family": family, "target": name, "ours": ours, "theirs": theirs, "mtu": mtu,
-         "direction": direction, "goal": f">= {goal}x", "measured": None}
+    t = {"family": family, "target": name, "kind": "ratio", "ours": ours, "theirs": theirs,
+         "mtu": mtu, "direction": direction, "goal": f">= {goal}x", "measured": None}
     if not (runs_at(results, ours, mtu, direction) and runs_at(results, theirs, mtu, direction)):
         return None  # left out of this run (--only, --mtu) or not possible for that setup
     a, b = cell(results, ours, mtu, direction), cell(results, theirs, mtu, direction)
@@ -51,21 +66,41 @@ def ratio_target(results, family, name, ours, theirs, mtu, direction, goal):
         return {**t, "status": "unstable", "detail": "; ".join(unstable)}
     if not (a and a.get("gbps") and b and b.get("gbps")):
         return {**t, "status": "not measured", "detail": "not measured"}
-    measured = round(a["gbps"] / b["gbps"], 2)
-    return {**t, "measured": measured, "detail": f"{a['gbps']} / {b['gbps']} Gbit/s",
+    paired = paired_ratios(a, b)
+    if not paired:
+        return {**t, "status": "not measured", "detail": "no round measured both"}
+    measured = round(statistics.median(paired), 2)
+    lo, hi = round(min(paired), 2), round(max(paired), 2)
+    return {**t, "measured": measured, "rounds": [lo, hi], "noise": lo < goal <= hi,
+            "detail": f"{a['gbps']} / {b['gbps']} Gbit/s, rounds {lo}–{hi}x",
             "status": "met" if measured >= goal else "missed"}
 
 
+def missing_peer_target(results, family, name, ours, peer, mtu, direction, goal):
+    """A goal's peer that did not run at all: the target stays, not measured."""
+    why = next((n["why"] for n in results["not_run"] if n["setup"] == peer and "mtu" not in n
+                and "direction" not in n), None)
+    if why is None or not runs_at(results, ours, mtu, direction):
+        return None
+    return {"family": family, "target": name, "kind": "ratio", "ours": ours, "theirs": peer,
+            "mtu": mtu, "direction": direction, "goal": f">= {goal}x", "measured": None,
+            "status": "not measured", "detail": why}
+
+
 def bound_target(name, value, limit, unit, detail=None):
-    return {"family": "control plane", "target": name, "goal": f"<= {limit} {unit}",
+    return {"family": "control plane", "target": name, "kind": "bound", "goal": f"<= {limit} {unit}",
             "measured": value,
             "detail": detail or (f"{value} {unit}" if value is not None else "not measured"),
             "status": "not measured" if value is None else "met" if value <= limit else "missed"}
 
 
+# The peers the goals name: each has a target even when it could not run.
+GOAL_PEERS = ("passt (stream)", "gvproxy (stream)", "slirp4netns")
+
+
 def peers(results):
-    """The peers that ran, in the order the benchmark ran them."""
-    seen = []
+    """The goals' peers, then any other that ran, in the benchmark's order."""
+    seen = list(GOAL_PEERS)
     for r in results["throughput"]:
         if r["group"] == "peer" and r["setup"] not in seen:
             seen.append(r["setup"])
@@ -90,9 +125,9 @@ def targets(results):
     # What anti-spoofing (on by default) and a policy cost: at most 5%.
     for mtu in MTUS:
         for d in DIRECTIONS:
-            out.append(ratio_target(results, "anti-spoofing", "anti-spoofing on vs off (tap)",
+            out.append(ratio_target(results, "anti-spoofing", ANTI_SPOOFING,
                                     "linnet tap", NO_ANTI_SPOOFING, mtu, d, 0.95))
-            out.append(ratio_target(results, "anti-spoofing", "anti-spoofing + policy vs off (tap)",
+            out.append(ratio_target(results, "anti-spoofing", POLICY,
                                     "linnet tap, anti-spoofing + policy", NO_ANTI_SPOOFING,
                                     mtu, d, 0.95))
     # linnet's socket datapaths against every peer that ran at that MTU,
@@ -101,8 +136,8 @@ def targets(results):
         for mtu in MTUS:
             for d in DIRECTIONS:
                 for peer in peers(results):
-                    out.append(ratio_target(results, "peers", f"{ours} vs {peer}", ours, peer,
-                                            mtu, d, goals[mtu]))
+                    args = (results, "peers", f"{ours} vs {peer}", ours, peer, mtu, d, goals[mtu])
+                    out.append(ratio_target(*args) or missing_peer_target(*args))
     # A network mixing a client with the virtio-net header and one without:
     # each keeps its speed (within 10%) of a network of its own kind, and
     # between them at least the speed of two bare clients.
@@ -120,14 +155,14 @@ def targets(results):
     get = lambda d, *keys: next((d[k] for k in keys if k in d), None)
     out.append(bound_target("attach p50", get(lat.get("attach_ms", {}), "p50"), 5, "ms"))
     out.append(bound_target("attach p99", get(lat.get("attach_ms", {}), "p99"), 20, "ms"))
-    flat = sc.get("attach_at")
-    if flat:
-        (small, a), (large, b) = sorted(flat.items(), key=lambda kv: int(kv[0]))
+    flat = sorted((sc.get("attach_at") or {}).items(), key=lambda kv: int(kv[0]))
+    if len(flat) >= 2:
+        (small, a), (large, b) = flat[0], flat[-1]
         out.append(bound_target(f"attach p50 with {large} interfaces vs with {small}",
                                 round(b["p50"] / a["p50"], 2), 1.5, "x",
                                 f"{round(b['p50'] / a['p50'], 2)}x ({b['p50']} / {a['p50']} ms)"))
     else:
-        out.append(bound_target("attach p50 with 1000 interfaces vs with 10", None, 1.5, "x"))
+        out.append(bound_target("attach p50 with many interfaces vs with few", None, 1.5, "x"))
     out.append(bound_target("attach 1000 interfaces", get(sc.get("attach_s", {}), 1000, "1000"), 5, "s"))
     out.append(bound_target("daemon RSS at 1000 interfaces",
                             get(sc.get("daemon_rss_mib", {}), 1000, "1000"), 32, "MiB"))
@@ -139,8 +174,14 @@ def fmt(v, digits=2):
     return "—" if v is None else f"{v:.{digits}f}"
 
 
+# Every status a target can have, in the order the counts list them.
 STATUS = {"met": "met", "missed": "**missed**", "unstable": "not judged (unstable)",
           "not measured": "not measured"}
+
+
+def status_text(t):
+    """A target's status, with "within noise" when its rounds disagree."""
+    return STATUS[t["status"]] + (" (within noise)" if t.get("noise") else "")
 
 
 def gbps_cell(r, d):
@@ -154,10 +195,10 @@ def gbps_cell(r, d):
     return f"*{x['gbps']:.2f}* ¹" if x.get("unstable") else f"{x['gbps']:.2f}"
 
 
-def setup_table(results, header, render):
+def setup_table(results, include_failed, render):
     lines = ["| setup | MTU | VM→host | host→VM | VM→VM |", "|---|---:|---:|---:|---:|"]
     for r in results["throughput"]:
-        if header or not r.get("error"):
+        if include_failed or not r.get("error"):
             lines.append(f"| {r['setup']} | {r['mtu']} | "
                          + " | ".join(render(r, d) for d in DIRECTIONS) + " |")
     return lines
@@ -179,18 +220,18 @@ def cpu_cell(r, d):
 
 
 def target_counts(results):
-    counts = {}
+    counts = {status: 0 for status in STATUS}
     for t in results["targets"]:
-        counts[t["status"]] = counts.get(t["status"], 0) + 1
-    return ", ".join(f"{n} {status}" for status, n in counts.items())
+        counts[t["status"]] += 1
+    noise = sum(1 for t in results["targets"] if t.get("noise"))
+    return ", ".join(f"{n} {status}" for status, n in counts.items() if n) + \
+        (f" ({noise} of them within noise: their rounds fall on both sides of the goal)" if noise else "")
 
 
 def measured_cell(t):
-    if t["status"] == "unstable":
-        return "—"
     if t["measured"] is None:
-        return "—"
-    return f"{t['measured']}x ({t['detail']})" if "x" in t["goal"] and t.get("ours") else t["detail"]
+        return "—" if t["status"] != "unstable" else t["detail"]
+    return f"{t['measured']}x ({t['detail']})" if t["kind"] == "ratio" else t["detail"]
 
 
 def target_table(results, family):
@@ -198,7 +239,7 @@ def target_table(results, family):
     for t in results["targets"]:
         if t["family"] == family:
             lines.append(f"| {t['target']} | {t.get('mtu', '')} | {LABEL.get(t.get('direction'), '')} | "
-                         f"{t['goal']} | {measured_cell(t)} | {STATUS[t['status']]} |")
+                         f"{t['goal']} | {measured_cell(t)} | {status_text(t)} |")
     return lines
 
 
@@ -227,7 +268,7 @@ def peer_matrix(results):
                 continue
             goal = t["goal"]
             if t["status"] in ("met", "missed"):
-                cells.append(f"{t['measured']}x {STATUS[t['status']]}")
+                cells.append(f"{t['measured']}x {status_text(t)}")
             else:
                 cells.append(STATUS[t["status"]])
         lines.append(f"| {ours.removeprefix('linnet ')} | {mtu} | {LABEL[d]} | {goal} | "
@@ -245,7 +286,7 @@ def markdown(results):
         "# linnet benchmark",
         "",
         f"{results['date']} · linnet {m['linnet_commit']} · {m['cores']} cores ({m['cpu']}) · "
-        f"kernel {m['kernel']} · {s['runs']} runs of {s['seconds']} s each, medians · "
+        f"kernel {m['kernel']} · {s['runs']} rounds of {s['seconds']} s runs, medians · "
         f"{results['duration_s']:.0f} s in all",
         "",
         "Peers: " + "; ".join(f"{name}: {v}" for name, v in versions) + f"; iperf3: {m['tools']['iperf3']}.",
@@ -254,9 +295,14 @@ def markdown(results):
         "",
         "## Throughput, Gbit/s",
         "",
-        "One iperf3 TCP stream, guest namespace ↔ host (or a second guest) through each setup. "
-        "¹ unstable: its runs spread more than "
-        f"{UNSTABLE_SPREAD:g}x or one failed (listed below the tables); no target is judged on it.",
+        "One iperf3 TCP stream, guest namespace ↔ host (or a second guest) through each setup, "
+        "once per round. ¹ unstable: its runs spread more than "
+        f"{UNSTABLE_SPREAD:g}x or one failed or was not run (listed below the tables); "
+        "no target is judged on it. A guest TAP that plays a VM's NIC (read by the stand-in or "
+        f"vde_plug2tap) has a {GUEST_TXQUEUELEN}-frame queue, as a virtio-net ring holds the guest instead of "
+        "dropping; pasta's and slirp4netns's own TAPs keep theirs. pasta, slirp4netns and "
+        "vde_plug2tap write into the guest's TAP themselves: their rows carry no VMM, linnet's "
+        "socket datapaths carry the stand-in's share (bench/README.md).",
         "",
     ]
     lines += setup_table(results, True, gbps_cell)
@@ -301,8 +347,8 @@ def markdown(results):
             f"| detach p50 / p99 | {lat['detach_ms']['p50']} / {lat['detach_ms']['p99']} ms |",
         ]
         for n, x in sc.get("attach_at", {}).items():
-            lines.append(f"| attach p50 / p99 with {n} interfaces on the network ({x['count']} attaches) | "
-                         f"{x['p50']} / {x['p99']} ms |")
+            lines.append(f"| the {n}th attach on a network, p50 / max of {x['count']} | "
+                         f"{x['p50']} / {x['max']} ms |")
         for n, t in sc["attach_s"].items():
             lines.append(f"| attach {n} interfaces on one network | {t} s |")
         if "list_all_s" in sc:
@@ -319,7 +365,9 @@ def markdown(results):
                      f"{h['pss_mib']} / {h['private_mib']} MiB |")
         if c.get("relay_peak_rss_mib") is not None:
             lines.append(f"| `linnet run` relay peak RSS under iperf3 | {c['relay_peak_rss_mib']} MiB |")
-    lines += ["", "## Targets", "", f"{target_counts(results)}.", "",
+    lines += ["", "## Targets", "",
+              f"{target_counts(results)}. A ratio is the median of the rounds' ratios (each round "
+              "measured both setups); the range of the rounds follows.", "",
               "### The tap datapath and what anti-spoofing costs", ""]
     lines += target_table(results, "tap") + [""] + target_table(results, "anti-spoofing")
     lines += ["", "### linnet's socket datapaths against the peers", "",

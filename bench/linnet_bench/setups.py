@@ -9,7 +9,7 @@ so its cost is equal for all; setups whose peer brings its own VMM side
 import json
 import os
 
-from .host import children, go_module_version, ip, link_exists, package_version, run, wait_for
+from .host import children, debian_version, go_module_version, ip, link_exists, run, wait_for
 
 VM_TO_HOST, HOST_TO_VM, VM_TO_VM = "vm_to_host", "host_to_vm", "vm_to_vm"
 DIRECTIONS = (VM_TO_HOST, HOST_TO_VM, VM_TO_VM)
@@ -34,6 +34,9 @@ class Setup:
     vm_to_vm = True
     why_no_vm_to_vm = ""
     why_no_jumbo = ""
+    # The guest's TAP plays a VM's NIC (a stand-in or vde_plug2tap reads it)
+    # rather than being the setup's own (pasta's, slirp4netns's).
+    emulated_vm_tap = True
 
     def __init__(self, name):
         self.name = name
@@ -54,13 +57,13 @@ class Setup:
         raise NotImplementedError
 
 
-# A guest's TAP whose frames a process reads (the stand-in, slirp4netns,
-# pasta, vde_plug2tap) drops what it sends while its queue is full, where a
-# virtio-net ring would make the guest wait instead: with the default 1000
-# frames, a reader that is a moment late on 2 busy cores cost TCP losses
-# that had nothing to do with the datapath under test (passt at MTU 1500
-# moved 0.1-1.9 Gbit/s VM→host with thousands of retransmits, and 4.2 with
-# none at 5000). Every setup's guest TAPs get the deeper queue.
+# A guest's TAP that plays a VM's NIC drops what the guest sends while its
+# queue is full, where a virtio-net ring would make the guest wait: with
+# the default 1000 frames, a stand-in a moment late on 2 busy cores cost
+# TCP losses that had nothing to do with the setup under test (passt's
+# VM→host at MTU 1500 spread over 10x, with thousands of retransmits). Those
+# TAPs get a deeper queue; pasta's and slirp4netns's own TAPs, which are
+# what their users run, keep theirs.
 GUEST_TXQUEUELEN = 5000
 
 
@@ -151,21 +154,23 @@ class TapRelay(Bridge):
 
 
 class Linnet(Setup):
-    """linnet: `linnet run --datapath D [--vnet-hdr] -- linnet-standin …`.
-    `vnet_hdr` is per guest (a network may mix clients with and without the
-    virtio-net header); one bool gives both guests the same."""
+    """linnet: `linnet run --datapath D [--vnet-hdr] -- linnet-standin …`,
+    with or without the virtio-net header per guest (`vnet_hdr`: one bool
+    for each). With `measured_joins_last`, the first guest, the one the
+    measurements start from, attaches after the second."""
     group = "linnet"
     STANDIN_FLAG = {"tap": "--fd", "dgram": "--dgram-fd", "stream": "--stream-fd"}
 
-    def __init__(self, name, datapath, vnet_hdr=False, anti_spoofing=True, policy=False,
-                 mtus=(1500, 65520), why_no_jumbo=""):
+    def __init__(self, name, datapath, vnet_hdr=(False, False), anti_spoofing=True, policy=False,
+                 mtus=(1500, 65520), why_no_jumbo="", measured_joins_last=False):
         super().__init__(name)
-        self.why_no_jumbo = why_no_jumbo
         self.datapath = datapath
-        self.vnet_hdr = vnet_hdr if isinstance(vnet_hdr, tuple) else (vnet_hdr, vnet_hdr)
+        self.vnet_hdr = vnet_hdr
         self.anti_spoofing = anti_spoofing
         self.policy = policy
         self.mtus = mtus
+        self.why_no_jumbo = why_no_jumbo
+        self.measured_joins_last = measured_joins_last
 
     def version(self, env):
         return f"linnet {env.linnet_commit}"
@@ -173,9 +178,13 @@ class Linnet(Setup):
     def up(self, env, mtu):
         topo = Topology()
         network = env.linnet.network_for(mtu, self.anti_spoofing, self.policy)
-        info = None
-        for vnet_hdr in self.vnet_hdr[:self.guests()]:
-            ns = env.guest_ns()
+        namespaces = [env.guest_ns() for _ in range(self.guests())]
+        order = list(range(len(namespaces)))
+        if self.measured_joins_last:
+            order.reverse()
+        guests = {}
+        for i in order:
+            ns, vnet_hdr = namespaces[i], self.vnet_hdr[i]
             out = env.fresh_path(f"{ns}.json")
             standin = [self.STANDIN_FLAG[self.datapath], "{fd}", "--netns", f"/run/netns/{ns}"]
             if vnet_hdr:
@@ -191,10 +200,11 @@ class Linnet(Setup):
             env.wait_link("eth0", ns)
             prefix = info["subnet"].split("/")[1]
             configure(ns, "eth0", f"{info['ip_address']}/{prefix}")
-            topo.guests.append((ns, info["ip_address"]))
+            guests[i] = (ns, info["ip_address"])
             topo.net_pids.append(proc.pid)
             topo.standin_pids += wait_for(lambda: children(proc.pid),
                                           f"the stand-in under `linnet run` for {ns}")
+        topo.guests = [guests[i] for i in range(len(namespaces))]
         topo.server = info["gateway"]
         topo.net_pids.append(env.linnet.daemon.pid)
         return topo
@@ -226,6 +236,18 @@ def upstream(env):
     return "10.203.0.1", "10.203.0.254"
 
 
+def standin_on_socket(env, topo, sock, mtu, address, gateway, server):
+    """One guest whose stand-in connects to a peer's stream socket (QEMU's
+    `-netdev stream` framing), configured as the peer expects."""
+    ns = env.guest_ns()
+    proc = env.standin(f"standin-{ns}", ["--stream-socket", sock, "--mtu", mtu], ns)
+    env.wait_link("eth0", ns)
+    configure(ns, "eth0", address, gateway=gateway)
+    topo.guests.append((ns, address.split("/")[0]))
+    topo.server = server
+    topo.standin_pids.append(proc.pid)
+
+
 class Passt(Setup):
     """passt on its stream socket (QEMU's `-netdev stream` framing), the
     stand-in connected to it."""
@@ -237,7 +259,7 @@ class Passt(Setup):
         return None if env.have("passt") else "passt is not installed (apt-get install passt)"
 
     def version(self, env):
-        return package_version("passt")
+        return debian_version("passt")
 
     def up(self, env, mtu):
         topo = Topology()
@@ -246,14 +268,8 @@ class Passt(Setup):
         passt = env.procs.start("passt", ["passt", "--foreground", "--quiet", "--runas", "0",
                                           "--mtu", mtu, "--socket", sock])
         wait_for(lambda: env.procs.check_alive() or os.path.exists(sock), "passt's socket")
-        ns = env.guest_ns()
-        proc = env.standin(f"standin-{ns}", ["--stream-socket", sock, "--mtu", mtu], ns)
-        env.wait_link("eth0", ns)
-        configure(ns, "eth0", f"{guest}/24", gateway=host)
-        topo.guests.append((ns, guest))
-        topo.server = host
         topo.net_pids.append(passt.pid)
-        topo.standin_pids.append(proc.pid)
+        standin_on_socket(env, topo, sock, mtu, f"{guest}/24", host, host)
         return topo
 
 
@@ -261,6 +277,7 @@ class Pasta(Setup):
     """pasta (passt's namespace mode; podman's and fcvm's rootless default):
     its own TAP in the guest namespace, so no stand-in, as for slirp4netns."""
     group = "peer"
+    emulated_vm_tap = False
     vm_to_vm = False
     why_no_vm_to_vm = "a pasta instance serves one namespace; two cannot share its network"
 
@@ -268,7 +285,7 @@ class Pasta(Setup):
         return None if env.have("pasta") else "pasta is not installed (apt-get install passt)"
 
     def version(self, env):
-        return package_version("passt")
+        return debian_version("pasta")
 
     def up(self, env, mtu):
         topo = Topology()
@@ -311,14 +328,8 @@ class Gvproxy(Setup):
         gvproxy = env.procs.start("gvproxy", [env.gvproxy, "-listen-qemu", f"unix://{sock}",
                                               "-mtu", mtu])
         wait_for(lambda: env.procs.check_alive() or os.path.exists(sock), "gvproxy's socket")
-        ns = env.guest_ns()
-        proc = env.standin(f"standin-{ns}", ["--stream-socket", sock, "--mtu", mtu], ns)
-        env.wait_link("eth0", ns)
-        configure(ns, "eth0", "192.168.127.2/24", gateway="192.168.127.1")
-        topo.guests.append((ns, "192.168.127.2"))
-        topo.server = "192.168.127.254"
         topo.net_pids.append(gvproxy.pid)
-        topo.standin_pids.append(proc.pid)
+        standin_on_socket(env, topo, sock, mtu, "192.168.127.2/24", "192.168.127.1", "192.168.127.254")
         return topo
 
 
@@ -326,6 +337,7 @@ class Slirp(Setup):
     """slirp4netns: its own TAP in the guest namespace, so no stand-in (the
     stand-in's share of the work is not there to count)."""
     group = "peer"
+    emulated_vm_tap = False
     vm_to_vm = False
     why_no_vm_to_vm = "a slirp4netns instance serves one namespace; two cannot share its network"
 
@@ -333,7 +345,7 @@ class Slirp(Setup):
         return None if env.have("slirp4netns") else "slirp4netns is not installed (apt-get install slirp4netns)"
 
     def version(self, env):
-        return package_version("slirp4netns")
+        return debian_version("slirp4netns")
 
     def up(self, env, mtu):
         topo = Topology()
@@ -363,7 +375,7 @@ class Vde(Setup):
             "vde2 is not installed (apt-get install vde2)"
 
     def version(self, env):
-        return package_version("vde2")
+        return debian_version("vde_switch")
 
     def up(self, env, mtu):
         topo = Topology()
@@ -406,12 +418,15 @@ def all_setups():
         Linnet("linnet tap, anti-spoofing + policy", "tap", policy=True),
         Linnet("linnet dgram", "dgram"),
         Linnet("linnet stream", "stream"),
-        Linnet("linnet dgram + vnet", "dgram", vnet_hdr=True),
-        Linnet("linnet stream + vnet", "stream", vnet_hdr=True),
+        Linnet("linnet dgram + vnet", "dgram", vnet_hdr=(True, True)),
+        Linnet("linnet stream + vnet", "stream", vnet_hdr=(True, True)),
         # One network, a client with the virtio-net header and one without,
-        # measured from each side.
-        Linnet(MIXED_VNET, "dgram", vnet_hdr=(True, False), mtus=(1500,), why_no_jumbo=MIXED_WHY),
-        Linnet(MIXED_BARE, "dgram", vnet_hdr=(False, True), mtus=(1500,), why_no_jumbo=MIXED_WHY),
+        # measured from each; the measured one joins a network that already
+        # has the other kind.
+        Linnet(MIXED_VNET, "dgram", vnet_hdr=(True, False), mtus=(1500,), why_no_jumbo=MIXED_WHY,
+               measured_joins_last=True),
+        Linnet(MIXED_BARE, "dgram", vnet_hdr=(False, True), mtus=(1500,), why_no_jumbo=MIXED_WHY,
+               measured_joins_last=True),
         Passt("passt (stream)"),
         Pasta("pasta"),
         Gvproxy("gvproxy (stream)"),

@@ -47,9 +47,15 @@ def iperf3(client, target, seconds, reverse):
             continue
         if error:
             raise BenchError(f"iperf3 from {client} to {target}: {error}")
+        try:
+            received, sent = data["end"]["sum_received"], data["end"]["sum_sent"]
+        except (KeyError, TypeError):
+            raise BenchError(f"iperf3 from {client} to {target} gave no totals: {r.stdout[-200:]!r}")
+        if not received.get("bytes") or not received.get("seconds"):
+            raise BenchError(f"iperf3 from {client} to {target} moved nothing")
         # The sender's TCP retransmits (iperf3 reports the server's when it
         # sends, with --reverse): frames the path lost or delivered too late.
-        return data["end"]["sum_received"], data["end"]["sum_sent"].get("retransmits")
+        return received, sent.get("retransmits")
     raise BenchError("unreachable")
 
 
@@ -79,10 +85,12 @@ UNSTABLE_SPREAD = 2.0
 
 
 def summarize(runs, failures=()):
-    """Medians over the runs that finished, every run, their spread, and
-    the runs that failed (an iperf3 that hung or broke off). A cell with a
-    failed run or a spread above UNSTABLE_SPREAD is unstable."""
+    """Medians over the runs that finished, every run (with its round, so
+    that two setups compare round by round), their spread, and the runs
+    that failed or were not run. A cell with a failed run or a spread above
+    UNSTABLE_SPREAD is unstable."""
     out = {"runs_gbps": [round(r["gbps"], 3) for r in runs],
+           "runs_round": [r.get("round") for r in runs],
            "runs_retransmits": [r["retransmits"] for r in runs],
            "failed_runs": list(failures)}
     if runs:
@@ -90,16 +98,13 @@ def summarize(runs, failures=()):
             out[k] = round(statistics.median(r[k] for r in runs), 3)
         retransmits = [r["retransmits"] for r in runs if r["retransmits"] is not None]
         out["retransmits"] = round(statistics.median(retransmits)) if retransmits else None
-        lo, hi = min(out["runs_gbps"]), max(out["runs_gbps"])
-        out["spread"] = round(hi / lo, 2) if lo > 0 else None
+        out["spread"] = round(max(out["runs_gbps"]) / min(out["runs_gbps"]), 2)
     else:
         out["gbps"] = out["retransmits"] = out["spread"] = None
     reasons = []
     if failures:
-        reasons.append(f"{len(failures)} of {len(runs) + len(failures)} runs failed")
-    if out["spread"] is None and runs:
-        reasons.append("a run moved nothing")
-    elif out["spread"] is not None and out["spread"] > UNSTABLE_SPREAD:
+        reasons.append(f"{len(failures)} of {len(runs) + len(failures)} runs failed or were not run")
+    if out["spread"] is not None and out["spread"] > UNSTABLE_SPREAD:
         reasons.append(f"its runs spread {out['spread']}x "
                        f"({min(out['runs_gbps'])}–{max(out['runs_gbps'])} Gbit/s)")
     out["unstable"] = "; ".join(reasons) or None

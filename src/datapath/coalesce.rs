@@ -10,7 +10,10 @@
 //! not check a GSO frame's again), it follows the previous one exactly
 //! (sequence number), and every header field but the length, IP ID,
 //! checksums and PSH matches, options (timestamps) included. A short segment
-//! or one with PSH ends the run, as the kernel's GRO does.
+//! or one with PSH ends the run, as the kernel's GRO does. A segment with no
+//! room behind it for another as large (at MTU 65520, every full one) starts
+//! no run: it passes untouched, its checksum left to the kernel, at the
+//! price of never merging a short tail into it.
 
 use super::inet::{
     ETH_HEADER, IPV4_HEADER, IPV6_HEADER, MAX_IP_PACKET, TCP_ACK, TCP_CHECKSUM, TCP_FLAGS,
@@ -384,16 +387,15 @@ mod tests {
 
     #[test]
     fn a_segment_too_large_for_another_to_join_starts_no_run() {
-        let mut c = Coalescer::new(vnet::LEGACY_LEN);
+        // The largest payload that leaves room for a second as large.
         let half = (MAX_IP_PACKET - IPV4_HEADER - TCP_WITH_OPTIONS) / 2;
-        let mut big = tcp_frame(false, 0, &payload(half + 1, 0), TCP_ACK);
-        assert!(!c.start(&big), "a second as large would not fit");
-        big[100] ^= 0xff;
-        assert!(
-            !c.start(&big),
-            "nor with a bad checksum: it passes unchecked"
-        );
-        assert!(c.start(&tcp_frame(false, 0, &payload(half - 12, 0), TCP_ACK)));
+        let mut c = Coalescer::new(vnet::LEGACY_LEN);
+        assert!(!c.start(&tcp_frame(false, 0, &payload(half + 1, 0), TCP_ACK)));
+        let mut c = Coalescer::new(vnet::LEGACY_LEN);
+        assert!(c.start(&tcp_frame(false, 0, &payload(half, 0), TCP_ACK)));
+        let second = tcp_frame(false, half as u32, &payload(half, 1), TCP_ACK);
+        assert!(c.append(&second), "a second as large fits");
+        assert_eq!(c.finish().expect("a run").frames, 2);
     }
 
     #[test]
