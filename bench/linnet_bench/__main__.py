@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from . import control, docs, report
+from . import control, docs, profile, report
 from .env import Env
 from .host import BenchError, debian_version, memory_kib
 from .setups import DIRECTIONS, VM_TO_VM, all_setups, deepen_guest_queues
@@ -45,6 +45,16 @@ def parse_args():
                                  f"whole run, which also rewrites the docs' benchmark blocks; "
                                  f"{PARTIAL} for one narrowed by --only, --mtu, --no-control or "
                                  f"fewer than 3 --runs)")
+    p.add_argument("--profile", metavar="SETUP",
+                   help="measure nothing: sample the machine with perf while iperf3 runs through "
+                        "this setup at --mtu (default 1500) in --direction, and print where the "
+                        "time goes (linnet_bench/profile.py)")
+    p.add_argument("--direction", choices=DIRECTIONS, default=DIRECTIONS[0],
+                   help="for --profile (default vm_to_host)")
+    p.add_argument("--render", metavar="JSON",
+                   help="measure nothing: judge and write the report again from a results file "
+                        "(after a change to the report's code); bench/results/latest.json also "
+                        "rewrites the docs' blocks")
     p.add_argument("--strict", action="store_true",
                    help="exit 1 if any setup failed (for the smoke check in `make test`)")
     return p.parse_args()
@@ -184,8 +194,37 @@ def throughput(env, args, results):
                                for d in DIRECTIONS if d in runs or d in failures}
 
 
+def write(results, out):
+    """latest.{md,json,svg} in `out`; the markdown, for printing."""
+    os.makedirs(out, exist_ok=True)
+    md = report.markdown(results)
+    with open(os.path.join(out, "latest.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(out, "latest.json"), "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(out, "latest.svg"), "w") as f:
+        f.write(report.svg(results))
+    log(f"bench: wrote {out}/latest.md, latest.json and latest.svg")
+    return md
+
+
+def render(path):
+    with open(path) as f:
+        results = json.load(f)
+    if results.get("format") != docs.FORMAT:
+        sys.exit(f"bench: {path} is in format {results.get('format', 1)}, not {docs.FORMAT}")
+    results["targets"] = report.targets(results)
+    out = os.path.dirname(path) or "."
+    write(results, out)
+    if os.path.abspath(out) == os.path.abspath(RESULTS):
+        docs.update(".", results)
+
+
 def main():
     args = parse_args()
+    if args.render:
+        return render(args.render)
     if os.environ.get("LINNET_SANDBOX") != "1":
         sys.exit("bench: run it with `make bench` (it must run inside scripts/sandbox)")
     started = time.monotonic()
@@ -201,6 +240,13 @@ def main():
     }
     with tempfile.TemporaryDirectory(prefix="linnet-bench.") as workdir:
         env = Env(workdir, args.bin, find_gvproxy(args.gvproxy), commit)
+        if args.profile:
+            try:
+                env.start_linnet()
+                env.lasting.start("iperf3-server-host", ["iperf3", "--server"])
+                return profile.run(env, args.profile, args.mtu or 1500, args.direction)
+            finally:
+                env.close()
         try:
             env.start_linnet()
             if not args.no_control:
@@ -223,17 +269,8 @@ def main():
         results["control"]["relay_peak_rss_mib"] = max(peaks)
     results["duration_s"] = round(time.monotonic() - started, 1)
     results["targets"] = report.targets(results)
-    os.makedirs(out, exist_ok=True)
-    md = report.markdown(results)
-    with open(os.path.join(out, "latest.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(out, "latest.json"), "w") as f:
-        json.dump(results, f, indent=1)
-        f.write("\n")
-    with open(os.path.join(out, "latest.svg"), "w") as f:
-        f.write(report.svg(results))
-    print(md)
-    log(f"bench: wrote {out}/latest.md, latest.json and latest.svg in {results['duration_s']:.0f} s")
+    print(write(results, out))
+    log(f"bench: the run took {results['duration_s']:.0f} s")
     if os.path.abspath(out) == os.path.abspath(RESULTS):
         if whole:
             docs.update(".", results)  # the docs' figures follow the committed results

@@ -225,7 +225,8 @@ def target_counts(results):
         counts[t["status"]] += 1
     noise = sum(1 for t in results["targets"] if t.get("noise"))
     return ", ".join(f"{n} {status}" for status, n in counts.items() if n) + \
-        (f" ({noise} of them within noise: their rounds fall on both sides of the goal)" if noise else "")
+        (f"; {noise} of those met or missed are within noise (their rounds fall on both sides "
+         "of the goal)" if noise else "")
 
 
 def measured_cell(t):
