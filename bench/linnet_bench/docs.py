@@ -45,14 +45,21 @@ def find_target(results, target, mtu, direction):
                  and t.get("direction") == direction), None)
 
 
-def anti_spoofing(results):
-    lines = ["| MTU | direction | anti-spoofing on / off | anti-spoofing + policy / off |",
-             "|---:|---|---:|---:|"]
+def by_mtu_and_direction(columns, cells):
+    """A table with a row per MTU and direction: `cells(mtu, d)` gives the
+    row's cells under `columns`."""
+    lines = ["| MTU | direction | " + " | ".join(columns) + " |",
+             "|---:|---|" + "---:|" * len(columns)]
     for mtu in MTUS:
         for d in DIRECTIONS:
-            lines.append(f"| {mtu} | {LABEL[d]} | {ratio(find_target(results, ANTI_SPOOFING, mtu, d))} | "
-                         f"{ratio(find_target(results, POLICY, mtu, d))} |")
+            lines.append(f"| {mtu} | {LABEL[d]} | " + " | ".join(cells(mtu, d)) + " |")
     return lines
+
+
+def anti_spoofing(results):
+    return by_mtu_and_direction(
+        ("anti-spoofing on / off", "anti-spoofing + policy / off"),
+        lambda mtu, d: [ratio(find_target(results, target, mtu, d)) for target in (ANTI_SPOOFING, POLICY)])
 
 
 def gain(results, with_header, without, mtu, d):
@@ -65,14 +72,10 @@ def gain(results, with_header, without, mtu, d):
 
 
 def vnet_hdr(results):
-    lines = ["| MTU | direction | dgram: with the header / without | stream: with / without |",
-             "|---:|---|---:|---:|"]
-    for mtu in MTUS:
-        for d in DIRECTIONS:
-            lines.append(f"| {mtu} | {LABEL[d]} | "
-                         f"{gain(results, 'linnet dgram + vnet', 'linnet dgram', mtu, d)} | "
-                         f"{gain(results, 'linnet stream + vnet', 'linnet stream', mtu, d)} |")
-    return lines
+    return by_mtu_and_direction(
+        ("dgram: with the header / without", "stream: with / without"),
+        lambda mtu, d: [gain(results, f"linnet {dp} + vnet", f"linnet {dp}", mtu, d)
+                        for dp in ("dgram", "stream")])
 
 
 def targets(results):
