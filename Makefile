@@ -4,6 +4,10 @@
 #   make bench  linnet against the kernel and its peers (bench/README.md)
 
 CARGO ?= cargo
+# The Go client's toolchain: on PATH, else where Go's own tarball puts it
+# (scripts/install-deps installs Debian's golang-go when there is neither).
+GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
+GO_CLIENT := clients/go/linnet
 SANDBOX := scripts/sandbox
 
 .PHONY: all build guest deps test unit integration lint demo bench bench-smoke clean
@@ -25,6 +29,8 @@ unit:
 	$(CARGO) test --workspace
 	# The benchmark's judgement (unstable cells, targets, the docs' blocks).
 	PYTHONPATH=bench PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s bench/tests
+	# The Go client against a fake daemon (its live test runs in the integration suite).
+	cd $(GO_CLIENT) && GOTOOLCHAIN=local $(GO) test -count=1 ./...
 
 # The integration suite creates bridges, rules and sysctls: it runs only
 # inside scripts/sandbox, whose namespaces vanish when it ends.
@@ -38,6 +44,8 @@ lint:
 	# The integration suite is test = false, so --all-targets skips it.
 	$(CARGO) clippy --test integration -- -D warnings
 	python3 -m py_compile bench/linnet_bench/*.py bench/tests/*.py
+	test -z "$$(cd $(GO_CLIENT) && $$($(GO) env GOROOT)/bin/gofmt -l .)" || { echo "gofmt: $(GO_CLIENT) needs formatting"; exit 1; }
+	cd $(GO_CLIENT) && GOTOOLCHAIN=local $(GO) vet ./...
 	# The docs' benchmark figures are the committed results' (bench/linnet_bench/docs.py).
 	PYTHONPATH=bench PYTHONDONTWRITEBYTECODE=1 python3 -m linnet_bench.docs --check
 

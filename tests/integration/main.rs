@@ -1,6 +1,7 @@
 //! Integration scenarios for the core: real kernel, real clients, each in
 //! throwaway namespaces (see harness.rs). Run with `make test`.
 
+mod clients;
 mod coexist;
 mod forwarding;
 mod guard;

@@ -1,0 +1,369 @@
+// Package linnet is a client for the linnet daemon's socket API
+// (docs/api.md): attach an interface to a network and receive its TAP file
+// descriptor and addresses, detach it, list what is attached, and manage
+// port forwards. It is for Go VM managers (lima, minikube, …) that want a
+// TAP fd and the VM's IP from linnet natively, as they get them from
+// vmnet-helper or socket_vmnet on macOS.
+//
+// A Client is one connection, and the connection is the lifeline of every
+// interface attached on it: closing the Client (or the process exiting)
+// detaches them. Keep it open as long as the VMs run. A Client serves one
+// request at a time; it is safe for use by several goroutines.
+package linnet
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+)
+
+// DefaultSocket is where the daemon listens unless LINNET_RUN_DIR moves it.
+const DefaultSocket = "/run/linnet/linnet.sock"
+
+// maxPacket is the largest packet the daemon sends (docs/api.md).
+const maxPacket = 64 << 10
+
+// maxLargeReply bounds a reply announced by {"large_message": N}.
+const maxLargeReply = 64 << 20
+
+// SocketPath is the daemon's socket: $LINNET_RUN_DIR/linnet.sock when that
+// is set, else DefaultSocket.
+func SocketPath() string {
+	if dir := os.Getenv("LINNET_RUN_DIR"); dir != "" {
+		return filepath.Join(dir, "linnet.sock")
+	}
+	return DefaultSocket
+}
+
+// Error is the daemon's refusal of a request. Kind is for programs
+// (bad_request, unknown_network, not_allowed, busy, conflict, host_setup,
+// internal); Message is for people and names the fix.
+type Error struct {
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("linnet: %s: %s", e.Kind, e.Message) }
+
+// Client is a connection to the daemon.
+type Client struct {
+	mu   sync.Mutex
+	conn *net.UnixConn
+}
+
+// Dial connects to the daemon's socket at path ("" for SocketPath()).
+func Dial(path string) (*Client, error) {
+	if path == "" {
+		path = SocketPath()
+	}
+	conn, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, fmt.Errorf("linnet: cannot connect to the daemon at %s (is `linnet daemon` running, and may you use it?): %w", path, err)
+	}
+	return &Client{conn: conn}, nil
+}
+
+// NewClient uses an already connected SOCK_SEQPACKET socket.
+func NewClient(conn *net.UnixConn) *Client { return &Client{conn: conn} }
+
+// Close closes the connection, which detaches every interface attached on it.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// AttachRequest is what an attach asks for; every field is optional.
+type AttachRequest struct {
+	Network     string   `json:"network,omitempty"`
+	InterfaceID string   `json:"interface_id,omitempty"`
+	MAC         string   `json:"mac,omitempty"`
+	Name        string   `json:"name,omitempty"`
+	Datapath    string   `json:"datapath,omitempty"` // tap (default), dgram or stream
+	Publish     []string `json:"publish,omitempty"`  // e.g. "8080:80/tcp"
+}
+
+// Interface is an attached interface, as the attach reply describes it.
+// Optional addresses are empty when the network has none (ipv6: false,
+// dhcp: false without a static lease).
+type Interface struct {
+	InterfaceID string   `json:"interface_id"`
+	Network     string   `json:"network"`
+	Mode        string   `json:"mode"`
+	Datapath    string   `json:"datapath"`
+	Name        string   `json:"name,omitempty"`
+	MACAddress  string   `json:"mac_address"`
+	IPAddress   string   `json:"ip_address,omitempty"`
+	Gateway     string   `json:"gateway"`
+	Subnet      string   `json:"subnet"`
+	DNS         []string `json:"dns"`
+	Domain      string   `json:"domain"`
+	IPv6Prefix  string   `json:"ipv6_prefix,omitempty"`
+	IPv6Address string   `json:"ipv6_address,omitempty"`
+	Gateway6    string   `json:"gateway6,omitempty"`
+	TAP         string   `json:"tap"`
+	MTU         int      `json:"mtu"`
+	Forwards    []string `json:"forwards"`
+	Warnings    []string `json:"warnings,omitempty"`
+	// Raw is the whole reply object, vmnet_* keys included.
+	Raw json.RawMessage `json:"-"`
+}
+
+// Attach attaches an interface. The returned file is its TAP, opened with
+// IFF_TAP|IFF_NO_PI|IFF_VNET_HDR (a 10-byte virtio-net header unless the
+// VMM sets TUNSETVNETHDRSZ): hand it to the VMM, and close it once the VMM
+// holds it. The interface lives until Detach or Close.
+func (c *Client) Attach(req AttachRequest) (*Interface, *os.File, error) {
+	body := struct {
+		Op string `json:"op"`
+		AttachRequest
+	}{"attach", req}
+	var reply struct {
+		Interface json.RawMessage `json:"interface"`
+	}
+	fds, err := c.call(body, "attached", &reply)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(fds) != 1 {
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("linnet: the attach reply carried %d file descriptors, not the TAP's one", len(fds))
+	}
+	tap := os.NewFile(uintptr(fds[0]), "linnet-tap")
+	var iface Interface
+	if err := json.Unmarshal(reply.Interface, &iface); err != nil {
+		tap.Close()
+		return nil, nil, fmt.Errorf("linnet: a malformed interface in the attach reply: %w", err)
+	}
+	iface.Raw = reply.Interface
+	return &iface, tap, nil
+}
+
+// Detach detaches an interface this connection attached.
+func (c *Client) Detach(interfaceID string) error {
+	_, err := c.call(map[string]string{"op": "detach", "interface_id": interfaceID}, "detached", nil)
+	return err
+}
+
+// Network is a configured network as `list` describes it.
+type Network struct {
+	Name       string   `json:"name"`
+	Mode       string   `json:"mode"`
+	Subnet     string   `json:"subnet"`
+	Gateway    string   `json:"gateway"`
+	IPv6Prefix string   `json:"ipv6_prefix,omitempty"`
+	Bridge     *string  `json:"bridge"` // nil while the network is down
+	Interfaces int      `json:"interfaces"`
+	Persistent bool     `json:"persistent"`
+	Warnings   []string `json:"warnings,omitempty"`
+}
+
+// Listed is an attached interface as `list` describes it.
+type Listed struct {
+	InterfaceID string   `json:"interface_id"`
+	Name        string   `json:"name,omitempty"`
+	Network     string   `json:"network"`
+	MACAddress  string   `json:"mac_address"`
+	IPAddress   string   `json:"ip_address,omitempty"`
+	IPv6Address string   `json:"ipv6_address,omitempty"`
+	TAP         string   `json:"tap"`
+	Forwards    []string `json:"forwards"`
+	ClientPID   int      `json:"client_pid"`
+	ClientUID   int      `json:"client_uid"`
+	Datapath    string   `json:"datapath"`
+	VMRxBytes   uint64   `json:"vm_rx_bytes"`
+	VMTxBytes   uint64   `json:"vm_tx_bytes"`
+}
+
+// Listing is the reply to List.
+type Listing struct {
+	Networks   []Network `json:"networks"`
+	Interfaces []Listed  `json:"interfaces"`
+}
+
+// List lists every configured network and every attached interface.
+func (c *Client) List() (*Listing, error) {
+	var l Listing
+	if _, err := c.call(map[string]string{"op": "list"}, "listing", &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// Forward is a port forward as forward_list describes it.
+type Forward struct {
+	Network     string `json:"network"`
+	InterfaceID string `json:"interface_id"`
+	Name        string `json:"name,omitempty"`
+	Forward     string `json:"forward"`
+	Guest       string `json:"guest"`
+	Guest6      string `json:"guest6,omitempty"`
+	Origin      string `json:"origin"` // publish, runtime or config
+}
+
+// ForwardRef names an interface on a network by exactly one of its id and
+// its name, and a forward in forwarding.md's syntax ("9090:80/tcp").
+type ForwardRef struct {
+	Network     string `json:"network"`
+	InterfaceID string `json:"interface_id,omitempty"`
+	Name        string `json:"name,omitempty"`
+	Forward     string `json:"forward"`
+}
+
+// ForwardAdd publishes a port of an interface on the host.
+func (c *Client) ForwardAdd(f ForwardRef) error {
+	return c.forward("forward_add", f)
+}
+
+// ForwardRemove removes a forward that ForwardAdd (or an attach's Publish)
+// made.
+func (c *Client) ForwardRemove(f ForwardRef) error {
+	return c.forward("forward_remove", f)
+}
+
+func (c *Client) forward(op string, f ForwardRef) error {
+	body := struct {
+		Op string `json:"op"`
+		ForwardRef
+	}{op, f}
+	_, err := c.call(body, "ok", nil)
+	return err
+}
+
+// ForwardList lists every forward.
+func (c *Client) ForwardList() ([]Forward, error) {
+	var reply struct {
+		Forwards []Forward `json:"forwards"`
+	}
+	if _, err := c.call(map[string]string{"op": "forward_list"}, "forwards", &reply); err != nil {
+		return nil, err
+	}
+	return reply.Forwards, nil
+}
+
+// call sends one request and reads its reply: `want` is the reply's kind,
+// `out` (if not nil) takes its fields. It returns the file descriptors that
+// came with the reply.
+func (c *Client) call(request interface{}, want string, out interface{}) ([]int, error) {
+	msg, err := json.Marshal(request)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, err := c.conn.Write(msg); err != nil {
+		return nil, fmt.Errorf("linnet: cannot send the request: %w", err)
+	}
+	body, fds, err := c.receive()
+	if err != nil {
+		return nil, err
+	}
+	var head struct {
+		Reply string `json:"reply"`
+		Error
+	}
+	if err := json.Unmarshal(body, &head); err != nil {
+		closeAll(fds)
+		return nil, fmt.Errorf("linnet: a reply that is not JSON: %w", err)
+	}
+	if head.Reply == "error" {
+		closeAll(fds)
+		e := head.Error
+		return nil, &e
+	}
+	if head.Reply != want {
+		closeAll(fds)
+		return nil, fmt.Errorf("linnet: expected a %q reply, got %q", want, head.Reply)
+	}
+	if out != nil {
+		if err := json.Unmarshal(body, out); err != nil {
+			closeAll(fds)
+			return nil, fmt.Errorf("linnet: a malformed %q reply: %w", want, err)
+		}
+	}
+	return fds, nil
+}
+
+// receive reads one reply: a packet, or a {"large_message": N} packet and
+// the N bytes that follow in packets of their own.
+func (c *Client) receive() ([]byte, []int, error) {
+	buf := make([]byte, maxPacket)
+	oob := make([]byte, syscall.CmsgSpace(4*4))
+	n, oobn, flags, _, err := c.conn.ReadMsgUnix(buf, oob)
+	if err != nil {
+		return nil, nil, fmt.Errorf("linnet: cannot read the reply: %w", err)
+	}
+	fds, err := rights(oob[:oobn])
+	if err != nil {
+		return nil, nil, err
+	}
+	if n == 0 {
+		closeAll(fds)
+		return nil, nil, errors.New("linnet: the daemon closed the connection")
+	}
+	if flags&syscall.MSG_TRUNC != 0 || flags&syscall.MSG_CTRUNC != 0 {
+		closeAll(fds)
+		return nil, nil, errors.New("linnet: a reply was cut short")
+	}
+	var large struct {
+		LargeMessage *int `json:"large_message"`
+	}
+	if json.Unmarshal(buf[:n], &large) != nil || large.LargeMessage == nil {
+		return buf[:n], fds, nil
+	}
+	size := *large.LargeMessage
+	if size < 0 || size > maxLargeReply {
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("linnet: a reply of %d bytes announced, more than %d", size, maxLargeReply)
+	}
+	body := make([]byte, 0, size)
+	for len(body) < size {
+		n, err := c.conn.Read(buf)
+		if err != nil {
+			closeAll(fds)
+			return nil, nil, fmt.Errorf("linnet: the connection broke in the middle of a reply: %w", err)
+		}
+		if n == 0 {
+			closeAll(fds)
+			return nil, nil, errors.New("linnet: the daemon closed the connection in the middle of a reply")
+		}
+		body = append(body, buf[:n]...)
+	}
+	if len(body) != size {
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("linnet: a reply of %d bytes announced, %d came", size, len(body))
+	}
+	return body, fds, nil
+}
+
+// rights takes the file descriptors out of a message's control data.
+func rights(oob []byte) ([]int, error) {
+	msgs, err := syscall.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil, fmt.Errorf("linnet: malformed control data with a reply: %w", err)
+	}
+	var fds []int
+	for i := range msgs {
+		if msgs[i].Header.Level == syscall.SOL_SOCKET && msgs[i].Header.Type == syscall.SCM_RIGHTS {
+			got, err := syscall.ParseUnixRights(&msgs[i])
+			if err != nil {
+				closeAll(fds)
+				return nil, fmt.Errorf("linnet: malformed file descriptors with a reply: %w", err)
+			}
+			for _, fd := range got {
+				// Not inherited by whatever the caller starts next; a VMM
+				// gets the TAP through exec.Cmd.ExtraFiles, which dups it.
+				syscall.CloseOnExec(fd)
+			}
+			fds = append(fds, got...)
+		}
+	}
+	return fds, nil
+}
+
+func closeAll(fds []int) {
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
+}

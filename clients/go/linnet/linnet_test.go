@@ -1,0 +1,200 @@
+package linnet
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// fakeDaemon is the other end of a SOCK_SEQPACKET pair: it reads a
+// request and answers with the packets (and file descriptors) it is given.
+type fakeDaemon struct {
+	t    *testing.T
+	conn *net.UnixConn
+}
+
+func pair(t *testing.T) (*Client, *fakeDaemon) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "seqpacket")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.(*net.UnixConn)
+	}
+	client, daemon := NewClient(conn(fds[0])), &fakeDaemon{t, conn(fds[1])}
+	t.Cleanup(func() { client.Close(); daemon.conn.Close() })
+	return client, daemon
+}
+
+// serve answers one request: it checks the request's op, then sends each
+// packet, the first with `fds`.
+func (d *fakeDaemon) serve(op string, fds []int, packets ...string) <-chan map[string]interface{} {
+	got := make(chan map[string]interface{}, 1)
+	go func() {
+		buf := make([]byte, maxPacket)
+		n, err := d.conn.Read(buf)
+		if err != nil {
+			d.t.Errorf("fake daemon: %v", err)
+			close(got)
+			return
+		}
+		var req map[string]interface{}
+		if err := json.Unmarshal(buf[:n], &req); err != nil || req["op"] != op {
+			d.t.Errorf("fake daemon: expected op %q, got %s", op, buf[:n])
+		}
+		got <- req
+		for i, p := range packets {
+			var oob []byte
+			if i == 0 && len(fds) > 0 {
+				oob = syscall.UnixRights(fds...)
+			}
+			if _, _, err := d.conn.WriteMsgUnix([]byte(p), oob, nil); err != nil {
+				d.t.Errorf("fake daemon: %v", err)
+			}
+		}
+	}()
+	return got
+}
+
+func TestAttachReturnsTheInterfaceAndItsFileDescriptor(t *testing.T) {
+	client, daemon := pair(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	reply := `{"reply":"attached","interface":{"interface_id":"6b1c6b70-1111-4c4c-9c9c-000000000001",
+		"network":"shared","mode":"shared","datapath":"tap","name":"web","mac_address":"52:54:00:12:34:56",
+		"ip_address":"192.168.105.2","gateway":"192.168.105.1","subnet":"192.168.105.0/24",
+		"dns":["192.168.105.1"],"domain":"shared.linnet","tap":"lnt7","mtu":1500,"forwards":["8080:80/tcp"],
+		"vmnet_mac_address":"52:54:00:12:34:56"}}`
+	got := daemon.serve("attach", []int{int(r.Fd())}, reply)
+	iface, tap, err := client.Attach(AttachRequest{Network: "shared", Name: "web", Publish: []string{"8080:80/tcp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tap.Close()
+	req := <-got
+	if req["network"] != "shared" || req["name"] != "web" || req["mac"] != nil {
+		t.Errorf("the request: %v", req)
+	}
+	if iface.IPAddress != "192.168.105.2" || iface.TAP != "lnt7" || iface.MTU != 1500 ||
+		len(iface.Forwards) != 1 || !strings.Contains(string(iface.Raw), "vmnet_mac_address") {
+		t.Errorf("the interface: %+v", iface)
+	}
+	// The file is the descriptor the daemon sent: what goes in comes out.
+	if _, err := w.Write([]byte("frame")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(tap, buf); err != nil || string(buf) != "frame" {
+		t.Errorf("read %q, %v from the received descriptor", buf, err)
+	}
+	flags, _, errno := syscall.Syscall(syscall.SYS_FCNTL, tap.Fd(), syscall.F_GETFD, 0)
+	if errno != 0 || flags&syscall.FD_CLOEXEC == 0 {
+		t.Errorf("the received descriptor is not close-on-exec")
+	}
+}
+
+func TestAnErrorReplyIsAnError(t *testing.T) {
+	client, daemon := pair(t)
+	daemon.serve("attach", nil, `{"reply":"error","kind":"unknown_network","message":"unknown network \"lab\""}`)
+	_, _, err := client.Attach(AttachRequest{Network: "lab"})
+	var e *Error
+	if !errors.As(err, &e) || e.Kind != "unknown_network" || !strings.Contains(e.Error(), `"lab"`) {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestAnAttachWithoutADescriptorIsRefused(t *testing.T) {
+	client, daemon := pair(t)
+	daemon.serve("attach", nil, `{"reply":"attached","interface":{"interface_id":"x"}}`)
+	if _, _, err := client.Attach(AttachRequest{}); err == nil || !strings.Contains(err.Error(), "0 file descriptors") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestALargeReplyComesInPieces(t *testing.T) {
+	client, daemon := pair(t)
+	var interfaces []string
+	for i := 0; i < 2000; i++ {
+		interfaces = append(interfaces, `{"interface_id":"id","network":"scale","tap":"lnt1","datapath":"tap"}`)
+	}
+	body := `{"reply":"listing","networks":[],"interfaces":[` + strings.Join(interfaces, ",") + `]}`
+	packets := []string{`{"large_message":` + itoa(len(body)) + `}`}
+	for rest := body; rest != ""; {
+		n := len(rest)
+		if n > maxPacket {
+			n = maxPacket
+		}
+		packets = append(packets, rest[:n])
+		rest = rest[n:]
+	}
+	if len(packets) < 3 {
+		t.Fatalf("the reply should need several packets, has %d", len(packets))
+	}
+	daemon.serve("list", nil, packets...)
+	l, err := client.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Interfaces) != 2000 || l.Interfaces[1999].Network != "scale" {
+		t.Errorf("listed %d interfaces", len(l.Interfaces))
+	}
+}
+
+func TestAnOversizedAnnouncementIsRefused(t *testing.T) {
+	client, daemon := pair(t)
+	daemon.serve("list", nil, `{"large_message":1000000000}`)
+	if _, err := client.List(); err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestADaemonThatHangsUpIsAnError(t *testing.T) {
+	client, daemon := pair(t)
+	go func() {
+		buf := make([]byte, maxPacket)
+		daemon.conn.Read(buf)
+		daemon.conn.Close()
+	}()
+	if err := client.Detach("x"); err == nil {
+		t.Fatal("no error")
+	}
+}
+
+func TestForwardRequestsNameTheirFields(t *testing.T) {
+	client, daemon := pair(t)
+	got := daemon.serve("forward_add", nil, `{"reply":"ok"}`)
+	if err := client.ForwardAdd(ForwardRef{Network: "shared", Name: "web", Forward: "9090:80/tcp"}); err != nil {
+		t.Fatal(err)
+	}
+	req := <-got
+	if req["network"] != "shared" || req["name"] != "web" || req["forward"] != "9090:80/tcp" || req["interface_id"] != nil {
+		t.Errorf("the request: %v", req)
+	}
+	daemon.serve("forward_list", nil, `{"reply":"forwards","forwards":[{"network":"shared","interface_id":"x",
+		"name":"web","forward":"9090:80/tcp","guest":"192.168.105.2:80","origin":"runtime"}]}`)
+	forwards, err := client.ForwardList()
+	if err != nil || len(forwards) != 1 || forwards[0].Guest != "192.168.105.2:80" || forwards[0].Origin != "runtime" {
+		t.Fatalf("got %+v, %v", forwards, err)
+	}
+}
+
+func itoa(n int) string {
+	b, _ := json.Marshal(n)
+	return string(b)
+}
