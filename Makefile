@@ -6,7 +6,9 @@
 CARGO ?= cargo
 # The Go client's toolchain: on PATH, else where Go's own tarball puts it
 # (scripts/install-deps installs Debian's golang-go when there is neither).
+# `=`, not `:=`: looked up when used, after `deps` may have installed it.
 GO ?= $(shell command -v go || echo /usr/local/go/bin/go)
+export GO
 GO_CLIENT := clients/go/linnet
 SANDBOX := scripts/sandbox
 
@@ -44,7 +46,7 @@ lint:
 	# The integration suite is test = false, so --all-targets skips it.
 	$(CARGO) clippy --test integration -- -D warnings
 	python3 -m py_compile bench/linnet_bench/*.py bench/tests/*.py
-	test -z "$$(cd $(GO_CLIENT) && $$($(GO) env GOROOT)/bin/gofmt -l .)" || { echo "gofmt: $(GO_CLIENT) needs formatting"; exit 1; }
+	out=$$(cd $(GO_CLIENT) && "$$($(GO) env GOROOT)/bin/gofmt" -l .) && test -z "$$out" || { echo "gofmt: $(GO_CLIENT): $$out"; exit 1; }
 	cd $(GO_CLIENT) && GOTOOLCHAIN=local $(GO) vet ./...
 	# The docs' benchmark figures are the committed results' (bench/linnet_bench/docs.py).
 	PYTHONPATH=bench PYTHONDONTWRITEBYTECODE=1 python3 -m linnet_bench.docs --check

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package linnet is a client for the linnet daemon's socket API
 // (docs/api.md): attach an interface to a network and receive its TAP file
 // descriptor and addresses, detach it, list what is attached, and manage
@@ -7,19 +9,24 @@
 //
 // A Client is one connection, and the connection is the lifeline of every
 // interface attached on it: closing the Client (or the process exiting)
-// detaches them. Keep it open as long as the VMs run. A Client serves one
-// request at a time; it is safe for use by several goroutines.
+// detaches them. Keep it open as long as the VMs run, or hand it on with
+// File. A Client serves one request at a time; it is safe for use by
+// several goroutines.
+//
+// Linux only: the daemon and the TAP devices it hands out are Linux's.
 package linnet
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // DefaultSocket is where the daemon listens unless LINNET_RUN_DIR moves it.
@@ -28,8 +35,9 @@ const DefaultSocket = "/run/linnet/linnet.sock"
 // maxPacket is the largest packet the daemon sends (docs/api.md).
 const maxPacket = 64 << 10
 
-// maxLargeReply bounds a reply announced by {"large_message": N}.
-const maxLargeReply = 64 << 20
+// maxLargeReply bounds a reply announced by {"large_message": N}; a var
+// for the tests.
+var maxLargeReply = 64 << 20
 
 // SocketPath is the daemon's socket: $LINNET_RUN_DIR/linnet.sock when that
 // is set, else DefaultSocket.
@@ -52,8 +60,17 @@ func (e *Error) Error() string { return fmt.Sprintf("linnet: %s: %s", e.Kind, e.
 
 // Client is a connection to the daemon.
 type Client struct {
+	// Timeout bounds each call (0: none). A call that times out leaves its
+	// reply owed: the next call reads and drops it first, so the
+	// connection, and the interfaces it holds, stay usable.
+	Timeout time.Duration
+
 	mu   sync.Mutex
 	conn *net.UnixConn
+	// Replies of timed-out calls still to come.
+	owed int
+	// Why the connection can no longer be used (its replies out of step).
+	broken error
 }
 
 // Dial connects to the daemon's socket at path ("" for SocketPath()).
@@ -73,6 +90,12 @@ func NewClient(conn *net.UnixConn) *Client { return &Client{conn: conn} }
 
 // Close closes the connection, which detaches every interface attached on it.
 func (c *Client) Close() error { return c.conn.Close() }
+
+// File returns a duplicate of the connection. The interfaces live as long
+// as any copy of it is open: a VM manager that starts a VMM and exits can
+// pass it in exec.Cmd.ExtraFiles, so the VM's network lasts as long as the
+// VMM (which need not use it).
+func (c *Client) File() (*os.File, error) { return c.conn.File() }
 
 // AttachRequest is what an attach asks for; every field is optional.
 type AttachRequest struct {
@@ -128,16 +151,28 @@ func (c *Client) Attach(req AttachRequest) (*Interface, *os.File, error) {
 	}
 	if len(fds) != 1 {
 		closeAll(fds)
+		c.abandon(reply.Interface)
 		return nil, nil, fmt.Errorf("linnet: the attach reply carried %d file descriptors, not the TAP's one", len(fds))
 	}
-	tap := os.NewFile(uintptr(fds[0]), "linnet-tap")
 	var iface Interface
-	if err := json.Unmarshal(reply.Interface, &iface); err != nil {
-		tap.Close()
-		return nil, nil, fmt.Errorf("linnet: a malformed interface in the attach reply: %w", err)
+	if err := json.Unmarshal(reply.Interface, &iface); err != nil || iface.InterfaceID == "" {
+		closeAll(fds)
+		c.abandon(reply.Interface)
+		return nil, nil, fmt.Errorf("linnet: a malformed interface in the attach reply (%v): %s", err, reply.Interface)
 	}
 	iface.Raw = reply.Interface
-	return &iface, tap, nil
+	return &iface, os.NewFile(uintptr(fds[0]), "linnet-tap-"+iface.TAP), nil
+}
+
+// abandon detaches, as best it can, an interface whose attach reply was
+// unusable, so that it does not stay attached unseen until Close.
+func (c *Client) abandon(raw json.RawMessage) {
+	var id struct {
+		InterfaceID string `json:"interface_id"`
+	}
+	if json.Unmarshal(raw, &id) == nil && id.InterfaceID != "" {
+		_ = c.Detach(id.InterfaceID)
+	}
 }
 
 // Detach detaches an interface this connection attached.
@@ -250,14 +285,35 @@ func (c *Client) call(request interface{}, want string, out interface{}) ([]int,
 	if err != nil {
 		return nil, err
 	}
+	if len(msg) > maxPacket {
+		return nil, fmt.Errorf("linnet: a request of %d bytes, more than the %d the daemon reads", len(msg), maxPacket)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, err := c.conn.Write(msg); err != nil {
-		return nil, fmt.Errorf("linnet: cannot send the request: %w", err)
+	if c.broken != nil {
+		return nil, c.broken
 	}
-	body, fds, err := c.receive()
-	if err != nil {
+	var deadline time.Time
+	if c.Timeout > 0 {
+		deadline = time.Now().Add(c.Timeout)
+	}
+	if err := c.conn.SetDeadline(deadline); err != nil {
 		return nil, err
+	}
+	for c.owed > 0 {
+		_, fds, err := c.receive()
+		if isTimeout(err) {
+			return nil, fmt.Errorf("linnet: an earlier call's reply has still not come: %w", err)
+		}
+		if err != nil {
+			return nil, c.fail(err)
+		}
+		closeAll(fds)
+		c.owed--
+	}
+	body, fds, err := c.exchange(msg)
+	if err != nil {
+		return nil, c.fail(err)
 	}
 	var head struct {
 		Reply string `json:"reply"`
@@ -285,26 +341,52 @@ func (c *Client) call(request interface{}, want string, out interface{}) ([]int,
 	return fds, nil
 }
 
+// exchange sends a request and receives its reply. A daemon that refused
+// the connection (a user over its connection limit gets `busy`) has sent
+// why before closing: a failed write reads it.
+func (c *Client) exchange(msg []byte) ([]byte, []int, error) {
+	if _, err := c.conn.Write(msg); err != nil {
+		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+			if body, fds, rerr := c.receive(); rerr == nil {
+				return body, fds, nil
+			}
+		}
+		return nil, nil, fmt.Errorf("linnet: cannot send the request: %w", err)
+	}
+	return c.receive()
+}
+
+// fail records what a failed exchange leaves: a timed-out call still owes
+// its reply; anything else that broke off mid-reply leaves the connection's
+// replies out of step, so it is not used again.
+func (c *Client) fail(err error) error {
+	switch {
+	case isTimeout(err):
+		c.owed++
+		return fmt.Errorf("linnet: no reply within %v (the next call takes it first): %w", c.Timeout, err)
+	case errors.Is(err, errOutOfStep):
+		c.broken = err
+	}
+	return err
+}
+
+func isTimeout(err error) bool {
+	var timeout net.Error
+	return errors.As(err, &timeout) && timeout.Timeout()
+}
+
+// errOutOfStep marks a reply read only in part.
+var errOutOfStep = errors.New("the connection's replies are out of step")
+
 // receive reads one reply: a packet, or a {"large_message": N} packet and
-// the N bytes that follow in packets of their own.
+// the N bytes that follow in packets of their own. A reply too large to
+// take is read to its end and dropped, so the next reply is the next
+// call's.
 func (c *Client) receive() ([]byte, []int, error) {
 	buf := make([]byte, maxPacket)
-	oob := make([]byte, syscall.CmsgSpace(4*4))
-	n, oobn, flags, _, err := c.conn.ReadMsgUnix(buf, oob)
-	if err != nil {
-		return nil, nil, fmt.Errorf("linnet: cannot read the reply: %w", err)
-	}
-	fds, err := rights(oob[:oobn])
+	n, fds, err := c.packet(buf)
 	if err != nil {
 		return nil, nil, err
-	}
-	if n == 0 {
-		closeAll(fds)
-		return nil, nil, errors.New("linnet: the daemon closed the connection")
-	}
-	if flags&syscall.MSG_TRUNC != 0 || flags&syscall.MSG_CTRUNC != 0 {
-		closeAll(fds)
-		return nil, nil, errors.New("linnet: a reply was cut short")
 	}
 	var large struct {
 		LargeMessage *int `json:"large_message"`
@@ -313,28 +395,57 @@ func (c *Client) receive() ([]byte, []int, error) {
 		return buf[:n], fds, nil
 	}
 	size := *large.LargeMessage
-	if size < 0 || size > maxLargeReply {
+	if size < 0 {
 		closeAll(fds)
-		return nil, nil, fmt.Errorf("linnet: a reply of %d bytes announced, more than %d", size, maxLargeReply)
+		return nil, nil, fmt.Errorf("linnet: %w: a reply of %d bytes announced", errOutOfStep, size)
 	}
-	body := make([]byte, 0, size)
-	for len(body) < size {
-		n, err := c.conn.Read(buf)
+	var body []byte
+	if size <= maxLargeReply {
+		body = make([]byte, 0, size)
+	}
+	for got := 0; got < size; {
+		n, more, err := c.packet(buf)
+		closeAll(more)
 		if err != nil {
 			closeAll(fds)
-			return nil, nil, fmt.Errorf("linnet: the connection broke in the middle of a reply: %w", err)
+			return nil, nil, fmt.Errorf("linnet: %w: the reply broke off after %d of %d bytes: %v", errOutOfStep, got, size, err)
 		}
-		if n == 0 {
-			closeAll(fds)
-			return nil, nil, errors.New("linnet: the daemon closed the connection in the middle of a reply")
+		got += n
+		if body != nil {
+			body = append(body, buf[:n]...)
 		}
-		body = append(body, buf[:n]...)
+	}
+	if body == nil {
+		closeAll(fds)
+		return nil, nil, fmt.Errorf("linnet: a reply of %d bytes, more than %d; dropped", size, maxLargeReply)
 	}
 	if len(body) != size {
 		closeAll(fds)
-		return nil, nil, fmt.Errorf("linnet: a reply of %d bytes announced, %d came", size, len(body))
+		return nil, nil, fmt.Errorf("linnet: %w: a reply of %d bytes announced, %d came", errOutOfStep, size, len(body))
 	}
 	return body, fds, nil
+}
+
+// packet reads one packet into buf, with the file descriptors that came
+// with it.
+func (c *Client) packet(buf []byte) (int, []int, error) {
+	oob := make([]byte, syscall.CmsgSpace(4*4))
+	n, oobn, flags, _, err := c.conn.ReadMsgUnix(buf, oob)
+	if errors.Is(err, io.EOF) {
+		return 0, nil, errors.New("linnet: the daemon closed the connection")
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("linnet: cannot read the reply: %w", err)
+	}
+	fds, err := rights(oob[:oobn])
+	if err != nil {
+		return 0, nil, err
+	}
+	if flags&(syscall.MSG_TRUNC|syscall.MSG_CTRUNC) != 0 {
+		closeAll(fds)
+		return 0, nil, fmt.Errorf("linnet: %w: a packet was cut short", errOutOfStep)
+	}
+	return n, fds, nil
 }
 
 // rights takes the file descriptors out of a message's control data.
@@ -350,11 +461,6 @@ func rights(oob []byte) ([]int, error) {
 			if err != nil {
 				closeAll(fds)
 				return nil, fmt.Errorf("linnet: malformed file descriptors with a reply: %w", err)
-			}
-			for _, fd := range got {
-				// Not inherited by whatever the caller starts next; a VMM
-				// gets the TAP through exec.Cmd.ExtraFiles, which dups it.
-				syscall.CloseOnExec(fd)
 			}
 			fds = append(fds, got...)
 		}

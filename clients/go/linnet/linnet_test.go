@@ -1,3 +1,5 @@
+//go:build linux
+
 package linnet
 
 import (
@@ -9,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // fakeDaemon is the other end of a SOCK_SEQPACKET pair: it reads a
@@ -119,11 +122,18 @@ func TestAnErrorReplyIsAnError(t *testing.T) {
 	}
 }
 
-func TestAnAttachWithoutADescriptorIsRefused(t *testing.T) {
+func TestAnAttachWithoutADescriptorIsRefusedAndUndone(t *testing.T) {
 	client, daemon := pair(t)
-	daemon.serve("attach", nil, `{"reply":"attached","interface":{"interface_id":"x"}}`)
+	detached := make(chan interface{}, 1)
+	go func() {
+		<-daemon.serve("attach", nil, `{"reply":"attached","interface":{"interface_id":"x"}}`)
+		detached <- (<-daemon.serve("detach", nil, `{"reply":"detached","interface_id":"x"}`))["interface_id"]
+	}()
 	if _, _, err := client.Attach(AttachRequest{}); err == nil || !strings.Contains(err.Error(), "0 file descriptors") {
 		t.Fatalf("got %v", err)
+	}
+	if id := <-detached; id != "x" {
+		t.Errorf("the unusable interface was not detached: %v", id)
 	}
 }
 
@@ -156,11 +166,64 @@ func TestALargeReplyComesInPieces(t *testing.T) {
 	}
 }
 
-func TestAnOversizedAnnouncementIsRefused(t *testing.T) {
+func TestAnOversizedReplyIsDroppedAndTheConnectionGoesOn(t *testing.T) {
 	client, daemon := pair(t)
-	daemon.serve("list", nil, `{"large_message":1000000000}`)
-	if _, err := client.List(); err == nil || !strings.Contains(err.Error(), "more than") {
+	defer func(was int) { maxLargeReply = was }(maxLargeReply)
+	maxLargeReply = 1000
+	body := `{"reply":"listing","networks":[],"interfaces":[]}` + strings.Repeat(" ", 2000)
+	daemon.serve("list", nil, `{"large_message":`+itoa(len(body))+`}`, body[:1500], body[1500:])
+	if _, err := client.List(); err == nil || !strings.Contains(err.Error(), "more than 1000; dropped") {
 		t.Fatalf("got %v", err)
+	}
+	daemon.serve("detach", nil, `{"reply":"detached","interface_id":"x"}`)
+	if err := client.Detach("x"); err != nil {
+		t.Fatalf("the next call: %v", err)
+	}
+}
+
+func TestATimedOutCallsReplyIsTakenByTheNext(t *testing.T) {
+	client, daemon := pair(t)
+	client.Timeout = 50 * time.Millisecond
+	go func() {
+		buf := make([]byte, maxPacket)
+		// The first call's reply comes after the call gave up on it.
+		daemon.conn.Read(buf)
+		time.Sleep(200 * time.Millisecond)
+		daemon.conn.Write([]byte(`{"reply":"detached","interface_id":"first"}`))
+		daemon.conn.Read(buf)
+		daemon.conn.Write([]byte(`{"reply":"error","kind":"bad_request","message":"second"}`))
+	}()
+	if err := client.Detach("first"); err == nil || !strings.Contains(err.Error(), "no reply within") {
+		t.Fatalf("the first call: %v", err)
+	}
+	client.Timeout = 5 * time.Second
+	var e *Error
+	if err := client.Detach("second"); !errors.As(err, &e) || e.Message != "second" {
+		t.Fatalf("the second call got %v, not its own reply", err)
+	}
+}
+
+func TestABusyRefusalIsReadAfterAFailedWrite(t *testing.T) {
+	client, daemon := pair(t)
+	// As the daemon does for a user over its connection limit: why, then close.
+	daemon.conn.Write([]byte(`{"reply":"error","kind":"busy","message":"uid 1000 has 256 connections"}`))
+	daemon.conn.Close()
+	var e *Error
+	if _, err := client.List(); !errors.As(err, &e) || e.Kind != "busy" {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestAPacketCutShortBreaksTheConnection(t *testing.T) {
+	client, daemon := pair(t)
+	body := `{"reply":"listing","networks":[],"interfaces":[]}`
+	daemon.serve("list", nil, `{"large_message":`+itoa(len(body)+10)+`}`, body)
+	go func() { time.Sleep(100 * time.Millisecond); daemon.conn.Close() }()
+	if _, err := client.List(); err == nil {
+		t.Fatal("no error")
+	}
+	if _, err := client.List(); err == nil || !strings.Contains(err.Error(), "out of step") {
+		t.Fatalf("the next call: %v", err)
 	}
 }
 
