@@ -98,7 +98,8 @@ def summarize(runs, failures=()):
             out[k] = round(statistics.median(r[k] for r in runs), 3)
         retransmits = [r["retransmits"] for r in runs if r["retransmits"] is not None]
         out["retransmits"] = round(statistics.median(retransmits)) if retransmits else None
-        out["spread"] = round(max(out["runs_gbps"]) / min(out["runs_gbps"]), 2)
+        slowest = min(r["gbps"] for r in runs)  # above 0: iperf3() refuses a run that moved nothing
+        out["spread"] = round(max(r["gbps"] for r in runs) / slowest, 2)
     else:
         out["gbps"] = out["retransmits"] = out["spread"] = None
     reasons = []
