@@ -1,7 +1,6 @@
 //! Guard: anti-spoofing (raw frames from a guest, a capture in another),
 //! network isolation, and a daemon that bad or stalled clients cannot hurt.
 
-use std::io::BufRead;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::Stdio;
 
@@ -62,18 +61,7 @@ fn neighbour(g: &Guest, ip: &str) -> String {
 /// Sends `kinds` from `attacker` while `victim` captures; the markers seen.
 pub(crate) fn send_and_capture(attacker: &Guest, victim: &Guest, kinds: &[&str]) -> Vec<String> {
     let script = repo_file("tests/spoof.py");
-    let mut capture = Reaped(
-        victim
-            .ns
-            .cmd(&["python3", &script, "capture", "eth0", "3"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut out = std::io::BufReader::new(capture.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "capturing");
+    let capture = Capture::start(&victim.ns, "eth0", 3);
     let keys = [
         format!("mac={}", attacker.mac()),
         format!("ip={}", attacker.ip()),
@@ -90,8 +78,7 @@ pub(crate) fn send_and_capture(attacker: &Guest, victim: &Guest, kinds: &[&str])
         argv.extend(keys.iter().map(String::as_str));
         must(&mut attacker.ns.cmd(&argv));
     }
-    capture.wait().unwrap();
-    out.lines().map(|l| l.unwrap()).collect()
+    capture.finish()
 }
 
 fn spoofed_drops(world: &World, g: &Guest) -> Option<u64> {

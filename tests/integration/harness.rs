@@ -11,9 +11,10 @@
 //! Everything runs inside `scripts/sandbox` (its own network, mount and PID
 //! namespaces), so even a bug here cannot touch the machine's network.
 
+use std::io::{BufRead, BufReader};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -790,19 +791,45 @@ pub fn echo_serve(ns: &Netns, tag: &str, port: u16) -> Reaped {
 /// Starts `cmd` (stdin closed), waits for the first line it prints (a
 /// tool saying it is ready, or what it found) and returns it, trimmed.
 /// The rest of its stdout is not read.
-pub fn spawn_until_first_line(mut cmd: Command) -> (Reaped, String) {
+pub fn spawn_until_first_line(cmd: Command) -> (Reaped, String) {
+    let (child, line, _) = spawn_reading(cmd);
+    (child, line)
+}
+
+/// As `spawn_until_first_line`, keeping the rest of its stdout to read.
+pub fn spawn_reading(mut cmd: Command) -> (Reaped, String, BufReader<ChildStdout>) {
     let mut child = Reaped(
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}")),
     );
+    let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    (child, line.trim().to_string())
+    out.read_line(&mut line).unwrap();
+    (child, line.trim().to_string(), out)
+}
+
+/// tests/spoof.py capturing on `dev` in `ns` for `seconds`: the markers of
+/// the frames it saw, once `finish` waits for it.
+pub struct Capture {
+    child: Reaped,
+    out: BufReader<ChildStdout>,
+}
+
+impl Capture {
+    pub fn start(ns: &Netns, dev: &str, seconds: u32) -> Capture {
+        let script = repo_file("tests/spoof.py");
+        let (child, said, out) =
+            spawn_reading(ns.cmd(&["python3", &script, "capture", dev, &seconds.to_string()]));
+        assert_eq!(said, "capturing");
+        Capture { child, out }
+    }
+
+    pub fn finish(mut self) -> Vec<String> {
+        self.child.wait().unwrap();
+        self.out.lines().map(|l| l.unwrap()).collect()
+    }
 }
 
 /// The answer a client in `ns` gets from an echo server at HOST:PORT over

@@ -210,19 +210,7 @@ fn allow_connect_holds_for_udp_icmp_ipv6_dhcp_port_and_invalid_packets() {
     );
 
     // A segment conntrack cannot place never reaches the upstream.
-    let spoof = repo_file("tests/spoof.py");
-    let mut capture = Reaped(
-        world
-            .upstream
-            .cmd(&["python3", &spoof, "capture", "eth0", "2"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut out = std::io::BufReader::new(capture.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert_eq!(line.trim(), "capturing");
+    let capture = Capture::start(&world.upstream, "eth0", 2);
     let echo = repo_file("tests/echo_peer.py");
     let ip = g.ip().to_string();
     must(
@@ -230,8 +218,7 @@ fn allow_connect_holds_for_udp_icmp_ipv6_dhcp_port_and_invalid_packets() {
             .ns
             .cmd(&["python3", &echo, "invalid", &ip, UPSTREAM_IP, "8081"]),
     );
-    capture.wait().unwrap();
-    let seen: Vec<String> = std::io::BufRead::lines(out).map(|l| l.unwrap()).collect();
+    let seen = capture.finish();
     assert!(seen.is_empty(), "an invalid segment got out: {seen:?}");
 }
 
