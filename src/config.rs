@@ -74,6 +74,28 @@ pub struct NetworkConfig {
     pub forwards: Vec<StaticForward>,
     /// The connect/listen policy of interfaces that bring none of their own.
     pub policy: Policy,
+    /// A socket_vmnet-compatible stream socket for the network, if any.
+    pub socket: Option<NetworkSocket>,
+}
+
+/// Where a network's socket_vmnet-compatible socket is (`socket:`): each
+/// connection to it is one VM port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkSocket {
+    /// `socket: true`: NETWORK.sock in the daemon's run directory.
+    RunDir,
+    /// `socket: PATH`, an absolute path.
+    Path(PathBuf),
+}
+
+impl NetworkSocket {
+    pub fn path(&self, network: &str, run_dir: &Path) -> PathBuf {
+        match self {
+            NetworkSocket::RunDir => run_dir.join(format!("{network}.sock")),
+            NetworkSocket::Path(path) => path.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -239,6 +261,8 @@ struct NetworkSpec {
     #[serde(default)]
     forwards: Vec<ForwardSpec>,
     policy: Option<PolicySpec>,
+    /// `true`, `false` or an absolute path.
+    socket: Option<serde_norway::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -390,6 +414,21 @@ fn check_no_overlaps(
                     ),
                 });
             }
+            if let (Some(NetworkSocket::Path(pa)), Some(NetworkSocket::Path(pb))) =
+                (&a.socket, &b.socket)
+                && pa == pb
+            {
+                return Err(ConfigError::Invalid {
+                    file: file.into(),
+                    network: b.name.clone(),
+                    key: "socket".into(),
+                    message: format!(
+                        "{} is also the socket of network \"{}\"; give each network its own",
+                        pb.display(),
+                        a.name
+                    ),
+                });
+            }
             for fb in &b.forwards {
                 if let Some(fa) = a
                     .forwards
@@ -511,6 +550,7 @@ impl Validator<'_> {
         };
         let dhcp = self.dhcp(dhcp_spec, subnet, gateway, hosts)?;
         let dns = self.dns(name, spec.dns.unwrap_or_default())?;
+        let socket = self.socket(name, spec.socket.take())?;
 
         let nat44 = spec.nat44.unwrap_or(mode == Mode::Shared);
         if nat44 && mode == Mode::Host {
@@ -539,7 +579,57 @@ impl Validator<'_> {
                 .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
             forwards,
             policy,
+            socket,
         })
+    }
+
+    fn socket(
+        &self,
+        name: &str,
+        spec: Option<serde_norway::Value>,
+    ) -> Result<Option<NetworkSocket>, ConfigError> {
+        let path = match spec {
+            None | Some(serde_norway::Value::Bool(false)) => return Ok(None),
+            Some(serde_norway::Value::Bool(true)) => {
+                // linnet.sock in the run directory is the daemon's own.
+                if format!("{name}.sock") == crate::api::SOCKET_NAME {
+                    return Err(self.err(
+                        "socket",
+                        format!(
+                            "{name}.sock would be the daemon's own socket; give a path (socket: /run/linnet/{name}-vms.sock)"
+                        ),
+                    ));
+                }
+                return Ok(Some(NetworkSocket::RunDir));
+            }
+            Some(serde_norway::Value::String(path)) => PathBuf::from(path),
+            Some(other) => {
+                return Err(self.err(
+                    "socket",
+                    format!("{other:?} is neither true, false nor a path"),
+                ));
+            }
+        };
+        if !path.is_absolute() || path.file_name().is_none() {
+            return Err(self.err(
+                "socket",
+                format!(
+                    "\"{}\" is not an absolute path to a socket (e.g. /run/linnet/{name}.sock)",
+                    path.display()
+                ),
+            ));
+        }
+        // sockaddr_un holds 108 bytes with the terminating NUL.
+        if path.as_os_str().len() > 107 {
+            return Err(self.err(
+                "socket",
+                format!(
+                    "\"{}\" is longer than the 107 bytes a unix socket path may have",
+                    path.display()
+                ),
+            ));
+        }
+        Ok(Some(NetworkSocket::Path(path)))
     }
 
     fn policy(&self, spec: PolicySpec) -> Result<Policy, ConfigError> {
@@ -1229,5 +1319,52 @@ mod tests {
             e.starts_with("/nonexistent/linnet.yaml: cannot read"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_network_socket_is_off_by_default_and_true_or_an_absolute_path_turns_it_on() {
+        let cfg = load(
+            "networks:\n  shared:\n    socket: true\n  host:\n    socket: /run/vms/host.sock\n  lab:\n    subnet: 10.9.0.0/24\n    socket: false\n",
+        )
+        .unwrap();
+        let run_dir = Path::new("/run/linnet");
+        let socket = |n: &str| {
+            cfg.network(n)
+                .unwrap()
+                .socket
+                .as_ref()
+                .map(|s| s.path(n, run_dir))
+        };
+        assert_eq!(socket("shared"), Some("/run/linnet/shared.sock".into()));
+        assert_eq!(socket("host"), Some("/run/vms/host.sock".into()));
+        assert_eq!(socket("lab"), None);
+        assert_eq!(Config::builtin().network("shared").unwrap().socket, None);
+    }
+
+    #[test]
+    fn a_network_socket_that_cannot_work_is_refused_with_the_fix() {
+        for (yaml, expected) in [
+            (
+                "networks:\n  shared:\n    socket: vms.sock\n",
+                "socket: \"vms.sock\" is not an absolute path",
+            ),
+            (
+                "networks:\n  shared:\n    socket: 3\n",
+                "is neither true, false nor a path",
+            ),
+            (
+                "networks:\n  linnet:\n    subnet: 10.9.0.0/24\n    socket: true\n",
+                "linnet.sock would be the daemon's own socket; give a path",
+            ),
+            (
+                "networks:\n  host:\n    socket: /run/a.sock\n  shared:\n    socket: /run/a.sock\n",
+                "/run/a.sock is also the socket of network \"host\"",
+            ),
+        ] {
+            let m = message(yaml);
+            assert!(m.contains(expected), "{yaml}: {m}");
+        }
+        let long = format!("networks:\n  shared:\n    socket: /{}\n", "s".repeat(110));
+        assert!(message(&long).contains("longer than the 107 bytes"));
     }
 }

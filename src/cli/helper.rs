@@ -14,7 +14,7 @@ use anyhow::Context;
 use clap::{ArgGroup, Args};
 use tracing::info;
 
-use super::relay::{self, RelayArgs, VmmSocket, claim_fd, inheritable};
+use super::relay::{self, Interface, RelayArgs, VmmSocket, claim_fd, inheritable};
 use super::{AttachArgs, Cli, VnetArgs};
 use crate::host::privileges;
 
@@ -76,9 +76,11 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
     let announce = relay::announcement(&serde_json::to_string(&info)?)
         .context("cannot keep the interface JSON for the relay")?;
     let relay_args = RelayArgs {
-        tap: tap.as_raw_fd(),
+        interface: Interface::Attached {
+            tap: tap.as_raw_fd(),
+            interface_id: info.interface_id,
+        },
         daemon: channel.as_fd().as_raw_fd(),
-        interface_id: info.interface_id,
         mtu: info.mtu,
         socket,
         header,
@@ -87,7 +89,7 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
     };
     // What the relay is handed must cross the exec.
     let passed = [
-        Some(relay_args.tap),
+        Some(tap.as_raw_fd()),
         Some(relay_args.daemon),
         relay_args.announce,
         vmm_fd.as_ref().map(AsRawFd::as_raw_fd),

@@ -7,6 +7,10 @@
 //! socket it was handed, or until the daemon goes away, and reports the
 //! relay's counters meanwhile.
 //!
+//! The daemon starts it too, for each connection to a network's socket
+//! (daemon/network_sockets.rs), as the connecting user: then it attaches
+//! itself, once the VM's first frame has named the MAC to attach with.
+//!
 //! An executable of its own because one runs per VM: it links only the API
 //! client and the datapath, so it maps a fraction of `linnet`'s code (the
 //! kernel maps a binary's pages around every page touched, so a sparse walk
@@ -16,23 +20,27 @@
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
+use nix::sys::socket::{self, MsgFlags};
 use tracing::info;
 
 use super::{DAEMON_GONE, EXIT_LINNET_FAILED, report, spawn_relay};
-use crate::api::Channel;
+use crate::api::{AttachRequest, Channel, InterfaceInfo, Request, Response};
+use crate::datapath::framing::LENGTH_BYTES;
 use crate::datapath::port::Endpoint;
-use crate::datapath::relay::Relay;
+use crate::datapath::relay::{FRAME_OVERHEAD, Relay};
 use crate::datapath::vnet::ClientHeader;
 use crate::datapath::{Counters, Datapath, RelayCounters};
-use crate::types::InterfaceId;
+use crate::types::{InterfaceId, MacAddr};
 
 /// The executable's name; `linnet` finds it in its own directory.
 pub const EXECUTABLE: &str = "linnet-relay";
@@ -43,25 +51,26 @@ const STOP: [Signal; 3] = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP];
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 const USAGE: &str = "\
-usage: linnet-relay --tap FD --daemon FD --interface-id UUID --mtu N
+usage: linnet-relay --tap FD --interface-id UUID --daemon FD --mtu N
                     (--fd N | --socket PATH | --stream-fd N | --stream-socket PATH)
                     [--vnet-hdr-size BYTES] [--announce FD] [--log FILTER]
+       linnet-relay --attach-on-first-frame NETWORK --daemon FD --mtu N --stream-fd N
 
 The per-VM relay of `linnet helper`, which starts it once the interface is
-attached; not meant to be run by hand. --tap is the interface's TAP, --daemon
-the connection it was attached on (counters go there; when it closes, the
-interface is gone). The VMM's socket is given as for `linnet helper`.
---announce: a file whose contents (the interface JSON) go to stdout once
-relaying.";
+attached, and of the daemon's network sockets; not meant to be run by hand.
+--tap is the interface's TAP, --daemon the connection it was attached on
+(counters go there; when it closes, the interface is gone). The VMM's socket
+is given as for `linnet helper`. --announce: a file whose contents (the
+interface JSON) go to stdout once relaying. --attach-on-first-frame: attach
+to NETWORK on --daemon once the VM's first frame on --stream-fd gives its MAC.";
 
-/// What `linnet-relay` is given, as `linnet helper` passes it.
+/// What `linnet-relay` is given, as `linnet helper` (or the daemon, for a
+/// network socket's connection) passes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayArgs {
-    /// The attached interface's TAP.
-    pub tap: RawFd,
-    /// The daemon connection the interface was attached on.
+    pub interface: Interface,
+    /// The daemon connection the interface was (or is to be) attached on.
     pub daemon: RawFd,
-    pub interface_id: InterfaceId,
     pub mtu: u32,
     pub socket: VmmSocket,
     /// The virtio-net header the VMM speaks.
@@ -70,6 +79,19 @@ pub struct RelayArgs {
     pub announce: Option<RawFd>,
     /// The log filter [default: warn].
     pub log: Option<String>,
+}
+
+/// Which interface the relay serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Interface {
+    /// One that `linnet helper` attached.
+    Attached {
+        tap: RawFd,
+        interface_id: InterfaceId,
+    },
+    /// One to attach on this network once the VM's first frame names its
+    /// MAC: a connection to the network's socket.
+    OnFirstFrame { network: String },
 }
 
 /// The VMM's socket, as `linnet helper` takes it.
@@ -98,9 +120,16 @@ impl RelayArgs {
             args.push(flag.into());
             args.push(value);
         };
-        add("--tap", self.tap.to_string().into());
+        match &self.interface {
+            Interface::Attached { tap, interface_id } => {
+                add("--tap", tap.to_string().into());
+                add("--interface-id", interface_id.to_string().into());
+            }
+            Interface::OnFirstFrame { network } => {
+                add("--attach-on-first-frame", network.into());
+            }
+        }
         add("--daemon", self.daemon.to_string().into());
-        add("--interface-id", self.interface_id.to_string().into());
         add("--mtu", self.mtu.to_string().into());
         match &self.socket {
             VmmSocket::DgramFd(fd) => add("--fd", fd.to_string().into()),
@@ -123,6 +152,7 @@ impl RelayArgs {
     /// Reads a command line made by `to_args` (without the program name).
     pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<RelayArgs, String> {
         let (mut tap, mut daemon, mut interface_id, mut mtu) = (None, None, None, None);
+        let mut first_frame = None;
         let (mut socket, mut header, mut announce, mut log) =
             (None, ClientHeader::None, None, None);
         let mut args = args.into_iter();
@@ -158,6 +188,7 @@ impl RelayArgs {
                             .map_err(|e| format!("{flag}: {e}"))?,
                     )
                 }
+                "--attach-on-first-frame" => first_frame = Some(text()?.to_owned()),
                 "--mtu" => mtu = Some(number()?),
                 "--fd" => set_socket(VmmSocket::DgramFd(fd()?))?,
                 "--socket" => set_socket(VmmSocket::DgramPath(value.clone().into()))?,
@@ -173,10 +204,26 @@ impl RelayArgs {
             }
         }
         let missing = |what: &str| format!("{what} is missing");
+        let interface = match (first_frame, tap, interface_id) {
+            (Some(network), None, None) => {
+                if !matches!(socket, Some(VmmSocket::StreamFd(_))) {
+                    return Err(
+                        "--attach-on-first-frame takes the VM's stream as --stream-fd".into(),
+                    );
+                }
+                Interface::OnFirstFrame { network }
+            }
+            (Some(_), ..) => {
+                return Err("give --attach-on-first-frame or --tap and --interface-id".into());
+            }
+            (None, tap, id) => Interface::Attached {
+                tap: tap.ok_or_else(|| missing("--tap"))?,
+                interface_id: id.ok_or_else(|| missing("--interface-id"))?,
+            },
+        };
         Ok(RelayArgs {
-            tap: tap.ok_or_else(|| missing("--tap"))?,
+            interface,
             daemon: daemon.ok_or_else(|| missing("--daemon"))?,
-            interface_id: interface_id.ok_or_else(|| missing("--interface-id"))?,
             mtu: mtu.ok_or_else(|| missing("--mtu"))?,
             socket: socket.ok_or_else(|| {
                 missing("the VMM's socket (--fd, --socket, --stream-fd or --stream-socket)")
@@ -206,11 +253,15 @@ pub fn main() -> ExitCode {
         }
     };
     super::log_to_stderr(args.log.as_deref(), "warn");
-    // Errors read as `linnet helper`'s: that is what its user ran.
     match relay(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("linnet: {e:#}");
+            match args.interface {
+                // Errors read as `linnet helper`'s: that is what its user ran.
+                Interface::Attached { .. } => eprintln!("linnet: {e:#}"),
+                // A network socket's relay writes to the daemon's log.
+                Interface::OnFirstFrame { .. } => tracing::warn!("{e:#}"),
+            }
             ExitCode::from(EXIT_LINNET_FAILED)
         }
     }
@@ -224,17 +275,34 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
         signals.add(s);
     }
     signals.thread_block().context("cannot block signals")?;
-    let tap = claim_fd(args.tap)?;
     let channel = Channel::from_fd(claim_fd(args.daemon)?);
-    let endpoint = match &args.socket {
-        VmmSocket::DgramFd(fd) => Endpoint::DgramFd(claim_fd(*fd)?),
-        VmmSocket::DgramPath(path) => Endpoint::DgramPath(path.clone()),
-        VmmSocket::StreamFd(fd) => Endpoint::StreamFd(claim_fd(*fd)?),
-        VmmSocket::StreamPath(path) => Endpoint::StreamPath(path.clone()),
+    let (tap, interface_id, endpoint, mtu) = match &args.interface {
+        Interface::Attached { tap, interface_id } => {
+            let tap = claim_fd(*tap)?;
+            let endpoint = match &args.socket {
+                VmmSocket::DgramFd(fd) => Endpoint::DgramFd(claim_fd(*fd)?),
+                VmmSocket::DgramPath(path) => Endpoint::DgramPath(path.clone()),
+                VmmSocket::StreamFd(fd) => Endpoint::StreamFd(claim_fd(*fd)?),
+                VmmSocket::StreamPath(path) => Endpoint::StreamPath(path.clone()),
+            };
+            (tap, *interface_id, endpoint, args.mtu)
+        }
+        Interface::OnFirstFrame { network } => {
+            let VmmSocket::StreamFd(fd) = args.socket else {
+                bail!("--attach-on-first-frame takes the VM's stream as --stream-fd");
+            };
+            let vm = claim_fd(fd)?;
+            let max_frame = args.mtu as usize + FRAME_OVERHEAD;
+            let Some(mac) = first_frame_mac(&vm, &channel, &signals, network, max_frame)? else {
+                return Ok(());
+            };
+            let (info, tap) = attach_on_first_frame(&channel, network, mac)?;
+            (tap, info.interface_id, Endpoint::StreamFd(vm), info.mtu)
+        }
     };
     let datapath = args.socket.datapath();
     let counters = Arc::new(Counters::default());
-    let relay = Relay::new(tap, endpoint, args.header, args.mtu, counters.clone())?;
+    let relay = Relay::new(tap, endpoint, args.header, mtu, counters.clone())?;
     let _socket_file = SocketFile(match &args.socket {
         VmmSocket::DgramPath(path) | VmmSocket::StreamPath(path) => Some(path.clone()),
         _ => None,
@@ -251,7 +319,7 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
             .context("cannot write the interface JSON to stdout")?;
     }
     let relay = spawn_relay(relay);
-    info!(interface = %args.interface_id, %datapath, "relaying");
+    info!(interface = %interface_id, %datapath, "relaying");
 
     let mut reported = RelayCounters::default();
     let mut next_report = Instant::now() + REPORT_EVERY;
@@ -276,9 +344,110 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
         }
         if Instant::now() >= next_report {
             next_report += REPORT_EVERY;
-            report(&channel, args.interface_id, &counters, &mut reported)?;
+            report(&channel, interface_id, &counters, &mut reported)?;
             reap_children();
         }
+    }
+}
+
+/// Waits for the VM's first frame on `vm` and reads its source MAC without
+/// taking it off the stream (the relay reads it again as usual). `None`:
+/// the VM closed its connection first, or a signal came.
+fn first_frame_mac(
+    vm: &OwnedFd,
+    channel: &Channel,
+    signals: &SigSet,
+    network: &str,
+    max_frame: usize,
+) -> anyhow::Result<Option<MacAddr>> {
+    let mut head = [0u8; FIRST_FRAME_HEAD];
+    loop {
+        if let Some(signal) = wait_signal(signals, Duration::ZERO) {
+            info!("{signal} before the VM's first frame: stopping");
+            return Ok(None);
+        }
+        if channel.peer_closed() {
+            bail!(DAEMON_GONE);
+        }
+        let mut fds = [PollFd::new(vm.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::from(200u16))? == 0 {
+            continue;
+        }
+        let flags = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+        match socket::recv(vm.as_raw_fd(), &mut head, flags) {
+            Ok(0) => {
+                info!("the VM closed its connection before its first frame");
+                return Ok(None);
+            }
+            // Part of the head so far: wait for the rest without spinning.
+            Ok(n) if n < head.len() => std::thread::sleep(Duration::from_millis(20)),
+            Ok(_) => {
+                return first_frame_source(&head, max_frame).map(Some).map_err(|e| {
+                    anyhow::anyhow!(
+                        "network \"{network}\": the VM's first frame {e}; closing its connection"
+                    )
+                });
+            }
+            Err(Errno::EAGAIN | Errno::EINTR) => {}
+            Err(e) => bail!("network \"{network}\": the VM's connection failed: {e}"),
+        }
+    }
+}
+
+/// The length and the Ethernet header up to the source MAC.
+const FIRST_FRAME_HEAD: usize = LENGTH_BYTES + 12;
+
+/// The source MAC of the first frame on a stream, from its first bytes; or
+/// what is wrong with them (a length no frame has, a source no VM can be).
+fn first_frame_source(head: &[u8; FIRST_FRAME_HEAD], max_frame: usize) -> Result<MacAddr, String> {
+    let len = u32::from_be_bytes(head[..LENGTH_BYTES].try_into().expect("4 bytes")) as usize;
+    if !(ETHERNET_HEADER..=max_frame).contains(&len) {
+        return Err(format!(
+            "has a length of {len} bytes, not one of {ETHERNET_HEADER} to {max_frame} (is it speaking the 4-byte big-endian length of -netdev stream?)"
+        ));
+    }
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(&head[LENGTH_BYTES + 6..]);
+    let mac = MacAddr(mac);
+    if mac.is_multicast() || mac.0 == [0; 6] {
+        return Err(format!("comes from {mac}, which is not a unicast MAC"));
+    }
+    Ok(mac)
+}
+
+const ETHERNET_HEADER: usize = 14;
+
+/// Attaches the VM's interface on `network` with the MAC it sends from.
+fn attach_on_first_frame(
+    channel: &Channel,
+    network: &str,
+    mac: MacAddr,
+) -> anyhow::Result<(InterfaceInfo, OwnedFd)> {
+    let request = AttachRequest {
+        network: Some(network.into()),
+        mac: Some(mac),
+        datapath: Some(Datapath::Stream),
+        ..AttachRequest::default()
+    };
+    let refused = |why: String| {
+        anyhow::anyhow!(
+            "network \"{network}\": cannot attach the VM with MAC {mac}: {why}; closing its connection"
+        )
+    };
+    let (response, fds) = channel
+        .call(&Request::Attach(request))
+        .map_err(|e| refused(e.to_string()))?;
+    match response {
+        Response::Attached { interface } => {
+            let tap = fds
+                .into_iter()
+                .next()
+                .ok_or_else(|| refused("the daemon sent no TAP".into()))?;
+            info!(interface = %interface.interface_id, %mac, ip = ?interface.ip_address, "attached on the VM's first frame");
+            Ok((*interface, tap))
+        }
+        Response::Error { message, .. } => Err(refused(message)),
+        other => Err(refused(format!("unexpected reply {other:?}"))),
     }
 }
 
@@ -355,9 +524,11 @@ mod tests {
 
     fn args() -> RelayArgs {
         RelayArgs {
-            tap: 5,
+            interface: Interface::Attached {
+                tap: 5,
+                interface_id: "6b1c6b70-1111-4c4c-9c9c-000000000001".parse().unwrap(),
+            },
             daemon: 4,
-            interface_id: "6b1c6b70-1111-4c4c-9c9c-000000000001".parse().unwrap(),
             mtu: 1500,
             socket: VmmSocket::DgramPath(PathBuf::from(OsStr::from_bytes(b"/tmp/vm\xff.sock"))),
             header: ClientHeader::Virtio(12),
@@ -385,6 +556,51 @@ mod tests {
         }
         // A path need not be UTF-8.
         assert_eq!(RelayArgs::parse(args().to_args()), Ok(args()));
+        // What the daemon passes for a network socket's connection.
+        let network_socket = RelayArgs {
+            interface: Interface::OnFirstFrame {
+                network: "shared".into(),
+            },
+            socket: VmmSocket::StreamFd(3),
+            header: ClientHeader::None,
+            announce: None,
+            log: None,
+            ..args()
+        };
+        assert_eq!(
+            RelayArgs::parse(network_socket.to_args()),
+            Ok(network_socket)
+        );
+    }
+
+    #[test]
+    fn a_first_frame_gives_its_source_mac_or_what_is_wrong_with_it() {
+        let head = |len: u32, src: [u8; 6]| {
+            let mut h = [0u8; FIRST_FRAME_HEAD];
+            h[..4].copy_from_slice(&len.to_be_bytes());
+            h[4..10].copy_from_slice(&[0xff; 6]);
+            h[10..].copy_from_slice(&src);
+            h
+        };
+        let vm = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+        assert_eq!(
+            first_frame_source(&head(342, vm), 1518).map(|m| m.to_string()),
+            Ok("52:54:00:12:34:56".into())
+        );
+        assert_eq!(first_frame_source(&head(1518, vm), 1518), Ok(MacAddr(vm)));
+        for len in [0, 13, 1519, u32::MAX] {
+            let e = first_frame_source(&head(len, vm), 1518).unwrap_err();
+            assert!(
+                e.starts_with(&format!(
+                    "has a length of {len} bytes, not one of 14 to 1518"
+                )),
+                "{e}"
+            );
+        }
+        for src in [[0; 6], [0x01, 0x00, 0x5e, 0, 0, 1], [0xff; 6]] {
+            let e = first_frame_source(&head(60, src), 1518).unwrap_err();
+            assert!(e.ends_with("which is not a unicast MAC"), "{e}");
+        }
     }
 
     #[test]
@@ -399,6 +615,34 @@ mod tests {
         assert_eq!(
             parse(&["--tap", "3", "--daemon", "4", "--mtu", "1500", "--fd", "5"]),
             Err("--interface-id is missing".into())
+        );
+        assert_eq!(
+            parse(&[
+                "--attach-on-first-frame",
+                "shared",
+                "--tap",
+                "3",
+                "--daemon",
+                "4",
+                "--mtu",
+                "1500",
+                "--stream-fd",
+                "5"
+            ]),
+            Err("give --attach-on-first-frame or --tap and --interface-id".into())
+        );
+        assert_eq!(
+            parse(&[
+                "--attach-on-first-frame",
+                "shared",
+                "--daemon",
+                "4",
+                "--mtu",
+                "1500",
+                "--fd",
+                "5"
+            ]),
+            Err("--attach-on-first-frame takes the VM's stream as --stream-fd".into())
         );
         assert_eq!(parse(&["--tap"]), Err("--tap needs a value".into()));
         assert_eq!(

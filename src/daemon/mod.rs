@@ -3,7 +3,8 @@
 //! it so; `forwards`, `policies`, `guarding` and `coexist` add to the same
 //! `Daemon` for their concern (published ports, connect/listen policies,
 //! anti-spoofing, other firewalls and uplinks). `server` speaks the socket
-//! protocol and watches clients; `watch` notices when the host changes
+//! protocol and watches clients; `network_sockets` accepts VMs on the
+//! networks' socket_vmnet-compatible sockets, each through a relay; `watch` notices when the host changes
 //! under linnet, `tap_watch` when a VMM changes its TAP's MAC.
 
 mod coexist;
@@ -11,6 +12,7 @@ mod forwards;
 mod guarding;
 pub mod leases;
 mod network;
+mod network_sockets;
 mod policies;
 mod server;
 mod state;

@@ -20,7 +20,7 @@ use tracing::{debug, error, info, warn};
 
 use super::state::{Client, Daemon, DaemonError};
 use crate::api::{self, MAX_MESSAGE, Request, Response, SOCKET_NAME};
-use crate::budget::Budget;
+use crate::budget::{Budget, Permit};
 use crate::config::Config;
 use crate::host::netlink::Netlink;
 
@@ -72,11 +72,22 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let daemon = Arc::new(Mutex::new(daemon));
     info!(socket = %socket_path.display(), state = %opts.state_dir.display(), "linnet daemon ready");
 
-    let connections = Arc::new(AtomicUsize::new(0));
-    let per_uid = Budget::new(opts.max_connections_per_uid, usize::MAX);
-    let large_replies = Arc::new(LargeReplies::new(LARGE_REPLIES_PER_UID, usize::MAX));
+    let sessions = Sessions {
+        daemon: daemon.clone(),
+        connections: Arc::new(AtomicUsize::new(0)),
+        per_uid: Arc::new(Budget::new(opts.max_connections_per_uid, usize::MAX)),
+        large: Arc::new(LargeReplies::new(LARGE_REPLIES_PER_UID, usize::MAX)),
+        next_client: Arc::new(AtomicU64::new(1)),
+    };
     let mut out_of_fds = 0u64;
-    let next_client = AtomicU64::new(1);
+    let network_sockets = match super::network_sockets::open(&sessions, &opts.run_dir).await {
+        Ok(sockets) => sockets,
+        Err(e) => {
+            daemon.lock().await.shutdown().await;
+            let _ = std::fs::remove_file(&socket_path);
+            return Err(e);
+        }
+    };
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut idle_ticks = tokio::time::interval(Duration::from_millis(500));
@@ -121,41 +132,28 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
                     info!(waited = out_of_fds, "file descriptors free again: accepting");
                     out_of_fds = 0;
                 }
-                let client = match identify(&conn, next_client.fetch_add(1, Ordering::Relaxed)) {
+                let client = match identify(&conn, sessions.next_id()) {
                     Ok(client) => client,
                     Err(e) => {
                         warn!("cannot identify a client: {e}");
                         continue;
                     }
                 };
-                let permit = match client.uid {
-                    0 => None,
-                    uid => match per_uid.try_take(uid) {
-                        Ok(permit) => Some(permit),
-                        Err(refused) => {
-                            let limit = per_uid.per_key();
-                            if let Some(count) = refused.report {
-                                warn!(uid, pid = ?client.pid, refused = count, "uid {uid} holds {limit} connections to the daemon, its limit (linnet daemon --max-connections-per-uid): refusing more");
-                            }
-                            refuse(&conn, format!("uid {uid} holds {limit} connections to the linnet daemon, its limit; close some (each `linnet run` and `helper` holds one) or ask the administrator to raise --max-connections-per-uid"));
-                            continue;
-                        }
-                    },
+                let permit = match sessions.admit(&client) {
+                    Ok(permit) => permit,
+                    Err(refusal) => {
+                        refuse(&conn, refusal);
+                        continue;
+                    }
                 };
-                let (daemon, connections, large) = (daemon.clone(), connections.clone(), large_replies.clone());
-                connections.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    serve_client(&daemon, conn, &client, &large).await;
-                    daemon.lock().await.client_gone(client.id).await;
-                    connections.fetch_sub(1, Ordering::SeqCst);
-                });
+                let sessions = sessions.clone();
+                tokio::spawn(async move { sessions.serve(conn, client, permit).await });
             }
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
             _ = idle_ticks.tick() => {
                 let Some(limit) = opts.idle_exit else { continue };
-                let idle = connections.load(Ordering::SeqCst) == 0 && daemon.lock().await.is_idle();
+                let idle = sessions.connections.load(Ordering::SeqCst) == 0 && daemon.lock().await.is_idle();
                 if !idle {
                     idle_since = tokio::time::Instant::now();
                 } else if idle_since.elapsed() >= limit {
@@ -168,10 +166,61 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     drop_reports.abort();
     watch.abort();
     tap_watch.abort();
+    network_sockets.close();
     daemon.lock().await.shutdown().await;
     let _ = std::fs::remove_file(&socket_path);
     info!("stopped; nothing left behind");
     Ok(())
+}
+
+/// What every client connection shares: the daemon, the count of open
+/// connections (for the idle exit), and the budgets per uid.
+#[derive(Clone)]
+pub(super) struct Sessions {
+    pub(super) daemon: Arc<Mutex<Daemon>>,
+    connections: Arc<AtomicUsize>,
+    per_uid: Arc<Budget<u32>>,
+    large: Arc<LargeReplies>,
+    next_client: Arc<AtomicU64>,
+}
+
+impl Sessions {
+    /// A new client's id, unique for the daemon's lifetime.
+    pub(super) fn next_id(&self) -> u64 {
+        self.next_client.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A connection slot for `client`, or why it gets none: one uid other
+    /// than root may hold only so many connections, whichever socket they
+    /// came in on.
+    pub(super) fn admit(&self, client: &Client) -> Result<Option<Permit<u32>>, String> {
+        if client.uid == 0 {
+            return Ok(None);
+        }
+        let uid = client.uid;
+        self.per_uid.try_take(uid).map(Some).map_err(|refused| {
+            let limit = self.per_uid.per_key();
+            if let Some(count) = refused.report {
+                warn!(uid, pid = ?client.pid, refused = count, "uid {uid} holds {limit} connections to the daemon, its limit (linnet daemon --max-connections-per-uid): refusing more");
+            }
+            format!("uid {uid} holds {limit} connections to the linnet daemon, its limit; close some (each `linnet run` and `helper` holds one) or ask the administrator to raise --max-connections-per-uid")
+        })
+    }
+
+    /// Serves `conn` as `client`'s until it closes; then what the client
+    /// attached goes.
+    pub(super) async fn serve(
+        &self,
+        conn: AsyncFd<OwnedFd>,
+        client: Client,
+        permit: Option<Permit<u32>>,
+    ) {
+        self.connections.fetch_add(1, Ordering::SeqCst);
+        serve_client(&self.daemon, conn, &client, &self.large).await;
+        self.daemon.lock().await.client_gone(client.id).await;
+        drop(permit);
+        self.connections.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Answers a connection the daemon will not serve, and closes it: the
@@ -235,7 +284,7 @@ fn listen(path: &Path) -> anyhow::Result<AsyncFd<OwnedFd>> {
     Ok(register(fd)?)
 }
 
-async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<AsyncFd<OwnedFd>> {
+pub(super) async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<AsyncFd<OwnedFd>> {
     loop {
         let mut ready = listener.readable().await?;
         match ready.try_io(|fd| {
@@ -258,12 +307,14 @@ async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<AsyncFd<OwnedFd>> {
 
 /// Watches an fd we own exclusively (OwnedFd): nothing else can close it
 /// behind tokio's back, which is the safety condition of `register`.
-fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+pub(super) fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: the OwnedFd moves into the AsyncFd and is closed only by it.
     unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
 }
 
-fn identify(conn: &AsyncFd<OwnedFd>, id: u64) -> io::Result<Client> {
+/// Who is at the other end of `conn`, in the kernel's word (SO_PEERCRED,
+/// SO_PEERGROUPS): what they connected as, whatever they do since.
+pub(super) fn identify(conn: &AsyncFd<OwnedFd>, id: u64) -> io::Result<Client> {
     let cred = socket::getsockopt(conn.get_ref(), sockopt::PeerCredentials)?;
     Ok(Client {
         id,
@@ -271,6 +322,7 @@ fn identify(conn: &AsyncFd<OwnedFd>, id: u64) -> io::Result<Client> {
         uid: cred.uid(),
         gid: cred.gid(),
         groups: peer_groups(conn.get_ref()).unwrap_or_else(|_| vec![cred.gid()]),
+        network_socket: None,
     })
 }
 

@@ -109,6 +109,10 @@ pub struct Client {
     pub uid: u32,
     pub gid: u32,
     pub groups: Vec<u32>,
+    /// The network whose socket the client came in on (through the relay
+    /// the daemon started for it): it may attach one stream interface
+    /// there and nothing else.
+    pub network_socket: Option<String>,
 }
 
 pub(super) struct Interface {
@@ -201,7 +205,10 @@ impl Daemon {
     }
 
     pub fn is_idle(&self) -> bool {
-        self.interfaces.is_empty() && self.networks.is_empty()
+        // A network's socket must be there before its first VM connects.
+        self.interfaces.is_empty()
+            && self.networks.is_empty()
+            && self.config.networks.values().all(|n| n.socket.is_none())
     }
 
     /// Start-up: removes TAPs a previous daemon left (their clients lost their
@@ -274,6 +281,9 @@ impl Daemon {
                 allow: cfg.allow.describe(),
             });
         }
+        if let Some(bound) = &client.network_socket {
+            self.check_network_socket_attach(client, bound, &req)?;
+        }
         if let Some(name) = &req.name {
             types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
             if let Some((holder, other)) = self
@@ -319,6 +329,32 @@ impl Daemon {
             self.release_network_if_unused(&network).await;
         }
         result
+    }
+
+    /// A connection from a network socket's relay attaches the one stream
+    /// interface of its VM connection, on that network, and nothing else.
+    fn check_network_socket_attach(
+        &self,
+        client: &Client,
+        bound: &str,
+        req: &AttachRequest,
+    ) -> Result<(), DaemonError> {
+        let network = req.network.as_deref().unwrap_or(DEFAULT_NETWORK);
+        let refuse = |why: &str| {
+            Err(DaemonError::Forbidden(format!(
+                "the relay of a connection to network \"{bound}\"'s socket {why}"
+            )))
+        };
+        if network != bound {
+            return refuse(&format!("may not attach to network \"{network}\""));
+        }
+        if req.datapath != Some(Datapath::Stream) || !req.publish.is_empty() {
+            return refuse("attaches only its stream interface, with no published ports");
+        }
+        if self.interfaces.values().any(|i| i.client == client.id) {
+            return refuse("has attached its interface already");
+        }
+        Ok(())
     }
 
     /// Refuses an attach past the network's `max_interfaces` or

@@ -158,7 +158,7 @@ pub(super) fn prepare(fd: OwnedFd) -> Result<OwnedFd, RelayError> {
     Ok(fd)
 }
 
-pub(super) fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
     // SAFETY: plain fcntl on a descriptor we hold.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {

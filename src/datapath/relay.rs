@@ -42,7 +42,7 @@ const BATCH_BYTES: usize = 1 << 20;
 /// Room in front of each frame: a virtio-net header and a stream length.
 const HEADROOM: usize = 16;
 /// Ethernet header and one VLAN tag on top of the MTU.
-const FRAME_OVERHEAD: usize = 18;
+pub const FRAME_OVERHEAD: usize = 18;
 /// The smallest frame: an Ethernet header.
 const MIN_FRAME: usize = 14;
 /// How long to wait before retrying a send the kernel refused for lack of

@@ -131,7 +131,9 @@ struct CapData {
     inheritable: u32,
 }
 
-fn clear_capabilities() -> io::Result<()> {
+/// Clears every capability and sets no_new_privs: async-signal-safe (two
+/// prctl calls and capset), so a child may call it between fork and exec.
+pub fn clear_capabilities() -> io::Result<()> {
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 {
         return Err(io::Error::last_os_error());

@@ -1,0 +1,370 @@
+//! Network sockets: a socket_vmnet-compatible unix stream socket per network
+//! that asks for one (`socket:` in networks.yaml), for lima, minikube and
+//! plain QEMU (`-netdev stream` / `-netdev socket,fd=`). Each connection is
+//! one VM port, its frames after a 4-byte big-endian length.
+//!
+//! The daemon never reads those frames. It checks who connected
+//! (SO_PEERCRED against the network's `allow`), then starts `linnet-relay`
+//! as that user, with no capabilities, holding the accepted connection and
+//! one end of a socketpair that the daemon serves as that user's API
+//! connection. The relay waits for the VM's first frame, attaches on its
+//! source MAC (socket_vmnet lets the VM choose its MAC; anti-spoofing locks
+//! it from then on), and relays as `linnet helper --stream-fd` does. When
+//! the VM's connection closes the relay exits, its API connection closes,
+//! and the interface goes like any client's.
+//!
+//! Attaching after the first frame, rather than before with the MAC to be
+//! filled in, keeps the interface, its lease and its guard entries exactly
+//! those of an ordinary attach: nothing is re-keyed later.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
+use tokio::io::unix::AsyncFd;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::server::{Sessions, identify, register};
+use crate::config::{Allow, NetworkConfig};
+use crate::host::privileges;
+
+/// The executable started per connection, next to the daemon's.
+const RELAY: &str = "linnet-relay";
+/// Where the relay finds the VM's connection and its API connection.
+const RELAY_STREAM_FD: i32 = 3;
+const RELAY_DAEMON_FD: i32 = 4;
+/// Who a relay runs as when root connected: it needs no privilege at all.
+const NOBODY: u32 = 65534;
+/// How long accepting pauses when the daemon is out of file descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Who may open a network's socket file, as far as file permissions can
+/// say it; SO_PEERCRED at accept is the real check, with supplementary
+/// groups and several users that one mode and group cannot express.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketAccess {
+    pub mode: u32,
+    pub owner: u32,
+    pub group: u32,
+}
+
+impl SocketAccess {
+    pub fn for_allow(allow: &Allow) -> SocketAccess {
+        let users: Vec<u32> = allow
+            .users
+            .iter()
+            .map(|(_, uid)| *uid)
+            .filter(|&u| u != 0)
+            .collect();
+        let groups: Vec<u32> = allow.groups.iter().map(|(_, gid)| *gid).collect();
+        match (users.as_slice(), groups.as_slice()) {
+            // Root only (root passes file permissions anyway).
+            ([], []) => SocketAccess {
+                mode: 0o600,
+                owner: 0,
+                group: 0,
+            },
+            ([], [group]) => SocketAccess {
+                mode: 0o660,
+                owner: 0,
+                group: *group,
+            },
+            ([user], []) => SocketAccess {
+                mode: 0o600,
+                owner: *user,
+                group: 0,
+            },
+            _ => SocketAccess {
+                mode: 0o666,
+                owner: 0,
+                group: 0,
+            },
+        }
+    }
+}
+
+/// The network sockets the daemon listens on.
+pub struct NetworkSockets {
+    listeners: Vec<(PathBuf, JoinHandle<()>)>,
+}
+
+impl NetworkSockets {
+    /// Stops accepting and removes the socket files. Relays already
+    /// started go when the daemon's end of their connection closes.
+    pub fn close(self) {
+        for (path, task) in self.listeners {
+            task.abort();
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// Binds every network's socket and starts accepting on it. A socket that
+/// cannot be bound stops the daemon from starting: it was asked for.
+pub async fn open(sessions: &Sessions, run_dir: &Path) -> anyhow::Result<NetworkSockets> {
+    let networks: Vec<NetworkConfig> = (sessions.daemon.lock().await.config.networks.values())
+        .filter(|n| n.socket.is_some())
+        .cloned()
+        .collect();
+    let mut sockets = NetworkSockets {
+        listeners: Vec::new(),
+    };
+    if networks.is_empty() {
+        return Ok(sockets);
+    }
+    let relay = relay_executable()?;
+    for network in networks {
+        let path = network
+            .socket
+            .as_ref()
+            .expect("filtered")
+            .path(&network.name, run_dir);
+        let listener = match bind(&path, SocketAccess::for_allow(&network.allow)) {
+            Ok(listener) => listener,
+            Err(e) => {
+                sockets.close();
+                return Err(e.context(format!("network \"{}\": socket", network.name)));
+            }
+        };
+        info!(network = %network.name, socket = %path.display(), allow = %network.allow.describe(), "network socket ready");
+        let task = tokio::spawn(accept_loop(
+            sessions.clone(),
+            listener,
+            network,
+            relay.clone(),
+        ));
+        sockets.listeners.push((path, task));
+    }
+    Ok(sockets)
+}
+
+/// `linnet-relay`, next to this executable.
+fn relay_executable() -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe().context("cannot find the linnet executable")?;
+    let relay = me.with_file_name(RELAY);
+    if !relay.is_file() {
+        bail!(
+            "{} is missing: network sockets (socket: in networks.yaml) relay through it; install it next to {}",
+            relay.display(),
+            me.display()
+        );
+    }
+    Ok(relay)
+}
+
+fn bind(path: &Path, access: SocketAccess) -> anyhow::Result<AsyncFd<OwnedFd>> {
+    remove_stale(path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    let addr = UnixAddr::new(path)?;
+    socket::bind(fd.as_raw_fd(), &addr)
+        .with_context(|| format!("cannot bind {}", path.display()))?;
+    // Nobody can connect before listen(), so the owner and mode are set
+    // before anyone can use the socket.
+    std::os::unix::fs::chown(path, Some(access.owner), Some(access.group))
+        .with_context(|| format!("cannot set the owner of {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))?;
+    socket::listen(&fd, socket::Backlog::new(128)?)?;
+    Ok(register(fd)?)
+}
+
+/// A socket file left by a dead daemon goes; anything else at the path
+/// (a live socket_vmnet, a file) is the administrator's to move.
+fn remove_stale(path: &Path) -> anyhow::Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot look at {}", path.display())),
+        Ok(meta) => meta,
+    };
+    if !meta.file_type().is_socket() {
+        bail!(
+            "{} exists and is not a socket; remove it or choose another path",
+            path.display()
+        );
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        bail!(
+            "something is listening on {} already (socket_vmnet?); stop it or choose another path",
+            path.display()
+        );
+    }
+    std::fs::remove_file(path)
+        .with_context(|| format!("cannot remove the stale socket {}", path.display()))
+}
+
+async fn accept_loop(
+    sessions: Sessions,
+    listener: AsyncFd<OwnedFd>,
+    network: NetworkConfig,
+    relay: PathBuf,
+) {
+    let mut out_of_fds = false;
+    loop {
+        let conn = match super::server::accept(&listener).await {
+            Ok(conn) => conn,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                if !out_of_fds {
+                    warn!(network = %network.name, "out of file descriptors ({e}): connections to the network socket wait until some close");
+                    out_of_fds = true;
+                }
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+            Err(e) => {
+                warn!(network = %network.name, "accept on the network socket failed: {e}");
+                continue;
+            }
+        };
+        out_of_fds = false;
+        if let Err(e) = admit(&sessions, conn, &network, &relay) {
+            warn!(network = %network.name, "a connection to the network socket failed: {e:#}");
+        }
+    }
+}
+
+/// Checks who connected and starts their relay; the connection is closed
+/// (the VM sees its network go) when they may not attach.
+fn admit(
+    sessions: &Sessions,
+    conn: AsyncFd<OwnedFd>,
+    network: &NetworkConfig,
+    relay: &Path,
+) -> anyhow::Result<()> {
+    let mut client = identify(&conn, sessions.next_id()).context("cannot identify the peer")?;
+    let name = &network.name;
+    if !network.allow.permits(client.uid, &client.groups) {
+        warn!(network = %name, uid = client.uid, pid = ?client.pid, "refused a connection to the network socket: uid {} is not allowed on network \"{name}\" (it allows {}); add the user to networks.{name}.allow or to one of those groups", client.uid, network.allow.describe());
+        return Ok(());
+    }
+    let permit = match sessions.admit(&client) {
+        Ok(permit) => permit,
+        Err(refusal) => {
+            warn!(network = %name, uid = client.uid, pid = ?client.pid, "refused a connection to the network socket: {refusal}");
+            return Ok(());
+        }
+    };
+    // Blocking for the relay, which waits for each reply.
+    let (ours, theirs) = socket::socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .context("cannot make the relay's connection")?;
+    crate::datapath::port::set_nonblocking(ours.as_raw_fd())
+        .context("cannot make the relay's connection")?;
+    let vm: OwnedFd = conn.into_inner();
+    let mut child = start_relay(relay, network, &client, vm, theirs)?;
+    debug!(network = %name, uid = client.uid, pid = ?client.pid, relay = ?child.id(), "network socket connection: relay started");
+    client.network_socket = Some(name.clone());
+    let ours = register(ours).context("cannot watch the relay's connection")?;
+    let sessions = sessions.clone();
+    tokio::spawn(async move {
+        sessions.serve(ours, client, permit).await;
+        let _ = child.wait().await;
+    });
+    Ok(())
+}
+
+/// `linnet-relay` as the connecting user (nobody for root), with no
+/// capabilities and nothing else of the daemon's: the VM's connection as
+/// fd 3, its API connection as fd 4, an empty environment.
+fn start_relay(
+    relay: &Path,
+    network: &NetworkConfig,
+    client: &super::state::Client,
+    vm: OwnedFd,
+    api: OwnedFd,
+) -> anyhow::Result<tokio::process::Child> {
+    let (uid, gid) = match client.uid {
+        0 => (NOBODY, NOBODY),
+        uid => (uid, client.gid),
+    };
+    let mut cmd = std::process::Command::new(relay);
+    cmd.args([
+        "--attach-on-first-frame",
+        &network.name,
+        "--stream-fd",
+        &RELAY_STREAM_FD.to_string(),
+        "--daemon",
+        &RELAY_DAEMON_FD.to_string(),
+        "--mtu",
+        &network.mtu.to_string(),
+    ])
+    .env_clear()
+    .current_dir("/")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    // Its few lines (a refused attach, a broken stream) go to the
+    // daemon's log.
+    .stderr(Stdio::inherit())
+    // As root, std drops the supplementary groups before setuid.
+    .uid(uid)
+    .gid(gid);
+    let (vm_fd, api_fd) = (vm.as_raw_fd(), api.as_raw_fd());
+    // SAFETY: between fork and exec the closure makes only async-signal-safe
+    // system calls (dup2, prctl, capset) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Copies above 4 first, so that placing one cannot overwrite
+            // the other; dup2 then clears close-on-exec on fds 3 and 4.
+            for (from, to) in [(vm_fd, RELAY_STREAM_FD), (api_fd, RELAY_DAEMON_FD)] {
+                let high = libc::fcntl(from, libc::F_DUPFD_CLOEXEC, RELAY_DAEMON_FD + 1);
+                if high < 0 || libc::dup2(high, to) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            privileges::clear_capabilities()
+        });
+    }
+    let child = tokio::process::Command::from(cmd)
+        .spawn()
+        .with_context(|| format!("cannot start {}", relay.display()))?;
+    // Our copies close here; the relay holds its own.
+    drop((vm, api));
+    Ok(child)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(users: &[u32], groups: &[u32]) -> Allow {
+        Allow {
+            users: users.iter().map(|u| (u.to_string(), *u)).collect(),
+            groups: groups.iter().map(|g| (g.to_string(), *g)).collect(),
+        }
+    }
+
+    #[test]
+    fn the_socket_file_admits_what_one_owner_group_and_mode_can_say_of_allow() {
+        let access = |users: &[u32], groups: &[u32]| {
+            let a = SocketAccess::for_allow(&allow(users, groups));
+            (a.mode, a.owner, a.group)
+        };
+        // The default: root and the linnet group.
+        assert_eq!(access(&[0], &[120]), (0o660, 0, 120));
+        assert_eq!(access(&[0], &[]), (0o600, 0, 0));
+        assert_eq!(access(&[], &[]), (0o600, 0, 0));
+        assert_eq!(access(&[0, 1000], &[]), (0o600, 1000, 0));
+        // More than one mode and group can say: open, and SO_PEERCRED decides.
+        assert_eq!(access(&[1000], &[120]), (0o666, 0, 0));
+        assert_eq!(access(&[1000, 1001], &[]), (0o666, 0, 0));
+        assert_eq!(access(&[], &[120, 121]), (0o666, 0, 0));
+    }
+}

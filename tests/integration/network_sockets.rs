@@ -1,0 +1,366 @@
+//! A network's socket_vmnet-compatible socket (`socket: true`): many VMs on
+//! one stream socket, each connection one interface, through a relay the
+//! daemon starts as the connecting user.
+
+use std::io::{IoSliceMut, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
+use serde_json::Value;
+
+use crate::harness::*;
+
+/// `shared` with its socket; nobody and daemon (uid 1) may attach, so the
+/// socket file is open to all and SO_PEERCRED decides.
+const CONFIG: &str =
+    "networks:\n  shared:\n    socket: true\n    allow: { users: [root, nobody, daemon] }\n";
+
+fn socket_path(world: &World) -> PathBuf {
+    world.run_dir().join("shared.sock")
+}
+
+fn interfaces(world: &World) -> Vec<Value> {
+    let listing: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap();
+    listing["interfaces"].as_array().unwrap().clone()
+}
+
+/// The interface with `mac`, once it is attached.
+fn wait_interface(world: &World, mac: &str) -> Value {
+    wait_for(
+        &format!("the interface of {mac}"),
+        Duration::from_secs(10),
+        || {
+            interfaces(world)
+                .into_iter()
+                .find(|i| i["mac_address"] == mac)
+        },
+    )
+}
+
+fn wait_gone(world: &World, mac: &str) {
+    wait_for(
+        &format!("the interface of {mac} to go"),
+        Duration::from_secs(10),
+        || (!interfaces(world).iter().any(|i| i["mac_address"] == mac)).then_some(()),
+    );
+}
+
+/// A stand-in VM in a namespace of its own, connected to the network
+/// socket with `mac`, as QEMU's `-netdev stream` would be.
+fn socket_guest(world: &World, mac: &str) -> Guest {
+    let ns = Netns::new("guest");
+    let log = world.dir.path().join(format!("{}.vmm", ns.name));
+    let path = socket_path(world);
+    let mut guest = Guest::on_socket(
+        ns,
+        "--stream-socket",
+        path.to_str().unwrap(),
+        serde_json::json!({ "mac_address": mac, "mtu": 1500 }),
+        &log,
+    );
+    let mut info = wait_interface(world, mac);
+    info["gateway"] = "192.168.105.1".into();
+    guest.info = info;
+    guest
+}
+
+/// A connection to `path` made by a process running as `uid`, handed back
+/// to this test: the daemon sees `uid` and that process's pid (SO_PEERCRED
+/// is fixed at connect). None when the connect itself is refused.
+fn connect_as(uid: u32, path: &Path) -> Option<(UnixStream, u32)> {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let script = "import socket, sys\n\
+                  s = socket.socket(socket.AF_UNIX)\n\
+                  try:\n    s.connect(sys.argv[1])\nexcept OSError:\n    sys.exit(3)\n\
+                  back = socket.socket(fileno=int(sys.argv[2]))\n\
+                  socket.send_fds(back, [b'c'], [s.fileno()])\n";
+    let fd = theirs.as_raw_fd();
+    // SAFETY: clears close-on-exec on a descriptor we own, for the child.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    let uid_s = uid.to_string();
+    let mut child = Command::new("setpriv")
+        .args(["--reuid", &uid_s, "--regid", &uid_s, "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", script])
+        .arg(path)
+        .arg(fd.to_string())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    drop(theirs);
+    let status = child.wait().unwrap();
+    if status.code() == Some(3) {
+        return None;
+    }
+    assert!(status.success(), "the connecting process failed: {status}");
+    let mut buf = [0u8; 1];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg = socket::recvmsg::<()>(
+        ours.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .unwrap();
+    for cmsg in msg.cmsgs().unwrap() {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            // SAFETY: SCM_RIGHTS gave us this descriptor to own.
+            let conn = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+            return Some((UnixStream::from(conn), pid));
+        }
+    }
+    panic!("no connection came back");
+}
+
+/// A broadcast ARP-typed frame from `mac`, with its 4-byte length.
+fn framed_from(mac: [u8; 6]) -> Vec<u8> {
+    let mut frame = vec![0u8; 60];
+    frame[..6].copy_from_slice(&[0xff; 6]);
+    frame[6..12].copy_from_slice(&mac);
+    frame[12..14].copy_from_slice(&[0x08, 0x06]);
+    let mut out = (frame.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(&frame);
+    out
+}
+
+/// Whether the far end closed `conn` within a few seconds (frames from
+/// the network on their way in are read past). Closed with our bytes
+/// unread, the kernel reports a reset.
+fn closed_by_linnet(conn: &mut UnixStream) -> bool {
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+fn proc_status(pid: &str, key: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The relays the daemon started, by pid.
+fn relay_pids(world: &World) -> Vec<String> {
+    let out = run(Command::new("pgrep").args([
+        "-P",
+        &world.daemon_pid().to_string(),
+        "-f",
+        "attach-on-first-frame",
+    ]));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn ten_vms_on_one_network_socket_each_get_an_interface_an_address_and_the_network() {
+    let mut world = World::with_config(CONFIG);
+    world.start_daemon();
+    let path = socket_path(&world);
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(
+        (meta.permissions().mode() & 0o777, meta.uid()),
+        (0o666, 0),
+        "two users besides root: the file is open, SO_PEERCRED decides"
+    );
+    let macs: Vec<String> = (1..=10)
+        .map(|i| format!("52:54:00:00:01:{i:02x}"))
+        .collect();
+    let mut guests: Vec<Guest> = macs.iter().map(|m| socket_guest(&world, m)).collect();
+    for g in &guests {
+        assert_eq!(
+            g.udhcpc(),
+            g.ip(),
+            "the VM leases the address linnet reserved for its MAC"
+        );
+    }
+    let listed = interfaces(&world);
+    assert_eq!(listed.len(), 10, "{listed:?}");
+    for (g, info) in guests.iter().zip(&listed) {
+        assert_eq!(info["datapath"], "stream", "{info}");
+        assert_eq!(info["client_uid"], 0, "{info}");
+        let vmm = g.vmm.as_ref().unwrap().id();
+        assert!(
+            listed.iter().any(|i| i["client_pid"] == vmm),
+            "the VMM's pid {vmm} is shown: {listed:?}"
+        );
+    }
+    // Each relay runs with nothing of the daemon's: root connected, so
+    // nobody, without capabilities.
+    let relays = relay_pids(&world);
+    assert_eq!(relays.len(), 10, "one relay per connection: {relays:?}");
+    for pid in &relays {
+        assert_eq!(proc_status(pid, "Uid"), "65534 65534 65534 65534");
+        assert_eq!(proc_status(pid, "CapEff"), "0000000000000000");
+        assert_eq!(proc_status(pid, "CapPrm"), "0000000000000000");
+        assert_eq!(proc_status(pid, "NoNewPrivs"), "1");
+    }
+    let (first, last) = (&guests[0], &guests[9]);
+    assert!(first.ping(&first.gateway()), "a VM pings the gateway");
+    assert!(first.ping(&last.ip().to_string()), "and another VM");
+    last.assert_reaches_upstream("a VM on the network socket");
+
+    // Closing a connection removes its interface, and only that one.
+    guests[3].vmm.take().unwrap().kill().unwrap();
+    wait_gone(&world, &macs[3]);
+    assert_eq!(interfaces(&world).len(), 9);
+    wait_for("its relay to exit", Duration::from_secs(5), || {
+        (relay_pids(&world).len() == 9).then_some(())
+    });
+    let (first, last) = (&guests[0], &guests[9]);
+    assert!(first.ping(&last.ip().to_string()), "the others carry on");
+}
+
+#[test]
+fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_macs() {
+    let mut world = World::with_config(CONFIG);
+    world.start_daemon();
+    let path = socket_path(&world);
+    let bystander = socket_guest(&world, "52:54:00:00:02:01");
+    assert_eq!(bystander.udhcpc(), bystander.ip());
+
+    // A user outside `allow` connects (the file lets them) and is closed.
+    let (mut refused, _) = connect_as(4242, &path).expect("the file admits anyone");
+    let _ = refused.write_all(&framed_from([0x02, 0, 0, 0, 0x42, 0x42]));
+    assert!(
+        closed_by_linnet(&mut refused),
+        "a user outside allow is closed"
+    );
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains("refused a connection to the network socket: uid 4242 is not allowed on network \"shared\""),
+        "{log}"
+    );
+
+    // An allowed user's VM: an interface of that uid and pid, its MAC the
+    // first frame's, its relay running as that user without capabilities.
+    let vm_mac = [0x02, 0, 0, 0, 0x65, 0x34];
+    let (mut vm, pid) = connect_as(65534, &path).unwrap();
+    vm.write_all(&framed_from(vm_mac)).unwrap();
+    let info = wait_interface(&world, "02:00:00:00:65:34");
+    assert_eq!(
+        (info["client_uid"].as_u64(), info["client_pid"].as_u64()),
+        (Some(65534), Some(pid as u64)),
+        "{info}"
+    );
+    let relays = relay_pids(&world);
+    assert_eq!(relays.len(), 2, "{relays:?}");
+    for pid in &relays {
+        assert_eq!(proc_status(pid, "Uid"), "65534 65534 65534 65534");
+        assert_eq!(proc_status(pid, "CapEff"), "0000000000000000");
+    }
+
+    // A frame from a second MAC is dropped by anti-spoofing; the VM stays.
+    vm.write_all(&framed_from([0x02, 0, 0, 0, 0x66, 0x66]))
+        .unwrap();
+    wait_for(
+        "the foreign frame to be dropped",
+        Duration::from_secs(10),
+        || {
+            interfaces(&world)
+                .into_iter()
+                .find(|i| i["mac_address"] == "02:00:00:00:65:34")
+                .and_then(|i| i["spoofed_drops"].as_u64())
+                .filter(|&n| n >= 1)
+        },
+    );
+    assert!(
+        !interfaces(&world)
+            .iter()
+            .any(|i| i["mac_address"] == "02:00:00:00:66:66"),
+        "a second MAC is no second interface"
+    );
+
+    // A bogus length closes that connection and removes its interface.
+    vm.write_all(&0u32.to_be_bytes()).unwrap();
+    assert!(
+        closed_by_linnet(&mut vm),
+        "a zero length closes the connection"
+    );
+    wait_gone(&world, "02:00:00:00:65:34");
+
+    // So does one before any frame: no interface at all.
+    let (mut bogus, _) = connect_as(65534, &path).unwrap();
+    bogus
+        .write_all(&[
+            0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 1,
+        ])
+        .unwrap();
+    assert!(
+        closed_by_linnet(&mut bogus),
+        "a bogus first length closes the connection"
+    );
+    // The relay says why as it exits, just after the close.
+    wait_for(
+        "the relay's reason in the log",
+        Duration::from_secs(5),
+        || {
+            world
+                .daemon_log_text()
+                .contains(
+                    "the VM's first frame has a length of 4294967295 bytes, not one of 14 to 1518",
+                )
+                .then_some(())
+        },
+    );
+    // And a first frame from a multicast MAC.
+    let (mut multicast, _) = connect_as(65534, &path).unwrap();
+    multicast
+        .write_all(&framed_from([0x01, 0, 0x5e, 0, 0, 1]))
+        .unwrap();
+    assert!(closed_by_linnet(&mut multicast));
+
+    let listed = interfaces(&world);
+    assert_eq!(listed.len(), 1, "only the bystander is left: {listed:?}");
+    assert!(
+        bystander.ping(&bystander.gateway()),
+        "the bystander carried on"
+    );
+    assert_eq!(bystander.udhcpc(), bystander.ip());
+}
+
+#[test]
+fn a_network_socket_file_follows_allow_and_goes_with_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("vms").join("host.sock");
+    let mut world = World::with_config(&format!(
+        "networks:\n  shared:\n    socket: true\n    allow: {{ users: [root], groups: [daemon] }}\n  host:\n    socket: {}\n    allow: {{ users: [root] }}\n",
+        host.display()
+    ));
+    world.start_daemon();
+    let meta = std::fs::metadata(socket_path(&world)).unwrap();
+    assert_eq!(
+        (meta.permissions().mode() & 0o777, meta.uid(), meta.gid()),
+        (0o660, 0, 1),
+        "root and one group: root:daemon 0660"
+    );
+    assert_eq!(
+        std::fs::metadata(&host).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "root only; the path's directory made"
+    );
+    // Nobody is not in the group: the file itself keeps them out.
+    assert!(connect_as(65534, &socket_path(&world)).is_none());
+    world.stop_daemon();
+    assert!(
+        !socket_path(&world).exists() && !host.exists(),
+        "the sockets go with the daemon"
+    );
+}
