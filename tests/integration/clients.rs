@@ -1,6 +1,8 @@
 //! The Go client package (clients/go/linnet) against a live daemon: its
 //! TestLive attaches (receiving the TAP fd), lists, adds and removes
-//! forwards, detaches, and sees an interface go with its connection.
+//! forwards, detaches, and sees an interface go with its connection; and
+//! hands a TAP it received to the stand-in VM, which leases the address
+//! the client was told.
 
 use std::path::Path;
 use std::process::Command;
@@ -32,6 +34,7 @@ fn go_client_attaches_lists_forwards_and_detaches() {
     let mut world = World::new();
     world.start_daemon();
     let socket = world.run_dir().join("linnet.sock");
+    let guest = Netns::new("guest");
     let dir = repo_file("clients/go/linnet");
     // A build cache that outlives the test (the standard library builds
     // once), and nothing fetched: the package has no dependencies.
@@ -48,6 +51,12 @@ fn go_client_attaches_lists_forwards_and_detaches() {
         ])
         .current_dir(&dir)
         .env("LINNET_TEST_SOCKET", &socket)
+        .env("LINNET_TEST_STANDIN", standin_bin())
+        .env("LINNET_TEST_NETNS", &guest.name)
+        .env(
+            "LINNET_TEST_UDHCPC_SCRIPT",
+            repo_file("guest/udhcpc.script"),
+        )
         .env("GOCACHE", &cache)
         .env("GOFLAGS", "-mod=readonly -buildvcs=false")
         .env("GOPROXY", "off")

@@ -46,6 +46,47 @@ fn guest_file(name: &str) -> String {
     path.display().to_string()
 }
 
+/// A directory for VMs' files that the VM's user, maybe not root, can use.
+fn vm_dir(world: &World) -> std::path::PathBuf {
+    // A sticky world-writable directory: the VM may run as another user.
+    let dir = world.dir.path().join("vms");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    std::fs::set_permissions(
+        world.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    dir
+}
+
+/// QEMU booting the test guest, which runs `script` after DHCP and powers
+/// off; no NIC (the caller adds one, or `linnet run` does).
+fn qemu_command(name: &str, script: &str) -> Vec<String> {
+    let script = base64::engine::general_purpose::STANDARD.encode(script);
+    let append = format!("console=ttyS0 quiet linnet.script={script}");
+    let mut args = vec!["qemu-system-x86_64".to_string()];
+    args.extend(accel_args().iter().map(|a| a.to_string()));
+    args.extend(
+        [
+            "-m",
+            "256",
+            "-nographic",
+            "-no-reboot",
+            "-name",
+            name,
+            "-kernel",
+            &guest_file("vmlinuz"),
+            "-initrd",
+            &guest_file("initrd.img"),
+            "-append",
+            &append,
+        ]
+        .map(String::from),
+    );
+    args
+}
+
 /// A VM started with `linnet run -- qemu-system-x86_64 …`, running `script`
 /// after DHCP and powering off.
 pub struct Vm {
@@ -69,23 +110,10 @@ impl Vm {
         datapath: &str,
     ) -> Vm {
         let name = unique("linnet-vm");
-        // A sticky world-writable directory: the VM may run as another user.
-        let dir = world.dir.path().join("vms");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
-            .unwrap();
-        std::fs::set_permissions(
-            world.dir.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        let dir = vm_dir(world);
         let json = dir.join(format!("{name}.json"));
-        let console = world.dir.path().join(format!("{name}.console"));
-        let script = base64::engine::general_purpose::STANDARD.encode(script);
-        let append = format!("console=ttyS0 quiet linnet.script={script}");
-        let (kernel, initrd) = (guest_file("vmlinuz"), guest_file("initrd.img"));
         let json_s = json.display().to_string();
-        let mut args: Vec<&str> = vec![
+        let mut args: Vec<String> = [
             "run",
             "--network",
             network,
@@ -94,23 +122,12 @@ impl Vm {
             "--json",
             &json_s,
             "--",
-        ];
-        args.push("qemu-system-x86_64");
-        args.extend_from_slice(accel_args());
-        args.extend_from_slice(&[
-            "-m",
-            "256",
-            "-nographic",
-            "-no-reboot",
-            "-name",
-            &name,
-            "-kernel",
-            &kernel,
-            "-initrd",
-            &initrd,
-            "-append",
-            &append,
-        ]);
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(qemu_command(&name, script));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let console = world.dir.path().join(format!("{name}.console"));
         let mut cmd = world.linnet_wrapped(prefix, &args);
         let run = cmd
             .stdin(Stdio::null())
@@ -120,6 +137,47 @@ impl Vm {
             .unwrap();
         let info = wait_for("the attach JSON", Duration::from_secs(15), || {
             serde_json::from_str::<Value>(&std::fs::read_to_string(&json).ok()?).ok()
+        });
+        Vm {
+            info,
+            run,
+            console,
+            name,
+        }
+    }
+
+    /// QEMU started on its own (no `linnet run`) with `nic` (its -netdev
+    /// and -device), through `wrapper` when given; `info` is the interface
+    /// `linnet ls` shows for `mac` once QEMU's first frame has attached it.
+    pub fn start_on_socket(
+        world: &World,
+        wrapper: &[&str],
+        nic: &[&str],
+        mac: &str,
+        script: &str,
+    ) -> Vm {
+        let name = unique("linnet-vm");
+        let console = world.dir.path().join(format!("{name}.console"));
+        let qemu = qemu_command(&name, script);
+        let mut argv: Vec<&str> = wrapper.to_vec();
+        argv.extend(qemu.iter().map(String::as_str));
+        argv.extend_from_slice(nic);
+        let run = world
+            .host
+            .cmd(&argv)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&console).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let info = wait_for(&format!("{mac} on the network"), BOOT_TIMEOUT, || {
+            let listing: Value =
+                serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).ok()?;
+            listing["interfaces"]
+                .as_array()?
+                .iter()
+                .find(|i| i["mac_address"] == mac)
+                .cloned()
         });
         Vm {
             info,
@@ -329,4 +387,78 @@ fn qemu_boots_with_netdev_dgram_and_stream_through_linnet_run_and_gets_its_addre
             "{datapath}: {console}"
         );
     }
+}
+
+/// Lima's way to a socket network: connect to the socket, hand QEMU the
+/// connected fd as fd 3 (`-netdev socket,fd=3`), as socket_vmnet_client does.
+/// (The socket may be fd 3 already: dup2 onto itself leaves it
+/// close-on-exec, hence set_inheritable.)
+const CONNECT_AS_FD_3: &str = "import os, socket, sys\n\
+s = socket.socket(socket.AF_UNIX)\n\
+s.connect(sys.argv[1])\n\
+os.dup2(s.fileno(), 3)\n\
+os.set_inheritable(3, True)\n\
+os.execvp(sys.argv[2], sys.argv[2:])\n";
+
+#[test]
+fn two_qemu_guests_on_the_network_socket_by_netdev_stream_and_socket_fd_lease_and_reach_all() {
+    let (a_mac, b_mac) = ("52:54:00:17:00:01", "52:54:00:17:00:02");
+    let (a_ip, b_ip) = ("192.168.105.50", "192.168.105.51");
+    let mut world = World::with_config(&format!(
+        "networks:\n  shared:\n    socket: true\n    dhcp:\n      static:\n        - {{ ip: {a_ip}, mac: \"{a_mac}\" }}\n        - {{ ip: {b_ip}, mac: \"{b_mac}\" }}\n"
+    ));
+    world.start_daemon();
+    let socket = world.run_dir().join("shared.sock");
+    let socket = socket.to_str().unwrap();
+    let script = |peer: &str| {
+        format!(
+            "ping -c 1 -W 3 192.168.105.1 && echo RESULT-PING-GW-OK\n\
+             for i in $(seq 60); do ping -c 1 -W 1 {peer} >/dev/null && echo RESULT-PEER-OK && break; sleep 0.5; done\n\
+             wget -q -O - http://{UPSTREAM_IP}/ | sed 's/^/RESULT-PAGE: /'\n\
+             sleep 10\n"
+        )
+    };
+    let stream = format!("stream,id=n0,server=off,addr.type=unix,addr.path={socket}");
+    let a_device = format!("virtio-net-pci,netdev=n0,mac={a_mac}");
+    let a = Vm::start_on_socket(
+        &world,
+        &[],
+        &["-netdev", &stream, "-device", &a_device],
+        a_mac,
+        &script(b_ip),
+    );
+    let b_device = format!("virtio-net-pci,netdev=n0,mac={b_mac}");
+    let b = Vm::start_on_socket(
+        &world,
+        &["/usr/bin/python3", "-c", CONNECT_AS_FD_3, socket],
+        &["-netdev", "socket,id=n0,fd=3", "-device", &b_device],
+        b_mac,
+        &script(a_ip),
+    );
+    assert_eq!((a.ip(), b.ip()), (a_ip.to_string(), b_ip.to_string()));
+    for (vm, what) in [(a, "-netdev stream"), (b, "-netdev socket,fd=3")] {
+        assert_eq!(vm.info["datapath"], "stream");
+        let ip = vm.ip();
+        let console = vm.finish();
+        assert!(
+            console.contains(&format!("linnet-guest: lease ip={ip} ")),
+            "{what}: leases its address:\n{console}"
+        );
+        for result in ["RESULT-PING-GW-OK", "RESULT-PEER-OK"] {
+            assert!(console.contains(result), "{what}: {result}:\n{console}");
+        }
+        assert!(
+            console.contains(&format!("RESULT-PAGE: {UPSTREAM_PAGE}")),
+            "{what}: upstream through NAT:\n{console}"
+        );
+    }
+    wait_for(
+        "both interfaces to go with QEMU",
+        Duration::from_secs(10),
+        || {
+            must(&mut world.linnet(&["ls", "--json"]))
+                .contains("\"interfaces\": []")
+                .then_some(())
+        },
+    );
 }

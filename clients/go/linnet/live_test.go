@@ -5,6 +5,7 @@ package linnet
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,7 +17,10 @@ import (
 // (tests/integration/clients.rs) starts one in its namespaces and runs
 // `go test -run TestLive` with LINNET_TEST_SOCKET set to its socket, and
 // fails if this test did not run and pass. Without that variable there is
-// no daemon to talk to.
+// no daemon to talk to. LINNET_TEST_STANDIN, LINNET_TEST_NETNS and
+// LINNET_TEST_UDHCPC_SCRIPT name the suite's stand-in VM, a namespace for
+// it and the udhcpc script that prints the lease: a VMM driving the TAP
+// this package received.
 func TestLive(t *testing.T) {
 	path := os.Getenv("LINNET_TEST_SOCKET")
 	if path == "" {
@@ -83,6 +87,8 @@ func TestLive(t *testing.T) {
 		t.Error("still listed after detach")
 	}
 
+	driveWithStandin(t, client)
+
 	// The connection is the lifeline: closing it detaches what it holds.
 	second, tap2, err := client.Attach(AttachRequest{Network: "shared"})
 	if err != nil {
@@ -101,6 +107,66 @@ func TestLive(t *testing.T) {
 			t.Fatal("the interface outlived its connection by 10 s")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// driveWithStandin attaches an interface, hands its TAP to the suite's
+// stand-in VM as a VMM would (fd 3), checks that the guest leases the
+// address Attach reported, and that Detach takes the TAP away from it.
+func driveWithStandin(t *testing.T, client *Client) {
+	t.Helper()
+	standin, netns, script := os.Getenv("LINNET_TEST_STANDIN"), os.Getenv("LINNET_TEST_NETNS"), os.Getenv("LINNET_TEST_UDHCPC_SCRIPT")
+	if standin == "" || netns == "" || script == "" {
+		t.Fatal("LINNET_TEST_STANDIN, LINNET_TEST_NETNS and LINNET_TEST_UDHCPC_SCRIPT must be set with LINNET_TEST_SOCKET")
+	}
+	iface, tap, err := client.Attach(AttachRequest{Network: "shared"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmm := exec.Command(standin, "--fd", "3", "--netns", "/run/netns/"+netns, "--mac", iface.MACAddress)
+	vmm.ExtraFiles = []*os.File{tap}
+	vmm.Stderr = os.Stderr
+	if err := vmm.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tap.Close() // the VMM holds it now
+	exited := make(chan error, 1)
+	go func() { exited <- vmm.Wait() }()
+	reaped := false
+	defer func() {
+		if !reaped {
+			_ = vmm.Process.Kill()
+			<-exited
+		}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if exec.Command("ip", "netns", "exec", netns, "ip", "link", "show", "eth0").Run() == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stand-in made no eth0 in 10 s")
+		}
+	}
+	out, err := exec.Command("ip", "netns", "exec", netns, "busybox", "udhcpc", "-i", "eth0", "-n", "-q", "-f",
+		"-t", "5", "-T", "1", "-s", script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("udhcpc: %v: %s", err, out)
+	}
+	if want := "linnet-guest: lease ip=" + iface.IPAddress + " "; !strings.Contains(string(out), want) {
+		t.Errorf("the guest did not lease %s, the address Attach reported:\n%s", iface.IPAddress, out)
+	}
+	if err := client.Detach(iface.InterfaceID); err != nil {
+		t.Fatal(err)
+	}
+	if find(t, client, iface.InterfaceID) != nil {
+		t.Error("still listed after detach")
+	}
+	// The TAP is gone under the VMM: its next read fails and it exits.
+	select {
+	case <-exited:
+		reaped = true
+	case <-time.After(10 * time.Second):
+		t.Error("the stand-in still runs 10 s after its interface was detached")
 	}
 }
 
