@@ -11,13 +11,17 @@ from .host import Processes, ip, link_exists, run, wait_for
 # The networks the daemon serves: `shared` (MTU 1500) is built in; `open`
 # and `openjumbo` are the same without anti-spoofing, `policed` and
 # `policedjumbo` with anti-spoofing and a connect/listen policy that lets
-# iperf3 through, to measure what they cost.
+# iperf3 through, to measure what they cost. `shared` and `jumbo` have
+# their network socket (NETWORK.sock in the run directory).
 NETWORKS_YAML = """\
 networks:
+  shared:
+    socket: true
   jumbo:
     mode: shared
     subnet: 192.168.120.0/24
     mtu: 65520
+    socket: true
   open:
     mode: shared
     subnet: 192.168.121.0/24
@@ -56,8 +60,22 @@ class LinnetDaemon:
             "LINNET_CONFIG": config,
         }
         self.socket = os.path.join(self.env["LINNET_RUN_DIR"], "linnet.sock")
+        self.run_dir = self.env["LINNET_RUN_DIR"]
         self.daemon = procs.start("linnet-daemon", [self.bin, "daemon"], env=self.env)
         wait_for(lambda: procs.check_alive() or os.path.exists(self.socket), "the linnet daemon's socket")
+
+    def network_socket(self, network):
+        """The socket_vmnet-compatible socket of `network`."""
+        return os.path.join(self.run_dir, f"{network}.sock")
+
+    def listing(self):
+        """`linnet ls --json`, through the API."""
+        from .control import call, connect
+        sock = connect(self.socket)
+        try:
+            return call(sock, {"op": "list"})[0]
+        finally:
+            sock.close()
 
     @staticmethod
     def network_for(mtu, anti_spoofing=True, policy=False):

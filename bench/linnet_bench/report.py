@@ -5,8 +5,8 @@ from xml.sax.saxutils import escape
 
 from .throughput import UNSTABLE_SPREAD
 
-from .setups import (DIRECTIONS, GUEST_TXQUEUELEN, HOST_TO_VM, MIXED_BARE, MIXED_VNET, VM_TO_HOST,
-                     VM_TO_VM)
+from .setups import (DIRECTIONS, GUEST_TXQUEUELEN, HOST_TO_VM, MIXED_BARE, MIXED_VNET,
+                     NETWORK_SOCKET, VM_TO_HOST, VM_TO_VM)
 
 LABEL = {VM_TO_HOST: "VM→host", HOST_TO_VM: "host→VM", VM_TO_VM: "VM→VM"}
 COLOR = {VM_TO_HOST: "#3b75af", HOST_TO_VM: "#ef8636", VM_TO_VM: "#529e3e"}
@@ -138,6 +138,12 @@ def targets(results):
                 for peer in peers(results):
                     args = (results, "peers", f"{ours} vs {peer}", ours, peer, mtu, d, goals[mtu])
                     out.append(ratio_target(*args) or missing_peer_target(*args))
+    # A network's socket relays each connection in a process of the
+    # connecting user's: privilege separation must not cost speed.
+    for mtu in MTUS:
+        for d in DIRECTIONS:
+            out.append(ratio_target(results, "network socket", f"{NETWORK_SOCKET} vs linnet stream",
+                                    NETWORK_SOCKET, "linnet stream", mtu, d, 0.95))
     # A network mixing a client with the virtio-net header and one without:
     # each keeps its speed (within 10%) of a network of its own kind, and
     # between them at least the speed of two bare clients.
@@ -375,6 +381,10 @@ def markdown(results):
               "Ratio linnet / peer in one run; bare frames (QEMU's dgram and stream) and "
               "with the virtio-net header (+ vnet: krunkit, vfkit, libkrun).", ""]
     lines += peer_matrix(results)
+    lines += ["", "### A network's socket (lima, socket_vmnet clients) against `linnet stream`", "",
+              "The same framing; each connection relayed by a process of the connecting user's "
+              "that the daemon starts.", ""]
+    lines += target_table(results, "network socket")
     lines += ["", "### A network mixing a + vnet client and a bare one", ""]
     lines += target_table(results, "mixed")
     lines += ["", "### Control plane", ""]

@@ -15,6 +15,7 @@ VM_TO_HOST, HOST_TO_VM, VM_TO_VM = "vm_to_host", "host_to_vm", "vm_to_vm"
 DIRECTIONS = (VM_TO_HOST, HOST_TO_VM, VM_TO_VM)
 MIXED_VNET = "linnet dgram, mixed: the + vnet client"
 MIXED_BARE = "linnet dgram, mixed: the bare client"
+NETWORK_SOCKET = "linnet network socket"
 MIXED_WHY = "at MTU 65520 a bare frame is as large as an offloaded segment: nothing to mix"
 
 
@@ -208,6 +209,62 @@ class Linnet(Setup):
         topo.server = info["gateway"]
         topo.net_pids.append(env.linnet.daemon.pid)
         return topo
+
+
+class NetworkSocket(Setup):
+    """linnet's per-network socket (`socket: true`), as lima and socket_vmnet
+    clients use it: each stand-in connects to NETWORK.sock with a MAC of
+    its own, the daemon starts a relay for the connection, which attaches
+    on the first frame. The same stream framing as `linnet stream`, which
+    it is measured against."""
+    group = "linnet"
+    datapath = "stream"
+
+    def version(self, env):
+        return f"linnet {env.linnet_commit}"
+
+    def up(self, env, mtu):
+        topo = Topology()
+        network = env.linnet.network_for(mtu)
+        sock = env.linnet.network_socket(network)
+        listing = env.linnet.listing()
+        net = next(n for n in listing["networks"] if n["name"] == network)
+        prefix = net["subnet"].split("/")[1]
+        for i in range(self.guests()):
+            ns = env.guest_ns()
+            mac = f"52:54:00:5e:{mtu % 256:02x}:{i + 1:02x}"
+            proc = env.standin(f"standin-{ns}", ["--stream-socket", sock, "--mtu", mtu,
+                                                 "--mac", mac], ns)
+            topo.standin_pids.append(proc.pid)
+            env.wait_link("eth0", ns)
+            # The interface is attached on the guest's first frame (eth0
+            # coming up sends IPv6's).
+            info = wait_for(lambda: env.procs.check_alive() or next(
+                (i for i in env.linnet.listing()["interfaces"] if i["mac_address"] == mac), None),
+                f"the interface of {mac} on {network}'s socket")
+            configure(ns, "eth0", f"{info['ip_address']}/{prefix}")
+            topo.guests.append((ns, info["ip_address"]))
+        topo.server = net["gateway"]
+        topo.net_pids.append(env.linnet.daemon.pid)
+        # The relays the daemon started for these connections (one of an
+        # earlier setup's may still be on its way out).
+        topo.net_pids += wait_for(lambda: relays_on(env.linnet.daemon.pid, network, self.guests()),
+                                  f"one relay per connection to {network}'s socket")
+        return topo
+
+
+def relays_on(daemon, network, count):
+    """The daemon's relays for `network`'s socket, once there are `count`."""
+    mine = []
+    for pid in children(daemon):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if b"--attach-on-first-frame" in args and network.encode() in args:
+            mine.append(pid)
+    return mine if len(mine) == count else None
 
 
 def read_json(path):
@@ -418,6 +475,7 @@ def all_setups():
         Linnet("linnet tap, anti-spoofing + policy", "tap", policy=True),
         Linnet("linnet dgram", "dgram"),
         Linnet("linnet stream", "stream"),
+        NetworkSocket(NETWORK_SOCKET),
         Linnet("linnet dgram + vnet", "dgram", vnet_hdr=(True, True)),
         Linnet("linnet stream + vnet", "stream", vnet_hdr=(True, True)),
         # One network, a client with the virtio-net header and one without,
