@@ -10,7 +10,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use nix::sys::socket::{
@@ -283,6 +283,9 @@ pub struct NetworkStatus {
     pub bridge: Option<String>,
     pub interfaces: usize,
     pub persistent: bool,
+    /// Its socket_vmnet-compatible socket, if it has one (`socket:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
     /// What the host's other firewalls block of its traffic, while it is up.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,

@@ -51,6 +51,13 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
     }
     print_table(&rows);
     for n in &networks {
+        if let Some(socket) = &n.socket {
+            println!(
+                "network {}: VMs connect to {} (socket_vmnet protocol)",
+                n.name,
+                socket.display()
+            );
+        }
         for w in &n.warnings {
             println!("warning: network {}: {w}", n.name);
         }

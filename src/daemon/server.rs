@@ -64,7 +64,12 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let listener = listen(&socket_path)?;
 
     let netlink = Netlink::connect().context("cannot open rtnetlink")?;
-    let mut daemon = Daemon::new(opts.config, opts.state_dir.clone(), netlink);
+    let mut daemon = Daemon::new(
+        opts.config,
+        opts.state_dir.clone(),
+        opts.run_dir.clone(),
+        netlink,
+    );
     if let Err(e) = daemon.reconcile().await {
         let _ = std::fs::remove_file(&socket_path);
         bail!("start-up failed: {e}");

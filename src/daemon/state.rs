@@ -148,6 +148,8 @@ impl Interface {
 
 pub struct Daemon {
     pub(super) config: Config,
+    /// Where the API socket and the networks' default sockets are.
+    pub(super) run_dir: PathBuf,
     lease_dir: PathBuf,
     state_dir: PathBuf,
     pub(super) netlink: Netlink,
@@ -176,9 +178,10 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub fn new(config: Config, state_dir: PathBuf, netlink: Netlink) -> Daemon {
+    pub fn new(config: Config, state_dir: PathBuf, run_dir: PathBuf, netlink: Netlink) -> Daemon {
         Daemon {
             config,
+            run_dir,
             lease_dir: state_dir.join("leases"),
             state_dir,
             netlink,
@@ -767,6 +770,10 @@ impl Daemon {
                     .filter(|i| i.network == cfg.name)
                     .count(),
                 persistent: cfg.persistent,
+                socket: cfg
+                    .socket
+                    .as_ref()
+                    .map(|s| s.path(&cfg.name, &self.run_dir)),
                 warnings: self.network_warnings(&cfg.name),
             })
             .collect();

@@ -356,6 +356,14 @@ fn a_network_socket_file_follows_allow_and_goes_with_the_daemon() {
         0o600,
         "root only; the path's directory made"
     );
+    let listing = must(&mut world.linnet(&["ls"]));
+    assert!(
+        listing.contains(&format!(
+            "network shared: VMs connect to {} (socket_vmnet protocol)",
+            socket_path(&world).display()
+        )) && listing.contains(&format!("network host: VMs connect to {}", host.display())),
+        "{listing}"
+    );
     // Nobody is not in the group: the file itself keeps them out.
     assert!(connect_as(65534, &socket_path(&world)).is_none());
     world.stop_daemon();
