@@ -252,7 +252,26 @@ pub fn main() -> ExitCode {
             return ExitCode::from(EXIT_LINNET_FAILED);
         }
     };
-    super::log_to_stderr(args.log.as_deref(), "warn");
+    match args.interface {
+        Interface::Attached { .. } => super::log_to_stderr(args.log.as_deref(), "warn"),
+        Interface::OnFirstFrame { .. } => {
+            // Nothing that runs as this user may reach into the relay (its
+            // daemon connection speaks for the VM's owner): no ptrace, no
+            // /proc/PID/fd, no core dump.
+            // SAFETY: prctl with integer arguments.
+            unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+            // The daemon logs these lines with the connection's network,
+            // uid and pid, and its own time.
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+                .with_writer(std::io::stderr)
+                .without_time()
+                .with_level(false)
+                .with_ansi(false)
+                .with_target(false)
+                .init();
+        }
+    }
     match relay(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -40,8 +40,17 @@ const RELAY: &str = "linnet-relay";
 /// Where the relay finds the VM's connection and its API connection.
 const RELAY_STREAM_FD: i32 = 3;
 const RELAY_DAEMON_FD: i32 = 4;
-/// Who a relay runs as when root connected: it needs no privilege at all.
-const NOBODY: u32 = 65534;
+/// The relay of a connection root made runs as a uid of its own, one per
+/// connection, from a range no account uses ("ln" << 16): as `nobody`, any
+/// service running as nobody could take over the relay, its VM's port and
+/// its API connection. (Other users' relays run as that user: only the
+/// user can reach them, and gets no more than they have.)
+const ROOT_RELAY_UIDS: u32 = 0x6c6e_0000;
+/// What a relay may write to the daemon's log: this many lines of at
+/// most this many bytes (the relay runs as the VM's user, who must not be
+/// able to fill the log).
+const RELAY_LINES: usize = 20;
+const RELAY_LINE: usize = 400;
 /// How long accepting pauses when the daemon is out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -271,6 +280,14 @@ fn admit(
     let vm: OwnedFd = conn.into_inner();
     let mut child = start_relay(relay, network, &client, vm, theirs)?;
     debug!(network = %name, uid = client.uid, pid = ?client.pid, relay = ?child.id(), "network socket connection: relay started");
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(log_relay_output(
+            stderr,
+            name.clone(),
+            client.uid,
+            client.pid,
+        ));
+    }
     client.network_socket = Some(name.clone());
     let ours = register(ours).context("cannot watch the relay's connection")?;
     let sessions = sessions.clone();
@@ -281,7 +298,57 @@ fn admit(
     Ok(())
 }
 
-/// `linnet-relay` as the connecting user (nobody for root), with no
+/// Logs what a relay says (a refused attach, a broken stream), with whose
+/// connection it was: at most RELAY_LINES lines of RELAY_LINE bytes.
+async fn log_relay_output(
+    stderr: tokio::process::ChildStderr,
+    network: String,
+    uid: u32,
+    pid: Option<i32>,
+) {
+    let mut reader = tokio::io::BufReader::new(stderr);
+    let mut line = Vec::with_capacity(RELAY_LINE);
+    for _ in 0..RELAY_LINES {
+        line.clear();
+        match read_line_capped(&mut reader, &mut line).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        warn!(%network, uid, ?pid, "relay: {}", text.trim_end());
+    }
+    // Dropping the pipe: the relay's further lines go nowhere.
+    warn!(%network, uid, ?pid, "the relay says more; the rest is not logged");
+}
+
+/// Reads one line (or what is left), keeping at most RELAY_LINE bytes of
+/// it: a line without end cannot grow the daemon's memory. The bytes read.
+async fn read_line_capped(
+    reader: &mut (impl tokio::io::AsyncBufRead + Unpin),
+    line: &mut Vec<u8>,
+) -> io::Result<usize> {
+    use tokio::io::AsyncBufReadExt;
+    let mut read = 0;
+    loop {
+        let buf = reader.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(read);
+        }
+        let (n, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(end) => (end + 1, true),
+            None => (buf.len(), false),
+        };
+        let room = RELAY_LINE.saturating_sub(line.len());
+        line.extend_from_slice(&buf[..n.min(room)]);
+        reader.consume(n);
+        read += n;
+        if done {
+            return Ok(read);
+        }
+    }
+}
+
+/// `linnet-relay` as the connecting user (a uid of its own for root), with no
 /// capabilities and nothing else of the daemon's: the VM's connection as
 /// fd 3, its API connection as fd 4, an empty environment.
 fn start_relay(
@@ -292,7 +359,10 @@ fn start_relay(
     api: OwnedFd,
 ) -> anyhow::Result<tokio::process::Child> {
     let (uid, gid) = match client.uid {
-        0 => (NOBODY, NOBODY),
+        0 => {
+            let own = ROOT_RELAY_UIDS + (client.id % 0x1_0000) as u32;
+            (own, own)
+        }
         uid => (uid, client.gid),
     };
     let mut cmd = std::process::Command::new(relay);
@@ -311,8 +381,8 @@ fn start_relay(
     .stdin(Stdio::null())
     .stdout(Stdio::null())
     // Its few lines (a refused attach, a broken stream) go to the
-    // daemon's log.
-    .stderr(Stdio::inherit())
+    // daemon's log, through `log_relay_output`.
+    .stderr(Stdio::piped())
     // As root, std drops the supplementary groups before setuid.
     .uid(uid)
     .gid(gid);
@@ -343,6 +413,37 @@ fn start_relay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relay_line_is_kept_to_its_first_bytes_however_long() {
+        let mut text = b"short\n".to_vec();
+        text.extend(std::iter::repeat_n(b'x', 1 << 20));
+        text.extend_from_slice(b"\nlast");
+        let mut reader = tokio::io::BufReader::new(text.as_slice());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut lines = Vec::new();
+        runtime.block_on(async {
+            loop {
+                let mut line = Vec::new();
+                let read = read_line_capped(&mut reader, &mut line).await.unwrap();
+                if read == 0 {
+                    break;
+                }
+                lines.push((read, line));
+            }
+        });
+        assert_eq!(lines[0], (6, b"short\n".to_vec()));
+        assert_eq!(lines[1].0, (1 << 20) + 1, "the whole line is read");
+        assert_eq!(
+            lines[1].1,
+            vec![b'x'; RELAY_LINE],
+            "and its first bytes kept"
+        );
+        assert_eq!(lines[2], (4, b"last".to_vec()));
+        assert_eq!(lines.len(), 3);
+    }
 
     fn allow(users: &[u32], groups: &[u32]) -> Allow {
         Allow {

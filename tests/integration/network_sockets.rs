@@ -202,16 +202,35 @@ fn ten_vms_on_one_network_socket_each_get_an_interface_an_address_and_the_networ
             "the VMM's pid {vmm} is shown: {listed:?}"
         );
     }
-    // Each relay runs with nothing of the daemon's: root connected, so
-    // nobody, without capabilities.
+    // Each relay runs with nothing of the daemon's: root connected, so a
+    // uid of the relay's own (0x6c6e0000 + n), without capabilities, and
+    // out of reach of any process of that uid (not dumpable: its /proc
+    // files are root's).
     let relays = relay_pids(&world);
     assert_eq!(relays.len(), 10, "one relay per connection: {relays:?}");
+    let mut uids = Vec::new();
     for pid in &relays {
-        assert_eq!(proc_status(pid, "Uid"), "65534 65534 65534 65534");
+        let uid: u32 = proc_status(pid, "Uid")
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let all = [uid.to_string().as_str(); 4].join(" ");
+        assert_eq!(proc_status(pid, "Uid"), all);
+        assert_eq!(uid >> 16, 0x6c6e, "uid {uid}");
+        assert_eq!(proc_status(pid, "Gid"), all);
+        assert_eq!(proc_status(pid, "Groups"), "");
         assert_eq!(proc_status(pid, "CapEff"), "0000000000000000");
         assert_eq!(proc_status(pid, "CapPrm"), "0000000000000000");
         assert_eq!(proc_status(pid, "NoNewPrivs"), "1");
+        let fd_dir = std::fs::metadata(format!("/proc/{pid}/fd")).unwrap();
+        assert_eq!(fd_dir.uid(), 0, "relay {pid} is not dumpable");
+        uids.push(uid);
     }
+    uids.sort();
+    uids.dedup();
+    assert_eq!(uids.len(), 10, "a uid per relay: {uids:?}");
     let (first, last) = (&guests[0], &guests[9]);
     assert!(first.ping(&first.gateway()), "a VM pings the gateway");
     assert!(first.ping(&last.ip().to_string()), "and another VM");
@@ -262,10 +281,13 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
     );
     let relays = relay_pids(&world);
     assert_eq!(relays.len(), 2, "{relays:?}");
-    for pid in &relays {
-        assert_eq!(proc_status(pid, "Uid"), "65534 65534 65534 65534");
-        assert_eq!(proc_status(pid, "CapEff"), "0000000000000000");
-    }
+    let theirs: Vec<&String> = relays
+        .iter()
+        .filter(|pid| proc_status(pid, "Uid") == "65534 65534 65534 65534")
+        .collect();
+    assert_eq!(theirs.len(), 1, "the user's relay runs as the user");
+    assert_eq!(proc_status(theirs[0], "CapEff"), "0000000000000000");
+    assert_eq!(proc_status(theirs[0], "Groups"), "");
 
     // A frame from a second MAC is dropped by anti-spoofing; the VM stays.
     vm.write_all(&framed_from([0x02, 0, 0, 0, 0x66, 0x66]))
