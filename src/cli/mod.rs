@@ -1,6 +1,7 @@
 //! The command line: one file per subcommand, each thin. Shared here: the
 //! global options and reaching (or starting) the daemon.
 
+mod connect;
 mod daemon;
 mod doctor;
 mod forward;
@@ -88,6 +89,9 @@ pub enum CommandArgs {
     Run(run::RunArgs),
     /// Attach an interface and relay its frames to a unix socket (for VMMs that cannot take a TAP).
     Helper(helper::HelperArgs),
+    /// Run a command with a connection to a network's socket as fd 3
+    /// (socket_vmnet_client's way: QEMU -netdev socket,fd=3).
+    Connect(connect::ConnectArgs),
     /// List networks and attached interfaces.
     Ls(ls::LsArgs),
     /// Publish ports of attached VMs on the host, at runtime.
@@ -157,6 +161,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         CommandArgs::Daemon(args) => daemon::main(&cli, args).map(|()| 0),
         CommandArgs::Run(args) => run::main(&cli, args),
         CommandArgs::Helper(args) => helper::main(&cli, args).map(|()| 0),
+        CommandArgs::Connect(args) => connect::main(&cli, args).map(|()| 0),
         CommandArgs::Ls(args) => ls::main(&cli, args).map(|()| 0),
         CommandArgs::Forward(cmd) => forward::main(&cli, cmd).map(|()| 0),
         CommandArgs::Policy(cmd) => policy::main(&cli, cmd).map(|()| 0),

@@ -394,3 +394,39 @@ fn a_network_socket_file_follows_allow_and_goes_with_the_daemon() {
         "the sockets go with the daemon"
     );
 }
+
+#[test]
+fn linnet_connect_says_what_is_missing() {
+    let mut world = World::with_config("networks:\n  shared:\n    socket: true\n");
+    world.start_daemon();
+    let err = failure(&mut world.linnet(&["connect", "host", "--", "true"]));
+    assert!(
+        err.contains("network \"host\" has no socket; set `socket: true` for it in networks.yaml"),
+        "{err}"
+    );
+    let err = failure(&mut world.linnet(&["connect", "nope", "--", "true"]));
+    assert!(
+        err.contains("unknown network \"nope\"; known networks: host, shared"),
+        "{err}"
+    );
+    let missing = world.dir.path().join("missing.sock");
+    let err = failure(&mut world.linnet(&["connect", missing.to_str().unwrap(), "--", "true"]));
+    assert!(
+        err.contains("is the daemon running, with `socket:` set"),
+        "{err}"
+    );
+    // The command gets the connection as fd 3, and its status is passed on.
+    let out = run(&mut world.linnet(&[
+        "connect",
+        "shared",
+        "--",
+        "sh",
+        "-c",
+        "readlink /proc/self/fd/3; exit 7",
+    ]));
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("socket:"),
+        "{out:?}"
+    );
+}

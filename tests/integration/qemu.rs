@@ -389,20 +389,10 @@ fn qemu_boots_with_netdev_dgram_and_stream_through_linnet_run_and_gets_its_addre
     }
 }
 
-/// Lima's way to a socket network: connect to the socket, hand QEMU the
-/// connected fd as fd 3 (`-netdev socket,fd=3`), as socket_vmnet_client does.
-/// (The socket may be fd 3 already: dup2 onto itself leaves it
-/// close-on-exec, hence set_inheritable.)
-const CONNECT_AS_FD_3: &str = "import os, socket, sys\n\
-s = socket.socket(socket.AF_UNIX)\n\
-s.connect(sys.argv[1])\n\
-os.dup2(s.fileno(), 3)\n\
-os.set_inheritable(3, True)\n\
-os.execvp(sys.argv[2], sys.argv[2:])\n";
-
 #[test]
 fn two_qemu_guests_on_the_network_socket_by_netdev_stream_and_socket_fd_lease_and_reach_all() {
-    let (a_mac, b_mac) = ("52:54:00:17:00:01", "52:54:00:17:00:02");
+    // B as lima makes it: its NIC net1, a MAC of lima's 52:55:55 prefix.
+    let (a_mac, b_mac) = ("52:54:00:17:00:01", "52:55:55:17:00:02");
     let (a_ip, b_ip) = ("192.168.105.50", "192.168.105.51");
     let mut world = World::with_config(&format!(
         "networks:\n  shared:\n    socket: true\n    dhcp:\n      static:\n        - {{ ip: {a_ip}, mac: \"{a_mac}\" }}\n        - {{ ip: {b_ip}, mac: \"{b_mac}\" }}\n"
@@ -427,16 +417,30 @@ fn two_qemu_guests_on_the_network_socket_by_netdev_stream_and_socket_fd_lease_an
         a_mac,
         &script(b_ip),
     );
-    let b_device = format!("virtio-net-pci,netdev=n0,mac={b_mac}");
+    // `linnet connect` connects and hands QEMU the connection as fd 3, as
+    // lima's `fd_connect` and socket_vmnet_client do.
+    let b_device = format!("virtio-net-pci,netdev=net1,mac={b_mac}");
+    let linnet = linnet_bin();
+    let env_run_dir = format!("LINNET_RUN_DIR={}", world.run_dir().display());
     let b = Vm::start_on_socket(
         &world,
-        &["/usr/bin/python3", "-c", CONNECT_AS_FD_3, socket],
-        &["-netdev", "socket,id=n0,fd=3", "-device", &b_device],
+        &[
+            "env",
+            &env_run_dir,
+            linnet.to_str().unwrap(),
+            "connect",
+            "shared",
+            "--",
+        ],
+        &["-netdev", "socket,id=net1,fd=3", "-device", &b_device],
         b_mac,
         &script(a_ip),
     );
     assert_eq!((a.ip(), b.ip()), (a_ip.to_string(), b_ip.to_string()));
-    for (vm, what) in [(a, "-netdev stream"), (b, "-netdev socket,fd=3")] {
+    for (vm, what) in [
+        (a, "-netdev stream"),
+        (b, "linnet connect, -netdev socket,fd=3"),
+    ] {
         assert_eq!(vm.info["datapath"], "stream");
         let ip = vm.ip();
         let console = vm.finish();
