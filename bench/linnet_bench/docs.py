@@ -14,12 +14,12 @@ import re
 import sys
 
 from .report import ANTI_SPOOFING, LABEL, MTUS, POLICY, STATUS, cell, target_counts
-from .setups import DIRECTIONS
+from .setups import DIRECTIONS, NETWORK_SOCKET
 
 # The results' layout this module reads (bench/linnet_bench/__main__.py).
 FORMAT = 2
 
-DOCS = ("README.md", "docs/security.md", "docs/vmms.md")
+DOCS = ("README.md", "docs/security.md", "docs/vmms.md", "docs/lima.md")
 BLOCK = re.compile(r"(<!-- bench:([a-z-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 
 
@@ -78,6 +78,18 @@ def vnet_hdr(results):
                         for dp in ("dgram", "stream")])
 
 
+def network_socket(results):
+    target = f"{NETWORK_SOCKET} vs linnet stream"
+
+    def cells(mtu, d):
+        speed = [cell(results, setup, mtu, d) for setup in (NETWORK_SOCKET, "linnet stream")]
+        shown = [f"{c['gbps']:.1f}" if c and c.get("gbps") else "—" for c in speed]
+        return shown + [ratio(find_target(results, target, mtu, d))]
+
+    return by_mtu_and_direction(
+        ("network socket, Gbit/s", "`linnet stream`, Gbit/s", "ratio (goal >= 0.95x)"), cells)
+
+
 def targets(results):
     lines = [f"Targets: {target_counts(results)}. Missed:", ""]
     for t in results["targets"]:
@@ -89,7 +101,8 @@ def targets(results):
     return lines
 
 
-RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "targets": targets}
+RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "targets": targets,
+          "network-socket": network_socket}
 
 
 def render(name, results, doc):
