@@ -31,7 +31,7 @@ fn go() -> String {
 
 #[test]
 fn go_client_attaches_lists_forwards_and_detaches() {
-    let mut world = World::new();
+    let mut world = World::with_config("networks:\n  shared:\n    socket: true\n");
     world.start_daemon();
     let socket = world.run_dir().join("linnet.sock");
     let guest = Netns::new("guest");
@@ -51,6 +51,7 @@ fn go_client_attaches_lists_forwards_and_detaches() {
         ])
         .current_dir(&dir)
         .env("LINNET_TEST_SOCKET", &socket)
+        .env("LINNET_TEST_NETWORK_SOCKET", world.run_dir().join("shared.sock"))
         .env("LINNET_TEST_STANDIN", standin_bin())
         .env("LINNET_TEST_NETNS", &guest.name)
         .env(

@@ -183,15 +183,18 @@ func (c *Client) Detach(interfaceID string) error {
 
 // Network is a configured network as `list` describes it.
 type Network struct {
-	Name       string   `json:"name"`
-	Mode       string   `json:"mode"`
-	Subnet     string   `json:"subnet"`
-	Gateway    string   `json:"gateway"`
-	IPv6Prefix string   `json:"ipv6_prefix,omitempty"`
-	Bridge     *string  `json:"bridge"` // nil while the network is down
-	Interfaces int      `json:"interfaces"`
-	Persistent bool     `json:"persistent"`
-	Warnings   []string `json:"warnings,omitempty"`
+	Name       string  `json:"name"`
+	Mode       string  `json:"mode"`
+	Subnet     string  `json:"subnet"`
+	Gateway    string  `json:"gateway"`
+	IPv6Prefix string  `json:"ipv6_prefix,omitempty"`
+	Bridge     *string `json:"bridge"` // nil while the network is down
+	Interfaces int     `json:"interfaces"`
+	Persistent bool    `json:"persistent"`
+	// Socket is its socket_vmnet-compatible socket (docs/lima.md), if any:
+	// lima's `networks: - socket:` or QEMU's -netdev stream connect there.
+	Socket   string   `json:"socket,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Listed is an attached interface as `list` describes it.

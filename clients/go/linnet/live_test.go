@@ -20,7 +20,8 @@ import (
 // no daemon to talk to. LINNET_TEST_STANDIN, LINNET_TEST_NETNS and
 // LINNET_TEST_UDHCPC_SCRIPT name the suite's stand-in VM, a namespace for
 // it and the udhcpc script that prints the lease: a VMM driving the TAP
-// this package received.
+// this package received. LINNET_TEST_NETWORK_SOCKET is the socket the
+// listing must give for `shared`.
 func TestLive(t *testing.T) {
 	path := os.Getenv("LINNET_TEST_SOCKET")
 	if path == "" {
@@ -44,6 +45,18 @@ func TestLive(t *testing.T) {
 		t.Errorf("the descriptor is TAP %q, the reply says %q", name, iface.TAP)
 	}
 	tap.Close() // a VMM would hold it; the interface lives on the connection
+
+	if want := os.Getenv("LINNET_TEST_NETWORK_SOCKET"); want != "" {
+		l, err := client.List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range l.Networks {
+			if n.Name == "shared" && n.Socket != want {
+				t.Errorf("shared's socket is %q, not %q", n.Socket, want)
+			}
+		}
+	}
 
 	listed := find(t, client, iface.InterfaceID)
 	if listed == nil || listed.IPAddress != iface.IPAddress || listed.Name != "gotest" || listed.ClientPID != os.Getpid() {
