@@ -51,7 +51,10 @@ fn go_client_attaches_lists_forwards_and_detaches() {
         ])
         .current_dir(&dir)
         .env("LINNET_TEST_SOCKET", &socket)
-        .env("LINNET_TEST_NETWORK_SOCKET", world.run_dir().join("shared.sock"))
+        .env(
+            "LINNET_TEST_NETWORK_SOCKET",
+            world.run_dir().join("shared.sock"),
+        )
         .env("LINNET_TEST_STANDIN", standin_bin())
         .env("LINNET_TEST_NETNS", &guest.name)
         .env(
