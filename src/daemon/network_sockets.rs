@@ -19,7 +19,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -169,10 +169,20 @@ fn relay_executable() -> anyhow::Result<PathBuf> {
 }
 
 fn bind(path: &Path, access: SocketAccess) -> anyhow::Result<AsyncFd<OwnedFd>> {
-    remove_stale(path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    // chown and chmod below follow links: in a directory others may write,
+    // the socket could be swapped for a link to any file between bind and
+    // them.
+    let meta =
+        std::fs::metadata(dir).with_context(|| format!("cannot look at {}", dir.display()))?;
+    if !only_root_writes(meta.uid(), meta.mode()) {
+        bail!(
+            "{} may be written by users other than root: the socket there could be swapped for a link; use a directory only root writes (e.g. /run/linnet)",
+            dir.display()
+        );
     }
+    remove_stale(path)?;
     let fd = socket::socket(
         AddressFamily::Unix,
         SockType::Stream,
@@ -190,6 +200,11 @@ fn bind(path: &Path, access: SocketAccess) -> anyhow::Result<AsyncFd<OwnedFd>> {
         .with_context(|| format!("cannot set the mode of {}", path.display()))?;
     socket::listen(&fd, socket::Backlog::new(128)?)?;
     Ok(register(fd)?)
+}
+
+/// Whether only root may add, remove or rename entries of a directory.
+fn only_root_writes(owner: u32, mode: u32) -> bool {
+    owner == 0 && mode & 0o022 == 0
 }
 
 /// A socket file left by a dead daemon goes; anything else at the path
@@ -413,6 +428,15 @@ fn start_relay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_goes_only_where_root_alone_writes() {
+        assert!(only_root_writes(0, 0o40755));
+        assert!(only_root_writes(0, 0o40700));
+        assert!(!only_root_writes(0, 0o41777), "/tmp");
+        assert!(!only_root_writes(0, 0o40775), "group-writable");
+        assert!(!only_root_writes(1000, 0o40755), "a user's own directory");
+    }
 
     #[test]
     fn a_relay_line_is_kept_to_its_first_bytes_however_long() {
