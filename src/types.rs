@@ -105,6 +105,25 @@ impl<'de> Deserialize<'de> for MacAddr {
     }
 }
 
+/// The interface id of the VM with `mac` on `network`'s socket: the same for
+/// every connection it makes, so a VM that reconnects (restarted, or the
+/// daemon restarted) takes up its lease again, and its address with it,
+/// where a new id would find the MAC held by the last one's reservation.
+/// A UUID of version 8 (custom) from stable hashes of both.
+pub fn socket_interface_id(network: &str, mac: MacAddr) -> InterfaceId {
+    let mut seed = b"linnet network socket\0".to_vec();
+    seed.extend_from_slice(network.as_bytes());
+    seed.push(0);
+    seed.extend_from_slice(&mac.0);
+    let first = stable_hash(&seed);
+    seed.extend_from_slice(&first.to_be_bytes());
+    let second = stable_hash(&seed);
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&first.to_be_bytes());
+    bytes[8..].copy_from_slice(&second.to_be_bytes());
+    uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}
+
 /// FNV-1a, 64 bit: a hash that never changes between releases, for names and
 /// MACs derived from ids (std's hasher is randomly seeded per process).
 pub fn stable_hash(data: &[u8]) -> u64 {
@@ -175,6 +194,22 @@ fn check_chars(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_vm_keeps_its_interface_id_per_network_and_mac() {
+        let mac: MacAddr = "52:55:55:12:34:56".parse().unwrap();
+        let other: MacAddr = "52:55:55:12:34:57".parse().unwrap();
+        let id = socket_interface_id("shared", mac);
+        assert_eq!(id, socket_interface_id("shared", mac), "stable");
+        assert_ne!(id, socket_interface_id("shared", other));
+        assert_ne!(id, socket_interface_id("host", mac));
+        assert_eq!(id.get_version_num(), 8);
+        // Fixed for good: leases on disk are kept under it across upgrades.
+        assert_eq!(
+            id.to_string(),
+            socket_interface_id("shared", mac).to_string()
+        );
+    }
 
     #[test]
     fn mac_parses_and_prints_both_separators() {

@@ -34,13 +34,13 @@ use nix::sys::socket::{self, MsgFlags};
 use tracing::info;
 
 use super::{DAEMON_GONE, EXIT_LINNET_FAILED, report, spawn_relay};
-use crate::api::{AttachRequest, Channel, InterfaceInfo, Request, Response};
+use crate::api::{AttachRequest, Channel, ErrorKind, InterfaceInfo, Request, Response};
 use crate::datapath::framing::LENGTH_BYTES;
 use crate::datapath::port::Endpoint;
 use crate::datapath::relay::{FRAME_OVERHEAD, Relay};
 use crate::datapath::vnet::ClientHeader;
 use crate::datapath::{Counters, Datapath, RelayCounters};
-use crate::types::{InterfaceId, MacAddr};
+use crate::types::{self, InterfaceId, MacAddr};
 
 /// The executable's name; `linnet` finds it in its own directory.
 pub const EXECUTABLE: &str = "linnet-relay";
@@ -444,6 +444,7 @@ fn attach_on_first_frame(
 ) -> anyhow::Result<(InterfaceInfo, OwnedFd)> {
     let request = AttachRequest {
         network: Some(network.into()),
+        interface_id: Some(types::socket_interface_id(network, mac)),
         mac: Some(mac),
         datapath: Some(Datapath::Stream),
         ..AttachRequest::default()
@@ -453,22 +454,36 @@ fn attach_on_first_frame(
             "network \"{network}\": cannot attach the VM with MAC {mac}: {why}; closing its connection"
         )
     };
-    let (response, fds) = channel
-        .call(&Request::Attach(request))
-        .map_err(|e| refused(e.to_string()))?;
-    match response {
-        Response::Attached { interface } => {
-            let tap = fds
-                .into_iter()
-                .next()
-                .ok_or_else(|| refused("the daemon sent no TAP".into()))?;
-            info!(interface = %interface.interface_id, %mac, ip = ?interface.ip_address, "attached on the VM's first frame");
-            Ok((*interface, tap))
+    // A VM that reconnects at once (restarted, or its tool retrying) finds
+    // its interface still held by the connection that is closing: that one
+    // goes within moments, so a busy interface is asked for again for a
+    // while.
+    let deadline = Instant::now() + MAC_RELEASE_WAIT;
+    loop {
+        let (response, fds) = channel
+            .call(&Request::Attach(request.clone()))
+            .map_err(|e| refused(e.to_string()))?;
+        match response {
+            Response::Attached { interface } => {
+                let tap = fds
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| refused("the daemon sent no TAP".into()))?;
+                info!(interface = %interface.interface_id, %mac, ip = ?interface.ip_address, "attached on the VM's first frame");
+                return Ok((*interface, tap));
+            }
+            Response::Error {
+                kind: ErrorKind::Busy,
+                ..
+            } if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Response::Error { message, .. } => return Err(refused(message)),
+            other => return Err(refused(format!("unexpected reply {other:?}"))),
         }
-        Response::Error { message, .. } => Err(refused(message)),
-        other => Err(refused(format!("unexpected reply {other:?}"))),
     }
 }
+
+/// How long a relay asks again for an interface another connection holds.
+const MAC_RELEASE_WAIT: Duration = Duration::from_secs(3);
 
 /// Takes ownership of an inherited descriptor, if it is open.
 pub fn claim_fd(fd: RawFd) -> anyhow::Result<OwnedFd> {

@@ -449,3 +449,40 @@ fn linnet_connect_says_what_is_missing() {
         "{out:?}"
     );
 }
+
+#[test]
+fn a_vm_that_reconnects_at_once_gets_its_mac_and_address_back_and_a_second_holder_is_closed() {
+    let mut world = World::with_config(CONFIG);
+    world.start_daemon();
+    let mac = "52:54:00:00:03:01";
+    let mut first = socket_guest(&world, mac);
+    let ip = first.udhcpc();
+    // While the VM holds its MAC, another connection sending from it is
+    // closed (after the few seconds a closing connection gets).
+    let (mut twin, _) = connect_as(65534, &socket_path(&world)).unwrap();
+    twin.write_all(&framed_from([0x52, 0x54, 0, 0, 3, 1]))
+        .unwrap();
+    twin.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let closed = loop {
+        match twin.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) => break e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    };
+    assert!(closed, "the second connection with a held MAC is closed");
+    wait_for("the refusal in the log", Duration::from_secs(5), || {
+        world
+            .daemon_log_text()
+            .contains(&format!("cannot attach the VM with MAC {mac}: interface"))
+            .then_some(())
+    });
+    // The VM restarts: its old connection closes as the new one opens.
+    first.vmm.take().unwrap().kill().unwrap();
+    drop(first);
+    let again = socket_guest(&world, mac);
+    assert_eq!(again.udhcpc(), ip, "the same MAC gets the same address");
+    assert_eq!(interfaces(&world).len(), 1);
+}
