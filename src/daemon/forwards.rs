@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
+use super::leases::Claimant;
 use super::state::{Client, Daemon, DaemonError};
 use crate::api::{AttachRequest, ForwardOrigin, ForwardRequest, ForwardStatus, Response};
 use crate::config::{ForwardTarget, NetworkConfig};
@@ -160,7 +161,7 @@ impl Daemon {
         for forward in &req.publish {
             self.take_forward(id, *forward, ForwardOrigin::Publish, client.uid)?;
         }
-        let kept = self.store().get(id, &network, client.uid);
+        let kept = self.store().get(id, &network, client.claimant());
         let from_config = cfg.forwards.iter().filter(|f| match &f.target {
             ForwardTarget::InterfaceId(target) => *target == id,
             ForwardTarget::Name(n) => name.as_deref() == Some(n.as_str()),
@@ -398,11 +399,18 @@ impl ForwardStore {
         })
     }
 
-    /// The kept forwards of `id` on `network`, for a client of `uid`.
-    pub fn get(&self, id: InterfaceId, network: &str, uid: u32) -> Vec<PortForward> {
+    /// The kept forwards of `id` on `network`, for `who` (a uid, or a
+    /// `Claimant`: root has them all).
+    pub fn get(
+        &self,
+        id: InterfaceId,
+        network: &str,
+        who: impl Into<Claimant>,
+    ) -> Vec<PortForward> {
+        let who = who.into();
         self.saved
             .get(&id)
-            .filter(|s| s.network == network && (uid == 0 || uid == s.owner_uid))
+            .filter(|s| s.network == network && (who.overrides || who.uid == s.owner_uid))
             .map(|s| s.forwards.clone())
             .unwrap_or_default()
     }
@@ -481,6 +489,14 @@ mod tests {
             vec![fwd("8080:80"), fwd("5353:53/udp")]
         );
         assert_eq!(store.get(id, "shared", 0).len(), 2, "root may have them");
+        let relay = Claimant {
+            uid: 0,
+            overrides: false,
+        };
+        assert!(
+            store.get(id, "shared", relay).is_empty(),
+            "not a relay of root's network socket connection"
+        );
         assert!(
             store.get(id, "shared", 1001).is_empty(),
             "another user attaching with the id gets none"

@@ -102,6 +102,24 @@ pub enum LeaseError {
     },
 }
 
+/// Who claims an interface's lease: a uid, and whether it may take other
+/// users' ids and released names (root's say). A bare uid is a user, with
+/// that say when it is root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimant {
+    pub uid: u32,
+    pub overrides: bool,
+}
+
+impl From<u32> for Claimant {
+    fn from(uid: u32) -> Claimant {
+        Claimant {
+            uid,
+            overrides: uid == 0,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct LeaseTable {
     network: String,
@@ -276,14 +294,16 @@ impl LeaseTable {
     /// name is another user's (root may take any id, not a held name).
     pub fn attach_for(
         &mut self,
-        uid: u32,
+        who: impl Into<Claimant>,
         id: InterfaceId,
         mac: Option<MacAddr>,
         name: Option<String>,
         now: u64,
     ) -> Result<Lease, LeaseError> {
+        let who = who.into();
+        let uid = who.uid;
         let owner = Owner::Interface { id };
-        self.check_claim(uid, id, name.as_deref(), now)?;
+        self.check_claim(who, id, name.as_deref(), now)?;
         let existing = self.held_by(&owner).map(|l| l.ip);
         let mac = self.choose_mac(id, mac, now)?;
         let ip = match self.static_for(Some(id), Some(mac)) {
@@ -350,18 +370,19 @@ impl LeaseTable {
     /// another interface's live lease holds.
     pub fn check_claim(
         &self,
-        uid: u32,
+        who: impl Into<Claimant>,
         id: InterfaceId,
         name: Option<&str>,
         now: u64,
     ) -> Result<(), LeaseError> {
+        let Claimant { uid, overrides } = who.into();
         let owner = Owner::Interface { id };
         if let Some(holder) = self
             .held_by(&owner)
             .filter(|l| l.is_live(now))
             .and_then(|l| l.uid)
             && holder != uid
-            && uid != 0
+            && !overrides
         {
             return Err(LeaseError::NotYours {
                 network: self.network.clone(),
@@ -377,7 +398,7 @@ impl LeaseTable {
             l.owner != owner
                 && l.is_live(now)
                 && names_match(l.name.as_deref(), name)
-                && (l.held_until.is_none() || (l.uid != Some(uid) && uid != 0))
+                && (l.held_until.is_none() || (l.uid != Some(uid) && !overrides))
         });
         match held {
             Some(Lease {
@@ -684,6 +705,17 @@ mod tests {
             "not even root takes a name an attached interface holds"
         );
         t.detach(id(1), 40);
+        // Root's network socket relay speaks for a guest's choice of MAC,
+        // not for root: it has no say over another user's id.
+        let relay = Claimant {
+            uid: 0,
+            overrides: false,
+        };
+        let guest = t.attach_for(relay, id(1), None, None, 45);
+        assert!(
+            matches!(guest, Err(LeaseError::NotYours { holder: 1000, .. })),
+            "{guest:?}"
+        );
         t.attach_for(0, id(1), None, None, 50)
             .expect("root may take any id");
         t.detach(id(1), 60);

@@ -442,7 +442,7 @@ async fn handle(
     request: Request,
 ) -> (Response, Option<OwnedFd>) {
     if let Some(network) = &client.network_socket
-        && !network_socket_may(&request)
+        && !super::network_sockets::relay_may(&request)
     {
         // Its relay runs as the VM's user (or a uid of its own for root's):
         // whoever can take it over must not get more than that VM's port.
@@ -508,16 +508,6 @@ async fn handle(
         },
         Request::Doctor { network } => (daemon.doctor(network.as_deref()), None),
     }
-}
-
-/// What the connection of a network socket's relay may ask: its VM's
-/// port and what any local user may see; no forwards or policies (a
-/// relay runs as its VM's user; root's would speak for root).
-fn network_socket_may(request: &Request) -> bool {
-    matches!(
-        request,
-        Request::Attach(_) | Request::Counters { .. } | Request::Detach { .. } | Request::List
-    )
 }
 
 /// Why a reply did not (wholly) go out.
@@ -594,31 +584,5 @@ fn raise_fd_limit() {
     {
         let _ =
             nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_network_socket_relay_may_attach_report_detach_and_list_only() {
-        let parse = |json: &str| serde_json::from_str::<Request>(json).unwrap();
-        for allowed in [
-            r#"{"op": "attach", "network": "shared", "datapath": "stream"}"#,
-            r#"{"op": "detach", "interface_id": "11111111-2222-4333-8444-555555555555"}"#,
-            r#"{"op": "list"}"#,
-        ] {
-            assert!(network_socket_may(&parse(allowed)), "{allowed}");
-        }
-        for refused in [
-            r#"{"op": "forward_add", "network": "shared", "name": "web", "forward": "8080:80"}"#,
-            r#"{"op": "forward_remove", "network": "shared", "name": "web", "forward": "8080:80"}"#,
-            r#"{"op": "policy_set", "network": "shared", "name": "web", "policy": {}}"#,
-            r#"{"op": "forward_list"}"#,
-            r#"{"op": "doctor"}"#,
-        ] {
-            assert!(!network_socket_may(&parse(refused)), "{refused}");
-        }
     }
 }

@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 use super::coexist::HostView;
 use super::forwards::{ForwardStore, Published};
 use super::guarding::port_guard;
-use super::leases::LeaseError;
+use super::leases::{Claimant, LeaseError};
 use super::network::{ActiveNetwork, dns_servers};
 use super::policies::{check_policy_possible, no_address_for_policy};
 use super::tap_watch::TapAddresses;
@@ -113,6 +113,19 @@ pub struct Client {
     /// the daemon started for it): it may attach one stream interface
     /// there and nothing else.
     pub network_socket: Option<String>,
+}
+
+impl Client {
+    /// Who the client claims leases and kept forwards as. Root's say over
+    /// other users' interface ids, names and forwards is not for a network
+    /// socket's relay, even one of root's: its interface id follows from
+    /// the MAC the guest chose, and a guest may choose any.
+    pub fn claimant(&self) -> Claimant {
+        Claimant {
+            uid: self.uid,
+            overrides: self.uid == 0 && self.network_socket.is_none(),
+        }
+    }
 }
 
 pub(super) struct Interface {
@@ -342,17 +355,13 @@ impl Daemon {
         bound: &str,
         req: &AttachRequest,
     ) -> Result<(), DaemonError> {
-        let network = req.network.as_deref().unwrap_or(DEFAULT_NETWORK);
         let refuse = |why: &str| {
             Err(DaemonError::Forbidden(format!(
                 "the relay of a connection to network \"{bound}\"'s socket {why}"
             )))
         };
-        if network != bound {
-            return refuse(&format!("may not attach to network \"{network}\""));
-        }
-        if req.datapath != Some(Datapath::Stream) || !req.publish.is_empty() {
-            return refuse("attaches only its stream interface, with no published ports");
+        if let Some(why) = super::network_sockets::attach_refusal(bound, req) {
+            return refuse(&why);
         }
         if self.interfaces.values().any(|i| i.client == client.id) {
             return refuse("has attached its interface already");
@@ -474,10 +483,11 @@ impl Daemon {
                 return Err(no_address_for_policy(network));
             }
             if addressed {
-                let lease = leases.attach_for(client.uid, id, req.mac, req.name.clone(), now)?;
+                let lease =
+                    leases.attach_for(client.claimant(), id, req.mac, req.name.clone(), now)?;
                 (lease.mac, Some(lease.ip))
             } else {
-                leases.check_claim(client.uid, id, req.name.as_deref(), now)?;
+                leases.check_claim(client.claimant(), id, req.name.as_deref(), now)?;
                 (leases.attach_without_address(id, req.mac, now)?, None)
             }
         };
