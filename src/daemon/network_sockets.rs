@@ -214,15 +214,13 @@ fn relay_executable() -> anyhow::Result<PathBuf> {
 fn bind(path: &Path, access: SocketAccess) -> anyhow::Result<AsyncFd<OwnedFd>> {
     let dir = path.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    // chown and chmod below follow links: in a directory others may write,
-    // the socket could be swapped for a link to any file between bind and
-    // them.
-    let meta =
-        std::fs::metadata(dir).with_context(|| format!("cannot look at {}", dir.display()))?;
-    if !only_root_writes(meta.uid(), meta.mode()) {
+    // chown and chmod below follow links: were the directory, or any above
+    // it, another user's to change, the socket could be swapped for a link
+    // to any file between bind and them.
+    if let Some(open) = writable_by_others(dir)? {
         bail!(
-            "{} may be written by users other than root: the socket there could be swapped for a link; use a directory only root writes (e.g. /run/linnet)",
-            dir.display()
+            "{} may be changed by users other than root: the socket there could be swapped for a link; use a directory only root controls (e.g. /run/linnet)",
+            open.display()
         );
     }
     remove_stale(path)?;
@@ -245,9 +243,32 @@ fn bind(path: &Path, access: SocketAccess) -> anyhow::Result<AsyncFd<OwnedFd>> {
     Ok(register(fd)?)
 }
 
-/// Whether only root may add, remove or rename entries of a directory.
-fn only_root_writes(owner: u32, mode: u32) -> bool {
-    owner == 0 && mode & 0o022 == 0
+/// The first directory on the way to `dir` (as written, and with links
+/// resolved) that a user other than root may change, if any.
+fn writable_by_others(dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let resolved =
+        std::fs::canonicalize(dir).with_context(|| format!("cannot resolve {}", dir.display()))?;
+    for path in [dir, resolved.as_path()] {
+        for step in path.ancestors() {
+            let meta = std::fs::symlink_metadata(step)
+                .with_context(|| format!("cannot look at {}", step.display()))?;
+            let ok = if meta.file_type().is_symlink() {
+                meta.uid() == 0
+            } else {
+                only_root_changes(meta.uid(), meta.mode())
+            };
+            if !ok {
+                return Ok(Some(step.to_path_buf()));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Whether only root may replace, remove or rename root's entries in a
+/// directory: root's, and writable by no one else, or sticky (/tmp).
+fn only_root_changes(owner: u32, mode: u32) -> bool {
+    owner == 0 && (mode & 0o022 == 0 || mode & 0o1000 != 0)
 }
 
 /// A socket file left by a dead daemon goes; anything else at the path
@@ -572,12 +593,16 @@ mod tests {
     }
 
     #[test]
-    fn a_socket_goes_only_where_root_alone_writes() {
-        assert!(only_root_writes(0, 0o40755));
-        assert!(only_root_writes(0, 0o40700));
-        assert!(!only_root_writes(0, 0o41777), "/tmp");
-        assert!(!only_root_writes(0, 0o40775), "group-writable");
-        assert!(!only_root_writes(1000, 0o40755), "a user's own directory");
+    fn a_socket_goes_only_where_root_alone_changes_entries() {
+        assert!(only_root_changes(0, 0o40755));
+        assert!(only_root_changes(0, 0o40700));
+        assert!(
+            only_root_changes(0, 0o41777),
+            "/tmp: sticky, others cannot move root's entries"
+        );
+        assert!(!only_root_changes(0, 0o40777), "world-writable");
+        assert!(!only_root_changes(0, 0o40775), "group-writable");
+        assert!(!only_root_changes(1000, 0o40755), "a user's own directory");
     }
 
     #[test]

@@ -393,25 +393,29 @@ fn a_network_socket_file_follows_allow_and_goes_with_the_daemon() {
         !socket_path(&world).exists() && !host.exists(),
         "the sockets go with the daemon"
     );
-    // A directory others may write: the socket could be swapped for a link.
+    // A directory others may change, or one under it: the socket could be
+    // swapped for a link.
     let open_dir = world.dir.path().join("open");
-    std::fs::create_dir_all(&open_dir).unwrap();
-    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    std::fs::write(
-        world.config.as_ref().unwrap(),
-        format!(
-            "networks:\n  shared:\n    socket: {}/shared.sock\n",
-            open_dir.display()
-        ),
-    )
-    .unwrap();
-    let err = failure(&mut world.linnet(&["daemon"]));
-    assert!(
-        err.contains(
-            "may be written by users other than root: the socket there could be swapped for a link"
-        ),
-        "{err}"
-    );
+    std::fs::create_dir_all(open_dir.join("sub")).unwrap();
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for dir in [open_dir.clone(), open_dir.join("sub")] {
+        std::fs::write(
+            world.config.as_ref().unwrap(),
+            format!(
+                "networks:\n  shared:\n    socket: {}/shared.sock\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let err = failure(&mut world.linnet(&["daemon"]));
+        assert!(
+            err.contains(&format!(
+                "{} may be changed by users other than root: the socket there could be swapped for a link",
+                open_dir.display()
+            )),
+            "{err}"
+        );
+    }
 }
 
 #[test]
