@@ -467,14 +467,18 @@ fn start_relay(
     .gid(gid);
     let (vm_fd, api_fd) = (vm.as_raw_fd(), api.as_raw_fd());
     // SAFETY: between fork and exec the closure makes only async-signal-safe
-    // system calls (dup2, prctl, capset) and allocates nothing.
+    // system calls (fcntl, dup2, prctl, capset) and allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
-            // Copies above 4 first, so that placing one cannot overwrite
-            // the other; dup2 then clears close-on-exec on fds 3 and 4.
-            for (from, to) in [(vm_fd, RELAY_STREAM_FD), (api_fd, RELAY_DAEMON_FD)] {
-                let high = libc::fcntl(from, libc::F_DUPFD_CLOEXEC, RELAY_DAEMON_FD + 1);
-                if high < 0 || libc::dup2(high, to) < 0 {
+            // Both copied above 4 first, then placed: placing the first
+            // cannot overwrite the second even when it sits at 3 or 4.
+            // dup2 clears close-on-exec on fds 3 and 4.
+            let high = [
+                libc::fcntl(vm_fd, libc::F_DUPFD_CLOEXEC, RELAY_DAEMON_FD + 1),
+                libc::fcntl(api_fd, libc::F_DUPFD_CLOEXEC, RELAY_DAEMON_FD + 1),
+            ];
+            for (from, to) in high.into_iter().zip([RELAY_STREAM_FD, RELAY_DAEMON_FD]) {
+                if from < 0 || libc::dup2(from, to) < 0 {
                     return Err(io::Error::last_os_error());
                 }
             }
