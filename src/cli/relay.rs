@@ -31,7 +31,7 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::socket::{self, MsgFlags};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{DAEMON_GONE, EXIT_LINNET_FAILED, report, spawn_relay};
 use crate::api::{AttachRequest, Channel, ErrorKind, InterfaceInfo, Request, Response};
@@ -315,7 +315,10 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
             let Some(mac) = first_frame_mac(&vm, &channel, &signals, network, max_frame)? else {
                 return Ok(());
             };
-            let (info, tap) = attach_on_first_frame(&channel, network, mac)?;
+            let Some((info, tap)) = attach_on_first_frame(&channel, &vm, &signals, network, mac)?
+            else {
+                return Ok(());
+            };
             (tap, info.interface_id, Endpoint::StreamFd(vm), info.mtu)
         }
     };
@@ -380,6 +383,9 @@ fn first_frame_mac(
     max_frame: usize,
 ) -> anyhow::Result<Option<MacAddr>> {
     let mut head = [0u8; FIRST_FRAME_HEAD];
+    // Part of the head so far: waits that grow (a peer may send the rest
+    // in a moment, or never), up to a limit.
+    let mut partial: Option<(Instant, Duration)> = None;
     loop {
         if let Some(signal) = wait_signal(signals, Duration::ZERO) {
             info!("{signal} before the VM's first frame: stopping");
@@ -398,8 +404,18 @@ fn first_frame_mac(
                 info!("the VM closed its connection before its first frame");
                 return Ok(None);
             }
-            // Part of the head so far: wait for the rest without spinning.
-            Ok(n) if n < head.len() => std::thread::sleep(Duration::from_millis(20)),
+            Ok(n) if n < head.len() => {
+                let (since, wait) =
+                    partial.get_or_insert((Instant::now(), Duration::from_millis(10)));
+                if since.elapsed() > PARTIAL_HEAD_LIMIT {
+                    bail!(
+                        "network \"{network}\": the VM sent {n} bytes of its first frame's length and header and nothing more for {} s; closing its connection",
+                        PARTIAL_HEAD_LIMIT.as_secs()
+                    );
+                }
+                std::thread::sleep(*wait);
+                *wait = (*wait * 2).min(Duration::from_millis(500));
+            }
             Ok(_) => {
                 return first_frame_source(&head, max_frame).map(Some).map_err(|e| {
                     anyhow::anyhow!(
@@ -411,6 +427,22 @@ fn first_frame_mac(
             Err(e) => bail!("network \"{network}\": the VM's connection failed: {e}"),
         }
     }
+}
+
+/// How long a VM may take to send the first bytes of its first frame once
+/// it has sent some.
+const PARTIAL_HEAD_LIMIT: Duration = Duration::from_secs(10);
+
+/// Whether the VM has closed (or shut down writing on) its connection.
+fn vm_closed(vm: &OwnedFd) -> bool {
+    let mut fd = libc::pollfd {
+        fd: vm.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, which outlives the call; no waiting.
+    let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+    ready > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// The length and the Ethernet header up to the source MAC.
@@ -437,11 +469,17 @@ fn first_frame_source(head: &[u8; FIRST_FRAME_HEAD], max_frame: usize) -> Result
 const ETHERNET_HEADER: usize = 14;
 
 /// Attaches the VM's interface on `network` with the MAC it sends from.
+/// While another connection holds that interface (the VM's last one,
+/// still closing, or another VM sending from the same MAC), it waits for
+/// it as long as the VM stays connected. `None`: the VM left, or a signal
+/// came, first.
 fn attach_on_first_frame(
     channel: &Channel,
+    vm: &OwnedFd,
+    signals: &SigSet,
     network: &str,
     mac: MacAddr,
-) -> anyhow::Result<(InterfaceInfo, OwnedFd)> {
+) -> anyhow::Result<Option<(InterfaceInfo, OwnedFd)>> {
     let request = AttachRequest {
         network: Some(network.into()),
         interface_id: Some(types::socket_interface_id(network, mac)),
@@ -454,36 +492,51 @@ fn attach_on_first_frame(
             "network \"{network}\": cannot attach the VM with MAC {mac}: {why}; closing its connection"
         )
     };
-    // A VM that reconnects at once (restarted, or its tool retrying) finds
-    // its interface still held by the connection that is closing: that one
-    // goes within moments, so a busy interface is asked for again for a
-    // while.
-    let deadline = Instant::now() + MAC_RELEASE_WAIT;
+    let mut said = false;
     loop {
         let (response, fds) = channel
             .call(&Request::Attach(request.clone()))
             .map_err(|e| refused(e.to_string()))?;
-        match response {
+        let message = match response {
             Response::Attached { interface } => {
                 let tap = fds
                     .into_iter()
                     .next()
                     .ok_or_else(|| refused("the daemon sent no TAP".into()))?;
                 info!(interface = %interface.interface_id, %mac, ip = ?interface.ip_address, "attached on the VM's first frame");
-                return Ok((*interface, tap));
+                return Ok(Some((*interface, tap)));
             }
             Response::Error {
                 kind: ErrorKind::Busy,
-                ..
-            } if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                message,
+            } => message,
             Response::Error { message, .. } => return Err(refused(message)),
             other => return Err(refused(format!("unexpected reply {other:?}"))),
+        };
+        if !said {
+            // The daemon's words up to its advice, which is for `linnet run`.
+            let what = message.split(';').next().unwrap_or(&message);
+            warn!(
+                "network \"{network}\": MAC {mac} is another connection's ({what}); waiting for it to close. Give each VM its own MAC (QEMU: -device virtio-net-pci,...,mac=)"
+            );
+            said = true;
+        }
+        for _ in 0..BUSY_RETRY_TICKS {
+            if let Some(signal) = wait_signal(signals, BUSY_RETRY_TICK) {
+                info!("{signal} while waiting for MAC {mac}: stopping");
+                return Ok(None);
+            }
+            if vm_closed(vm) {
+                info!("the VM closed its connection while waiting for MAC {mac}");
+                return Ok(None);
+            }
         }
     }
 }
 
-/// How long a relay asks again for an interface another connection holds.
-const MAC_RELEASE_WAIT: Duration = Duration::from_secs(3);
+/// How often a relay asks again for an interface another connection holds.
+const BUSY_RETRY_TICK: Duration = Duration::from_millis(50);
+const BUSY_RETRY_TICKS: u32 = 4;
 
 /// Takes ownership of an inherited descriptor, if it is open.
 pub fn claim_fd(fd: RawFd) -> anyhow::Result<OwnedFd> {

@@ -17,13 +17,15 @@
 //! filled in, keeps the interface, its lease and its guard entries exactly
 //! those of an ordinary attach: nothing is re-keyed later.
 
+use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
@@ -31,8 +33,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::server::{Sessions, identify, register};
+use super::server::{Sessions, accept_next, identify, register};
 use crate::api::{AttachRequest, Request};
+use crate::budget::RateLimit;
 use crate::config::{Allow, DEFAULT_NETWORK, NetworkConfig};
 use crate::datapath::Datapath;
 use crate::host::privileges;
@@ -44,18 +47,25 @@ const RELAY: &str = "linnet-relay";
 const RELAY_STREAM_FD: i32 = 3;
 const RELAY_DAEMON_FD: i32 = 4;
 /// The relay of a connection root made runs as a uid of its own, one per
-/// connection, from a range no account uses ("ln" << 16): as `nobody`, any
-/// service running as nobody could take over the relay, its VM's port and
-/// its API connection. (Other users' relays run as that user: only the
-/// user can reach them, and gets no more than they have.)
-const ROOT_RELAY_UIDS: u32 = 0x6c6e_0000;
+/// live relay, from these 65536: as `nobody`, any service running as
+/// nobody could take over the relay, its VM's port and its API connection.
+/// (Other users' relays run as that user: only the user can reach them,
+/// and gets no more than they have.) 0x7f6c0000 ("\x7fl") is in the range
+/// systemd leaves to others (0x70000000-0x7ffdffff), outside its container
+/// and foreign ranges; the daemon warns when /etc/subuid hands any of it
+/// out.
+const ROOT_RELAY_UIDS: u32 = 0x7f6c_0000;
+const ROOT_RELAY_COUNT: u32 = 0x1_0000;
 /// What a relay may write to the daemon's log: this many lines of at
 /// most this many bytes (the relay runs as the VM's user, who must not be
 /// able to fill the log).
 const RELAY_LINES: usize = 20;
 const RELAY_LINE: usize = 400;
-/// How long accepting pauses when the daemon is out of file descriptors.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Relays one uid other than root may have started per second and
+/// network: a user connecting in a loop costs the daemon a fork each.
+const RELAYS_PER_UID_PER_SECOND: u32 = 10;
+/// A refused user's connections are logged once in this long.
+const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
 
 /// Who may open a network's socket file, as far as file permissions can
 /// say it; SO_PEERCRED at accept is the real check, with supplementary
@@ -142,6 +152,71 @@ pub fn attach_refusal(bound: &str, req: &AttachRequest) -> Option<String> {
     None
 }
 
+/// The uids of root's relays that are in use: each live relay its own.
+#[derive(Clone, Default)]
+struct RelayUids(Arc<Mutex<UidPool>>);
+
+#[derive(Default)]
+struct UidPool {
+    taken: BTreeSet<u32>,
+    /// Where the search for a free one starts: after the last one given,
+    /// so a uid is not given again soon after its relay ended.
+    next: u32,
+}
+
+impl RelayUids {
+    /// A free one, held until the returned guard drops.
+    fn take(&self) -> Option<RelayUid> {
+        let mut pool = self.0.lock().expect("relay uid lock");
+        let start = pool.next;
+        let offset = (0..ROOT_RELAY_COUNT)
+            .map(|i| (start + i) % ROOT_RELAY_COUNT)
+            .find(|o| !pool.taken.contains(&(ROOT_RELAY_UIDS + o)))?;
+        pool.taken.insert(ROOT_RELAY_UIDS + offset);
+        pool.next = (offset + 1) % ROOT_RELAY_COUNT;
+        Some(RelayUid {
+            uid: ROOT_RELAY_UIDS + offset,
+            set: self.clone(),
+        })
+    }
+}
+
+/// A root relay's uid, free again when dropped (once the relay is reaped).
+struct RelayUid {
+    uid: u32,
+    set: RelayUids,
+}
+
+impl Drop for RelayUid {
+    fn drop(&mut self) {
+        self.set
+            .0
+            .lock()
+            .expect("relay uid lock")
+            .taken
+            .remove(&self.uid);
+    }
+}
+
+/// The /etc/subuid ranges (`name:first:count` lines) that overlap root's
+/// relays' uids.
+fn subuid_overlaps(subuid: &str) -> Vec<&str> {
+    let ours = ROOT_RELAY_UIDS as u64..(ROOT_RELAY_UIDS + ROOT_RELAY_COUNT) as u64;
+    subuid
+        .lines()
+        .filter(|line| {
+            let mut fields = line.trim().split(':').skip(1);
+            let (Some(Ok(first)), Some(Ok(count))) = (
+                fields.next().map(str::parse::<u64>),
+                fields.next().map(str::parse::<u64>),
+            ) else {
+                return false;
+            };
+            first < ours.end && ours.start < first + count
+        })
+        .collect()
+}
+
 /// The network sockets the daemon listens on.
 pub struct NetworkSockets {
     listeners: Vec<(PathBuf, JoinHandle<()>)>,
@@ -172,6 +247,20 @@ pub async fn open(sessions: &Sessions, run_dir: &Path) -> anyhow::Result<Network
         return Ok(sockets);
     }
     let relay = relay_executable()?;
+    if let Ok(subuid) = std::fs::read_to_string("/etc/subuid") {
+        for line in subuid_overlaps(&subuid) {
+            warn!(
+                "/etc/subuid gives out uids that root's relays use ({ROOT_RELAY_UIDS:#x} and the 65535 after it): \"{line}\"; a process of that range could reach root's VMs' relays"
+            );
+        }
+    }
+    let root_uids = RelayUids::default();
+    let paths: Vec<PathBuf> = (networks.iter())
+        .map(|n| n.socket.as_ref().expect("filtered").path(&n.name, run_dir))
+        .collect();
+    if let Some(clash) = socket_clash(&paths, &networks, run_dir) {
+        bail!(clash);
+    }
     for network in networks {
         let path = network
             .socket
@@ -190,11 +279,36 @@ pub async fn open(sessions: &Sessions, run_dir: &Path) -> anyhow::Result<Network
             sessions.clone(),
             listener,
             network,
+            root_uids.clone(),
             relay.clone(),
         ));
         sockets.listeners.push((path, task));
     }
     Ok(sockets)
+}
+
+/// Two networks' sockets at one path, or one at the daemon's own socket,
+/// as the run directory resolves them (the config cannot tell: it does not
+/// know the run directory).
+fn socket_clash(paths: &[PathBuf], networks: &[NetworkConfig], run_dir: &Path) -> Option<String> {
+    let api = run_dir.join(crate::api::SOCKET_NAME);
+    for (i, path) in paths.iter().enumerate() {
+        let name = &networks[i].name;
+        if *path == api {
+            return Some(format!(
+                "network \"{name}\": socket {} is the daemon's own socket; give the network another path",
+                path.display()
+            ));
+        }
+        if let Some(j) = paths[..i].iter().position(|p| p == path) {
+            return Some(format!(
+                "networks \"{}\" and \"{name}\" both have their socket at {}; give each its own",
+                networks[j].name,
+                path.display()
+            ));
+        }
+    }
+    None
 }
 
 /// `linnet-relay`, next to this executable.
@@ -235,12 +349,19 @@ fn bind(path: &Path, access: SocketAccess) -> anyhow::Result<AsyncFd<OwnedFd>> {
         .with_context(|| format!("cannot bind {}", path.display()))?;
     // Nobody can connect before listen(), so the owner and mode are set
     // before anyone can use the socket.
-    std::os::unix::fs::chown(path, Some(access.owner), Some(access.group))
-        .with_context(|| format!("cannot set the owner of {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode))
-        .with_context(|| format!("cannot set the mode of {}", path.display()))?;
-    socket::listen(&fd, socket::Backlog::new(128)?)?;
-    Ok(register(fd)?)
+    let ready = (|| {
+        std::os::unix::fs::chown(path, Some(access.owner), Some(access.group))
+            .with_context(|| format!("cannot set the owner of {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(access.mode))
+            .with_context(|| format!("cannot set the mode of {}", path.display()))?;
+        socket::listen(&fd, socket::Backlog::new(128)?)
+            .with_context(|| format!("cannot listen on {}", path.display()))?;
+        Ok(register(fd)?)
+    })();
+    if ready.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    ready
 }
 
 /// The first directory on the way to `dir` (as written, and with links
@@ -299,30 +420,32 @@ async fn accept_loop(
     sessions: Sessions,
     listener: AsyncFd<OwnedFd>,
     network: NetworkConfig,
+    root_uids: RelayUids,
     relay: PathBuf,
 ) {
-    let mut out_of_fds = false;
+    let socket = format!("network \"{}\"'s socket", network.name);
+    let mut out_of_fds = 0;
+    // Per uid: relays started, and lines about refused connections.
+    let mut starts = RateLimit::new(RELAYS_PER_UID_PER_SECOND, Duration::from_secs(1));
+    let mut refusals_logged = RateLimit::new(1, REFUSAL_LOG_PERIOD);
     loop {
-        let conn = match super::server::accept(&listener).await {
-            Ok(conn) => conn,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                if !out_of_fds {
-                    warn!(network = %network.name, "out of file descriptors ({e}): connections to the network socket wait until some close");
-                    out_of_fds = true;
-                }
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-                continue;
-            }
-            Err(e) => {
-                warn!(network = %network.name, "accept on the network socket failed: {e}");
-                continue;
-            }
+        let conn = accept_next(&listener, &socket, &mut out_of_fds).await;
+        let limits = Limits {
+            starts: &mut starts,
+            refusals_logged: &mut refusals_logged,
+            root_uids: &root_uids,
         };
-        out_of_fds = false;
-        if let Err(e) = admit(&sessions, conn, &network, &relay) {
+        if let Err(e) = admit(&sessions, conn, &network, &relay, limits) {
             warn!(network = %network.name, "a connection to the network socket failed: {e:#}");
         }
     }
+}
+
+/// What one user may cost a network socket's accept loop.
+struct Limits<'a> {
+    starts: &'a mut RateLimit<u32>,
+    refusals_logged: &'a mut RateLimit<u32>,
+    root_uids: &'a RelayUids,
 }
 
 /// Checks who connected and starts their relay; the connection is closed
@@ -332,19 +455,35 @@ fn admit(
     conn: AsyncFd<OwnedFd>,
     network: &NetworkConfig,
     relay: &Path,
+    limits: Limits<'_>,
 ) -> anyhow::Result<()> {
     let mut client = identify(&conn, sessions.next_id()).context("cannot identify the peer")?;
     let name = &network.name;
+    let now = Instant::now();
+    // A refused user is told nothing (the protocol has no word for it) and
+    // logged once a period, however often they try.
+    let mut refuse = |why: String| {
+        if limits.refusals_logged.allow(&client.uid, now).is_ok() {
+            warn!(network = %name, uid = client.uid, pid = ?client.pid, "refused a connection to the network socket: {why} (more from uid {} in the next {} s are not logged)", client.uid, REFUSAL_LOG_PERIOD.as_secs());
+        }
+        Ok(())
+    };
     if !network.allow.permits(client.uid, &client.groups) {
-        warn!(network = %name, uid = client.uid, pid = ?client.pid, "refused a connection to the network socket: uid {} is not allowed on network \"{name}\" (it allows {}); add the user to networks.{name}.allow or to one of those groups", client.uid, network.allow.describe());
-        return Ok(());
+        return refuse(format!(
+            "uid {} is not allowed on network \"{name}\" (it allows {}); add the user to networks.{name}.allow or to one of those groups",
+            client.uid,
+            network.allow.describe()
+        ));
+    }
+    if client.uid != 0 && limits.starts.allow(&client.uid, now).is_err() {
+        return refuse(format!(
+            "uid {} connected more than {RELAYS_PER_UID_PER_SECOND} times in a second",
+            client.uid
+        ));
     }
     let permit = match sessions.admit(&client) {
         Ok(permit) => permit,
-        Err(refusal) => {
-            warn!(network = %name, uid = client.uid, pid = ?client.pid, "refused a connection to the network socket: {refusal}");
-            return Ok(());
-        }
+        Err(refusal) => return refuse(refusal),
     };
     // Blocking for the relay, which waits for each reply.
     let (ours, theirs) = socket::socketpair(
@@ -356,8 +495,19 @@ fn admit(
     .context("cannot make the relay's connection")?;
     crate::datapath::port::set_nonblocking(ours.as_raw_fd())
         .context("cannot make the relay's connection")?;
+    let (identity, root_uid) = match client.uid {
+        0 => {
+            let Some(own) = limits.root_uids.take() else {
+                return refuse(format!(
+                    "all {ROOT_RELAY_COUNT} uids of root's relays are in use"
+                ));
+            };
+            ((own.uid, own.uid), Some(own))
+        }
+        uid => ((uid, client.gid), None),
+    };
     let vm: OwnedFd = conn.into_inner();
-    let mut child = start_relay(relay, network, &client, vm, theirs)?;
+    let mut child = start_relay(relay, network, identity, vm, theirs)?;
     debug!(network = %name, uid = client.uid, pid = ?client.pid, relay = ?child.id(), "network socket connection: relay started");
     if let Some(stderr) = child.stderr.take() {
         tokio::spawn(log_relay_output(
@@ -373,6 +523,7 @@ fn admit(
     tokio::spawn(async move {
         sessions.serve(ours, client, permit).await;
         let _ = child.wait().await;
+        drop(root_uid);
     });
     Ok(())
 }
@@ -397,7 +548,10 @@ async fn log_relay_output(
         warn!(%network, uid, ?pid, "relay: {}", text.trim_end());
     }
     // Dropping the pipe: the relay's further lines go nowhere.
-    warn!(%network, uid, ?pid, "the relay says more; the rest is not logged");
+    use tokio::io::AsyncBufReadExt;
+    if reader.fill_buf().await.is_ok_and(|more| !more.is_empty()) {
+        warn!(%network, uid, ?pid, "the relay says more; the rest is not logged");
+    }
 }
 
 /// Reads one line (or what is left), keeping at most RELAY_LINE bytes of
@@ -433,17 +587,10 @@ async fn read_line_capped(
 fn start_relay(
     relay: &Path,
     network: &NetworkConfig,
-    client: &super::state::Client,
+    (uid, gid): (u32, u32),
     vm: OwnedFd,
     api: OwnedFd,
 ) -> anyhow::Result<tokio::process::Child> {
-    let (uid, gid) = match client.uid {
-        0 => {
-            let own = ROOT_RELAY_UIDS + (client.id % 0x1_0000) as u32;
-            (own, own)
-        }
-        uid => (uid, client.gid),
-    };
     let mut cmd = std::process::Command::new(relay);
     cmd.args([
         "--attach-on-first-frame",
@@ -607,6 +754,67 @@ mod tests {
         assert!(!only_root_changes(0, 0o40777), "world-writable");
         assert!(!only_root_changes(0, 0o40775), "group-writable");
         assert!(!only_root_changes(1000, 0o40755), "a user's own directory");
+    }
+
+    #[test]
+    fn each_live_root_relay_has_a_uid_of_its_own_given_back_when_it_ends() {
+        let uids = RelayUids::default();
+        let a = uids.take().unwrap();
+        let b = uids.take().unwrap();
+        assert_eq!((a.uid, b.uid), (ROOT_RELAY_UIDS, ROOT_RELAY_UIDS + 1));
+        drop(a);
+        assert_eq!(
+            uids.take().unwrap().uid,
+            ROOT_RELAY_UIDS + 2,
+            "not at once again"
+        );
+        let mut held: Vec<RelayUid> = (0..ROOT_RELAY_COUNT - 1)
+            .map(|_| uids.take().unwrap())
+            .collect();
+        assert!(uids.take().is_none(), "all in use");
+        let freed = held.swap_remove(1000).uid;
+        assert_eq!(uids.take().unwrap().uid, freed, "free again");
+        drop(b);
+    }
+
+    #[test]
+    fn two_networks_or_the_daemon_at_one_socket_are_refused_by_name() {
+        let cfg = crate::config::Config::from_yaml(
+            "networks:\n  shared:\n    socket: true\n  host:\n    socket: /run/linnet/shared.sock\n  lab:\n    subnet: 10.9.0.0/24\n    socket: /run/linnet/linnet.sock\n",
+            "t.yaml",
+        )
+        .unwrap();
+        let run_dir = Path::new("/run/linnet");
+        let pick = |names: &[&str]| {
+            let nets: Vec<NetworkConfig> = names
+                .iter()
+                .map(|n| cfg.network(n).unwrap().clone())
+                .collect();
+            let paths: Vec<PathBuf> = nets
+                .iter()
+                .map(|n| n.socket.as_ref().unwrap().path(&n.name, run_dir))
+                .collect();
+            socket_clash(&paths, &nets, run_dir)
+        };
+        assert_eq!(
+            pick(&["shared", "host"]).unwrap(),
+            "networks \"shared\" and \"host\" both have their socket at /run/linnet/shared.sock; give each its own"
+        );
+        assert_eq!(
+            pick(&["lab"]).unwrap(),
+            "network \"lab\": socket /run/linnet/linnet.sock is the daemon's own socket; give the network another path"
+        );
+        assert_eq!(pick(&["shared"]), None);
+    }
+
+    #[test]
+    fn subuid_ranges_over_root_relays_uids_are_found() {
+        let subuid =
+            "alice:100000:65536\nbob:2137784320:65536\ncarol:2137849855:10\n# comment\nbad:line\n";
+        assert_eq!(
+            subuid_overlaps(subuid),
+            vec!["bob:2137784320:65536", "carol:2137849855:10"]
+        );
     }
 
     #[test]

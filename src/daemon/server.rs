@@ -115,28 +115,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
 
     loop {
         tokio::select! {
-            accepted = accept(&listener) => {
-                let conn = match accepted {
-                    Ok(conn) => conn,
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                        // The connection waits in the backlog; spinning on
-                        // it would only burn the CPU the others need.
-                        if out_of_fds == 0 {
-                            warn!("out of file descriptors ({e}): new connections wait until some close");
-                        }
-                        out_of_fds += 1;
-                        tokio::time::sleep(ACCEPT_BACKOFF).await;
-                        continue;
-                    }
-                    Err(e) => {
-                        warn!("accept failed: {e}");
-                        continue;
-                    }
-                };
-                if out_of_fds > 0 {
-                    info!(waited = out_of_fds, "file descriptors free again: accepting");
-                    out_of_fds = 0;
-                }
+            conn = accept_next(&listener, "the API socket", &mut out_of_fds) => {
                 let client = match identify(&conn, sessions.next_id()) {
                     Ok(client) => client,
                     Err(e) => {
@@ -208,7 +187,7 @@ impl Sessions {
             if let Some(count) = refused.report {
                 warn!(uid, pid = ?client.pid, refused = count, "uid {uid} holds {limit} connections to the daemon, its limit (linnet daemon --max-connections-per-uid): refusing more");
             }
-            format!("uid {uid} holds {limit} connections to the linnet daemon, its limit; close some (each `linnet run` and `helper` holds one) or ask the administrator to raise --max-connections-per-uid")
+            format!("uid {uid} holds {limit} connections to the linnet daemon, its limit; close some (each `linnet run`, `helper` and VM on a network's socket holds one) or ask the administrator to raise --max-connections-per-uid")
         })
     }
 
@@ -289,7 +268,43 @@ fn listen(path: &Path) -> anyhow::Result<AsyncFd<OwnedFd>> {
     Ok(register(fd)?)
 }
 
-pub(super) async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<AsyncFd<OwnedFd>> {
+/// The next connection on `listener` (`socket` names it in logs). Out of
+/// file descriptors, or on any other failure, it waits a moment and tries
+/// again: the connection waits in the backlog, and spinning on it would
+/// only burn the CPU the others need. `waited` counts those waits across
+/// calls, for one line when they start and one when they end.
+pub(super) async fn accept_next(
+    listener: &AsyncFd<OwnedFd>,
+    socket: &str,
+    waited: &mut u64,
+) -> AsyncFd<OwnedFd> {
+    loop {
+        match accept(listener).await {
+            Ok(conn) => {
+                if *waited > 0 {
+                    info!(
+                        waited = *waited,
+                        "file descriptors free again: accepting on {socket}"
+                    );
+                    *waited = 0;
+                }
+                return conn;
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                if *waited == 0 {
+                    warn!(
+                        "out of file descriptors ({e}): new connections to {socket} wait until some close"
+                    );
+                }
+                *waited += 1;
+            }
+            Err(e) => warn!("accept on {socket} failed: {e}"),
+        }
+        tokio::time::sleep(ACCEPT_BACKOFF).await;
+    }
+}
+
+async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<AsyncFd<OwnedFd>> {
     loop {
         let mut ready = listener.readable().await?;
         match ready.try_io(|fd| {
@@ -449,7 +464,9 @@ async fn handle(
         let message = format!(
             "the relay of a connection to network \"{network}\"'s socket may attach its interface, report its counters and list; nothing else"
         );
-        warn!(uid = client.uid, pid = ?client.pid, "{message}");
+        // The relay asking is told; a log line per refusal would let it
+        // fill the log.
+        debug!(uid = client.uid, pid = ?client.pid, "{message}");
         return (
             Response::Error {
                 kind: api::ErrorKind::NotAllowed,

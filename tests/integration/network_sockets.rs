@@ -193,9 +193,11 @@ fn ten_vms_on_one_network_socket_each_get_an_interface_an_address_and_the_networ
     }
     let listed = interfaces(&world);
     assert_eq!(listed.len(), 10, "{listed:?}");
-    for (g, info) in guests.iter().zip(&listed) {
+    for info in &listed {
         assert_eq!(info["datapath"], "stream", "{info}");
         assert_eq!(info["client_uid"], 0, "{info}");
+    }
+    for g in &guests {
         let vmm = g.vmm.as_ref().unwrap().id();
         assert!(
             listed.iter().any(|i| i["client_pid"] == vmm),
@@ -203,7 +205,7 @@ fn ten_vms_on_one_network_socket_each_get_an_interface_an_address_and_the_networ
         );
     }
     // Each relay runs with nothing of the daemon's: root connected, so a
-    // uid of the relay's own (0x6c6e0000 + n), without capabilities, and
+    // uid of the relay's own (0x7f6c0000 + n), without capabilities, and
     // out of reach of any process of that uid (not dumpable: its /proc
     // files are root's).
     let relays = relay_pids(&world);
@@ -218,7 +220,7 @@ fn ten_vms_on_one_network_socket_each_get_an_interface_an_address_and_the_networ
             .unwrap();
         let all = [uid.to_string().as_str(); 4].join(" ");
         assert_eq!(proc_status(pid, "Uid"), all);
-        assert_eq!(uid >> 16, 0x6c6e, "uid {uid}");
+        assert_eq!(uid >> 16, 0x7f6c, "uid {uid}");
         assert_eq!(proc_status(pid, "Gid"), all);
         assert_eq!(proc_status(pid, "Groups"), "");
         assert_eq!(proc_status(pid, "CapEff"), "0000000000000000");
@@ -255,6 +257,12 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
     let bystander = socket_guest(&world, "52:54:00:00:02:01");
     assert_eq!(bystander.udhcpc(), bystander.ip());
 
+    // A VM that sends part of a frame's length and header, then nothing:
+    // closed after a while (checked at the end).
+    let (mut partial, _) = connect_as(65534, &path).unwrap();
+    partial.write_all(&[0, 0, 0, 60, 0xff]).unwrap();
+    let partial_since = std::time::Instant::now();
+
     // A user outside `allow` connects (the file lets them) and is closed.
     let (mut refused, _) = connect_as(4242, &path).expect("the file admits anyone");
     let _ = refused.write_all(&framed_from([0x02, 0, 0, 0, 0x42, 0x42]));
@@ -279,15 +287,18 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
         (Some(65534), Some(pid as u64)),
         "{info}"
     );
+    // The bystander's (root's), the stuck one's and this VM's.
     let relays = relay_pids(&world);
-    assert_eq!(relays.len(), 2, "{relays:?}");
+    assert_eq!(relays.len(), 3, "{relays:?}");
     let theirs: Vec<&String> = relays
         .iter()
         .filter(|pid| proc_status(pid, "Uid") == "65534 65534 65534 65534")
         .collect();
-    assert_eq!(theirs.len(), 1, "the user's relay runs as the user");
-    assert_eq!(proc_status(theirs[0], "CapEff"), "0000000000000000");
-    assert_eq!(proc_status(theirs[0], "Groups"), "");
+    assert_eq!(theirs.len(), 2, "the user's relays run as the user");
+    for pid in theirs {
+        assert_eq!(proc_status(pid, "CapEff"), "0000000000000000");
+        assert_eq!(proc_status(pid, "Groups"), "");
+    }
 
     // A frame from a second MAC is dropped by anti-spoofing; the VM stays.
     vm.write_all(&framed_from([0x02, 0, 0, 0, 0x66, 0x66]))
@@ -348,6 +359,31 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
         .write_all(&framed_from([0x01, 0, 0x5e, 0, 0, 1]))
         .unwrap();
     assert!(closed_by_linnet(&mut multicast));
+
+    partial
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut none = [0u8; 1];
+    let closed = match partial.read(&mut none) {
+        Ok(n) => n == 0,
+        // Closed with our bytes unread: a reset.
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    assert!(closed, "a VM stuck in its first frame's header is closed");
+    assert!(
+        partial_since.elapsed() >= Duration::from_secs(10),
+        "after 10 s"
+    );
+    wait_for(
+        "the stuck VM's line in the log",
+        Duration::from_secs(5),
+        || {
+            world
+            .daemon_log_text()
+            .contains("the VM sent 5 bytes of its first frame's length and header and nothing more for 10 s")
+            .then_some(())
+        },
+    );
 
     let listed = interfaces(&world);
     assert_eq!(listed.len(), 1, "only the bystander is left: {listed:?}");
@@ -455,38 +491,48 @@ fn linnet_connect_says_what_is_missing() {
 }
 
 #[test]
-fn a_vm_that_reconnects_at_once_gets_its_mac_and_address_back_and_a_second_holder_is_closed() {
+fn a_vm_that_reconnects_at_once_gets_its_address_back_and_another_users_vm_cannot_take_its_mac() {
     let mut world = World::with_config(CONFIG);
     world.start_daemon();
     let mac = "52:54:00:00:03:01";
     let mut first = socket_guest(&world, mac);
     let ip = first.udhcpc();
-    // While the VM holds its MAC, another connection sending from it is
-    // closed (after the few seconds a closing connection gets).
+    // Another user's connection sending from that MAC waits while the VM
+    // holds it...
     let (mut twin, _) = connect_as(65534, &socket_path(&world)).unwrap();
     twin.write_all(&framed_from([0x52, 0x54, 0, 0, 3, 1]))
         .unwrap();
-    twin.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let mut buf = [0u8; 64];
-    let closed = loop {
-        match twin.read(&mut buf) {
-            Ok(0) => break true,
-            Ok(_) => continue,
-            Err(e) => break e.kind() == std::io::ErrorKind::ConnectionReset,
-        }
-    };
-    assert!(closed, "the second connection with a held MAC is closed");
+    wait_for("the wait in the log", Duration::from_secs(5), || {
+        world
+            .daemon_log_text()
+            .contains(&format!("MAC {mac} is another connection's (interface"))
+            .then_some(())
+    });
+    assert_eq!(interfaces(&world).len(), 1);
+    // ...and once the VM is gone, is refused: the address is the first
+    // user's while its reservation lasts.
+    first.vmm.take().unwrap().kill().unwrap();
+    drop(first);
+    assert!(
+        closed_by_linnet(&mut twin),
+        "the other user's connection is closed"
+    );
     wait_for("the refusal in the log", Duration::from_secs(5), || {
         world
             .daemon_log_text()
-            .contains(&format!("cannot attach the VM with MAC {mac}: interface"))
+            .contains(&format!(
+                "cannot attach the VM with MAC {mac}: network \"shared\": interface"
+            ))
             .then_some(())
     });
-    // The VM restarts: its old connection closes as the new one opens.
-    first.vmm.take().unwrap().kill().unwrap();
-    drop(first);
+    // The VM comes back at once, its old connection maybe still closing:
+    // same interface, same address.
     let again = socket_guest(&world, mac);
     assert_eq!(again.udhcpc(), ip, "the same MAC gets the same address");
-    assert_eq!(interfaces(&world).len(), 1);
+    let mut back = socket_guest(&world, "52:54:00:00:03:02");
+    back.vmm.take().unwrap().kill().unwrap();
+    drop(back);
+    let quick = socket_guest(&world, "52:54:00:00:03:02");
+    assert_eq!(quick.udhcpc(), quick.ip());
+    assert_eq!(interfaces(&world).len(), 2);
 }
