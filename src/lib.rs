@@ -16,6 +16,7 @@ mod daemon;
 mod datapath;
 mod files;
 mod forward;
+mod leases;
 mod host;
 mod policy;
 mod services;

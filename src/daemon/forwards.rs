@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
-use super::leases::Claimant;
+use crate::leases::Claimant;
 use super::state::{Client, Daemon, DaemonError};
 use crate::api::{AttachRequest, ForwardOrigin, ForwardRequest, ForwardStatus, Response};
 use crate::config::{ForwardTarget, NetworkConfig};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
-use super::leases::{LeaseTable, SharedLeases};
+use crate::leases::{LeaseTable, SharedLeases};
 use super::state::DaemonError;
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::NetworkConfig;

@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 use super::coexist::HostView;
 use super::forwards::{ForwardStore, Published};
 use super::guarding::port_guard;
-use super::leases::{Claimant, LeaseError};
+use crate::leases::{Claimant, LeaseError};
 use super::network::{ActiveNetwork, dns_servers};
 use super::policies::{check_policy_possible, no_address_for_policy};
 use super::tap_watch::TapAddresses;

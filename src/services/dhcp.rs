@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 use super::{NetworkContext, ServiceError, unix_now};
 use crate::budget::RateLimit;
 use crate::config::{Mode, NetworkConfig};
-use crate::daemon::leases::LeaseTable;
+use crate::leases::LeaseTable;
 use crate::types::MacAddr;
 
 const SERVER_PORT: u16 = 67;

@@ -26,7 +26,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use super::{NetworkContext, ServiceError, unix_now};
 use crate::addr6;
 use crate::budget::{Budget, Refused};
-use crate::daemon::leases::LeaseTable;
+use crate::leases::LeaseTable;
 
 const PORT: u16 = 53;
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);

@@ -15,7 +15,7 @@ use thiserror::Error;
 use tokio::task::JoinHandle;
 
 use crate::config::NetworkConfig;
-use crate::daemon::leases::SharedLeases;
+use crate::leases::SharedLeases;
 
 /// What a network's services share with the daemon.
 pub struct NetworkContext {
