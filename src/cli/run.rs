@@ -26,11 +26,14 @@ use crate::types::InterfaceId;
 #[derive(Args)]
 #[command(after_help = "\
 CMD gets the datapath's file descriptor: the TAP (--datapath tap), or one end of a unix
-socketpair that linnet relays to the TAP (dgram, stream). For qemu-system-* (unless its
-arguments use {fd}) linnet appends
-  tap:    -netdev tap,id=lnet0,fd=FD
-  dgram:  -netdev dgram,id=lnet0,local.type=fd,local.str=FD
-  stream: -netdev stream,id=lnet0,server=off,addr.type=fd,addr.str=FD
+socketpair that linnet relays to the TAP (dgram, stream); with tap-name it gets none and
+opens the TAP by name ({tap}) as the attaching user, as Firecracker (host_dev_name),
+Cloud Hypervisor (--net tap=) and crosvm (--tap-name) do. For qemu-system-* (unless its
+arguments use {fd}, or {tap} with tap-name) linnet appends
+  tap:      -netdev tap,id=lnet0,fd=FD
+  tap-name: -netdev tap,id=lnet0,ifname=TAP,script=no,downscript=no
+  dgram:    -netdev dgram,id=lnet0,local.type=fd,local.str=FD
+  stream:   -netdev stream,id=lnet0,server=off,addr.type=fd,addr.str=FD
 and -device virtio-net-pci,netdev=lnet0,mac=MAC.
 For any CMD these placeholders are replaced in its arguments:
   {fd} {mac} {ip} {tap} {gateway} {network} {interface_id} {mtu}
@@ -41,6 +44,7 @@ and these are set in its environment:
 Examples:
   linnet run -- qemu-system-x86_64 -m 512 -nographic -kernel vmlinuz -initrd initrd.img
   linnet run --network host --name db -- cloud-hypervisor --net fd={fd},mac={mac} ...
+  linnet run --datapath tap-name -- cloud-hypervisor --net tap={tap},mac={mac} ...
   linnet run --datapath dgram --vnet-hdr -- krunkit ... --device virtio-net,type=unixgram,fd={fd},offloading=on
 
 As root through sudo (or with --user), linnet makes sure a daemon runs, then becomes the
@@ -81,7 +85,7 @@ const FORWARDED: [Signal; 4] = [
 ];
 
 pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
-    if args.datapath == Datapath::Tap && args.vnet.vnet_hdr {
+    if matches!(args.datapath, Datapath::Tap | Datapath::TapName) && args.vnet.vnet_hdr {
         bail!("--vnet-hdr is for --datapath dgram or stream; a TAP fd always carries the header");
     }
     let header = args.vnet.header()?;
@@ -102,9 +106,15 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     let (info, tap) = super::attach(&channel, &args.attach, args.datapath)?;
     publish(&info, args.json.as_deref())?;
 
-    // What CMD gets: the TAP itself, or its end of a socketpair we relay.
+    // What CMD gets: the TAP itself, or its end of a socketpair we relay;
+    // with tap-name nothing (it opens the TAP by name; ours closes here).
     let (vmm_fd, counters) = match args.datapath {
-        Datapath::Tap => (tap, None),
+        Datapath::Tap => (Some(tap), None),
+        Datapath::TapName => {
+            // A TAP takes one opener at a time: the VMM's, by name.
+            drop(tap);
+            (None, None)
+        }
         datapath => {
             let kind = if datapath == Datapath::Dgram {
                 SockType::Datagram
@@ -121,18 +131,20 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
             let counters = Arc::new(Counters::default());
             let relay = Relay::new(tap, endpoint, header, info.mtu, counters.clone())?;
             super::spawn_relay(relay);
-            (theirs, Some(counters))
+            (Some(theirs), Some(counters))
         }
     };
 
-    let mut command = build_command(&args.command, &info, vmm_fd.as_raw_fd(), args.datapath);
-    let fd = vmm_fd.as_raw_fd();
+    let fd = vmm_fd.as_ref().map(AsRawFd::as_raw_fd);
+    let mut command = build_command(&args.command, &info, fd, args.datapath);
     // SAFETY: only async-signal-safe calls (fcntl, sigprocmask) run in the child.
     unsafe {
         command.pre_exec(move || {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                return Err(io::Error::last_os_error());
+            if let Some(fd) = fd {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
             Ok(())
@@ -177,10 +189,16 @@ fn publish(info: &InterfaceInfo, path: Option<&Path>) -> anyhow::Result<()> {
     }
 }
 
-/// Replaces placeholders, sets LINNET_* and, for QEMU, adds the NIC.
-fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd, datapath: Datapath) -> Command {
+/// Replaces placeholders, sets LINNET_* and, for QEMU, adds the NIC. `fd`:
+/// none with tap-name (`{fd}` is then empty).
+fn build_command(
+    argv: &[String],
+    info: &InterfaceInfo,
+    fd: Option<RawFd>,
+    datapath: Datapath,
+) -> Command {
     let values = [
-        ("{fd}", fd.to_string()),
+        ("{fd}", fd.map(|fd| fd.to_string()).unwrap_or_default()),
         ("{mac}", info.mac_address.to_string()),
         // Empty without an address linnet knows (no DHCP on the network).
         (
@@ -199,10 +217,20 @@ fn build_command(argv: &[String], info: &InterfaceInfo, fd: RawFd, datapath: Dat
             .fold(arg.to_string(), |a, (k, v)| a.replace(k, v))
     };
     let mut args: Vec<String> = argv[1..].iter().map(|a| substitute(a)).collect();
-    if is_qemu(&argv[0]) && !argv.iter().any(|a| a.contains("{fd}")) {
+    // The placeholder that says the command wires its own NIC.
+    let own_nic = if datapath == Datapath::TapName {
+        "{tap}"
+    } else {
+        "{fd}"
+    };
+    if is_qemu(&argv[0]) && !argv.iter().any(|a| a.contains(own_nic)) {
         // QEMU reads IFF_VNET_HDR from the TAP itself (and refuses vnet_hdr= with fd=).
+        let fd = values[0].1.as_str();
         let netdev = match datapath {
             Datapath::Tap => format!("tap,id=lnet0,fd={fd}"),
+            Datapath::TapName => {
+                format!("tap,id=lnet0,ifname={},script=no,downscript=no", info.tap)
+            }
             Datapath::Dgram => format!("dgram,id=lnet0,local.type=fd,local.str={fd}"),
             Datapath::Stream => format!("stream,id=lnet0,server=off,addr.type=fd,addr.str={fd}"),
         };
@@ -314,6 +342,27 @@ mod tests {
     }
 
     #[test]
+    fn qemu_opens_a_tap_by_name_with_tap_name() {
+        let cmd = build_command(
+            &["qemu-system-x86_64".into(), "-name".into(), "vm{fd}".into()],
+            &info(),
+            None,
+            Datapath::TapName,
+        );
+        assert_eq!(
+            argv(&cmd),
+            [
+                "-name",
+                "vm",
+                "-netdev",
+                "tap,id=lnet0,ifname=lnt0123456789ab,script=no,downscript=no",
+                "-device",
+                "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01"
+            ]
+        );
+    }
+
+    #[test]
     fn qemu_gets_a_virtio_nic_on_the_fd() {
         let cmd = build_command(
             &[
@@ -322,7 +371,7 @@ mod tests {
                 "256".into(),
             ],
             &info(),
-            7,
+            Some(7),
             Datapath::Tap,
         );
         assert_eq!(
@@ -348,7 +397,7 @@ mod tests {
                 "{ip}/{tap}@{gateway}".into(),
             ],
             &info(),
-            9,
+            Some(9),
             Datapath::Tap,
         );
         assert_eq!(
@@ -381,7 +430,7 @@ mod tests {
                 "tap,id=n,fd={fd}".into(),
             ],
             &info(),
-            5,
+            Some(5),
             Datapath::Tap,
         );
         assert_eq!(argv(&cmd), ["-netdev", "tap,id=n,fd=5"]);

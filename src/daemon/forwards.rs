@@ -14,13 +14,13 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
-use crate::leases::Claimant;
 use super::state::{Client, Daemon, DaemonError};
 use crate::api::{AttachRequest, ForwardOrigin, ForwardRequest, ForwardStatus, Response};
 use crate::config::{ForwardTarget, NetworkConfig};
 use crate::forward::PortForward;
 use crate::host::firewall::ForwardRule;
 use crate::host::listeners::{self, Listening};
+use crate::leases::Claimant;
 use crate::types::InterfaceId;
 
 const UNPRIVILEGED_PORT_START: &str = "/proc/sys/net/ipv4/ip_unprivileged_port_start";

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
-use crate::leases::{LeaseTable, SharedLeases};
 use super::state::DaemonError;
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::NetworkConfig;
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink};
 use crate::host::{self, ALIAS_NETWORK, sysctl};
+use crate::leases::{LeaseTable, SharedLeases};
 use crate::services::{NetworkContext, Services, unix_now};
 
 pub struct ActiveNetwork {

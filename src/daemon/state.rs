@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 
 use thiserror::Error;
@@ -13,7 +13,6 @@ use tracing::{debug, info, warn};
 use super::coexist::HostView;
 use super::forwards::{ForwardStore, Published};
 use super::guarding::port_guard;
-use crate::leases::{Claimant, LeaseError};
 use super::network::{ActiveNetwork, dns_servers};
 use super::policies::{check_policy_possible, no_address_for_policy};
 use super::tap_watch::TapAddresses;
@@ -30,6 +29,7 @@ use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
 use crate::host::nft::{Nft, NftError};
 use crate::host::tap::{self, TapError};
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
+use crate::leases::{Claimant, LeaseError};
 use crate::policy::Policy;
 use crate::services::{ServiceError, unix_now};
 use crate::types::{self, InterfaceId, MacAddr};
@@ -542,6 +542,16 @@ impl Daemon {
             self.netlink.configure(index, settings).await?;
             // Recorded before the VMM has the fd, so any change is its.
             self.tap_addresses.record(index, tap_mac);
+            // Last, so that a failure before drops a TAP that goes with its
+            // fd. Deleted at detach like any TAP (and by the next daemon, by
+            // its alias, were this one to die first).
+            if datapath == Datapath::TapName {
+                tap::set_persistent(fd.as_fd()).map_err(|e| {
+                    DaemonError::HostSetup(format!(
+                        "cannot make TAP {tap_name} persistent for --datapath tap-name: {e}"
+                    ))
+                })?;
+            }
             Ok::<_, DaemonError>(index)
         }
         .await;

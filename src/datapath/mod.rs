@@ -1,5 +1,6 @@
 //! Datapaths: how a VM's frames reach its VMM. With `tap` the VMM gets the
-//! TAP fd and the kernel moves frames; linnet is off the path. With `dgram`
+//! TAP fd, with `tap-name` it opens the TAP by name, and the kernel moves
+//! frames; linnet is off the path. With `dgram`
 //! and `stream` a relay (relay.rs) moves frames between the TAP and a unix
 //! socket the VMM speaks: one frame per datagram, or each frame after its
 //! length as 4 bytes big-endian (framing.rs).
@@ -23,6 +24,12 @@ pub enum Datapath {
     /// The VMM gets the TAP fd (QEMU -netdev tap, Cloud Hypervisor, crosvm).
     #[default]
     Tap,
+    /// A persistent TAP the VMM opens by name as the attaching user
+    /// (Firecracker's host_dev_name, Cloud Hypervisor tap=, crosvm
+    /// --tap-name); it goes at detach.
+    #[serde(rename = "tap-name")]
+    #[value(name = "tap-name")]
+    TapName,
     /// A unix datagram socket, one frame per datagram (QEMU -netdev dgram, krunkit unixgram, vfkit).
     Dgram,
     /// A unix stream socket, 4-byte big-endian length before each frame (QEMU -netdev stream, passt, socket_vmnet).
@@ -33,6 +40,7 @@ impl fmt::Display for Datapath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Datapath::Tap => "tap",
+            Datapath::TapName => "tap-name",
             Datapath::Dgram => "dgram",
             Datapath::Stream => "stream",
         })

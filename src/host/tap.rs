@@ -12,6 +12,7 @@ use super::TUN_DEVICE;
 
 // From <linux/if_tun.h>.
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
 const TUNSETOWNER: libc::c_ulong = 0x4004_54cc;
 const TUNSETGROUP: libc::c_ulong = 0x4004_54ce;
 const IFF_TAP: libc::c_short = 0x0002;
@@ -124,6 +125,16 @@ pub fn create_numbered(next: &mut u32, uid: u32, gid: u32) -> Result<(String, Ow
             Ok(fd) => return Ok((name, fd)),
         }
     }
+}
+
+/// Keeps the TAP when its last fd closes, for a VMM to open by name (only
+/// its owner may: TUNSETOWNER/TUNSETGROUP); linnet deletes it at detach.
+pub fn set_persistent(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: TUNSETPERSIST takes an integer argument.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETPERSIST as _, 1 as libc::c_ulong) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The size of the virtio-net header in front of each frame (at least 10).

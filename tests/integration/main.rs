@@ -11,6 +11,7 @@ mod network_sockets;
 mod policy;
 mod qemu;
 mod sockets;
+mod tap_name;
 mod tenant;
 
 use std::io::IoSliceMut;

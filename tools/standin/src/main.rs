@@ -52,7 +52,9 @@ DATAPATH is one of:
   --ifname      the guest's interface name (default eth0)
   --mac         the guest's MAC (default: $LINNET_MAC)
   --mtu         the guest's MTU (default: $LINNET_MTU, else 1500)
-  --vnet-hdr N  on a socket: a virtio-net header of N bytes (10 or 12) before each frame";
+  --vnet-hdr N  on a socket: a virtio-net header of N bytes (10 or 12) before each frame
+  --user UID:GID  make the guest side, then become UID:GID (no groups) before opening
+                the datapath: a VMM that runs unprivileged and opens its TAP by name";
 
 enum Datapath {
     Tap(RawFd),
@@ -70,6 +72,8 @@ struct Options {
     mac: Option<[u8; 6]>,
     mtu: u32,
     vnet_hdr: Option<usize>,
+    /// Who opens the datapath, after the guest side is made.
+    user: Option<(u32, u32)>,
 }
 
 fn main() {
@@ -91,6 +95,7 @@ fn parse_args() -> Result<Options, String> {
     let mut datapath = None;
     let mut vnet_hdr = None;
     let mut netns = None;
+    let mut user = None;
     let mut ifname = "eth0".to_string();
     let mut mac = std::env::var("LINNET_MAC").ok();
     let mut mtu = std::env::var("LINNET_MTU")
@@ -112,6 +117,13 @@ fn parse_args() -> Result<Options, String> {
             "--ifname" => ifname = value()?,
             "--mac" => mac = Some(value()?),
             "--mtu" => mtu = number(value()?)? as u32,
+            "--user" => {
+                let v = value()?;
+                let (u, g) = v
+                    .split_once(':')
+                    .ok_or(format!("--user {v}: give UID:GID"))?;
+                user = Some((number(u.into())? as u32, number(g.into())? as u32));
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 exit(0)
@@ -130,6 +142,7 @@ fn parse_args() -> Result<Options, String> {
         mac,
         mtu,
         vnet_hdr,
+        user,
     })
 }
 
@@ -195,23 +208,33 @@ fn open_link(datapath: &Datapath, vnet_hdr: Option<usize>) -> io::Result<Link> {
 }
 
 fn run(opts: Options) -> io::Result<()> {
-    let link = open_link(&opts.datapath, opts.vnet_hdr)?;
     let ns = File::open(&opts.netns).map_err(|e| with_context(e, &opts.netns))?;
-    // SAFETY: plain syscall on a namespace fd; we are single-threaded here.
-    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-        return Err(with_context(io::Error::last_os_error(), "setns"));
-    }
-    let guest = create_tap(&opts.ifname)?;
-    // The guest TAP speaks the link's header; a bare link gets a zeroed
-    // legacy header with offloads off, so the guest's frames are complete.
-    let guest_header = if link.header == 0 {
-        TAP_HEADER
-    } else {
-        link.header
+    let (guest, link, guest_header) = match opts.user {
+        None => {
+            let link = open_link(&opts.datapath, opts.vnet_hdr)?;
+            enter(&ns, "the guest's namespace")?;
+            let (guest, guest_header) = make_guest(&opts, link.header)?;
+            (guest, link, guest_header)
+        }
+        // The guest side needs privilege; the datapath, opened by name in
+        // our own namespace, must not have it (as a VMM run as a user).
+        Some((uid, gid)) => {
+            let home = File::open("/proc/self/ns/net")?;
+            enter(&ns, "the guest's namespace")?;
+            let header = match opts.datapath {
+                Datapath::Tap(_) | Datapath::TapName(_) => TAP_HEADER,
+                _ => opts.vnet_hdr.unwrap_or(0),
+            };
+            let (guest, guest_header) = make_guest(&opts, header)?;
+            enter(&home, "our own namespace")?;
+            become_user(uid, gid)?;
+            (
+                guest,
+                open_link(&opts.datapath, opts.vnet_hdr)?,
+                guest_header,
+            )
+        }
     };
-    set_header_len(&guest, guest_header)?;
-    set_offload(&guest, link.header != 0)?;
-    configure_link(&opts.ifname, opts.mac, opts.mtu)?;
     eprintln!(
         "linnet-standin: relaying fd {} <-> {} in {}",
         link.fd.as_raw_fd(),
@@ -223,6 +246,50 @@ fn run(opts: Options) -> io::Result<()> {
     let (l, g) = (link.clone(), guest.clone());
     std::thread::spawn(move || to_guest(&l, &g, guest_header));
     from_guest(&guest, &link, guest_header);
+    Ok(())
+}
+
+fn enter(ns: &File, what: &str) -> io::Result<()> {
+    // SAFETY: plain syscall on a namespace fd; we are single-threaded here.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+        return Err(with_context(
+            io::Error::last_os_error(),
+            &format!("setns to {what}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The guest's TAP in the current namespace, speaking a link with
+/// `link_header` bytes of header; and the header its frames carry.
+fn make_guest(opts: &Options, link_header: usize) -> io::Result<(OwnedFd, usize)> {
+    let guest = create_tap(&opts.ifname)?;
+    // The guest TAP speaks the link's header; a bare link gets a zeroed
+    // legacy header with offloads off, so the guest's frames are complete.
+    let guest_header = if link_header == 0 {
+        TAP_HEADER
+    } else {
+        link_header
+    };
+    set_header_len(&guest, guest_header)?;
+    set_offload(&guest, link_header != 0)?;
+    configure_link(&opts.ifname, opts.mac, opts.mtu)?;
+    Ok((guest, guest_header))
+}
+
+fn become_user(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: plain syscalls with integer arguments; single-threaded here.
+    let failed = unsafe {
+        libc::setgroups(0, std::ptr::null()) < 0
+            || libc::setresgid(gid, gid, gid) < 0
+            || libc::setresuid(uid, uid, uid) < 0
+    };
+    if failed {
+        return Err(with_context(
+            io::Error::last_os_error(),
+            &format!("become {uid}:{gid}"),
+        ));
+    }
     Ok(())
 }
 

@@ -1,0 +1,146 @@
+//! `--datapath tap-name`: a persistent TAP that a VMM opens by name as the
+//! attaching user (Firecracker's host_dev_name, Cloud Hypervisor tap=,
+//! crosvm --tap-name). The VMM here is the stand-in, which makes its guest
+//! side as root and then becomes the user before it opens the TAP, in a
+//! mount namespace whose /dev/net/tun is 0666 as distributions ship it.
+
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::*;
+
+/// `argv` in the host namespace, in a mount namespace of its own whose
+/// /dev/net/tun anyone may open (this machine's is 0600).
+fn with_open_tun(world: &World, argv: &[&str]) -> std::process::Command {
+    let mut full = vec![
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -t tmpfs none /dev/net && mknod -m 0666 /dev/net/tun c 10 200 && exec \"$0\" \"$@\"",
+    ];
+    full.extend_from_slice(argv);
+    world.host.cmd(&full)
+}
+
+/// The stand-in as `user` (UID:GID) opening TAP `tap` by name, its guest
+/// side in `ns`.
+fn vmm_by_name(world: &World, tap: &str, ns: &Netns, mac: &str, user: &str) -> Child {
+    let standin = standin_bin();
+    let netns = ns.path();
+    with_open_tun(
+        world,
+        &[
+            standin.to_str().unwrap(),
+            "--tap",
+            tap,
+            "--netns",
+            &netns,
+            "--mac",
+            mac,
+            "--user",
+            user,
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap()
+}
+
+#[test]
+fn a_vmm_running_as_the_user_opens_its_tap_by_name_and_no_other_user_can() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody] }\n");
+    world.start_daemon();
+    // A sticky world-writable directory for nobody's JSON.
+    let dir = world.dir.path().join("vms");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (path, mode) in [(dir.as_path(), 0o1777), (world.dir.path(), 0o755)] {
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    }
+    let json = dir.join("vm.json");
+    let json_s = json.to_str().unwrap();
+    // `linnet run` as nobody: the interface, and its TAP, are nobody's.
+    let mut run = world
+        .linnet_wrapped(
+            AS_NOBODY,
+            &[
+                "run",
+                "--datapath",
+                "tap-name",
+                "--json",
+                json_s,
+                "--",
+                "sleep",
+                "600",
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let info: Value = wait_for("the attach JSON", Duration::from_secs(15), || {
+        serde_json::from_str(&std::fs::read_to_string(&json).ok()?).ok()
+    });
+    assert_eq!(info["datapath"], "tap-name", "{info}");
+    let tap = info["tap"].as_str().unwrap().to_string();
+    let mac = info["mac_address"].as_str().unwrap().to_string();
+    assert!(
+        world.host.links().contains(&tap),
+        "the TAP is there to open"
+    );
+
+    // Another user cannot open it.
+    let other = Netns::new("guest");
+    let thief = vmm_by_name(&world, &tap, &other, "02:00:00:00:42:42", "4242:4242");
+    let out = thief.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains(&format!("create TAP {tap}"))
+            && err.contains("Operation not permitted"),
+        "uid 4242 opened nobody's TAP: {err}"
+    );
+
+    // Its user's VMM opens it by name; the guest leases and reaches the gateway.
+    let ns = Netns::new("guest");
+    let mut vmm = vmm_by_name(&world, &tap, &ns, &mac, "65534:65534");
+    wait_for("eth0 in the guest", Duration::from_secs(10), || {
+        if let Some(status) = vmm.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(vmm.stderr.as_mut().unwrap(), &mut err).unwrap();
+            panic!("the VMM exited with {status}: {err}");
+        }
+        ns.links().contains(&"eth0".to_string()).then_some(())
+    });
+    let mut guest = Guest {
+        ns,
+        run: None,
+        vmm: Some(vmm),
+        info: info.clone(),
+    };
+    assert_eq!(
+        guest.udhcpc(),
+        guest.ip(),
+        "the guest leases the reported address"
+    );
+    assert!(guest.ping(&guest.gateway()), "and reaches its gateway");
+
+    // Detach (`linnet run` ends): the TAP goes, and the VMM with it.
+    terminate(&mut run);
+    wait_for("the TAP to go", Duration::from_secs(5), || {
+        (!world.host.links().contains(&tap)).then_some(())
+    });
+    let vmm = guest.vmm.as_mut().unwrap();
+    wait_for("the VMM to lose its TAP", Duration::from_secs(10), || {
+        vmm.try_wait().unwrap()
+    });
+    guest.vmm = None;
+}
