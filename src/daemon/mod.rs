@@ -9,6 +9,7 @@
 //! `watch` notices when the host changes under linnet, `tap_watch` when a
 //! VMM changes its TAP's MAC.
 
+mod attach;
 mod coexist;
 mod forwards;
 mod guarding;

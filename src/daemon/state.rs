@@ -10,11 +10,11 @@ use std::path::PathBuf;
 use thiserror::Error;
 use tracing::{debug, info, warn};
 
+use super::attach::{self, AttachPlan, Done};
 use super::coexist::HostView;
 use super::forwards::{ForwardStore, Published};
-use super::guarding::port_guard;
 use super::network::{ActiveNetwork, dns_servers};
-use super::policies::{check_policy_possible, no_address_for_policy};
+use super::policies::check_policy_possible;
 use super::tap_watch::TapAddresses;
 use crate::addr6;
 use crate::api::{
@@ -25,7 +25,7 @@ use crate::datapath::{Datapath, RelayCounters};
 use crate::forward::PortForward;
 use crate::host::firewall;
 use crate::host::guard::{self, PortGuard};
-use crate::host::netlink::{LinkKind, LinkSettings, Netlink, NetlinkError};
+use crate::host::netlink::{LinkKind, Netlink, NetlinkError};
 use crate::host::nft::{Nft, NftError};
 use crate::host::tap::{self, TapError};
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
@@ -461,6 +461,8 @@ impl Daemon {
         }
     }
 
+    /// Plans the attach (`attach::plan`), carries it out, and undoes what
+    /// was done if a step fails.
     async fn attach_on(
         &mut self,
         network: &str,
@@ -468,138 +470,132 @@ impl Daemon {
         client: &Client,
         req: &AttachRequest,
     ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
-        let net = &self.networks[network];
         let now = unix_now();
-        let datapath = req.datapath.unwrap_or_default();
-        let policy = req
-            .policy
-            .clone()
-            .unwrap_or_else(|| net.config.policy.clone());
-        let (mac, ip) = {
+        let net = &self.networks[network];
+        let plan = {
             let mut leases = net.leases.lock().expect("lease lock");
-            // Without DHCP only a static lease gives an address linnet knows.
-            let addressed = net.config.dhcp.enabled || leases.has_static(id, req.mac);
-            if !addressed && !policy.is_open() {
-                return Err(no_address_for_policy(network));
-            }
-            if addressed {
-                let lease =
-                    leases.attach_for(client.claimant(), id, req.mac, req.name.clone(), now)?;
-                (lease.mac, Some(lease.ip))
-            } else {
-                leases.check_claim(client.claimant(), id, req.name.as_deref(), now)?;
-                (leases.attach_without_address(id, req.mac, now)?, None)
-            }
+            attach::plan(&net.config, &mut leases, client.claimant(), id, req, now)?
         };
-        let (tap_name, fd) = match tap::create_numbered(&mut self.next_tap, client.uid, client.gid)
-        {
-            Ok(made) => made,
-            Err(e) => {
-                net.leases.lock().expect("lease lock").detach(id, now);
-                return Err(e.into());
-            }
-        };
-        let guarded = net.config.anti_spoofing || net.config.isolation;
-        let held = guarded && self.ports_held;
-        let (nft, guard_ready) = (&mut self.nft, &mut self.guard_ready);
-        let made = async {
-            // A bridge port needs no IPv6 of its own: without this the
-            // host's end of each TAP would do DAD and MLD into the VM network.
-            if let Err(e) = sysctl::set_link("ipv6", &tap_name, "disable_ipv6", "1") {
-                debug!(tap = %tap_name, "IPv6 stays on: {e}");
-            }
-            let index = self
-                .netlink
-                .link(&tap_name)
-                .await?
-                .ok_or_else(|| {
-                    DaemonError::Internal(format!("TAP {tap_name} vanished after creation"))
-                })?
-                .index;
-            // A MAC of linnet's choosing, set before anyone watches it: the
-            // kernel's random one is what udev's MACAddressPolicy replaces
-            // (systemd 242+ does so for TAPs), which would look like the
-            // VMM changing it.
-            let tap_mac = host::tap_mac(&tap_name);
-            self.netlink.set_address(index, tap_mac).await?;
-            // Guarded before it joins the bridge and before the VM has its fd.
-            if guarded {
-                if !*guard_ready {
-                    guard::create(nft)?;
-                    *guard_ready = true;
+        let mut done = vec![Done::Lease];
+        let (tap_name, tap_index, fd) =
+            match self.carry_out(network, &plan, client, &mut done).await {
+                Ok(made) => made,
+                Err(e) => {
+                    self.undo(network, id, done, now);
+                    return Err(e);
                 }
-                guard::add_port(nft, &port_guard(&net.config, &tap_name, (mac, ip), &policy))?;
-            }
-            let alias = format!("{ALIAS_INTERFACE}{id}");
-            let settings = LinkSettings {
-                // While guarded ports are held (linnet's tables damaged), a
-                // new one waits off its bridge with them.
-                master: (!held).then_some(net.bridge_index),
-                mtu: Some(net.config.mtu),
-                alias: Some(&alias),
-                up: true,
             };
-            self.netlink.configure(index, settings).await?;
-            // Recorded before the VMM has the fd, so any change is its.
-            self.tap_addresses.record(index, tap_mac);
-            // Last, so that a failure before drops a TAP that goes with its
-            // fd. Deleted at detach like any TAP (and by the next daemon, by
-            // its alias, were this one to die first).
-            if datapath == Datapath::TapName {
-                tap::set_persistent(fd.as_fd()).map_err(|e| {
-                    DaemonError::HostSetup(format!(
-                        "cannot make TAP {tap_name} persistent for --datapath tap-name: {e}"
-                    ))
-                })?;
-            }
-            Ok::<_, DaemonError>(index)
-        }
-        .await;
-        let mut leases = net.leases.lock().expect("lease lock");
-        let tap_index = match made {
-            Ok(made) => made,
-            Err(e) => {
-                leases.detach(id, now);
-                if guarded && self.guard_ready {
-                    let port = port_guard(&net.config, &tap_name, (mac, ip), &policy);
-                    let _ = guard::remove_ports(&mut self.nft, &[port]);
-                }
-                return Err(e);
-            }
-        };
-        drop(leases);
+        let net = &self.networks[network];
         net.leases.changed();
         let mut info = interface_info(
             net,
             id,
-            (mac, ip, req.name.clone()),
+            (plan.mac, plan.ip, plan.name.clone()),
             &tap_name,
-            datapath,
-            &policy,
+            plan.datapath,
+            &plan.policy,
         );
         info.warnings = self.network_warnings(network);
-        info!(network, interface = %id, ip = %shown_ip(ip), %mac, tap = %tap_name, %datapath, pid = ?client.pid, uid = client.uid, "attached");
+        info!(network, interface = %id, ip = %shown_ip(plan.ip), mac = %plan.mac, tap = %tap_name, datapath = %plan.datapath, pid = ?client.pid, uid = client.uid, "attached");
         self.interfaces.insert(
             id,
             Interface {
                 network: network.into(),
-                mac,
-                ip,
-                name: req.name.clone(),
+                mac: plan.mac,
+                ip: plan.ip,
+                name: plan.name,
                 tap: tap_name,
                 tap_index,
                 cut_off: None,
                 client: client.id,
                 pid: client.pid,
                 uid: client.uid,
-                datapath,
+                datapath: plan.datapath,
                 relay: None,
                 forwards: Vec::new(),
-                guarded,
-                policy,
+                guarded: plan.guarded,
+                policy: plan.policy,
             },
         );
         Ok((info, fd))
+    }
+
+    /// The kernel's part of an attach: the TAP (owned by the client), its
+    /// MAC, its guard entries, its place on the bridge. Each step that
+    /// needs undoing goes into `done` once it is done.
+    async fn carry_out(
+        &mut self,
+        network: &str,
+        plan: &AttachPlan,
+        client: &Client,
+        done: &mut Vec<Done>,
+    ) -> Result<(String, u32, OwnedFd), DaemonError> {
+        let (tap_name, fd) = tap::create_numbered(&mut self.next_tap, client.uid, client.gid)?;
+        done.push(Done::Tap);
+        // A bridge port needs no IPv6 of its own: without this the host's
+        // end of each TAP would do DAD and MLD into the VM network.
+        if let Err(e) = sysctl::set_link("ipv6", &tap_name, "disable_ipv6", "1") {
+            debug!(tap = %tap_name, "IPv6 stays on: {e}");
+        }
+        let index = self
+            .netlink
+            .link(&tap_name)
+            .await?
+            .ok_or_else(|| {
+                DaemonError::Internal(format!("TAP {tap_name} vanished after creation"))
+            })?
+            .index;
+        // A MAC of linnet's choosing, set before anyone watches it: the
+        // kernel's random one is what udev's MACAddressPolicy replaces
+        // (systemd 242+ does so for TAPs), which would look like the VMM
+        // changing it.
+        let tap_mac = host::tap_mac(&tap_name);
+        self.netlink.set_address(index, tap_mac).await?;
+        let net = &self.networks[network];
+        // Guarded before it joins the bridge and before the VM has its fd.
+        if plan.guarded {
+            if !self.guard_ready {
+                guard::create(&mut self.nft)?;
+                self.guard_ready = true;
+            }
+            let port = plan.guard(&net.config, &tap_name);
+            guard::add_port(&mut self.nft, &port)?;
+            done.push(Done::Guard(port));
+        }
+        let alias = format!("{ALIAS_INTERFACE}{}", plan.id);
+        let settings = plan.link(net.bridge_index, self.ports_held, &alias);
+        self.netlink.configure(index, settings).await?;
+        // Last, so that a failure before drops a TAP that goes with its fd.
+        // Deleted at detach like any TAP (and by the next daemon, by its
+        // alias, were this one to die first).
+        if plan.datapath == Datapath::TapName {
+            tap::set_persistent(fd.as_fd()).map_err(|e| {
+                DaemonError::HostSetup(format!(
+                    "cannot make TAP {tap_name} persistent for --datapath tap-name: {e}"
+                ))
+            })?;
+        }
+        // Recorded before the VMM has the fd, so any change is its.
+        self.tap_addresses.record(index, tap_mac);
+        Ok((tap_name, index, fd))
+    }
+
+    /// Undoes the steps of a failed attach, newest first.
+    fn undo(&mut self, network: &str, id: InterfaceId, done: Vec<Done>, now: u64) {
+        for step in attach::undo_order(done) {
+            match step {
+                Done::Guard(port) => {
+                    let _ = guard::remove_ports(&mut self.nft, &[port]);
+                }
+                // Its fd was dropped with the step that failed: a TAP that is
+                // not persistent goes with it.
+                Done::Tap => {}
+                Done::Lease => {
+                    let net = &self.networks[network];
+                    net.leases.lock().expect("lease lock").detach(id, now);
+                }
+            }
+        }
     }
 
     /// A VMM changed its TAP's MAC (`tap_watch`): the TAP leaves its bridge

@@ -364,12 +364,17 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let mut none = [0u8; 1];
-    let closed = match partial.read(&mut none) {
-        Ok(n) => n == 0,
+    let read = partial.read(&mut none);
+    let closed = match &read {
+        Ok(n) => *n == 0,
         // Closed with our bytes unread: a reset.
         Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
     };
-    assert!(closed, "a VM stuck in its first frame's header is closed");
+    assert!(
+        closed,
+        "a VM stuck in its first frame's header is closed ({read:?} after {:?})",
+        partial_since.elapsed()
+    );
     assert!(
         partial_since.elapsed() >= Duration::from_secs(10),
         "after 10 s"
