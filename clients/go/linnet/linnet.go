@@ -103,7 +103,7 @@ type AttachRequest struct {
 	InterfaceID string   `json:"interface_id,omitempty"`
 	MAC         string   `json:"mac,omitempty"`
 	Name        string   `json:"name,omitempty"`
-	Datapath    string   `json:"datapath,omitempty"` // tap (default), dgram or stream
+	Datapath    string   `json:"datapath,omitempty"` // tap (default), tap-name, dgram or stream
 	Publish     []string `json:"publish,omitempty"`  // e.g. "8080:80/tcp"
 }
 
