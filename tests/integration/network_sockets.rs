@@ -361,7 +361,7 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
     assert!(closed_by_linnet(&mut multicast));
 
     partial
-        .set_read_timeout(Some(Duration::from_secs(20)))
+        .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     let mut none = [0u8; 1];
     let read = partial.read(&mut none);
