@@ -97,8 +97,9 @@ impl AttachPlan {
 pub(super) enum Done {
     /// The lease was taken (undo: detach it, keeping the reservation).
     Lease,
-    /// The TAP was made (undo: close its fd; a TAP made persistent for
-    /// tap-name is the last step, so it is never undone persistent).
+    /// The TAP was made (undo: close its fd, and it goes; making it
+    /// persistent for tap-name is the last step that can fail, so a TAP is
+    /// never left behind persistent).
     Tap,
     /// The port's guard entries were added (undo: remove them).
     Guard(PortGuard),
