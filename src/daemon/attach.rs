@@ -128,6 +128,14 @@ mod tests {
         InterfaceId::from_bytes([n; 16])
     }
 
+    /// `yaml`'s `shared` network, and a plan for root's interface 1 on it.
+    fn planned(yaml: &str) -> (NetworkConfig, LeaseTable, AttachPlan) {
+        let cfg = network(yaml);
+        let mut leases = LeaseTable::new(&cfg);
+        let plan = plan(&cfg, &mut leases, 0.into(), id(1), &request(None), 0).unwrap();
+        (cfg, leases, plan)
+    }
+
     fn request(name: Option<&str>) -> AttachRequest {
         AttachRequest {
             name: name.map(String::from),
@@ -184,9 +192,7 @@ mod tests {
 
     #[test]
     fn a_network_without_dhcp_plans_no_address_and_refuses_a_policy_it_cannot_hold() {
-        let cfg = network("networks:\n  shared:\n    dhcp: false\n");
-        let mut leases = LeaseTable::new(&cfg);
-        let open = plan(&cfg, &mut leases, 0.into(), id(1), &request(None), 0).unwrap();
+        let (cfg, mut leases, open) = planned("networks:\n  shared:\n    dhcp: false\n");
         assert_eq!(open.ip, None);
         let mut policed = request(None);
         policed.policy = Some(Policy {
@@ -199,9 +205,7 @@ mod tests {
 
     #[test]
     fn guard_entries_and_link_settings_follow_the_plan() {
-        let cfg = network("networks:\n  shared:\n    isolation: true\n");
-        let mut leases = LeaseTable::new(&cfg);
-        let plan = plan(&cfg, &mut leases, 0.into(), id(1), &request(None), 0).unwrap();
+        let (cfg, _, plan) = planned("networks:\n  shared:\n    isolation: true\n");
         let guard = plan.guard(&cfg, "lnt7");
         assert_eq!(
             (guard.tap.as_str(), guard.mac, guard.isolated),
@@ -214,10 +218,12 @@ mod tests {
             None,
             "held off its bridge"
         );
-        let open = network("networks:\n  shared:\n    anti_spoofing: false\n");
-        let mut leases = LeaseTable::new(&open);
-        let unguarded =
-            super::plan(&open, &mut leases, 0.into(), id(1), &request(None), 0).unwrap();
+        let (_, _, unguarded) = planned(
+            "networks:
+  shared:
+    anti_spoofing: false
+",
+        );
         assert!(!unguarded.guarded);
         assert_eq!(
             unguarded.link(42, true, "a").master,
@@ -228,9 +234,7 @@ mod tests {
 
     #[test]
     fn steps_are_undone_newest_first() {
-        let cfg = network("");
-        let mut leases = LeaseTable::new(&cfg);
-        let plan = plan(&cfg, &mut leases, 0.into(), id(1), &request(None), 0).unwrap();
+        let (cfg, _, plan) = planned("");
         let guard = plan.guard(&cfg, "lnt0");
         let undone: Vec<Done> =
             undo_order(vec![Done::Lease, Done::Tap, Done::Guard(guard.clone())]).collect();

@@ -28,12 +28,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType};
 use tokio::io::unix::AsyncFd;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::server::{Sessions, accept_next, identify, register};
+use super::server::{Sessions, accept_next, bind_unix, identify, register};
 use crate::api::{AttachRequest, Request};
 use crate::budget::RateLimit;
 use crate::config::{Allow, DEFAULT_NETWORK, NetworkConfig};
@@ -338,15 +338,7 @@ fn bind(path: &Path, access: SocketAccess) -> anyhow::Result<AsyncFd<OwnedFd>> {
         );
     }
     remove_stale(path)?;
-    let fd = socket::socket(
-        AddressFamily::Unix,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-        None,
-    )?;
-    let addr = UnixAddr::new(path)?;
-    socket::bind(fd.as_raw_fd(), &addr)
-        .with_context(|| format!("cannot bind {}", path.display()))?;
+    let fd = bind_unix(path, SockType::Stream)?;
     // Nobody can connect before listen(), so the owner and mode are set
     // before anyone can use the socket.
     let ready = (|| {

@@ -251,15 +251,7 @@ fn listen(path: &Path) -> anyhow::Result<AsyncFd<OwnedFd>> {
         }
         _ => {}
     }
-    let fd = socket::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-        None,
-    )?;
-    let addr = UnixAddr::new(path)?;
-    socket::bind(fd.as_raw_fd(), &addr)
-        .with_context(|| format!("cannot bind {}", path.display()))?;
+    let fd = bind_unix(path, SockType::SeqPacket)?;
     // Anyone may connect; every request is checked against the network's
     // `allow` list with the kernel's word on who is asking (SO_PEERCRED).
     use std::os::unix::fs::PermissionsExt;
@@ -302,6 +294,21 @@ pub(super) async fn accept_next(
         }
         tokio::time::sleep(ACCEPT_BACKOFF).await;
     }
+}
+
+/// A unix socket of `kind` bound at `path`, close-on-exec and
+/// non-blocking; nobody can connect before the caller listens.
+pub(super) fn bind_unix(path: &Path, kind: SockType) -> anyhow::Result<OwnedFd> {
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        kind,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    let addr = UnixAddr::new(path)?;
+    socket::bind(fd.as_raw_fd(), &addr)
+        .with_context(|| format!("cannot bind {}", path.display()))?;
+    Ok(fd)
 }
 
 async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<AsyncFd<OwnedFd>> {

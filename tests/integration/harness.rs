@@ -931,3 +931,53 @@ impl Drop for Guest {
         }
     }
 }
+
+/// A field of /proc/PID/status, its words joined by one space.
+pub fn proc_status(pid: impl std::fmt::Display, key: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether the far end closes `conn` within `within` (frames from the
+/// network on their way in are read past). Closed with our bytes unread,
+/// the kernel reports a reset.
+pub fn closed_by_peer(conn: &mut std::os::unix::net::UnixStream, within: Duration) -> bool {
+    use std::io::Read;
+    conn.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}
+
+/// `argv` in `ns`, in a mount namespace of its own whose /dev/net is an
+/// empty tmpfs, with a tun node anyone may open when `tun` (this machine's
+/// /dev/net/tun is 0600; distributions ship it 0666).
+pub fn with_own_dev_net(ns: &Netns, tun: bool, argv: &[&str]) -> Command {
+    let script = if tun {
+        "mount -t tmpfs none /dev/net && mknod -m 0666 /dev/net/tun c 10 200 && exec \"$0\" \"$@\""
+    } else {
+        "mount -t tmpfs none /dev/net && exec \"$0\" \"$@\""
+    };
+    let mut full = vec![
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+    ];
+    full.extend_from_slice(argv);
+    ns.cmd(&full)
+}

@@ -469,17 +469,11 @@ fn invalid_config_is_refused_with_file_network_and_key() {
 fn missing_dev_net_tun_is_reported() {
     let world = World::new();
     // The daemon in a mount namespace where /dev/net is empty.
-    let mut cmd = world.host.cmd(&[
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        "mount -t tmpfs none /dev/net && exec \"$0\" \"$@\"",
-        linnet_bin().to_str().unwrap(),
-        "daemon",
-    ]);
+    let mut cmd = with_own_dev_net(
+        &world.host,
+        false,
+        &[linnet_bin().to_str().unwrap(), "daemon"],
+    );
     cmd.env("LINNET_RUN_DIR", world.run_dir())
         .env("LINNET_STATE_DIR", world.state_dir());
     let mut daemon = cmd.stderr(std::process::Stdio::null()).spawn().unwrap();

@@ -2,7 +2,7 @@
 //! one stream socket, each connection one interface, through a relay the
 //! daemon starts as the connecting user.
 
-use std::io::{IoSliceMut, Read, Write};
+use std::io::{IoSliceMut, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
@@ -129,32 +129,6 @@ fn framed_from(mac: [u8; 6]) -> Vec<u8> {
     out
 }
 
-/// Whether the far end closed `conn` within a few seconds (frames from
-/// the network on their way in are read past). Closed with our bytes
-/// unread, the kernel reports a reset.
-fn closed_by_linnet(conn: &mut UnixStream) -> bool {
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = [0u8; 4096];
-    loop {
-        match conn.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
-        }
-    }
-}
-
-fn proc_status(pid: &str, key: &str) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}:")))
-        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// The relays the daemon started, by pid.
 fn relay_pids(world: &World) -> Vec<String> {
     let out = run(Command::new("pgrep").args([
@@ -267,7 +241,7 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
     let (mut refused, _) = connect_as(4242, &path).expect("the file admits anyone");
     let _ = refused.write_all(&framed_from([0x02, 0, 0, 0, 0x42, 0x42]));
     assert!(
-        closed_by_linnet(&mut refused),
+        closed_by_peer(&mut refused, Duration::from_secs(5)),
         "a user outside allow is closed"
     );
     let log = world.daemon_log_text();
@@ -324,7 +298,7 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
     // A bogus length closes that connection and removes its interface.
     vm.write_all(&0u32.to_be_bytes()).unwrap();
     assert!(
-        closed_by_linnet(&mut vm),
+        closed_by_peer(&mut vm, Duration::from_secs(5)),
         "a zero length closes the connection"
     );
     wait_gone(&world, "02:00:00:00:65:34");
@@ -337,7 +311,7 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
         ])
         .unwrap();
     assert!(
-        closed_by_linnet(&mut bogus),
+        closed_by_peer(&mut bogus, Duration::from_secs(5)),
         "a bogus first length closes the connection"
     );
     // The relay says why as it exits, just after the close.
@@ -358,21 +332,11 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
     multicast
         .write_all(&framed_from([0x01, 0, 0x5e, 0, 0, 1]))
         .unwrap();
-    assert!(closed_by_linnet(&mut multicast));
+    assert!(closed_by_peer(&mut multicast, Duration::from_secs(5)));
 
-    partial
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let mut none = [0u8; 1];
-    let read = partial.read(&mut none);
-    let closed = match &read {
-        Ok(n) => *n == 0,
-        // Closed with our bytes unread: a reset.
-        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
-    };
     assert!(
-        closed,
-        "a VM stuck in its first frame's header is closed ({read:?} after {:?})",
+        closed_by_peer(&mut partial, Duration::from_secs(30)),
+        "a VM stuck in its first frame's header is closed (waited {:?})",
         partial_since.elapsed()
     );
     assert!(
@@ -519,7 +483,7 @@ fn a_vm_that_reconnects_at_once_gets_its_address_back_and_another_users_vm_canno
     first.vmm.take().unwrap().kill().unwrap();
     drop(first);
     assert!(
-        closed_by_linnet(&mut twin),
+        closed_by_peer(&mut twin, Duration::from_secs(5)),
         "the other user's connection is closed"
     );
     wait_for("the refusal in the log", Duration::from_secs(5), || {

@@ -158,17 +158,6 @@ fn helper(
     (child, info, log)
 }
 
-fn proc_status(pid: u32, key: &str) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}:")))
-        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// A directory anyone may create sockets in (the helper may be nobody).
 fn shared_dir(world: &World) -> std::path::PathBuf {
     use std::os::unix::fs::PermissionsExt;
@@ -271,21 +260,6 @@ fn stream_frame(len_field: u32, body: usize) -> Vec<u8> {
     out
 }
 
-/// The helper closes a stream client after bad framing: it reads EOF.
-fn closed_by_helper(mut client: UnixStream) -> bool {
-    client
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut buf = [0u8; 4096];
-    loop {
-        match client.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue, // frames from the network on their way to us
-            Err(_) => return false,
-        }
-    }
-}
-
 #[test]
 fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
     let mut world = World::new();
@@ -341,10 +315,16 @@ fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
     );
     let mut c = UnixStream::connect(&path).unwrap();
     c.write_all(&0u32.to_be_bytes()).unwrap();
-    assert!(closed_by_helper(c), "length 0 closes the client");
+    assert!(
+        closed_by_peer(&mut c, Duration::from_secs(5)),
+        "length 0 closes the client"
+    );
     let mut c = UnixStream::connect(&path).unwrap();
     c.write_all(&stream_frame(1 << 20, 60)).unwrap();
-    assert!(closed_by_helper(c), "a huge length closes the client");
+    assert!(
+        closed_by_peer(&mut c, Duration::from_secs(5)),
+        "a huge length closes the client"
+    );
     let mut c = UnixStream::connect(&path).unwrap();
     c.write_all(&stream_frame(100, 50)).unwrap();
     drop(c);

@@ -11,29 +11,14 @@ use serde_json::Value;
 
 use crate::harness::*;
 
-/// `argv` in the host namespace, in a mount namespace of its own whose
-/// /dev/net/tun anyone may open (this machine's is 0600).
-fn with_open_tun(world: &World, argv: &[&str]) -> std::process::Command {
-    let mut full = vec![
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        "mount -t tmpfs none /dev/net && mknod -m 0666 /dev/net/tun c 10 200 && exec \"$0\" \"$@\"",
-    ];
-    full.extend_from_slice(argv);
-    world.host.cmd(&full)
-}
-
 /// The stand-in as `user` (UID:GID) opening TAP `tap` by name, its guest
 /// side in `ns`.
 fn vmm_by_name(world: &World, tap: &str, ns: &Netns, mac: &str, user: &str) -> Child {
     let standin = standin_bin();
     let netns = ns.path();
-    with_open_tun(
-        world,
+    with_own_dev_net(
+        &world.host,
+        true,
         &[
             standin.to_str().unwrap(),
             "--tap",
