@@ -946,16 +946,32 @@ pub fn proc_status(pid: impl std::fmt::Display, key: &str) -> String {
 
 /// Whether the far end closes `conn` within `within` (frames from the
 /// network on their way in are read past). Closed with our bytes unread,
-/// the kernel reports a reset.
+/// the kernel reports a reset. A read cut short (a signal, the socket's
+/// timeout) is tried again until `within` has passed.
 pub fn closed_by_peer(conn: &mut std::os::unix::net::UnixStream, within: Duration) -> bool {
-    use std::io::Read;
-    conn.set_read_timeout(Some(within)).unwrap();
+    use std::io::{ErrorKind, Read};
+    let deadline = Instant::now() + within;
+    conn.set_nonblocking(false).unwrap();
     let mut buf = [0u8; 4096];
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        conn.set_read_timeout(Some(left)).unwrap();
         match conn.read(&mut buf) {
             Ok(0) => return true,
             Ok(_) => continue,
-            Err(e) => return e.kind() == std::io::ErrorKind::ConnectionReset,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return true,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut
+                ) => {}
+            Err(e) => {
+                eprintln!("closed_by_peer: {e}");
+                return false;
+            }
         }
     }
 }
