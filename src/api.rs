@@ -65,6 +65,15 @@ pub enum Request {
     PolicyShow(InterfaceRef),
     /// Replaces an attached interface's policy; new connections follow it.
     PolicySet(PolicySetRequest),
+    /// The interface's IPv4 address, once linnet knows it: at once on
+    /// linnet's own networks, on a LAN once linnet has seen the LAN's DHCP
+    /// server give it. Its owner or root may ask.
+    WaitAddress {
+        network: String,
+        interface_id: InterfaceId,
+        /// Give up after this long (at most 600 000).
+        timeout_ms: u64,
+    },
     /// What the host's other firewalls and routes do to the networks
     /// (all, or the one named).
     Doctor {
@@ -200,6 +209,10 @@ pub enum Response {
     Doctor {
         report: Box<DoctorReport>,
     },
+    Address {
+        interface_id: InterfaceId,
+        ip_address: Ipv4Addr,
+    },
     Error {
         kind: ErrorKind,
         message: String,
@@ -227,9 +240,14 @@ pub struct InterfaceInfo {
     pub vmnet_mac_address: MacAddr,
     pub vmnet_mtu: u32,
     pub vmnet_max_packet_size: u32,
-    pub vmnet_start_address: Ipv4Addr,
-    pub vmnet_end_address: Ipv4Addr,
-    pub vmnet_subnet_mask: Ipv4Addr,
+    /// The DHCP range and subnet of a network whose addresses are
+    /// linnet's; none on a LAN (as vmnet's bridged mode has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmnet_start_address: Option<Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmnet_end_address: Option<Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmnet_subnet_mask: Option<Ipv4Addr>,
     /// The IPv6 prefix guests are masqueraded from, when the network has NAT66.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vmnet_nat66_prefix: Option<Ipv6Addr>,
@@ -241,14 +259,18 @@ pub struct InterfaceInfo {
     pub name: Option<String>,
     pub mac_address: MacAddr,
     /// None on a network without DHCP, unless a static lease names the
-    /// interface: the guest sets its own address.
+    /// interface: the guest sets its own address. On a LAN, the address
+    /// the LAN's DHCP server gave, once linnet has seen it (`--wait-ip`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip_address: Option<Ipv4Addr>,
-    pub gateway: Ipv4Addr,
+    /// The gateway and subnet of linnet's own networks; none on a LAN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<Ipv4Addr>,
     /// The gateway's DNS addresses (IPv4, and IPv6 when the network has it).
     pub dns: Vec<IpAddr>,
     pub domain: String,
-    pub subnet: Ipv4Net,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<Ipv4Net>,
     /// The network's /64, when it has IPv6.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6_prefix: Option<Ipv6Net>,
@@ -275,8 +297,14 @@ pub struct InterfaceInfo {
 pub struct NetworkStatus {
     pub name: String,
     pub mode: Mode,
-    pub subnet: Ipv4Net,
-    pub gateway: Ipv4Addr,
+    /// Linnet's own networks' addresses; none on a LAN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<Ipv4Net>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<Ipv4Addr>,
+    /// A LAN network's host NIC or bridge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lan: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6_prefix: Option<Ipv6Net>,
     /// The bridge, while the network is up.

@@ -33,8 +33,19 @@ pub enum Mode {
     Shared,
     /// Host-only: VMs reach the host and each other, nothing beyond.
     Host,
-    /// On a physical LAN (macvtap or an existing bridge).
+    /// On a LAN through a host NIC: a macvtap per VM (`uplink:`).
     Bridged,
+    /// On a LAN through a bridge linnet does not own (`bridge:`): a TAP
+    /// per VM on it, as libvirt's `<interface type='bridge'>`.
+    Bridge,
+}
+
+impl Mode {
+    /// Whether the network's VMs are on a LAN whose addresses are not
+    /// linnet's (its own DHCP server gives them; linnet learns them).
+    pub fn on_lan(self) -> bool {
+        matches!(self, Mode::Bridged | Mode::Bridge)
+    }
 }
 
 impl fmt::Display for Mode {
@@ -43,15 +54,23 @@ impl fmt::Display for Mode {
             Mode::Shared => "shared",
             Mode::Host => "host",
             Mode::Bridged => "bridged",
+            Mode::Bridge => "bridge",
         })
     }
 }
 
 /// A validated network, ready for the daemon.
+///
+/// On a LAN (`mode: bridged` or `bridge`, `lan` set) the addresses are the
+/// LAN's: `subnet` is 0.0.0.0/0 and `gateway` 0.0.0.0 (any address; the
+/// guard allows each VM the one it leased), and linnet's DHCP, DNS, IPv6
+/// router, NAT, forwards and policies are off.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NetworkConfig {
     pub name: String,
     pub mode: Mode,
+    /// Where a LAN network's VMs join it; None for linnet's own bridges.
+    pub lan: Option<Lan>,
     pub subnet: Ipv4Net,
     pub gateway: Ipv4Addr,
     pub dhcp: DhcpConfig,
@@ -76,6 +95,60 @@ pub struct NetworkConfig {
     pub policy: Policy,
     /// A socket_vmnet-compatible stream socket for the network, if any.
     pub socket: Option<NetworkSocket>,
+}
+
+/// How a LAN network's VMs join the LAN.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lan {
+    /// `mode: bridged`: a macvtap per VM on the host NIC `uplink`.
+    Macvtap {
+        uplink: String,
+        mode: MacvtapMode,
+        /// A macvlan for the host on the uplink, so the host reaches its
+        /// own VMs (a macvtap's frames never come back up its NIC).
+        host_access: bool,
+    },
+    /// `mode: bridge`: a TAP per VM on `bridge`, which linnet never
+    /// changes or deletes.
+    Bridge { bridge: String },
+}
+
+impl Lan {
+    /// The host NIC or the bridge.
+    pub fn link(&self) -> &str {
+        match self {
+            Lan::Macvtap { uplink, .. } => uplink,
+            Lan::Bridge { bridge } => bridge,
+        }
+    }
+}
+
+/// The macvtap's mode (`macvtap_mode:`), as `ip link` names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum MacvtapMode {
+    /// VMs on one uplink reach each other directly, and the LAN.
+    #[default]
+    Bridge,
+    /// Everything goes out to the switch, which may send it back (a
+    /// switch that does 802.1Qbg reflective relay).
+    Vepa,
+    /// VMs on one uplink never reach each other; only the LAN.
+    Private,
+    /// One VM owns the NIC (its MAC and promiscuity).
+    Passthru,
+}
+
+impl fmt::Display for MacvtapMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MacvtapMode::Bridge => "bridge",
+            MacvtapMode::Vepa => "vepa",
+            MacvtapMode::Private => "private",
+            MacvtapMode::Passthru => "passthru",
+        })
+    }
 }
 
 /// Where a network's socket_vmnet-compatible socket is (`socket:`): each
@@ -241,6 +314,12 @@ struct FirewallSpec {
 #[serde(deny_unknown_fields)]
 struct NetworkSpec {
     mode: Option<Mode>,
+    /// `mode: bridged`: the host NIC the macvtaps are on, and how.
+    uplink: Option<String>,
+    macvtap_mode: Option<MacvtapMode>,
+    host_access: Option<bool>,
+    /// `mode: bridge`: the existing bridge.
+    bridge: Option<String>,
     subnet: Option<String>,
     gateway: Option<String>,
     /// `false`, `true`, or the keys of `DhcpSpec`.
@@ -387,7 +466,8 @@ fn check_no_overlaps(
     networks: &BTreeMap<String, NetworkConfig>,
     file: &str,
 ) -> Result<(), ConfigError> {
-    let list: Vec<&NetworkConfig> = networks.values().collect();
+    // A LAN network's addresses are the LAN's, not in its config.
+    let list: Vec<&NetworkConfig> = networks.values().filter(|n| n.lan.is_none()).collect();
     for (i, a) in list.iter().enumerate() {
         for b in &list[i + 1..] {
             if a.subnet.contains(&b.subnet.network()) || b.subnet.contains(&a.subnet.network()) {
@@ -488,11 +568,21 @@ impl Validator<'_> {
         types::validate_network_name(name).map_err(|e| self.err("name", e.to_string()))?;
         let (default_mode, default_subnet) = builtin_defaults(name);
         let mode = spec.mode.unwrap_or(default_mode);
-        if mode == Mode::Bridged {
-            return Err(self.err(
-                "mode",
-                "bridged is not available in this version of linnet; use shared or host",
-            ));
+        if mode.on_lan() {
+            return self.lan_network(name, mode, spec);
+        }
+        for (key, set) in [
+            ("uplink", spec.uplink.is_some()),
+            ("macvtap_mode", spec.macvtap_mode.is_some()),
+            ("host_access", spec.host_access.is_some()),
+            ("bridge", spec.bridge.is_some()),
+        ] {
+            if set {
+                return Err(self.err(
+                    key,
+                    format!("is for mode: bridged or bridge, and this network is {mode}"),
+                ));
+            }
         }
 
         let subnet_text = spec.subnet.as_deref().or(default_subnet).ok_or_else(|| {
@@ -563,6 +653,7 @@ impl Validator<'_> {
         Ok(NetworkConfig {
             name: name.into(),
             mode,
+            lan: None,
             subnet,
             gateway,
             dhcp,
@@ -768,6 +859,153 @@ impl Validator<'_> {
             out.push(StaticForward { target, forward });
         }
         Ok(out)
+    }
+
+    /// A network on a LAN (`mode: bridged` or `bridge`): its addresses,
+    /// DHCP, DNS and router are the LAN's, so the keys for linnet's own are
+    /// refused rather than ignored.
+    fn lan_network(
+        &self,
+        name: &str,
+        mode: Mode,
+        mut spec: NetworkSpec,
+    ) -> Result<NetworkConfig, ConfigError> {
+        let linnets_own = [
+            ("subnet", spec.subnet.is_some()),
+            ("gateway", spec.gateway.is_some()),
+            ("dhcp", spec.dhcp.is_some()),
+            ("dns", spec.dns.is_some()),
+            ("nat44", spec.nat44.is_some()),
+            ("ipv6", spec.ipv6.is_some()),
+            ("ipv6_prefix", spec.ipv6_prefix.is_some()),
+            ("router_advertisement", spec.router_advertisement.is_some()),
+            ("nat66", spec.nat66.is_some()),
+            ("isolation", spec.isolation.is_some()),
+            ("forwards", !spec.forwards.is_empty()),
+            ("policy", spec.policy.is_some()),
+        ];
+        if let Some((key, _)) = linnets_own.iter().find(|(_, set)| *set) {
+            return Err(self.err(
+                key,
+                format!(
+                    "a {mode} network is on a LAN, whose own DHCP server, DNS and router serve its VMs; remove {key} (it is for mode: shared or host)"
+                ),
+            ));
+        }
+        let lan = match mode {
+            Mode::Bridged => {
+                if spec.bridge.is_some() {
+                    return Err(self.err(
+                        "bridge",
+                        "is for mode: bridge; a bridged network puts VMs on its uplink's NIC",
+                    ));
+                }
+                let uplink = spec.uplink.take().ok_or_else(|| {
+                    self.err(
+                        "uplink",
+                        "is required for mode: bridged: the host NIC the VMs join (e.g. uplink: eth0)",
+                    )
+                })?;
+                let macvtap_mode = spec.macvtap_mode.unwrap_or_default();
+                let host_access = spec.host_access.unwrap_or(false);
+                if host_access && macvtap_mode != MacvtapMode::Bridge {
+                    return Err(self.err(
+                        "host_access",
+                        format!(
+                            "needs macvtap_mode: bridge; in {macvtap_mode} mode the host's macvlan could not reach the VMs"
+                        ),
+                    ));
+                }
+                Lan::Macvtap {
+                    uplink: self.ifname("uplink", uplink)?,
+                    mode: macvtap_mode,
+                    host_access,
+                }
+            }
+            _ => {
+                for (key, set) in [
+                    ("uplink", spec.uplink.is_some()),
+                    ("macvtap_mode", spec.macvtap_mode.is_some()),
+                    ("host_access", spec.host_access.is_some()),
+                ] {
+                    if set {
+                        return Err(self.err(
+                            key,
+                            "is for mode: bridged; a bridge network's VMs join the bridge",
+                        ));
+                    }
+                }
+                let bridge = spec.bridge.take().ok_or_else(|| {
+                    self.err(
+                        "bridge",
+                        "is required for mode: bridge: the existing bridge the VMs join (e.g. bridge: br0)",
+                    )
+                })?;
+                Lan::Bridge {
+                    bridge: self.ifname("bridge", bridge)?,
+                }
+            }
+        };
+        let mtu = spec.mtu.unwrap_or(DEFAULT_MTU);
+        if !(576..=65535).contains(&mtu) {
+            return Err(self.err(
+                "mtu",
+                format!("{mtu} is out of range; allowed 576 to 65535"),
+            ));
+        }
+        let any = Ipv4Addr::UNSPECIFIED;
+        Ok(NetworkConfig {
+            name: name.into(),
+            mode,
+            lan: Some(lan),
+            subnet: Ipv4Net::new(any, 0).expect("0 is a valid length"),
+            gateway: any,
+            dhcp: DhcpConfig {
+                enabled: false,
+                range_start: any,
+                range_end: any,
+                lease_time: 0,
+                static_leases: Vec::new(),
+            },
+            dns: DnsConfig {
+                enabled: false,
+                upstream: Vec::new(),
+                domain: String::new(),
+            },
+            mtu,
+            nat44: false,
+            ipv6: None,
+            anti_spoofing: spec.anti_spoofing.unwrap_or(true),
+            isolation: false,
+            persistent: spec.persistent.unwrap_or(false),
+            allow: self.allow(spec.allow)?,
+            max_interfaces: self.limit("max_interfaces", spec.max_interfaces)?,
+            max_interfaces_per_uid: self
+                .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
+            forwards: Vec::new(),
+            policy: Policy::default(),
+            socket: self.socket(name, spec.socket.take())?,
+        })
+    }
+
+    /// A host interface's name as the kernel takes it.
+    fn ifname(&self, key: &str, name: String) -> Result<String, ConfigError> {
+        let bad = name.is_empty()
+            || name.len() > 15
+            || name == "."
+            || name == ".."
+            || name
+                .chars()
+                .any(|c| c == '/' || c == ':' || c.is_whitespace());
+        if bad {
+            return Err(self.err(
+                key,
+                format!(
+                    "\"{name}\" is not an interface name (1 to 15 bytes, no '/', ':' or spaces)"
+                ),
+            ));
+        }
+        Ok(name)
     }
 
     fn limit(&self, key: &str, value: Option<u32>) -> Result<Option<u32>, ConfigError> {
@@ -1149,7 +1387,89 @@ mod tests {
             "{m}"
         );
         let m = message("networks:\n  lab:\n    mode: bridged\n    subnet: 10.1.0.0/24\n");
-        assert!(m.contains("bridged is not available"), "{m}");
+        assert!(m.contains("subnet: a bridged network is on a LAN"), "{m}");
+    }
+
+    #[test]
+    fn lan_networks_name_their_uplink_or_bridge_and_leave_addressing_to_the_lan() {
+        let cfg = Config::from_yaml(
+            "networks:
+  lan:
+    mode: bridged
+    uplink: eth0
+    macvtap_mode: private
+  lan2:
+    mode: bridged
+    uplink: eth1
+    host_access: true
+  br:
+    mode: bridge
+    bridge: br0
+    mtu: 9000
+",
+            "t.yaml",
+        )
+        .unwrap();
+        let lan = cfg.network("lan").unwrap();
+        assert_eq!(
+            lan.lan,
+            Some(Lan::Macvtap {
+                uplink: "eth0".into(),
+                mode: MacvtapMode::Private,
+                host_access: false
+            })
+        );
+        assert!(lan.mode.on_lan() && lan.anti_spoofing);
+        assert!(!lan.dhcp.enabled && !lan.dns.enabled && !lan.nat44 && lan.ipv6.is_none());
+        assert!(matches!(
+            cfg.network("lan2").unwrap().lan,
+            Some(Lan::Macvtap {
+                mode: MacvtapMode::Bridge,
+                host_access: true,
+                ..
+            })
+        ));
+        let br = cfg.network("br").unwrap();
+        assert_eq!(
+            (br.mode, &br.lan, br.mtu),
+            (
+                Mode::Bridge,
+                &Some(Lan::Bridge {
+                    bridge: "br0".into()
+                }),
+                9000
+            )
+        );
+    }
+
+    #[test]
+    fn lan_networks_refuse_what_is_linnets_own_and_keys_of_the_other_kind() {
+        let m = message("networks:\n  lan:\n    mode: bridged\n");
+        assert!(m.contains("uplink: is required for mode: bridged"), "{m}");
+        let m = message("networks:\n  br:\n    mode: bridge\n");
+        assert!(m.contains("bridge: is required for mode: bridge"), "{m}");
+        let m = message("networks:\n  br:\n    mode: bridge\n    bridge: br0\n    dhcp: true\n");
+        assert!(m.contains("dhcp: a bridge network is on a LAN"), "{m}");
+        let m = message("networks:\n  br:\n    mode: bridge\n    bridge: br0\n    uplink: eth0\n");
+        assert!(m.contains("uplink: is for mode: bridged"), "{m}");
+        let m =
+            message("networks:\n  lan:\n    mode: bridged\n    uplink: eth0\n    bridge: br0\n");
+        assert!(m.contains("bridge: is for mode: bridge"), "{m}");
+        let m = message(
+            "networks:\n  lan:\n    mode: bridged\n    uplink: eth0\n    macvtap_mode: vepa\n    host_access: true\n",
+        );
+        assert!(m.contains("host_access: needs macvtap_mode: bridge"), "{m}");
+        let m = message("networks:\n  lan:\n    mode: bridged\n    uplink: a/b\n");
+        assert!(m.contains("is not an interface name"), "{m}");
+        let m = message(
+            "networks:\n  lan:\n    mode: bridged\n    uplink: waytoolongname0\n    x: 1\n",
+        );
+        assert!(m.contains("unknown field `x`"), "{m}");
+        let m = message("networks:\n  shared:\n    uplink: eth0\n");
+        assert!(
+            m.contains("uplink: is for mode: bridged or bridge, and this network is shared"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -40,8 +40,13 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         rows.push(vec![
             n.name.clone(),
             n.mode.to_string(),
-            n.subnet.to_string(),
-            n.gateway.to_string(),
+            n.subnet
+                .map(|s| s.to_string())
+                .or_else(|| n.lan.as_ref().map(|l| format!("LAN of {l}")))
+                .unwrap_or_else(|| "-".into()),
+            n.gateway
+                .map(|g| g.to_string())
+                .unwrap_or_else(|| "-".into()),
             n.ipv6_prefix
                 .map(|p| p.to_string())
                 .unwrap_or_else(|| "-".into()),

@@ -17,7 +17,7 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType};
 
 use super::{AttachArgs, Cli, DAEMON_GONE, VnetArgs};
-use crate::api::{Channel, InterfaceInfo, Response};
+use crate::api::{Channel, InterfaceInfo, Request, Response};
 use crate::datapath::port::Endpoint;
 use crate::datapath::relay::Relay;
 use crate::datapath::{Counters, Datapath};
@@ -66,6 +66,11 @@ pub struct RunArgs {
     /// Write the interface JSON here (default: one line on stderr).
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
+    /// Once CMD runs, wait up to SECONDS for the VM's IPv4 address (on a LAN network:
+    /// until linnet sees the LAN's DHCP server give it), then print it on stderr and
+    /// write the interface JSON again with ip_address.
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "120")]
+    pub wait_ip: Option<u64>,
     /// The command to run, usually a VMM.
     #[arg(
         required = true,
@@ -165,6 +170,11 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     drop(vmm_fd);
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     std::thread::spawn(move || forward_signals(signals, pid));
+    if let Some(seconds) = args.wait_ip {
+        let (cli_socket, json) = (cli.socket_path(), args.json.clone());
+        let info = info.clone();
+        std::thread::spawn(move || wait_ip(&cli_socket, info, seconds, json.as_deref()));
+    }
     let interface_id = info.interface_id;
     std::thread::spawn(move || match counters {
         None => watch_daemon(channel),
@@ -180,11 +190,42 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     })
 }
 
+/// `--wait-ip`: asks the daemon (on a connection of its own) for the VM's
+/// address, says it, and writes the JSON again with it.
+fn wait_ip(socket: &Path, mut info: InterfaceInfo, seconds: u64, json: Option<&Path>) {
+    let request = Request::WaitAddress {
+        network: info.network.clone(),
+        interface_id: info.interface_id,
+        timeout_ms: seconds.saturating_mul(1000),
+    };
+    let reply = Channel::connect(socket).and_then(|channel| channel.call(&request));
+    match reply {
+        Ok((Response::Address { ip_address, .. }, _)) => {
+            eprintln!(
+                "linnet: interface {} on network \"{}\" has address {ip_address}",
+                info.interface_id, info.network
+            );
+            info.ip_address = Some(ip_address);
+            if let Err(e) = publish(&info, json) {
+                eprintln!("linnet: {e:#}");
+            }
+        }
+        Ok((Response::Error { message, .. }, _)) => eprintln!("linnet: --wait-ip: {message}"),
+        Ok((other, _)) => eprintln!("linnet: --wait-ip: unexpected reply {other:?}"),
+        Err(e) => eprintln!("linnet: --wait-ip: {e}"),
+    }
+}
+
 fn publish(info: &InterfaceInfo, path: Option<&Path>) -> anyhow::Result<()> {
     let json = serde_json::to_string(info)?;
     match path {
-        Some(path) => std::fs::write(path, format!("{json}\n"))
-            .with_context(|| format!("cannot write {}", path.display())),
+        // Whole or not at all, for whoever reads it meanwhile.
+        Some(path) => {
+            let tmp = path.with_extension("linnet-tmp");
+            std::fs::write(&tmp, format!("{json}\n"))
+                .and_then(|()| std::fs::rename(&tmp, path))
+                .with_context(|| format!("cannot write {}", path.display()))
+        }
         None => writeln!(io::stderr(), "{json}").context("cannot write the interface JSON"),
     }
 }
@@ -206,7 +247,11 @@ fn build_command(
             info.ip_address.map(|ip| ip.to_string()).unwrap_or_default(),
         ),
         ("{tap}", info.tap.clone()),
-        ("{gateway}", info.gateway.to_string()),
+        // Empty on a LAN: its router is the LAN's.
+        (
+            "{gateway}",
+            info.gateway.map(|g| g.to_string()).unwrap_or_default(),
+        ),
         ("{network}", info.network.clone()),
         ("{interface_id}", info.interface_id.to_string()),
         ("{mtu}", info.mtu.to_string()),

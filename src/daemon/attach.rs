@@ -35,6 +35,50 @@ pub(super) struct AttachPlan {
     pub mtu: u32,
 }
 
+/// Decides an attach on a LAN network (`mode: bridged` or `bridge`): the
+/// LAN's DHCP server gives the address, which linnet learns later, so
+/// there is no lease; the MAC is the request's, or one that follows from
+/// the interface id (a VM attached again under its id keeps its MAC, and
+/// with it what the LAN's DHCP server gave it). Refused: the MAC is taken
+/// on the network (`in_use`).
+pub(super) fn plan_on_lan(
+    cfg: &NetworkConfig,
+    id: InterfaceId,
+    req: &AttachRequest,
+    mtu: u32,
+    in_use: impl Fn(MacAddr) -> bool,
+) -> Result<AttachPlan, DaemonError> {
+    let mac = req.mac.unwrap_or_else(|| lan_mac(id));
+    if mac.is_multicast() {
+        return Err(DaemonError::BadRequest(format!(
+            "{mac} is a multicast MAC; a VM's must be unicast"
+        )));
+    }
+    if in_use(mac) {
+        return Err(DaemonError::Conflict(format!(
+            "network \"{}\": MAC {mac} is another interface's; choose another --mac",
+            cfg.name
+        )));
+    }
+    Ok(AttachPlan {
+        id,
+        mac,
+        ip: None,
+        name: req.name.clone(),
+        datapath: req.datapath.unwrap_or_default(),
+        policy: Policy::default(),
+        guarded: cfg.anti_spoofing,
+        mtu,
+    })
+}
+
+/// The MAC of a LAN network's VM that asked for none: stable per id.
+pub(super) fn lan_mac(id: InterfaceId) -> MacAddr {
+    let mut seed = b"linnet lan vm ".to_vec();
+    seed.extend_from_slice(id.as_bytes());
+    MacAddr::derived(&seed)
+}
+
 /// Decides an attach on `cfg`'s network and takes its lease in `leases`
 /// (`Done::Lease` gives it back). Refused: the id or name is another
 /// user's, the MAC another interface's, or a policy needs an address
@@ -78,12 +122,17 @@ impl AttachPlan {
         port_guard(cfg, tap, (self.mac, self.ip), &self.policy)
     }
 
-    /// The TAP's link settings: on `bridge`, unless guarded ports are held
-    /// off their bridges (linnet's tables damaged), when a new one waits
-    /// with them.
-    pub fn link<'a>(&self, bridge: u32, ports_held: bool, alias: &'a str) -> LinkSettings<'a> {
+    /// The port's link settings: on `bridge` (if its network has one),
+    /// unless guarded ports are held off their bridges (linnet's tables
+    /// damaged), when a new one waits with them.
+    pub fn link<'a>(
+        &self,
+        bridge: Option<u32>,
+        ports_held: bool,
+        alias: &'a str,
+    ) -> LinkSettings<'a> {
         LinkSettings {
-            master: (!(self.guarded && ports_held)).then_some(bridge),
+            master: bridge.filter(|_| !(self.guarded && ports_held)),
             mtu: Some(self.mtu),
             alias: Some(alias),
             up: true,
@@ -97,10 +146,10 @@ impl AttachPlan {
 pub(super) enum Done {
     /// The lease was taken (undo: detach it, keeping the reservation).
     Lease,
-    /// The TAP was made (undo: close its fd, and it goes; making it
-    /// persistent for tap-name is the last step that can fail, so a TAP is
-    /// never left behind persistent).
-    Tap,
+    /// The port (its link index) was made (undo: a TAP goes with its fd,
+    /// as making it persistent for tap-name is the last step that can
+    /// fail; a macvtap is deleted).
+    Port(u32),
     /// The port's guard entries were added (undo: remove them).
     Guard(PortGuard),
 }
@@ -117,9 +166,13 @@ mod tests {
     use crate::leases::LeaseError;
 
     fn network(yaml: &str) -> NetworkConfig {
+        network_named(yaml, "shared")
+    }
+
+    fn network_named(yaml: &str, name: &str) -> NetworkConfig {
         Config::from_yaml(yaml, "t.yaml")
             .unwrap()
-            .network("shared")
+            .network(name)
             .unwrap()
             .clone()
     }
@@ -211,10 +264,11 @@ mod tests {
             (guard.tap.as_str(), guard.mac, guard.isolated),
             ("lnt7", plan.mac, true)
         );
-        let on = plan.link(42, false, "alias");
+        let on = plan.link(Some(42), false, "alias");
         assert_eq!((on.master, on.mtu, on.up), (Some(42), Some(1500), true));
+        assert_eq!(plan.link(None, false, "alias").master, None, "a macvtap");
         assert_eq!(
-            plan.link(42, true, "alias").master,
+            plan.link(Some(42), true, "alias").master,
             None,
             "held off its bridge"
         );
@@ -226,9 +280,36 @@ mod tests {
         );
         assert!(!unguarded.guarded);
         assert_eq!(
-            unguarded.link(42, true, "a").master,
+            unguarded.link(Some(42), true, "a").master,
             Some(42),
             "only guarded ports wait"
+        );
+    }
+
+    #[test]
+    fn a_lan_plan_has_no_lease_and_a_mac_that_follows_from_the_id() {
+        let cfg = network_named(
+            "networks:\n  lan:\n    mode: bridged\n    uplink: eth0\n",
+            "lan",
+        );
+        let free = |_| false;
+        let plan = plan_on_lan(&cfg, id(1), &request(Some("web")), 9000, free).unwrap();
+        assert_eq!((plan.ip, plan.mtu, plan.guarded), (None, 9000, true));
+        assert_eq!(plan.mac, lan_mac(id(1)));
+        assert_eq!(
+            plan_on_lan(&cfg, id(1), &request(None), 1500, free)
+                .unwrap()
+                .mac,
+            plan.mac,
+            "the same id, the same MAC"
+        );
+        assert_ne!(lan_mac(id(2)), plan.mac);
+        let mut chosen = request(None);
+        chosen.mac = Some("52:54:00:00:00:07".parse().unwrap());
+        let taken = plan_on_lan(&cfg, id(3), &chosen, 1500, |m| m == chosen.mac.unwrap());
+        assert!(
+            matches!(&taken, Err(DaemonError::Conflict(m)) if m.contains("52:54:00:00:00:07 is another interface's")),
+            "{taken:?}"
         );
     }
 
@@ -237,7 +318,7 @@ mod tests {
         let (cfg, _, plan) = planned("");
         let guard = plan.guard(&cfg, "lnt0");
         let undone: Vec<Done> =
-            undo_order(vec![Done::Lease, Done::Tap, Done::Guard(guard.clone())]).collect();
-        assert_eq!(undone, vec![Done::Guard(guard), Done::Tap, Done::Lease]);
+            undo_order(vec![Done::Lease, Done::Port(7), Done::Guard(guard.clone())]).collect();
+        assert_eq!(undone, vec![Done::Guard(guard), Done::Port(7), Done::Lease]);
     }
 }

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::state::Daemon;
 use crate::api::{DoctorReport, NetworkDoctor, Response};
 use crate::coexist::{self, FlowCheck, LegacyChain, NetworkView};
-use crate::config::{Mode, NetworkConfig};
+use crate::config::{Lan, Mode, NetworkConfig};
 use crate::host::netlink::Route;
 use crate::host::ruleset::{Owner, Ruleset, Shape, linnet_shape};
 use crate::host::{self, docker_user, firewall, guard, legacy, sysctl};
@@ -163,7 +163,13 @@ impl Daemon {
             Vec::new()
         });
         self.restore_forwarding();
-        let names: Vec<String> = self.networks.keys().cloned().collect();
+        // Networks on a LAN have nothing in linnet's tables to check.
+        let names: Vec<String> = self
+            .networks
+            .values()
+            .filter(|n| n.config.lan.is_none())
+            .map(|n| n.config.name.clone())
+            .collect();
         let mut checks = BTreeMap::new();
         for name in names {
             let cfg = self.networks[&name].config.clone();
@@ -242,13 +248,13 @@ impl Daemon {
     pub(super) fn own_tables_damaged(&mut self) -> bool {
         let unreliable = self.host.shapes_unreliable;
         let inet_shape = firewall::shape(&self.firewall_networks());
+        let has_firewall = self.has_firewall();
         let mut damaged =
             |family: &str, expected: Option<&Shape>| match linnet_shape(&mut self.nft, family) {
                 Ok(Some(actual)) => expected.is_some_and(|e| *e != actual),
                 Ok(None) | Err(_) => true,
             };
-        let inet =
-            !self.networks.is_empty() && damaged("inet", (!unreliable).then_some(&inet_shape));
+        let inet = has_firewall && damaged("inet", (!unreliable).then_some(&inet_shape));
         let expected = guard::expected_shape().filter(|_| !unreliable);
         inet || (self.guard_ready && damaged("bridge", expected))
     }
@@ -257,7 +263,7 @@ impl Daemon {
     /// port) if they are gone. Returns whether it did.
     fn restore_tables(&mut self) -> bool {
         let mut restored = false;
-        if !self.networks.is_empty() {
+        if self.has_firewall() {
             let expected = firewall::shape(&self.firewall_networks());
             let expected = (!self.host.shapes_unreliable).then_some(&expected);
             if let Some(damage) = self.damage("inet", expected) {
@@ -347,9 +353,12 @@ impl Daemon {
             .networks
             .values()
             .filter(|_| self.config.firewall.docker_user)
-            .map(|n| docker_user::Wanted {
-                network: &n.config.name,
-                bridge: &n.bridge,
+            .filter_map(|n| {
+                n.firewall(Vec::new(), Vec::new())?;
+                Some(docker_user::Wanted {
+                    network: &n.config.name,
+                    bridge: n.bridge()?.0,
+                })
             })
             .collect();
         match docker_user::sync(&mut self.nft, rs, &wanted) {
@@ -440,7 +449,8 @@ impl Daemon {
                         ));
                     }
                 }
-                if !cfg.dhcp.enabled {
+                notes.extend(lan_notes(cfg));
+                if !cfg.dhcp.enabled && cfg.lan.is_none() {
                     notes.push("DHCP is off: guests set their own IPv4 address; interfaces without a static lease have no ip_address".into());
                 }
                 if !self.config.firewall.docker_user && !docker_chain.is_empty() {
@@ -449,7 +459,10 @@ impl Daemon {
                 NetworkDoctor {
                     name: cfg.name.clone(),
                     mode: cfg.mode,
-                    bridge: host::bridge_name(&cfg.name),
+                    bridge: match &cfg.lan {
+                        Some(lan) => lan.link().to_string(),
+                        None => host::bridge_name(&cfg.name),
+                    },
                     up,
                     uplink_ipv4: (cfg.mode == Mode::Shared).then(|| self.host.uplinks.used4.clone()).flatten(),
                     uplink_ipv6: (cfg.mode == Mode::Shared && cfg.ipv6.is_some())
@@ -501,4 +514,31 @@ fn firewalls(rs: &Ruleset, legacy: &[LegacyChain]) -> Vec<String> {
         }
     }
     out
+}
+
+/// What `linnet doctor` says of a network on a LAN.
+fn lan_notes(cfg: &NetworkConfig) -> Vec<String> {
+    let mut notes = Vec::new();
+    match &cfg.lan {
+        None => {}
+        Some(Lan::Macvtap {
+            uplink,
+            mode,
+            host_access,
+        }) => {
+            notes.push(format!(
+                "VMs are on {uplink}'s LAN through macvtaps ({mode} mode); their addresses come from the LAN's DHCP server, and `linnet ls` shows each once linnet has seen it"
+            ));
+            if !host_access {
+                notes.push(format!(
+                    "this host cannot reach the network's VMs: a macvtap's frames leave through {uplink} and never come back up to the host; set networks.{}.host_access: true for a macvlan that can",
+                    cfg.name
+                ));
+            }
+        }
+        Some(Lan::Bridge { bridge }) => notes.push(format!(
+            "VMs are on bridge {bridge}, which linnet never changes; their addresses come from the LAN's DHCP server, and `linnet ls` shows each once linnet has seen it"
+        )),
+    }
+    notes
 }

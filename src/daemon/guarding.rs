@@ -9,8 +9,8 @@ use tracing::{info, warn};
 
 use super::state::{Daemon, Interface, shown_ip};
 use crate::addr6;
-use crate::config::NetworkConfig;
-use crate::host::guard::{self, Ipv4Source, PortGuard};
+use crate::config::{Lan, NetworkConfig};
+use crate::host::guard::{self, Hook, Ipv4Source, PortGuard};
 use crate::policy::Policy;
 use crate::types::MacAddr;
 
@@ -31,7 +31,9 @@ impl Daemon {
     pub fn report_drops(&mut self) {
         let drops = self.guard_drops();
         for (id, iface) in &self.interfaces {
-            let Some(&now) = drops.get(&iface.tap) else {
+            let (Some(&now), Some(cfg)) =
+                (drops.get(&iface.tap), self.config.network(&iface.network))
+            else {
                 continue;
             };
             let before = self
@@ -39,7 +41,7 @@ impl Daemon {
                 .insert(iface.tap.clone(), now)
                 .unwrap_or(0);
             if now > before {
-                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %shown_ip(iface.ip), mac = %iface.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
+                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %shown_ip(iface.ip, cfg), mac = %iface.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
             }
         }
     }
@@ -93,7 +95,7 @@ impl Daemon {
             .values()
             .filter(|i| i.guarded && i.cut_off.is_none())
             .filter_map(|i| {
-                let bridge = self.networks.get(&i.network)?.bridge_index;
+                let (_, bridge) = self.networks.get(&i.network)?.bridge()?;
                 Some((i.tap.clone(), i.tap_index, bridge))
             })
             .collect()
@@ -115,7 +117,8 @@ impl Daemon {
 }
 
 /// What an interface's VM may send from: its MAC, its leased IPv4 (without
-/// one, any address of the subnet but the gateway's), its link-local and
+/// one, any address of the subnet but the gateway's; on a LAN, only DHCP
+/// until linnet has learned its address), its link-local and
 /// SLAAC IPv6 addresses; and with a listen policy, the ports it gets
 /// broadcast and multicast on.
 pub(super) fn port_guard(
@@ -132,6 +135,8 @@ pub(super) fn port_guard(
     );
     let ipv4 = match ip {
         Some(ip) => Ipv4Source::Address(ip),
+        // On a LAN, nothing but DHCP until the LAN's server gave one.
+        None if cfg.lan.is_some() => Ipv4Source::Ranges(Vec::new()),
         // Not the gateway's, nor those of VMs with static leases.
         None => {
             let taken: Vec<Ipv4Addr> = std::iter::once(cfg.gateway)
@@ -142,12 +147,17 @@ pub(super) fn port_guard(
     };
     PortGuard {
         tap: tap.into(),
+        hook: match cfg.lan {
+            Some(Lan::Macvtap { .. }) => Hook::Egress,
+            _ => Hook::Bridge,
+        },
         mac,
         ipv4,
         ipv6,
         anti_spoofing: cfg.anti_spoofing,
         isolated: cfg.isolation,
-        dhcp_server: !cfg.dhcp.enabled,
+        // A LAN has its own DHCP server: a VM's would be a rogue one.
+        dhcp_server: !cfg.dhcp.enabled && cfg.lan.is_none(),
         listen: (!policy.ingress.is_empty()).then(|| policy.ingress.clone()),
     }
 }

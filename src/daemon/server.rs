@@ -23,6 +23,7 @@ use crate::api::{self, MAX_MESSAGE, Request, Response, SOCKET_NAME};
 use crate::budget::{Budget, Permit};
 use crate::config::Config;
 use crate::host::netlink::Netlink;
+use crate::types::InterfaceId;
 
 /// How often spoofed-frame drops are looked at and logged (one line per
 /// interface and period at most).
@@ -109,6 +110,14 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         }
     });
     let watch = super::watch::spawn(daemon.clone());
+    let any_lan = daemon
+        .lock()
+        .await
+        .config
+        .networks
+        .values()
+        .any(|n| n.lan.is_some());
+    let learning = super::learning::spawn(daemon.clone(), any_lan);
     let tap_addresses = daemon.lock().await.tap_addresses.clone();
     let tap_watch = super::tap_watch::spawn(daemon.clone(), tap_addresses);
     let mut idle_since = tokio::time::Instant::now();
@@ -149,6 +158,9 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     }
     drop_reports.abort();
     watch.abort();
+    if let Some(learning) = learning {
+        learning.abort();
+    }
     tap_watch.abort();
     network_sockets.close();
     daemon.lock().await.shutdown().await;
@@ -482,8 +494,20 @@ async fn handle(
             None,
         );
     }
+    if let Request::WaitAddress {
+        network,
+        interface_id,
+        timeout_ms,
+    } = request
+    {
+        return (
+            wait_address(lock, client, &network, interface_id, timeout_ms).await,
+            None,
+        );
+    }
     let mut daemon = lock.lock().await;
     match request {
+        Request::WaitAddress { .. } => unreachable!("answered above"),
         Request::Attach(req) => match daemon.handle_attach(client, req).await {
             Ok((interface, fd)) => (
                 Response::Attached {
@@ -531,6 +555,41 @@ async fn handle(
             Err(e) => (e.into_response(), None),
         },
         Request::Doctor { network } => (daemon.doctor(network.as_deref()), None),
+    }
+}
+
+/// Answers once the interface has an address, or when the time is up;
+/// the daemon's lock is held only to look.
+async fn wait_address(
+    lock: &Mutex<Daemon>,
+    client: &Client,
+    network: &str,
+    id: InterfaceId,
+    timeout_ms: u64,
+) -> Response {
+    let timeout = Duration::from_millis(timeout_ms).min(super::learning::MAX_WAIT);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let mut news = match lock.lock().await.address_of(client, network, id) {
+            Ok(Ok(ip_address)) => {
+                return Response::Address {
+                    interface_id: id,
+                    ip_address,
+                };
+            }
+            Ok(Err(news)) => news,
+            Err(e) => return e.into_response(),
+        };
+        match tokio::time::timeout_at(deadline, news.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => {
+                return DaemonError::Busy(format!(
+                    "interface {id} has no address after {} s: is the VM's DHCP client running, and does the LAN's DHCP server answer it?",
+                    timeout.as_secs()
+                ))
+                .into_response();
+            }
+        }
     }
 }
 

@@ -8,12 +8,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 
 use thiserror::Error;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::attach::{self, AttachPlan, Done};
 use super::coexist::HostView;
+use super::drivers::{ActiveNetwork, PortRequest, dns_servers};
 use super::forwards::{ForwardStore, Published};
-use super::network::{ActiveNetwork, dns_servers};
 use super::policies::check_policy_possible;
 use super::tap_watch::TapAddresses;
 use crate::addr6;
@@ -28,7 +28,7 @@ use crate::host::guard::{self, PortGuard};
 use crate::host::netlink::{LinkKind, Netlink, NetlinkError};
 use crate::host::nft::{Nft, NftError};
 use crate::host::tap::{self, TapError};
-use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
+use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
 use crate::leases::{Claimant, LeaseError};
 use crate::policy::Policy;
 use crate::services::{ServiceError, unix_now};
@@ -188,6 +188,8 @@ pub struct Daemon {
     pub(super) ports_held: bool,
     /// Published ports a host service listens on too, with what to say.
     pub(super) shadowed: BTreeMap<(InterfaceId, PortForward), (String, String)>,
+    /// Counts the addresses learned on LAN networks, for their waiters.
+    pub(super) learned: tokio::sync::watch::Sender<u64>,
 }
 
 impl Daemon {
@@ -211,6 +213,7 @@ impl Daemon {
             next_tap: 0,
             ports_held: false,
             shadowed: BTreeMap::new(),
+            learned: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -240,8 +243,8 @@ impl Daemon {
                 continue;
             };
             let stale = match (link.kind, alias) {
-                (LinkKind::Tun, a) if a.starts_with(ALIAS_INTERFACE) => true,
-                (LinkKind::Bridge, a) => a
+                (LinkKind::Tun | LinkKind::Macvtap, a) if a.starts_with(ALIAS_INTERFACE) => true,
+                (LinkKind::Bridge | LinkKind::Macvlan, a) => a
                     .strip_prefix(ALIAS_NETWORK)
                     .is_some_and(|net| !self.config.network(net).is_some_and(|n| n.persistent)),
                 _ => false,
@@ -472,21 +475,38 @@ impl Daemon {
     ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
         let now = unix_now();
         let net = &self.networks[network];
-        let plan = {
-            let mut leases = net.leases.lock().expect("lease lock");
-            attach::plan(&net.config, &mut leases, client.claimant(), id, req, now)?
+        if req.datapath == Some(Datapath::TapName) && !net.ports_open_by_name() {
+            return Err(DaemonError::BadRequest(format!(
+                "network \"{network}\" is a {} network, whose VMs' macvtaps are opened through their fd, not by name; use --datapath tap",
+                net.config.mode
+            )));
+        }
+        let mut done = Vec::new();
+        let plan = match net.leases() {
+            Some(leases) => {
+                let mut leases = leases.lock().expect("lease lock");
+                let plan = attach::plan(&net.config, &mut leases, client.claimant(), id, req, now)?;
+                done.push(Done::Lease);
+                plan
+            }
+            None => attach::plan_on_lan(&net.config, id, req, net.mtu(), |mac| {
+                self.interfaces
+                    .values()
+                    .any(|i| i.network == network && i.mac == mac)
+            })?,
         };
-        let mut done = vec![Done::Lease];
         let (tap_name, tap_index, fd) =
             match self.carry_out(network, &plan, client, &mut done).await {
                 Ok(made) => made,
                 Err(e) => {
-                    self.undo(network, id, done, now);
+                    self.undo(network, id, done, now).await;
                     return Err(e);
                 }
             };
         let net = &self.networks[network];
-        net.leases.changed();
+        if let Some(leases) = net.leases() {
+            leases.changed();
+        }
         let mut info = interface_info(
             net,
             id,
@@ -496,7 +516,7 @@ impl Daemon {
             &plan.policy,
         );
         info.warnings = self.network_warnings(network);
-        info!(network, interface = %id, ip = %shown_ip(plan.ip), mac = %plan.mac, tap = %tap_name, datapath = %plan.datapath, pid = ?client.pid, uid = client.uid, "attached");
+        info!(network, interface = %id, ip = %shown_ip(plan.ip, &net.config), mac = %plan.mac, tap = %tap_name, datapath = %plan.datapath, pid = ?client.pid, uid = client.uid, "attached");
         self.interfaces.insert(
             id,
             Interface {
@@ -530,27 +550,21 @@ impl Daemon {
         client: &Client,
         done: &mut Vec<Done>,
     ) -> Result<(String, u32, OwnedFd), DaemonError> {
-        let (tap_name, fd) = tap::create_numbered(&mut self.next_tap, client.uid, client.gid)?;
-        done.push(Done::Tap);
-        // A bridge port needs no IPv6 of its own: without this the host's
-        // end of each TAP would do DAD and MLD into the VM network.
-        if let Err(e) = sysctl::set_link("ipv6", &tap_name, "disable_ipv6", "1") {
-            debug!(tap = %tap_name, "IPv6 stays on: {e}");
-        }
-        let index = self
-            .netlink
-            .link(&tap_name)
-            .await?
-            .ok_or_else(|| {
-                DaemonError::Internal(format!("TAP {tap_name} vanished after creation"))
-            })?
-            .index;
-        // A MAC of linnet's choosing, set before anyone watches it: the
-        // kernel's random one is what udev's MACAddressPolicy replaces
-        // (systemd 242+ does so for TAPs), which would look like the VMM
-        // changing it.
-        let tap_mac = host::tap_mac(&tap_name);
-        self.netlink.set_address(index, tap_mac).await?;
+        let net = &self.networks[network];
+        let port = net
+            .make_port(
+                &self.netlink,
+                PortRequest {
+                    mac: plan.mac,
+                    uid: client.uid,
+                    gid: client.gid,
+                    next: &mut self.next_tap,
+                    scratch: &self.run_dir.join("devices"),
+                },
+            )
+            .await?;
+        let (tap_name, index, tap_mac, fd) = (port.name, port.index, port.mac, port.fd);
+        done.push(Done::Port(index));
         let net = &self.networks[network];
         // Guarded before it joins the bridge and before the VM has its fd.
         if plan.guarded {
@@ -563,7 +577,7 @@ impl Daemon {
             done.push(Done::Guard(port));
         }
         let alias = format!("{ALIAS_INTERFACE}{}", plan.id);
-        let settings = plan.link(net.bridge_index, self.ports_held, &alias);
+        let settings = plan.link(net.bridge().map(|(_, i)| i), self.ports_held, &alias);
         self.netlink.configure(index, settings).await?;
         // Last, so that a failure before drops a TAP that goes with its fd.
         // Deleted at detach like any TAP (and by the next daemon, by its
@@ -581,18 +595,24 @@ impl Daemon {
     }
 
     /// Undoes the steps of a failed attach, newest first.
-    fn undo(&mut self, network: &str, id: InterfaceId, done: Vec<Done>, now: u64) {
+    async fn undo(&mut self, network: &str, id: InterfaceId, done: Vec<Done>, now: u64) {
         for step in attach::undo_order(done) {
             match step {
                 Done::Guard(port) => {
+                    let _ = guard::unhook(&mut self.nft, std::slice::from_ref(&port));
                     let _ = guard::remove_ports(&mut self.nft, &[port]);
                 }
                 // Its fd was dropped with the step that failed: a TAP that is
-                // not persistent goes with it.
-                Done::Tap => {}
+                // not persistent goes with it; a macvtap is a link of its own.
+                Done::Port(index) => {
+                    if self.networks[network].bridge().is_none() {
+                        let _ = self.netlink.delete_link(index).await;
+                    }
+                }
                 Done::Lease => {
-                    let net = &self.networks[network];
-                    net.leases.lock().expect("lease lock").detach(id, now);
+                    if let Some(leases) = self.networks[network].leases() {
+                        leases.lock().expect("lease lock").detach(id, now);
+                    }
                 }
             }
         }
@@ -713,8 +733,12 @@ impl Daemon {
         for &index in &taps {
             self.tap_addresses.forget(index);
         }
-        let deleted = self.netlink.delete_links(&taps).await;
         let guarded: Vec<PortGuard> = gone.iter().filter_map(|(_, i)| self.guard_of(i)).collect();
+        // A macvtap's hook goes before the macvtap does.
+        if let Err(e) = guard::unhook(&mut self.nft, &guarded) {
+            warn!("removing the hooks of detached macvtaps failed: {e}");
+        }
+        let deleted = self.netlink.delete_links(&taps).await;
         // A TAP that could not be deleted keeps its guard: its client may
         // still hold the fd.
         if !guarded.is_empty() && deleted.is_ok() {
@@ -744,14 +768,14 @@ impl Daemon {
         networks.sort_unstable();
         networks.dedup();
         for (id, iface) in &gone {
-            if let Some(net) = self.networks.get(&iface.network) {
-                net.leases.lock().expect("lease lock").detach(*id, now);
+            if let Some(leases) = self.networks.get(&iface.network).and_then(|n| n.leases()) {
+                leases.lock().expect("lease lock").detach(*id, now);
             }
             info!(network = %iface.network, interface = %id, tap = %iface.tap, "detached");
         }
         for network in networks {
-            if let Some(net) = self.networks.get(network) {
-                net.leases.changed();
+            if let Some(leases) = self.networks.get(network).and_then(|n| n.leases()) {
+                leases.changed();
             }
             self.release_network_if_unused(network).await;
         }
@@ -776,10 +800,15 @@ impl Daemon {
             .map(|cfg| NetworkStatus {
                 name: cfg.name.clone(),
                 mode: cfg.mode,
-                subnet: cfg.subnet,
-                gateway: cfg.gateway,
+                subnet: cfg.lan.is_none().then_some(cfg.subnet),
+                gateway: cfg.lan.is_none().then_some(cfg.gateway),
+                lan: cfg.lan.as_ref().map(|lan| lan.link().to_string()),
                 ipv6_prefix: cfg.ipv6.as_ref().map(|v6| v6.prefix),
-                bridge: self.networks.get(&cfg.name).map(|n| n.bridge.clone()),
+                bridge: self
+                    .networks
+                    .get(&cfg.name)
+                    .and_then(|n| n.bridge())
+                    .map(|(name, _)| name.to_string()),
                 interfaces: self
                     .interfaces
                     .values()
@@ -967,10 +996,15 @@ impl Daemon {
         forwarding_needs(&self.firewall_networks())
     }
 
+    /// Whether any network up has a part in linnet's firewall table.
+    pub(super) fn has_firewall(&self) -> bool {
+        self.networks.values().any(|n| n.config.lan.is_none())
+    }
+
     pub(super) fn firewall_networks(&self) -> Vec<firewall::FirewallNetwork> {
         self.networks
             .values()
-            .map(|n| n.firewall(self.forward_rules(&n.config), self.policies(&n.config)))
+            .filter_map(|n| n.firewall(self.forward_rules(&n.config), self.policies(&n.config)))
             .collect()
     }
 }
@@ -985,14 +1019,16 @@ fn interface_info(
 ) -> InterfaceInfo {
     let cfg = &net.config;
     let v6 = cfg.ipv6.as_ref();
+    let ours = cfg.lan.is_none();
+    let mtu = net.mtu();
     InterfaceInfo {
         vmnet_interface_id: id,
         vmnet_mac_address: mac,
-        vmnet_mtu: cfg.mtu,
-        vmnet_max_packet_size: cfg.mtu + 14,
-        vmnet_start_address: cfg.dhcp.range_start,
-        vmnet_end_address: cfg.dhcp.range_end,
-        vmnet_subnet_mask: cfg.subnet.netmask(),
+        vmnet_mtu: mtu,
+        vmnet_max_packet_size: mtu + 14,
+        vmnet_start_address: ours.then_some(cfg.dhcp.range_start),
+        vmnet_end_address: ours.then_some(cfg.dhcp.range_end),
+        vmnet_subnet_mask: ours.then_some(cfg.subnet.netmask()),
         vmnet_nat66_prefix: v6.filter(|v6| v6.nat66).map(|v6| v6.prefix.network()),
         network: cfg.name.clone(),
         mode: cfg.mode,
@@ -1001,24 +1037,29 @@ fn interface_info(
         name,
         mac_address: mac,
         ip_address: ip,
-        gateway: cfg.gateway,
+        gateway: ours.then_some(cfg.gateway),
         dns: dns_servers(cfg),
         domain: cfg.dns.domain.clone(),
-        subnet: cfg.subnet,
+        subnet: ours.then_some(cfg.subnet),
         ipv6_prefix: v6.map(|v6| v6.prefix),
         ipv6_address: v6.map(|v6| addr6::slaac_address(v6.prefix, mac)),
         gateway6: v6.map(|v6| v6.gateway),
         tap: tap.into(),
-        mtu: cfg.mtu,
+        mtu,
         forwards: Vec::new(),
         policy: policy.clone(),
         warnings: Vec::new(),
     }
 }
 
-/// An interface's IPv4 address for logs: "none" without DHCP.
-pub(super) fn shown_ip(ip: Option<Ipv4Addr>) -> String {
-    ip.map_or_else(|| "none (no DHCP)".into(), |ip| ip.to_string())
+/// An interface's IPv4 address for logs: "none" without DHCP, and on a
+/// LAN until linnet has seen the LAN's DHCP server give it.
+pub(super) fn shown_ip(ip: Option<Ipv4Addr>, cfg: &NetworkConfig) -> String {
+    match ip {
+        Some(ip) => ip.to_string(),
+        None if cfg.lan.is_some() => "not known yet (the LAN's DHCP server gives it)".into(),
+        None => "none (no DHCP)".into(),
+    }
 }
 
 /// Every link's byte counters (rx, tx) by index, for `list`.

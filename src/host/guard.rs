@@ -30,12 +30,12 @@ use crate::policy::ListenRule;
 use crate::types::MacAddr;
 
 const FAMILY: &str = "bridge";
+const EGRESS_FAMILY: &str = "netdev";
 const TABLE: &str = "linnet";
 
 /// The table, in nft's own syntax: fixed text of linnet's, nothing from
 /// users in it. Every drop also counts the frame for its TAP in `drops`.
-const RULESET: &str = r#"
-table bridge linnet {
+const SETS: &str = r#"
     # TAPs whose frames are checked, and those kept apart.
     set guarded { type ifname; }
     set isolated { type ifname; }
@@ -59,11 +59,21 @@ table bridge linnet {
     # Frames dropped, per TAP.
     set drops { type ifname; flags dynamic; counter; size 65535; }
 
+"#;
+
+/// Frames a guarded TAP's VM sends enter here.
+const PREROUTING: &str = r#"
     chain prerouting {
         type filter hook prerouting priority filter; policy accept;
         iifname @guarded jump guard
     }
 
+"#;
+
+/// What a VM may send: the same chains for a TAP (checked as its frames
+/// enter the bridge, `iifname`) and a macvtap (as they leave it for the
+/// NIC, where the same text reads `oifname`).
+const SENDER_CHAINS: &str = r#"
     # Its own MAC; then by protocol, nothing but IPv4, ARP and IPv6 (no
     # VLAN tags that could carry anything inside).
     chain guard {
@@ -141,6 +151,10 @@ table bridge linnet {
         update @drops { meta iifname } drop
     }
 
+"#;
+
+/// What reaches a VM through its bridge.
+const BRIDGE_CHAINS: &str = r#"
     # Frames between two ports of an isolated network (their VMs); frames
     # to and from the host pass.
     chain forward {
@@ -186,8 +200,21 @@ table bridge linnet {
         meta oifname . meta l4proto . th dport @listen return
         drop
     }
-}
 "#;
+
+/// The bridge table, in nft's own syntax.
+fn ruleset() -> String {
+    format!("table {FAMILY} {TABLE} {{\n{SETS}{PREROUTING}{SENDER_CHAINS}{BRIDGE_CHAINS}}}\n")
+}
+
+/// The netdev table of macvtaps (`mode: bridged`): the same sets and
+/// checks, hooked per macvtap at its egress (its VM's frames leave
+/// through it for the NIC and never pass a bridge), where the port is the
+/// output interface.
+fn egress_ruleset() -> String {
+    format!("table {EGRESS_FAMILY} {TABLE} {{\n{SETS}{SENDER_CHAINS}}}\n")
+        .replace("iifname", "oifname")
+}
 
 /// The IPv4 sources a VM may use.
 #[derive(Debug, Clone, PartialEq)]
@@ -199,10 +226,21 @@ pub enum Ipv4Source {
     Ranges(Vec<(Ipv4Addr, Ipv4Addr)>),
 }
 
-/// What one TAP's VM may send from.
+/// Where a port's frames are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// A TAP: as its frames enter its bridge (table `bridge linnet`).
+    Bridge,
+    /// A macvtap: as its frames leave it for the NIC (table `netdev
+    /// linnet`, a base chain per macvtap).
+    Egress,
+}
+
+/// What one TAP's (or macvtap's) VM may send from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PortGuard {
     pub tap: String,
+    pub hook: Hook,
     pub mac: MacAddr,
     pub ipv4: Ipv4Source,
     /// Its link-local address and, on a network with IPv6, its SLAAC one.
@@ -226,14 +264,28 @@ pub fn create(nft: &mut Nft) -> Result<(), NftError> {
 /// no moment with the rules in place but a port's elements missing (its
 /// frames would pass unchecked).
 pub fn create_with(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
-    let mut script =
-        format!("add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n{RULESET}");
+    let mut script = format!(
+        "add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n{}",
+        ruleset()
+    );
+    let egress: Vec<&PortGuard> = ports.iter().filter(|p| p.hook == Hook::Egress).collect();
+    if !egress.is_empty() {
+        script.push_str(&format!(
+            "add table {EGRESS_FAMILY} {TABLE}\ndelete table {EGRESS_FAMILY} {TABLE}\n{}",
+            egress_ruleset()
+        ));
+    }
     for port in ports {
         for elem in elements(port) {
             script.push_str(&element_text(&elem));
         }
     }
     nft.run(&script)?;
+    // Their hooks, once their chains' table exists.
+    let hooks: Vec<Value> = egress.iter().flat_map(|p| egress_hook(p)).collect();
+    if !hooks.is_empty() {
+        run(nft, hooks)?;
+    }
     if SHAPE.get().is_none()
         && let Ok(Some(shape)) = linnet_shape(nft, FAMILY)
     {
@@ -251,16 +303,19 @@ pub fn expected_shape() -> Option<&'static Shape> {
     SHAPE.get()
 }
 
-/// Removes the table, if there is one.
+/// Removes the tables, if there are any.
 pub fn remove(nft: &mut Nft) -> Result<(), NftError> {
-    let table = json!({"family": FAMILY, "name": TABLE});
-    run(
-        nft,
-        vec![
-            json!({"add": {"table": table}}),
-            json!({"delete": {"table": table}}),
-        ],
-    )
+    let commands = [FAMILY, EGRESS_FAMILY]
+        .into_iter()
+        .flat_map(|family| {
+            let table = json!({"family": family, "name": TABLE});
+            [
+                json!({"add": {"table": table}}),
+                json!({"delete": {"table": table}}),
+            ]
+        })
+        .collect();
+    run(nft, commands)
 }
 
 /// Guards one TAP (the table must exist).
@@ -268,13 +323,61 @@ pub fn add_port(nft: &mut Nft, port: &PortGuard) -> Result<(), NftError> {
     add_ports(nft, std::slice::from_ref(port))
 }
 
-/// Guards several ports in one transaction (all or none).
+/// Guards several ports in one transaction (all or none); macvtaps'
+/// elements go in before their hooks.
 pub fn add_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
-    let commands = ports
+    if ports.iter().any(|p| p.hook == Hook::Egress) && !egress_table_exists(nft) {
+        nft.run(&egress_ruleset())?;
+    }
+    let mut commands: Vec<Value> = ports
         .iter()
         .flat_map(elements)
         .map(|elem| json!({"add": {"element": elem}}))
         .collect();
+    commands.extend(ports.iter().flat_map(egress_hook));
+    run(nft, commands)
+}
+
+fn egress_table_exists(nft: &mut Nft) -> bool {
+    nft.run(&format!("list table {EGRESS_FAMILY} {TABLE}"))
+        .is_ok()
+}
+
+/// A macvtap's base chain, hooked at its egress, that sends what it
+/// carries through the checks: made with its guard, deleted (`unhook`)
+/// before the macvtap is.
+fn egress_hook(port: &PortGuard) -> Vec<Value> {
+    if port.hook != Hook::Egress || !port.anti_spoofing {
+        return Vec::new();
+    }
+    let name = format!("port_{}", port.tap);
+    vec![
+        json!({"add": {"chain": {
+            "family": EGRESS_FAMILY, "table": TABLE, "name": name,
+            "type": "filter", "hook": "egress", "dev": port.tap, "prio": 0, "policy": "accept"
+        }}}),
+        json!({"add": {"rule": {
+            "family": EGRESS_FAMILY, "table": TABLE, "chain": name,
+            "expr": [{"jump": {"target": "guard"}}]
+        }}}),
+    ]
+}
+
+/// Deletes the hooks of macvtaps about to go (a hook on a device that is
+/// gone is the kernel's to drop, and older kernels drop its chain).
+pub fn unhook(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
+    let commands: Vec<Value> = ports
+        .iter()
+        .filter(|p| p.hook == Hook::Egress && p.anti_spoofing)
+        .map(|p| {
+            json!({"delete": {"chain": {
+                "family": EGRESS_FAMILY, "table": TABLE, "name": format!("port_{}", p.tap)
+            }}})
+        })
+        .collect();
+    if commands.is_empty() {
+        return Ok(());
+    }
     run(nft, commands)
 }
 
@@ -320,7 +423,7 @@ fn remove_batch(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
             dhcp_server: true,
             ..port.clone()
         });
-        all.push(element("drops", json!(port.tap)));
+        all.push(element(port.hook, "drops", json!(port.tap)));
         for elem in all {
             commands.push(json!({"add": {"element": elem.clone()}}));
             commands.push(json!({"delete": {"element": elem}}));
@@ -334,7 +437,11 @@ fn remove_batch(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
 fn element_text(elem: &Value) -> String {
     let part = |v: &Value| match v {
         Value::String(s) if s.starts_with("0x") => s.clone(),
-        Value::String(s) if s.starts_with(super::TAP_PREFIX) => format!("\"{s}\""),
+        Value::String(s)
+            if s.starts_with(super::TAP_PREFIX) || s.starts_with(super::MACVTAP_PREFIX) =>
+        {
+            format!("\"{s}\"")
+        }
         Value::String(s) => s.clone(),
         Value::Object(o) if o.contains_key("range") => {
             let end = |v: &Value| {
@@ -352,15 +459,21 @@ fn element_text(elem: &Value) -> String {
         None => part(value),
     };
     format!(
-        "add element {FAMILY} {TABLE} {} {{ {text} }}\n",
+        "add element {} {TABLE} {} {{ {text} }}\n",
+        elem["family"].as_str().unwrap_or(FAMILY),
         elem["name"].as_str().unwrap_or_default()
     )
 }
 
-/// Frames dropped so far, by TAP.
+/// Frames dropped so far, by TAP or macvtap.
 pub fn drops(nft: &mut Nft) -> Result<BTreeMap<String, u64>, NftError> {
     let out = nft.run(&format!("list set {FAMILY} {TABLE} drops"))?;
-    Ok(parse_drops(&out))
+    let mut drops = parse_drops(&out);
+    // Only while a macvtap is guarded.
+    if let Ok(out) = nft.run(&format!("list set {EGRESS_FAMILY} {TABLE} drops")) {
+        drops.extend(parse_drops(&out));
+    }
+    Ok(drops)
 }
 
 /// The `drops` set as nft lists it: elements with their counters.
@@ -390,8 +503,12 @@ fn run(nft: &mut Nft, commands: Vec<Value>) -> Result<(), NftError> {
         .map(|_| ())
 }
 
-fn element(set: &str, elem: Value) -> Value {
-    json!({"family": FAMILY, "table": TABLE, "name": set, "elem": [elem]})
+fn element(hook: Hook, set: &str, elem: Value) -> Value {
+    let family = match hook {
+        Hook::Bridge => FAMILY,
+        Hook::Egress => EGRESS_FAMILY,
+    };
+    json!({"family": family, "table": TABLE, "name": set, "elem": [elem]})
 }
 
 fn concat(tap: &str, value: Value) -> Value {
@@ -438,6 +555,7 @@ fn listen_ranges(rules: &[ListenRule]) -> Vec<(&'static str, u16, u16)> {
 /// The set elements that guard `port`.
 fn elements(port: &PortGuard) -> Vec<Value> {
     let tap = port.tap.as_str();
+    let element = |set: &str, elem: Value| element(port.hook, set, elem);
     let mut out = Vec::new();
     if port.anti_spoofing {
         out.push(element("guarded", json!(tap)));
@@ -484,6 +602,7 @@ mod tests {
     fn port() -> PortGuard {
         PortGuard {
             tap: "lnt0123456789ab".into(),
+            hook: Hook::Bridge,
             mac: "52:54:00:12:34:56".parse().unwrap(),
             ipv4: Ipv4Source::Address("192.168.105.2".parse().unwrap()),
             ipv6: vec![
@@ -569,7 +688,8 @@ mod tests {
 
     #[test]
     fn the_ruleset_counts_every_drop_and_names_every_set_it_uses() {
-        for line in RULESET.lines().map(str::trim) {
+        let ruleset = ruleset();
+        for line in ruleset.lines().map(str::trim) {
             if line.ends_with(" drop") && !line.contains("oifname") {
                 assert!(
                     line.contains("update @drops { meta iifname } drop"),
@@ -588,9 +708,36 @@ mod tests {
             "ndtarget",
             "drops",
         ] {
-            assert!(RULESET.contains(&format!("set {set} {{")), "{set}");
-            assert!(RULESET.contains(&format!("@{set}")), "{set} is used");
+            assert!(ruleset.contains(&format!("set {set} {{")), "{set}");
+            assert!(ruleset.contains(&format!("@{set}")), "{set} is used");
         }
+    }
+
+    #[test]
+    fn a_macvtap_is_checked_as_its_frames_leave_it_by_the_same_rules() {
+        let egress = egress_ruleset();
+        assert!(egress.starts_with("table netdev linnet {"), "{egress}");
+        assert!(!egress.contains("iifname") && !egress.contains("hook prerouting"));
+        assert!(
+            egress.contains(
+                "meta oifname . ether saddr != @macs update @drops { meta oifname } drop"
+            )
+        );
+        assert!(egress.contains("chain dhcp_request {") && egress.contains("chain from_ip6 {"));
+        let mut p = port();
+        p.tap = "lnv7".into();
+        p.hook = Hook::Egress;
+        assert!(elements(&p).iter().all(|e| e["family"] == "netdev"));
+        let hook = egress_hook(&p);
+        assert_eq!(hook[0]["add"]["chain"]["dev"], "lnv7");
+        assert_eq!(hook[0]["add"]["chain"]["hook"], "egress");
+        assert_eq!(hook[1]["add"]["rule"]["expr"][0]["jump"]["target"], "guard");
+        assert!(
+            egress_hook(&port()).is_empty(),
+            "a TAP has no hook of its own"
+        );
+        let text: String = elements(&p).iter().map(element_text).collect();
+        assert!(text.contains("add element netdev linnet macs { \"lnv7\" . 52:54:00:12:34:56 }"));
     }
 
     #[test]

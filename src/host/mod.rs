@@ -7,8 +7,10 @@ pub mod firewall;
 pub mod guard;
 pub mod legacy;
 pub mod listeners;
+pub mod macvtap;
 pub mod netlink;
 pub mod nft;
+pub mod packet;
 pub mod privileges;
 pub mod ruleset;
 pub mod sysctl;
@@ -21,6 +23,10 @@ pub const BRIDGE_PREFIX: &str = "ln-";
 /// TAPs are `lnt` + a number the daemon counts up: no client can choose
 /// or predict another's TAP from its own request.
 pub const TAP_PREFIX: &str = "lnt";
+/// Macvtaps (`mode: bridged`) are `lnv` + a number from the same counter.
+pub const MACVTAP_PREFIX: &str = "lnv";
+/// A bridged network's macvlan for the host (`host_access: true`).
+pub const HOST_ACCESS_PREFIX: &str = "lh-";
 /// The alias (IFLA_IFALIAS) marks links linnet made, so reconcile never
 /// touches a look-alike: `linnet:network:<name>`, `linnet:interface:<id>`.
 pub const ALIAS_NETWORK: &str = "linnet:network:";
@@ -50,6 +56,19 @@ pub fn tap_name(number: u32) -> String {
     format!("{TAP_PREFIX}{number}")
 }
 
+pub fn macvtap_name(number: u32) -> String {
+    format!("{MACVTAP_PREFIX}{number}")
+}
+
+pub fn host_access_name(network: &str) -> String {
+    format!("{HOST_ACCESS_PREFIX}{network}")
+}
+
+/// The MAC of a bridged network's macvlan for the host: stable per network.
+pub fn host_access_mac(network: &str) -> MacAddr {
+    MacAddr::derived(format!("linnet host access {network}").as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +77,7 @@ mod tests {
     fn kernel_names_fit_in_ifnamsiz() {
         assert_eq!(bridge_name("abcdefghijkl").len(), 15);
         assert_eq!(tap_name(u32::MAX).len(), 13);
+        assert_eq!(macvtap_name(u32::MAX).len(), 13);
+        assert_eq!(host_access_name("abcdefghijkl").len(), 15);
     }
 }

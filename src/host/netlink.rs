@@ -10,13 +10,15 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
 use rtnetlink::packet_route::link::{
-    BridgeBooleanOptionFlags, InfoBridge, InfoKind, LinkAttribute, LinkInfo, LinkMessage,
+    BridgeBooleanOptionFlags, InfoBridge, InfoKind, LinkAttribute, LinkInfo, LinkLayerType,
+    LinkMessage, MacVlanMode, MacVtapMode,
 };
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage};
-use rtnetlink::{Handle, LinkBridge, LinkUnspec, RouteMessageBuilder};
+use rtnetlink::{Handle, LinkBridge, LinkMacVlan, LinkMacVtap, LinkUnspec, RouteMessageBuilder};
 use thiserror::Error;
 use tracing::warn;
 
+use crate::config::MacvtapMode as Mode;
 use crate::types::MacAddr;
 
 #[derive(Debug, Error)]
@@ -30,6 +32,9 @@ pub struct NetlinkError {
 pub enum LinkKind {
     Bridge,
     Tun,
+    Macvtap,
+    Macvlan,
+    Loopback,
     Other,
 }
 
@@ -44,6 +49,7 @@ pub struct Link {
     pub master: Option<u32>,
     /// Its MAC (IFLA_ADDRESS), for an Ethernet-like link.
     pub address: Option<MacAddr>,
+    pub mtu: u32,
     pub rx_bytes: u64,
     pub tx_bytes: u64,
 }
@@ -149,6 +155,60 @@ impl Netlink {
             .map(|l| l.index)
             .ok_or_else(|| NetlinkError {
                 what: format!("create bridge {name}"),
+                source: io::Error::from_raw_os_error(libc::ENODEV),
+            })
+    }
+
+    /// Creates a macvtap `name` (down) on the link `uplink` in `mode`, with
+    /// the MAC `mac` (its VM's: a macvtap passes only frames to its own
+    /// MAC), returning its index.
+    pub async fn create_macvtap(
+        &self,
+        name: &str,
+        uplink: u32,
+        mode: Mode,
+        mac: MacAddr,
+    ) -> Result<u32, NetlinkError> {
+        let mode = match mode {
+            Mode::Bridge => MacVtapMode::Bridge,
+            Mode::Vepa => MacVtapMode::Vepa,
+            Mode::Private => MacVtapMode::Private,
+            Mode::Passthru => MacVtapMode::Passthrough,
+        };
+        let msg = LinkMacVtap::new(name, uplink, mode)
+            .down()
+            .address(mac.0.to_vec())
+            .build();
+        self.add(msg, format!("create macvtap {name}"), name).await
+    }
+
+    /// Creates a macvlan `name` (down) in bridge mode on the link `uplink`,
+    /// returning its index: the host's way to its macvtap VMs.
+    pub async fn create_macvlan(
+        &self,
+        name: &str,
+        uplink: u32,
+        mac: MacAddr,
+    ) -> Result<u32, NetlinkError> {
+        let msg = LinkMacVlan::new(name, uplink, MacVlanMode::Bridge)
+            .down()
+            .address(mac.0.to_vec())
+            .build();
+        self.add(msg, format!("create macvlan {name}"), name).await
+    }
+
+    async fn add(&self, msg: LinkMessage, what: String, name: &str) -> Result<u32, NetlinkError> {
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(op(what.clone()))?;
+        self.link(name)
+            .await?
+            .map(|l| l.index)
+            .ok_or_else(|| NetlinkError {
+                what,
                 source: io::Error::from_raw_os_error(libc::ENODEV),
             })
     }
@@ -484,15 +544,20 @@ fn parse_link(msg: LinkMessage) -> Link {
         alias: None,
         master: None,
         address: None,
+        mtu: 0,
         rx_bytes: 0,
         tx_bytes: 0,
     };
+    if msg.header.link_layer_type == LinkLayerType::Loopback {
+        link.kind = LinkKind::Loopback;
+    }
     for attr in msg.attributes {
         match attr {
             LinkAttribute::IfName(n) => link.name = n,
             LinkAttribute::Group(g) => link.group = g,
             LinkAttribute::IfAlias(a) => link.alias = Some(a),
             LinkAttribute::Controller(m) => link.master = Some(m),
+            LinkAttribute::Mtu(m) => link.mtu = m,
             LinkAttribute::Address(a) => link.address = <[u8; 6]>::try_from(a).ok().map(MacAddr),
             LinkAttribute::Stats64(s) => (link.rx_bytes, link.tx_bytes) = (s.rx_bytes, s.tx_bytes),
             LinkAttribute::LinkInfo(infos) => {
@@ -501,6 +566,8 @@ fn parse_link(msg: LinkMessage) -> Link {
                         link.kind = match kind {
                             InfoKind::Bridge => LinkKind::Bridge,
                             InfoKind::Tun => LinkKind::Tun,
+                            InfoKind::MacVtap => LinkKind::Macvtap,
+                            InfoKind::MacVlan => LinkKind::Macvlan,
                             _ => LinkKind::Other,
                         };
                     }

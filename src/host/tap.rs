@@ -11,13 +11,13 @@ use thiserror::Error;
 use super::TUN_DEVICE;
 
 // From <linux/if_tun.h>.
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+pub(super) const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
 const TUNSETOWNER: libc::c_ulong = 0x4004_54cc;
 const TUNSETGROUP: libc::c_ulong = 0x4004_54ce;
-const IFF_TAP: libc::c_short = 0x0002;
-const IFF_NO_PI: libc::c_short = 0x1000;
-const IFF_VNET_HDR: libc::c_short = 0x4000;
+pub(super) const IFF_TAP: libc::c_short = 0x0002;
+pub(super) const IFF_NO_PI: libc::c_short = 0x1000;
+pub(super) const IFF_VNET_HDR: libc::c_short = 0x4000;
 /// Fail with EBUSY rather than attach to a TAP that already has the name.
 const IFF_TUN_EXCL: libc::c_short = -0x8000;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
@@ -48,10 +48,10 @@ pub enum TapError {
 }
 
 #[repr(C)]
-struct IfReq {
-    name: [u8; libc::IFNAMSIZ],
-    flags: libc::c_short,
-    _pad: [u8; 22],
+pub(super) struct IfReq {
+    pub(super) name: [u8; libc::IFNAMSIZ],
+    pub(super) flags: libc::c_short,
+    pub(super) _pad: [u8; 22],
 }
 
 /// Creates the TAP `name` (non-persistent: it disappears when the last fd

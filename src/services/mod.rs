@@ -7,6 +7,7 @@
 pub mod dhcp;
 pub mod dns;
 pub mod ra;
+pub mod snoop;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -36,7 +36,7 @@ pub(crate) fn ready(world: &World, extra: &[&str]) -> Guest {
     g
 }
 
-fn link_local(g: &Guest) -> String {
+pub(crate) fn link_local(g: &Guest) -> String {
     let out = must(&mut g.ns.cmd(&[
         "ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", "link",
     ]));

@@ -7,6 +7,7 @@ mod forwarding;
 mod guard;
 mod harness;
 mod ipv6;
+mod lan;
 mod network_sockets;
 mod policy;
 mod qemu;

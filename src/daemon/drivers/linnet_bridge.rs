@@ -1,6 +1,8 @@
-//! One active network: its bridge with the gateway address, its lease table
-//! and its running services. Brought up on first attach, down after the last
-//! detach (unless persistent).
+//! The driver of linnet's own networks (`mode: shared` and `host`): a
+//! bridge of linnet's with the gateway's addresses, the lease table, and
+//! the services (DHCP, DNS, router advertisements); each VM's port a TAP on
+//! the bridge, each network's NAT, forwards and policies in linnet's
+//! firewall table.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -9,17 +11,17 @@ use std::sync::Arc;
 use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
-use super::state::DaemonError;
+use super::{NetworkDriver, Port, PortRequest, TowardVm, tap_port};
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::NetworkConfig;
+use crate::daemon::state::DaemonError;
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink};
 use crate::host::{self, ALIAS_NETWORK, sysctl};
 use crate::leases::{LeaseTable, SharedLeases};
 use crate::services::{NetworkContext, Services, unix_now};
 
-pub struct ActiveNetwork {
-    pub config: NetworkConfig,
+pub(in crate::daemon) struct LinnetBridge {
     pub bridge: String,
     pub bridge_index: u32,
     pub leases: SharedLeases,
@@ -27,14 +29,14 @@ pub struct ActiveNetwork {
     _services: Services,
 }
 
-impl ActiveNetwork {
+impl LinnetBridge {
     /// Creates (or adopts, after a restart) the bridge, loads the leases and
     /// starts the services. On error nothing it made is left behind.
     pub async fn bring_up(
         cfg: &NetworkConfig,
         netlink: &Netlink,
         lease_dir: &Path,
-    ) -> Result<ActiveNetwork, DaemonError> {
+    ) -> Result<LinnetBridge, DaemonError> {
         let bridge = host::bridge_name(&cfg.name);
         let alias = format!("{ALIAS_NETWORK}{}", cfg.name);
         let existing = netlink.link(&bridge).await?;
@@ -120,8 +122,7 @@ impl ActiveNetwork {
             Ok((leases, services)) => {
                 let saver = leases.spawn_saver(cfg.name.clone());
                 info!(network = %cfg.name, %bridge, subnet = %cfg.subnet, adopted = adopted.is_some(), "network up");
-                Ok(ActiveNetwork {
-                    config: cfg.clone(),
+                Ok(LinnetBridge {
                     bridge,
                     bridge_index: index,
                     leases,
@@ -135,11 +136,57 @@ impl ActiveNetwork {
             }
         }
     }
+}
+
+impl NetworkDriver for LinnetBridge {
+    async fn make_port(
+        &self,
+        netlink: &Netlink,
+        req: PortRequest<'_>,
+    ) -> Result<Port, DaemonError> {
+        tap_port(netlink, req).await
+    }
+
+    fn bridge(&self) -> Option<(&str, u32)> {
+        Some((&self.bridge, self.bridge_index))
+    }
+
+    fn leases(&self) -> Option<&SharedLeases> {
+        Some(&self.leases)
+    }
+
+    fn mtu(&self, cfg: &NetworkConfig) -> u32 {
+        cfg.mtu
+    }
+
+    fn toward_vm(&self) -> TowardVm {
+        TowardVm::Sent
+    }
+
+    fn firewall(
+        &self,
+        cfg: &NetworkConfig,
+        forwards: Vec<ForwardRule>,
+        policies: Vec<InterfacePolicy>,
+    ) -> Option<FirewallNetwork> {
+        let v6 = cfg.ipv6.as_ref();
+        Some(FirewallNetwork {
+            bridge: self.bridge.clone(),
+            subnet: cfg.subnet,
+            ipv6_prefix: v6.map(|v6| v6.prefix),
+            mode: cfg.mode,
+            nat44: cfg.nat44,
+            nat66: v6.is_some_and(|v6| v6.nat66),
+            isolation: cfg.isolation,
+            forwards,
+            gateways: dns_servers(cfg),
+            policies,
+        })
+    }
 
     /// Stops the services and removes the bridge.
-    pub async fn bring_down(self, netlink: &Netlink) -> Result<(), DaemonError> {
-        let ActiveNetwork {
-            config,
+    async fn bring_down(self, cfg: &NetworkConfig, netlink: &Netlink) -> Result<(), DaemonError> {
+        let LinnetBridge {
             bridge,
             bridge_index,
             leases,
@@ -151,33 +198,12 @@ impl ActiveNetwork {
         // On a blocking thread: it may wait for a background save's fsyncs.
         match tokio::task::spawn_blocking(move || leases.save_now()).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(network = %config.name, "cannot save leases: {e}"),
-            Err(e) => tracing::warn!(network = %config.name, "saving leases failed: {e}"),
+            Ok(Err(e)) => tracing::warn!(network = %cfg.name, "cannot save leases: {e}"),
+            Err(e) => tracing::warn!(network = %cfg.name, "saving leases failed: {e}"),
         }
         netlink.delete_link(bridge_index).await?;
-        info!(network = %config.name, %bridge, "network down");
+        info!(network = %cfg.name, %bridge, "network down");
         Ok(())
-    }
-
-    /// The firewall's view of this network, with the ports published to it.
-    pub fn firewall(
-        &self,
-        forwards: Vec<ForwardRule>,
-        policies: Vec<InterfacePolicy>,
-    ) -> FirewallNetwork {
-        let v6 = self.config.ipv6.as_ref();
-        FirewallNetwork {
-            bridge: self.bridge.clone(),
-            subnet: self.config.subnet,
-            ipv6_prefix: v6.map(|v6| v6.prefix),
-            mode: self.config.mode,
-            nat44: self.config.nat44,
-            nat66: v6.is_some_and(|v6| v6.nat66),
-            isolation: self.config.isolation,
-            forwards,
-            gateways: dns_servers(&self.config),
-            policies,
-        }
     }
 }
 

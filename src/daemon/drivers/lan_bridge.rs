@@ -1,0 +1,101 @@
+//! The driver of `mode: bridge`: each VM's port a TAP on a bridge that
+//! someone else made (libvirt's `<interface type='bridge'>`), on a LAN
+//! whose DHCP server gives the addresses. linnet adds and removes its own
+//! TAPs and never changes the bridge itself: not its addresses, MTU,
+//! settings, or whether it exists.
+
+use tracing::info;
+
+use super::{NetworkDriver, Port, PortRequest, TowardVm, tap_port};
+use crate::config::NetworkConfig;
+use crate::daemon::state::DaemonError;
+use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
+use crate::host::netlink::{LinkKind, Netlink};
+use crate::host::{self, ALIAS_NETWORK};
+use crate::leases::SharedLeases;
+
+pub(in crate::daemon) struct LanBridge {
+    bridge: String,
+    index: u32,
+    /// The bridge's: a port with a smaller one would lower the bridge's.
+    mtu: u32,
+}
+
+impl LanBridge {
+    /// Finds the bridge; refuses a link that is no bridge, or one of
+    /// linnet's own networks'.
+    pub async fn bring_up(
+        cfg: &NetworkConfig,
+        bridge: &str,
+        netlink: &Netlink,
+    ) -> Result<LanBridge, DaemonError> {
+        let name = &cfg.name;
+        let link = netlink.link(bridge).await?.ok_or_else(|| {
+            DaemonError::HostSetup(format!(
+                "network \"{name}\": there is no bridge {bridge}; create it (ip link add {bridge} type bridge) or set networks.{name}.bridge to an existing one"
+            ))
+        })?;
+        if link.kind != LinkKind::Bridge {
+            return Err(DaemonError::HostSetup(format!(
+                "network \"{name}\": {bridge} is not a bridge; set networks.{name}.bridge to a bridge, or use mode: bridged with uplink: {bridge}"
+            )));
+        }
+        let owner = link
+            .alias
+            .as_deref()
+            .and_then(|a| a.strip_prefix(ALIAS_NETWORK));
+        if owner.is_some() || bridge.starts_with(host::BRIDGE_PREFIX) {
+            return Err(DaemonError::Conflict(format!(
+                "network \"{name}\": {bridge} is the bridge of linnet's network \"{}\"; attach to that network instead",
+                owner.unwrap_or("?")
+            )));
+        }
+        info!(network = %name, %bridge, mtu = link.mtu, "network up on an existing bridge");
+        Ok(LanBridge {
+            bridge: bridge.into(),
+            index: link.index,
+            mtu: link.mtu,
+        })
+    }
+}
+
+impl NetworkDriver for LanBridge {
+    async fn make_port(
+        &self,
+        netlink: &Netlink,
+        req: PortRequest<'_>,
+    ) -> Result<Port, DaemonError> {
+        tap_port(netlink, req).await
+    }
+
+    fn bridge(&self) -> Option<(&str, u32)> {
+        Some((&self.bridge, self.index))
+    }
+
+    fn leases(&self) -> Option<&SharedLeases> {
+        None
+    }
+
+    fn mtu(&self, _: &NetworkConfig) -> u32 {
+        self.mtu
+    }
+
+    fn toward_vm(&self) -> TowardVm {
+        TowardVm::Sent
+    }
+
+    fn firewall(
+        &self,
+        _: &NetworkConfig,
+        _: Vec<ForwardRule>,
+        _: Vec<InterfacePolicy>,
+    ) -> Option<FirewallNetwork> {
+        None
+    }
+
+    /// The bridge stays as it was found.
+    async fn bring_down(self, cfg: &NetworkConfig, _: &Netlink) -> Result<(), DaemonError> {
+        info!(network = %cfg.name, bridge = %self.bridge, "network down; the bridge stays");
+        Ok(())
+    }
+}

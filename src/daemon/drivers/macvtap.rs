@@ -1,0 +1,205 @@
+//! The driver of `mode: bridged`: each VM on a LAN through a macvtap on a
+//! host NIC (the uplink), no bridge at all: the VM's MAC is the
+//! macvtap's, its fd reads and writes frames like a TAP's, and the LAN's
+//! DHCP server gives the addresses.
+//!
+//! A macvtap's frames go out the NIC and never come back up the host's
+//! own stack on it, so in `bridge` mode the host cannot reach its own VMs
+//! through the uplink; `host_access: true` gives the host a macvlan on
+//! the uplink (`lh-NETWORK`), through which it can.
+
+use tracing::{info, warn};
+
+use super::{NetworkDriver, Port, PortRequest, TowardVm};
+use crate::config::{MacvtapMode, NetworkConfig};
+use crate::daemon::state::DaemonError;
+use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
+use crate::host::netlink::{LinkKind, LinkSettings, Netlink};
+use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
+use crate::leases::SharedLeases;
+
+pub(in crate::daemon) struct Macvtap {
+    uplink: String,
+    uplink_index: u32,
+    mode: MacvtapMode,
+    mtu: u32,
+    /// The host's macvlan (`host_access`), when made.
+    host_access: Option<u32>,
+}
+
+impl Macvtap {
+    pub async fn bring_up(
+        cfg: &NetworkConfig,
+        uplink: &str,
+        mode: MacvtapMode,
+        host_access: bool,
+        netlink: &Netlink,
+    ) -> Result<Macvtap, DaemonError> {
+        let name = &cfg.name;
+        let link = netlink.link(uplink).await?.ok_or_else(|| {
+            DaemonError::HostSetup(format!(
+                "network \"{name}\": there is no interface {uplink}; set networks.{name}.uplink to the host NIC on the LAN (`ip link` lists them)"
+            ))
+        })?;
+        let linnets = link
+            .alias
+            .as_deref()
+            .is_some_and(|a| a.starts_with(ALIAS_NETWORK) || a.starts_with(ALIAS_INTERFACE));
+        if link.kind == LinkKind::Loopback || linnets {
+            return Err(DaemonError::HostSetup(format!(
+                "network \"{name}\": {uplink} is {}, not a NIC on a LAN; set networks.{name}.uplink to one",
+                if linnets {
+                    "one of linnet's own links"
+                } else {
+                    "the loopback"
+                }
+            )));
+        }
+        let host_access = if host_access {
+            Some(make_host_access(cfg, link.index, link.mtu, netlink).await?)
+        } else {
+            None
+        };
+        info!(network = %name, %uplink, %mode, host_access = host_access.is_some(), "network up on a host NIC");
+        Ok(Macvtap {
+            uplink: uplink.into(),
+            uplink_index: link.index,
+            mode,
+            mtu: link.mtu,
+            host_access,
+        })
+    }
+}
+
+/// The host's macvlan on the uplink, up, with no address of its own and
+/// no IPv6 (the host's address stays on the uplink; routes to the VMs go
+/// through this link).
+async fn make_host_access(
+    cfg: &NetworkConfig,
+    uplink: u32,
+    mtu: u32,
+    netlink: &Netlink,
+) -> Result<u32, DaemonError> {
+    let name = host::host_access_name(&cfg.name);
+    if let Some(old) = netlink.link(&name).await? {
+        let alias = format!("{ALIAS_NETWORK}{}", cfg.name);
+        if old.kind != LinkKind::Macvlan || old.alias.as_deref() != Some(alias.as_str()) {
+            return Err(DaemonError::Conflict(format!(
+                "network \"{}\": a link named {name} exists and was not made by linnet; rename or delete it (ip link del {name})",
+                cfg.name
+            )));
+        }
+        netlink.delete_link(old.index).await?;
+    }
+    let index = netlink
+        .create_macvlan(&name, uplink, host::host_access_mac(&cfg.name))
+        .await?;
+    let alias = format!("{ALIAS_NETWORK}{}", cfg.name);
+    let made = async {
+        if let Err(e) = sysctl::set_link("ipv6", &name, "disable_ipv6", "1") {
+            warn!(link = %name, "IPv6 stays on: {e}");
+        }
+        netlink
+            .configure(
+                index,
+                LinkSettings {
+                    mtu: Some(mtu),
+                    alias: Some(&alias),
+                    up: true,
+                    ..Default::default()
+                },
+            )
+            .await
+    }
+    .await;
+    if let Err(e) = made {
+        let _ = netlink.delete_link(index).await;
+        return Err(e.into());
+    }
+    Ok(index)
+}
+
+impl NetworkDriver for Macvtap {
+    async fn make_port(
+        &self,
+        netlink: &Netlink,
+        req: PortRequest<'_>,
+    ) -> Result<Port, DaemonError> {
+        let mut tries = 0;
+        let (name, index) = loop {
+            let name = host::macvtap_name(*req.next);
+            *req.next = req.next.wrapping_add(1);
+            if netlink.link(&name).await?.is_some() && tries < 4096 {
+                tries += 1;
+                continue;
+            }
+            let made = netlink
+                .create_macvtap(&name, self.uplink_index, self.mode, req.mac)
+                .await
+                .map_err(|e| {
+                    DaemonError::HostSetup(format!(
+                        "cannot put a macvtap for MAC {} on {}: {e}",
+                        req.mac, self.uplink
+                    ))
+                })?;
+            break (name, made);
+        };
+        // The host's side of a macvtap is the VM's MAC: its own IPv6 would
+        // announce that MAC (DAD, MLD) as if the VM had.
+        if let Err(e) = sysctl::set_link("ipv6", &name, "disable_ipv6", "1") {
+            warn!(macvtap = %name, "IPv6 stays on: {e}");
+        }
+        match host::macvtap::open(&name, index, req.scratch) {
+            Ok(fd) => Ok(Port {
+                name,
+                index,
+                mac: req.mac,
+                fd,
+            }),
+            Err(e) => {
+                let _ = netlink.delete_link(index).await;
+                Err(DaemonError::HostSetup(format!(
+                    "cannot open macvtap {name}'s device: {e}"
+                )))
+            }
+        }
+    }
+
+    fn bridge(&self) -> Option<(&str, u32)> {
+        None
+    }
+
+    fn leases(&self) -> Option<&SharedLeases> {
+        None
+    }
+
+    fn mtu(&self, _: &NetworkConfig) -> u32 {
+        self.mtu
+    }
+
+    fn toward_vm(&self) -> TowardVm {
+        TowardVm::Received
+    }
+
+    fn ports_open_by_name(&self) -> bool {
+        false
+    }
+
+    fn firewall(
+        &self,
+        _: &NetworkConfig,
+        _: Vec<ForwardRule>,
+        _: Vec<InterfacePolicy>,
+    ) -> Option<FirewallNetwork> {
+        None
+    }
+
+    /// Removes the host's macvlan; the uplink stays as it was.
+    async fn bring_down(self, cfg: &NetworkConfig, netlink: &Netlink) -> Result<(), DaemonError> {
+        if let Some(index) = self.host_access {
+            netlink.delete_link(index).await?;
+        }
+        info!(network = %cfg.name, uplink = %self.uplink, "network down; the uplink stays");
+        Ok(())
+    }
+}

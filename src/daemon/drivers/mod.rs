@@ -1,0 +1,228 @@
+//! One driver per kind of network. The daemon keeps what every network
+//! has (its config, its interfaces and their guards, forwards and
+//! policies); a driver owns what its kind has of its own, and answers the
+//! few questions whose answer depends on the kind: how the network comes
+//! up and goes down, what a VM's port is (a TAP on a bridge, a macvtap on a
+//! NIC), whose addresses the VMs get (linnet's leases, or the LAN's), and
+//! what the network needs of linnet's firewall.
+//!
+//! - `linnet_bridge`: `shared` and `host`, on a bridge of linnet's.
+//! - `lan_bridge`: `bridge`, TAPs on a bridge linnet does not own.
+//! - `macvtap`: `bridged`, a macvtap per VM on a host NIC.
+//!
+//! A new kind is a new file implementing `NetworkDriver`, its variant in
+//! `Driver` (and `each!`), and its config.
+
+mod lan_bridge;
+mod linnet_bridge;
+mod macvtap;
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use tracing::debug;
+
+pub(super) use linnet_bridge::dns_servers;
+
+use super::state::DaemonError;
+use crate::config::{Lan, NetworkConfig};
+use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
+use crate::host::netlink::Netlink;
+use crate::host::{self, sysctl, tap};
+use crate::leases::SharedLeases;
+use crate::types::MacAddr;
+
+/// A network that is up: its config and its driver.
+pub(super) struct ActiveNetwork {
+    pub config: NetworkConfig,
+    pub driver: Driver,
+}
+
+impl ActiveNetwork {
+    /// Brings the network up with the driver of its kind. On error nothing
+    /// it made is left behind.
+    pub async fn bring_up(
+        cfg: &NetworkConfig,
+        netlink: &Netlink,
+        lease_dir: &Path,
+    ) -> Result<ActiveNetwork, DaemonError> {
+        let driver = match &cfg.lan {
+            None => Driver::LinnetBridge(
+                linnet_bridge::LinnetBridge::bring_up(cfg, netlink, lease_dir).await?,
+            ),
+            Some(Lan::Bridge { bridge }) => {
+                Driver::LanBridge(lan_bridge::LanBridge::bring_up(cfg, bridge, netlink).await?)
+            }
+            Some(Lan::Macvtap {
+                uplink,
+                mode,
+                host_access,
+            }) => Driver::Macvtap(
+                macvtap::Macvtap::bring_up(cfg, uplink, *mode, *host_access, netlink).await?,
+            ),
+        };
+        Ok(ActiveNetwork {
+            config: cfg.clone(),
+            driver,
+        })
+    }
+
+    pub async fn bring_down(self, netlink: &Netlink) -> Result<(), DaemonError> {
+        each!(self.driver, d => d.bring_down(&self.config, netlink).await)
+    }
+
+    pub async fn make_port(
+        &self,
+        netlink: &Netlink,
+        req: PortRequest<'_>,
+    ) -> Result<Port, DaemonError> {
+        each!(&self.driver, d => d.make_port(netlink, req).await)
+    }
+
+    pub fn bridge(&self) -> Option<(&str, u32)> {
+        each!(&self.driver, d => d.bridge())
+    }
+
+    pub fn leases(&self) -> Option<&SharedLeases> {
+        each!(&self.driver, d => d.leases())
+    }
+
+    pub fn mtu(&self) -> u32 {
+        each!(&self.driver, d => d.mtu(&self.config))
+    }
+
+    pub fn toward_vm(&self) -> TowardVm {
+        each!(&self.driver, d => d.toward_vm())
+    }
+
+    /// Whether a VMM may open the network's ports by name (tap-name).
+    pub fn ports_open_by_name(&self) -> bool {
+        each!(&self.driver, d => d.ports_open_by_name())
+    }
+
+    pub fn firewall(
+        &self,
+        forwards: Vec<ForwardRule>,
+        policies: Vec<InterfacePolicy>,
+    ) -> Option<FirewallNetwork> {
+        each!(&self.driver, d => d.firewall(&self.config, forwards, policies))
+    }
+}
+
+/// What each kind of network does its own way.
+pub(super) trait NetworkDriver {
+    /// Makes a VM's port: its link (down, on no bridge yet) and the fd its
+    /// VMM gets.
+    async fn make_port(&self, netlink: &Netlink, req: PortRequest<'_>)
+    -> Result<Port, DaemonError>;
+
+    /// The bridge ports join (name, index); None: a port is on the
+    /// network as made.
+    fn bridge(&self) -> Option<(&str, u32)>;
+
+    /// linnet's leases of the network's addresses; None: the LAN's DHCP
+    /// server gives them, and linnet learns them.
+    fn leases(&self) -> Option<&SharedLeases>;
+
+    /// The MTU of the network's ports.
+    fn mtu(&self, cfg: &NetworkConfig) -> u32;
+
+    /// Which way a frame to the VM passes its port, as a packet socket on
+    /// the port sees it.
+    fn toward_vm(&self) -> TowardVm;
+
+    /// Whether a VMM may open a port by its name (`--datapath tap-name`):
+    /// a TAP's, not a macvtap's (whose device has no name to open).
+    fn ports_open_by_name(&self) -> bool {
+        true
+    }
+
+    /// The network's part of linnet's firewall table, if it has one.
+    fn firewall(
+        &self,
+        cfg: &NetworkConfig,
+        forwards: Vec<ForwardRule>,
+        policies: Vec<InterfacePolicy>,
+    ) -> Option<FirewallNetwork>;
+
+    /// Takes down what the driver made; what it found stays as it was.
+    async fn bring_down(self, cfg: &NetworkConfig, netlink: &Netlink) -> Result<(), DaemonError>;
+}
+
+/// The driver of each kind of network.
+pub(super) enum Driver {
+    LinnetBridge(linnet_bridge::LinnetBridge),
+    LanBridge(lan_bridge::LanBridge),
+    Macvtap(macvtap::Macvtap),
+}
+
+/// Calls the same method on whichever driver it is.
+macro_rules! each {
+    ($driver:expr, $d:ident => $call:expr) => {
+        match $driver {
+            Driver::LinnetBridge($d) => $call,
+            Driver::LanBridge($d) => $call,
+            Driver::Macvtap($d) => $call,
+        }
+    };
+}
+use each;
+
+/// A VM's port as made: its link, the MAC of the link's host side (which
+/// `tap_watch` holds it to), and the fd its VMM gets.
+pub(super) struct Port {
+    pub name: String,
+    pub index: u32,
+    pub mac: MacAddr,
+    pub fd: OwnedFd,
+}
+
+/// What making a port needs from the daemon.
+pub(super) struct PortRequest<'a> {
+    /// The VM's MAC.
+    pub mac: MacAddr,
+    /// Who the port's fd is for.
+    pub uid: u32,
+    pub gid: u32,
+    /// The number in the next port's name.
+    pub next: &'a mut u32,
+    /// A root-only directory for device nodes of the moment.
+    pub scratch: &'a Path,
+}
+
+/// Which way a frame to the VM passes its port as a packet socket sees
+/// it: a TAP sends it (the host's side transmits to the VM), a macvtap
+/// receives it (from the NIC, for the VM).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TowardVm {
+    Sent,
+    Received,
+}
+
+/// A TAP for a VM, owned by its user, with a MAC of linnet's choosing on
+/// the host's side: what ports on bridges are.
+async fn tap_port(netlink: &Netlink, req: PortRequest<'_>) -> Result<Port, DaemonError> {
+    let (name, fd) = tap::create_numbered(req.next, req.uid, req.gid)?;
+    // A bridge port needs no IPv6 of its own: without this the host's
+    // end of each TAP would do DAD and MLD into the VM network.
+    if let Err(e) = sysctl::set_link("ipv6", &name, "disable_ipv6", "1") {
+        debug!(tap = %name, "IPv6 stays on: {e}");
+    }
+    let index = netlink
+        .link(&name)
+        .await?
+        .ok_or_else(|| DaemonError::Internal(format!("TAP {name} vanished after creation")))?
+        .index;
+    // A MAC of linnet's choosing, set before anyone watches it: the
+    // kernel's random one is what udev's MACAddressPolicy replaces
+    // (systemd 242+ does so for TAPs), which would look like the VMM
+    // changing it.
+    let mac = host::tap_mac(&name);
+    netlink.set_address(index, mac).await?;
+    Ok(Port {
+        name,
+        index,
+        mac,
+        fd,
+    })
+}

@@ -1,0 +1,127 @@
+//! Learning the addresses of LAN networks' VMs, as libvirt's DHCP snooping
+//! does: one packet socket (`host::packet`) sees every DHCP reply in the
+//! namespace; an ACK on its way to a VM's port (the direction its driver
+//! names: a VM can send itself any ACK it likes) gives that VM its
+//! address. The guard then lets the VM send from it, `linnet ls` and the
+//! API show it, and `WaitAddress` returns it. A later ACK (a renewal, a
+//! new lease) replaces it.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use super::drivers::TowardVm;
+use super::state::{Client, Daemon, DaemonError};
+use crate::host::guard;
+use crate::host::packet::{self, Seen};
+use crate::services::snoop::{self, Acked};
+use crate::types::InterfaceId;
+
+/// The longest `WaitAddress` may wait.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// Starts the learning, if any network is on a LAN.
+pub fn spawn(daemon: Arc<Mutex<Daemon>>, any_lan: bool) -> Option<JoinHandle<()>> {
+    if !any_lan {
+        return None;
+    }
+    let fd = match packet::dhcp_replies().and_then(super::server::register) {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn!(
+                "cannot open a packet socket for DHCP snooping: {e}; LAN networks' addresses will not be known (nor let through anti_spoofing)"
+            );
+            return None;
+        }
+    };
+    Some(tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let mut ready = match fd.readable().await {
+                Ok(ready) => ready,
+                Err(e) => {
+                    warn!("DHCP snooping stopped: {e}");
+                    return;
+                }
+            };
+            match packet::recv(fd.get_ref(), &mut buf) {
+                Ok(seen) => {
+                    if let Some(acked) = snoop::dhcp_ack(&buf[..seen.len.min(buf.len())]) {
+                        daemon.lock().await.address_learned(seen, acked);
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => ready.clear_ready(),
+                Err(e) => warn!("DHCP snooping: {e}"),
+            }
+        }
+    }))
+}
+
+impl Daemon {
+    /// An ACK passed the port `seen.index`: if it went toward the VM of a
+    /// LAN interface there, for that VM's MAC, the VM has that address.
+    pub fn address_learned(&mut self, seen: Seen, acked: Acked) {
+        let Some((&id, iface)) = self
+            .interfaces
+            .iter()
+            .find(|(_, i)| i.tap_index == seen.index && i.cut_off.is_none())
+        else {
+            return;
+        };
+        let Some(net) = self.networks.get(&iface.network) else {
+            return;
+        };
+        let toward_vm = match net.toward_vm() {
+            TowardVm::Sent => seen.outgoing,
+            TowardVm::Received => !seen.outgoing,
+        };
+        if net.leases().is_some()
+            || !toward_vm
+            || acked.mac != iface.mac
+            || iface.ip == Some(acked.ip)
+        {
+            return;
+        }
+        let before = self.guard_of(iface);
+        let iface = self.interfaces.get_mut(&id).expect("found above");
+        let was = iface.ip.replace(acked.ip);
+        info!(network = %iface.network, interface = %id, name = ?iface.name, mac = %iface.mac, ip = %acked.ip, ?was, "learned the VM's address from the LAN's DHCP server");
+        let after = self.guard_of(&self.interfaces[&id]);
+        if let (Some(before), Some(after)) = (before, after)
+            && let Err(e) = guard::update_port(&mut self.nft, &before, &after)
+        {
+            warn!(interface = %id, "cannot let the VM send from {}: {e}", acked.ip);
+        }
+        self.learned.send_modify(|n| *n += 1);
+    }
+
+    /// The address of `id` on `network` if known yet, for its owner or
+    /// root; and what to wait on for news.
+    pub fn address_of(
+        &self,
+        client: &Client,
+        network: &str,
+        id: InterfaceId,
+    ) -> Result<Result<Ipv4Addr, tokio::sync::watch::Receiver<u64>>, DaemonError> {
+        let iface = self
+            .interfaces
+            .get(&id)
+            .filter(|i| i.network == network)
+            .ok_or_else(|| {
+                DaemonError::BadRequest(format!(
+                    "interface {id} is not attached to network \"{network}\"; `linnet ls` lists the attached interfaces"
+                ))
+            })?;
+        if client.uid != 0 && client.uid != iface.uid {
+            return Err(DaemonError::Forbidden(format!(
+                "interface {id} belongs to uid {}; only it or root may wait for its address",
+                iface.uid
+            )));
+        }
+        Ok(iface.ip.ok_or_else(|| self.learned.subscribe()))
+    }
+}

@@ -1,0 +1,126 @@
+//! A packet socket that sees the DHCP replies on every link of the
+//! namespace, in both directions, for DHCP snooping on LAN networks. A
+//! classic BPF filter in the kernel passes only IPv4 UDP to port 68 that
+//! is not a fragment, so the rest of the host's traffic never reaches
+//! linnet.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// The link a frame passed and which way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub index: u32,
+    /// The host sent it out of the link (PACKET_OUTGOING); otherwise the
+    /// link received it.
+    pub outgoing: bool,
+    pub len: usize,
+}
+
+// <linux/filter.h> classic BPF opcodes.
+const LD_H_ABS: u16 = 0x28;
+const LD_B_ABS: u16 = 0x30;
+const LD_H_IND: u16 = 0x48;
+const LDX_B_MSH: u16 = 0xb1;
+const JEQ_K: u16 = 0x15;
+const JSET_K: u16 = 0x45;
+const RET_K: u16 = 0x06;
+
+/// IPv4 (ethertype at 12), UDP (protocol at 23), no fragment (offset and
+/// MF at 20), destination port 68 (at 14 + header length + 2).
+const FILTER: [libc::sock_filter; 11] = [
+    op(LD_H_ABS, 0, 0, 12),
+    op(JEQ_K, 0, 8, 0x0800),
+    op(LD_B_ABS, 0, 0, 23),
+    op(JEQ_K, 0, 6, 17),
+    op(LD_H_ABS, 0, 0, 20),
+    op(JSET_K, 4, 0, 0x3fff),
+    op(LDX_B_MSH, 0, 0, 14),
+    op(LD_H_IND, 0, 0, 16),
+    op(JEQ_K, 0, 1, 68),
+    op(RET_K, 0, 0, 0xffff),
+    op(RET_K, 0, 0, 0),
+];
+
+const fn op(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// Opens the socket: made with no protocol (it hears nothing), filtered,
+/// then bound to every protocol, so no unfiltered frame is ever queued.
+pub fn dhcp_replies() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); the fd is owned at once.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by socket(2) and nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let prog = libc::sock_fprog {
+        len: FILTER.len() as u16,
+        filter: FILTER.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: the program outlives the call; the kernel copies it.
+    if unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&prog as *const libc::sock_fprog).cast(),
+            size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: an all-zero sockaddr_ll is valid; the fields set below.
+    let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: addr is a sockaddr_ll of the size given.
+    if unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Reads one frame into `buf`: which link, which way, how long (cut to
+/// the buffer). WouldBlock when there is none.
+pub fn recv(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<Seen> {
+    // SAFETY: an all-zero sockaddr_ll is valid for the kernel to fill.
+    let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
+    let mut addr_len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    // SAFETY: buf and addr are valid for the lengths given.
+    let n = unsafe {
+        libc::recvfrom(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            0,
+            (&mut addr as *mut libc::sockaddr_ll).cast(),
+            &mut addr_len,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Seen {
+        index: addr.sll_ifindex as u32,
+        outgoing: addr.sll_pkttype == libc::PACKET_OUTGOING,
+        len: n as usize,
+    })
+}

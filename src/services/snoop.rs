@@ -1,0 +1,142 @@
+//! DHCP snooping, the way a LAN network learns its VMs' addresses: the
+//! LAN's DHCP server acknowledges a VM's lease (DHCPACK), and the frame
+//! that carries the ACK to the VM's port says which address that VM now
+//! has. Only frames on their way to the VM count (the daemon checks the
+//! direction on the port): a VM could send itself any ACK it likes.
+
+use std::net::Ipv4Addr;
+
+use dhcproto::v4::{DhcpOption, HType, Message, MessageType, Opcode};
+use dhcproto::{Decodable, Decoder};
+
+use crate::types::MacAddr;
+
+/// A lease the LAN's DHCP server acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acked {
+    /// The client's MAC (chaddr).
+    pub mac: MacAddr,
+    /// The address it got (yiaddr).
+    pub ip: Ipv4Addr,
+}
+
+const ETHERNET: usize = 14;
+const ETHERTYPE_IPV4: u16 = 0x0800;
+const UDP: u8 = 17;
+const UDP_HEADER: usize = 8;
+const BOOTPC: u16 = 68;
+
+/// The DHCPACK an Ethernet frame carries, if it is one for an Ethernet
+/// client with a unicast address to use. Anything else (another message,
+/// a fragment, a cut-short or malformed frame) is None.
+pub fn dhcp_ack(frame: &[u8]) -> Option<Acked> {
+    let u16_at = |at: usize| -> Option<u16> {
+        Some(u16::from_be_bytes(frame.get(at..at + 2)?.try_into().ok()?))
+    };
+    if u16_at(12)? != ETHERTYPE_IPV4 {
+        return None;
+    }
+    let ip = frame.get(ETHERNET..)?;
+    let header = usize::from(ip.first()? & 0x0f) * 4;
+    let fragment = u16_at(ETHERNET + 6)? & 0x3fff != 0;
+    if ip.first()? >> 4 != 4 || header < 20 || *ip.get(9)? != UDP || fragment {
+        return None;
+    }
+    let udp = ip.get(header..)?;
+    if u16::from_be_bytes([*udp.get(2)?, *udp.get(3)?]) != BOOTPC {
+        return None;
+    }
+    let msg = Message::decode(&mut Decoder::new(udp.get(UDP_HEADER..)?)).ok()?;
+    let acked = matches!(
+        msg.opts().get(dhcproto::v4::OptionCode::MessageType),
+        Some(DhcpOption::MessageType(MessageType::Ack))
+    );
+    let yiaddr = msg.yiaddr();
+    let usable = !(yiaddr.is_unspecified()
+        || yiaddr.is_broadcast()
+        || yiaddr.is_multicast()
+        || yiaddr.is_loopback());
+    if msg.opcode() != Opcode::BootReply || msg.htype() != HType::Eth || !acked || !usable {
+        return None;
+    }
+    let mac = <[u8; 6]>::try_from(msg.chaddr().get(..6)?).ok()?;
+    Some(Acked {
+        mac: MacAddr(mac),
+        ip: yiaddr,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dhcproto::{Encodable, Encoder};
+
+    const MAC: [u8; 6] = [0x52, 0x54, 0, 1, 2, 3];
+
+    fn reply(kind: MessageType, yiaddr: Ipv4Addr) -> Vec<u8> {
+        let mut msg = Message::default();
+        msg.set_opcode(Opcode::BootReply)
+            .set_yiaddr(yiaddr)
+            .set_chaddr(&MAC);
+        msg.opts_mut().insert(DhcpOption::MessageType(kind));
+        let mut bootp = Vec::new();
+        msg.encode(&mut Encoder::new(&mut bootp)).unwrap();
+        let mut frame = vec![0xff; 6];
+        frame.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x00]);
+        let total = (20 + UDP_HEADER + bootp.len()) as u16;
+        frame.extend_from_slice(&[
+            0x45,
+            0,
+            (total >> 8) as u8,
+            total as u8,
+            0,
+            0,
+            0,
+            0,
+            64,
+            UDP,
+        ]);
+        frame.extend_from_slice(&[0, 0, 10, 0, 0, 1, 255, 255, 255, 255]);
+        let len = (UDP_HEADER + bootp.len()) as u16;
+        frame.extend_from_slice(&[0, 67, 0, 68, (len >> 8) as u8, len as u8, 0, 0]);
+        frame.extend_from_slice(&bootp);
+        frame
+    }
+
+    #[test]
+    fn an_ack_says_which_mac_has_which_address() {
+        let ip = Ipv4Addr::new(10, 0, 0, 50);
+        assert_eq!(
+            dhcp_ack(&reply(MessageType::Ack, ip)),
+            Some(Acked {
+                mac: MacAddr(MAC),
+                ip
+            })
+        );
+    }
+
+    #[test]
+    fn offers_naks_empty_addresses_fragments_and_scraps_teach_nothing() {
+        let ip = Ipv4Addr::new(10, 0, 0, 50);
+        assert_eq!(dhcp_ack(&reply(MessageType::Offer, ip)), None);
+        assert_eq!(dhcp_ack(&reply(MessageType::Nak, ip)), None);
+        assert_eq!(
+            dhcp_ack(&reply(MessageType::Ack, Ipv4Addr::UNSPECIFIED)),
+            None
+        );
+        assert_eq!(
+            dhcp_ack(&reply(MessageType::Ack, Ipv4Addr::BROADCAST)),
+            None
+        );
+        let mut fragment = reply(MessageType::Ack, ip);
+        fragment[ETHERNET + 6] = 0x20; // more fragments
+        assert_eq!(dhcp_ack(&fragment), None);
+        let mut to_server = reply(MessageType::Ack, ip);
+        to_server[ETHERNET + 20 + 3] = 67;
+        assert_eq!(dhcp_ack(&to_server), None);
+        let whole = reply(MessageType::Ack, ip);
+        for cut in [0, 13, 20, 40, 60, 250] {
+            assert_eq!(dhcp_ack(&whole[..cut]), None, "cut at {cut}");
+        }
+    }
+}

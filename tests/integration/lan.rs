@@ -1,0 +1,306 @@
+//! Networks on a LAN: `mode: bridged` (a macvtap per VM on a host NIC) and
+//! `mode: bridge` (TAPs on a bridge the test made), both on one "LAN": a
+//! namespace with its own DHCP server (dnsmasq) and web server on a bridge,
+//! joined to the host namespace by two veths, one the bridged network's
+//! uplink, the other a port of the test's bridge.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::guard::link_local;
+use crate::harness::*;
+
+const LAN_ROUTER: &str = "10.77.0.1";
+const LAN_PAGE: &str = "hello from the LAN";
+const UPLINK: &str = "lanup";
+const BRIDGE: &str = "brlan";
+
+const CONFIG: &str = "networks:
+  lan:
+    mode: bridged
+    uplink: lanup
+  br:
+    mode: bridge
+    bridge: brlan
+";
+
+/// The LAN namespace with its servers (kept for the test's length: they
+/// go with it), and the host's side of it.
+struct Lan {
+    _ns: Netns,
+}
+
+impl Lan {
+    fn new(world: &World) -> Lan {
+        let ns = Netns::new("lan");
+        let host = &world.host;
+        for (host_side, lan_side) in [(UPLINK, "eth0"), ("lanport", "eth1")] {
+            must(&mut host.cmd(&[
+                "ip", "link", "add", host_side, "type", "veth", "peer", "name", lan_side, "netns",
+                &ns.name,
+            ]));
+        }
+        for argv in [
+            &["ip", "link", "add", "br0", "type", "bridge"][..],
+            &["ip", "link", "set", "eth0", "master", "br0", "up"],
+            &["ip", "link", "set", "eth1", "master", "br0", "up"],
+            &["ip", "addr", "add", "10.77.0.1/24", "dev", "br0"],
+            &["ip", "link", "set", "br0", "up"],
+        ] {
+            must(&mut ns.cmd(argv));
+        }
+        for argv in [
+            &["ip", "link", "set", UPLINK, "up"][..],
+            &["ip", "link", "add", BRIDGE, "type", "bridge"],
+            &["ip", "link", "set", "lanport", "master", BRIDGE, "up"],
+            &["ip", "link", "set", BRIDGE, "up"],
+        ] {
+            must(&mut host.cmd(argv));
+        }
+        let www = world.dir.path().join("lan-www");
+        std::fs::create_dir_all(&www).unwrap();
+        std::fs::write(www.join("index.html"), format!("{LAN_PAGE}\n")).unwrap();
+        must(&mut ns.cmd(&[
+            "busybox",
+            "httpd",
+            "-p",
+            &format!("{LAN_ROUTER}:80"),
+            "-h",
+            www.to_str().unwrap(),
+        ]));
+        let dir = world.dir.path();
+        must(&mut ns.cmd(&[
+            "dnsmasq",
+            "--no-resolv",
+            "--no-hosts",
+            "--port=0",
+            "--interface=br0",
+            "--bind-interfaces",
+            "--user=root",
+            "--dhcp-range=10.77.0.100,10.77.0.150,12h",
+            &format!("--dhcp-option=option:router,{LAN_ROUTER}"),
+            &format!("--dhcp-leasefile={}", dir.join("lan.leases").display()),
+            &format!("--pid-file={}", dir.join("lan-dnsmasq.pid").display()),
+        ]));
+        Lan { _ns: ns }
+    }
+}
+
+fn in_lan_pool(ip: Ipv4Addr) -> bool {
+    ip.octets()[..3] == [10, 77, 0] && (100..=150).contains(&ip.octets()[3])
+}
+
+/// The bridge's settings and addresses as `ip` shows them, without its
+/// timers and address states: what linnet must leave as it found it.
+fn bridge_as_made(world: &World) -> String {
+    let link = must(&mut world.host.cmd(&["ip", "-d", "-o", "link", "show", BRIDGE]));
+    let addr = must(&mut world.host.cmd(&["ip", "-o", "addr", "show", "dev", BRIDGE]));
+    let mut kept = Vec::new();
+    let mut words = link.split_whitespace().chain(addr.split_whitespace());
+    while let Some(word) = words.next() {
+        if word.ends_with("_timer") {
+            words.next();
+        } else if word != "tentative" {
+            kept.push(word);
+        }
+    }
+    kept.join(" ")
+}
+
+fn listed(world: &World) -> Value {
+    serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap()
+}
+
+fn listed_ip(world: &World, g: &Guest) -> Option<String> {
+    let ls = listed(world);
+    ls["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["interface_id"] == g.info["interface_id"])
+        .and_then(|i| i["ip_address"].as_str().map(String::from))
+}
+
+#[test]
+fn guests_on_bridged_and_bridge_lease_from_the_lan_reach_it_and_each_other() {
+    let mut world = World::with_config(CONFIG);
+    let lan = Lan::new(&world);
+    let before = bridge_as_made(&world);
+    world.start_daemon();
+    let mut mv = world.guest("lan", &["--name", "mv"]);
+    let mut tp = world.guest("br", &["--name", "tp", "--wait-ip", "30"]);
+    assert!(mv.tap().starts_with("lnv"), "a macvtap: {}", mv.info);
+    assert_eq!(mv.info["mode"], "bridged");
+    assert!(
+        mv.info.get("ip_address").is_none() && mv.info.get("gateway").is_none(),
+        "the LAN's addresses are not known at attach: {}",
+        mv.info
+    );
+    let links = must(
+        &mut world
+            .host
+            .cmd(&["ip", "-d", "-o", "link", "show", &mv.tap()]),
+    );
+    assert!(
+        links.contains(&format!("@{UPLINK}"))
+            && links.contains("macvtap mode bridge")
+            && links.contains(&mv.mac()),
+        "the VM's MAC is the macvtap's, on the uplink: {links}"
+    );
+
+    let ip_mv = mv.udhcpc();
+    let ip_tp = tp.udhcpc();
+    assert!(in_lan_pool(ip_mv) && in_lan_pool(ip_tp), "{ip_mv} {ip_tp}");
+    assert_ne!(ip_mv, ip_tp);
+
+    // linnet saw the LAN's server give them.
+    for (g, ip) in [(&mv, ip_mv), (&tp, ip_tp)] {
+        wait_for("the learned address in ls", Duration::from_secs(5), || {
+            (listed_ip(&world, g) == Some(ip.to_string())).then_some(())
+        });
+    }
+    let ls = listed(&world);
+    let lan_net = ls["networks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "lan")
+        .unwrap();
+    assert_eq!(lan_net["lan"], UPLINK, "{lan_net}");
+    let table = must(&mut world.linnet(&["ls"]));
+    assert!(
+        table.contains(&ip_mv.to_string()) && table.contains("LAN of lanup"),
+        "{table}"
+    );
+    // --wait-ip wrote the JSON again, with the address.
+    let json = world.dir.path().join(format!("{}.json", tp.ns.name));
+    let again: Value = wait_for("--wait-ip's JSON", Duration::from_secs(10), || {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&json).ok()?).ok()?;
+        v.get("ip_address").is_some().then_some(v)
+    });
+    assert_eq!(again["ip_address"], ip_tp.to_string());
+
+    for g in [&mv, &tp] {
+        assert_eq!(
+            g.fetch(&format!("http://{LAN_ROUTER}/")).as_deref(),
+            Some(format!("{LAN_PAGE}\n").as_str()),
+            "{} reaches the LAN's web server",
+            g.tap()
+        );
+    }
+    assert!(mv.ping(&ip_tp.to_string()), "macvtap VM to bridge VM");
+    assert!(tp.ping(&ip_mv.to_string()), "bridge VM to macvtap VM");
+
+    let (mv_tap, tp_tap) = (mv.tap(), tp.tap());
+    mv.stop();
+    tp.stop();
+    wait_for("the ports to go", Duration::from_secs(5), || {
+        let links = world.host.links();
+        (!links.contains(&mv_tap) && !links.contains(&tp_tap)).then_some(())
+    });
+    assert_eq!(
+        bridge_as_made(&world),
+        before,
+        "the bridge is as the test made it"
+    );
+    world.stop_daemon();
+    let links = world.host.links();
+    assert!(
+        links.contains(&BRIDGE.to_string()) && links.contains(&UPLINK.to_string()),
+        "linnet deleted what it did not make: {links:?}"
+    );
+    assert!(!world.host.nft_ruleset().contains("linnet"));
+    drop(lan);
+}
+
+/// Sends `kinds` with spoof.py from `attacker` (whose LAN address is
+/// `ip`) while `victim` captures: the markers that arrived.
+fn spoof(
+    attacker: &Guest,
+    ip: Ipv4Addr,
+    victim: &Guest,
+    victim_ip: Ipv4Addr,
+    kinds: &[&str],
+) -> Vec<String> {
+    let script = repo_file("tests/spoof.py");
+    let capture = Capture::start(&victim.ns, "eth0", 3);
+    let keys = [
+        format!("mac={}", attacker.mac()),
+        format!("ip={ip}"),
+        format!("ll={}", link_local(attacker)),
+        format!("gw={LAN_ROUTER}"),
+        format!("other_ip={victim_ip}"),
+        format!("other_mac={}", victim.mac()),
+    ];
+    for kind in kinds {
+        let mut argv = vec!["python3", script.as_str(), "send", "eth0", kind];
+        argv.extend(keys.iter().map(String::as_str));
+        must(&mut attacker.ns.cmd(&argv));
+    }
+    capture.finish()
+}
+
+#[test]
+fn anti_spoofing_holds_on_macvtaps_and_on_a_bridge_linnet_does_not_own() {
+    let mut world = World::with_config(CONFIG);
+    let _lan = Lan::new(&world);
+    world.start_daemon();
+    let mv = world.guest("lan", &[]);
+    let tp = world.guest("br", &[]);
+    // Before the LAN's DHCP server gave it an address, a VM sends nothing
+    // but DHCP: not even from an address it chose itself.
+    for g in [&mv, &tp] {
+        must(
+            &mut g
+                .ns
+                .cmd(&["ip", "addr", "add", "10.77.0.201/24", "dev", "eth0"]),
+        );
+        assert!(
+            !g.ping(LAN_ROUTER),
+            "{}: a self-chosen address passes",
+            g.tap()
+        );
+        must(&mut g.ns.cmd(&["ip", "-4", "addr", "flush", "dev", "eth0"]));
+    }
+    let (ip_mv, ip_tp) = (mv.udhcpc(), tp.udhcpc());
+    assert!(
+        mv.ping(LAN_ROUTER) && tp.ping(LAN_ROUTER),
+        "leased: they pass"
+    );
+    let kinds = [
+        "honest",
+        "other-mac",
+        "other-ip",
+        "garp-gateway",
+        "arp-reply-other",
+        "arp-probe-other",
+        "dhcp-offer",
+        "dhcp-offer-port",
+        "dhcp-other-mac",
+        "ra",
+        "vlan",
+        "qinq",
+    ];
+    for (attacker, ip, victim, victim_ip) in [(&mv, ip_mv, &tp, ip_tp), (&tp, ip_tp, &mv, ip_mv)] {
+        assert_eq!(
+            spoof(attacker, ip, victim, victim_ip, &kinds),
+            ["LINNET-honest"],
+            "from {} only the honest frame arrives",
+            attacker.tap()
+        );
+        let ls = listed(&world);
+        let me = ls["interfaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["interface_id"] == attacker.info["interface_id"])
+            .unwrap()
+            .clone();
+        assert!(
+            me["spoofed_drops"].as_u64().unwrap() >= (kinds.len() - 1) as u64,
+            "counted: {me}"
+        );
+    }
+}
