@@ -51,7 +51,7 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, any_lan: bool) -> Option<JoinHandle<()>
             match packet::recv(fd.get_ref(), &mut buf) {
                 Ok(seen) => {
                     if let Some(acked) = snoop::dhcp_ack(&buf[..seen.len.min(buf.len())]) {
-                        daemon.lock().await.address_learned(seen, acked);
+                        daemon.lock().await.address_learned(seen, acked).await;
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => ready.clear_ready(),
@@ -64,7 +64,7 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, any_lan: bool) -> Option<JoinHandle<()>
 impl Daemon {
     /// An ACK passed the port `seen.index`: if it went toward the VM of a
     /// LAN interface there, for that VM's MAC, the VM has that address.
-    pub fn address_learned(&mut self, seen: Seen, acked: Acked) {
+    pub async fn address_learned(&mut self, seen: Seen, acked: Acked) {
         let Some((&id, iface)) = self
             .interfaces
             .iter()
@@ -95,6 +95,13 @@ impl Daemon {
             && let Err(e) = guard::update_port(&mut self.nft, &before, &after)
         {
             warn!(interface = %id, "cannot let the VM send from {}: {e}", acked.ip);
+        }
+        let (network, net) = (
+            &self.interfaces[&id].network,
+            &self.networks[&self.interfaces[&id].network],
+        );
+        if let Err(e) = net.vm_address(&self.netlink, was, Some(acked.ip)).await {
+            warn!(%network, interface = %id, "{e}");
         }
         self.learned.send_modify(|n| *n += 1);
     }

@@ -768,8 +768,13 @@ impl Daemon {
         networks.sort_unstable();
         networks.dedup();
         for (id, iface) in &gone {
-            if let Some(leases) = self.networks.get(&iface.network).and_then(|n| n.leases()) {
+            let Some(net) = self.networks.get(&iface.network) else {
+                continue;
+            };
+            if let Some(leases) = net.leases() {
                 leases.lock().expect("lease lock").detach(*id, now);
+            } else if let Err(e) = net.vm_address(&self.netlink, iface.ip, None).await {
+                warn!(network = %iface.network, interface = %id, "{e}");
             }
             info!(network = %iface.network, interface = %id, tap = %iface.tap, "detached");
         }

@@ -13,7 +13,9 @@ use rtnetlink::packet_route::link::{
     BridgeBooleanOptionFlags, InfoBridge, InfoKind, LinkAttribute, LinkInfo, LinkLayerType,
     LinkMessage, MacVlanMode, MacVtapMode,
 };
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope,
+};
 use rtnetlink::{Handle, LinkBridge, LinkMacVlan, LinkMacVtap, LinkUnspec, RouteMessageBuilder};
 use thiserror::Error;
 use tracing::warn;
@@ -400,6 +402,52 @@ impl Netlink {
             }
         }
         Ok(out)
+    }
+
+    /// A route to one address through the link `index`, sent from `src`:
+    /// how the host reaches a macvtap VM through its macvlan.
+    pub async fn add_host_route(
+        &self,
+        ip: Ipv4Addr,
+        index: u32,
+        src: Ipv4Addr,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(ip, 32)
+            .output_interface(index)
+            .scope(RouteScope::Link)
+            .pref_source(src)
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .replace()
+            .execute()
+            .await
+            .map_err(op(format!("add a route to {ip} through link {index}")))
+    }
+
+    /// Removes what `add_host_route` added; one already gone is no error.
+    pub async fn delete_host_route(&self, ip: Ipv4Addr, index: u32) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(ip, 32)
+            .output_interface(index)
+            .scope(RouteScope::Link)
+            .build();
+        match self.handle.route().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let e = to_io(e);
+                if matches!(e.raw_os_error(), Some(libc::ESRCH | libc::ENODEV)) {
+                    Ok(())
+                } else {
+                    Err(NetlinkError {
+                        what: format!("delete the route to {ip} through link {index}"),
+                        source: e,
+                    })
+                }
+            }
+        }
     }
 
     /// The IPv4 routes of the main table (destination, outgoing link).

@@ -304,3 +304,86 @@ fn anti_spoofing_holds_on_macvtaps_and_on_a_bridge_linnet_does_not_own() {
         );
     }
 }
+
+#[test]
+fn host_access_lets_the_host_reach_its_macvtap_vms_and_doctor_says_why_it_is_needed() {
+    let mut world = World::with_config(
+        "networks:
+  lan:
+    mode: bridged
+    uplink: lanup
+  lan2:
+    mode: bridged
+    uplink: lanup
+    host_access: true
+",
+    );
+    let _lan = Lan::new(&world);
+    // The host's own address on the LAN, on its NIC.
+    must(
+        &mut world
+            .host
+            .cmd(&["ip", "addr", "add", "10.77.0.2/24", "dev", UPLINK]),
+    );
+    world.start_daemon();
+    let doctor = must(&mut world.linnet(&["doctor"]));
+    assert!(
+        doctor.contains("this host cannot reach the network's VMs")
+            && doctor.contains("networks.lan.host_access: true")
+            && !doctor.contains("networks.lan2.host_access"),
+        "{doctor}"
+    );
+    let mut plain = world.guest("lan", &[]);
+    let mut reachable = world.guest("lan2", &[]);
+    assert!(world.host.links().contains(&"lh-lan2".to_string()));
+    let (ip_plain, ip_reachable) = (plain.udhcpc(), reachable.udhcpc());
+    let host_pings = |ip: Ipv4Addr| {
+        run(&mut world
+            .host
+            .cmd(&["busybox", "ping", "-c", "1", "-W", "2", &ip.to_string()]))
+        .status
+        .success()
+    };
+    wait_for(
+        "the host to reach its VM through lh-lan2",
+        Duration::from_secs(10),
+        || host_pings(ip_reachable).then_some(()),
+    );
+    assert!(
+        !host_pings(ip_plain),
+        "a macvtap's frames never come back up the uplink"
+    );
+    assert!(
+        plain.ping(&ip_reachable.to_string()),
+        "the VMs reach each other"
+    );
+
+    let route = |ip: Ipv4Addr| {
+        must(
+            &mut world
+                .host
+                .cmd(&["ip", "route", "show", &format!("{ip}/32")]),
+        )
+    };
+    assert!(
+        route(ip_reachable).contains("dev lh-lan2"),
+        "{}",
+        route(ip_reachable)
+    );
+    reachable.stop();
+    wait_for(
+        "the VM's route to go with it",
+        Duration::from_secs(5),
+        || route(ip_reachable).trim().is_empty().then_some(()),
+    );
+    plain.stop();
+    world.stop_daemon();
+    let links = world.host.links();
+    assert!(
+        !links
+            .iter()
+            .any(|l| l.starts_with("lh-") || l.starts_with("lnv")),
+        "{links:?}"
+    );
+    assert!(links.contains(&UPLINK.to_string()));
+}

@@ -8,6 +8,8 @@
 //! through the uplink; `host_access: true` gives the host a macvlan on
 //! the uplink (`lh-NETWORK`), through which it can.
 
+use std::net::Ipv4Addr;
+
 use tracing::{info, warn};
 
 use super::{NetworkDriver, Port, PortRequest, TowardVm};
@@ -23,7 +25,8 @@ pub(in crate::daemon) struct Macvtap {
     uplink_index: u32,
     mode: MacvtapMode,
     mtu: u32,
-    /// The host's macvlan (`host_access`), when made.
+    /// The host's macvlan (`host_access`), when made: a route to each VM
+    /// whose address linnet learned goes through it.
     host_access: Option<u32>,
 }
 
@@ -179,6 +182,40 @@ impl NetworkDriver for Macvtap {
 
     fn toward_vm(&self) -> TowardVm {
         TowardVm::Received
+    }
+
+    /// With `host_access`, the host reaches the VM at its address through
+    /// the macvlan, from the uplink's own address (which the VM's LAN
+    /// knows): the macvtap's frames never come back up the uplink.
+    async fn vm_address(
+        &self,
+        netlink: &Netlink,
+        was: Option<Ipv4Addr>,
+        now: Option<Ipv4Addr>,
+    ) -> Result<(), DaemonError> {
+        let Some(index) = self.host_access else {
+            return Ok(());
+        };
+        if let Some(was) = was.filter(|&w| Some(w) != now) {
+            netlink.delete_host_route(was, index).await?;
+        }
+        let Some(now) = now else {
+            return Ok(());
+        };
+        let src = netlink
+            .ipv4_addresses()
+            .await?
+            .into_iter()
+            .find(|(i, _)| *i == self.uplink_index)
+            .map(|(_, net)| net.addr())
+            .ok_or_else(|| {
+                DaemonError::HostSetup(format!(
+                    "host_access: {} has no IPv4 address to reach the VM at {now} from; give the host its LAN address on {}",
+                    self.uplink, self.uplink
+                ))
+            })?;
+        netlink.add_host_route(now, index, src).await?;
+        Ok(())
     }
 
     fn ports_open_by_name(&self) -> bool {

@@ -17,6 +17,7 @@ mod lan_bridge;
 mod linnet_bridge;
 mod macvtap;
 
+use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
@@ -95,6 +96,16 @@ impl ActiveNetwork {
         each!(&self.driver, d => d.toward_vm())
     }
 
+    /// A VM's address changed (learned, replaced, or gone at detach).
+    pub async fn vm_address(
+        &self,
+        netlink: &Netlink,
+        was: Option<Ipv4Addr>,
+        now: Option<Ipv4Addr>,
+    ) -> Result<(), DaemonError> {
+        each!(&self.driver, d => d.vm_address(netlink, was, now).await)
+    }
+
     /// Whether a VMM may open the network's ports by name (tap-name).
     pub fn ports_open_by_name(&self) -> bool {
         each!(&self.driver, d => d.ports_open_by_name())
@@ -130,6 +141,17 @@ pub(super) trait NetworkDriver {
     /// Which way a frame to the VM passes its port, as a packet socket on
     /// the port sees it.
     fn toward_vm(&self) -> TowardVm;
+
+    /// A VM's address changed: learned (`now`), replaced, or gone with
+    /// its interface (`now` None).
+    async fn vm_address(
+        &self,
+        _netlink: &Netlink,
+        _was: Option<Ipv4Addr>,
+        _now: Option<Ipv4Addr>,
+    ) -> Result<(), DaemonError> {
+        Ok(())
+    }
 
     /// Whether a VMM may open a port by its name (`--datapath tap-name`):
     /// a TAP's, not a macvtap's (whose device has no name to open).
