@@ -387,3 +387,38 @@ fn host_access_lets_the_host_reach_its_macvtap_vms_and_doctor_says_why_it_is_nee
     );
     assert!(links.contains(&UPLINK.to_string()));
 }
+
+#[test]
+fn a_qemu_guest_on_a_macvtap_leases_from_the_lan_and_reaches_its_web_server() {
+    let mut world = World::with_config(CONFIG);
+    let _lan = Lan::new(&world);
+    world.start_daemon();
+    let vm = crate::qemu::Vm::start(
+        &world,
+        "lan",
+        &format!("wget -q -O - http://{LAN_ROUTER}/ | sed 's/^/RESULT-PAGE: /'\n"),
+        &[],
+    );
+    assert!(
+        vm.info["tap"].as_str().unwrap().starts_with("lnv"),
+        "{}",
+        vm.info
+    );
+    let console = vm.finish();
+    let ip: Ipv4Addr = console
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("linnet-guest: lease ip="))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|ip| ip.parse().ok())
+        .unwrap_or_else(|| panic!("no lease on the console:\n{console}"));
+    assert!(in_lan_pool(ip), "the LAN's DHCP server gave {ip}");
+    assert!(
+        console.contains(&format!("RESULT-PAGE: {LAN_PAGE}")),
+        "{console}"
+    );
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains("learned the VM's address") && log.contains(&format!("ip={ip}")),
+        "{log}"
+    );
+}
