@@ -178,6 +178,13 @@ pub struct AttachRequest {
     /// Ports to publish for as long as the interface is attached.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub publish: Vec<PortForward>,
+    /// Keep the interface when this connection closes (`linnet attach`),
+    /// for a VMM started on its own that opens its TAP by name (`tap-name`
+    /// only): until its owner or root detaches it, or, on linnet's own
+    /// networks, until its VM has sent nothing for the network's
+    /// lease_time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep: bool,
     /// What the VM may connect to and be connected on; default: the
     /// network's `policy:`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -72,7 +72,7 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
     let (channel, _daemon) = cli.connect_as_user(args.attach.user.as_deref())?;
     // Root without sudo keeps its uid, not its capabilities.
     privileges::become_user(None)?;
-    let (info, tap) = super::attach(&channel, &args.attach, datapath)?;
+    let (info, tap) = super::attach(&channel, &args.attach, datapath, false)?;
     let announce = relay::announcement(&serde_json::to_string(&info)?)
         .context("cannot keep the interface JSON for the relay")?;
     let relay_args = RelayArgs {

@@ -6,6 +6,7 @@ mod daemon;
 mod doctor;
 mod forward;
 mod helper;
+mod kept;
 mod ls;
 mod policy;
 pub mod relay;
@@ -92,6 +93,11 @@ pub enum CommandArgs {
     /// Run a command with a connection to a network's socket as fd 3
     /// (socket_vmnet_client's way: QEMU -netdev socket,fd=3).
     Connect(connect::ConnectArgs),
+    /// Attach an interface that outlives this command, for a VMM started on its own
+    /// that opens its TAP by name (Firecracker, Cloud Hypervisor, crosvm).
+    Attach(kept::AttachCmd),
+    /// Detach an interface that `linnet attach` made (its owner or root).
+    Detach(kept::DetachCmd),
     /// List networks and attached interfaces.
     Ls(ls::LsArgs),
     /// Publish ports of attached VMs on the host, at runtime.
@@ -162,6 +168,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         CommandArgs::Run(args) => run::main(&cli, args),
         CommandArgs::Helper(args) => helper::main(&cli, args).map(|()| 0),
         CommandArgs::Connect(args) => connect::main(&cli, args).map(|()| 0),
+        CommandArgs::Attach(args) => kept::attach(&cli, args).map(|()| 0),
+        CommandArgs::Detach(args) => kept::detach(&cli, args).map(|()| 0),
         CommandArgs::Ls(args) => ls::main(&cli, args).map(|()| 0),
         CommandArgs::Forward(cmd) => forward::main(&cli, cmd).map(|()| 0),
         CommandArgs::Policy(cmd) => policy::main(&cli, cmd).map(|()| 0),
@@ -345,10 +353,12 @@ impl InterfaceArgs {
 }
 
 /// Attaches an interface; returns what the VMM needs to know and the TAP.
+/// Attaches as `args` say; `keep`: past this connection (`linnet attach`).
 pub fn attach(
     channel: &Channel,
     args: &AttachArgs,
     datapath: Datapath,
+    keep: bool,
 ) -> anyhow::Result<(InterfaceInfo, OwnedFd)> {
     if let Some(name) = &args.name {
         crate::types::validate_hostname(name)?;
@@ -364,6 +374,7 @@ pub fn attach(
             egress: args.allow_connect.clone(),
             ingress: args.allow_listen.clone(),
         }),
+        keep,
     };
     let (response, fds) = channel.call(&Request::Attach(request))?;
     let info = match response {

@@ -108,7 +108,7 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
         // Reap it whenever it exits, so it never lingers as a zombie of ours.
         std::thread::spawn(move || daemon.wait());
     }
-    let (info, tap) = super::attach(&channel, &args.attach, args.datapath)?;
+    let (info, tap) = super::attach(&channel, &args.attach, args.datapath, false)?;
     publish(&info, args.json.as_deref())?;
 
     // What CMD gets: the TAP itself, or its end of a socketpair we relay;

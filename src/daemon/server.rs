@@ -104,9 +104,12 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         let mut ticks = tokio::time::interval(DROP_REPORT_PERIOD);
         loop {
             ticks.tick().await;
+            let netlink = reporter.lock().await.netlink.clone();
+            let stats = super::state::link_stats(&netlink).await;
             let mut daemon = reporter.lock().await;
             daemon.report_drops();
             daemon.check_shadowed_forwards();
+            daemon.expire_kept(&stats).await;
         }
     });
     let watch = super::watch::spawn(daemon.clone());

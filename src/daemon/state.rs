@@ -146,6 +146,9 @@ pub(super) struct Interface {
     datapath: Datapath,
     relay: Option<RelayCounters>,
     pub(super) forwards: Vec<Published>,
+    /// Kept past its client's connection (`linnet attach`): the TAP's
+    /// receive count when it last moved, and when.
+    pub(super) kept: Option<(u64, std::time::Instant)>,
     /// Whether it has elements in the guard table.
     pub(super) guarded: bool,
     pub(super) policy: Policy,
@@ -302,6 +305,11 @@ impl Daemon {
         }
         if let Some(bound) = &client.network_socket {
             self.check_network_socket_attach(client, bound, &req)?;
+        }
+        if req.keep && req.datapath != Some(Datapath::TapName) {
+            return Err(DaemonError::BadRequest(
+                "an interface kept past its client's connection is for a VMM that opens its TAP by name: attach it with --datapath tap-name".into(),
+            ));
         }
         if let Some(name) = &req.name {
             types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
@@ -527,12 +535,14 @@ impl Daemon {
                 tap: tap_name,
                 tap_index,
                 cut_off: None,
-                client: client.id,
-                pid: client.pid,
+                client: if req.keep { KEPT } else { client.id },
+                // A kept interface's attacher has gone by design.
+                pid: client.pid.filter(|_| !req.keep),
                 uid: client.uid,
                 datapath: plan.datapath,
                 relay: None,
                 forwards: Vec::new(),
+                kept: req.keep.then(|| (0, std::time::Instant::now())),
                 guarded: plan.guarded,
                 policy: plan.policy,
             },
@@ -688,11 +698,51 @@ impl Daemon {
             None => Err(DaemonError::BadRequest(format!(
                 "interface {id} is not attached"
             ))),
-            Some(i) if i.client != client.id => Err(DaemonError::Busy(format!(
-                "interface {id} belongs to another client (pid {}); only it can detach it",
-                i.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
-            ))),
+            Some(i) if i.client == KEPT && client.uid != 0 && client.uid != i.uid => {
+                Err(DaemonError::Forbidden(format!(
+                    "interface {id} belongs to uid {}; only it or root may detach it",
+                    i.uid
+                )))
+            }
+            Some(i) if i.client != client.id && i.client != KEPT => {
+                Err(DaemonError::Busy(format!(
+                    "interface {id} belongs to another client (pid {}); only it can detach it",
+                    i.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+                )))
+            }
             Some(_) => self.detach(&[id]).await,
+        }
+    }
+
+    /// Detaches the kept interfaces (`linnet attach`) on linnet's own
+    /// networks whose VM has sent nothing for the network's lease_time (a
+    /// DHCP client renews in half of it): the daemon's lease on them has
+    /// run out. `stats` is every link's (rx, tx) by index.
+    pub async fn expire_kept(&mut self, stats: &BTreeMap<u32, (u64, u64)>) {
+        let now = std::time::Instant::now();
+        let mut expired = Vec::new();
+        for (id, iface) in &mut self.interfaces {
+            let (Some((seen, since)), Some(net)) =
+                (iface.kept.as_mut(), self.networks.get(&iface.network))
+            else {
+                continue;
+            };
+            let Some(&(rx, _)) = stats.get(&iface.tap_index) else {
+                continue;
+            };
+            if rx != *seen {
+                (*seen, *since) = (rx, now);
+            } else if net.leases().is_some()
+                && now.duration_since(*since).as_secs() >= u64::from(net.config.dhcp.lease_time)
+            {
+                info!(network = %iface.network, interface = %id, tap = %iface.tap, lease_time = net.config.dhcp.lease_time, "a kept interface's VM sent nothing for the network's lease_time: detaching it");
+                expired.push(*id);
+            }
+        }
+        if !expired.is_empty()
+            && let Err(e) = self.detach(&expired).await
+        {
+            warn!("detaching expired kept interfaces failed: {e}");
         }
     }
 
@@ -979,6 +1029,10 @@ impl Daemon {
         Ok(turned)
     }
 }
+
+/// The client of interfaces kept past their client's connection
+/// (`linnet attach`); no connection has it.
+pub(super) const KEPT: u64 = 0;
 
 /// How many interfaces leaving at once make the daemon give freed memory
 /// back to the system.

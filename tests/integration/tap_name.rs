@@ -129,3 +129,90 @@ fn a_vmm_running_as_the_user_opens_its_tap_by_name_and_no_other_user_can() {
     });
     guest.vmm = None;
 }
+
+#[test]
+fn linnet_attach_keeps_the_tap_for_a_vmm_started_on_its_own_until_linnet_detach() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody] }\n");
+    world.start_daemon();
+    let out = must(&mut world.linnet(&["attach", "--name", "fc1", "--user", "nobody"]));
+    let info: Value = serde_json::from_str(out.trim()).unwrap();
+    let tap = info["tap"].as_str().unwrap().to_string();
+    let mac = info["mac_address"].as_str().unwrap().to_string();
+    assert_eq!(info["datapath"], "tap-name", "{info}");
+    assert!(
+        world.host.links().contains(&tap),
+        "the TAP outlives `linnet attach`"
+    );
+    let ls = must(&mut world.linnet(&["ls", "--json"]));
+    assert!(ls.contains("\"fc1\""), "{ls}");
+
+    // The VMM, started on its own as the user, opens it by name.
+    let ns = Netns::new("guest");
+    let vmm = vmm_by_name(&world, &tap, &ns, &mac, "65534:65534");
+    wait_for("eth0 in the guest", Duration::from_secs(10), || {
+        ns.links().contains(&"eth0".to_string()).then_some(())
+    });
+    let mut guest = Guest {
+        ns,
+        run: None,
+        vmm: Some(vmm),
+        info: info.clone(),
+    };
+    assert_eq!(guest.udhcpc(), guest.ip());
+    assert!(guest.ping(&guest.gateway()));
+
+    // Only its owner or root may detach it.
+    let err = failure(&mut world.linnet_wrapped(
+        &[
+            "setpriv",
+            "--reuid",
+            "4242",
+            "--regid",
+            "4242",
+            "--clear-groups",
+        ],
+        &["detach", "--name", "fc1"],
+    ));
+    assert!(
+        err.contains("belongs to uid 65534; only it or root may detach it"),
+        "{err}"
+    );
+    must(&mut world.linnet_wrapped(AS_NOBODY, &["detach", "--name", "fc1"]));
+    wait_for("the TAP to go at detach", Duration::from_secs(5), || {
+        (!world.host.links().contains(&tap)).then_some(())
+    });
+    let err = failure(&mut world.linnet(&["detach", "--name", "fc1"]));
+    assert!(err.contains("no interface named \"fc1\""), "{err}");
+    let err = failure(&mut world.linnet(&["attach", "--network", "shared", "--mac", "zz"]));
+    assert!(err.contains("is not a MAC address"), "{err}");
+    let vmm = guest.vmm.as_mut().unwrap();
+    wait_for("the VMM to lose its TAP", Duration::from_secs(10), || {
+        vmm.try_wait().unwrap()
+    });
+    guest.vmm = None;
+}
+
+#[test]
+fn a_kept_interface_whose_vm_is_silent_for_the_lease_time_goes() {
+    let mut world = World::with_config("networks:\n  shared:\n    dhcp: { lease_time: 6 }\n");
+    world.start_daemon();
+    let out = must(&mut world.linnet(&["attach", "--name", "idle"]));
+    let info: Value = serde_json::from_str(out.trim()).unwrap();
+    let tap = info["tap"].as_str().unwrap().to_string();
+    assert!(world.host.links().contains(&tap));
+    // Nobody opens it: its VM never sends. Checked every 5 s, so gone
+    // within lease_time + 5 s.
+    wait_for(
+        "the silent kept interface to go",
+        Duration::from_secs(20),
+        || (!world.host.links().contains(&tap)).then_some(()),
+    );
+    assert!(
+        world
+            .daemon_log_text()
+            .contains("a kept interface's VM sent nothing for the network's lease_time"),
+        "{}",
+        world.daemon_log_text()
+    );
+}
