@@ -18,8 +18,8 @@ import time
 
 from . import control, docs, profile, report
 from .env import Env
-from .host import BenchError, debian_version, memory_kib
-from .setups import DIRECTIONS, VM_TO_VM, all_setups, deepen_guest_queues
+from .host import BenchError, debian_version, memory_kib, wait_for
+from .setups import DIRECTIONS, VM_TO_VM, Lan, all_setups, deepen_guest_queues
 from .throughput import check_path, measure, summarize
 
 
@@ -148,11 +148,27 @@ def measure_round(env, setup, mtu, seconds, entry, round_):
         env.teardown()
 
 
+def lan_latency(env, count):
+    """Attach latency on each kind of LAN network, its LAN up for it alone."""
+    out = {}
+    for kind, network in (("bridged", "lan"), ("bridge", "lanbr")):
+        try:
+            Lan(env, kind, 1500, dhcp=False)
+            out[kind] = control.latency(env.linnet.socket, network, count)
+            # Gone from the daemon before its LAN goes.
+            wait_for(lambda: control.interfaces_on(env.linnet.socket, network) == 0,
+                     f"the interfaces on {network} to go")
+        finally:
+            env.teardown()
+    return out
+
+
 def control_plane(env, args, workdir):
     daemon = env.linnet.daemon.pid
     return {
         "daemon_rss_mib_idle": round(memory_kib(daemon) / 1024, 2),
         "latency": control.latency(env.linnet.socket, "shared", args.attaches),
+        "latency_lan": lan_latency(env, args.attaches),
         "scale": control.scale(env.linnet.socket, "scale", daemon,
                                sorted({min(100, args.interfaces), args.interfaces}),
                                sorted({min(10, args.interfaces), args.interfaces})),

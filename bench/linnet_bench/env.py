@@ -12,7 +12,9 @@ from .host import Processes, ip, link_exists, run, wait_for
 # and `openjumbo` are the same without anti-spoofing, `policed` and
 # `policedjumbo` with anti-spoofing and a connect/listen policy that lets
 # iperf3 through, to measure what they cost. `shared` and `jumbo` have
-# their network socket (NETWORK.sock in the run directory).
+# their network socket (NETWORK.sock in the run directory). `lan` and
+# `lanbr` are on a LAN (setups.Lan) whose links exist only while a setup
+# or a latency figure uses them.
 NETWORKS_YAML = """\
 networks:
   shared:
@@ -43,6 +45,12 @@ networks:
   scale:
     mode: host
     subnet: 10.80.0.0/20
+  lan:
+    mode: bridged
+    uplink: blanup
+  lanbr:
+    mode: bridge
+    bridge: bblan
 """
 
 

@@ -16,6 +16,8 @@ DIRECTIONS = (VM_TO_HOST, HOST_TO_VM, VM_TO_VM)
 MIXED_VNET = "linnet dgram, mixed: the + vnet client"
 MIXED_BARE = "linnet dgram, mixed: the bare client"
 NETWORK_SOCKET = "linnet network socket"
+LAN_BRIDGED = "linnet bridged (macvtap)"
+LAN_BRIDGE = "linnet bridge (existing bridge)"
 MIXED_WHY = "at MTU 65520 a bare frame is as large as an offloaded segment: nothing to mix"
 
 
@@ -253,6 +255,89 @@ class NetworkSocket(Setup):
         return topo
 
 
+class Lan:
+    """A LAN in the host namespace for linnet's LAN networks: a veth pair
+    whose near end is the bridged network's uplink (`blanup`), or a port of
+    a bridge that linnet does not own (`bblan`), and whose far end holds
+    the LAN peer's address (10.210.0.1, where the host's iperf3 server
+    answers) and, with `dhcp`, the LAN's DHCP server (dnsmasq), from which
+    the guests lease as on a real LAN (so anti-spoofing lets them send)."""
+    UPLINK, BRIDGE, PEER, PORT = "blanup", "bblan", "blanpeer", "blanport"
+    SUBNET = "10.210.0"
+
+    def __init__(self, env, kind, mtu, dhcp=True):
+        near = env.host_link(self.UPLINK if kind == "bridged" else self.PORT)
+        peer = env.host_link(self.PEER)
+        ip("link", "add", near, "mtu", mtu, "type", "veth", "peer", "name", peer, "mtu", mtu)
+        if kind == "bridge":
+            bridge = env.host_link(self.BRIDGE)
+            ip("link", "add", bridge, "mtu", mtu, "type", "bridge")
+            ip("link", "set", near, "master", bridge)
+            ip("link", "set", bridge, "up")
+        ip("link", "set", near, "up")
+        configure(None, peer, f"{self.SUBNET}.1/24")
+        self.peer = f"{self.SUBNET}.1"
+        if dhcp:
+            env.procs.start("dnsmasq-lan", [
+                "dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--port=0",
+                f"--interface={peer}", "--bind-interfaces", "--user=root",
+                f"--dhcp-range={self.SUBNET}.100,{self.SUBNET}.200,12h",
+                f"--dhcp-leasefile={env.fresh_path('lan.leases')}",
+                f"--pid-file={env.fresh_path('lan-dnsmasq.pid')}"])
+
+
+UDHCPC_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "guest",
+                             "udhcpc.script")
+
+
+class LinnetLan(Setup):
+    """linnet on a LAN (`Lan`): `mode: bridged`, a macvtap per guest on the
+    uplink (no bridge), or `mode: bridge`, TAPs on a bridge linnet does not
+    own; `linnet run -- linnet-standin --fd {fd}` as for `linnet tap`. The
+    guests lease from the LAN's DHCP server (busybox udhcpc) and linnet
+    learns their addresses; the host's side is the LAN peer at the far end
+    of the veth."""
+    group = "linnet"
+    datapath = "tap"
+
+    def __init__(self, name, kind):
+        super().__init__(name)
+        self.kind = kind
+
+    def unavailable(self, env):
+        return None if env.have("dnsmasq") else "dnsmasq is not installed (apt-get install dnsmasq-base)"
+
+    def version(self, env):
+        return f"linnet {env.linnet_commit}"
+
+    def up(self, env, mtu):
+        topo = Topology()
+        lan = Lan(env, self.kind, mtu)
+        network = "lan" if self.kind == "bridged" else "lanbr"
+        for _ in range(self.guests()):
+            ns = env.guest_ns()
+            out = env.fresh_path(f"{ns}.json")
+            args = [env.linnet.bin, "run", "--network", network, "--json", out, "--",
+                    env.standin_bin, "--fd", "{fd}", "--netns", f"/run/netns/{ns}"]
+            proc = env.procs.start(f"run-{ns}", args, env=env.linnet.env)
+            info = wait_for(lambda: env.procs.check_alive() or read_json(out),
+                            f"`linnet run` for {ns} to attach")
+            env.wait_link("eth0", ns)
+            run("busybox", "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t", "5", "-T", "1",
+                "-s", UDHCPC_SCRIPT, ns=ns)
+            learned = wait_for(lambda: env.procs.check_alive() or next(
+                (i.get("ip_address") for i in env.linnet.listing()["interfaces"]
+                 if i["interface_id"] == info["interface_id"] and i.get("ip_address")), None),
+                f"linnet to learn {ns}'s address from the LAN's DHCP server")
+            topo.guests.append((ns, learned))
+            topo.net_pids.append(proc.pid)
+            topo.standin_pids += wait_for(lambda: children(proc.pid),
+                                          f"the stand-in under `linnet run` for {ns}")
+        topo.server = lan.peer
+        topo.net_pids.append(env.linnet.daemon.pid)
+        return topo
+
+
 def relays_on(daemon, network, count):
     """The daemon's relays for `network`'s socket, once there are `count`."""
     mine = []
@@ -473,6 +558,8 @@ def all_setups():
         Linnet("linnet tap", "tap"),
         Linnet("linnet tap, no anti-spoofing", "tap", anti_spoofing=False),
         Linnet("linnet tap, anti-spoofing + policy", "tap", policy=True),
+        LinnetLan(LAN_BRIDGED, "bridged"),
+        LinnetLan(LAN_BRIDGE, "bridge"),
         Linnet("linnet dgram", "dgram"),
         Linnet("linnet stream", "stream"),
         NetworkSocket(NETWORK_SOCKET),
