@@ -105,11 +105,15 @@ type AttachRequest struct {
 	Name        string   `json:"name,omitempty"`
 	Datapath    string   `json:"datapath,omitempty"` // tap (default), tap-name, dgram or stream
 	Publish     []string `json:"publish,omitempty"`  // e.g. "8080:80/tcp"
+	// Keep keeps the interface after this connection closes (tap-name only),
+	// until a Detach by its owner or root (`linnet attach`).
+	Keep bool `json:"keep,omitempty"`
 }
 
 // Interface is an attached interface, as the attach reply describes it.
 // Optional addresses are empty when the network has none (ipv6: false,
-// dhcp: false without a static lease).
+// dhcp: false without a static lease) and on a LAN network (mode bridged or
+// bridge), whose addresses the LAN's DHCP server gives: WaitAddress.
 type Interface struct {
 	InterfaceID string   `json:"interface_id"`
 	Network     string   `json:"network"`
@@ -118,8 +122,8 @@ type Interface struct {
 	Name        string   `json:"name,omitempty"`
 	MACAddress  string   `json:"mac_address"`
 	IPAddress   string   `json:"ip_address,omitempty"`
-	Gateway     string   `json:"gateway"`
-	Subnet      string   `json:"subnet"`
+	Gateway     string   `json:"gateway,omitempty"`
+	Subnet      string   `json:"subnet,omitempty"`
 	DNS         []string `json:"dns"`
 	Domain      string   `json:"domain"`
 	IPv6Prefix  string   `json:"ipv6_prefix,omitempty"`
@@ -181,12 +185,34 @@ func (c *Client) Detach(interfaceID string) error {
 	return err
 }
 
+// WaitAddress waits up to timeout for an interface's IPv4 address: at once
+// on linnet's own networks, on a LAN once linnet has seen the LAN's DHCP
+// server give it. The connection waits with it: use one of its own.
+func (c *Client) WaitAddress(network, interfaceID string, timeout time.Duration) (string, error) {
+	body := struct {
+		Op          string `json:"op"`
+		Network     string `json:"network"`
+		InterfaceID string `json:"interface_id"`
+		TimeoutMS   int64  `json:"timeout_ms"`
+	}{"wait_address", network, interfaceID, timeout.Milliseconds()}
+	var reply struct {
+		IPAddress string `json:"ip_address"`
+	}
+	if _, err := c.callWithin(body, "address", &reply, timeout); err != nil {
+		return "", err
+	}
+	return reply.IPAddress, nil
+}
+
 // Network is a configured network as `list` describes it.
 type Network struct {
-	Name       string  `json:"name"`
-	Mode       string  `json:"mode"`
-	Subnet     string  `json:"subnet"`
-	Gateway    string  `json:"gateway"`
+	Name string `json:"name"`
+	Mode string `json:"mode"` // shared, host, bridged or bridge
+	// Subnet and Gateway are linnet's own networks'; empty on a LAN.
+	Subnet  string `json:"subnet,omitempty"`
+	Gateway string `json:"gateway,omitempty"`
+	// LAN is a LAN network's host NIC (bridged) or bridge (bridge).
+	LAN        string  `json:"lan,omitempty"`
 	IPv6Prefix string  `json:"ipv6_prefix,omitempty"`
 	Bridge     *string `json:"bridge"` // nil while the network is down
 	Interfaces int     `json:"interfaces"`
@@ -284,6 +310,12 @@ func (c *Client) ForwardList() ([]Forward, error) {
 // `out` (if not nil) takes its fields. It returns the file descriptors that
 // came with the reply.
 func (c *Client) call(request interface{}, want string, out interface{}) ([]int, error) {
+	return c.callWithin(request, want, out, 0)
+}
+
+// callWithin is call for a request the daemon answers only after `waits`
+// (wait_address): the call's Timeout comes on top of it.
+func (c *Client) callWithin(request interface{}, want string, out interface{}, waits time.Duration) ([]int, error) {
 	msg, err := json.Marshal(request)
 	if err != nil {
 		return nil, err
@@ -298,7 +330,7 @@ func (c *Client) call(request interface{}, want string, out interface{}) ([]int,
 	}
 	var deadline time.Time
 	if c.Timeout > 0 {
-		deadline = time.Now().Add(c.Timeout)
+		deadline = time.Now().Add(c.Timeout + waits)
 	}
 	if err := c.conn.SetDeadline(deadline); err != nil {
 		return nil, err

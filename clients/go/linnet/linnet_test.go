@@ -44,6 +44,15 @@ func pair(t *testing.T) (*Client, *fakeDaemon) {
 // serve answers one request: it checks the request's op, then sends each
 // packet, the first with `fds`.
 func (d *fakeDaemon) serve(op string, fds []int, packets ...string) <-chan map[string]interface{} {
+	return d.serveAfterWith(op, 0, fds, packets...)
+}
+
+// serveAfter answers only after `delay`, as wait_address does.
+func (d *fakeDaemon) serveAfter(op string, delay time.Duration, packets ...string) <-chan map[string]interface{} {
+	return d.serveAfterWith(op, delay, nil, packets...)
+}
+
+func (d *fakeDaemon) serveAfterWith(op string, delay time.Duration, fds []int, packets ...string) <-chan map[string]interface{} {
 	got := make(chan map[string]interface{}, 1)
 	go func() {
 		buf := make([]byte, maxPacket)
@@ -58,6 +67,7 @@ func (d *fakeDaemon) serve(op string, fds []int, packets ...string) <-chan map[s
 			d.t.Errorf("fake daemon: expected op %q, got %s", op, buf[:n])
 		}
 		got <- req
+		time.Sleep(delay)
 		for i, p := range packets {
 			var oob []byte
 			if i == 0 && len(fds) > 0 {
@@ -260,4 +270,19 @@ func TestForwardRequestsNameTheirFields(t *testing.T) {
 func itoa(n int) string {
 	b, _ := json.Marshal(n)
 	return string(b)
+}
+
+func TestWaitAddressAsksTheDaemonAndWaitsBeyondTheCallTimeout(t *testing.T) {
+	client, daemon := pair(t)
+	client.Timeout = 50 * time.Millisecond
+	got := daemon.serveAfter("wait_address", 200*time.Millisecond,
+		`{"reply":"address","interface_id":"x","ip_address":"10.77.0.117"}`)
+	ip, err := client.WaitAddress("lan", "x", time.Second)
+	if err != nil || ip != "10.77.0.117" {
+		t.Fatalf("got %q, %v", ip, err)
+	}
+	req := <-got
+	if req["network"] != "lan" || req["interface_id"] != "x" || req["timeout_ms"] != float64(1000) {
+		t.Errorf("the request: %v", req)
+	}
 }
