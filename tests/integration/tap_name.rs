@@ -38,6 +38,39 @@ fn vmm_by_name(world: &World, tap: &str, ns: &Netns, mac: &str, user: &str) -> C
     .unwrap()
 }
 
+/// Waits for the guest's VMM to exit, its TAP gone.
+fn the_vmm_loses_its_tap(guest: &mut Guest) {
+    let vmm = guest.vmm.as_mut().unwrap();
+    wait_for("the VMM to lose its TAP", Duration::from_secs(10), || {
+        vmm.try_wait().unwrap()
+    });
+    guest.vmm = None;
+}
+
+/// A guest whose VMM, as nobody, opened the TAP of `info` by name.
+fn guest_of_nobody(world: &World, info: &Value) -> Guest {
+    let ns = Netns::new("guest");
+    let (tap, mac) = (
+        info["tap"].as_str().unwrap(),
+        info["mac_address"].as_str().unwrap(),
+    );
+    let mut vmm = vmm_by_name(world, tap, &ns, mac, "65534:65534");
+    wait_for("eth0 in the guest", Duration::from_secs(10), || {
+        if let Some(status) = vmm.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(vmm.stderr.as_mut().unwrap(), &mut err).unwrap();
+            panic!("the VMM exited with {status}: {err}");
+        }
+        ns.links().contains(&"eth0".to_string()).then_some(())
+    });
+    Guest {
+        ns,
+        run: None,
+        vmm: Some(vmm),
+        info: info.clone(),
+    }
+}
+
 #[test]
 fn a_vmm_running_as_the_user_opens_its_tap_by_name_and_no_other_user_can() {
     let mut world =
@@ -76,7 +109,6 @@ fn a_vmm_running_as_the_user_opens_its_tap_by_name_and_no_other_user_can() {
     });
     assert_eq!(info["datapath"], "tap-name", "{info}");
     let tap = info["tap"].as_str().unwrap().to_string();
-    let mac = info["mac_address"].as_str().unwrap().to_string();
     assert!(
         world.host.links().contains(&tap),
         "the TAP is there to open"
@@ -95,22 +127,7 @@ fn a_vmm_running_as_the_user_opens_its_tap_by_name_and_no_other_user_can() {
     );
 
     // Its user's VMM opens it by name; the guest leases and reaches the gateway.
-    let ns = Netns::new("guest");
-    let mut vmm = vmm_by_name(&world, &tap, &ns, &mac, "65534:65534");
-    wait_for("eth0 in the guest", Duration::from_secs(10), || {
-        if let Some(status) = vmm.try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(vmm.stderr.as_mut().unwrap(), &mut err).unwrap();
-            panic!("the VMM exited with {status}: {err}");
-        }
-        ns.links().contains(&"eth0".to_string()).then_some(())
-    });
-    let mut guest = Guest {
-        ns,
-        run: None,
-        vmm: Some(vmm),
-        info: info.clone(),
-    };
+    let mut guest = guest_of_nobody(&world, &info);
     assert_eq!(
         guest.udhcpc(),
         guest.ip(),
@@ -123,11 +140,7 @@ fn a_vmm_running_as_the_user_opens_its_tap_by_name_and_no_other_user_can() {
     wait_for("the TAP to go", Duration::from_secs(5), || {
         (!world.host.links().contains(&tap)).then_some(())
     });
-    let vmm = guest.vmm.as_mut().unwrap();
-    wait_for("the VMM to lose its TAP", Duration::from_secs(10), || {
-        vmm.try_wait().unwrap()
-    });
-    guest.vmm = None;
+    the_vmm_loses_its_tap(&mut guest);
 }
 
 #[test]
@@ -138,7 +151,6 @@ fn linnet_attach_keeps_the_tap_for_a_vmm_started_on_its_own_until_linnet_detach(
     let out = must(&mut world.linnet(&["attach", "--name", "fc1", "--user", "nobody"]));
     let info: Value = serde_json::from_str(out.trim()).unwrap();
     let tap = info["tap"].as_str().unwrap().to_string();
-    let mac = info["mac_address"].as_str().unwrap().to_string();
     assert_eq!(info["datapath"], "tap-name", "{info}");
     assert!(
         world.host.links().contains(&tap),
@@ -148,17 +160,7 @@ fn linnet_attach_keeps_the_tap_for_a_vmm_started_on_its_own_until_linnet_detach(
     assert!(ls.contains("\"fc1\""), "{ls}");
 
     // The VMM, started on its own as the user, opens it by name.
-    let ns = Netns::new("guest");
-    let vmm = vmm_by_name(&world, &tap, &ns, &mac, "65534:65534");
-    wait_for("eth0 in the guest", Duration::from_secs(10), || {
-        ns.links().contains(&"eth0".to_string()).then_some(())
-    });
-    let mut guest = Guest {
-        ns,
-        run: None,
-        vmm: Some(vmm),
-        info: info.clone(),
-    };
+    let mut guest = guest_of_nobody(&world, &info);
     assert_eq!(guest.udhcpc(), guest.ip());
     assert!(guest.ping(&guest.gateway()));
 
@@ -186,11 +188,7 @@ fn linnet_attach_keeps_the_tap_for_a_vmm_started_on_its_own_until_linnet_detach(
     assert!(err.contains("no interface named \"fc1\""), "{err}");
     let err = failure(&mut world.linnet(&["attach", "--network", "shared", "--mac", "zz"]));
     assert!(err.contains("is not a MAC address"), "{err}");
-    let vmm = guest.vmm.as_mut().unwrap();
-    wait_for("the VMM to lose its TAP", Duration::from_secs(10), || {
-        vmm.try_wait().unwrap()
-    });
-    guest.vmm = None;
+    the_vmm_loses_its_tap(&mut guest);
 }
 
 #[test]

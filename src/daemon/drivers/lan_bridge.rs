@@ -9,10 +9,8 @@ use tracing::info;
 use super::{NetworkDriver, Port, PortRequest, TowardVm, tap_port};
 use crate::config::NetworkConfig;
 use crate::daemon::state::DaemonError;
-use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::netlink::{LinkKind, Netlink};
 use crate::host::{self, ALIAS_NETWORK};
-use crate::leases::SharedLeases;
 
 pub(in crate::daemon) struct LanBridge {
     bridge: String,
@@ -72,25 +70,12 @@ impl NetworkDriver for LanBridge {
         Some((&self.bridge, self.index))
     }
 
-    fn leases(&self) -> Option<&SharedLeases> {
-        None
-    }
-
     fn mtu(&self, _: &NetworkConfig) -> u32 {
         self.mtu
     }
 
     fn toward_vm(&self) -> TowardVm {
         TowardVm::Sent
-    }
-
-    fn firewall(
-        &self,
-        _: &NetworkConfig,
-        _: Vec<ForwardRule>,
-        _: Vec<InterfacePolicy>,
-    ) -> Option<FirewallNetwork> {
-        None
     }
 
     /// The bridge stays as it was found.

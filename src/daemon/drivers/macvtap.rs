@@ -15,10 +15,8 @@ use tracing::{info, warn};
 use super::{NetworkDriver, Port, PortRequest, TowardVm};
 use crate::config::{MacvtapMode, NetworkConfig};
 use crate::daemon::state::DaemonError;
-use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink};
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
-use crate::leases::SharedLeases;
 
 pub(in crate::daemon) struct Macvtap {
     uplink: String,
@@ -168,14 +166,6 @@ impl NetworkDriver for Macvtap {
         }
     }
 
-    fn bridge(&self) -> Option<(&str, u32)> {
-        None
-    }
-
-    fn leases(&self) -> Option<&SharedLeases> {
-        None
-    }
-
     fn mtu(&self, _: &NetworkConfig) -> u32 {
         self.mtu
     }
@@ -220,15 +210,6 @@ impl NetworkDriver for Macvtap {
 
     fn ports_open_by_name(&self) -> bool {
         false
-    }
-
-    fn firewall(
-        &self,
-        _: &NetworkConfig,
-        _: Vec<ForwardRule>,
-        _: Vec<InterfacePolicy>,
-    ) -> Option<FirewallNetwork> {
-        None
     }
 
     /// Removes the host's macvlan; the uplink stays as it was.

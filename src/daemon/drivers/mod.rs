@@ -129,11 +129,15 @@ pub(super) trait NetworkDriver {
 
     /// The bridge ports join (name, index); None: a port is on the
     /// network as made.
-    fn bridge(&self) -> Option<(&str, u32)>;
+    fn bridge(&self) -> Option<(&str, u32)> {
+        None
+    }
 
     /// linnet's leases of the network's addresses; None: the LAN's DHCP
     /// server gives them, and linnet learns them.
-    fn leases(&self) -> Option<&SharedLeases>;
+    fn leases(&self) -> Option<&SharedLeases> {
+        None
+    }
 
     /// The MTU of the network's ports.
     fn mtu(&self, cfg: &NetworkConfig) -> u32;
@@ -162,10 +166,12 @@ pub(super) trait NetworkDriver {
     /// The network's part of linnet's firewall table, if it has one.
     fn firewall(
         &self,
-        cfg: &NetworkConfig,
-        forwards: Vec<ForwardRule>,
-        policies: Vec<InterfacePolicy>,
-    ) -> Option<FirewallNetwork>;
+        _cfg: &NetworkConfig,
+        _forwards: Vec<ForwardRule>,
+        _policies: Vec<InterfacePolicy>,
+    ) -> Option<FirewallNetwork> {
+        None
+    }
 
     /// Takes down what the driver made; what it found stays as it was.
     async fn bring_down(self, cfg: &NetworkConfig, netlink: &Netlink) -> Result<(), DaemonError>;
