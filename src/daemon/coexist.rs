@@ -6,11 +6,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ipnet::IpNet;
 use tracing::{info, warn};
 
+use super::guarding::Restore;
 use super::state::Daemon;
 use crate::api::{DoctorReport, NetworkDoctor, Response};
 use crate::coexist::{self, FlowCheck, LegacyChain, NetworkView};
@@ -58,8 +59,6 @@ pub struct HostView {
     /// Set when a rebuilt table did not list as expected (see
     /// `check_rebuilt`).
     pub shapes_unreliable: bool,
-    /// After a failed restore of the guard table: not tried again before.
-    pub guard_retry_at: Option<Instant>,
 }
 
 /// How long after a failed restore of the guard table it is tried again.
@@ -256,7 +255,7 @@ impl Daemon {
             };
         let inet = has_firewall && damaged("inet", (!unreliable).then_some(&inet_shape));
         let expected = guard::expected_shape().filter(|_| !unreliable);
-        inet || (self.guard_ready && damaged("bridge", expected))
+        inet || (self.guard.ready() && damaged("bridge", expected))
     }
 
     /// Puts back `inet linnet` and `bridge linnet` (with every guarded
@@ -279,12 +278,10 @@ impl Daemon {
             }
         }
         let expected = guard::expected_shape().filter(|_| !self.host.shapes_unreliable);
-        let damage = match self.host.guard_retry_at {
-            _ if !self.guard_ready => None,
-            // Not before then: each attempt's own changes wake the watch.
-            Some(at) if Instant::now() < at => None,
-            Some(_) => Some("could not be put back last time"),
-            None => self.damage("bridge", expected),
+        let damage = match self.guard.restore() {
+            Restore::Wait => None,
+            Restore::Retry => Some("could not be put back last time"),
+            Restore::Check => self.damage("bridge", expected),
         };
         if let Some(damage) = damage {
             warn!(
@@ -292,17 +289,15 @@ impl Daemon {
             );
             let ports = self.guarded_ports();
             let result = guard::create_with(&mut self.nft, &ports);
-            // The counters start again at 0.
-            self.drops_reported.clear();
+            self.guard
+                .restored(result.as_ref().map(|_| ()).map_err(|_| GUARD_RETRY));
             match result {
                 Ok(()) => {
                     info!(interfaces = ports.len(), "restored table bridge linnet");
                     restored = true;
-                    self.host.guard_retry_at = None;
                     self.check_rebuilt("bridge", expected);
                 }
                 Err(e) => {
-                    self.host.guard_retry_at = Some(Instant::now() + GUARD_RETRY);
                     warn!(
                         "cannot restore table bridge linnet, so anti-spoofing and isolation are off (tried again in {}s or at the next change after that): {e}",
                         GUARD_RETRY.as_secs()
@@ -395,7 +390,7 @@ impl Daemon {
     /// forwarding, as when it turned forwarding on in the first place.
     pub fn restore_forwarding(&mut self) {
         let (needs4, needs6) = self.forwarding_needs();
-        match self.turn_forwarding_on(needs4, needs6) {
+        match self.forwarding.turn_on(needs4, needs6) {
             Ok(turned) => {
                 for family in turned {
                     warn!(

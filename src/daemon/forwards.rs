@@ -40,6 +40,14 @@ pub struct Holder<'a> {
     pub network: &'a str,
 }
 
+/// Why no port is published to a VM on a LAN.
+fn lan_refusal(forward: &PortForward, net: &NetworkConfig) -> DaemonError {
+    DaemonError::BadRequest(format!(
+        "{forward}: network \"{}\" is on a LAN, where its VMs are reached at their own addresses; ports are published from linnet's own networks (shared, host) only",
+        net.name
+    ))
+}
+
 /// Refuses a forward that cannot work or would take what is not free.
 pub fn check<'a>(
     forward: &PortForward,
@@ -48,6 +56,9 @@ pub fn check<'a>(
     mut held: impl Iterator<Item = Holder<'a>>,
 ) -> Result<(), DaemonError> {
     let port = format!("{}/{}", forward.host_port, forward.protocol.as_str());
+    if net.lan.is_some() {
+        return Err(lan_refusal(forward, net));
+    }
     if matches!(forward.host_addr, Some(IpAddr::V6(_))) && net.ipv6.is_none() {
         return Err(DaemonError::BadRequest(format!(
             "{forward}: network \"{}\" has no IPv6, so nothing can be forwarded from an IPv6 address; use an IPv4 address or turn ipv6 on",
@@ -88,6 +99,29 @@ pub fn check<'a>(
     Ok(())
 }
 
+/// The forwards' own state, which only this part changes: the runtime
+/// forwards kept per interface id (on disk), and the published ports a host
+/// service listens on too, with what was said about them.
+#[derive(Default)]
+pub(super) struct Forwards {
+    store: Option<ForwardStore>,
+    shadowed: BTreeMap<(InterfaceId, PortForward), (String, String)>,
+}
+
+impl Forwards {
+    /// Reads the kept forwards (at start-up).
+    pub fn open(&mut self, path: &Path) -> io::Result<()> {
+        self.store = Some(ForwardStore::open(path)?);
+        Ok(())
+    }
+
+    fn store(&mut self) -> &mut ForwardStore {
+        self.store
+            .as_mut()
+            .expect("reconcile opens the forward store")
+    }
+}
+
 /// The daemon's side of forwards: given at attach, changed by the API,
 /// turned into firewall rules.
 impl Daemon {
@@ -98,7 +132,7 @@ impl Daemon {
     /// as it lasts in the network's warnings (`linnet ls`, the attach reply).
     pub fn check_shadowed_forwards(&mut self) {
         if self.interfaces.values().all(|i| i.forwards.is_empty()) {
-            self.shadowed.clear();
+            self.forwards.shadowed.clear();
             return;
         }
         // One read of the tables per pass, and no look for the listener's
@@ -115,7 +149,7 @@ impl Daemon {
                 else {
                     continue;
                 };
-                if let Some(known) = self.shadowed.get(&(*id, f)) {
+                if let Some(known) = self.forwards.shadowed.get(&(*id, f)) {
                     now.insert((*id, f), known.clone());
                     continue;
                 }
@@ -132,12 +166,13 @@ impl Daemon {
                 now.insert((*id, f), (iface.network.clone(), text));
             }
         }
-        self.shadowed = now;
+        self.forwards.shadowed = now;
     }
 
     /// What `check_shadowed_forwards` found on `network`.
     pub(super) fn shadow_warnings(&self, network: &str) -> Vec<String> {
-        self.shadowed
+        self.forwards
+            .shadowed
             .values()
             .filter(|(n, _)| n == network)
             .map(|(_, text)| text.clone())
@@ -161,7 +196,7 @@ impl Daemon {
         for forward in &req.publish {
             self.take_forward(id, *forward, ForwardOrigin::Publish, client.uid)?;
         }
-        let kept = self.store().get(id, &network, client.claimant());
+        let kept = self.forwards.store().get(id, &network, client.claimant());
         let from_config = cfg.forwards.iter().filter(|f| match &f.target {
             ForwardTarget::InterfaceId(target) => *target == id,
             ForwardTarget::Name(n) => name.as_deref() == Some(n.as_str()),
@@ -203,6 +238,9 @@ impl Daemon {
     ) -> Result<(), DaemonError> {
         let iface = &self.interfaces[&id];
         let cfg = self.config.network(&iface.network).expect("attached");
+        if cfg.lan.is_some() {
+            return Err(lan_refusal(&forward, cfg));
+        }
         if iface.ip.is_none() {
             return Err(DaemonError::BadRequest(format!(
                 "interface {id} has no IPv4 address linnet knows (network \"{}\" has dhcp off): give it a static lease (dhcp.static with its interface_id or MAC) to publish ports",
@@ -244,7 +282,11 @@ impl Daemon {
             return Err(e);
         }
         let owner = self.interfaces[&id].uid;
-        if let Err(e) = self.store().add(id, &req.network, owner, req.forward) {
+        if let Err(e) = self
+            .forwards
+            .store()
+            .add(id, &req.network, owner, req.forward)
+        {
             warn!(interface = %id, "cannot save forward {}: {e}; it lasts until detach", req.forward);
         }
         info!(network = %req.network, interface = %id, forward = %req.forward, "port published");
@@ -262,6 +304,7 @@ impl Daemon {
             // as the owner is not known).
             if let (Some(id), 0) = (req.interface_id, client.uid)
                 && self
+                    .forwards
                     .store()
                     .remove(id, &req.network, &req.forward)
                     .map_err(|e| DaemonError::Internal(format!("cannot save forwards: {e}")))?
@@ -306,7 +349,7 @@ impl Daemon {
             iface.forwards.push(found);
             return Err(e);
         }
-        if let Err(e) = self.store().remove(id, &req.network, &req.forward) {
+        if let Err(e) = self.forwards.store().remove(id, &req.network, &req.forward) {
             warn!(interface = %id, "cannot save forwards: {e}; {} may come back at the next attach", req.forward);
         }
         info!(network = %req.network, interface = %id, forward = %req.forward, "port unpublished");

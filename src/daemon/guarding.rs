@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
@@ -11,19 +12,114 @@ use super::state::{Daemon, Interface, shown_ip};
 use crate::addr6;
 use crate::config::{Lan, NetworkConfig};
 use crate::host::guard::{self, Hook, Ipv4Source, PortGuard};
+use crate::host::nft::{Nft, NftError};
 use crate::policy::Policy;
 use crate::types::MacAddr;
+
+/// See `Guard::restore`.
+pub(super) enum Restore {
+    Check,
+    Wait,
+    Retry,
+}
+
+/// The guard's own state, which only it changes: whether its tables
+/// exist, the drops last reported per port, whether guarded ports are held
+/// off their bridges, and when a failed restore is tried again.
+#[derive(Default)]
+pub(super) struct Guard {
+    ready: bool,
+    reported: BTreeMap<String, u64>,
+    held: bool,
+    retry_at: Option<Instant>,
+}
+
+impl Guard {
+    /// Whether the tables exist (made with the first guarded port).
+    pub fn ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Whether guarded ports are held off their bridges.
+    pub fn held(&self) -> bool {
+        self.held
+    }
+
+    /// Guards a port, making the tables first if they are not there.
+    pub fn add(&mut self, nft: &mut Nft, port: &PortGuard) -> Result<(), NftError> {
+        if !self.ready {
+            guard::create(nft)?;
+            self.ready = true;
+        }
+        guard::add_port(nft, port)
+    }
+
+    /// Removes the guard of ports whose links are gone, and the tables
+    /// once no guarded port is `left`.
+    pub fn remove(&mut self, nft: &mut Nft, ports: &[PortGuard], left: bool) {
+        if !ports.is_empty() {
+            if let Err(e) = guard::remove_ports(nft, ports) {
+                let taps: Vec<&str> = ports.iter().map(|p| p.tap.as_str()).collect();
+                warn!("removing the guard of {} failed: {e}", taps.join(" "));
+            }
+            for port in ports {
+                self.reported.remove(&port.tap);
+            }
+        }
+        if self.ready && !left {
+            match guard::remove(nft) {
+                Ok(()) => {
+                    self.ready = false;
+                    self.retry_at = None;
+                }
+                Err(e) => warn!("removing the guard table failed: {e}"),
+            }
+        }
+    }
+
+    /// Frames dropped by each guarded port's rules so far.
+    pub fn drops(&self, nft: &mut Nft) -> BTreeMap<String, u64> {
+        if !self.ready {
+            return BTreeMap::new();
+        }
+        guard::drops(nft).unwrap_or_else(|e| {
+            warn!("cannot read the guard's counters: {e}");
+            BTreeMap::new()
+        })
+    }
+
+    /// The frames `tap` dropped since it was last asked (`total` now), if
+    /// any.
+    fn newly_dropped(&mut self, tap: &str, total: u64) -> Option<u64> {
+        let before = self.reported.insert(tap.into(), total).unwrap_or(0);
+        (total > before).then(|| total - before)
+    }
+
+    /// What to do about the tables being damaged: look (nothing failed),
+    /// wait (a failed restore's pause lasts: each attempt's own changes
+    /// wake the watch), or try again.
+    pub fn restore(&self) -> Restore {
+        match self.retry_at {
+            _ if !self.ready => Restore::Wait,
+            Some(at) if Instant::now() < at => Restore::Wait,
+            Some(_) => Restore::Retry,
+            None => Restore::Check,
+        }
+    }
+
+    /// The tables were made anew with every guarded port (`Ok`), or that
+    /// failed and is tried again after `retry` (`Err`); the counters start
+    /// again at 0 either way.
+    pub fn restored(&mut self, result: Result<(), Duration>) {
+        self.reported.clear();
+        self.retry_at = result.err().map(|retry| Instant::now() + retry);
+    }
+}
 
 impl Daemon {
     /// Frames dropped by each guarded TAP's rules so far.
     pub fn guard_drops(&mut self) -> BTreeMap<String, u64> {
-        if !self.guard_ready {
-            return BTreeMap::new();
-        }
-        guard::drops(&mut self.nft).unwrap_or_else(|e| {
-            warn!("cannot read the guard's counters: {e}");
-            BTreeMap::new()
-        })
+        self.guard.drops(&mut self.nft)
     }
 
     /// Logs, per interface, the frames its VM had dropped since the last
@@ -36,12 +132,8 @@ impl Daemon {
             else {
                 continue;
             };
-            let before = self
-                .drops_reported
-                .insert(iface.tap.clone(), now)
-                .unwrap_or(0);
-            if now > before {
-                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %shown_ip(iface.ip, cfg), mac = %iface.mac, dropped = now - before, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
+            if let Some(dropped) = self.guard.newly_dropped(&iface.tap, now) {
+                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %shown_ip(iface.ip, cfg), mac = %iface.mac, dropped, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
             }
         }
     }
@@ -54,7 +146,7 @@ impl Daemon {
     /// through route_localnet. Fails closed: a port stays held until they
     /// are back.
     pub async fn hold_guarded_ports(&mut self) {
-        if self.ports_held || !self.own_tables_damaged() {
+        if self.guard.held || !self.own_tables_damaged() {
             return;
         }
         let ports = self.live_guarded_ports();
@@ -67,12 +159,12 @@ impl Daemon {
                 warn!(%tap, "cannot hold the port: {e}");
             }
         }
-        self.ports_held = true;
+        self.guard.held = true;
     }
 
     /// Puts held ports back on their bridges once linnet's tables are whole.
     pub async fn release_held_ports(&mut self) {
-        if !self.ports_held || self.own_tables_damaged() {
+        if !self.guard.held || self.own_tables_damaged() {
             return;
         }
         let ports = self.live_guarded_ports();
@@ -85,7 +177,7 @@ impl Daemon {
             interfaces = ports.len(),
             "linnet's tables are back: guarded interfaces forward again"
         );
-        self.ports_held = false;
+        self.guard.held = false;
     }
 
     /// (TAP, its index, its bridge's index) of each guarded interface that

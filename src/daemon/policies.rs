@@ -113,6 +113,12 @@ pub(super) fn check_policy_possible(
     if policy.is_open() {
         return Ok(());
     }
+    if cfg.lan.is_some() {
+        return Err(DaemonError::BadRequest(format!(
+            "network \"{}\" is on a LAN ({} mode), where connect/listen policies are not enforced yet: they are rules of linnet's own firewall on linnet's own bridges; attach without --allow-connect/--allow-listen, or use a shared or host network",
+            cfg.name, cfg.mode
+        )));
+    }
     if !cfg.anti_spoofing {
         return Err(DaemonError::BadRequest(format!(
             "network \"{}\": a connect/listen policy {}",

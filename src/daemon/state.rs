@@ -1,6 +1,11 @@
-//! The daemon's state: which networks are up, which interfaces are attached
-//! and by whom. Every request is decided here; the kernel is changed through
-//! `host` and `network`.
+//! The daemon's state: which networks are up (each with its driver,
+//! `drivers`), which interfaces are attached and by whom. Every request is
+//! decided here; the kernel is changed through the drivers and `host`. The
+//! parts with state of their own keep it in their own structs, which only
+//! they change: the guard (`guarding::Guard`), port forwards
+//! (`forwards::Forwards`), IP forwarding (`Forwarding`, below), the view of
+//! the host (`coexist::HostView`), the leases (each linnet network's
+//! driver).
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -13,7 +18,8 @@ use tracing::{info, warn};
 use super::attach::{self, AttachPlan, Done};
 use super::coexist::HostView;
 use super::drivers::{ActiveNetwork, PortRequest, dns_servers};
-use super::forwards::{ForwardStore, Published};
+use super::forwards::{Forwards, Published};
+use super::guarding::Guard;
 use super::policies::check_policy_possible;
 use super::tap_watch::TapAddresses;
 use crate::addr6;
@@ -22,7 +28,6 @@ use crate::api::{
 };
 use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
-use crate::forward::PortForward;
 use crate::host::firewall;
 use crate::host::guard::{self, PortGuard};
 use crate::host::netlink::{LinkKind, Netlink, NetlinkError};
@@ -172,25 +177,18 @@ pub struct Daemon {
     pub(super) nft: Nft,
     pub(super) networks: BTreeMap<String, ActiveNetwork>,
     pub(super) interfaces: BTreeMap<InterfaceId, Interface>,
-    forward_store: Option<ForwardStore>,
-    /// Whether the guard table exists (made with the first guarded port).
-    pub(super) guard_ready: bool,
-    /// Spoofed frames dropped per TAP, as last reported in the log.
-    pub(super) drops_reported: BTreeMap<String, u64>,
-    /// Whether the daemon turned IPv4 forwarding on (and so turns it off),
-    /// and what it changed to turn IPv6 forwarding on (to put back).
-    pub(super) enabled_forwarding: bool,
-    pub(super) forwarding6: Option<sysctl::Ipv6Forwarding>,
+    /// Port forwards' own state (`forwards`).
+    pub(super) forwards: Forwards,
+    /// Anti-spoofing and isolation (`guarding`).
+    pub(super) guard: Guard,
+    /// IP forwarding as linnet changed it.
+    pub(super) forwarding: Forwarding,
     /// The other firewalls and the routes, as last looked at.
     pub(super) host: HostView,
     /// Each TAP's MAC at attach, which `tap_watch` compares with.
     pub(super) tap_addresses: TapAddresses,
     /// The number in the next TAP's name.
     next_tap: u32,
-    /// Whether guarded ports are held while linnet's tables are damaged.
-    pub(super) ports_held: bool,
-    /// Published ports a host service listens on too, with what to say.
-    pub(super) shadowed: BTreeMap<(InterfaceId, PortForward), (String, String)>,
     /// Counts the addresses learned on LAN networks, for their waiters.
     pub(super) learned: tokio::sync::watch::Sender<u64>,
 }
@@ -206,24 +204,14 @@ impl Daemon {
             nft: Nft::open(),
             networks: BTreeMap::new(),
             interfaces: BTreeMap::new(),
-            forward_store: None,
-            guard_ready: false,
-            drops_reported: BTreeMap::new(),
-            enabled_forwarding: false,
-            forwarding6: None,
+            forwards: Forwards::default(),
+            guard: Guard::default(),
+            forwarding: Forwarding::default(),
             host: HostView::default(),
             tap_addresses: TapAddresses::default(),
             next_tap: 0,
-            ports_held: false,
-            shadowed: BTreeMap::new(),
             learned: tokio::sync::watch::Sender::new(0),
         }
-    }
-
-    pub(super) fn store(&mut self) -> &mut ForwardStore {
-        self.forward_store
-            .as_mut()
-            .expect("reconcile opens the forward store")
     }
 
     pub fn is_idle(&self) -> bool {
@@ -258,10 +246,9 @@ impl Daemon {
             }
         }
         let path = self.state_dir.join("forwards.json");
-        self.forward_store = Some(
-            ForwardStore::open(&path)
-                .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?,
-        );
+        self.forwards
+            .open(&path)
+            .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?;
         firewall::remove(&mut self.nft)?;
         guard::remove(&mut self.nft)?;
         let persistent: Vec<String> = self
@@ -578,16 +565,12 @@ impl Daemon {
         let net = &self.networks[network];
         // Guarded before it joins the bridge and before the VM has its fd.
         if plan.guarded {
-            if !self.guard_ready {
-                guard::create(&mut self.nft)?;
-                self.guard_ready = true;
-            }
             let port = plan.guard(&net.config, &tap_name);
-            guard::add_port(&mut self.nft, &port)?;
+            self.guard.add(&mut self.nft, &port)?;
             done.push(Done::Guard(port));
         }
         let alias = format!("{ALIAS_INTERFACE}{}", plan.id);
-        let settings = plan.link(net.bridge().map(|(_, i)| i), self.ports_held, &alias);
+        let settings = plan.link(net.bridge().map(|(_, i)| i), self.guard.held(), &alias);
         self.netlink.configure(index, settings).await?;
         // Last, so that a failure before drops a TAP that goes with its fd.
         // Deleted at detach like any TAP (and by the next daemon, by its
@@ -791,23 +774,9 @@ impl Daemon {
         let deleted = self.netlink.delete_links(&taps).await;
         // A TAP that could not be deleted keeps its guard: its client may
         // still hold the fd.
-        if !guarded.is_empty() && deleted.is_ok() {
-            if let Err(e) = guard::remove_ports(&mut self.nft, &guarded) {
-                let taps: Vec<&str> = guarded.iter().map(|p| p.tap.as_str()).collect();
-                warn!("removing the guard of {} failed: {e}", taps.join(" "));
-            }
-            for port in &guarded {
-                self.drops_reported.remove(&port.tap);
-            }
-        }
-        if self.guard_ready && deleted.is_ok() && !self.interfaces.values().any(|i| i.guarded) {
-            match guard::remove(&mut self.nft) {
-                Ok(()) => {
-                    self.guard_ready = false;
-                    self.host.guard_retry_at = None;
-                }
-                Err(e) => warn!("removing the guard table failed: {e}"),
-            }
+        if deleted.is_ok() {
+            let left = self.interfaces.values().any(|i| i.guarded);
+            self.guard.remove(&mut self.nft, &guarded, left);
         }
         if deleted.is_err() {
             let names: Vec<&str> = gone.iter().map(|(_, i)| i.tap.as_str()).collect();
@@ -983,28 +952,29 @@ impl Daemon {
     pub(super) fn sync_host(&mut self) -> Result<(), DaemonError> {
         let rules = self.firewall_networks();
         let (needs4, needs6) = forwarding_needs(&rules);
-        self.turn_forwarding_on(needs4, needs6)?;
+        self.forwarding.turn_on(needs4, needs6)?;
         firewall::apply(&mut self.nft, &rules)?;
         self.check_shadowed_forwards();
-        if !needs4 && self.enabled_forwarding {
-            if let Err(e) = sysctl::disable_ipv4_forwarding() {
-                warn!("cannot restore IPv4 forwarding to off: {e}");
-            }
-            self.enabled_forwarding = false;
-        }
-        if !needs6
-            && let Some(changed) = self.forwarding6.take()
-            && let Err(e) = sysctl::disable_ipv6_forwarding(&changed)
-        {
-            warn!("cannot restore IPv6 forwarding to off: {e}");
-        }
+        self.forwarding.turn_off_unneeded(needs4, needs6);
         Ok(())
     }
+}
 
+/// IP forwarding, which linnet's NAT and forwards need: turned on where it
+/// is off when a network needs it, and put back as it was when none does.
+/// Only this part changes it.
+#[derive(Default)]
+pub(super) struct Forwarding {
+    /// Whether linnet turned IPv4 forwarding on (and so turns it off).
+    enabled4: bool,
+    /// What it changed to turn IPv6 forwarding on (to put back).
+    changed6: Option<sysctl::Ipv6Forwarding>,
+}
+
+impl Forwarding {
     /// Turns on the forwarding the networks need where it is off now, and
-    /// records what that changed, to be put back when no network needs it.
-    /// Returns the families it turned on.
-    pub(super) fn turn_forwarding_on(
+    /// records what that changed. Returns the families it turned on.
+    pub fn turn_on(
         &mut self,
         needs4: bool,
         needs6: bool,
@@ -1015,18 +985,34 @@ impl Daemon {
         let mut turned = Vec::new();
         if needs4 && !sysctl::forwarding_on(false) {
             sysctl::enable_ipv4_forwarding().map_err(|e| failed("IPv4", e))?;
-            self.enabled_forwarding = true;
+            self.enabled4 = true;
             turned.push("IPv4");
         }
         if needs6 && !sysctl::forwarding_on(true) {
             let changed = sysctl::enable_ipv6_forwarding().map_err(|e| failed("IPv6", e))?;
-            match &mut self.forwarding6 {
+            match &mut self.changed6 {
                 Some(before) => before.merge(changed),
-                None => self.forwarding6 = Some(changed),
+                None => self.changed6 = Some(changed),
             }
             turned.push("IPv6");
         }
         Ok(turned)
+    }
+
+    /// Puts back what `turn_on` changed for a family no network needs now.
+    pub fn turn_off_unneeded(&mut self, needs4: bool, needs6: bool) {
+        if !needs4 && self.enabled4 {
+            if let Err(e) = sysctl::disable_ipv4_forwarding() {
+                warn!("cannot restore IPv4 forwarding to off: {e}");
+            }
+            self.enabled4 = false;
+        }
+        if !needs6
+            && let Some(changed) = self.changed6.take()
+            && let Err(e) = sysctl::disable_ipv6_forwarding(&changed)
+        {
+            warn!("cannot restore IPv6 forwarding to off: {e}");
+        }
     }
 }
 

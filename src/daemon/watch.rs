@@ -162,7 +162,7 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>) -> tokio::task::JoinHandle<()> {
             // Routes name the uplinks the checks use; netconf is forwarding.
             d.check_host();
             d.release_held_ports().await;
-            held = d.ports_held;
+            held = d.guard.held();
         }
     })
 }

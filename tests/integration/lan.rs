@@ -422,3 +422,53 @@ fn a_qemu_guest_on_a_macvtap_leases_from_the_lan_and_reaches_its_web_server() {
         "{log}"
     );
 }
+
+#[test]
+fn what_needs_linnets_own_network_is_refused_on_a_lan_with_the_reason() {
+    let mut world = World::with_config(CONFIG);
+    let _lan = Lan::new(&world);
+    world.start_daemon();
+    let refused = |world: &World, args: &[&str]| {
+        let mut argv = vec!["run"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&["--", "true"]);
+        failure(&mut world.linnet(&argv))
+    };
+    let err = refused(&world, &["--network", "lan", "-p", "8080:80"]);
+    assert!(
+        err.contains("network \"lan\" is on a LAN") && err.contains("published"),
+        "{err}"
+    );
+    let err = refused(
+        &world,
+        &["--network", "br", "--allow-connect", "10.0.0.0/8"],
+    );
+    assert!(err.contains("policies are not enforced yet"), "{err}");
+    let err = refused(&world, &["--network", "lan", "--datapath", "tap-name"]);
+    assert!(
+        err.contains("opened through their fd, not by name"),
+        "{err}"
+    );
+    let links = world.host.links();
+    assert!(
+        !links
+            .iter()
+            .any(|l| l.starts_with("lnv") || l.starts_with("lnt")),
+        "{links:?}"
+    );
+    // A bridge that is not there, or not a bridge.
+    std::fs::write(
+        world.config.as_ref().unwrap(),
+        "networks:\n  gone:\n    mode: bridge\n    bridge: nosuchbr\n  veth:\n    mode: bridge\n    bridge: lanup\n",
+    )
+    .unwrap();
+    world.stop_daemon();
+    world.start_daemon();
+    let err = refused(&world, &["--network", "gone"]);
+    assert!(err.contains("there is no bridge nosuchbr"), "{err}");
+    let err = refused(&world, &["--network", "veth"]);
+    assert!(
+        err.contains("lanup is not a bridge") && err.contains("mode: bridged"),
+        "{err}"
+    );
+}
