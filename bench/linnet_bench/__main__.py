@@ -243,6 +243,10 @@ def main():
         return render(args.render)
     if os.environ.get("LINNET_SANDBOX") != "1":
         sys.exit("bench: run it with `make bench` (it must run inside scripts/sandbox)")
+    with open("/proc/self/mountinfo") as f:
+        if not any(line.split(" ")[4] == "/etc/resolv.conf" for line in f):
+            sys.exit("bench: /etc/resolv.conf is the machine's here (a guest's DHCP hook would "
+                     "write it): run it in scripts/sandbox, which mounts a copy over it")
     started = time.monotonic()
     commit = linnet_commit()
     whole = not (args.only or args.mtu or args.no_control) and args.runs >= 3

@@ -121,6 +121,11 @@ class Env:
     def guest_ns(self, name=None):
         name = name or f"g{len(self.namespaces) + 1}"
         ip("netns", "add", name)
+        # Its own resolv.conf for `ip netns exec` to put in place: what a
+        # DHCP client's hook writes in the guest stays the guest's.
+        os.makedirs(f"/etc/netns/{name}", exist_ok=True)
+        with open(f"/etc/netns/{name}/resolv.conf", "w"):
+            pass
         self.namespaces.append(name)
         ip("link", "set", "lo", "up", ns=name)
         return name
@@ -155,6 +160,7 @@ class Env:
         self.pids.clear()
         for ns in self.namespaces:
             run("ip", "netns", "del", ns, check=False)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
         self.namespaces.clear()
         for link in self.links:
             if link_exists(link):

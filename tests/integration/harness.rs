@@ -74,6 +74,13 @@ fn assert_sandboxed() {
         Ok("1"),
         "integration tests change network state: run them with `make test` (scripts/sandbox), never directly"
     );
+    // A guest's DHCP hook writes the resolv.conf it sees: the sandbox's
+    // own copy, never the machine's.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        mounts.lines().any(|l| l.split(' ').nth(4) == Some("/etc/resolv.conf")),
+        "/etc/resolv.conf is the machine's here: run the tests in scripts/sandbox, which mounts a copy over it"
+    );
 }
 
 pub fn run(cmd: &mut Command) -> Output {
