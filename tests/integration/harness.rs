@@ -78,7 +78,9 @@ fn assert_sandboxed() {
     // own copy, never the machine's.
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
-        mounts.lines().any(|l| l.split(' ').nth(4) == Some("/etc/resolv.conf")),
+        mounts
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some("/etc/resolv.conf")),
         "/etc/resolv.conf is the machine's here: run the tests in scripts/sandbox, which mounts a copy over it"
     );
 }
