@@ -26,10 +26,10 @@ const CONFIG: &str = "networks:
     bridge: brlan
 ";
 
-/// The LAN namespace with its servers (kept for the test's length: they
-/// go with it), and the host's side of it.
+/// The LAN namespace with its servers (they go with it), and the host's
+/// side of it.
 struct Lan {
-    _ns: Netns,
+    ns: Netns,
 }
 
 impl Lan {
@@ -84,7 +84,7 @@ impl Lan {
             &format!("--dhcp-leasefile={}", dir.join("lan.leases").display()),
             &format!("--pid-file={}", dir.join("lan-dnsmasq.pid").display()),
         ]));
-        Lan { _ns: ns }
+        Lan { ns }
     }
 }
 
@@ -470,5 +470,49 @@ fn what_needs_linnets_own_network_is_refused_on_a_lan_with_the_reason() {
     assert!(
         err.contains("lanup is not a bridge") && err.contains("mode: bridged"),
         "{err}"
+    );
+}
+
+#[test]
+fn a_vmm_that_changes_its_macvtaps_mac_is_cut_off() {
+    let mut world = World::with_config(CONFIG);
+    let lan = Lan::new(&world);
+    world.start_daemon();
+    let honest = world.guest("lan", &[]);
+    honest.udhcpc();
+    // The LAN router's MAC: frames for it that the uplink sees (flooded)
+    // would go to a macvtap that took it.
+    let router_mac = must(&mut lan.ns.cmd(&["cat", "/sys/class/net/br0/address"]));
+    let json = world.dir.path().join("thief.json");
+    let mut run = world.linnet(&["run", "--network", "lan", "--json", json.to_str().unwrap()]);
+    let script = repo_file("tests/hostile_vmm.py");
+    run.args([
+        "--",
+        "python3",
+        &script,
+        "set-mac",
+        "{fd}",
+        router_mac.trim(),
+    ]);
+    let (_thief, said) = spawn_until_first_line(run);
+    assert_eq!(said, "set", "a macvtap's fd allows SIOCSIFHWADDR too");
+    let info: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let why = wait_for("the macvtap to be cut off", Duration::from_secs(5), || {
+        let ls = listed(&world);
+        ls["interfaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["interface_id"] == info["interface_id"])
+            .and_then(|i| i["cut_off"].as_str().map(String::from))
+    });
+    assert!(why.contains("changed the TAP's MAC"), "{why}");
+    let tap = info["tap"].as_str().unwrap();
+    let link = must(&mut world.host.cmd(&["ip", "-o", "link", "show", tap]));
+    assert!(!link.contains(",UP"), "{link}");
+    assert_eq!(
+        honest.fetch(&format!("http://{LAN_ROUTER}/")).as_deref(),
+        Some(format!("{LAN_PAGE}\n").as_str()),
+        "the honest VM still reaches the router"
     );
 }
