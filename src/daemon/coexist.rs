@@ -15,7 +15,7 @@ use super::guarding::Restore;
 use super::state::Daemon;
 use crate::api::{DoctorReport, NetworkDoctor, Response};
 use crate::coexist::{self, FlowCheck, LegacyChain, NetworkView};
-use crate::config::{Lan, Mode, NetworkConfig};
+use crate::config::{Mode, NetworkConfig};
 use crate::host::netlink::Route;
 use crate::host::ruleset::{Owner, Ruleset, Shape, linnet_shape};
 use crate::host::{self, docker_user, firewall, guard, legacy, sysctl};
@@ -444,7 +444,7 @@ impl Daemon {
                         ));
                     }
                 }
-                notes.extend(lan_notes(cfg));
+                notes.extend(super::drivers::doctor_notes(cfg));
                 if !cfg.dhcp.enabled && cfg.lan.is_none() {
                     notes.push("DHCP is off: guests set their own IPv4 address; interfaces without a static lease have no ip_address".into());
                 }
@@ -509,31 +509,4 @@ fn firewalls(rs: &Ruleset, legacy: &[LegacyChain]) -> Vec<String> {
         }
     }
     out
-}
-
-/// What `linnet doctor` says of a network on a LAN.
-fn lan_notes(cfg: &NetworkConfig) -> Vec<String> {
-    let mut notes = Vec::new();
-    match &cfg.lan {
-        None => {}
-        Some(Lan::Macvtap {
-            uplink,
-            mode,
-            host_access,
-        }) => {
-            notes.push(format!(
-                "VMs are on {uplink}'s LAN through macvtaps ({mode} mode); their addresses come from the LAN's DHCP server, and `linnet ls` shows each once linnet has seen it"
-            ));
-            if !host_access {
-                notes.push(format!(
-                    "this host cannot reach the network's VMs: a macvtap's frames leave through {uplink} and never come back up to the host; set networks.{}.host_access: true for a macvlan that can",
-                    cfg.name
-                ));
-            }
-        }
-        Some(Lan::Bridge { bridge }) => notes.push(format!(
-            "VMs are on bridge {bridge}, which linnet never changes; their addresses come from the LAN's DHCP server, and `linnet ls` shows each once linnet has seen it"
-        )),
-    }
-    notes
 }

@@ -10,8 +10,8 @@ use tracing::{info, warn};
 
 use super::state::{Daemon, Interface, shown_ip};
 use crate::addr6;
-use crate::config::{Lan, NetworkConfig};
-use crate::host::guard::{self, Hook, Ipv4Source, PortGuard};
+use crate::config::NetworkConfig;
+use crate::host::guard::{self, Ipv4Source, PortGuard};
 use crate::host::nft::{Nft, NftError};
 use crate::policy::Policy;
 use crate::types::MacAddr;
@@ -239,10 +239,7 @@ pub(super) fn port_guard(
     };
     PortGuard {
         tap: tap.into(),
-        hook: match cfg.lan {
-            Some(Lan::Macvtap { .. }) => Hook::Egress,
-            _ => Hook::Bridge,
-        },
+        hook: super::drivers::guard_hook(cfg),
         mac,
         ipv4,
         ipv6,

@@ -57,6 +57,13 @@ impl LanBridge {
     }
 }
 
+/// What `linnet doctor` says of a network on `bridge`.
+pub(super) fn doctor_notes(bridge: &str) -> Vec<String> {
+    vec![format!(
+        "VMs are on bridge {bridge}, which linnet never changes; their addresses come from the LAN's DHCP server, and `linnet ls` shows each once linnet has seen it"
+    )]
+}
+
 impl NetworkDriver for LanBridge {
     async fn make_port(
         &self,

@@ -15,8 +15,31 @@ use tracing::{info, warn};
 use super::{NetworkDriver, Port, PortRequest, TowardVm};
 use crate::config::{MacvtapMode, NetworkConfig};
 use crate::daemon::state::DaemonError;
+use crate::host::guard::Hook;
 use crate::host::netlink::{LinkKind, LinkSettings, Netlink};
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
+
+/// A macvtap's frames never pass a bridge: they are checked as they leave
+/// it, in a netdev hook of its own.
+pub(super) const GUARD_HOOK: Hook = Hook::Egress;
+
+/// What `linnet doctor` says of a network on `uplink`'s LAN.
+pub(super) fn doctor_notes(
+    network: &str,
+    uplink: &str,
+    mode: MacvtapMode,
+    host_access: bool,
+) -> Vec<String> {
+    let mut notes = vec![format!(
+        "VMs are on {uplink}'s LAN through macvtaps ({mode} mode); their addresses come from the LAN's DHCP server, and `linnet ls` shows each once linnet has seen it"
+    )];
+    if !host_access {
+        notes.push(format!(
+            "this host cannot reach the network's VMs: a macvtap's frames leave through {uplink} and never come back up to the host; set networks.{network}.host_access: true for a macvlan that can"
+        ));
+    }
+    notes
+}
 
 pub(in crate::daemon) struct Macvtap {
     uplink: String,

@@ -11,7 +11,8 @@
 //! - `macvtap`: `bridged`, a macvtap per VM on a host NIC.
 //!
 //! A new kind is a new file implementing `NetworkDriver`, its variant in
-//! `Driver` (and `each!`), and its config.
+//! `Driver` (and `each!`, `bring_up`, `guard_hook`, `doctor_notes`), and
+//! its config.
 
 mod lan_bridge;
 mod linnet_bridge;
@@ -28,6 +29,7 @@ pub(super) use linnet_bridge::dns_servers;
 use super::state::DaemonError;
 use crate::config::{Lan, NetworkConfig};
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
+use crate::host::guard::Hook;
 use crate::host::netlink::Netlink;
 use crate::host::{self, sysctl, tap};
 use crate::leases::SharedLeases;
@@ -117,6 +119,28 @@ impl ActiveNetwork {
         policies: Vec<InterfacePolicy>,
     ) -> Option<FirewallNetwork> {
         each!(&self.driver, d => d.firewall(&self.config, forwards, policies))
+    }
+}
+
+/// Where the ports of `cfg`'s network are guarded. Decided from the
+/// config, like `doctor_notes`, so also while the network is down.
+pub(super) fn guard_hook(cfg: &NetworkConfig) -> Hook {
+    match &cfg.lan {
+        Some(Lan::Macvtap { .. }) => macvtap::GUARD_HOOK,
+        _ => Hook::Bridge,
+    }
+}
+
+/// What `linnet doctor` says of the kind of `cfg`'s network.
+pub(super) fn doctor_notes(cfg: &NetworkConfig) -> Vec<String> {
+    match &cfg.lan {
+        None => Vec::new(),
+        Some(Lan::Bridge { bridge }) => lan_bridge::doctor_notes(bridge),
+        Some(Lan::Macvtap {
+            uplink,
+            mode,
+            host_access,
+        }) => macvtap::doctor_notes(&cfg.name, uplink, *mode, *host_access),
     }
 }
 
