@@ -64,7 +64,8 @@ impl fmt::Display for Mode {
 /// On a LAN (`mode: bridged` or `bridge`, `lan` set) the addresses are the
 /// LAN's: `subnet` is 0.0.0.0/0 and `gateway` 0.0.0.0 (any address; the
 /// guard allows each VM the one it leased), and linnet's DHCP, DNS, IPv6
-/// router, NAT, forwards and policies are off.
+/// router, NAT, forwards and policies are off; `mtu` is unused (the
+/// driver's is the link's).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NetworkConfig {
     pub name: String,
@@ -946,11 +947,14 @@ impl Validator<'_> {
                 }
             }
         };
-        let mtu = spec.mtu.unwrap_or(DEFAULT_MTU);
-        if !(576..=65535).contains(&mtu) {
+        if spec.mtu.is_some() {
             return Err(self.err(
                 "mtu",
-                format!("{mtu} is out of range; allowed 576 to 65535"),
+                format!(
+                    "a {mode} network's MTU is its {}'s; set it there (ip link set {} mtu N) and remove mtu",
+                    if mode == Mode::Bridged { "uplink" } else { "bridge" },
+                    lan.link()
+                ),
             ));
         }
         let any = Ipv4Addr::UNSPECIFIED;
@@ -972,7 +976,8 @@ impl Validator<'_> {
                 upstream: Vec::new(),
                 domain: String::new(),
             },
-            mtu,
+            // The driver's: the link's when the network comes up.
+            mtu: DEFAULT_MTU,
             nat44: false,
             ipv6: None,
             anti_spoofing: spec.anti_spoofing.unwrap_or(true),
@@ -1405,7 +1410,6 @@ mod tests {
   br:
     mode: bridge
     bridge: br0
-    mtu: 9000
 ",
             "t.yaml",
         )
@@ -1431,13 +1435,12 @@ mod tests {
         ));
         let br = cfg.network("br").unwrap();
         assert_eq!(
-            (br.mode, &br.lan, br.mtu),
+            (br.mode, &br.lan),
             (
                 Mode::Bridge,
                 &Some(Lan::Bridge {
                     bridge: "br0".into()
-                }),
-                9000
+                })
             )
         );
     }
@@ -1459,6 +1462,11 @@ mod tests {
             "networks:\n  lan:\n    mode: bridged\n    uplink: eth0\n    macvtap_mode: vepa\n    host_access: true\n",
         );
         assert!(m.contains("host_access: needs macvtap_mode: bridge"), "{m}");
+        let m = message("networks:\n  br:\n    mode: bridge\n    bridge: br0\n    mtu: 9000\n");
+        assert!(
+            m.contains("mtu: a bridge network's MTU is its bridge's"),
+            "{m}"
+        );
         let m = message("networks:\n  lan:\n    mode: bridged\n    uplink: a/b\n");
         assert!(m.contains("is not an interface name"), "{m}");
         let m = message(
