@@ -122,9 +122,9 @@ impl AttachPlan {
         port_guard(cfg, tap, (self.mac, self.ip), &self.policy)
     }
 
-    /// The port's link settings: on `bridge` (if its network has one),
-    /// unless guarded ports are held off their bridges (linnet's tables
-    /// damaged), when a new one waits with them.
+    /// The port's link settings: on `bridge` (if its network has one) and
+    /// up, unless guarded ports are held (linnet's tables damaged), when a
+    /// new one waits with them: off its bridge, or a macvtap down.
     pub fn link<'a>(
         &self,
         bridge: Option<u32>,
@@ -135,7 +135,7 @@ impl AttachPlan {
             master: bridge.filter(|_| !(self.guarded && ports_held)),
             mtu: Some(self.mtu),
             alias: Some(alias),
-            up: true,
+            up: bridge.is_some() || !(self.guarded && ports_held),
         }
     }
 }
@@ -267,6 +267,11 @@ mod tests {
         let on = plan.link(Some(42), false, "alias");
         assert_eq!((on.master, on.mtu, on.up), (Some(42), Some(1500), true));
         assert_eq!(plan.link(None, false, "alias").master, None, "a macvtap");
+        assert!(plan.link(None, false, "alias").up);
+        assert!(
+            !plan.link(None, true, "alias").up,
+            "a held macvtap stays down"
+        );
         assert_eq!(
             plan.link(Some(42), true, "alias").master,
             None,

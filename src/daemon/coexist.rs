@@ -16,6 +16,7 @@ use super::state::Daemon;
 use crate::api::{DoctorReport, NetworkDoctor, Response};
 use crate::coexist::{self, FlowCheck, LegacyChain, NetworkView};
 use crate::config::{Mode, NetworkConfig};
+use crate::host::guard::{Hook, PortGuard};
 use crate::host::netlink::Route;
 use crate::host::ruleset::{Owner, Ruleset, Shape, linnet_shape};
 use crate::host::{self, docker_user, firewall, guard, legacy, sysctl};
@@ -256,6 +257,7 @@ impl Daemon {
         let inet = has_firewall && damaged("inet", (!unreliable).then_some(&inet_shape));
         let expected = guard::expected_shape().filter(|_| !unreliable);
         inet || (self.guard.ready() && damaged("bridge", expected))
+            || self.egress_damage().is_some()
     }
 
     /// Puts back `inet linnet` and `bridge linnet` (with every guarded
@@ -280,12 +282,15 @@ impl Daemon {
         let expected = guard::expected_shape().filter(|_| !self.host.shapes_unreliable);
         let damage = match self.guard.restore() {
             Restore::Wait => None,
-            Restore::Retry => Some("could not be put back last time"),
-            Restore::Check => self.damage("bridge", expected),
+            Restore::Retry => Some(("bridge linnet", "could not be put back last time")),
+            Restore::Check => self
+                .damage("bridge", expected)
+                .map(|d| ("bridge linnet", d))
+                .or_else(|| self.egress_damage().map(|d| ("netdev linnet", d))),
         };
-        if let Some(damage) = damage {
+        if let Some((table, damage)) = damage {
             warn!(
-                "linnet's table bridge linnet {damage}: putting it back with every guarded interface"
+                "linnet's table {table} {damage}: putting the guard back with every guarded interface"
             );
             let ports = self.guarded_ports();
             let result = guard::create_with(&mut self.nft, &ports);
@@ -322,6 +327,22 @@ impl Daemon {
             );
             self.host.shapes_unreliable = true;
         }
+    }
+
+    /// What happened to the macvtaps' table `netdev linnet`, while a
+    /// macvtap is guarded, if it is not as linnet made it.
+    fn egress_damage(&mut self) -> Option<&'static str> {
+        let ports: Vec<PortGuard> = self
+            .guarded_ports()
+            .into_iter()
+            .filter(|p| p.hook == Hook::Egress && p.anti_spoofing)
+            .collect();
+        if ports.is_empty() || !self.guard.ready() {
+            return None;
+        }
+        let expected =
+            guard::expected_egress_shape(&ports).filter(|_| !self.host.shapes_unreliable);
+        self.damage("netdev", expected.as_ref())
     }
 
     /// What happened to linnet's table `family linnet`, if it is not as

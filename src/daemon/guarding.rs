@@ -12,6 +12,7 @@ use super::state::{Daemon, Interface, shown_ip};
 use crate::addr6;
 use crate::config::NetworkConfig;
 use crate::host::guard::{self, Ipv4Source, PortGuard};
+use crate::host::netlink::LinkSettings;
 use crate::host::nft::{Nft, NftError};
 use crate::policy::Policy;
 use crate::types::MacAddr;
@@ -138,9 +139,9 @@ impl Daemon {
         }
     }
 
-    /// Holds every guarded port — off its bridge: nothing in or out, and
-    /// nothing its VMM can undo (putting a link on a bridge needs
-    /// CAP_NET_ADMIN) — while linnet's tables are damaged, as after `nft
+    /// Holds every guarded port — off its bridge, or a macvtap down: nothing
+    /// in or out, and nothing its VMM can undo (either needs CAP_NET_ADMIN)
+    /// — while linnet's tables are damaged, as after `nft
     /// flush ruleset`: until the guard and the policies are back, a VM could
     /// plant neighbour entries and routes, or reach the host's 127.0.0.1
     /// through route_localnet. Fails closed: a port stays held until they
@@ -154,8 +155,12 @@ impl Daemon {
             interfaces = ports.len(),
             "linnet's tables are damaged: guarded interfaces forward nothing until they are back"
         );
-        for (tap, index, _) in ports {
-            if let Err(e) = self.netlink.set_master(index, None).await {
+        for (tap, index, bridge) in ports {
+            let held = match bridge {
+                Some(_) => self.netlink.set_master(index, None).await,
+                None => self.netlink.cut_off(index).await,
+            };
+            if let Err(e) = held {
                 warn!(%tap, "cannot hold the port: {e}");
             }
         }
@@ -169,8 +174,18 @@ impl Daemon {
         }
         let ports = self.live_guarded_ports();
         for (tap, index, bridge) in &ports {
-            if let Err(e) = self.netlink.set_master(*index, Some(*bridge)).await {
-                warn!(%tap, "cannot put the port back on its bridge: {e}");
+            let back = match bridge {
+                Some(bridge) => self.netlink.set_master(*index, Some(*bridge)).await,
+                None => {
+                    let up = LinkSettings {
+                        up: true,
+                        ..Default::default()
+                    };
+                    self.netlink.configure(*index, up).await
+                }
+            };
+            if let Err(e) = back {
+                warn!(%tap, "cannot put the port back on its network: {e}");
             }
         }
         info!(
@@ -180,14 +195,14 @@ impl Daemon {
         self.guard.held = false;
     }
 
-    /// (TAP, its index, its bridge's index) of each guarded interface that
-    /// was not cut off.
-    fn live_guarded_ports(&self) -> Vec<(String, u32, u32)> {
+    /// (port, its index, its bridge's index; none for a macvtap) of each
+    /// guarded interface that was not cut off.
+    fn live_guarded_ports(&self) -> Vec<(String, u32, Option<u32>)> {
         self.interfaces
             .values()
             .filter(|i| i.guarded && i.cut_off.is_none())
             .filter_map(|i| {
-                let (_, bridge) = self.networks.get(&i.network)?.bridge()?;
+                let bridge = self.networks.get(&i.network)?.bridge().map(|(_, b)| b);
                 Some((i.tap.clone(), i.tap_index, bridge))
             })
             .collect()

@@ -274,6 +274,11 @@ pub fn create_with(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
             "add table {EGRESS_FAMILY} {TABLE}\ndelete table {EGRESS_FAMILY} {TABLE}\n{}",
             egress_ruleset()
         ));
+    } else {
+        // None left to guard: a table left from before goes.
+        script.push_str(&format!(
+            "add table {EGRESS_FAMILY} {TABLE}\ndelete table {EGRESS_FAMILY} {TABLE}\n"
+        ));
     }
     for port in ports {
         for elem in elements(port) {
@@ -303,6 +308,34 @@ pub fn expected_shape() -> Option<&'static Shape> {
     SHAPE.get()
 }
 
+/// The macvtaps' table's fixed chains as it was first made, to which each
+/// guarded macvtap adds its chain of one rule.
+static EGRESS_SHAPE: OnceLock<Shape> = OnceLock::new();
+
+/// The macvtaps' table's shape with `ports` guarded (known once the
+/// table was made).
+pub fn expected_egress_shape(ports: &[PortGuard]) -> Option<Shape> {
+    let mut shape = EGRESS_SHAPE.get()?.clone();
+    for port in ports
+        .iter()
+        .filter(|p| p.hook == Hook::Egress && p.anti_spoofing)
+    {
+        shape.insert(format!("port_{}", port.tap), 1);
+    }
+    Some(shape)
+}
+
+/// Makes the macvtaps' table (empty of ports), recording its shape.
+fn create_egress(nft: &mut Nft) -> Result<(), NftError> {
+    nft.run(&egress_ruleset())?;
+    if EGRESS_SHAPE.get().is_none()
+        && let Ok(Some(shape)) = linnet_shape(nft, EGRESS_FAMILY)
+    {
+        let _ = EGRESS_SHAPE.set(shape);
+    }
+    Ok(())
+}
+
 /// Removes the tables, if there are any.
 pub fn remove(nft: &mut Nft) -> Result<(), NftError> {
     let commands = [FAMILY, EGRESS_FAMILY]
@@ -327,7 +360,7 @@ pub fn add_port(nft: &mut Nft, port: &PortGuard) -> Result<(), NftError> {
 /// elements go in before their hooks.
 pub fn add_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
     if ports.iter().any(|p| p.hook == Hook::Egress) && !egress_table_exists(nft) {
-        nft.run(&egress_ruleset())?;
+        create_egress(nft)?;
     }
     let mut commands: Vec<Value> = ports
         .iter()

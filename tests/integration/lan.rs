@@ -516,3 +516,60 @@ fn a_vmm_that_changes_its_macvtaps_mac_is_cut_off() {
         "the honest VM still reaches the router"
     );
 }
+
+#[test]
+fn while_the_guard_cannot_be_put_back_guarded_macvtaps_forward_nothing() {
+    let mut world = World::with_config(CONFIG);
+    let _lan = Lan::new(&world);
+    world.start_daemon();
+    let g = world.guest("lan", &[]);
+    g.udhcpc();
+    assert!(g.ping(LAN_ROUTER));
+    let up = |world: &World| {
+        must(&mut world.host.cmd(&["ip", "-o", "link", "show", &g.tap()])).contains(",UP")
+    };
+    assert!(up(&world));
+    // Someone flushes the ruleset and takes the macvtaps' table name with a
+    // table only its own nft process may change, so linnet cannot put the
+    // guard back while that process lives.
+    let mut squatter = Reaped(
+        world
+            .host
+            .cmd(&["nft", "-i"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    {
+        use std::io::Write;
+        let stdin = squatter.stdin.as_mut().unwrap();
+        stdin
+            .write_all(b"flush ruleset\nadd table netdev linnet { flags owner; }\n")
+            .unwrap();
+        stdin.flush().unwrap();
+    }
+    wait_for("the macvtap held down", Duration::from_secs(3), || {
+        (!up(&world)).then_some(())
+    });
+    assert!(!g.ping(LAN_ROUTER), "no frame in or out while unguarded");
+    let _ = squatter.kill();
+    let _ = squatter.wait();
+    wait_for("the macvtap back up", Duration::from_secs(10), || {
+        up(&world).then_some(())
+    });
+    let macs = must(
+        &mut world
+            .host
+            .cmd(&["nft", "list", "set", "netdev", "linnet", "macs"]),
+    );
+    assert!(
+        macs.contains(&g.mac()),
+        "the guard holds the guest again: {macs}"
+    );
+    wait_for(
+        "the guest to reach the router again",
+        Duration::from_secs(10),
+        || g.ping(LAN_ROUTER).then_some(()),
+    );
+}
