@@ -573,3 +573,47 @@ fn while_the_guard_cannot_be_put_back_guarded_macvtaps_forward_nothing() {
         || g.ping(LAN_ROUTER).then_some(()),
     );
 }
+
+#[test]
+fn a_vm_on_a_bridged_networks_socket_gets_a_macvtap_and_leases_from_the_lan() {
+    let mut world = World::with_config(
+        "networks:\n  lan:\n    mode: bridged\n    uplink: lanup\n    socket: true\n",
+    );
+    let _lan = Lan::new(&world);
+    world.start_daemon();
+    let socket = world.run_dir().join("lan.sock");
+    let ns = Netns::new("guest");
+    let log = world.dir.path().join(format!("{}.vmm", ns.name));
+    let mac = "52:54:00:7a:00:01";
+    let guest = Guest::on_socket(
+        ns,
+        "--stream-socket",
+        socket.to_str().unwrap(),
+        serde_json::json!({ "mac_address": mac, "mtu": 1500 }),
+        &log,
+    );
+    // Attached on its first frame, with its own MAC, on a macvtap.
+    let listed_mac = wait_for(
+        "the interface on lan's socket",
+        Duration::from_secs(10),
+        || {
+            listed(&world)["interfaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|i| i["mac_address"] == mac)
+                .cloned()
+        },
+    );
+    assert!(
+        listed_mac["tap"].as_str().unwrap().starts_with("lnv"),
+        "{listed_mac}"
+    );
+    assert_eq!(listed_mac["datapath"], "stream");
+    let ip = guest.udhcpc();
+    assert!(in_lan_pool(ip), "{ip}");
+    assert_eq!(
+        guest.fetch(&format!("http://{LAN_ROUTER}/")).as_deref(),
+        Some(format!("{LAN_PAGE}\n").as_str())
+    );
+}
