@@ -33,7 +33,8 @@ def parse_args():
     p.add_argument("--seconds", type=int, default=2, help="length of each iperf3 run (default 2)")
     p.add_argument("--runs", type=int, default=3, help="runs per figure; the median is reported (default 3)")
     p.add_argument("--only", metavar="REGEX", help="only the setups whose name matches, e.g. 'linnet|passt'")
-    p.add_argument("--mtu", type=int, choices=(1500, 65520), help="only this MTU")
+    p.add_argument("--mtu", type=int, choices=(1500, 9000, 65520),
+                   help="only this MTU (9000: the LAN rows only)")
     p.add_argument("--no-control", action="store_true", help="skip the control-plane figures")
     p.add_argument("--interfaces", type=int, default=1000, help="interfaces for the scale figure (default 1000)")
     p.add_argument("--attaches", type=int, default=200, help="attaches for the latency figure (default 200)")

@@ -299,6 +299,8 @@ class LinnetLan(Setup):
     of the veth."""
     group = "linnet"
     datapath = "tap"
+    # The paper's jumbo frames (9000) too, as well as the table's two.
+    mtus = (1500, 9000, 65520)
 
     def __init__(self, name, kind):
         super().__init__(name)
