@@ -137,7 +137,8 @@ pub enum MacvtapMode {
     Vepa,
     /// VMs on one uplink never reach each other; only the LAN.
     Private,
-    /// One VM owns the NIC (its MAC and promiscuity).
+    /// One VM owns the NIC (its MAC and promiscuity). Refused by the
+    /// config: the VMM could change the NIC's own MAC through its fd.
     Passthru,
 }
 
@@ -908,6 +909,12 @@ impl Validator<'_> {
                     )
                 })?;
                 let macvtap_mode = spec.macvtap_mode.unwrap_or_default();
+                if macvtap_mode == MacvtapMode::Passthru {
+                    return Err(self.err(
+                        "macvtap_mode",
+                        "passthru is refused: it gives one VM the NIC itself, and its VMM could change the NIC's own MAC through its fd; use bridge, vepa or private",
+                    ));
+                }
                 let host_access = spec.host_access.unwrap_or(false);
                 if host_access && macvtap_mode != MacvtapMode::Bridge {
                     return Err(self.err(
@@ -1467,6 +1474,10 @@ mod tests {
             m.contains("mtu: a bridge network's MTU is its bridge's"),
             "{m}"
         );
+        let m = message(
+            "networks:\n  lan:\n    mode: bridged\n    uplink: eth0\n    macvtap_mode: passthru\n",
+        );
+        assert!(m.contains("passthru is refused"), "{m}");
         let m = message("networks:\n  lan:\n    mode: bridged\n    uplink: a/b\n");
         assert!(m.contains("is not an interface name"), "{m}");
         let m = message(

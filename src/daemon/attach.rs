@@ -54,6 +54,15 @@ pub(super) fn plan_on_lan(
             "{mac} is a multicast MAC; a VM's must be unicast"
         )));
     }
+    // A universally administered MAC is some vendor's NIC's: on a LAN,
+    // maybe its router's or another host's, whose traffic the VM's port
+    // would then receive (and whose lease it would be given).
+    if mac.0[0] & 0x02 == 0 {
+        return Err(DaemonError::BadRequest(format!(
+            "network \"{}\" is on a LAN, where a VM takes a locally administered MAC (the second-lowest bit of the first byte set, as QEMU's 52:54:00:…): {mac} is a vendor's, maybe another host's on the LAN; leave --mac out or choose a locally administered one",
+            cfg.name
+        )));
+    }
     if in_use(mac) {
         return Err(DaemonError::Conflict(format!(
             "network \"{}\": MAC {mac} is another interface's; choose another --mac",
@@ -310,6 +319,12 @@ mod tests {
         );
         assert_ne!(lan_mac(id(2)), plan.mac);
         let mut chosen = request(None);
+        chosen.mac = Some("00:11:22:33:44:55".parse().unwrap());
+        let vendors = plan_on_lan(&cfg, id(3), &chosen, 1500, free);
+        assert!(
+            matches!(&vendors, Err(DaemonError::BadRequest(m)) if m.contains("locally administered")),
+            "{vendors:?}"
+        );
         chosen.mac = Some("52:54:00:00:00:07".parse().unwrap());
         let taken = plan_on_lan(&cfg, id(3), &chosen, 1500, |m| m == chosen.mac.unwrap());
         assert!(

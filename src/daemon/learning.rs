@@ -89,13 +89,17 @@ impl Daemon {
         let before = self.guard_of(iface);
         let iface = self.interfaces.get_mut(&id).expect("found above");
         let was = iface.ip.replace(acked.ip);
-        info!(network = %iface.network, interface = %id, name = ?iface.name, mac = %iface.mac, ip = %acked.ip, ?was, "learned the VM's address from the LAN's DHCP server");
         let after = self.guard_of(&self.interfaces[&id]);
         if let (Some(before), Some(after)) = (before, after)
             && let Err(e) = guard::update_port(&mut self.nft, &before, &after)
         {
+            // Not learned: the next ACK (a retry, a renewal) tries again.
             warn!(interface = %id, "cannot let the VM send from {}: {e}", acked.ip);
+            self.interfaces.get_mut(&id).expect("found above").ip = was;
+            return;
         }
+        let iface = &self.interfaces[&id];
+        info!(network = %iface.network, interface = %id, name = ?iface.name, mac = %iface.mac, ip = %acked.ip, ?was, "learned the VM's address from the LAN's DHCP server");
         let (network, net) = (
             &self.interfaces[&id].network,
             &self.networks[&self.interfaces[&id].network],
@@ -128,6 +132,14 @@ impl Daemon {
                 "interface {id} belongs to uid {}; only it or root may wait for its address",
                 iface.uid
             )));
+        }
+        // A connection that waits is not watched for closing meanwhile: one
+        // that holds interfaces would keep them past its client's end.
+        if self.interfaces.values().any(|i| i.client == client.id) {
+            return Err(DaemonError::BadRequest(
+                "wait for an address on a connection of its own, not the one that holds interfaces"
+                    .into(),
+            ));
         }
         Ok(iface.ip.ok_or_else(|| self.learned.subscribe()))
     }

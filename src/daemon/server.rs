@@ -587,7 +587,7 @@ async fn wait_address(
             Ok(Ok(())) => continue,
             _ => {
                 return DaemonError::Busy(format!(
-                    "interface {id} has no address after {} s: is the VM's DHCP client running, and does the LAN's DHCP server answer it?",
+                    "interface {id} has no IPv4 address linnet knows after {} s: on a LAN, is the VM's DHCP client running, and does the LAN's DHCP server answer it? (on a network with dhcp: false, linnet knows only static leases)",
                     timeout.as_secs()
                 ))
                 .into_response();

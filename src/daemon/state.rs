@@ -145,7 +145,7 @@ pub(super) struct Interface {
     pub(super) tap_index: u32,
     /// Why its TAP was taken off the network, if it was.
     pub(super) cut_off: Option<String>,
-    client: u64,
+    pub(super) client: u64,
     pid: Option<i32>,
     pub(super) uid: u32,
     datapath: Datapath,
@@ -767,7 +767,18 @@ impl Daemon {
             self.tap_addresses.forget(index);
         }
         let guarded: Vec<PortGuard> = gone.iter().filter_map(|(_, i)| self.guard_of(i)).collect();
-        // A macvtap's hook goes before the macvtap does.
+        // A macvtap's hook goes before the macvtap does, so the macvtap
+        // goes down first: its VMM may still hold the fd.
+        let macvtaps = gone.iter().filter(|(_, i)| {
+            self.networks
+                .get(&i.network)
+                .is_some_and(|n| n.bridge().is_none())
+        });
+        for (_, iface) in macvtaps {
+            if let Err(e) = self.netlink.cut_off(iface.tap_index).await {
+                warn!(macvtap = %iface.tap, "cannot take the macvtap down before it goes: {e}");
+            }
+        }
         if let Err(e) = guard::unhook(&mut self.nft, &guarded) {
             warn!("removing the hooks of detached macvtaps failed: {e}");
         }

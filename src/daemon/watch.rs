@@ -59,6 +59,7 @@ const DELETES: [i32; 8] = [
 const DESTROYSETELEM: i32 = 30;
 const NFPROTO_INET: u8 = libc::NFPROTO_INET as u8;
 const NFPROTO_BRIDGE: u8 = libc::NFPROTO_BRIDGE as u8;
+const NFPROTO_NETDEV: u8 = libc::NFPROTO_NETDEV as u8;
 /// The table's name is attribute 1 of table, chain, rule and set messages.
 const NFTA_TABLE: u16 = 1;
 
@@ -241,7 +242,7 @@ fn netfilter_change(buf: &[u8]) -> Change {
             continue;
         }
         let family = msg[16];
-        let ours = matches!(family, NFPROTO_INET | NFPROTO_BRIDGE)
+        let ours = matches!(family, NFPROTO_INET | NFPROTO_BRIDGE | NFPROTO_NETDEV)
             && table_name(&msg[20..]) == Some(b"linnet");
         let deletes = DELETES.contains(&op);
         change = change.max(match (ours, deletes) {

@@ -285,11 +285,21 @@ pub fn create_with(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
             script.push_str(&element_text(&elem));
         }
     }
+    // The macvtaps' hooks in the same transaction: no moment with the
+    // table back but a macvtap's frames unchecked.
+    for port in egress.iter().filter(|p| p.anti_spoofing) {
+        let (tap, chain) = (&port.tap, format!("port_{}", port.tap));
+        script.push_str(&format!(
+            "add chain {EGRESS_FAMILY} {TABLE} {chain} {{ type filter hook egress device \"{tap}\" priority filter; policy accept; }}\nadd rule {EGRESS_FAMILY} {TABLE} {chain} jump guard\n"
+        ));
+    }
     nft.run(&script)?;
-    // Their hooks, once their chains' table exists.
-    let hooks: Vec<Value> = egress.iter().flat_map(|p| egress_hook(p)).collect();
-    if !hooks.is_empty() {
-        run(nft, hooks)?;
+    if !egress.is_empty()
+        && EGRESS_SHAPE.get().is_none()
+        && let Ok(Some(mut shape)) = linnet_shape(nft, EGRESS_FAMILY)
+    {
+        shape.retain(|chain, _| !chain.starts_with("port_"));
+        let _ = EGRESS_SHAPE.set(shape);
     }
     if SHAPE.get().is_none()
         && let Ok(Some(shape)) = linnet_shape(nft, FAMILY)

@@ -418,10 +418,10 @@ impl Netlink {
             .scope(RouteScope::Link)
             .pref_source(src)
             .build();
+        // Never over another route to that address (the host's own, say).
         self.handle
             .route()
             .add(msg)
-            .replace()
             .execute()
             .await
             .map_err(op(format!("add a route to {ip} through link {index}")))

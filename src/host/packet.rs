@@ -1,8 +1,8 @@
 //! A packet socket that sees the DHCP replies on every link of the
 //! namespace, in both directions, for DHCP snooping on LAN networks. A
-//! classic BPF filter in the kernel passes only IPv4 UDP to port 68 that
-//! is not a fragment, so the rest of the host's traffic never reaches
-//! linnet.
+//! classic BPF filter in the kernel passes only IPv4 UDP from port 67 to
+//! port 68 that is not a fragment, so the rest of the host's traffic never
+//! reaches linnet.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -28,15 +28,19 @@ const JSET_K: u16 = 0x45;
 const RET_K: u16 = 0x06;
 
 /// IPv4 (ethertype at 12), UDP (protocol at 23), no fragment (offset and
-/// MF at 20), destination port 68 (at 14 + header length + 2).
-const FILTER: [libc::sock_filter; 11] = [
+/// MF at 20), source port 67 and destination port 68 (at 14 + header
+/// length, and + 2). Port 67 is privileged: a local user without it cannot
+/// send a reply that passes.
+const FILTER: [libc::sock_filter; 13] = [
     op(LD_H_ABS, 0, 0, 12),
-    op(JEQ_K, 0, 8, 0x0800),
+    op(JEQ_K, 0, 10, 0x0800),
     op(LD_B_ABS, 0, 0, 23),
-    op(JEQ_K, 0, 6, 17),
+    op(JEQ_K, 0, 8, 17),
     op(LD_H_ABS, 0, 0, 20),
-    op(JSET_K, 4, 0, 0x3fff),
+    op(JSET_K, 6, 0, 0x3fff),
     op(LDX_B_MSH, 0, 0, 14),
+    op(LD_H_IND, 0, 0, 14),
+    op(JEQ_K, 0, 3, 67),
     op(LD_H_IND, 0, 0, 16),
     op(JEQ_K, 0, 1, 68),
     op(RET_K, 0, 0, 0xffff),

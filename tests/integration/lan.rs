@@ -444,6 +444,8 @@ fn what_needs_linnets_own_network_is_refused_on_a_lan_with_the_reason() {
         &["--network", "br", "--allow-connect", "10.0.0.0/8"],
     );
     assert!(err.contains("policies are not enforced yet"), "{err}");
+    let err = refused(&world, &["--network", "lan", "--mac", "00:11:22:33:44:55"]);
+    assert!(err.contains("locally administered"), "{err}");
     let err = refused(&world, &["--network", "lan", "--datapath", "tap-name"]);
     assert!(
         err.contains("opened through their fd, not by name"),
@@ -616,4 +618,48 @@ fn a_vm_on_a_bridged_networks_socket_gets_a_macvtap_and_leases_from_the_lan() {
         guest.fetch(&format!("http://{LAN_ROUTER}/")).as_deref(),
         Some(format!("{LAN_PAGE}\n").as_str())
     );
+}
+
+/// A DHCPACK for `mac` giving `yiaddr`, sent by a local user (nobody) from
+/// an unprivileged port to `to`:68, as any user on the host could.
+fn forged_ack_from_a_local_user(world: &World, to: Ipv4Addr, mac: &str, yiaddr: &str) {
+    let script = "import socket, struct, sys\n\
+                  to, mac, yi = sys.argv[1], bytes.fromhex(sys.argv[2].replace(':', '')), sys.argv[3]\n\
+                  bootp = struct.pack('!BBBBIHH4s4s4s4s16s64s128s', 2, 1, 6, 0, 7, 0, 0, bytes(4),\n\
+                      socket.inet_aton(yi), bytes(4), bytes(4), mac.ljust(16, b'\\0'), b'', b'')\n\
+                  opts = bytes([99, 130, 83, 99, 53, 1, 5, 1, 4, 255, 255, 255, 0, 255])\n\
+                  s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+                  s.bind(('', 6868))\n\
+                  s.sendto(bootp + opts, (to, 68))\n";
+    let mut argv: Vec<&str> = AS_NOBODY.to_vec();
+    let to = to.to_string();
+    argv.extend(["/usr/bin/python3", "-c", script, &to, mac, yiaddr]);
+    must(&mut world.host.cmd(&argv));
+}
+
+#[test]
+fn a_dhcp_ack_forged_by_a_local_user_teaches_linnet_nothing() {
+    let mut world = World::with_config(CONFIG);
+    let _lan = Lan::new(&world);
+    // The host on the bridge's LAN, so that its users reach the VM.
+    must(
+        &mut world
+            .host
+            .cmd(&["ip", "addr", "add", "10.77.0.3/24", "dev", BRIDGE]),
+    );
+    world.start_daemon();
+    let tp = world.guest("br", &[]);
+    let ip = tp.udhcpc();
+    wait_for("the learned address", Duration::from_secs(5), || {
+        (listed_ip(&world, &tp) == Some(ip.to_string())).then_some(())
+    });
+    forged_ack_from_a_local_user(&world, ip, &tp.mac(), LAN_ROUTER);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        listed_ip(&world, &tp),
+        Some(ip.to_string()),
+        "the VM keeps the address the LAN's server gave it"
+    );
+    let log = world.daemon_log_text();
+    assert!(!log.contains(&format!("ip={LAN_ROUTER} ")), "{log}");
 }
