@@ -209,15 +209,10 @@ mod tests {
     fn a_plan_takes_a_lease_and_says_what_the_interface_will_be() {
         let cfg = network("");
         let mut leases = LeaseTable::new(&cfg);
-        let plan = plan(
-            &cfg,
-            &mut leases,
-            1000.into(),
-            id(1),
-            &request(Some("web")),
-            0,
-        )
-        .unwrap();
+        let web = |leases: &mut LeaseTable, now| {
+            plan(&cfg, leases, 1000.into(), id(1), &request(Some("web")), now).unwrap()
+        };
+        let plan = web(&mut leases, 0);
         assert_eq!(plan.ip, Some("192.168.105.2".parse().unwrap()));
         assert_eq!(
             (plan.name.as_deref(), plan.datapath),
@@ -227,15 +222,7 @@ mod tests {
         assert_eq!(plan.mtu, 1500);
         // The same id gets the same MAC and address again.
         leases.detach(id(1), 1);
-        let again = super::plan(
-            &cfg,
-            &mut leases,
-            1000.into(),
-            id(1),
-            &request(Some("web")),
-            2,
-        )
-        .unwrap();
+        let again = web(&mut leases, 2);
         assert_eq!((again.mac, again.ip), (plan.mac, plan.ip));
         // Another user's VM cannot take its name while it is attached.
         let taken = super::plan(

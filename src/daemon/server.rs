@@ -104,12 +104,21 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         let mut ticks = tokio::time::interval(DROP_REPORT_PERIOD);
         loop {
             ticks.tick().await;
-            let netlink = reporter.lock().await.netlink.clone();
-            let stats = super::state::link_stats(&netlink).await;
+            // Every link's counters, only while some interface is kept.
+            let netlink = {
+                let daemon = reporter.lock().await;
+                daemon.any_kept().then(|| daemon.netlink.clone())
+            };
+            let stats = match netlink {
+                Some(netlink) => Some(super::state::link_stats(&netlink).await),
+                None => None,
+            };
             let mut daemon = reporter.lock().await;
             daemon.report_drops();
             daemon.check_shadowed_forwards();
-            daemon.expire_kept(&stats).await;
+            if let Some(stats) = stats {
+                daemon.expire_kept(&stats).await;
+            }
         }
     });
     let watch = super::watch::spawn(daemon.clone());

@@ -697,6 +697,11 @@ impl Daemon {
         }
     }
 
+    /// Whether any interface is kept past its client (`linnet attach`).
+    pub fn any_kept(&self) -> bool {
+        self.interfaces.values().any(|i| i.kept.is_some())
+    }
+
     /// Detaches the kept interfaces (`linnet attach`) on linnet's own
     /// networks whose VM has sent nothing for the network's lease_time (a
     /// DHCP client renews in half of it): the daemon's lease on them has

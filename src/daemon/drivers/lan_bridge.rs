@@ -6,7 +6,7 @@
 
 use tracing::info;
 
-use super::{NetworkDriver, Port, PortRequest, TowardVm, tap_port};
+use super::{NetworkDriver, TowardVm};
 use crate::config::NetworkConfig;
 use crate::daemon::state::DaemonError;
 use crate::host::netlink::{LinkKind, Netlink};
@@ -65,14 +65,6 @@ pub(super) fn doctor_notes(bridge: &str) -> Vec<String> {
 }
 
 impl NetworkDriver for LanBridge {
-    async fn make_port(
-        &self,
-        netlink: &Netlink,
-        req: PortRequest<'_>,
-    ) -> Result<Port, DaemonError> {
-        tap_port(netlink, req).await
-    }
-
     fn bridge(&self) -> Option<(&str, u32)> {
         Some((&self.bridge, self.index))
     }

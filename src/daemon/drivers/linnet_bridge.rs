@@ -11,7 +11,7 @@ use std::sync::Arc;
 use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
-use super::{NetworkDriver, Port, PortRequest, TowardVm, tap_port};
+use super::{NetworkDriver, TowardVm};
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::NetworkConfig;
 use crate::daemon::state::DaemonError;
@@ -139,14 +139,6 @@ impl LinnetBridge {
 }
 
 impl NetworkDriver for LinnetBridge {
-    async fn make_port(
-        &self,
-        netlink: &Netlink,
-        req: PortRequest<'_>,
-    ) -> Result<Port, DaemonError> {
-        tap_port(netlink, req).await
-    }
-
     fn bridge(&self) -> Option<(&str, u32)> {
         Some((&self.bridge, self.bridge_index))
     }

@@ -147,9 +147,14 @@ pub(super) fn doctor_notes(cfg: &NetworkConfig) -> Vec<String> {
 /// What each kind of network does its own way.
 pub(super) trait NetworkDriver {
     /// Makes a VM's port: its link (down, on no bridge yet) and the fd its
-    /// VMM gets.
-    async fn make_port(&self, netlink: &Netlink, req: PortRequest<'_>)
-    -> Result<Port, DaemonError>;
+    /// VMM gets. A TAP unless the kind says otherwise.
+    async fn make_port(
+        &self,
+        netlink: &Netlink,
+        req: PortRequest<'_>,
+    ) -> Result<Port, DaemonError> {
+        tap_port(netlink, req).await
+    }
 
     /// The bridge ports join (name, index); None: a port is on the
     /// network as made.
