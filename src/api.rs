@@ -291,6 +291,10 @@ pub struct InterfaceInfo {
     pub tap: String,
     pub mtu: u32,
     pub forwards: Vec<PortForward>,
+    /// On a rootless daemon's network with NAT: the address at which the
+    /// VM reaches the host's 127.0.0.1 (its own loopback is its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_loopback: Option<Ipv4Addr>,
     /// Empty lists: nothing restricted.
     #[serde(default)]
     pub policy: Policy,

@@ -462,6 +462,55 @@ impl Config {
     pub fn network(&self, name: &str) -> Option<&NetworkConfig> {
         self.networks.get(name)
     }
+
+    /// The networks as a user's rootless daemon runs them: a network on a
+    /// host NIC or bridge, or with a socket of its own, is refused (with
+    /// what to run instead); each network is the user's alone (root
+    /// inside the namespace); DNS goes upstream through `host_dns` (the
+    /// egress tool's forwarder to the host's resolver) unless the file
+    /// names servers; there is no Docker in the namespace to make room in.
+    pub fn for_rootless(mut self, host_dns: Ipv4Addr) -> Result<Config, ConfigError> {
+        let file = self.source_name();
+        for net in self.networks.values_mut() {
+            let refuse = |key: &str, message: String| ConfigError::Invalid {
+                file: file.clone(),
+                network: net.name.clone(),
+                key: key.into(),
+                message,
+            };
+            if net.lan.is_some() {
+                return Err(refuse(
+                    "mode",
+                    format!(
+                        "{} puts VMs on the host's LAN, which a rootless daemon cannot reach from inside its namespaces (it would need root on the host's NIC or bridge); run this network on the system daemon (`sudo linnet daemon`), or use mode: shared",
+                        net.mode
+                    ),
+                ));
+            }
+            if net.socket.is_some() {
+                return Err(refuse(
+                    "socket",
+                    "a network's own socket is the system daemon's (each VM's relay runs as a user of its own); a rootless daemon has none: attach with `linnet run` or `linnet helper`, or run the network on the system daemon".into(),
+                ));
+            }
+            net.allow = Allow {
+                users: vec![("you".into(), 0)],
+                groups: Vec::new(),
+            };
+            if net.dns.upstream.is_empty() {
+                net.dns.upstream = vec![SocketAddr::new(host_dns.into(), 53)];
+            }
+        }
+        self.firewall.docker_user = false;
+        Ok(self)
+    }
+
+    fn source_name(&self) -> String {
+        self.source
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "built-in networks".into())
+    }
 }
 
 fn check_no_overlaps(
@@ -1239,6 +1288,38 @@ mod tests {
         load(yaml)
             .expect_err("config should be refused")
             .to_string()
+    }
+
+    #[test]
+    fn a_rootless_daemon_refuses_the_lan_and_sockets_and_serves_its_user_alone() {
+        let dns = Ipv4Addr::new(10, 0, 2, 3);
+        let cfg = Config::builtin().for_rootless(dns).unwrap();
+        let shared = cfg.network("shared").unwrap();
+        assert!(shared.allow.permits(0, &[]));
+        assert!(!shared.allow.permits(1000, &[1000]));
+        assert_eq!(shared.dns.upstream, vec!["10.0.2.3:53".parse().unwrap()]);
+        assert!(!cfg.firewall.docker_user);
+        let named = load("networks:\n  shared:\n    dns: { upstream: [192.0.2.53] }\n")
+            .unwrap()
+            .for_rootless(dns)
+            .unwrap();
+        assert_eq!(
+            named.network("shared").unwrap().dns.upstream,
+            vec!["192.0.2.53:53".parse().unwrap()]
+        );
+        let lan = load("networks:\n  lan:\n    mode: bridge\n    bridge: br0\n").unwrap();
+        let m = lan.for_rootless(dns).unwrap_err().to_string();
+        assert!(
+            m.contains("network \"lan\": mode: bridge puts VMs on the host's LAN"),
+            "{m}"
+        );
+        assert!(m.contains("sudo linnet daemon"), "{m}");
+        let sock = load("networks:\n  shared:\n    socket: true\n").unwrap();
+        let m = sock.for_rootless(dns).unwrap_err().to_string();
+        assert!(
+            m.contains("socket: a network's own socket is the system daemon's"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use clap::Args;
 
 use super::Cli;
-use crate::daemon::{self, Options};
+use crate::daemon::{self, Options, Placement};
+use crate::host::egress::{self, Egress};
 
 #[derive(Args)]
 pub struct DaemonArgs {
@@ -18,18 +19,49 @@ pub struct DaemonArgs {
     /// (each `linnet run` and `linnet helper` holds one while its VM runs).
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_connections_per_uid: usize,
+    /// With --rootless: what carries the namespace's traffic out to the
+    /// host [default: pasta if installed, else slirp4netns].
+    #[arg(long, value_name = "TOOL")]
+    pub egress: Option<Egress>,
 }
 
 pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
-    if !nix::unistd::geteuid().is_root() {
-        bail!("the daemon needs root (CAP_NET_ADMIN) to create bridges and TAPs: run it with sudo");
+    // A daemon that `linnet run` started inherits the signals it blocks
+    // (it forwards them to its VMM): SIGTERM would never arrive.
+    nix::sys::signal::SigSet::all()
+        .thread_unblock()
+        .context("cannot unblock signals")?;
+    let place = cli.place();
+    if !place.rootless && !nix::unistd::geteuid().is_root() {
+        bail!(
+            "the system daemon needs root (CAP_NET_ADMIN) to create bridges and TAPs: run it with sudo, or run `linnet daemon --rootless` for networks of your own (`linnet run` starts that one by itself)"
+        );
     }
-    let config = cli.load_config()?;
-    daemon::run(Options {
-        run_dir: cli.run_dir.clone(),
-        state_dir: cli.state_dir.clone(),
+    if args.egress.is_some() && !place.rootless {
+        bail!(
+            "--egress is for a rootless daemon (--rootless); the system daemon NATs through the host's own routes"
+        );
+    }
+    let mut config = cli.load_config()?;
+    if place.rootless {
+        config = config.for_rootless(egress::HOST_DNS)?;
+    }
+    let opts = Options {
+        run_dir: place.run_dir.clone(),
+        state_dir: place.state_dir.clone(),
         config,
         idle_exit: args.idle_exit.map(Duration::from_secs),
         max_connections_per_uid: args.max_connections_per_uid,
-    })
+        placement: Placement::System,
+    };
+    if !place.rootless {
+        return daemon::run(opts);
+    }
+    let egress = match args.egress {
+        Some(e) => e,
+        None => Egress::find().context(
+            "a rootless daemon needs pasta (package passt) or slirp4netns for its way out, and neither is on PATH: install one",
+        )?,
+    };
+    daemon::rootless::run(opts, egress)
 }

@@ -56,31 +56,104 @@ sudo linnet run -- qemu-system-x86_64 -m 512 -kernel vmlinuz ...\n\n\
 The daemon is the only privileged process; `linnet run` as root starts one on demand."
 )]
 pub struct Cli {
-    /// Runtime directory: the API socket and the daemon's lock.
-    #[arg(
-        long,
-        env = "LINNET_RUN_DIR",
-        default_value = "/run/linnet",
-        global = true
-    )]
-    pub run_dir: PathBuf,
-    /// State directory: leases, kept across restarts.
-    #[arg(
-        long,
-        env = "LINNET_STATE_DIR",
-        default_value = "/var/lib/linnet",
-        global = true
-    )]
-    pub state_dir: PathBuf,
-    /// Networks file [default: /etc/linnet/networks.yaml, if it exists]
+    /// Runtime directory: the API socket and the daemon's lock
+    /// [default: /run/linnet; rootless: $XDG_RUNTIME_DIR/linnet].
+    #[arg(long, env = "LINNET_RUN_DIR", global = true)]
+    pub run_dir: Option<PathBuf>,
+    /// State directory: leases, kept across restarts [default:
+    /// /var/lib/linnet; rootless: $XDG_STATE_HOME/linnet, or ~/.local/state/linnet].
+    #[arg(long, env = "LINNET_STATE_DIR", global = true)]
+    pub state_dir: Option<PathBuf>,
+    /// Networks file [default: /etc/linnet/networks.yaml, if it exists;
+    /// rootless: $XDG_CONFIG_HOME/linnet/networks.yaml, or ~/.config/linnet/networks.yaml]
     #[arg(long, env = "LINNET_CONFIG", global = true)]
     pub config: Option<PathBuf>,
+    /// Use your own rootless daemon (started on demand) rather than the
+    /// system's. Without it, a user other than root gets the system's
+    /// daemon when one runs, and their own otherwise.
+    #[arg(long, env = "LINNET_ROOTLESS", global = true)]
+    pub rootless: bool,
     /// Log filter, e.g. debug or linnet=trace [default: info for the daemon, warn otherwise]
     #[arg(long, env = "LINNET_LOG", global = true)]
     pub log: Option<String>,
     #[command(subcommand)]
     pub command: CommandArgs,
+    /// Which daemon, where: decided once, after parsing.
+    #[arg(skip)]
+    place: Option<Place>,
 }
+
+/// The daemon a command works with, and where its files are.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Place {
+    pub run_dir: PathBuf,
+    pub state_dir: PathBuf,
+    /// The networks file, and whether it was named (a missing default file
+    /// means the built-in networks).
+    pub config: (PathBuf, bool),
+    pub rootless: bool,
+}
+
+impl Place {
+    fn system(cli: &Cli) -> Place {
+        Place {
+            run_dir: cli.run_dir.clone().unwrap_or_else(|| SYSTEM_RUN_DIR.into()),
+            state_dir: cli
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| SYSTEM_STATE_DIR.into()),
+            config: match &cli.config {
+                Some(p) => (p.clone(), true),
+                None => (DEFAULT_CONFIG_PATH.into(), false),
+            },
+            rootless: false,
+        }
+    }
+
+    /// A user's own daemon's places, from the XDG base directories (`env`
+    /// looks a variable up), each overridden by its option.
+    fn rootless(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Place> {
+        let xdg = |var: &str, fallback: &str| -> Option<PathBuf> {
+            env(var)
+                .filter(|v| v.starts_with('/'))
+                .map(PathBuf::from)
+                .or_else(|| env("HOME").map(|h| Path::new(&h).join(fallback)))
+        };
+        let run_dir = match (
+            &cli.run_dir,
+            env("XDG_RUNTIME_DIR").filter(|v| v.starts_with('/')),
+        ) {
+            (Some(dir), _) => dir.clone(),
+            (None, Some(runtime)) => Path::new(&runtime).join("linnet"),
+            (None, None) => bail!(
+                "XDG_RUNTIME_DIR is not set, and a rootless linnet keeps its socket there: log in through a session that sets it (systemd-logind does), or set it to a directory of yours with mode 0700, or give --run-dir"
+            ),
+        };
+        let state_dir = match &cli.state_dir {
+            Some(dir) => dir.clone(),
+            None => xdg("XDG_STATE_HOME", ".local/state")
+                .context("neither XDG_STATE_HOME nor HOME is set: give --state-dir for the leases")?
+                .join("linnet"),
+        };
+        let config = match &cli.config {
+            Some(p) => (p.clone(), true),
+            None => match xdg("XDG_CONFIG_HOME", ".config") {
+                Some(dir) => (dir.join("linnet").join("networks.yaml"), false),
+                // No file to look for: the built-in networks.
+                None => (PathBuf::new(), false),
+            },
+        };
+        Ok(Place {
+            run_dir,
+            state_dir,
+            config,
+            rootless: true,
+        })
+    }
+}
+
+const SYSTEM_RUN_DIR: &str = "/run/linnet";
+const SYSTEM_STATE_DIR: &str = "/var/lib/linnet";
 
 #[derive(Subcommand)]
 pub enum CommandArgs {
@@ -127,6 +200,11 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging(&args);
+    let mut args = args;
+    if let Err(e) = args.find_place() {
+        eprintln!("linnet: {e:#}");
+        return ExitCode::from(EXIT_LINNET_FAILED);
+    }
     match dispatch(args) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -178,18 +256,51 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
 }
 
 impl Cli {
+    /// Decides which daemon this command works with: `linnet daemon` is
+    /// the system's unless `--rootless`; a client is root's, or with
+    /// `--rootless` or a `--run-dir` as told; a user other than root gets
+    /// the system's daemon when its socket answers, and their own
+    /// otherwise.
+    pub fn find_place(&mut self) -> anyhow::Result<()> {
+        let env = |var: &str| std::env::var(var).ok();
+        let root = nix::unistd::geteuid().is_root();
+        let rootless = match &self.command {
+            CommandArgs::Daemon(_) => self.rootless,
+            _ if self.rootless => true,
+            _ if root || self.run_dir.is_some() => false,
+            _ => Channel::connect(&Path::new(SYSTEM_RUN_DIR).join(SOCKET_NAME)).is_err(),
+        };
+        if rootless && root {
+            bail!(
+                "--rootless is for users without root; root has the system daemon (`linnet daemon`)"
+            );
+        }
+        self.place = Some(if rootless {
+            Place::rootless(self, env)?
+        } else {
+            Place::system(self)
+        });
+        Ok(())
+    }
+
+    pub fn place(&self) -> &Place {
+        self.place
+            .as_ref()
+            .expect("find_place runs before any command")
+    }
+
     pub fn socket_path(&self) -> PathBuf {
-        self.run_dir.join(SOCKET_NAME)
+        self.place().run_dir.join(SOCKET_NAME)
     }
 
     /// The configuration: the file given, or the default file if it exists,
     /// or the built-in networks.
     pub fn load_config(&self) -> anyhow::Result<Config> {
-        let (path, explicit) = match &self.config {
-            Some(p) => (p.clone(), true),
-            None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
-        };
-        Ok(Config::load(&path, explicit)?)
+        let (path, explicit) = &self.place().config;
+        if path.as_os_str().is_empty() {
+            return Ok(Config::builtin());
+        }
+        Ok(Config::load(path, *explicit)?)
     }
 
     pub fn connect(&self) -> anyhow::Result<Channel> {
@@ -203,7 +314,10 @@ impl Cli {
         let path = self.socket_path();
         match Channel::connect(&path) {
             Ok(chan) => return Ok((chan, None)),
-            Err(e) if !is_absent(&e) || !nix::unistd::geteuid().is_root() => {
+            Err(e)
+                if !is_absent(&e)
+                    || !(self.place().rootless || nix::unistd::geteuid().is_root()) =>
+            {
                 return Err(unreachable_daemon(&path, &e));
             }
             Err(_) => {}
@@ -217,7 +331,7 @@ impl Cli {
                     bail!(
                         "started a linnet daemon but cannot reach it at {}: {e}; see {}",
                         path.display(),
-                        self.run_dir.join("daemon.log").display()
+                        self.place().run_dir.join("daemon.log").display()
                     )
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(10)),
@@ -244,9 +358,10 @@ impl Cli {
     /// Starts `linnet daemon` detached (own session, logs to the run dir);
     /// it exits by itself once idle.
     fn start_daemon(&self) -> anyhow::Result<Child> {
-        std::fs::create_dir_all(&self.run_dir)
-            .with_context(|| format!("cannot create {}", self.run_dir.display()))?;
-        let log_path = self.run_dir.join("daemon.log");
+        let place = self.place();
+        std::fs::create_dir_all(&place.run_dir)
+            .with_context(|| format!("cannot create {}", place.run_dir.display()))?;
+        let log_path = place.run_dir.join("daemon.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -255,19 +370,20 @@ impl Cli {
         let mut cmd =
             Command::new(std::env::current_exe().context("cannot find the linnet executable")?);
         cmd.arg("--run-dir")
-            .arg(&self.run_dir)
+            .arg(&place.run_dir)
             .arg("--state-dir")
-            .arg(&self.state_dir);
-        if let Some(config) = &self.config {
+            .arg(&place.state_dir);
+        if let (config, true) = &place.config {
             cmd.arg("--config").arg(config);
         }
         if let Some(log) = &self.log {
             cmd.arg("--log").arg(log);
         }
-        cmd.args(["daemon", "--idle-exit", "10"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
+        cmd.args(["daemon", "--idle-exit", "10"]);
+        if place.rootless {
+            cmd.arg("--rootless");
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         use std::os::unix::process::CommandExt;
         // SAFETY: setsid is async-signal-safe.
         unsafe {

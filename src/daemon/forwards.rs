@@ -256,6 +256,9 @@ impl Daemon {
             })
         });
         check(&forward, cfg, uid, held)?;
+        if let Some(ports) = &mut self.host_ports {
+            ports.reserve(&forward)?;
+        }
         let iface = self.interfaces.get_mut(&id).expect("attached");
         iface.forwards.push(Published { forward, origin });
         Ok(())

@@ -17,13 +17,14 @@ mod coexist;
 mod drivers;
 mod forwards;
 mod guarding;
+mod host_ports;
 mod learning;
-
 mod network_sockets;
 mod policies;
+pub mod rootless;
 mod server;
 mod state;
 mod tap_watch;
 mod watch;
 
-pub use server::{Options, run};
+pub use server::{Options, Placement, run};

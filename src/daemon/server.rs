@@ -18,12 +18,18 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Mutex;
 use tracing::{debug, error, info, warn};
 
+use super::host_ports::HostPorts;
+use super::rootless::HostSide;
 use super::state::{Client, Daemon, DaemonError};
 use crate::api::{self, MAX_MESSAGE, Request, Response, SOCKET_NAME};
 use crate::budget::{Budget, Permit};
 use crate::config::Config;
-use crate::host::netlink::Netlink;
+use crate::host::egress;
+use crate::host::netlink::{LinkSettings, Netlink};
 use crate::types::InterfaceId;
+
+/// A network namespace's loopback is always its first link.
+const LOOPBACK_INDEX: u32 = 1;
 
 /// How often spoofed-frame drops are looked at and logged (one line per
 /// interface and period at most).
@@ -37,6 +43,19 @@ pub struct Options {
     pub idle_exit: Option<Duration>,
     /// Connections one uid other than root may hold open at once.
     pub max_connections_per_uid: usize,
+    /// Where the daemon runs.
+    pub placement: Placement,
+}
+
+/// The system's daemon, or a user's own in its namespaces (`rootless`).
+#[derive(Default)]
+pub enum Placement {
+    #[default]
+    System,
+    /// In a user and network namespace of the user's: the user is root
+    /// there, and nobody else may connect. The host's ports come through
+    /// the supervisor.
+    Rootless(HostSide),
 }
 
 /// Large replies (over one packet) one uid other than root may have
@@ -62,15 +81,33 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     }
     let _lock = lock_run_dir(&opts.run_dir)?;
     let socket_path = opts.run_dir.join(SOCKET_NAME);
-    let listener = listen(&socket_path)?;
+    let rootless = matches!(opts.placement, Placement::Rootless(_));
+    let listener = listen(&socket_path, rootless)?;
 
     let netlink = Netlink::connect().context("cannot open rtnetlink")?;
+    if rootless {
+        // A new network namespace's loopback starts down.
+        netlink
+            .configure(
+                LOOPBACK_INDEX,
+                LinkSettings {
+                    up: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .context("cannot bring up the namespace's loopback")?;
+    }
     let mut daemon = Daemon::new(
         opts.config,
         opts.state_dir.clone(),
         opts.run_dir.clone(),
         netlink,
     );
+    if let Placement::Rootless(side) = opts.placement {
+        daemon.host_ports = Some(HostPorts::new(side));
+        daemon.host_loopback = Some(egress::HOST_LOOPBACK);
+    }
     if let Err(e) = daemon.reconcile().await {
         let _ = std::fs::remove_file(&socket_path);
         bail!("start-up failed: {e}");
@@ -84,6 +121,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         per_uid: Arc::new(Budget::new(opts.max_connections_per_uid, usize::MAX)),
         large: Arc::new(LargeReplies::new(LARGE_REPLIES_PER_UID, usize::MAX)),
         next_client: Arc::new(AtomicU64::new(1)),
+        rootless,
     };
     let mut out_of_fds = 0u64;
     let network_sockets = match super::network_sockets::open(&sessions, &opts.run_dir).await {
@@ -177,6 +215,8 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     network_sockets.close();
     daemon.lock().await.shutdown().await;
     let _ = std::fs::remove_file(&socket_path);
+    // Still held: a daemon starting meanwhile finds it locked, or a new one.
+    let _ = std::fs::remove_file(opts.run_dir.join(LOCK_FILE));
     info!("stopped; nothing left behind");
     Ok(())
 }
@@ -190,6 +230,8 @@ pub(super) struct Sessions {
     per_uid: Arc<Budget<u32>>,
     large: Arc<LargeReplies>,
     next_client: Arc<AtomicU64>,
+    /// A user's own daemon serves that user alone (root inside).
+    rootless: bool,
 }
 
 impl Sessions {
@@ -202,6 +244,13 @@ impl Sessions {
     /// than root may hold only so many connections, whichever socket they
     /// came in on.
     pub(super) fn admit(&self, client: &Client) -> Result<Option<Permit<u32>>, String> {
+        if self.rootless && client.uid != 0 {
+            // Anyone unmapped shows as the overflow uid here; the socket's
+            // directory is the user's alone anyway.
+            return Err(
+                "this is another user's rootless linnet daemon, which serves its user alone; use your own (`linnet run` starts it) or the system's".into(),
+            );
+        }
         if client.uid == 0 {
             return Ok(None);
         }
@@ -249,9 +298,12 @@ fn refuse(conn: &AsyncFd<OwnedFd>, message: String) {
     );
 }
 
+/// One daemon per run directory, which holds a lock on this file.
+pub(super) const LOCK_FILE: &str = "daemon.lock";
+
 /// One daemon per run directory.
 fn lock_run_dir(run_dir: &Path) -> anyhow::Result<Flock<std::fs::File>> {
-    let path = run_dir.join("daemon.lock");
+    let path = run_dir.join(LOCK_FILE);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -266,7 +318,7 @@ fn lock_run_dir(run_dir: &Path) -> anyhow::Result<Flock<std::fs::File>> {
     })
 }
 
-fn listen(path: &Path) -> anyhow::Result<AsyncFd<OwnedFd>> {
+fn listen(path: &Path, rootless: bool) -> anyhow::Result<AsyncFd<OwnedFd>> {
     // We hold the lock, so a socket file left here is from a dead daemon.
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {
@@ -276,10 +328,12 @@ fn listen(path: &Path) -> anyhow::Result<AsyncFd<OwnedFd>> {
         _ => {}
     }
     let fd = bind_unix(path, SockType::SeqPacket)?;
-    // Anyone may connect; every request is checked against the network's
-    // `allow` list with the kernel's word on who is asking (SO_PEERCRED).
+    // Anyone may connect to the system's daemon; every request is checked
+    // against the network's `allow` list with the kernel's word on who is
+    // asking (SO_PEERCRED). A user's own daemon is that user's alone.
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    let mode = if rootless { 0o600 } else { 0o666 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     socket::listen(&fd, socket::Backlog::new(128)?)?;
     Ok(register(fd)?)
 }

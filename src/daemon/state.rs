@@ -20,6 +20,7 @@ use super::coexist::HostView;
 use super::drivers::{ActiveNetwork, PortRequest, dns_servers};
 use super::forwards::{Forwards, Published};
 use super::guarding::Guard;
+use super::host_ports::HostPorts;
 use super::policies::check_policy_possible;
 use super::tap_watch::TapAddresses;
 use crate::addr6;
@@ -191,6 +192,11 @@ pub struct Daemon {
     next_tap: u32,
     /// Counts the addresses learned on LAN networks, for their waiters.
     pub(super) learned: tokio::sync::watch::Sender<u64>,
+    /// A rootless daemon's published ports on the host (`host_ports`).
+    pub(super) host_ports: Option<HostPorts>,
+    /// A rootless daemon's address for the host's loopback, which its
+    /// networks with NAT reach through the egress tool.
+    pub(super) host_loopback: Option<Ipv4Addr>,
 }
 
 impl Daemon {
@@ -211,6 +217,8 @@ impl Daemon {
             tap_addresses: TapAddresses::default(),
             next_tap: 0,
             learned: tokio::sync::watch::Sender::new(0),
+            host_ports: None,
+            host_loopback: None,
         }
     }
 
@@ -511,6 +519,7 @@ impl Daemon {
             &plan.policy,
         );
         info.warnings = self.network_warnings(network);
+        info.host_loopback = self.host_loopback.filter(|_| net.config.nat44);
         info!(network, interface = %id, ip = %shown_ip(plan.ip, &net.config), mac = %plan.mac, tap = %tap_name, datapath = %plan.datapath, pid = ?client.pid, uid = client.uid, "attached");
         self.interfaces.insert(
             id,
@@ -970,6 +979,13 @@ impl Daemon {
         let (needs4, needs6) = forwarding_needs(&rules);
         self.forwarding.turn_on(needs4, needs6)?;
         firewall::apply(&mut self.nft, &rules)?;
+        if let Some(ports) = &mut self.host_ports {
+            let forwards: Vec<firewall::ForwardRule> = rules
+                .iter()
+                .flat_map(|n| n.forwards.iter().cloned())
+                .collect();
+            ports.sync(&forwards);
+        }
         self.check_shadowed_forwards();
         self.forwarding.turn_off_unneeded(needs4, needs6);
         Ok(())
@@ -1108,6 +1124,7 @@ fn interface_info(
         tap: tap.into(),
         mtu,
         forwards: Vec::new(),
+        host_loopback: None,
         policy: policy.clone(),
         warnings: Vec::new(),
     }

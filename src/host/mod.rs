@@ -3,6 +3,7 @@
 //! module carries out. Kernel-visible names are defined here, in one place.
 
 pub mod docker_user;
+pub mod egress;
 pub mod firewall;
 pub mod guard;
 pub mod legacy;
@@ -15,6 +16,7 @@ pub mod privileges;
 pub mod ruleset;
 pub mod sysctl;
 pub mod tap;
+pub mod userns;
 
 use crate::types::MacAddr;
 

@@ -146,6 +146,21 @@ impl Netns {
         ns
     }
 
+    /// The network namespace of process `pid` (one an unprivileged
+    /// process made), named so that `ip netns exec` enters it.
+    pub fn adopt(role: &str, pid: u32) -> Netns {
+        assert_sandboxed();
+        let name = unique(role);
+        let path = format!("/run/netns/{name}");
+        std::fs::write(&path, "").unwrap();
+        must(Command::new("mount").args(["--bind", &format!("/proc/{pid}/ns/net"), &path]));
+        std::fs::create_dir_all(format!("/etc/netns/{name}")).unwrap();
+        std::fs::write(format!("/etc/netns/{name}/resolv.conf"), "").unwrap();
+        let ns = Netns { name };
+        must(&mut ns.cmd(&["ip", "link", "set", "lo", "up"]));
+        ns
+    }
+
     pub fn path(&self) -> String {
         format!("/run/netns/{}", self.name)
     }

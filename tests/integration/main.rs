@@ -11,6 +11,7 @@ mod lan;
 mod network_sockets;
 mod policy;
 mod qemu;
+mod rootless;
 mod sockets;
 mod tap_name;
 mod tenant;

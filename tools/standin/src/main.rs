@@ -49,6 +49,9 @@ DATAPATH is one of:
   --dgram-socket PATH   bind PATH.client and exchange datagrams with the socket at PATH
   --stream-socket PATH  connect to the stream socket at PATH
   --netns PATH  the guest network namespace (e.g. /run/netns/guest1)
+  --netns own:PIDFILE  as a user without root: make a user and network
+                namespace of our own for the guest, and write our pid to
+                PIDFILE once its interface is up (root can then enter it)
   --ifname      the guest's interface name (default eth0)
   --mac         the guest's MAC (default: $LINNET_MAC)
   --mtu         the guest's MTU (default: $LINNET_MTU, else 1500)
@@ -208,6 +211,14 @@ fn open_link(datapath: &Datapath, vnet_hdr: Option<usize>) -> io::Result<Link> {
 }
 
 fn run(opts: Options) -> io::Result<()> {
+    if let Some(pid_file) = opts.netns.strip_prefix("own:") {
+        let link = open_link(&opts.datapath, opts.vnet_hdr)?;
+        own_namespaces()?;
+        let (guest, guest_header) = make_guest(&opts, link.header)?;
+        std::fs::write(pid_file, format!("{}\n", std::process::id()))
+            .map_err(|e| with_context(e, pid_file))?;
+        return relay(link, guest, guest_header, &opts);
+    }
     let ns = File::open(&opts.netns).map_err(|e| with_context(e, &opts.netns))?;
     let (guest, link, guest_header) = match opts.user {
         None => {
@@ -235,6 +246,10 @@ fn run(opts: Options) -> io::Result<()> {
             )
         }
     };
+    relay(link, guest, guest_header, &opts)
+}
+
+fn relay(link: Link, guest: OwnedFd, guest_header: usize, opts: &Options) -> io::Result<()> {
     eprintln!(
         "linnet-standin: relaying fd {} <-> {} in {}",
         link.fd.as_raw_fd(),
@@ -246,6 +261,25 @@ fn run(opts: Options) -> io::Result<()> {
     let (l, g) = (link.clone(), guest.clone());
     std::thread::spawn(move || to_guest(&l, &g, guest_header));
     from_guest(&guest, &link, guest_header);
+    Ok(())
+}
+
+/// A user namespace (where we are root) and a network namespace of our
+/// own: the guest of a user without root.
+fn own_namespaces() -> io::Result<()> {
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // SAFETY: plain syscall; we are single-threaded here.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) } < 0 {
+        return Err(with_context(io::Error::last_os_error(), "unshare"));
+    }
+    for (file, text) in [
+        ("setgroups", "deny".to_string()),
+        ("uid_map", format!("0 {uid} 1")),
+        ("gid_map", format!("0 {gid} 1")),
+    ] {
+        std::fs::write(format!("/proc/self/{file}"), text)
+            .map_err(|e| with_context(e, &format!("/proc/self/{file}")))?;
+    }
     Ok(())
 }
 
