@@ -305,7 +305,7 @@ impl Cli {
 
     pub fn connect(&self) -> anyhow::Result<Channel> {
         let path = self.socket_path();
-        Channel::connect(&path).map_err(|e| unreachable_daemon(&path, &e))
+        Channel::connect(&path).map_err(|e| unreachable_daemon(&path, &e, self.place().rootless))
     }
 
     /// Connects, starting a daemon first when none runs and we are root.
@@ -318,7 +318,7 @@ impl Cli {
                 if !is_absent(&e)
                     || !(self.place().rootless || nix::unistd::geteuid().is_root()) =>
             {
-                return Err(unreachable_daemon(&path, &e));
+                return Err(unreachable_daemon(&path, &e, self.place().rootless));
             }
             Err(_) => {}
         }
@@ -523,9 +523,66 @@ fn is_absent(e: &io::Error) -> bool {
     )
 }
 
-fn unreachable_daemon(path: &Path, e: &io::Error) -> anyhow::Error {
+/// A rootless daemon's user and network namespaces, opened to be entered
+/// by a VMM that opens its TAP by name.
+pub struct DaemonNamespaces {
+    user: OwnedFd,
+    net: OwnedFd,
+}
+
+impl DaemonNamespaces {
+    /// Joins them (the user namespace first: it gives the right to join
+    /// the other), then drops every capability that gave, for good:
+    /// async-signal-safe, for a child between fork and exec.
+    pub fn enter(&self) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        for (fd, kind) in [
+            (&self.user, libc::CLONE_NEWUSER),
+            (&self.net, libc::CLONE_NEWNET),
+        ] {
+            // SAFETY: setns on a namespace fd we own.
+            if unsafe { libc::setns(fd.as_raw_fd(), kind) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        privileges::clear_capabilities()
+    }
+}
+
+/// The namespaces of the rootless daemon `cli` works with.
+pub fn rootless_namespaces(cli: &Cli) -> anyhow::Result<DaemonNamespaces> {
+    let pid_file = cli.place().run_dir.join(crate::daemon::rootless::PID_FILE);
+    let pid = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+        .with_context(|| {
+            format!(
+                "cannot read the rootless daemon's pid from {}",
+                pid_file.display()
+            )
+        })?;
+    let open = |kind: &str| -> anyhow::Result<OwnedFd> {
+        let path = format!("/proc/{pid}/ns/{kind}");
+        Ok(std::fs::File::open(&path)
+            .with_context(|| format!("cannot open {path} (is the rootless daemon running?)"))?
+            .into())
+    };
+    Ok(DaemonNamespaces {
+        user: open("user")?,
+        net: open("net")?,
+    })
+}
+
+fn unreachable_daemon(path: &Path, e: &io::Error, rootless: bool) -> anyhow::Error {
+    let fix = if e.kind() == io::ErrorKind::PermissionDenied {
+        "the socket is not yours to use (another user's, or the system daemon's that your user may not reach)"
+    } else if !rootless {
+        "start it with `sudo linnet daemon` (as root, `linnet run` starts one itself), or use a rootless daemon of your own (`linnet run --rootless`)"
+    } else {
+        "`linnet run` starts a rootless daemon by itself, or start one with `linnet daemon --rootless`"
+    };
     anyhow::anyhow!(
-        "cannot reach the linnet daemon at {}: {e}; start it with `sudo linnet daemon` (as root, `linnet run` starts one itself)",
+        "cannot reach the linnet daemon at {}: {e}; {fix}",
         path.display()
     )
 }

@@ -28,7 +28,9 @@ use crate::types::InterfaceId;
 CMD gets the datapath's file descriptor: the TAP (--datapath tap), or one end of a unix
 socketpair that linnet relays to the TAP (dgram, stream); with tap-name it gets none and
 opens the TAP by name ({tap}) as the attaching user, as Firecracker (host_dev_name),
-Cloud Hypervisor (--net tap=) and crosvm (--tap-name) do. For qemu-system-* (unless its
+Cloud Hypervisor (--net tap=) and crosvm (--tap-name) do. On a rootless daemon, CMD
+then runs in the daemon's user and network namespaces (where its TAPs are), without
+capabilities. For qemu-system-* (unless its
 arguments use {fd}, or {tap} with tap-name) linnet appends
   tap:      -netdev tap,id=lnet0,fd=FD
   tap-name: -netdev tap,id=lnet0,ifname=TAP,script=no,downscript=no
@@ -142,9 +144,20 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
 
     let fd = vmm_fd.as_ref().map(AsRawFd::as_raw_fd);
     let mut command = build_command(&args.command, &info, fd, args.datapath);
-    // SAFETY: only async-signal-safe calls (fcntl, sigprocmask) run in the child.
+    // A TAP of a rootless daemon is in its network namespace, where a VMM
+    // must be to open it by name.
+    let namespaces = if args.datapath == Datapath::TapName && cli.place().rootless {
+        Some(super::rootless_namespaces(cli)?)
+    } else {
+        None
+    };
+    // SAFETY: only async-signal-safe calls (setns, prctl, capset, fcntl,
+    // sigprocmask) run in the child.
     unsafe {
         command.pre_exec(move || {
+            if let Some(ns) = &namespaces {
+                ns.enter()?;
+            }
             if let Some(fd) = fd {
                 let flags = libc::fcntl(fd, libc::F_GETFD);
                 if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {

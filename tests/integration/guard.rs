@@ -11,7 +11,7 @@ use crate::harness::*;
 
 /// Every kind tests/spoof.py sends that anti-spoofing must stop (and
 /// count).
-const SPOOFS: [&str; 15] = [
+pub(crate) const SPOOFS: [&str; 15] = [
     "other-mac",
     "other-ip",
     "garp-gateway",

@@ -47,7 +47,7 @@ fn guest_file(name: &str) -> String {
 }
 
 /// A directory for VMs' files that the VM's user, maybe not root, can use.
-fn vm_dir(world: &World) -> std::path::PathBuf {
+pub(crate) fn vm_dir(world: &World) -> std::path::PathBuf {
     // A sticky world-writable directory: the VM may run as another user.
     let dir = world.dir.path().join("vms");
     std::fs::create_dir_all(&dir).unwrap();
@@ -62,7 +62,7 @@ fn vm_dir(world: &World) -> std::path::PathBuf {
 
 /// QEMU booting the test guest, which runs `script` after DHCP and powers
 /// off; no NIC (the caller adds one, or `linnet run` does).
-fn qemu_command(name: &str, script: &str) -> Vec<String> {
+pub(crate) fn qemu_command(name: &str, script: &str) -> Vec<String> {
     let script = base64::engine::general_purpose::STANDARD.encode(script);
     let append = format!("console=ttyS0 quiet linnet.script={script}");
     let mut args = vec!["qemu-system-x86_64".to_string()];
@@ -127,8 +127,13 @@ impl Vm {
         .to_vec();
         args.extend(qemu_command(&name, script));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Vm::launch(world, world.linnet_wrapped(prefix, &args), name, &json)
+    }
+
+    /// `cmd` (a `linnet run … -- QEMU` writing its JSON to `json`) as VM
+    /// `name`, its console captured.
+    pub fn launch(world: &World, mut cmd: Command, name: String, json: &std::path::Path) -> Vm {
         let console = world.dir.path().join(format!("{name}.console"));
-        let mut cmd = world.linnet_wrapped(prefix, &args);
         let run = cmd
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&console).unwrap())
@@ -136,7 +141,7 @@ impl Vm {
             .spawn()
             .unwrap();
         let info = wait_for("the attach JSON", Duration::from_secs(15), || {
-            serde_json::from_str::<Value>(&std::fs::read_to_string(&json).ok()?).ok()
+            serde_json::from_str::<Value>(&std::fs::read_to_string(json).ok()?).ok()
         });
         Vm {
             info,

@@ -8,7 +8,7 @@
 //! enters as root to play the VM.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -83,41 +83,69 @@ impl Tenant {
     /// A guest through `linnet run` as this user: the stand-in makes its
     /// guest in namespaces of its own.
     pub fn guest(&self, world: &World, network: &str, extra: &[&str]) -> Guest {
-        self.try_guest(world, network, extra)
+        self.guest_via(world, network, Via::Tap, extra)
+    }
+
+    pub fn guest_via(&self, world: &World, network: &str, via: Via, extra: &[&str]) -> Guest {
+        self.try_guest(world, network, via, extra)
             .unwrap_or_else(|e| panic!("attach failed: {e}\n{}", self.daemon_log()))
     }
 
-    pub fn try_guest(&self, world: &World, network: &str, extra: &[&str]) -> Result<Guest, String> {
+    /// A guest whose stand-in, the user's, speaks `via`: `linnet run`
+    /// hands it a TAP or a socket, or `linnet helper` relays to the socket
+    /// it connects to.
+    pub fn try_guest(
+        &self,
+        world: &World,
+        network: &str,
+        via: Via,
+        extra: &[&str],
+    ) -> Result<Guest, String> {
         let name = unique("rguest");
-        let json = world.dir.path().join(format!("{name}.json"));
-        let pid_file = world.dir.path().join(format!("{name}.pid"));
-        let stderr = world.dir.path().join(format!("{name}.stderr"));
+        let file = |ext: &str| world.dir.path().join(format!("{name}.{ext}"));
+        let (json, pid_file, stderr, socket) =
+            (file("json"), file("pid"), file("stderr"), file("sock"));
         let standin = standin_bin();
+        let standin = standin.to_str().unwrap();
         let own = format!("own:{}", pid_file.display());
-        let mut args = vec![
-            "run",
-            "--network",
-            network,
-            "--json",
-            json.to_str().unwrap(),
-        ];
+        let socket = socket.to_str().unwrap();
+        let (command, datapath): (&str, &[&str]) = match via {
+            Via::Tap => ("run", &["--", standin, "--fd", "{fd}"]),
+            Via::RunDgram => (
+                "run",
+                &["--datapath", "dgram", "--", standin, "--dgram-fd", "{fd}"],
+            ),
+            Via::RunStream => (
+                "run",
+                &["--datapath", "stream", "--", standin, "--stream-fd", "{fd}"],
+            ),
+            Via::HelperDgram => ("helper", &["--socket", socket]),
+            Via::HelperStream => ("helper", &["--stream-socket", socket]),
+        };
+        let helper = command == "helper";
+        let mut args = vec![command, "--network", network];
+        if !helper {
+            args.extend_from_slice(&["--json", json.to_str().unwrap()]);
+        }
         args.extend_from_slice(extra);
-        args.extend_from_slice(&[
-            "--",
-            standin.to_str().unwrap(),
-            "--fd",
-            "{fd}",
-            "--netns",
-            &own,
-        ]);
+        args.extend_from_slice(datapath);
+        if !helper {
+            args.extend_from_slice(&["--netns", &own]);
+        }
+        let stdout = if helper {
+            Stdio::from(std::fs::File::create(&json).unwrap())
+        } else {
+            Stdio::null()
+        };
+        // The helper's JSON goes to a file of root's, opened here.
         let mut run = self
             .linnet(world, &args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
             .unwrap();
-        let failed = |run: &mut std::process::Child| -> Option<String> {
+        let failed = |run: &mut Child| -> Option<String> {
             let status = run.try_wait().unwrap()?;
             Some(format!(
                 "linnet exited with {status}: {}",
@@ -131,6 +159,33 @@ impl Tenant {
             let text = std::fs::read_to_string(&json).ok()?;
             serde_json::from_str(&text).ok().map(Ok)
         })?;
+        let mut vmm = None;
+        if helper {
+            let flag = if via == Via::HelperDgram {
+                "--dgram-socket"
+            } else {
+                "--stream-socket"
+            };
+            let argv = [
+                standin,
+                flag,
+                socket,
+                "--netns",
+                &own,
+                "--mac",
+                info["mac_address"].as_str().unwrap(),
+                "--mtu",
+                &info["mtu"].to_string(),
+            ];
+            let log = std::fs::File::create(file("vmm")).unwrap();
+            vmm = Some(
+                self.cmd(world, &argv)
+                    .stdin(Stdio::null())
+                    .stderr(log)
+                    .spawn()
+                    .unwrap(),
+            );
+        }
         let pid: u32 = wait_for("the guest's namespaces", Duration::from_secs(10), || {
             if let Some(e) = failed(&mut run) {
                 return Some(Err(e));
@@ -141,7 +196,7 @@ impl Tenant {
         Ok(Guest {
             ns: Netns::adopt("rguest", pid),
             run: Some(run),
-            vmm: None,
+            vmm,
             info,
         })
     }
@@ -268,4 +323,279 @@ fn killing_the_rootless_daemon_and_pasta_leaves_nothing_and_the_next_run_starts_
     let g = user.guest(&world, "shared", &[]);
     assert_eq!(g.udhcpc(), g.ip(), "the next run starts cleanly");
     assert!(g.ping(&g.gateway()));
+}
+
+#[test]
+fn rootless_published_ports_answer_on_the_host_and_privileged_ones_are_refused() {
+    let world = World::new();
+    let user = Tenant::new(&world, 4303);
+    let g = user.guest(
+        &world,
+        "shared",
+        &[
+            "--name",
+            "web",
+            "--publish",
+            "8080:7000",
+            "--publish",
+            "5353:7000/udp",
+        ],
+    );
+    assert_eq!(g.udhcpc(), g.ip());
+    let _echo = echo_serve(&g.ns, "vm", 7000);
+    let gateway = g.gateway();
+    for (host, proto, port) in [
+        ("127.0.0.1", "tcp", 8080),
+        (UPSTREAM_HOST_SIDE, "tcp", 8080),
+        ("127.0.0.1", "udp", 5353),
+        (UPSTREAM_HOST_SIDE, "udp", 5353),
+    ] {
+        assert_eq!(
+            echo_ask(&world.host, host, port, proto).as_deref(),
+            Some(format!("vm from {gateway}").as_str()),
+            "{proto} to {host}:{port} on the host reaches the VM"
+        );
+    }
+    // From another machine too (the upstream namespace).
+    assert_eq!(
+        echo_ask(&world.upstream, UPSTREAM_HOST_SIDE, 8080, "tcp").as_deref(),
+        Some(format!("vm from {gateway}").as_str())
+    );
+    // At runtime, as the user.
+    must(&mut user.linnet(&world, &["forward", "add", "--name", "web", "9090:7000"]));
+    assert_eq!(
+        echo_ask(&world.host, "127.0.0.1", 9090, "tcp").as_deref(),
+        Some(format!("vm from {gateway}").as_str())
+    );
+    must(&mut user.linnet(&world, &["forward", "rm", "--name", "web", "9090:7000"]));
+    assert_eq!(
+        echo_ask(&world.host, "127.0.0.1", 9090, "tcp"),
+        None,
+        "removed"
+    );
+    // A privileged port is the host's to refuse: the message says why.
+    let err = failure(&mut user.linnet(&world, &["forward", "add", "--name", "web", "80:7000"]));
+    assert!(
+        err.contains("host port 80/tcp is privileged on this host")
+            && err.contains("net.ipv4.ip_unprivileged_port_start = 1024"),
+        "{err}"
+    );
+    // A port another program holds.
+    let _holder = echo_serve(&world.host, "host", 9191);
+    let err = failure(&mut user.linnet(&world, &["forward", "add", "--name", "web", "9191:7000"]));
+    assert!(err.contains("host port 9191/tcp is already taken"), "{err}");
+}
+
+#[test]
+fn rootless_guests_on_every_datapath_lease_and_reach_each_other() {
+    let world = World::new();
+    let user = Tenant::new(&world, 4304);
+    let guests: Vec<Guest> = [
+        Via::Tap,
+        Via::RunDgram,
+        Via::RunStream,
+        Via::HelperDgram,
+        Via::HelperStream,
+    ]
+    .into_iter()
+    .map(|via| user.guest_via(&world, "shared", via, &[]))
+    .collect();
+    for g in &guests {
+        assert_eq!(g.udhcpc(), g.ip(), "{}", g.info["datapath"]);
+    }
+    let first = &guests[0];
+    for g in &guests[1..] {
+        assert!(
+            first.ping(&g.ip().to_string()),
+            "to the {} guest",
+            g.info["datapath"]
+        );
+    }
+    guests[4].assert_reaches_upstream("a rootless guest behind linnet helper");
+}
+
+#[test]
+fn users_never_see_each_others_networks() {
+    let world = World::new();
+    let (alice, bob) = (Tenant::new(&world, 4305), Tenant::new(&world, 4306));
+    let a1 = alice.guest(&world, "shared", &["--name", "a1"]);
+    let a2 = alice.guest(&world, "shared", &["--name", "a2"]);
+    let b1 = bob.guest(&world, "shared", &["--name", "b1"]);
+    for g in [&a1, &a2, &b1] {
+        assert_eq!(g.udhcpc(), g.ip());
+    }
+    assert_ne!(a2.ip(), b1.ip());
+    assert!(a1.ping(&a2.ip().to_string()), "within alice's network");
+    assert!(
+        !b1.ping(&a2.ip().to_string()),
+        "bob's guest cannot reach alice's"
+    );
+    assert_eq!(b1.lookup("a2.shared.linnet", &b1.gateway()), None);
+    let listed = |user: &Tenant| -> usize {
+        let ls: Value =
+            serde_json::from_str(&must(&mut user.linnet(&world, &["ls", "--json"]))).unwrap();
+        ls["interfaces"].as_array().unwrap().len()
+    };
+    assert_eq!(
+        (listed(&alice), listed(&bob)),
+        (2, 1),
+        "each lists their own"
+    );
+    // Alice's socket is hers: her run dir keeps bob out, and were it open,
+    // her daemon would still refuse him.
+    let alices = alice.run_dir();
+    let err = failure(&mut bob.linnet(&world, &["--run-dir", alices.to_str().unwrap(), "ls"]));
+    assert!(err.contains("Permission denied"), "{err}");
+    use std::os::unix::fs::PermissionsExt;
+    for (path, mode) in [
+        (alice.home.clone(), 0o755),
+        (alice.home.join("run"), 0o755),
+        (alices.clone(), 0o755),
+        (alices.join("linnet.sock"), 0o777),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let err = failure(&mut bob.linnet(&world, &["--run-dir", alices.to_str().unwrap(), "ls"]));
+    assert!(
+        err.contains("another user's rootless linnet daemon"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_guards_spoof_tests_pass_rootless() {
+    let world = World::new();
+    let user = Tenant::new(&world, 4307);
+    let attacker = user.guest(&world, "shared", &[]);
+    let victim = user.guest(&world, "shared", &[]);
+    for g in [&attacker, &victim] {
+        assert_eq!(g.udhcpc(), g.ip());
+        assert_eq!(g.slaac_addresses(), vec![g.ipv6()]);
+    }
+    let mut kinds = vec!["honest", "arp-probe-own", "ll-other-mac"];
+    kinds.extend(crate::guard::SPOOFS);
+    let seen = crate::guard::send_and_capture(&attacker, &victim, &kinds);
+    assert_eq!(
+        seen,
+        ["LINNET-arp-probe-own", "LINNET-honest"],
+        "only the honest frames cross the bridge"
+    );
+    let ls: Value =
+        serde_json::from_str(&must(&mut user.linnet(&world, &["ls", "--json"]))).unwrap();
+    let drops = ls["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["interface_id"] == attacker.info["interface_id"])
+        .expect("listed")["spoofed_drops"]
+        .as_u64();
+    assert_eq!(drops, Some(crate::guard::SPOOFS.len() as u64));
+    victim.assert_reaches_upstream("the victim after the spoofs");
+}
+
+#[test]
+fn slirp4netns_is_the_way_out_when_asked_for() {
+    let world = World::new();
+    must(
+        &mut world
+            .host
+            .cmd(&["busybox", "httpd", "-p", "127.0.0.1:8089", "-h", "/etc"]),
+    );
+    let user = Tenant::new(&world, 4308);
+    let daemon = Reaped(
+        user.linnet(&world, &["daemon", "--rootless", "--egress", "slirp4netns"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the daemon's socket", Duration::from_secs(10), || {
+        user.run_dir().join("linnet.sock").exists().then_some(())
+    });
+    let g = user.guest(&world, "shared", &[]);
+    assert_eq!(g.udhcpc(), g.ip());
+    g.assert_reaches_upstream("a guest behind slirp4netns");
+    assert!(
+        g.fetch("http://10.0.2.2:8089/hostname").is_some(),
+        "the host's loopback through slirp4netns"
+    );
+    assert!(
+        processes_of(user.uid)
+            .iter()
+            .any(|p| p.starts_with(|c: char| c.is_ascii_digit()) && p.contains("slirp4netns"))
+    );
+    assert!(!processes_of(user.uid).iter().any(|p| p.contains("pasta")));
+    drop(g);
+    drop(daemon);
+    wait_for(
+        "everything of the user to end",
+        Duration::from_secs(10),
+        || processes_of(user.uid).is_empty().then_some(()),
+    );
+}
+
+#[test]
+fn a_rootless_qemu_guest_opening_its_tap_by_name_and_a_stand_in_lease_resolve_and_reach_each_other_upstream_and_the_host()
+ {
+    use crate::qemu::{Vm, qemu_command, vm_dir};
+    let world = World::new();
+    let www = world.dir.path().join("loopback-www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), "hello from the host's loopback\n").unwrap();
+    must(&mut world.host.cmd(&[
+        "busybox",
+        "httpd",
+        "-p",
+        "127.0.0.1:8088",
+        "-h",
+        www.to_str().unwrap(),
+    ]));
+    let user = Tenant::new(&world, 4309);
+    let standin = user.guest(&world, "shared", &["--name", "alpha"]);
+    assert_eq!(standin.udhcpc(), standin.ip());
+    let name = unique("linnet-vm");
+    let json = vm_dir(&world).join(format!("{name}.json"));
+    let script = format!(
+        "ping -c 1 -W 3 {alpha} && echo RESULT-PING-PEER-OK\n\
+         nslookup alpha.shared.linnet 192.168.105.1 | sed -n 's/^Address: /RESULT-PEER-NAME: /p'\n\
+         wget -q -O - http://{UPSTREAM_IP}/ | sed 's/^/RESULT-PAGE: /'\n\
+         wget -q -O - http://10.0.2.2:8088/ | sed 's/^/RESULT-HOST: /'\n\
+         echo RESULT-READY; sleep 5\n",
+        alpha = standin.ip()
+    );
+    let mut args: Vec<String> = [
+        "run",
+        "--network",
+        "shared",
+        "--name",
+        "qemu",
+        "--json",
+        json.to_str().unwrap(),
+        "--",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(qemu_command(&name, &script));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let vm = Vm::launch(&world, user.linnet(&world, &args), name, &json);
+    assert_eq!(vm.info["host_loopback"], "10.0.2.2");
+    assert_eq!(
+        standin.lookup("qemu.shared.linnet", &standin.gateway()),
+        Some(vm.ip()),
+        "the stand-in resolves the VM's name"
+    );
+    vm.wait_console("RESULT-READY");
+    assert!(standin.ping(&vm.ip()), "the stand-in reaches the VM");
+    let ip = vm.ip();
+    let console = vm.finish();
+    for want in [
+        format!("linnet-guest: lease ip={ip} "),
+        "RESULT-PING-PEER-OK".into(),
+        format!("RESULT-PEER-NAME: {}", standin.ip()),
+        format!("RESULT-PAGE: {UPSTREAM_PAGE}"),
+        "RESULT-HOST: hello from the host's loopback".into(),
+    ] {
+        assert!(console.contains(&want), "{want}:\n{console}");
+    }
 }

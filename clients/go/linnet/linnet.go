@@ -48,6 +48,17 @@ func SocketPath() string {
 	return DefaultSocket
 }
 
+// RootlessSocketPath is the socket of the user's own rootless daemon
+// ($XDG_RUNTIME_DIR/linnet/linnet.sock; `linnet daemon --rootless`, which
+// `linnet run` starts), or "" when XDG_RUNTIME_DIR is not set.
+func RootlessSocketPath() string {
+	dir := os.Getenv("XDG_RUNTIME_DIR")
+	if dir == "" {
+		return ""
+	}
+	return filepath.Join(dir, "linnet", "linnet.sock")
+}
+
 // Error is the daemon's refusal of a request. Kind is for programs
 // (bad_request, unknown_network, not_allowed, busy, conflict, host_setup,
 // internal); Message is for people and names the fix.
@@ -132,7 +143,10 @@ type Interface struct {
 	TAP         string   `json:"tap"`
 	MTU         int      `json:"mtu"`
 	Forwards    []string `json:"forwards"`
-	Warnings    []string `json:"warnings,omitempty"`
+	// HostLoopback is, on a rootless daemon's network with NAT, the
+	// address at which the VM reaches the host's 127.0.0.1.
+	HostLoopback string   `json:"host_loopback,omitempty"`
+	Warnings     []string `json:"warnings,omitempty"`
 	// Raw is the whole reply object, vmnet_* keys included.
 	Raw json.RawMessage `json:"-"`
 }
