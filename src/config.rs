@@ -266,6 +266,9 @@ pub struct FirewallConfig {
     /// Add accept rules for linnet's bridges to Docker's DOCKER-USER chain
     /// when it exists.
     pub docker_user: bool,
+    /// Whether the file asked for it (`docker_user: true`), which a
+    /// rootless daemon refuses rather than ignores.
+    pub docker_user_asked: bool,
 }
 
 /// All networks the daemon knows, by name.
@@ -454,6 +457,7 @@ impl Config {
             networks,
             firewall: FirewallConfig {
                 docker_user: spec.firewall.docker_user.unwrap_or(true),
+                docker_user_asked: spec.firewall.docker_user == Some(true),
             },
             source: None,
         })
@@ -471,6 +475,12 @@ impl Config {
     /// names servers; there is no Docker in the namespace to make room in.
     pub fn for_rootless(mut self, host_dns: Ipv4Addr) -> Result<Config, ConfigError> {
         let file = self.source_name();
+        if self.firewall.docker_user_asked {
+            return Err(ConfigError::Syntax {
+                file,
+                message: "firewall.docker_user: Docker's DOCKER-USER chain is the host's, which a rootless daemon cannot change (and Docker never sees the traffic of its namespace): remove the key, or run the networks on the system daemon".into(),
+            });
+        }
         for net in self.networks.values_mut() {
             let refuse = |key: &str, message: String| ConfigError::Invalid {
                 file: file.clone(),
@@ -1314,6 +1324,9 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("sudo linnet daemon"), "{m}");
+        let docker = load("firewall:\n  docker_user: true\n").unwrap();
+        let m = docker.for_rootless(dns).unwrap_err().to_string();
+        assert!(m.contains("firewall.docker_user: Docker's DOCKER-USER chain is the host's"), "{m}");
         let sock = load("networks:\n  shared:\n    socket: true\n").unwrap();
         let m = sock.for_rootless(dns).unwrap_err().to_string();
         assert!(

@@ -27,6 +27,13 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
+    if cli.place().rootless {
+        println!(
+            "your rootless daemon ({}): its networks live in your own namespaces; VMs on shared networks reach this host's 127.0.0.1 at {}, and published ports open on the host as you",
+            cli.place().run_dir.display(),
+            crate::host::egress::HOST_LOOPBACK
+        );
+    }
     let mut rows = vec![row(&[
         "NETWORK",
         "MODE",

@@ -599,3 +599,41 @@ fn a_rootless_qemu_guest_opening_its_tap_by_name_and_a_stand_in_lease_resolve_an
         assert!(console.contains(&want), "{want}:\n{console}");
     }
 }
+
+#[test]
+fn a_killed_egress_tool_comes_back_and_an_idle_daemon_exits_keeping_its_leases() {
+    let world = World::new();
+    let user = Tenant::new(&world, 4310);
+    let id = "5eed0000-1111-4222-8333-444455556666";
+    let first = user.guest(&world, "shared", &[]);
+    let kept = user.guest(&world, "shared", &["--interface-id", id]);
+    assert_eq!(first.udhcpc(), first.ip());
+    assert_eq!(kept.udhcpc(), kept.ip());
+    assert_ne!(kept.ip(), first.ip());
+    let pasta = || -> Option<String> {
+        processes_of(user.uid)
+            .into_iter()
+            .find(|p| p.contains("pasta "))
+            .map(|p| p.split_whitespace().next().unwrap().to_string())
+    };
+    let old = pasta().expect("pasta runs");
+    must(Command::new("kill").args(["-9", &old]));
+    wait_for("pasta to be started again", Duration::from_secs(10), || {
+        pasta().filter(|p| *p != old)
+    });
+    wait_for("the way out back", Duration::from_secs(10), || {
+        kept.fetch(&format!("http://{UPSTREAM_IP}/")).map(|_| ())
+    });
+    kept.assert_reaches_upstream("a guest after pasta came back");
+    assert!(user.daemon_log().contains("the egress tool exited"), "said in the log");
+    let ip = kept.ip();
+    drop((first, kept));
+    // `linnet run` started the daemon with --idle-exit 10.
+    wait_for("the idle daemon to exit", Duration::from_secs(30), || {
+        processes_of(user.uid).is_empty().then_some(())
+    });
+    assert_eq!(files_but_logs(&user.run_dir()), Vec::<String>::new());
+    let again = user.guest(&world, "shared", &["--interface-id", id]);
+    assert_eq!(again.ip(), ip, "the lease was kept for the next start");
+    assert_eq!(again.udhcpc(), ip);
+}
