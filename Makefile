@@ -51,13 +51,13 @@ lint:
 	# The docs' benchmark figures are the committed results' (bench/linnet_bench/docs.py).
 	PYTHONPATH=bench PYTHONDONTWRITEBYTECODE=1 python3 -m linnet_bench.docs --check
 
-# The benchmark's machinery, quickly: a kernel setup and linnet's tap and
+# The benchmark's machinery, quickly: a kernel setup, linnet's tap and
 # dgram datapaths (with and without the virtio-net header, and the two on
-# one network), one short run each, no figures kept. Fails if a setup
+# one network) and its rootless daemon, one short run each, no figures kept. Fails if a setup
 # fails or leaves anything behind.
 bench-smoke: deps
 	$(CARGO) build --workspace --bins
-	$(SANDBOX) bench/run --bin target/debug --only '^veth$$|^linnet (tap|dgram)( \+ vnet)?$$|mixed: the bare' --mtu 1500 \
+	$(SANDBOX) bench/run --bin target/debug --only '^veth$$|^linnet (tap|dgram|rootless)( \+ vnet)?$$|mixed: the bare' --mtu 1500 \
 		--runs 1 --seconds 1 --attaches 20 --interfaces 100 --out target/bench-smoke --strict >/dev/null
 
 test: deps lint unit integration bench-smoke

@@ -1326,7 +1326,10 @@ mod tests {
         assert!(m.contains("sudo linnet daemon"), "{m}");
         let docker = load("firewall:\n  docker_user: true\n").unwrap();
         let m = docker.for_rootless(dns).unwrap_err().to_string();
-        assert!(m.contains("firewall.docker_user: Docker's DOCKER-USER chain is the host's"), "{m}");
+        assert!(
+            m.contains("firewall.docker_user: Docker's DOCKER-USER chain is the host's"),
+            "{m}"
+        );
         let sock = load("networks:\n  shared:\n    socket: true\n").unwrap();
         let m = sock.for_rootless(dns).unwrap_err().to_string();
         assert!(

@@ -19,7 +19,7 @@ import time
 from . import control, docs, profile, report
 from .env import Env
 from .host import BenchError, debian_version, memory_kib, wait_for
-from .setups import DIRECTIONS, VM_TO_VM, Lan, all_setups, deepen_guest_queues
+from .setups import DIRECTIONS, VM_TO_VM, Lan, all_setups, deepen_guest_queues, upstream
 from .throughput import check_path, measure, summarize
 
 
@@ -164,9 +164,22 @@ def lan_latency(env, count):
     return out
 
 
+def rootless_control(env, count):
+    """A rootless daemon's cold start and attach latency, measured as its
+    user, with the way upstream pasta needs."""
+    try:
+        upstream(env)
+        daemon = env.start_rootless()
+        return {"cold_start_ms": daemon.cold_start_ms,
+                "latency": daemon.control("latency", daemon.socket, "shared", count)}
+    finally:
+        env.teardown()
+
+
 def control_plane(env, args, workdir):
     daemon = env.linnet.daemon.pid
     return {
+        "rootless": rootless_control(env, args.attaches) if env.have("pasta") else None,
         "daemon_rss_mib_idle": round(memory_kib(daemon) / 1024, 2),
         "latency": control.latency(env.linnet.socket, "shared", args.attaches),
         "latency_lan": lan_latency(env, args.attaches),
@@ -285,6 +298,10 @@ def main():
         left = env.leftovers()
         if left:
             log(f"bench: left behind: {', '.join(left)}")
+    # Every rootless daemon's cold start: the control plane's, and each
+    # round's of the rootless setup.
+    if results["control"] and results["control"].get("rootless"):
+        results["control"]["rootless"]["cold_starts_ms"] = env.rootless_cold_starts
     peaks = [r["relay_peak_rss_mib"] for r in results["throughput"] if "relay_peak_rss_mib" in r]
     if results["control"] and peaks:
         results["control"]["relay_peak_rss_mib"] = max(peaks)

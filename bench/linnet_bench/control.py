@@ -182,3 +182,37 @@ def helper_rss(linnet, workdir):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def first_attach(socket_path, network):
+    """One attach on a daemon that has no network up yet (it brings the
+    network up), and its detach: the attach's time in ms."""
+    with connect(socket_path) as sock:
+        start = time.perf_counter()
+        iid, tap = attach(sock, network)
+        elapsed = (time.perf_counter() - start) * 1000
+        try:
+            call(sock, {"op": "detach", "interface_id": iid})
+        finally:
+            os.close(tap)
+    return {"attach_ms": round(elapsed, 3)}
+
+
+def main(argv):
+    """For a daemon that serves one user alone (a rootless one): the
+    figures measured in a process of that user's, printed as JSON.
+      first-attach SOCKET NETWORK | latency SOCKET NETWORK COUNT"""
+    import sys
+    what, args = argv[0], argv[1:]
+    if what == "first-attach":
+        out = first_attach(args[0], args[1])
+    elif what == "latency":
+        out = latency(args[0], args[1], int(args[2]))
+    else:
+        sys.exit(f"linnet_bench.control: unknown figure {what!r}")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    import sys
+    main(sys.argv[1:])

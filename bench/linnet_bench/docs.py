@@ -11,15 +11,17 @@ import argparse
 import json
 import os
 import re
+import statistics
 import sys
 
-from .report import ANTI_SPOOFING, LABEL, MTUS, POLICY, STATUS, cell, target_counts
-from .setups import DIRECTIONS, NETWORK_SOCKET
+from .report import (ANTI_SPOOFING, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM, STATUS,
+                     cell, target_counts)
+from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VM_TO_HOST, VM_TO_VM
 
 # The results' layout this module reads (bench/linnet_bench/__main__.py).
 FORMAT = 2
 
-DOCS = ("README.md", "docs/security.md", "docs/vmms.md", "docs/lima.md")
+DOCS = ("README.md", "docs/security.md", "docs/vmms.md", "docs/lima.md", "docs/rootless.md")
 BLOCK = re.compile(r"(<!-- bench:([a-z-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 
 
@@ -90,6 +92,34 @@ def network_socket(results):
         ("network socket, Gbit/s", "`linnet stream`, Gbit/s", "ratio (goal >= 0.95x)"), cells)
 
 
+def rootless(results):
+    """Rootless against root's daemon and the user-mode stacks, in Gbit/s,
+    then its targets and control-plane figures."""
+    setups = (ROOTLESS, "linnet tap", "pasta", "slirp4netns", "passt (stream)")
+
+    def speed(setup, mtu, d):
+        c = cell(results, setup, mtu, d)
+        return f"{c['gbps']:.2f}" if c and c.get("gbps") else "—"
+    lines = by_mtu_and_direction(
+        ("rootless", "root (`linnet tap`)", "pasta", "slirp4netns", "passt"),
+        lambda mtu, d: [speed(s, mtu, d) for s in setups])
+    lines += ["", "| MTU | VM→VM: rootless / root (goal >= 0.9x) | "
+              "VM→host through pasta: rootless / pasta alone (goal >= 1x) |", "|---:|---:|---:|"]
+    for mtu in MTUS:
+        lines.append(f"| {mtu} | {ratio(find_target(results, ROOTLESS_VM_TO_VM, mtu, VM_TO_VM))} | "
+                     f"{ratio(find_target(results, ROOTLESS_UPSTREAM, mtu, VM_TO_HOST))} |")
+    r = (results.get("control") or {}).get("rootless")
+    if r:
+        starts = r.get("cold_starts_ms") or [r["cold_start_ms"]]
+        median = lambda key: round(statistics.median(x[key] for x in starts), 1)
+        lines += ["", f"Attach p50 on a rootless daemon, as its user: "
+                  f"{r['latency']['attach_ms']['p50']} ms (goal <= 5 ms). Cold start: "
+                  f"{median('socket')} ms until its namespaces, pasta and socket are there, "
+                  f"{median('first_attach')} ms until the first network is up and attached "
+                  f"(median of {len(starts)} starts)."]
+    return lines
+
+
 def targets(results):
     lines = [f"Targets: {target_counts(results)}. Missed:", ""]
     for t in results["targets"]:
@@ -102,7 +132,7 @@ def targets(results):
 
 
 RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "targets": targets,
-          "network-socket": network_socket}
+          "network-socket": network_socket, "rootless": rootless}
 
 
 def render(name, results, doc):

@@ -6,7 +6,7 @@ import shutil
 import signal
 import time
 
-from .host import Processes, ip, link_exists, run, wait_for
+from .host import BenchError, Processes, ip, link_exists, run, wait_for
 
 # The networks the daemon serves: `shared` (MTU 1500) is built in; `open`
 # and `openjumbo` are the same without anti-spoofing, `policed` and
@@ -94,6 +94,72 @@ class LinnetDaemon:
         return {1500: "open", 65520: "openjumbo"}[mtu]
 
 
+# The rootless daemon's user (a bare uid: nothing in /etc) and its networks:
+# the built-in `shared`, and `jumbo` as the system daemon's.
+ROOTLESS_UID = 4400
+ROOTLESS_YAML = """\
+networks:
+  jumbo:
+    mode: shared
+    subnet: 192.168.120.0/24
+    mtu: 65520
+"""
+# /dev/net/tun open to all, as distributions ship it, in a mount namespace
+# of the command's own (this machine's is 0600 and stays so).
+OWN_TUN = ("mount -t tmpfs none /dev/net && mknod -m 0666 /dev/net/tun c 10 200 "
+           "&& exec \"$0\" \"$@\"")
+
+
+class RootlessDaemon:
+    """`linnet daemon --rootless` as ROOTLESS_UID, its home under the work
+    directory; `cold_start_ms`: until its socket is there, and until the
+    first attach (which brings the first network up) has returned."""
+
+    def __init__(self, bindir, workdir, procs):
+        self.bin = os.path.join(bindir, "linnet")
+        home = os.path.join(workdir, "rootless-home")
+        config = os.path.join(home, ".config", "linnet")
+        os.makedirs(config, exist_ok=True)
+        os.makedirs(os.path.join(home, "run"), exist_ok=True)
+        with open(os.path.join(config, "networks.yaml"), "w") as f:
+            f.write(ROOTLESS_YAML)
+        for d in (home, os.path.join(home, ".config"), config, os.path.join(home, "run")):
+            os.chown(d, ROOTLESS_UID, ROOTLESS_UID)
+            os.chmod(d, 0o700)
+        os.chmod(workdir, 0o755)  # the user goes through it to its home
+        self.env = {"HOME": home, "XDG_RUNTIME_DIR": os.path.join(home, "run"),
+                    "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+                    "PYTHONPATH": os.path.abspath(os.path.join(os.path.dirname(__file__), "..")),
+                    "PYTHONDONTWRITEBYTECODE": "1"}
+        self.socket = os.path.join(home, "run", "linnet", "linnet.sock")
+        if os.path.exists(self.socket):
+            raise BenchError(f"{self.socket} is still there from the last rootless daemon")
+        started = time.monotonic()
+        self.process = procs.start("linnet-rootless", self.as_user(
+            [self.bin, "daemon", "--rootless"], own_tun=True))
+        wait_for(lambda: procs.check_alive() or os.path.exists(self.socket),
+                 "the rootless daemon's socket")
+        socket_ms = (time.monotonic() - started) * 1000
+        first = self.control("first-attach", self.socket, "shared")
+        self.cold_start_ms = {"socket": round(socket_ms, 1),
+                              "first_attach": round(socket_ms + first["attach_ms"], 1)}
+
+    def as_user(self, argv, own_tun=False):
+        """`argv` as the daemon's user, with a fresh environment of theirs."""
+        cmd = ["setpriv", "--reuid", ROOTLESS_UID, "--regid", ROOTLESS_UID, "--clear-groups",
+               "env", "-i"] + [f"{k}={v}" for k, v in self.env.items()] + list(argv)
+        if own_tun:
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", OWN_TUN] + cmd
+        return [str(a) for a in cmd]
+
+    def control(self, *args):
+        """linnet_bench.control's figures measured as the daemon's user (it
+        serves nobody else): its JSON."""
+        import json
+        return json.loads(run(*self.as_user(["/usr/bin/python3", "-m", "linnet_bench.control",
+                                              *args])))
+
+
 class Env:
     def __init__(self, workdir, bindir, gvproxy=None, linnet_commit="unknown"):
         self.workdir = workdir
@@ -110,9 +176,37 @@ class Env:
         self.pids = []
         self.paths = 0
         self.linnet = None
+        self.rootless_cold_starts = []  # each rootless daemon's (RootlessDaemon)
 
     def start_linnet(self):
         self.linnet = LinnetDaemon(self.bindir, self.workdir, self.lasting)
+
+    def start_rootless(self):
+        """A rootless daemon for the current setup, gone at its teardown."""
+        daemon = RootlessDaemon(self.bindir, self.workdir, self.procs)
+        self.rootless_cold_starts.append(daemon.cold_start_ms)
+        return daemon
+
+    def user_path(self, name):
+        """A fresh path that the rootless daemon's user may write."""
+        spool = os.path.join(self.workdir, "spool")
+        os.makedirs(spool, exist_ok=True)
+        os.chmod(spool, 0o1777)
+        return os.path.join(spool, os.path.basename(self.fresh_path(name)))
+
+    def adopt_ns(self, pid):
+        """Names the network namespace that process `pid` (a user's) made,
+        as a guest namespace (removed at teardown like the others)."""
+        name = f"g{len(self.namespaces) + 1}"
+        path = f"/run/netns/{name}"
+        open(path, "w").close()
+        run("mount", "--bind", f"/proc/{pid}/ns/net", path)
+        os.makedirs(f"/etc/netns/{name}", exist_ok=True)
+        with open(f"/etc/netns/{name}/resolv.conf", "w"):
+            pass
+        self.namespaces.append(name)
+        ip("link", "set", "lo", "up", ns=name)
+        return name
 
     @staticmethod
     def have(tool):

@@ -67,7 +67,9 @@ class Processes:
     def check_alive(self):
         for p in self.procs:
             if p.poll() is not None:
-                raise BenchError(f"{p.bench_name} exited with {p.returncode}; see {self.log(p)}")
+                with open(self.log(p), errors="replace") as f:
+                    last = " | ".join(f.read().strip().splitlines()[-3:])
+                raise BenchError(f"{p.bench_name} exited with {p.returncode}: {last or 'no output'}")
 
     def log(self, proc):
         return os.path.join(self.logdir, f"{proc.bench_name}.log")

@@ -6,7 +6,7 @@ from xml.sax.saxutils import escape
 from .throughput import UNSTABLE_SPREAD
 
 from .setups import (DIRECTIONS, GUEST_TXQUEUELEN, HOST_TO_VM, LAN_BRIDGE, LAN_BRIDGED, MIXED_BARE,
-                     MIXED_VNET, NETWORK_SOCKET, VM_TO_HOST, VM_TO_VM)
+                     MIXED_VNET, NETWORK_SOCKET, ROOTLESS, VM_TO_HOST, VM_TO_VM)
 
 LABEL = {VM_TO_HOST: "VM→host", HOST_TO_VM: "host→VM", VM_TO_VM: "VM→VM"}
 COLOR = {VM_TO_HOST: "#3b75af", HOST_TO_VM: "#ef8636", VM_TO_VM: "#529e3e"}
@@ -24,6 +24,10 @@ MTUS = (1500, 65520)
 LAN_KINDS = {"bridged": "a macvtap per VM", "bridge": "TAPs on an existing bridge"}
 # The LAN rows add the paper's jumbo frames.
 LAN_MTUS = (1500, 9000, 65520)
+# Targets the rootless docs quote: VM to VM at the kernel's bridge speed as
+# root's daemon has it, and the way upstream at least pasta's alone.
+ROOTLESS_VM_TO_VM = f"{ROOTLESS} vs linnet tap"
+ROOTLESS_UPSTREAM = f"{ROOTLESS} vs pasta"
 
 
 def find(results, setup, mtu):
@@ -167,6 +171,11 @@ def targets(results):
             for ours, theirs in pairs:
                 out.append(ratio_target(results, "lan", f"{ours} vs {theirs}", ours, theirs,
                                         mtu, d, 0.95))
+    for mtu in MTUS:
+        out.append(ratio_target(results, "rootless", ROOTLESS_VM_TO_VM, ROOTLESS, "linnet tap",
+                                mtu, VM_TO_VM, 0.9))
+        args = (results, "rootless", ROOTLESS_UPSTREAM, ROOTLESS, "pasta", mtu, VM_TO_HOST, 1.0)
+        out.append(ratio_target(*args) or missing_peer_target(*args))
     if not (results.get("control") or results.get("control_error")):
         return [t for t in out if t is not None]  # --no-control
     c = results.get("control") or {}
@@ -178,6 +187,9 @@ def targets(results):
     for kind, lan_lat in (c.get("latency_lan") or {}).items():
         out.append(bound_target(f"attach p50 on a {kind} network", get(lan_lat["attach_ms"], "p50"),
                                 5, "ms"))
+    rootless = c.get("rootless") or {}
+    out.append(bound_target("attach p50 on a rootless daemon",
+                            get((rootless.get("latency") or {}).get("attach_ms", {}), "p50"), 5, "ms"))
     flat = sorted((sc.get("attach_at") or {}).items(), key=lambda kv: int(kv[0]))
     if len(flat) >= 2:
         (small, a), (large, b) = flat[0], flat[-1]
@@ -373,6 +385,16 @@ def markdown(results):
         for kind, x in (c.get("latency_lan") or {}).items():
             lines.append(f"| attach / detach p50 on a {kind} network ({LAN_KINDS[kind]}) | "
                          f"{x['attach_ms']['p50']} / {x['detach_ms']['p50']} ms |")
+        rootless = c.get("rootless")
+        if rootless:
+            lat_r = rootless["latency"]
+            lines.append(f"| attach / detach p50 on a rootless daemon (as its user) | "
+                         f"{lat_r['attach_ms']['p50']} / {lat_r['detach_ms']['p50']} ms |")
+            starts = rootless.get("cold_starts_ms") or [rootless["cold_start_ms"]]
+            median = lambda key: round(statistics.median(x[key] for x in starts), 1)
+            lines.append(f"| rootless daemon cold start: namespaces and pasta up, socket there / "
+                         f"first network up and attached (median of {len(starts)}) | "
+                         f"{median('socket')} / {median('first_attach')} ms |")
         for n, x in sc.get("attach_at", {}).items():
             lines.append(f"| the {n}th attach on a network, p50 / max of {x['count']} | "
                          f"{x['p50']} / {x['max']} ms |")
@@ -410,6 +432,12 @@ def markdown(results):
               "bridge linnet does not own), each to a LAN peer at the far end of a veth and guest "
               "to guest: within 5% of each other, and of `linnet tap` on linnet's own bridge.", ""]
     lines += target_table(results, "lan")
+    lines += ["", "### Rootless", "",
+              "A user's own daemon (`linnet daemon --rootless`) in namespaces of the user's, "
+              "pasta as its way out: VM to VM against root's `linnet tap` (goal >= 0.9x), and "
+              "VM to the host's address (through pasta: the way upstream) against pasta alone "
+              "(goal >= 1x).", ""]
+    lines += target_table(results, "rootless")
     lines += ["", "### A network mixing a + vnet client and a bare one", ""]
     lines += target_table(results, "mixed")
     lines += ["", "### Control plane", ""]

@@ -18,6 +18,7 @@ MIXED_BARE = "linnet dgram, mixed: the bare client"
 NETWORK_SOCKET = "linnet network socket"
 LAN_BRIDGED = "linnet bridged (macvtap)"
 LAN_BRIDGE = "linnet bridge (existing bridge)"
+ROOTLESS = "linnet rootless"
 MIXED_WHY = "at MTU 65520 a bare frame is as large as an offloaded segment: nothing to mix"
 
 
@@ -340,6 +341,49 @@ class LinnetLan(Setup):
         return topo
 
 
+class LinnetRootless(Setup):
+    """A user's own daemon (`linnet daemon --rootless`, env.RootlessDaemon),
+    started afresh for the setup: its networks in a user and network
+    namespace of the user's, pasta as its way out. `linnet run -- linnet-
+    standin --fd {fd}` as that user, as for `linnet tap`; each stand-in
+    makes its guest in namespaces of its own (a user cannot enter root's),
+    which the benchmark then names. VM to VM stays on the namespace's
+    bridge; the host is reached through pasta at its own address
+    (10.203.0.1), as pasta's own guest reaches it: the VM's way upstream."""
+    group = "linnet"
+    datapath = "tap"
+
+    def unavailable(self, env):
+        return None if env.have("pasta") else "pasta is not installed (apt-get install passt)"
+
+    def version(self, env):
+        return f"linnet {env.linnet_commit}, {debian_version('pasta')}"
+
+    def up(self, env, mtu):
+        topo = Topology()
+        host, _ = upstream(env)
+        daemon = env.start_rootless()
+        network = {1500: "shared", 65520: "jumbo"}[mtu]
+        for _ in range(self.guests()):
+            out, pid_file = env.user_path("json"), env.user_path("pid")
+            standin = [env.standin_bin, "--fd", "{fd}", "--netns", f"own:{pid_file}"]
+            proc = env.procs.start(f"run-rootless-{len(topo.guests)}", daemon.as_user(
+                [daemon.bin, "run", "--network", network, "--json", out, "--"] + standin,
+                own_tun=True))  # the stand-in makes its guest's TAP
+            info = wait_for(lambda: env.procs.check_alive() or read_json(out),
+                            "`linnet run` as the rootless user to attach")
+            pid = wait_for(lambda: env.procs.check_alive() or read_pid(pid_file),
+                           "the stand-in's own namespaces")
+            ns = env.adopt_ns(pid)
+            prefix = info["subnet"].split("/")[1]
+            configure(ns, "eth0", f"{info['ip_address']}/{prefix}", gateway=info["gateway"])
+            topo.guests.append((ns, info["ip_address"]))
+            topo.standin_pids.append(pid)
+        topo.server = host
+        topo.net_pids += [daemon.process.pid] + children(daemon.process.pid)
+        return topo
+
+
 def relays_on(daemon, network, count):
     """The daemon's relays for `network`'s socket, once there are `count`."""
     mine = []
@@ -374,9 +418,10 @@ def upstream(env):
     configure(ns, "eth0", "10.203.0.254/24")
     ip("route", "add", "default", "via", "10.203.0.254")
     # passt and pasta answer the guest's pings through ICMP ping sockets,
-    # which root may open only if its group is in this range. This is the
-    # sandbox's own namespace, gone when the benchmark ends.
-    run("sysctl", "-qw", "net.ipv4.ping_group_range=0 0")
+    # which a user may open only if its group is in this range (root's, and
+    # the rootless daemon's user's). This is the sandbox's own namespace,
+    # gone when the benchmark ends.
+    run("sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647")
     return "10.203.0.1", "10.203.0.254"
 
 
@@ -562,6 +607,7 @@ def all_setups():
         Linnet("linnet tap, anti-spoofing + policy", "tap", policy=True),
         LinnetLan(LAN_BRIDGED, "bridged"),
         LinnetLan(LAN_BRIDGE, "bridge"),
+        LinnetRootless(ROOTLESS),
         Linnet("linnet dgram", "dgram"),
         Linnet("linnet stream", "stream"),
         NetworkSocket(NETWORK_SOCKET),

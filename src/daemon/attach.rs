@@ -143,6 +143,7 @@ impl AttachPlan {
         LinkSettings {
             master: bridge.filter(|_| !(self.guarded && ports_held)),
             mtu: Some(self.mtu),
+            txqueuelen: None,
             alias: Some(alias),
             up: bridge.is_some() || !(self.guarded && ports_held),
         }

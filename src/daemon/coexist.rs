@@ -16,8 +16,9 @@ use super::state::Daemon;
 use crate::api::{DoctorReport, NetworkDoctor, Response};
 use crate::coexist::{self, FlowCheck, LegacyChain, NetworkView};
 use crate::config::{Mode, NetworkConfig};
+use crate::host::egress;
 use crate::host::guard::{Hook, PortGuard};
-use crate::host::netlink::Route;
+use crate::host::netlink::{LinkSettings, Route};
 use crate::host::ruleset::{Owner, Ruleset, Shape, linnet_shape};
 use crate::host::{self, docker_user, firewall, guard, legacy, sysctl};
 
@@ -76,6 +77,21 @@ impl Daemon {
                 return;
             }
         };
+        if self.host_loopback.is_some() {
+            // A rootless daemon's way out, made again whenever the egress
+            // tool is.
+            let egress = names.iter().find(|(_, n)| *n == egress::EGRESS_IFNAME);
+            if let Some((&index, _)) = egress.filter(|(i, _)| Some(**i) != self.egress_tuned) {
+                let deeper = LinkSettings {
+                    txqueuelen: Some(egress::EGRESS_TXQUEUELEN),
+                    ..Default::default()
+                };
+                match self.netlink.configure(index, deeper).await {
+                    Ok(()) => self.egress_tuned = Some(index),
+                    Err(e) => warn!("cannot deepen the queue of {}: {e}", egress::EGRESS_IFNAME),
+                }
+            }
+        }
         for (ipv6, out) in [(false, &mut uplinks.ipv4), (true, &mut uplinks.ipv6)] {
             match self.netlink.default_routes(ipv6).await {
                 Ok(routes) => {

@@ -20,6 +20,11 @@ pub const HOST_LOOPBACK: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 pub const HOST_DNS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
 /// Jumbo frames between the namespace and the tool: fewer, larger writes.
 const MTU: u32 = 65520;
+/// The egress interface's queue: the VMs' traffic is routed into it (not
+/// sent by a local socket, which the queue would hold back), so a tool a
+/// moment late would cost them drops and TCP retransmits at the default
+/// 1000 frames. What the benchmark's VM-to-host rows measure.
+pub const EGRESS_TXQUEUELEN: u32 = 10000;
 
 /// Which user-mode stack carries the namespace's traffic out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -228,6 +228,9 @@ impl Netlink {
         if let Some(mtu) = settings.mtu {
             b = b.mtu(mtu);
         }
+        if let Some(len) = settings.txqueuelen {
+            b = b.txqueuelen(len);
+        }
         if let Some(alias) = settings.alias {
             b = b.alias(alias);
         }
@@ -579,6 +582,7 @@ pub struct Route {
 pub struct LinkSettings<'a> {
     pub master: Option<u32>,
     pub mtu: Option<u32>,
+    pub txqueuelen: Option<u32>,
     pub alias: Option<&'a str>,
     pub up: bool,
 }

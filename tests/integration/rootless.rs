@@ -625,7 +625,10 @@ fn a_killed_egress_tool_comes_back_and_an_idle_daemon_exits_keeping_its_leases()
         kept.fetch(&format!("http://{UPSTREAM_IP}/")).map(|_| ())
     });
     kept.assert_reaches_upstream("a guest after pasta came back");
-    assert!(user.daemon_log().contains("the egress tool exited"), "said in the log");
+    assert!(
+        user.daemon_log().contains("the egress tool exited"),
+        "said in the log"
+    );
     let ip = kept.ip();
     drop((first, kept));
     // `linnet run` started the daemon with --idle-exit 10.
@@ -636,4 +639,64 @@ fn a_killed_egress_tool_comes_back_and_an_idle_daemon_exits_keeping_its_leases()
     let again = user.guest(&world, "shared", &["--interface-id", id]);
     assert_eq!(again.ip(), ip, "the lease was kept for the next start");
     assert_eq!(again.udhcpc(), ip);
+}
+
+#[test]
+fn a_vmm_started_on_its_own_enters_the_daemons_namespaces_and_opens_its_kept_tap_by_name() {
+    let world = World::new();
+    let user = Tenant::new(&world, 4311);
+    let json = world.dir.path().join("fc1.json");
+    // `linnet attach` starts the daemon when none runs, as `linnet run` does.
+    must(&mut user.linnet(
+        &world,
+        &["attach", "--name", "fc1", "--json", json.to_str().unwrap()],
+    ));
+    let info: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let pid = std::fs::read_to_string(user.run_dir().join("daemon.pid")).unwrap();
+    let pid_file = world.dir.path().join("fc1.pid");
+    let own = format!("own:{}", pid_file.display());
+    let standin = standin_bin();
+    // What docs/rootless.md tells a user to run for a VMM of their own.
+    let mut vmm = Reaped(
+        user.cmd(
+            &world,
+            &[
+                "nsenter",
+                "--target",
+                pid.trim(),
+                "--user",
+                "--net",
+                "--preserve-credentials",
+                standin.to_str().unwrap(),
+                "--tap",
+                info["tap"].as_str().unwrap(),
+                "--mac",
+                info["mac_address"].as_str().unwrap(),
+                "--netns",
+                &own,
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let guest_pid: u32 = wait_for("the VMM's guest", Duration::from_secs(10), || {
+        assert!(vmm.try_wait().unwrap().is_none(), "the VMM exited");
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+    let g = Guest {
+        ns: Netns::adopt("rguest", guest_pid),
+        run: None,
+        vmm: None,
+        info,
+    };
+    assert_eq!(g.udhcpc(), g.ip());
+    assert!(g.ping(&g.gateway()));
+    g.assert_reaches_upstream("a kept interface's VMM");
+    must(&mut user.linnet(&world, &["detach", "--name", "fc1"]));
+    wait_for("the VMM to lose its TAP", Duration::from_secs(10), || {
+        vmm.try_wait().unwrap()
+    });
 }
