@@ -308,7 +308,8 @@ impl Cli {
         Channel::connect(&path).map_err(|e| unreachable_daemon(&path, &e, self.place().rootless))
     }
 
-    /// Connects, starting a daemon first when none runs and we are root.
+    /// Connects, starting a daemon first when none runs and we are root
+    /// (the system's) or rootless (the user's own).
     /// A daemon started here comes back too, for the caller to reap.
     pub fn connect_or_start(&self) -> anyhow::Result<(Channel, Option<Child>)> {
         let path = self.socket_path();
@@ -648,5 +649,62 @@ pub fn report(
         Ok((Response::Error { message, .. }, _)) => bail!("the daemon refused counters: {message}"),
         Ok((other, _)) => bail!("unexpected reply from the daemon: {other:?}"),
         Err(e) => Err(anyhow::anyhow!("{DAEMON_GONE} ({e})")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rootless_place(args: &[&str], vars: &[(&str, &str)]) -> anyhow::Result<Place> {
+        let mut argv = vec!["linnet"];
+        argv.extend_from_slice(args);
+        argv.push("ls");
+        let cli = Cli::try_parse_from(argv).unwrap();
+        let env = |var: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == var)
+                .map(|(_, v)| v.to_string())
+        };
+        Place::rootless(&cli, env)
+    }
+
+    #[test]
+    fn a_rootless_daemon_lives_in_the_users_xdg_directories() {
+        let home = [("HOME", "/home/ann"), ("XDG_RUNTIME_DIR", "/run/user/1000")];
+        let p = rootless_place(&[], &home).unwrap();
+        assert_eq!(p.run_dir, Path::new("/run/user/1000/linnet"));
+        assert_eq!(p.state_dir, Path::new("/home/ann/.local/state/linnet"));
+        assert_eq!(
+            p.config,
+            (
+                PathBuf::from("/home/ann/.config/linnet/networks.yaml"),
+                false
+            )
+        );
+        let xdg = [
+            ("HOME", "/home/ann"),
+            ("XDG_RUNTIME_DIR", "/run/user/1000"),
+            ("XDG_STATE_HOME", "/data/state"),
+            ("XDG_CONFIG_HOME", "relative/is/ignored"),
+        ];
+        let p = rootless_place(&[], &xdg).unwrap();
+        assert_eq!(p.state_dir, Path::new("/data/state/linnet"));
+        assert_eq!(
+            p.config.0,
+            Path::new("/home/ann/.config/linnet/networks.yaml")
+        );
+        // Options win over the environment.
+        let p = rootless_place(&["--run-dir", "/tmp/r", "--config", "/tmp/n.yaml"], &home).unwrap();
+        assert_eq!(p.run_dir, Path::new("/tmp/r"));
+        assert_eq!(p.config, (PathBuf::from("/tmp/n.yaml"), true));
+    }
+
+    #[test]
+    fn a_rootless_daemon_without_a_runtime_dir_says_how_to_get_one() {
+        let e = rootless_place(&[], &[("HOME", "/home/ann")]).unwrap_err();
+        assert!(e.to_string().contains("XDG_RUNTIME_DIR is not set"), "{e}");
+        let e = rootless_place(&[], &[("XDG_RUNTIME_DIR", "/run/user/1000")]).unwrap_err();
+        assert!(e.to_string().contains("give --state-dir"), "{e}");
     }
 }

@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +29,11 @@ use crate::host::firewall::ForwardRule;
 const UDP_IDLE: Duration = Duration::from_secs(120);
 /// UDP peers relayed at once per forward; datagrams of more are dropped.
 const UDP_PEERS: usize = 1024;
+/// TCP connections relayed at once per forward; more are closed at once
+/// (each holds two sockets of the daemon's).
+const TCP_CONNECTIONS: usize = 4096;
+/// How long a relay pauses after its host socket fails, rather than spin.
+const ERROR_PAUSE: Duration = Duration::from_millis(100);
 
 pub(super) struct HostPorts {
     side: HostSide,
@@ -127,16 +133,23 @@ fn start(
 }
 
 async fn relay_tcp(listener: TcpListener, target: SocketAddr) {
+    let open = Arc::new(AtomicUsize::new(0));
     loop {
         let (mut from_host, peer) = match listener.accept().await {
             Ok(conn) => conn,
             Err(e) => {
                 warn!(%target, "accept on a published port failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tokio::time::sleep(ERROR_PAUSE).await;
                 continue;
             }
         };
+        if open.load(Ordering::Relaxed) >= TCP_CONNECTIONS {
+            debug!(%peer, %target, "a published port's connection refused: {TCP_CONNECTIONS} open");
+            continue;
+        }
+        let slot = Slot::take(&open);
         tokio::spawn(async move {
+            let _slot = slot;
             match TcpStream::connect(target).await {
                 Ok(mut to_vm) => {
                     let _ = from_host.set_nodelay(true);
@@ -149,6 +162,22 @@ async fn relay_tcp(listener: TcpListener, target: SocketAddr) {
     }
 }
 
+/// One of a forward's open connections, given back when dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(count: &Arc<AtomicUsize>) -> Slot {
+        count.fetch_add(1, Ordering::Relaxed);
+        Slot(count.clone())
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 type Peers = Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>>;
 
 /// Each host peer gets a socket of its own toward the VM, so the VM's
@@ -157,8 +186,13 @@ async fn relay_udp(host: Arc<UdpSocket>, target: SocketAddr) {
     let peers: Peers = Arc::default();
     let mut buf = vec![0u8; 65536];
     loop {
-        let Ok((len, peer)) = host.recv_from(&mut buf).await else {
-            continue;
+        let (len, peer) = match host.recv_from(&mut buf).await {
+            Ok(got) => got,
+            Err(e) => {
+                debug!(%target, "receive on a published port failed: {e}");
+                tokio::time::sleep(ERROR_PAUSE).await;
+                continue;
+            }
         };
         let known = peers.lock().unwrap().get(&peer).cloned();
         let toward_vm = match known {

@@ -207,7 +207,11 @@ fn supervise(daemon: Pid, channel: Channel, egress: Egress, run_dir: &Path) -> a
             return Err(e);
         }
     };
-    channel.send(&GO, &[])?;
+    if let Err(e) = channel.send(&GO, &[]) {
+        stop(&mut tool);
+        let status = wait_daemon(daemon);
+        bail!("the rootless daemon went away during start-up ({e}; status {status})");
+    }
     // For entering the namespaces from outside (`nsenter -t PID -U -n`).
     let pid_file = run_dir.join(PID_FILE);
     if let Err(e) = std::fs::write(&pid_file, format!("{daemon}\n")) {
