@@ -201,12 +201,7 @@ class Env:
         path = f"/run/netns/{name}"
         open(path, "w").close()
         run("mount", "--bind", f"/proc/{pid}/ns/net", path)
-        os.makedirs(f"/etc/netns/{name}", exist_ok=True)
-        with open(f"/etc/netns/{name}/resolv.conf", "w"):
-            pass
-        self.namespaces.append(name)
-        ip("link", "set", "lo", "up", ns=name)
-        return name
+        return self._guest_ready(name)
 
     @staticmethod
     def have(tool):
@@ -215,8 +210,12 @@ class Env:
     def guest_ns(self, name=None):
         name = name or f"g{len(self.namespaces) + 1}"
         ip("netns", "add", name)
-        # Its own resolv.conf for `ip netns exec` to put in place: what a
-        # DHCP client's hook writes in the guest stays the guest's.
+        return self._guest_ready(name)
+
+    def _guest_ready(self, name):
+        """Registers guest namespace `name` for teardown, with loopback up
+        and a resolv.conf of its own for `ip netns exec` to put in place:
+        what a DHCP client's hook writes in the guest stays the guest's."""
         os.makedirs(f"/etc/netns/{name}", exist_ok=True)
         with open(f"/etc/netns/{name}/resolv.conf", "w"):
             pass

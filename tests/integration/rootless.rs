@@ -226,11 +226,9 @@ fn files_but_logs(dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-#[test]
-fn rootless_guests_lease_resolve_and_reach_each_other_upstream_and_the_hosts_loopback() {
-    let world = World::new();
-    // A service on the host's own loopback, which the VMs reach through
-    // the gateway address the attach JSON names.
+/// A web server on the host's own 127.0.0.1:8088 answering a page of its
+/// own, which the VMs reach at the gateway address the attach JSON names.
+fn serve_on_the_hosts_loopback(world: &World) {
     let www = world.dir.path().join("loopback-www");
     std::fs::create_dir_all(&www).unwrap();
     std::fs::write(www.join("index.html"), "hello from the host's loopback\n").unwrap();
@@ -242,6 +240,12 @@ fn rootless_guests_lease_resolve_and_reach_each_other_upstream_and_the_hosts_loo
         "-h",
         www.to_str().unwrap(),
     ]));
+}
+
+#[test]
+fn rootless_guests_lease_resolve_and_reach_each_other_upstream_and_the_hosts_loopback() {
+    let world = World::new();
+    serve_on_the_hosts_loopback(&world);
     let user = Tenant::new(&world, 4301);
     let a = user.guest(&world, "shared", &["--name", "alpha"]);
     let b = user.guest(&world, "shared", &["--name", "beta"]);
@@ -540,17 +544,7 @@ fn a_rootless_qemu_guest_opening_its_tap_by_name_and_a_stand_in_lease_resolve_an
  {
     use crate::qemu::{Vm, qemu_command, vm_dir};
     let world = World::new();
-    let www = world.dir.path().join("loopback-www");
-    std::fs::create_dir_all(&www).unwrap();
-    std::fs::write(www.join("index.html"), "hello from the host's loopback\n").unwrap();
-    must(&mut world.host.cmd(&[
-        "busybox",
-        "httpd",
-        "-p",
-        "127.0.0.1:8088",
-        "-h",
-        www.to_str().unwrap(),
-    ]));
+    serve_on_the_hosts_loopback(&world);
     let user = Tenant::new(&world, 4309);
     let standin = user.guest(&world, "shared", &["--name", "alpha"]);
     assert_eq!(standin.udhcpc(), standin.ip());
