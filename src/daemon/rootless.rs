@@ -47,8 +47,12 @@ const EGRESS_RESTART_PAUSE: Duration = Duration::from_secs(1);
 /// The daemon's pid in the host's pid namespace, in the run directory.
 pub const PID_FILE: &str = "daemon.pid";
 
-/// The handshake: the daemon is in its namespaces; the way out is up.
+/// The handshake: the daemon is in its namespaces; the supervisor mapped
+/// its ids, or it maps them itself; it is ready; the way out is up.
 const UNSHARED: &str = "unshared";
+const MAPPED: &str = "mapped";
+const MAP_SELF: &str = "map yourself";
+const READY: &str = "ready";
 const GO: &str = "go";
 
 /// What the daemon asks of the supervisor.
@@ -152,9 +156,27 @@ pub fn run(mut opts: Options, egress: Egress) -> anyhow::Result<()> {
 
 /// The forked daemon: into its namespaces, wait for the way out, serve.
 fn inside(mut opts: Options, channel: Channel, supervisor: Pid) -> anyhow::Result<()> {
-    if let Err(e) = userns::enter_own_namespaces() {
-        let _ = channel.send(&e.to_string(), &[]);
-        return Err(e.into());
+    let (uid, gid) = (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    );
+    let said = |r: std::io::Result<()>| -> anyhow::Result<()> {
+        if let Err(e) = r {
+            let _ = channel.send(&e.to_string(), &[]);
+            return Err(e.into());
+        }
+        Ok(())
+    };
+    said(userns::unshare_user_and_net())?;
+    channel
+        .send(&UNSHARED, &[])
+        .context("cannot reach the rootless supervisor")?;
+    // The supervisor maps our ids (with the user's subordinate ranges), or
+    // leaves it to us (our own ids alone).
+    match channel.recv::<String>()? {
+        Some((word, _)) if word == MAPPED => {}
+        Some((word, _)) if word == MAP_SELF => said(userns::map_self(uid, gid))?,
+        _ => bail!("the rootless supervisor gave up before our ids were mapped"),
     }
     // Ends with the supervisor, cleanly, whichever way it goes. (Set after
     // the namespaces: gaining capabilities clears it.)
@@ -163,7 +185,7 @@ fn inside(mut opts: Options, channel: Channel, supervisor: Pid) -> anyhow::Resul
         bail!("the rootless supervisor exited during start-up");
     }
     channel
-        .send(&UNSHARED, &[])
+        .send(&READY, &[])
         .context("cannot reach the rootless supervisor")?;
     match channel.recv::<String>()? {
         Some((word, _)) if word == GO => {}
@@ -192,13 +214,7 @@ fn supervise(daemon: Pid, channel: Channel, egress: Egress, run_dir: &Path) -> a
         unsafe { signal::signal(sig, SigHandler::Handler(pass_on)) }?;
     }
     let log = run_dir.join("egress.log");
-    let started = match channel.recv::<String>() {
-        Ok(Some((word, _))) if word == UNSHARED => start_egress(egress, daemon, &log),
-        Ok(Some((why, _))) => Err(anyhow::anyhow!("{why}")),
-        Ok(None) | Err(_) => Err(anyhow::anyhow!(
-            "the rootless daemon exited before it made its namespaces"
-        )),
-    };
+    let started = handshake(&channel, daemon).and_then(|()| start_egress(egress, daemon, &log));
     let mut tool = match started {
         Ok(tool) => tool,
         Err(e) => {
@@ -254,6 +270,40 @@ fn supervise(daemon: Pid, channel: Channel, egress: Egress, run_dir: &Path) -> a
     match status {
         0 => Ok(()),
         code => bail!("the rootless daemon exited with status {code}"),
+    }
+}
+
+/// The supervisor's side of the start-up, until the daemon is ready for
+/// its way out.
+fn handshake(channel: &Channel, daemon: Pid) -> anyhow::Result<()> {
+    let next = || match channel.recv::<String>() {
+        Ok(Some((word, _))) => Ok(word),
+        Ok(None) | Err(_) => Err(anyhow::anyhow!(
+            "the rootless daemon exited during start-up"
+        )),
+    };
+    let word = next()?;
+    if word != UNSHARED {
+        bail!("{word}");
+    }
+    let (uid, gid) = (
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    );
+    let mapped = match userns::map_with_sub_ids(daemon.as_raw() as u32, uid, gid) {
+        Ok(mapped) => mapped,
+        Err(e) => {
+            warn!("{e}: mapping only your own ids");
+            false
+        }
+    };
+    if mapped {
+        info!("your subordinate ids (/etc/subuid, /etc/subgid) are mapped from 1 up");
+    }
+    channel.send(&if mapped { MAPPED } else { MAP_SELF }, &[])?;
+    match next()? {
+        word if word == READY => Ok(()),
+        why => bail!("{why}"),
     }
 }
 

@@ -46,26 +46,35 @@ impl Tenant {
     /// `argv` as this user, in the world's host namespace, with a fresh
     /// environment of theirs.
     pub fn cmd(&self, world: &World, argv: &[&str]) -> Command {
+        let full = self.as_user(argv);
+        let full: Vec<&str> = full.iter().map(String::as_str).collect();
+        with_own_dev_net(&world.host, true, &full)
+    }
+
+    /// `argv` behind setpriv and env: as this user, with a fresh
+    /// environment of theirs.
+    fn as_user(&self, argv: &[&str]) -> Vec<String> {
         let uid = self.uid.to_string();
-        let env = [
-            format!("HOME={}", self.home.display()),
-            format!("XDG_RUNTIME_DIR={}", self.home.join("run").display()),
-            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
-            "LINNET_LOG=debug".to_string(),
-        ];
-        let mut full: Vec<&str> = vec![
+        let mut full: Vec<String> = [
             "setpriv",
             "--reuid",
             &uid,
             "--regid",
             &uid,
             "--clear-groups",
-            "env",
-            "-i",
-        ];
-        full.extend(env.iter().map(String::as_str));
-        full.extend_from_slice(argv);
-        with_own_dev_net(&world.host, true, &full)
+        ]
+        .map(String::from)
+        .to_vec();
+        full.extend([
+            "env".to_string(),
+            "-i".to_string(),
+            format!("HOME={}", self.home.display()),
+            format!("XDG_RUNTIME_DIR={}", self.home.join("run").display()),
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+            "LINNET_LOG=debug".to_string(),
+        ]);
+        full.extend(argv.iter().map(|a| a.to_string()));
+        full
     }
 
     /// `linnet ARGS` as this user.
@@ -693,4 +702,70 @@ fn a_vmm_started_on_its_own_enters_the_daemons_namespaces_and_opens_its_kept_tap
     wait_for("the VMM to lose its TAP", Duration::from_secs(10), || {
         vmm.try_wait().unwrap()
     });
+}
+
+#[test]
+fn the_users_subordinate_ids_are_mapped_when_etc_subuid_gives_some() {
+    let world = World::new();
+    let user = Tenant::new(&world, 4312);
+    // An /etc of the daemon's own (in its mount namespace) that knows the
+    // user and gives it ranges; the machine's has neither.
+    let etc = world.dir.path().join("etc");
+    must(Command::new("cp").args(["-a", "/etc", etc.to_str().unwrap()]));
+    let append = |file: &str, line: &str| {
+        let path = etc.join(file);
+        let mut text = std::fs::read_to_string(&path).unwrap_or_default();
+        text.push_str(line);
+        std::fs::write(path, text).unwrap();
+    };
+    append("passwd", "tenant:x:4312:4312::/nonexistent:/bin/sh\n");
+    append("group", "tenant:x:4312:\n");
+    append("subuid", "tenant:200000:65536\n");
+    append("subgid", "4312:300000:65536\n");
+    // (The resolv.conf `ip netns exec` put in place comes along.)
+    let script = format!(
+        "cp /etc/resolv.conf {0}/resolv.conf && mount --bind {0} /etc && mount -t tmpfs none /dev/net && mknod -m 0666 /dev/net/tun c 10 200 && exec \"$0\" \"$@\"",
+        etc.display()
+    );
+    let bin = linnet_bin();
+    let daemon = user.as_user(&[bin.to_str().unwrap(), "daemon", "--rootless"]);
+    let mut argv = vec![
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        &script,
+    ];
+    argv.extend(daemon.iter().map(String::as_str));
+    let log = world.dir.path().join("subids-daemon.log");
+    let _daemon = Reaped(
+        world
+            .host
+            .cmd(&argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = wait_for("the daemon's pid file", Duration::from_secs(10), || {
+        std::fs::read_to_string(user.run_dir().join("daemon.pid")).ok()
+    });
+    let maps = |file: &str| -> Vec<String> {
+        std::fs::read_to_string(format!("/proc/{}/{file}", pid.trim()))
+            .unwrap()
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    assert_eq!(maps("uid_map"), ["0 4312 1", "1 200000 65536"]);
+    assert_eq!(maps("gid_map"), ["0 4312 1", "1 300000 65536"]);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("subordinate ids"), "{text}");
+    // And it serves as ever.
+    let g = user.guest(&world, "shared", &[]);
+    assert_eq!(g.udhcpc(), g.ip());
+    g.assert_reaches_upstream("a guest of a daemon with subordinate ids");
 }
