@@ -1004,11 +1004,12 @@ pub fn closed_by_peer(conn: &mut std::os::unix::net::UnixStream, within: Duratio
 /// empty tmpfs, with a tun node anyone may open when `tun` (this machine's
 /// /dev/net/tun is 0600; distributions ship it 0666).
 pub fn with_own_dev_net(ns: &Netns, tun: bool, argv: &[&str]) -> Command {
-    let script = if tun {
-        "mount -t tmpfs none /dev/net && mknod -m 0666 /dev/net/tun c 10 200 && exec \"$0\" \"$@\""
-    } else {
-        "mount -t tmpfs none /dev/net && exec \"$0\" \"$@\""
-    };
+    in_own_mounts(ns, if tun { OWN_TUN } else { NO_DEV_NET }, argv)
+}
+
+/// `setup && exec argv…` in `ns`, in a mount namespace of its own.
+pub fn in_own_mounts(ns: &Netns, setup: &str, argv: &[&str]) -> Command {
+    let script = format!("{setup} && exec \"$0\" \"$@\"");
     let mut full = vec![
         "unshare",
         "--mount",
@@ -1016,8 +1017,12 @@ pub fn with_own_dev_net(ns: &Netns, tun: bool, argv: &[&str]) -> Command {
         "private",
         "sh",
         "-c",
-        script,
+        &script,
     ];
     full.extend_from_slice(argv);
     ns.cmd(&full)
 }
+
+/// An empty /dev/net, and with OWN_TUN a tun node in it anyone may open.
+const NO_DEV_NET: &str = "mount -t tmpfs none /dev/net";
+pub const OWN_TUN: &str = "mount -t tmpfs none /dev/net && mknod -m 0666 /dev/net/tun c 10 200";

@@ -211,6 +211,22 @@ impl Tenant {
     }
 }
 
+/// A user's daemon goes with the test (rather than after its idle time):
+/// SIGTERM to the daemon, which shuts down and takes its supervisor and
+/// pasta with it.
+impl Drop for Tenant {
+    fn drop(&mut self) {
+        let pid = std::fs::read_to_string(self.run_dir().join("daemon.pid")).unwrap_or_default();
+        if !pid.trim().is_empty() {
+            let _ = Command::new("kill").args(["-TERM", pid.trim()]).status();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !processes_of(self.uid).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// The processes of `uid` in the sandbox (but zombies: the sandbox's
 /// init is the test, which reaps only its own children).
 fn processes_of(uid: u32) -> Vec<String> {
@@ -723,27 +739,16 @@ fn the_users_subordinate_ids_are_mapped_when_etc_subuid_gives_some() {
     append("subuid", "tenant:200000:65536\n");
     append("subgid", "4312:300000:65536\n");
     // (The resolv.conf `ip netns exec` put in place comes along.)
-    let script = format!(
-        "cp /etc/resolv.conf {0}/resolv.conf && mount --bind {0} /etc && mount -t tmpfs none /dev/net && mknod -m 0666 /dev/net/tun c 10 200 && exec \"$0\" \"$@\"",
+    let setup = format!(
+        "cp /etc/resolv.conf {0}/resolv.conf && mount --bind {0} /etc && {OWN_TUN}",
         etc.display()
     );
     let bin = linnet_bin();
     let daemon = user.as_user(&[bin.to_str().unwrap(), "daemon", "--rootless"]);
-    let mut argv = vec![
-        "unshare",
-        "--mount",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        &script,
-    ];
-    argv.extend(daemon.iter().map(String::as_str));
+    let daemon: Vec<&str> = daemon.iter().map(String::as_str).collect();
     let log = world.dir.path().join("subids-daemon.log");
     let _daemon = Reaped(
-        world
-            .host
-            .cmd(&argv)
+        in_own_mounts(&world.host, &setup, &daemon)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
