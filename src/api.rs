@@ -189,6 +189,29 @@ pub struct AttachRequest {
     /// network's `policy:`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<Policy>,
+    /// Attach a clone of this guest: the VM keeps the MAC and address it
+    /// was snapshotted with, and is reached at a unique address of the
+    /// network's `clone_subnet`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_of: Option<CloneOf>,
+}
+
+/// The guest a clone was made from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CloneOf {
+    /// An interface of the network by name: attached, or its lease still
+    /// held (the VM that was snapshotted has stopped).
+    Name(String),
+    /// The guest's MAC and address as recorded (the snapshotted VM's
+    /// interface JSON, `--like FILE`).
+    Guest {
+        mac_address: MacAddr,
+        ip_address: Ipv4Addr,
+        /// Its TAP's name, which the clone's TAP gets in its namespace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tap: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -295,6 +318,11 @@ pub struct InterfaceInfo {
     /// VM reaches the host's 127.0.0.1 (its own loopback is its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_loopback: Option<Ipv4Addr>,
+    /// A clone's unique address: where the host, other VMs, its published
+    /// ports and its DNS name reach it (`ip_address` is the guest's own,
+    /// which its clones share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_address: Option<Ipv4Addr>,
     /// Empty lists: nothing restricted.
     #[serde(default)]
     pub policy: Policy,
@@ -360,6 +388,9 @@ pub struct InterfaceStatus {
     /// until detached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cut_off: Option<String>,
+    /// A clone's unique address (`ip_address` is the guest's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone_address: Option<Ipv4Addr>,
 }
 
 /// `linnet doctor`: the namespace as linnet sees it.

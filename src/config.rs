@@ -96,6 +96,9 @@ pub struct NetworkConfig {
     pub policy: Policy,
     /// A socket_vmnet-compatible stream socket for the network, if any.
     pub socket: Option<NetworkSocket>,
+    /// Where clones (`--clone-of`) get the unique addresses the host and
+    /// other VMs reach them at; None on a LAN network, which has none.
+    pub clone_subnet: Option<Ipv4Net>,
 }
 
 /// How a LAN network's VMs join the LAN.
@@ -347,6 +350,7 @@ struct NetworkSpec {
     policy: Option<PolicySpec>,
     /// `true`, `false` or an absolute path.
     socket: Option<serde_norway::Value>,
+    clone_subnet: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -452,6 +456,7 @@ impl Config {
             .network(&name, spec)?;
             networks.insert(name, net);
         }
+        assign_clone_subnets(&mut networks);
         check_no_overlaps(&networks, file)?;
         Ok(Config {
             networks,
@@ -529,6 +534,34 @@ fn check_no_overlaps(
 ) -> Result<(), ConfigError> {
     // A LAN network's addresses are the LAN's, not in its config.
     let list: Vec<&NetworkConfig> = networks.values().filter(|n| n.lan.is_none()).collect();
+    let overlap = |a: &Ipv4Net, b: &Ipv4Net| a.contains(&b.network()) || b.contains(&a.network());
+    for a in &list {
+        let Some(clones) = &a.clone_subnet else {
+            continue;
+        };
+        // Every network's subnet (its own too), and the others' clones.
+        let others = list.iter().flat_map(|b| {
+            let theirs = b.clone_subnet.filter(|_| b.name != a.name);
+            std::iter::once(("subnet", b.subnet, b)).chain(theirs.map(|c| ("clone_subnet", c, b)))
+        });
+        for (key, other, b) in others {
+            if overlap(clones, &other) {
+                let whose = if b.name == a.name {
+                    "the network's own subnet".to_string()
+                } else {
+                    format!("{key} {other} of network \"{}\"", b.name)
+                };
+                return Err(ConfigError::Invalid {
+                    file: file.into(),
+                    network: a.name.clone(),
+                    key: "clone_subnet".into(),
+                    message: format!(
+                        "{clones} overlaps {whose}; give clones a range of their own (e.g. clone_subnet: 198.18.200.0/24)"
+                    ),
+                });
+            }
+        }
+    }
     for (i, a) in list.iter().enumerate() {
         for b in &list[i + 1..] {
             if a.subnet.contains(&b.subnet.network()) || b.subnet.contains(&a.subnet.network()) {
@@ -593,6 +626,41 @@ fn check_no_overlaps(
 }
 
 /// Built-in defaults for a network, before the file's keys are applied.
+/// Where clone addresses come from by default: 198.18.0.0/15 (RFC 2544's
+/// benchmarking range, which no LAN or VPN hands out), one /24 per network.
+const CLONE_RANGE: (Ipv4Addr, u32) = (Ipv4Addr::new(198, 18, 0, 0), 512);
+
+/// Gives each of linnet's own networks without a `clone_subnet` a /24 of
+/// `CLONE_RANGE` that no other network's subnet or clone range touches:
+/// the one numbered like the third byte of its subnet (so `shared`,
+/// 192.168.105.0/24, gets 198.18.105.0/24) or the next free one.
+fn assign_clone_subnets(networks: &mut BTreeMap<String, NetworkConfig>) {
+    let overlap = |a: &Ipv4Net, b: &Ipv4Net| a.contains(&b.network()) || b.contains(&a.network());
+    let mut taken: Vec<Ipv4Net> = networks
+        .values()
+        .filter(|n| n.lan.is_none())
+        .flat_map(|n| std::iter::once(n.subnet).chain(n.clone_subnet))
+        .collect();
+    for net in networks.values_mut() {
+        if net.lan.is_some() || net.clone_subnet.is_some() {
+            continue;
+        }
+        let (base, slots) = CLONE_RANGE;
+        let first = (u32::from(net.subnet.network()) >> 8) % slots;
+        let free = (0..slots)
+            .map(|i| {
+                let slot = (first + i) % slots;
+                Ipv4Net::new(Ipv4Addr::from(u32::from(base) + (slot << 8)), 24)
+                    .expect("24 is a valid length")
+            })
+            .find(|c| !taken.iter().any(|t| overlap(c, t)));
+        if let Some(clones) = free {
+            taken.push(clones);
+            net.clone_subnet = Some(clones);
+        }
+    }
+}
+
 fn builtin_defaults(name: &str) -> (Mode, Option<&'static str>) {
     match name {
         "shared" => (Mode::Shared, Some("192.168.105.0/24")),
@@ -703,6 +771,12 @@ impl Validator<'_> {
         let dns = self.dns(name, spec.dns.unwrap_or_default())?;
         let socket = self.socket(name, spec.socket.take())?;
 
+        let clone_subnet = spec
+            .clone_subnet
+            .as_deref()
+            .map(|text| self.clone_subnet(text))
+            .transpose()?;
+
         let nat44 = spec.nat44.unwrap_or(mode == Mode::Shared);
         if nat44 && mode == Mode::Host {
             return Err(self.err(
@@ -732,6 +806,7 @@ impl Validator<'_> {
             forwards,
             policy,
             socket,
+            clone_subnet,
         })
     }
 
@@ -944,6 +1019,7 @@ impl Validator<'_> {
             ("isolation", spec.isolation.is_some()),
             ("forwards", !spec.forwards.is_empty()),
             ("policy", spec.policy.is_some()),
+            ("clone_subnet", spec.clone_subnet.is_some()),
         ];
         if let Some((key, _)) = linnets_own.iter().find(|(_, set)| *set) {
             return Err(self.err(
@@ -1056,6 +1132,7 @@ impl Validator<'_> {
             forwards: Vec::new(),
             policy: Policy::default(),
             socket: self.socket(name, spec.socket.take())?,
+            clone_subnet: None,
         })
     }
 
@@ -1087,6 +1164,27 @@ impl Validator<'_> {
             )),
             other => Ok(other),
         }
+    }
+
+    /// A range for clones' unique addresses: any IPv4 subnet with room for
+    /// at least a few (the overlaps are checked across networks).
+    fn clone_subnet(&self, text: &str) -> Result<Ipv4Net, ConfigError> {
+        let net: Ipv4Net = text.trim().parse().map_err(|_| {
+            self.err(
+                "clone_subnet",
+                format!("\"{text}\" is not an IPv4 subnet (expected e.g. 198.18.200.0/24)"),
+            )
+        })?;
+        if !(8..=29).contains(&net.prefix_len()) || net.addr() != net.network() {
+            return Err(self.err(
+                "clone_subnet",
+                format!(
+                    "\"{text}\" is not a subnet of /8 to /29 without host bits (e.g. {}/24)",
+                    net.network()
+                ),
+            ));
+        }
+        Ok(net)
     }
 
     fn subnet(&self, text: &str) -> Result<Ipv4Net, ConfigError> {

@@ -129,6 +129,9 @@ pub struct LeaseTable {
     lease_time: u64,
     statics: Vec<crate::config::StaticLease>,
     leases: BTreeMap<Ipv4Addr, Lease>,
+    /// Attached clones' names and unique addresses, which DNS answers
+    /// like leases' (a clone holds no lease; not saved).
+    clones: BTreeMap<InterfaceId, (String, Ipv4Addr)>,
     path: Option<PathBuf>,
 }
 
@@ -213,6 +216,7 @@ impl LeaseTable {
             lease_time: net.dhcp.lease_time as u64,
             statics: net.dhcp.static_leases.clone(),
             leases: BTreeMap::new(),
+            clones: BTreeMap::new(),
             path: None,
         }
     }
@@ -460,6 +464,7 @@ impl LeaseTable {
 
     /// The interface left: its address stays reserved for `lease_time`.
     pub fn detach(&mut self, id: InterfaceId, now: u64) {
+        self.clones.remove(&id);
         let until = now + self.lease_time;
         for lease in self
             .leases
@@ -553,6 +558,35 @@ impl LeaseTable {
     #[cfg(test)]
     pub fn resolve(&self, name: &str, now: u64) -> Option<Ipv4Addr> {
         self.resolve_lease(name, now).map(|l| l.ip)
+    }
+
+    /// Clone `id`, called `name`, is at `ip` until it detaches.
+    pub fn add_clone(&mut self, id: InterfaceId, name: String, ip: Ipv4Addr) {
+        self.clones.insert(id, (name, ip));
+    }
+
+    /// The address of the VM called `name`, and its MAC when it has a
+    /// lease (a clone's IPv6 is not NATed: it has only its IPv4).
+    pub fn resolve_name(&self, name: &str, now: u64) -> Option<(Ipv4Addr, Option<MacAddr>)> {
+        let by_lease = |l: &Lease| (l.ip, Some(l.mac));
+        let attach_name = |l: &&Lease| names_match(l.name.as_deref(), name);
+        let live = || self.leases.values().filter(|l| l.is_live(now));
+        // Names given at attach first (a lease's, a clone's): a hostname
+        // never shadows one.
+        live()
+            .find(attach_name)
+            .map(by_lease)
+            .or_else(|| {
+                self.clones
+                    .values()
+                    .find(|(n, _)| names_match(Some(n), name))
+                    .map(|(_, ip)| (*ip, None))
+            })
+            .or_else(|| {
+                live()
+                    .find(|l| names_match(l.hostname.as_deref(), name))
+                    .map(by_lease)
+            })
     }
 
     /// The live lease whose VM is called `name` (given at attach, or else

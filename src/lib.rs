@@ -10,6 +10,7 @@ mod addr6;
 mod api;
 mod budget;
 mod cli;
+mod clone;
 mod coexist;
 mod config;
 mod daemon;

@@ -82,6 +82,7 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
         "DATAPATH",
         "MAC",
         "IP",
+        "CLONE AT",
         "IPV6",
         "FORWARDS",
         "TAP",
@@ -101,6 +102,11 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             i.datapath.to_string(),
             i.mac_address.to_string(),
             i.ip_address
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "-".into()),
+            // A clone's own address; its IP is the guest's, which its
+            // clones share.
+            i.clone_address
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "-".into()),
             i.ipv6_address

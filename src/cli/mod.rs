@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 
 use crate::api::{
-    AttachRequest, Channel, ErrorKind, InterfaceInfo, Request, Response, SOCKET_NAME,
+    AttachRequest, Channel, CloneOf, ErrorKind, InterfaceInfo, Request, Response, SOCKET_NAME,
 };
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
 use crate::datapath::relay::{Relay, RelayError};
@@ -438,6 +438,66 @@ pub struct AttachArgs {
     /// capabilities (default under sudo: the invoking user, SUDO_UID/SUDO_GID).
     #[arg(long, value_name = "USER[:GROUP]")]
     pub user: Option<String>,
+    /// Attach a clone of the VM called NAME on the network (attached, or
+    /// its lease still held): for a VM restored from NAME's snapshot, which
+    /// keeps NAME's MAC and address. Each clone is reached at a unique
+    /// address of the network's clone_subnet (`linnet ls`, its --name in
+    /// DNS, its --publish); any number run at once. See docs/clones.md.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["like", "mac"])]
+    pub clone_of: Option<String>,
+    /// Attach a clone of the VM whose interface JSON (what `run --json` or
+    /// `attach` printed when it was snapshotted) is in FILE: its MAC,
+    /// address and TAP name.
+    #[arg(long, value_name = "FILE", conflicts_with = "mac")]
+    pub like: Option<PathBuf>,
+}
+
+impl AttachArgs {
+    /// The guest a clone is of, if this attach is a clone's.
+    fn clone_of(&self) -> anyhow::Result<Option<CloneOf>> {
+        if let Some(name) = &self.clone_of {
+            return Ok(Some(CloneOf::Name(name.clone())));
+        }
+        let Some(path) = &self.like else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --like {}", path.display()))?;
+        let recorded: RecordedInterface = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "--like {}: not an interface JSON (as `linnet run --json` prints)",
+                path.display()
+            )
+        })?;
+        if recorded.network != self.network {
+            bail!(
+                "--like {}: the VM was on network \"{}\", where its clones belong: add --network {}",
+                path.display(),
+                recorded.network,
+                recorded.network
+            );
+        }
+        let ip_address = recorded.ip_address.with_context(|| {
+            format!(
+                "--like {}: the interface has no ip_address (its network had no DHCP): a clone needs the guest's address",
+                path.display()
+            )
+        })?;
+        Ok(Some(CloneOf::Guest {
+            mac_address: recorded.mac_address,
+            ip_address,
+            tap: recorded.tap,
+        }))
+    }
+}
+
+/// What `--like` reads of an interface JSON.
+#[derive(serde::Deserialize)]
+struct RecordedInterface {
+    network: String,
+    mac_address: MacAddr,
+    ip_address: Option<std::net::Ipv4Addr>,
+    tap: Option<String>,
 }
 
 /// Names an attached interface; shared by `forward` and `policy`.
@@ -492,6 +552,7 @@ pub fn attach(
             ingress: args.allow_listen.clone(),
         }),
         keep,
+        clone_of: args.clone_of()?,
     };
     let (response, fds) = channel.call(&Request::Attach(request))?;
     let info = match response {

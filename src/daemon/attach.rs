@@ -160,6 +160,9 @@ pub(super) enum Done {
     /// as making it persistent for tap-name is the last step that can
     /// fail; a macvtap is deleted).
     Port(u32),
+    /// A clone's namespace and veth port were made (undo: delete the
+    /// port, its other end with it; the namespace goes with its fd).
+    ClonePort(u32),
     /// The port's guard entries were added (undo: remove them).
     Guard(PortGuard),
 }

@@ -13,6 +13,7 @@
 //! TAP's MAC.
 
 mod attach;
+mod clones;
 mod coexist;
 mod drivers;
 mod forwards;

@@ -134,9 +134,11 @@ pub fn attach_refusal(bound: &str, req: &AttachRequest) -> Option<String> {
         || !req.publish.is_empty()
         || req.name.is_some()
         || req.policy.is_some()
+        || req.clone_of.is_some()
     {
         return Some(
-            "attaches only its stream interface, with no name, published ports or policy".into(),
+            "attaches only its stream interface, with no name, published ports, policy or clone"
+                .into(),
         );
     }
     let Some(mac) = req.mac else {

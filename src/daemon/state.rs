@@ -16,6 +16,7 @@ use thiserror::Error;
 use tracing::{info, warn};
 
 use super::attach::{self, AttachPlan, Done};
+use super::clones::CloneState;
 use super::coexist::HostView;
 use super::drivers::{ActiveNetwork, PortRequest, dns_servers};
 use super::forwards::{Forwards, Published};
@@ -158,12 +159,18 @@ pub(super) struct Interface {
     /// Whether it has elements in the guard table.
     pub(super) guarded: bool,
     pub(super) policy: Policy,
+    /// A clone's guest and namespace (`clones`): then `mac` and `ip` are
+    /// its namespace's on the network (its unique address), and `tap` its
+    /// veth port.
+    pub(super) clone: Option<CloneState>,
 }
 
 impl Interface {
+    /// Its SLAAC address; none for a clone, whose IPv6 is not NATed.
     pub(super) fn ipv6_address(&self, cfg: &NetworkConfig) -> Option<std::net::Ipv6Addr> {
         cfg.ipv6
             .as_ref()
+            .filter(|_| self.clone.is_none())
             .map(|v6| addr6::slaac_address(v6.prefix, self.mac))
     }
 }
@@ -189,7 +196,7 @@ pub struct Daemon {
     /// Each TAP's MAC at attach, which `tap_watch` compares with.
     pub(super) tap_addresses: TapAddresses,
     /// The number in the next TAP's name.
-    next_tap: u32,
+    pub(super) next_tap: u32,
     /// Counts the addresses learned on LAN networks, for their waiters.
     pub(super) learned: tokio::sync::watch::Sender<u64>,
     /// A rootless daemon's published ports on the host (`host_ports`).
@@ -245,7 +252,11 @@ impl Daemon {
                 continue;
             };
             let stale = match (link.kind, alias) {
-                (LinkKind::Tun | LinkKind::Macvtap, a) if a.starts_with(ALIAS_INTERFACE) => true,
+                (LinkKind::Tun | LinkKind::Macvtap | LinkKind::Veth, a)
+                    if a.starts_with(ALIAS_INTERFACE) =>
+                {
+                    true
+                }
                 (LinkKind::Bridge | LinkKind::Macvlan, a) => a
                     .strip_prefix(ALIAS_NETWORK)
                     .is_some_and(|net| !self.config.network(net).is_some_and(|n| n.persistent)),
@@ -337,7 +348,11 @@ impl Daemon {
             )));
         }
         self.ensure_network(&network).await?;
-        let result = match self.attach_on(&network, id, client, &req).await {
+        let attached = match &req.clone_of {
+            Some(of) => self.attach_clone(&network, id, client, &req, of).await,
+            None => self.attach_on(&network, id, client, &req).await,
+        };
+        let result = match attached {
             Ok((mut info, fd)) => match self.publish_on_attach(id, client, &req) {
                 Ok(forwards) => {
                     info.forwards = forwards;
@@ -509,10 +524,26 @@ impl Daemon {
                     return Err(e);
                 }
             };
+        let info = self.record_attached(network, plan, client, req, (tap_name, tap_index), None);
+        Ok((info, fd))
+    }
+
+    /// Records an interface whose attach was carried out, and says what it
+    /// is: what the attach reply carries.
+    pub(super) fn record_attached(
+        &mut self,
+        network: &str,
+        plan: AttachPlan,
+        client: &Client,
+        req: &AttachRequest,
+        (tap_name, tap_index): (String, u32),
+        clone: Option<CloneState>,
+    ) -> InterfaceInfo {
         let net = &self.networks[network];
         if let Some(leases) = net.leases() {
             leases.changed();
         }
+        let id = plan.id;
         let mut info = interface_info(
             net,
             id,
@@ -523,7 +554,20 @@ impl Daemon {
         );
         info.warnings = self.network_warnings(network);
         info.host_loopback = self.host_loopback.filter(|_| net.config.nat44);
-        info!(network, interface = %id, ip = %shown_ip(plan.ip, &net.config), mac = %plan.mac, tap = %tap_name, datapath = %plan.datapath, pid = ?client.pid, uid = client.uid, "attached");
+        if let Some(clone) = &clone {
+            // The guest's own, which it was snapshotted with.
+            info.mac_address = clone.guest.mac;
+            info.vmnet_mac_address = clone.guest.mac;
+            info.ip_address = Some(clone.guest.ip);
+            info.tap = clone.guest.tap_name().into();
+            // Its IPv6 is not NATed: the namespace has none.
+            (info.ipv6_address, info.ipv6_prefix, info.gateway6) = (None, None, None);
+            info.vmnet_nat66_prefix = None;
+            info.clone_address = plan.ip;
+            info!(network, interface = %id, guest_ip = %clone.guest.ip, guest_mac = %clone.guest.mac, unique = %shown_ip(plan.ip, &net.config), port = %tap_name, datapath = %plan.datapath, pid = ?client.pid, uid = client.uid, "attached a clone");
+        } else {
+            info!(network, interface = %id, ip = %shown_ip(plan.ip, &net.config), mac = %plan.mac, tap = %tap_name, datapath = %plan.datapath, pid = ?client.pid, uid = client.uid, "attached");
+        }
         self.interfaces.insert(
             id,
             Interface {
@@ -544,9 +588,10 @@ impl Daemon {
                 kept: req.keep.then(|| (0, std::time::Instant::now())),
                 guarded: plan.guarded,
                 policy: plan.policy,
+                clone,
             },
         );
-        Ok((info, fd))
+        info
     }
 
     /// The kernel's part of an attach: the TAP (owned by the client), its
@@ -600,7 +645,7 @@ impl Daemon {
     }
 
     /// Undoes the steps of a failed attach, newest first.
-    async fn undo(&mut self, network: &str, id: InterfaceId, done: Vec<Done>, now: u64) {
+    pub(super) async fn undo(&mut self, network: &str, id: InterfaceId, done: Vec<Done>, now: u64) {
         for step in attach::undo_order(done) {
             match step {
                 Done::Guard(port) => {
@@ -613,6 +658,9 @@ impl Daemon {
                     if self.networks[network].bridge().is_none() {
                         let _ = self.netlink.delete_link(index).await;
                     }
+                }
+                Done::ClonePort(index) => {
+                    let _ = self.netlink.delete_link(index).await;
                 }
                 Done::Lease => {
                     if let Some(leases) = self.networks[network].leases() {
@@ -880,12 +928,13 @@ impl Daemon {
             .map(|(id, i)| {
                 let (rx, tx) = stats.get(&i.tap_index).copied().unwrap_or_default();
                 let cfg = self.config.network(&i.network).expect("attached");
+                let guest = i.clone.as_ref().map(|c| &c.guest);
                 InterfaceStatus {
                     interface_id: *id,
                     name: i.name.clone(),
                     network: i.network.clone(),
-                    mac_address: i.mac,
-                    ip_address: i.ip,
+                    mac_address: guest.map_or(i.mac, |g| g.mac),
+                    ip_address: guest.map_or(i.ip, |g| Some(g.ip)),
                     ipv6_address: i.ipv6_address(cfg),
                     tap: i.tap.clone(),
                     forwards: i.forwards.iter().map(|p| p.forward).collect(),
@@ -903,6 +952,7 @@ impl Daemon {
                         None
                     },
                     cut_off: i.cut_off.clone(),
+                    clone_address: i.ip.filter(|_| guest.is_some()),
                 }
             })
             .collect();
@@ -1128,6 +1178,7 @@ fn interface_info(
         mtu,
         forwards: Vec::new(),
         host_loopback: None,
+        clone_address: None,
         policy: policy.clone(),
         warnings: Vec::new(),
     }

@@ -53,6 +53,9 @@ pub struct FirewallNetwork {
     pub gateways: Vec<IpAddr>,
     /// Interfaces with a connect/listen policy.
     pub policies: Vec<InterfacePolicy>,
+    /// Where the network's clones are reached (routed to its bridge), once
+    /// it has had one: NATed like the subnet.
+    pub clone_subnet: Option<Ipv4Net>,
 }
 
 /// One interface's policy and the addresses that identify its VM (its own
@@ -272,6 +275,7 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
         ));
         let nat = [
             (net.nat44, "ip", Some(IpNet::V4(net.subnet))),
+            (net.nat44, "ip", net.clone_subnet.map(IpNet::V4)),
             (net.nat66, "ip6", net.ipv6_prefix.map(IpNet::V6)),
         ];
         for (on, family, source) in nat {
@@ -353,6 +357,7 @@ fn add_forwards(batch: &mut Batch<'static>, net: &FirewallNetwork) {
     // Hairpin: the input interface is not known in postrouting, so a VM's
     // own connection is told by its source address.
     let sources = std::iter::once(("ip", IpNet::V4(net.subnet)))
+        .chain(net.clone_subnet.map(|c| ("ip", IpNet::V4(c))))
         .chain(net.ipv6_prefix.map(|p| ("ip6", IpNet::V6(p))));
     for (family, source) in sources {
         batch.add(rule(
@@ -746,6 +751,7 @@ mod tests {
                 forwards: Vec::new(),
                 gateways: Vec::new(),
                 policies: Vec::new(),
+                clone_subnet: None,
             },
             FirewallNetwork {
                 bridge: "ln-host".into(),
@@ -758,6 +764,7 @@ mod tests {
                 forwards: Vec::new(),
                 gateways: Vec::new(),
                 policies: Vec::new(),
+                clone_subnet: None,
             },
         ]
     }

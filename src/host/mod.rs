@@ -2,6 +2,7 @@
 //! devices (ioctl), the nftables table, sysctls. The daemon decides; this
 //! module carries out. Kernel-visible names are defined here, in one place.
 
+pub mod clone_ns;
 pub mod docker_user;
 pub mod egress;
 pub mod firewall;
@@ -10,6 +11,7 @@ pub mod legacy;
 pub mod listeners;
 pub mod macvtap;
 pub mod netlink;
+pub mod netns;
 pub mod nft;
 pub mod packet;
 pub mod privileges;
@@ -27,6 +29,9 @@ pub const BRIDGE_PREFIX: &str = "ln-";
 pub const TAP_PREFIX: &str = "lnt";
 /// Macvtaps (`mode: bridged`) are `lnv` + a number from the same counter.
 pub const MACVTAP_PREFIX: &str = "lnv";
+/// A clone's port on its network's bridge: `lnc` + a number from the same
+/// counter (the other end is in the clone's namespace, `clone_ns`).
+pub const CLONE_PORT_PREFIX: &str = "lnc";
 /// A bridged network's macvlan for the host (`host_access: true`).
 pub const HOST_ACCESS_PREFIX: &str = "lh-";
 /// The alias (IFLA_IFALIAS) marks links linnet made, so reconcile never
@@ -60,6 +65,10 @@ pub fn tap_name(number: u32) -> String {
 
 pub fn macvtap_name(number: u32) -> String {
     format!("{MACVTAP_PREFIX}{number}")
+}
+
+pub fn clone_port_name(number: u32) -> String {
+    format!("{CLONE_PORT_PREFIX}{number}")
 }
 
 pub fn host_access_name(network: &str) -> String {

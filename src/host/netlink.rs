@@ -9,6 +9,7 @@ use futures::TryStreamExt;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
+use rtnetlink::packet_route::link::InfoVeth;
 use rtnetlink::packet_route::link::{
     BridgeBooleanOptionFlags, InfoBridge, InfoKind, LinkAttribute, LinkInfo, LinkLayerType,
     LinkMessage, MacVlanMode, MacVtapMode,
@@ -16,7 +17,9 @@ use rtnetlink::packet_route::link::{
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope,
 };
-use rtnetlink::{Handle, LinkBridge, LinkMacVlan, LinkMacVtap, LinkUnspec, RouteMessageBuilder};
+use rtnetlink::{
+    Handle, LinkBridge, LinkMacVlan, LinkMacVtap, LinkUnspec, LinkVeth, RouteMessageBuilder,
+};
 use thiserror::Error;
 use tracing::warn;
 
@@ -36,6 +39,7 @@ pub enum LinkKind {
     Tun,
     Macvtap,
     Macvlan,
+    Veth,
     Loopback,
     Other,
 }
@@ -407,6 +411,95 @@ impl Netlink {
         Ok(out)
     }
 
+    /// Creates a veth pair, down: `name` here, `peer` in the namespace of
+    /// `peer_ns` (an fd), each with its MAC. Returns `name`'s index.
+    pub async fn create_veth(
+        &self,
+        (name, mac): (&str, MacAddr),
+        (peer, peer_mac): (&str, MacAddr),
+        mtu: u32,
+        peer_ns: std::os::fd::RawFd,
+    ) -> Result<u32, NetlinkError> {
+        let peer_msg = LinkUnspec::new_with_name(peer)
+            .address(peer_mac.0.to_vec())
+            .mtu(mtu)
+            .setns_by_fd(peer_ns)
+            .build();
+        let msg = LinkVeth::new(name, peer)
+            .set_info_data(rtnetlink::packet_route::link::InfoData::Veth(
+                InfoVeth::Peer(peer_msg),
+            ))
+            .address(mac.0.to_vec())
+            .mtu(mtu)
+            .down()
+            .build();
+        let what = format!("create veth {name}");
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(op(what.clone()))?;
+        self.link(name)
+            .await?
+            .map(|l| l.index)
+            .ok_or_else(|| NetlinkError {
+                what,
+                source: io::Error::from_raw_os_error(libc::ENODEV),
+            })
+    }
+
+    /// A route to `net` straight out of the link `index` (scope link).
+    pub async fn add_link_route(&self, net: Ipv4Net, index: u32) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(net.network(), net.prefix_len())
+            .output_interface(index)
+            .scope(RouteScope::Link)
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(op(format!("add a route to {net} through link {index}")))
+    }
+
+    /// The default route via `gateway` out of `index`, which has no
+    /// address in the gateway's subnet (onlink).
+    pub async fn add_default_route_onlink(
+        &self,
+        gateway: Ipv4Addr,
+        index: u32,
+    ) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .gateway(gateway)
+            .output_interface(index)
+            .onlink()
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(op(format!("add a default route via {gateway}")))
+    }
+
+    /// A permanent IPv4 neighbour entry: `ip` is at `mac` on `index`.
+    pub async fn add_permanent_neighbour(
+        &self,
+        index: u32,
+        ip: Ipv4Addr,
+        mac: MacAddr,
+    ) -> Result<(), NetlinkError> {
+        self.handle
+            .neighbours()
+            .add(index, IpAddr::V4(ip))
+            .link_layer_address(&mac.0)
+            .execute()
+            .await
+            .map_err(op(format!("add neighbour {ip} at {mac}")))
+    }
+
     /// A route to one address through the link `index`, sent from `src`:
     /// how the host reaches a macvtap VM through its macvlan.
     pub async fn add_host_route(
@@ -620,6 +713,7 @@ fn parse_link(msg: LinkMessage) -> Link {
                             InfoKind::Tun => LinkKind::Tun,
                             InfoKind::MacVtap => LinkKind::Macvtap,
                             InfoKind::MacVlan => LinkKind::Macvlan,
+                            InfoKind::Veth => LinkKind::Veth,
                             _ => LinkKind::Other,
                         };
                     }

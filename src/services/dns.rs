@@ -364,12 +364,12 @@ impl Zone<'_> {
             None if !name.contains('.') && !name.is_empty() => (name, false),
             None => return None,
         };
-        let lease = if label.contains('.') {
+        let found = if label.contains('.') {
             None
         } else {
-            leases.resolve_lease(label, now)
+            leases.resolve_name(label, now)
         };
-        if lease.is_none() && !in_zone {
+        if found.is_none() && !in_zone {
             return None;
         }
         let mut reply = Message::response(query.metadata.id, OpCode::Query);
@@ -377,7 +377,7 @@ impl Zone<'_> {
         reply.metadata.recursion_desired = query.metadata.recursion_desired;
         reply.metadata.recursion_available = true;
         reply.queries = query.queries.clone();
-        let Some(lease) = lease else {
+        let Some((ip, mac)) = found else {
             reply.metadata.response_code = ResponseCode::NXDomain;
             return Some(reply);
         };
@@ -386,12 +386,12 @@ impl Zone<'_> {
         let kind = q.query_type();
         let record = |data| Record::from_rdata(q.name().clone(), LOCAL_TTL, data);
         if matches!(kind, RecordType::A | RecordType::ANY) {
-            reply.answers.push(record(RData::A(A(lease.ip))));
+            reply.answers.push(record(RData::A(A(ip))));
         }
         if matches!(kind, RecordType::AAAA | RecordType::ANY)
-            && let Some(prefix) = self.prefix
+            && let (Some(prefix), Some(mac)) = (self.prefix, mac)
         {
-            let ip = addr6::slaac_address(prefix, lease.mac);
+            let ip = addr6::slaac_address(prefix, mac);
             reply.answers.push(record(RData::AAAA(AAAA(ip))));
         }
         Some(reply)

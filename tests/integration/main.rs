@@ -2,6 +2,7 @@
 //! throwaway namespaces (see harness.rs). Run with `make test`.
 
 mod clients;
+mod clones;
 mod coexist;
 mod forwarding;
 mod guard;

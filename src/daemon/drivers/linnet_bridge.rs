@@ -25,6 +25,9 @@ pub(in crate::daemon) struct LinnetBridge {
     pub bridge: String,
     pub bridge_index: u32,
     pub leases: SharedLeases,
+    /// Whether the host routes the network's `clone_subnet` to the bridge
+    /// (from the first clone on, while the bridge lives).
+    clones_routed: bool,
     saver: tokio::task::JoinHandle<()>,
     _services: Services,
 }
@@ -126,6 +129,7 @@ impl LinnetBridge {
                     bridge,
                     bridge_index: index,
                     leases,
+                    clones_routed: false,
                     saver,
                     _services: services,
                 })
@@ -173,6 +177,7 @@ impl NetworkDriver for LinnetBridge {
             forwards,
             gateways: dns_servers(cfg),
             policies,
+            clone_subnet: cfg.clone_subnet.filter(|_| self.clones_routed),
         })
     }
 
@@ -184,6 +189,7 @@ impl NetworkDriver for LinnetBridge {
             leases,
             saver,
             _services,
+            ..
         } = self;
         drop(_services);
         saver.abort();
@@ -195,6 +201,52 @@ impl NetworkDriver for LinnetBridge {
         }
         netlink.delete_link(bridge_index).await?;
         info!(network = %cfg.name, %bridge, "network down");
+        Ok(())
+    }
+}
+
+impl LinnetBridge {
+    /// Routes the network's `clone_subnet` to the bridge, where each
+    /// clone's namespace answers for its own address; refused when the
+    /// range meets a route or address the host has.
+    pub async fn route_clones(
+        &mut self,
+        cfg: &NetworkConfig,
+        netlink: &Netlink,
+    ) -> Result<(), DaemonError> {
+        if self.clones_routed {
+            return Ok(());
+        }
+        let Some(clones) = cfg.clone_subnet else {
+            return Err(DaemonError::BadRequest(format!(
+                "network \"{}\" has no clone_subnet",
+                cfg.name
+            )));
+        };
+        let meets =
+            |net: &Ipv4Net| clones.contains(&net.network()) || net.contains(&clones.network());
+        let mut taken = netlink
+            .ipv4_addresses()
+            .await?
+            .into_iter()
+            .map(|(_, net)| net.trunc())
+            .chain(
+                netlink
+                    .ipv4_routes()
+                    .await?
+                    .into_iter()
+                    .filter(|(net, _)| net.prefix_len() > 0)
+                    .map(|(net, _)| net),
+            );
+        if let Some(net) = taken.find(|net| meets(net)) {
+            return Err(DaemonError::Conflict(format!(
+                "network \"{}\": clone_subnet {clones} overlaps {net}, which the host has; set networks.{}.clone_subnet to a free range",
+                cfg.name, cfg.name
+            )));
+        }
+        netlink.add_link_route(clones, self.bridge_index).await?;
+        self.clones_routed = true;
+        info!(network = %cfg.name, %clones, bridge = %self.bridge, "clone addresses routed to the bridge");
         Ok(())
     }
 }

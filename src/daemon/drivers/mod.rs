@@ -82,6 +82,17 @@ impl ActiveNetwork {
         each!(&self.driver, d => d.make_port(netlink, req).await)
     }
 
+    /// Makes ready for clones: only linnet's own networks have them.
+    pub async fn route_clones(&mut self, netlink: &Netlink) -> Result<(), DaemonError> {
+        match &mut self.driver {
+            Driver::LinnetBridge(b) => b.route_clones(&self.config, netlink).await,
+            _ => Err(DaemonError::BadRequest(format!(
+                "network \"{}\" is a {} network on a LAN, whose DHCP server gave the guest its address: clones are for linnet's own networks (mode: shared or host)",
+                self.config.name, self.config.mode
+            ))),
+        }
+    }
+
     pub fn bridge(&self) -> Option<(&str, u32)> {
         each!(&self.driver, d => d.bridge())
     }

@@ -1,0 +1,215 @@
+//! Attaching a clone (`--clone-of`): which guest it is (an interface of
+//! the network by name, attached or with its lease still held, or the
+//! snapshotted VM's recorded MAC and address), its unique address in the
+//! network's `clone_subnet`, and its namespace (`host::clone_ns`) with a
+//! veth port on the bridge. From there on a clone is an interface like
+//! any other, whose address is its unique one: guarded, published,
+//! policed, named in DNS and listed by that address, and detached the same
+//! way (its port deleted, its namespace dropped).
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
+
+use super::attach::{AttachPlan, Done};
+use super::state::{Client, Daemon, DaemonError};
+use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
+use crate::clone::{self, Guest};
+use crate::datapath::Datapath;
+use crate::host::ALIAS_INTERFACE;
+use crate::host::clone_ns::{self, CloneNetwork, CloneNsError};
+use crate::host::netns::NetNs;
+use crate::services::unix_now;
+use crate::types::InterfaceId;
+
+/// What a clone has that other interfaces have not.
+pub(super) struct CloneState {
+    pub guest: Guest,
+    /// Holds the namespace while the clone is attached.
+    _ns: NetNs,
+}
+
+impl From<CloneNsError> for DaemonError {
+    fn from(e: CloneNsError) -> DaemonError {
+        match e {
+            CloneNsError::Tap(e) => DaemonError::Tap(e),
+            CloneNsError::Netlink(e) => DaemonError::Netlink(e),
+            CloneNsError::Firewall(e) => DaemonError::Firewall(e),
+            other => DaemonError::HostSetup(other.to_string()),
+        }
+    }
+}
+
+impl Daemon {
+    /// Attaches a clone of `of` on `network` (up already).
+    pub(super) async fn attach_clone(
+        &mut self,
+        network: &str,
+        id: InterfaceId,
+        client: &Client,
+        req: &AttachRequest,
+        of: &CloneOf,
+    ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
+        if req.mac.is_some() {
+            return Err(DaemonError::BadRequest(
+                "a clone's MAC is its guest's, which --clone-of or --like says: leave --mac out"
+                    .into(),
+            ));
+        }
+        if req.datapath == Some(Datapath::TapName) {
+            return Err(DaemonError::BadRequest(
+                "a clone's TAP is in a namespace of its own, where a VMM would have to run to open it by name; use --datapath tap (or dgram, stream)".into(),
+            ));
+        }
+        let cfg = self.networks[network].config.clone();
+        let guest = self.clone_guest(network, of)?;
+        clone::check_guest(&cfg, &guest).map_err(|m| {
+            DaemonError::BadRequest(format!("cannot clone onto network \"{network}\": {m}"))
+        })?;
+        self.networks
+            .get_mut(network)
+            .expect("up")
+            .route_clones(&self.netlink)
+            .await?;
+        let subnet = cfg.clone_subnet.expect("routed, so it has one");
+        let taken: BTreeSet<Ipv4Addr> = self
+            .interfaces
+            .values()
+            .filter(|i| i.network == network && i.clone.is_some())
+            .filter_map(|i| i.ip)
+            .collect();
+        let unique = clone::free_address(subnet, &taken).ok_or_else(|| {
+            DaemonError::Busy(format!(
+                "network \"{network}\": every address of clone_subnet {subnet} is a clone's; detach one or widen networks.{network}.clone_subnet"
+            ))
+        })?;
+        let plan = AttachPlan {
+            id,
+            mac: clone::uplink_mac(id),
+            ip: Some(unique),
+            name: req.name.clone(),
+            datapath: req.datapath.unwrap_or_default(),
+            policy: req.policy.clone().unwrap_or_else(|| cfg.policy.clone()),
+            guarded: cfg.anti_spoofing || cfg.isolation,
+            mtu: cfg.mtu,
+        };
+        let spec = CloneNetwork {
+            guest_mac: guest.mac,
+            guest_ip: guest.ip,
+            unique,
+            gateway: cfg.gateway,
+            mtu: cfg.mtu,
+            tap: guest.tap_name().into(),
+            tap_mac: clone::tap_mac(id),
+            uplink_mac: plan.mac,
+        };
+        let mut done = Vec::new();
+        let made = match self
+            .carry_out_clone(network, &plan, &spec, client, &mut done)
+            .await
+        {
+            Ok(made) => made,
+            Err(e) => {
+                self.undo(network, id, done, unix_now()).await;
+                return Err(e);
+            }
+        };
+        let (port, index, made) = made;
+        if let (Some(name), Some(leases)) = (&plan.name, self.networks[network].leases()) {
+            leases
+                .lock()
+                .expect("lease lock")
+                .add_clone(id, name.clone(), unique);
+        }
+        let state = CloneState {
+            guest,
+            _ns: made.ns,
+        };
+        let info = self.record_attached(network, plan, client, req, (port, index), Some(state));
+        Ok((info, made.tap))
+    }
+
+    /// The kernel's part: the namespace and its TAP (the client's), the
+    /// port's guard entries, the port on the bridge.
+    async fn carry_out_clone(
+        &mut self,
+        network: &str,
+        plan: &AttachPlan,
+        spec: &CloneNetwork,
+        client: &Client,
+        done: &mut Vec<Done>,
+    ) -> Result<(String, u32, clone_ns::MadeClone), DaemonError> {
+        let made = clone_ns::make(
+            &self.netlink,
+            spec,
+            &mut self.next_tap,
+            (client.uid, client.gid),
+        )
+        .await?;
+        done.push(Done::ClonePort(made.port));
+        let port = made.port_name.clone();
+        let net = &self.networks[network];
+        if plan.guarded {
+            let guard = plan.guard(&net.config, &port);
+            self.guard.add(&mut self.nft, &guard)?;
+            done.push(Done::Guard(guard));
+        }
+        let alias = format!("{ALIAS_INTERFACE}{}", plan.id);
+        let settings = plan.link(net.bridge().map(|(_, i)| i), self.guard.held(), &alias);
+        self.netlink.configure(made.port, settings).await?;
+        Ok((port, made.port, made))
+    }
+
+    /// The guest `of` names: an interface of the network (a clone's guest
+    /// if it is one), else a held lease by that name, or the MAC and
+    /// address given.
+    fn clone_guest(&self, network: &str, of: &CloneOf) -> Result<Guest, DaemonError> {
+        let name = match of {
+            CloneOf::Guest {
+                mac_address,
+                ip_address,
+                tap,
+            } => {
+                return Ok(Guest {
+                    mac: *mac_address,
+                    ip: *ip_address,
+                    tap: tap.clone(),
+                });
+            }
+            CloneOf::Name(name) => name,
+        };
+        let attached = self
+            .interfaces
+            .values()
+            .find(|i| i.network == network && crate::types::names_match(i.name.as_deref(), name));
+        if let Some(i) = attached {
+            if let Some(c) = &i.clone {
+                return Ok(c.guest.clone());
+            }
+            let ip = i.ip.ok_or_else(|| {
+                DaemonError::BadRequest(format!(
+                    "interface \"{name}\" has no address linnet knows (its network has no DHCP): give the snapshotted VM's with --like FILE"
+                ))
+            })?;
+            return Ok(Guest {
+                mac: i.mac,
+                ip,
+                tap: Some(i.tap.clone()).filter(|t| clone::check_tap_name(t).is_ok()),
+            });
+        }
+        let leases = self.networks[network]
+            .leases()
+            .expect("linnet's own network");
+        let leases = leases.lock().expect("lease lock");
+        match leases.resolve_lease(name, unix_now()) {
+            Some(lease) => Ok(Guest {
+                mac: lease.mac,
+                ip: lease.ip,
+                tap: None,
+            }),
+            None => Err(DaemonError::BadRequest(format!(
+                "network \"{network}\" has no VM named \"{name}\", attached or with its lease still held; name one that `linnet ls` lists, or give the snapshotted VM's interface JSON with --like FILE"
+            ))),
+        }
+    }
+}
