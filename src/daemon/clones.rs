@@ -66,11 +66,11 @@ impl Daemon {
         clone::check_guest(&cfg, &guest).map_err(|m| {
             DaemonError::BadRequest(format!("cannot clone onto network \"{network}\": {m}"))
         })?;
-        self.networks
-            .get_mut(network)
-            .expect("up")
-            .route_clones(&self.netlink)
-            .await?;
+        let net = self.networks.get_mut(network).expect("up");
+        if net.route_clones(&self.netlink).await? {
+            // The clone range is NATed like the subnet from now on.
+            self.sync_host()?;
+        }
         let subnet = cfg.clone_subnet.expect("routed, so it has one");
         let taken: BTreeSet<Ipv4Addr> = self
             .interfaces

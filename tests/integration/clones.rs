@@ -175,3 +175,186 @@ fn detaching_every_clone_leaves_no_namespace_link_rule_or_lease() {
         "only the original's lease, no clone's:\n{leases}"
     );
 }
+
+/// Clones of `name` on `shared` (stopped once they are made), each set up
+/// as its snapshot left it; `extra[n]` are clone n's own arguments.
+fn clones_of(world: &World, name: &str, extra: &[&[&str]]) -> (Vec<Guest>, Ipv4Addr, String) {
+    let mut original = world.guest("shared", &["--name", name]);
+    let (ip, gateway) = (original.udhcpc(), original.gateway());
+    original.stop();
+    let clones: Vec<Guest> = extra
+        .iter()
+        .map(|args| {
+            let mut argv = vec!["--clone-of", name];
+            argv.extend_from_slice(args);
+            let clone = world.guest("shared", &argv);
+            restore(&clone, ip, &gateway);
+            clone
+        })
+        .collect();
+    (clones, ip, gateway)
+}
+
+#[test]
+fn each_clones_published_port_answers_from_that_clone() {
+    let mut world = World::new();
+    world.start_daemon();
+    let (clones, _, gateway) = clones_of(
+        &world,
+        "api",
+        &[
+            &["--name", "api-a", "--publish", "8081:80"],
+            &["--name", "api-b", "-p", "8082:80", "-p", "5301:80/udp"],
+        ],
+    );
+    let _servers = [
+        echo_serve(&clones[0].ns, "a", 80),
+        echo_serve(&clones[1].ns, "b", 80),
+    ];
+    let (up, host) = (&world.upstream, &world.host);
+    // From outside the guest sees the real client; from the host's
+    // 127.0.0.1, the gateway.
+    assert_eq!(
+        echo_ask(up, UPSTREAM_HOST_SIDE, 8081, "tcp"),
+        Some(format!("a from {UPSTREAM_IP}"))
+    );
+    assert_eq!(
+        echo_ask(up, UPSTREAM_HOST_SIDE, 8082, "tcp"),
+        Some(format!("b from {UPSTREAM_IP}"))
+    );
+    assert_eq!(
+        echo_ask(up, UPSTREAM_HOST_SIDE, 5301, "udp"),
+        Some(format!("b from {UPSTREAM_IP}"))
+    );
+    assert_eq!(
+        echo_ask(host, "127.0.0.1", 8081, "tcp"),
+        Some(format!("a from {gateway}"))
+    );
+    // A forward added at runtime, to a clone by name.
+    must(&mut world.linnet(&["forward", "add", "--name", "api-a", "9091:80"]));
+    assert_eq!(
+        echo_ask(up, UPSTREAM_HOST_SIDE, 9091, "tcp"),
+        Some(format!("a from {UPSTREAM_IP}"))
+    );
+    // A clone publishing a port reaches another clone's published port
+    // (hairpin through the host).
+    assert_eq!(
+        echo_ask(&clones[0].ns, UPSTREAM_HOST_SIDE, 8082, "tcp").map(|a| a.starts_with("b from")),
+        Some(true)
+    );
+}
+
+/// A UDP listener on the host that prints the source of each datagram.
+fn sources_seen(
+    world: &World,
+    port: u16,
+) -> (Reaped, std::io::BufReader<std::process::ChildStdout>) {
+    let code = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.bind(('0.0.0.0', {port}))\n\
+         s.settimeout(3)\n\
+         print('ready', flush=True)\n\
+         try:\n    while True:\n        print(s.recvfrom(64)[1][0], flush=True)\n\
+         except socket.timeout:\n    pass\n"
+    );
+    let (child, ready, out) = spawn_reading(world.host.cmd(&["python3", "-c", &code]));
+    assert_eq!(ready, "ready");
+    (child, out)
+}
+
+/// Sends a datagram from `src` (an address the guest gives itself) to
+/// `dst:port`.
+fn send_from(guest: &Guest, src: &str, dst: &str, port: u16) {
+    let code = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.bind(('{src}', 0))\n\
+         s.sendto(b'x', ('{dst}', {port}))\n"
+    );
+    must(&mut guest.ns.cmd(&["python3", "-c", &code]));
+}
+
+#[test]
+fn a_clone_sends_only_as_its_own_address_however_it_tries() {
+    let mut world = World::new();
+    world.start_daemon();
+    let (clones, ip, gateway) = clones_of(&world, "job", &[&[], &[]]);
+    let other = world.guest("shared", &["--name", "bystander"]);
+    let other_ip = other.udhcpc();
+    let (a, b) = (clone_address(&clones[0]), clone_address(&clones[1]));
+    for spoofed in [b.as_str(), &other_ip.to_string(), "192.168.105.200"] {
+        must(&mut clones[0].ns.cmd(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{spoofed}/32"),
+            "dev",
+            "eth0",
+        ]));
+    }
+    let (mut listener, out) = sources_seen(&world, 9911);
+    send_from(&clones[0], &ip.to_string(), &gateway, 9911);
+    for spoofed in [b.as_str(), &other_ip.to_string(), "192.168.105.200"] {
+        send_from(&clones[0], spoofed, &gateway, 9911);
+    }
+    listener.wait().unwrap();
+    use std::io::BufRead;
+    let seen: Vec<String> = out.lines().map(|l| l.unwrap()).collect();
+    assert_eq!(
+        seen,
+        vec![a],
+        "only the honest datagram, from the clone's own address"
+    );
+}
+
+#[test]
+fn a_real_guest_restored_twice_with_one_static_configuration_reaches_upstream_from_both() {
+    use crate::qemu::{Vm, qemu_command_with, vm_dir};
+    let mut world = World::new();
+    world.start_daemon();
+    let mut original = world.guest("shared", &["--name", "snap"]);
+    let (ip, gateway) = (original.udhcpc(), original.gateway());
+    original.stop();
+    // What the snapshot left in the guest: its address and route, set by
+    // hand here (no DHCP), then a fetch from upstream.
+    let script = format!(
+        "ip addr add {ip}/24 dev eth0\n\
+         ip route add default via {gateway}\n\
+         ping -c 1 -W 3 {gateway} && echo linnet-guest: gateway-ok\n\
+         wget -q -O - http://{UPSTREAM_IP}/ | sed 's/^/linnet-guest: upstream=/'\n"
+    );
+    let vms: Vec<Vm> = (0..2)
+        .map(|n| {
+            let name = unique("linnet-clone");
+            let json = vm_dir(&world).join(format!("{name}.json"));
+            let json_s = json.display().to_string();
+            let clone_name = format!("snap-{n}");
+            let mut args: Vec<String> = [
+                "run",
+                "--clone-of",
+                "snap",
+                "--name",
+                &clone_name,
+                "--json",
+                &json_s,
+                "--",
+            ]
+            .map(String::from)
+            .to_vec();
+            args.extend(qemu_command_with(&name, &script, "linnet.nodhcp"));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Vm::launch(&world, world.linnet(&args), name, &json)
+        })
+        .collect();
+    for vm in &vms {
+        assert_eq!(vm.ip(), ip.to_string(), "each has the snapshot's address");
+    }
+    for vm in vms {
+        let console = vm.finish();
+        assert!(
+            console.contains(&format!("linnet-guest: upstream={UPSTREAM_PAGE}")),
+            "{console}"
+        );
+    }
+}

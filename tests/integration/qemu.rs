@@ -63,8 +63,14 @@ pub(crate) fn vm_dir(world: &World) -> std::path::PathBuf {
 /// QEMU booting the test guest, which runs `script` after DHCP and powers
 /// off; no NIC (the caller adds one, or `linnet run` does).
 pub(crate) fn qemu_command(name: &str, script: &str) -> Vec<String> {
+    qemu_command_with(name, script, "")
+}
+
+/// As `qemu_command`, with more of the guest's kernel command line (e.g.
+/// `linnet.nodhcp`: the script configures the NIC).
+pub(crate) fn qemu_command_with(name: &str, script: &str, cmdline: &str) -> Vec<String> {
     let script = base64::engine::general_purpose::STANDARD.encode(script);
-    let append = format!("console=ttyS0 quiet linnet.script={script}");
+    let append = format!("console=ttyS0 quiet linnet.script={script} {cmdline}");
     let mut args = vec!["qemu-system-x86_64".to_string()];
     args.extend(accel_args().iter().map(|a| a.to_string()));
     args.extend(

@@ -208,14 +208,15 @@ impl NetworkDriver for LinnetBridge {
 impl LinnetBridge {
     /// Routes the network's `clone_subnet` to the bridge, where each
     /// clone's namespace answers for its own address; refused when the
-    /// range meets a route or address the host has.
+    /// range meets a route or address the host has. Returns whether it
+    /// was not routed before (its firewall part changed).
     pub async fn route_clones(
         &mut self,
         cfg: &NetworkConfig,
         netlink: &Netlink,
-    ) -> Result<(), DaemonError> {
+    ) -> Result<bool, DaemonError> {
         if self.clones_routed {
-            return Ok(());
+            return Ok(false);
         }
         let Some(clones) = cfg.clone_subnet else {
             return Err(DaemonError::BadRequest(format!(
@@ -247,7 +248,7 @@ impl LinnetBridge {
         netlink.add_link_route(clones, self.bridge_index).await?;
         self.clones_routed = true;
         info!(network = %cfg.name, %clones, bridge = %self.bridge, "clone addresses routed to the bridge");
-        Ok(())
+        Ok(true)
     }
 }
 

@@ -83,7 +83,8 @@ impl ActiveNetwork {
     }
 
     /// Makes ready for clones: only linnet's own networks have them.
-    pub async fn route_clones(&mut self, netlink: &Netlink) -> Result<(), DaemonError> {
+    /// Returns whether its firewall part changed.
+    pub async fn route_clones(&mut self, netlink: &Netlink) -> Result<bool, DaemonError> {
         match &mut self.driver {
             Driver::LinnetBridge(b) => b.route_clones(&self.config, netlink).await,
             _ => Err(DaemonError::BadRequest(format!(
