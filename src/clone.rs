@@ -127,7 +127,7 @@ mod tests {
         let m = check_guest(&cfg, &guest("192.168.105.1")).unwrap_err();
         assert!(m.contains("gateway"), "{m}");
         let mut multicast = guest("192.168.105.7");
-        multicast.mac = "01:00:5e:00:00:01".parse().unwrap();
+        multicast.mac = MacAddr([0x01, 0x00, 0x5e, 0, 0, 1]);
         assert!(check_guest(&cfg, &multicast).is_err());
     }
 

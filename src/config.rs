@@ -1399,6 +1399,44 @@ mod tests {
     }
 
     #[test]
+    fn clone_ranges_default_apart_and_are_checked_for_overlaps() {
+        let cfg = load(
+            "networks:\n  a:\n    subnet: 10.1.0.0/16\n  b:\n    subnet: 10.3.0.0/16\n  c:\n    subnet: 10.4.0.0/24\n    clone_subnet: 10.99.0.0/16\n",
+        )
+        .unwrap();
+        let range = |n: &str| cfg.network(n).unwrap().clone_subnet.unwrap().to_string();
+        // a's and b's preferred /24 is the same: b takes the next one.
+        assert_eq!(range("a"), "198.19.0.0/24");
+        assert_eq!(range("b"), "198.19.1.0/24");
+        assert_eq!(range("c"), "10.99.0.0/16");
+        let m = message("networks:\n  shared:\n    clone_subnet: 192.168.105.0/25\n");
+        assert!(m.contains("overlaps the network's own subnet"), "{m}");
+        let m = message("networks:\n  shared:\n    clone_subnet: 192.168.106.0/24\n");
+        assert!(
+            m.contains("overlaps subnet 192.168.106.0/24 of network \"host\""),
+            "{m}"
+        );
+        let m = message(
+            "networks:\n  shared:\n    clone_subnet: 10.5.0.0/16\n  host:\n    clone_subnet: 10.5.1.0/24\n",
+        );
+        assert!(m.contains("clone_subnet"), "{m}");
+        let m = message("networks:\n  shared:\n    clone_subnet: 10.5.0.1/16\n");
+        assert!(m.contains("without host bits"), "{m}");
+        let m = message(
+            "networks:\n  lan:\n    mode: bridge\n    bridge: br0\n    clone_subnet: 10.5.0.0/16\n",
+        );
+        assert!(m.contains("remove clone_subnet"), "{m}");
+        assert_eq!(
+            load("networks:\n  lan:\n    mode: bridge\n    bridge: br0\n")
+                .unwrap()
+                .network("lan")
+                .unwrap()
+                .clone_subnet,
+            None
+        );
+    }
+
+    #[test]
     fn a_rootless_daemon_refuses_the_lan_and_sockets_and_serves_its_user_alone() {
         let dns = Ipv4Addr::new(10, 0, 2, 3);
         let cfg = Config::builtin().for_rootless(dns).unwrap();

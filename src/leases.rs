@@ -560,6 +560,31 @@ impl LeaseTable {
         self.resolve_lease(name, now).map(|l| l.ip)
     }
 
+    /// Clone `id` of the guest at `ip` (MAC `mac`) takes over that guest's
+    /// lease: its VM has stopped (its lease is held for it, not attached)
+    /// and was `who`'s (or `who` is root). From now on the clone holds the
+    /// address on the network, as the VM did. Returns whether it took it.
+    pub fn take_over(
+        &mut self,
+        who: Claimant,
+        id: InterfaceId,
+        (ip, mac): (Ipv4Addr, MacAddr),
+        now: u64,
+    ) -> bool {
+        let Some(lease) = self.leases.get_mut(&ip) else {
+            return false;
+        };
+        let held = lease.held_until.is_some_and(|t| t > now);
+        let theirs = who.overrides || lease.uid == Some(who.uid);
+        let a_vms = matches!(lease.owner, Owner::Interface { .. });
+        if !(held && theirs && a_vms && lease.mac == mac) {
+            return false;
+        }
+        lease.owner = Owner::Interface { id };
+        lease.held_until = None;
+        true
+    }
+
     /// Clone `id`, called `name`, is at `ip` until it detaches.
     pub fn add_clone(&mut self, id: InterfaceId, name: String, ip: Ipv4Addr) {
         self.clones.insert(id, (name, ip));
@@ -706,6 +731,45 @@ mod tests {
 
     fn ip(last: u8) -> Ipv4Addr {
         Ipv4Addr::new(192, 168, 105, last)
+    }
+
+    #[test]
+    fn a_clone_takes_over_its_stopped_vms_lease_and_names_resolve_to_clones() {
+        let mut t = small();
+        let vm = t
+            .attach_for(1000, id(1), None, Some("web".into()), 0)
+            .unwrap();
+        let guest = (vm.ip, vm.mac);
+        assert!(
+            !t.take_over(1000.into(), id(2), guest, 1),
+            "not while the VM is attached"
+        );
+        t.detach(id(1), 2);
+        assert!(
+            !t.take_over(1001.into(), id(2), guest, 3),
+            "not another user's"
+        );
+        assert!(
+            !t.take_over(1000.into(), id(2), (vm.ip, MacAddr([2, 0, 0, 0, 0, 9])), 3),
+            "not for another guest"
+        );
+        assert!(t.take_over(1000.into(), id(2), guest, 3));
+        assert!(
+            !t.take_over(1000.into(), id(3), guest, 4),
+            "one clone holds it"
+        );
+        // The VM's id comes back to another address: the clone has its own.
+        let back = t.attach_for(1000, id(1), None, None, 5).unwrap();
+        assert_ne!(back.ip, vm.ip);
+        // Its name goes with the address; a clone's own name is answered too.
+        assert_eq!(t.resolve_name("web", 5), Some((vm.ip, Some(vm.mac))));
+        t.add_clone(id(3), "web-1".into(), "198.18.105.2".parse().unwrap());
+        assert_eq!(
+            t.resolve_name("WEB-1", 5),
+            Some(("198.18.105.2".parse().unwrap(), None))
+        );
+        t.detach(id(3), 6);
+        assert_eq!(t.resolve_name("web-1", 6), None, "gone with the clone");
     }
 
     #[test]

@@ -11,6 +11,8 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 
+use tracing::warn;
+
 use super::attach::{AttachPlan, Done};
 use super::state::{Client, Daemon, DaemonError};
 use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
@@ -18,6 +20,7 @@ use crate::clone::{self, Guest};
 use crate::datapath::Datapath;
 use crate::host::ALIAS_INTERFACE;
 use crate::host::clone_ns::{self, CloneNetwork, CloneNsError};
+use crate::host::guard::{Ipv4Source, PortGuard};
 use crate::host::netns::NetNs;
 use crate::services::unix_now;
 use crate::types::InterfaceId;
@@ -25,6 +28,9 @@ use crate::types::InterfaceId;
 /// What a clone has that other interfaces have not.
 pub(super) struct CloneState {
     pub guest: Guest,
+    /// It holds the guest's address on the network too, with the lease
+    /// its VM had (`LeaseTable::take_over`).
+    pub holds_guest_address: bool,
     /// Holds the namespace while the clone is attached.
     _ns: NetNs,
 }
@@ -83,6 +89,19 @@ impl Daemon {
                 "network \"{network}\": every address of clone_subnet {subnet} is a clone's; detach one or widen networks.{network}.clone_subnet"
             ))
         })?;
+        let mut done = Vec::new();
+        // The first clone of a stopped VM carries on as it: it takes the
+        // VM's lease and sends as its address, so the VM's connections
+        // live on. Any other clone is NATed to its unique address alone.
+        let holds_guest_address = self.networks[network]
+            .leases()
+            .expect("linnet's own network")
+            .lock()
+            .expect("lease lock")
+            .take_over(client.claimant(), id, (guest.ip, guest.mac), unix_now());
+        if holds_guest_address {
+            done.push(Done::Lease);
+        }
         let plan = AttachPlan {
             id,
             mac: clone::uplink_mac(id),
@@ -102,8 +121,8 @@ impl Daemon {
             tap: guest.tap_name().into(),
             tap_mac: clone::tap_mac(id),
             uplink_mac: plan.mac,
+            holds_guest_address,
         };
-        let mut done = Vec::new();
         let made = match self
             .carry_out_clone(network, &plan, &spec, client, &mut done)
             .await
@@ -123,6 +142,7 @@ impl Daemon {
         }
         let state = CloneState {
             guest,
+            holds_guest_address,
             _ns: made.ns,
         };
         let info = self.record_attached(network, plan, client, req, (port, index), Some(state));
@@ -150,13 +170,20 @@ impl Daemon {
         let port = made.port_name.clone();
         let net = &self.networks[network];
         if plan.guarded {
-            let guard = plan.guard(&net.config, &port);
+            let guest = Some(spec.guest_ip).filter(|_| spec.holds_guest_address);
+            let guard = clone_guard(plan.guard(&net.config, &port), guest);
             self.guard.add(&mut self.nft, &guard)?;
             done.push(Done::Guard(guard));
         }
         let alias = format!("{ALIAS_INTERFACE}{}", plan.id);
         let settings = plan.link(net.bridge().map(|(_, i)| i), self.guard.held(), &alias);
         self.netlink.configure(made.port, settings).await?;
+        if spec.holds_guest_address
+            && let Err(e) = clone_ns::announce(&made.ns, spec)
+        {
+            // Neighbours learn the new MAC when their entry goes stale.
+            warn!(port = %port, "cannot announce the guest's address: {e}");
+        }
         Ok((port, made.port, made))
     }
 
@@ -211,5 +238,21 @@ impl Daemon {
                 "network \"{network}\" has no VM named \"{name}\", attached or with its lease still held; name one that `linnet ls` lists, or give the snapshotted VM's interface JSON with --like FILE"
             ))),
         }
+    }
+}
+
+/// A clone port's guard: its unique address, and the guest's when it
+/// holds that (`guest`).
+pub(super) fn clone_guard(mut guard: PortGuard, guest: Option<Ipv4Addr>) -> PortGuard {
+    if let (Some(g), Ipv4Source::Address(u)) = (guest, &guard.ipv4) {
+        guard.ipv4 = Ipv4Source::Ranges(vec![(g, g), (*u, *u)]);
+    }
+    guard
+}
+
+impl CloneState {
+    /// The guest's address, when the clone holds it on the network.
+    pub fn held_address(&self) -> Option<Ipv4Addr> {
+        self.holds_guest_address.then_some(self.guest.ip)
     }
 }

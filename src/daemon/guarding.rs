@@ -219,7 +219,9 @@ impl Daemon {
     /// An interface's guard, if it has one.
     pub(super) fn guard_of(&self, i: &Interface) -> Option<PortGuard> {
         let cfg = self.config.network(&i.network).filter(|_| i.guarded)?;
-        Some(port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy))
+        let guard = port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy);
+        let held = i.clone.as_ref().and_then(|c| c.held_address());
+        Some(super::clones::clone_guard(guard, held))
     }
 }
 

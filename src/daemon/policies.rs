@@ -88,6 +88,12 @@ impl Daemon {
                     .into_iter()
                     .map(IpAddr::V6)
                     .chain(i.ip.map(IpAddr::V4))
+                    .chain(
+                        i.clone
+                            .as_ref()
+                            .and_then(|c| c.held_address())
+                            .map(IpAddr::V4),
+                    )
                     .collect(),
                 policy: i.policy.clone(),
             })

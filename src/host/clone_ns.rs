@@ -53,6 +53,11 @@ pub struct CloneNetwork {
     pub tap: String,
     /// The MAC of the TAP's own side, which the guest's ARP gets.
     pub tap_mac: MacAddr,
+    /// The clone holds the guest's address on the network too (the VM
+    /// that was snapshotted has stopped; `clone::holds_guest_address`):
+    /// what it sends goes out as G, so the connections the VM had carry
+    /// on, and the namespace answers ARP for G on the network.
+    pub holds_guest_address: bool,
     /// The uplink's MAC, which the bridge's guard holds it to.
     pub uplink_mac: MacAddr,
 }
@@ -84,6 +89,16 @@ pub enum CloneNsError {
 /// uplink but from U. Addresses are typed values; names are linnet's.
 pub fn rules(net: &CloneNetwork) -> String {
     let (g, u) = (net.guest_ip, net.unique);
+    // Holding G: nothing is NATed out, so G or U (replies to what came
+    // to U) may leave.
+    let (snat, from) = if net.holds_guest_address {
+        (String::new(), format!("{{ {g}, {u} }}"))
+    } else {
+        (
+            format!("\n        oifname \"{UPLINK}\" ip saddr {g} snat to {u}"),
+            u.to_string(),
+        )
+    };
     let mut text = String::new();
     let _ = write!(
         text,
@@ -93,14 +108,13 @@ pub fn rules(net: &CloneNetwork) -> String {
         iifname "{UPLINK}" ip daddr {u} dnat to {g}
     }}
     chain postrouting {{
-        type nat hook postrouting priority srcnat; policy accept;
-        oifname "{UPLINK}" ip saddr {g} snat to {u}
+        type nat hook postrouting priority srcnat; policy accept;{snat}
     }}
     # What conntrack cannot place is not NATed: it would leave as the
     # guest's own address, which is every clone's.
     chain leaving {{
         type filter hook postrouting priority 110; policy accept;
-        oifname "{UPLINK}" ip saddr != {u} drop
+        oifname "{UPLINK}" ip saddr != {from} drop
     }}
 }}
 "#
@@ -119,14 +133,20 @@ const NAMESPACE_SYSCTLS: [(&str, &str); 5] = [
     ("net/ipv4/conf/default/rp_filter", "0"),
 ];
 
-/// The TAP's: proxy ARP at once (not after a random delay of up to
-/// 0.8 s), and only G in (strict reverse-path filter).
+/// The TAP's: proxy ARP (the guest's gateway and every other address is
+/// the namespace's), and only G in (strict reverse-path filter).
 fn tap_sysctls(tap: &str) -> [(String, &'static str); 3] {
     [
         (format!("net/ipv4/conf/{tap}/proxy_arp"), "1"),
-        (format!("net/ipv4/neigh/{tap}/proxy_delay"), "0"),
+        proxy_at_once(tap),
         (format!("net/ipv4/conf/{tap}/rp_filter"), "1"),
     ]
+}
+
+/// Proxy ARP on `link` answers at once, not after a random delay of up
+/// to 0.8 s. (A new namespace has no `neigh/default` to set it for all.)
+fn proxy_at_once(link: &str) -> (String, &'static str) {
+    (format!("net/ipv4/neigh/{link}/proxy_delay"), "0")
 }
 
 fn write_sysctl(key: &str, value: &str) -> Result<(), CloneNsError> {
@@ -180,7 +200,16 @@ pub async fn make(
             Ok(index) => break (name, index),
         }
     };
-    if let Err(e) = configure_inside(&inner, net).await {
+    let inside = configure_inside(&inner, net).await;
+    let inside = inside.and_then(|()| {
+        if !net.holds_guest_address {
+            return Ok(());
+        }
+        let (key, value) = proxy_at_once(UPLINK);
+        ns.enter(|| write_sysctl(&key, value))
+            .map_err(CloneNsError::Namespace)?
+    });
+    if let Err(e) = inside {
         let _ = netlink.delete_link(index).await;
         return Err(e);
     }
@@ -190,6 +219,21 @@ pub async fn make(
         port: index,
         port_name,
     })
+}
+
+/// A clone that holds its guest's address tells the network that the
+/// address is at its uplink now (the VM before it had its own MAC there).
+/// Called once the port is up.
+pub fn announce(ns: &NetNs, net: &CloneNetwork) -> io::Result<()> {
+    ns.enter(|| {
+        let name = std::ffi::CString::new(UPLINK).expect("no NUL");
+        // SAFETY: if_nametoindex reads a NUL-terminated name.
+        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        if index == 0 {
+            return Err(io::Error::last_os_error());
+        }
+        super::packet::announce(index, net.uplink_mac.0, net.guest_ip)
+    })?
 }
 
 /// Addresses, routes and the guest's neighbour entry, through a netlink
@@ -223,6 +267,9 @@ async fn configure_inside(inner: &Netlink, net: &CloneNetwork) -> Result<(), Clo
     inner
         .add_permanent_neighbour(tap, net.guest_ip, net.guest_mac)
         .await?;
+    if net.holds_guest_address {
+        inner.add_proxy_neighbour(uplink, net.guest_ip).await?;
+    }
     Ok(())
 }
 
@@ -240,6 +287,7 @@ mod tests {
             tap: "lnt4".into(),
             tap_mac: "02:00:00:00:00:01".parse().unwrap(),
             uplink_mac: "02:00:00:00:00:02".parse().unwrap(),
+            holds_guest_address: false,
         }
     }
 
@@ -255,6 +303,20 @@ mod tests {
         }
         // The drop comes after the source NAT (priority 100).
         assert!(text.contains("hook postrouting priority 110"));
+    }
+
+    #[test]
+    fn a_clone_holding_the_guests_address_sends_as_it_and_still_answers_at_its_own() {
+        let mut net = network();
+        net.holds_guest_address = true;
+        let text = rules(&net);
+        assert!(!text.contains("snat"), "{text}");
+        for line in [
+            r#"iifname "uplink" ip daddr 198.18.105.3 dnat to 192.168.105.5"#,
+            r#"oifname "uplink" ip saddr != { 192.168.105.5, 198.18.105.3 } drop"#,
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
     }
 
     #[test]

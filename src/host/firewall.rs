@@ -820,6 +820,19 @@ mod tests {
     }
 
     #[test]
+    fn a_networks_clone_range_is_masqueraded_like_its_subnet() {
+        let mut networks = nets();
+        networks[0].clone_subnet = Some("198.18.105.0/24".parse().unwrap());
+        let nat = rules(&ruleset(&networks), "postrouting");
+        assert_eq!(nat.len(), 3);
+        assert_eq!(
+            nat[1][0]["match"]["right"],
+            json!({"prefix": {"addr": "198.18.105.0", "len": 24}})
+        );
+        assert_eq!(nat[1][2], json!({"masquerade": null}));
+    }
+
+    #[test]
     fn a_single_network_has_no_cross_network_rule() {
         let doc = ruleset(&nets()[..1]);
         let fwd = rules(&doc, "forward");

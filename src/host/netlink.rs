@@ -484,6 +484,17 @@ impl Netlink {
             .map_err(op(format!("add a default route via {gateway}")))
     }
 
+    /// A proxy entry: `index` answers ARP for `ip` (routed elsewhere).
+    pub async fn add_proxy_neighbour(&self, index: u32, ip: Ipv4Addr) -> Result<(), NetlinkError> {
+        self.handle
+            .neighbours()
+            .add(index, IpAddr::V4(ip))
+            .flags(rtnetlink::packet_route::neighbour::NeighbourFlags::Proxy)
+            .execute()
+            .await
+            .map_err(op(format!("answer ARP for {ip} on link {index}")))
+    }
+
     /// A permanent IPv4 neighbour entry: `ip` is at `mac` on `index`.
     pub async fn add_permanent_neighbour(
         &self,

@@ -128,3 +128,50 @@ pub fn recv(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<Seen> {
         len: n as usize,
     })
 }
+
+/// Announces that `ip` is at `mac` on link `index` of the thread's
+/// namespace: one gratuitous ARP request, broadcast, so that neighbours
+/// holding an older MAC for `ip` take the new one at once rather than
+/// after their entry goes stale (a clone taking over its VM's address).
+pub fn announce(index: u32, mac: [u8; 6], ip: std::net::Ipv4Addr) -> io::Result<()> {
+    const ARP: u16 = 0x0806;
+    let mut frame = [0u8; 42];
+    frame[..6].fill(0xff);
+    frame[6..12].copy_from_slice(&mac);
+    frame[12..14].copy_from_slice(&ARP.to_be_bytes());
+    // Ethernet, IPv4, 6- and 4-byte addresses, a request.
+    frame[14..22].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+    frame[22..28].copy_from_slice(&mac);
+    frame[28..32].copy_from_slice(&ip.octets());
+    frame[38..42].copy_from_slice(&ip.octets());
+    // SAFETY: plain socket(2) with no protocol (it receives nothing); the
+    // fd is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new socket nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_ll is plain data; all-zero is valid.
+    let mut to: libc::sockaddr_ll = unsafe { zeroed() };
+    to.sll_family = libc::AF_PACKET as u16;
+    to.sll_protocol = ARP.to_be();
+    to.sll_ifindex = index as i32;
+    to.sll_halen = 6;
+    to.sll_addr[..6].fill(0xff);
+    // SAFETY: the frame and address outlive the call; sizes are theirs.
+    let sent = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            (&to as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

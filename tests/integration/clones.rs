@@ -279,33 +279,39 @@ fn send_from(guest: &Guest, src: &str, dst: &str, port: u16) {
 fn a_clone_sends_only_as_its_own_address_however_it_tries() {
     let mut world = World::new();
     world.start_daemon();
+    // The first clone carries on as the stopped VM (it sends as the
+    // guest's address); the second is NATed to its own.
     let (clones, ip, gateway) = clones_of(&world, "job", &[&[], &[]]);
     let other = world.guest("shared", &["--name", "bystander"]);
-    let other_ip = other.udhcpc();
+    let other_ip = other.udhcpc().to_string();
     let (a, b) = (clone_address(&clones[0]), clone_address(&clones[1]));
-    for spoofed in [b.as_str(), &other_ip.to_string(), "192.168.105.200"] {
-        must(&mut clones[0].ns.cmd(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{spoofed}/32"),
-            "dev",
-            "eth0",
-        ]));
+    let cases = [
+        (
+            &clones[0],
+            ip.to_string(),
+            [b.as_str(), &other_ip, "192.168.105.200"],
+        ),
+        (
+            &clones[1],
+            b.clone(),
+            [a.as_str(), &other_ip, "192.168.105.200"],
+        ),
+    ];
+    for (n, (clone, honest, spoofed)) in cases.into_iter().enumerate() {
+        for address in spoofed {
+            let cidr = format!("{address}/32");
+            must(&mut clone.ns.cmd(&["ip", "addr", "add", &cidr, "dev", "eth0"]));
+        }
+        let (mut listener, out) = sources_seen(&world, 9911);
+        send_from(clone, &ip.to_string(), &gateway, 9911);
+        for address in spoofed {
+            send_from(clone, address, &gateway, 9911);
+        }
+        listener.wait().unwrap();
+        use std::io::BufRead;
+        let seen: Vec<String> = out.lines().map(|l| l.unwrap()).collect();
+        assert_eq!(seen, vec![honest], "clone {n}: only the honest datagram");
     }
-    let (mut listener, out) = sources_seen(&world, 9911);
-    send_from(&clones[0], &ip.to_string(), &gateway, 9911);
-    for spoofed in [b.as_str(), &other_ip.to_string(), "192.168.105.200"] {
-        send_from(&clones[0], spoofed, &gateway, 9911);
-    }
-    listener.wait().unwrap();
-    use std::io::BufRead;
-    let seen: Vec<String> = out.lines().map(|l| l.unwrap()).collect();
-    assert_eq!(
-        seen,
-        vec![a],
-        "only the honest datagram, from the clone's own address"
-    );
 }
 
 #[test]
@@ -357,4 +363,81 @@ fn a_real_guest_restored_twice_with_one_static_configuration_reaches_upstream_fr
             "{console}"
         );
     }
+}
+
+#[test]
+fn the_first_clone_of_a_stopped_vm_carries_on_its_connections_and_later_ones_get_their_own_address()
+{
+    let mut world = World::new();
+    world.start_daemon();
+    let original = world.guest("shared", &["--name", "web"]);
+    let (ip, gateway) = (original.udhcpc(), original.gateway());
+    // A server on the host, and a connection to it the VM opened.
+    let server = format!(
+        "import socket\n\
+         s = socket.socket()\n\
+         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind(('{gateway}', 7000)); s.listen()\n\
+         print('ready', flush=True)\n\
+         c, peer = s.accept()\n\
+         for line in c.makefile():\n    c.sendall(f'got {{line.strip()}} from {{peer[0]}}\\n'.encode())\n"
+    );
+    let (_server, ready) = spawn_until_first_line(world.host.cmd(&["python3", "-c", &server]));
+    assert_eq!(ready, "ready");
+    let go = world.dir.path().join("restored");
+    let client = format!(
+        "import os, socket, time\n\
+         c = socket.create_connection(('{gateway}', 7000), timeout=30)\n\
+         f = c.makefile()\n\
+         c.sendall(b'before\\n'); print(f.readline().strip(), flush=True)\n\
+         while not os.path.exists('{}'): time.sleep(0.05)\n\
+         c.sendall(b'after\\n'); print(f.readline().strip(), flush=True)\n",
+        go.display()
+    );
+    let (_client, before, mut rest) = spawn_reading(original.ns.cmd(&["python3", "-c", &client]));
+    assert_eq!(before, format!("got before from {ip}"));
+
+    // The snapshot: the VM stops with its connection open; restored into
+    // the same state, as the first clone.
+    let ns = original.into_ns();
+    let first = world.guest_in(ns, "shared", &["--clone-of", "web", "--name", "web-0"]);
+    restore(&first, ip, &gateway);
+    std::fs::write(&go, "").unwrap();
+    let mut after = String::new();
+    use std::io::BufRead;
+    rest.read_line(&mut after).unwrap();
+    assert_eq!(
+        after.trim(),
+        format!("got after from {ip}"),
+        "the connection carries on, from the guest's own address"
+    );
+    // The host and other VMs still reach it at the address it had, and at
+    // its own; `web` still names it.
+    let ping = |target: &str| {
+        run(&mut world
+            .host
+            .cmd(&["busybox", "ping", "-c", "1", "-W", "2", target]))
+        .status
+        .success()
+    };
+    assert!(
+        ping(&ip.to_string()),
+        "the host reaches the first clone at {ip}"
+    );
+    assert!(ping(&clone_address(&first)));
+    // A second clone is not the VM carrying on: it is NATed to its own
+    // address, and reaches upstream and the host all the same.
+    let second = world.guest("shared", &["--clone-of", "web", "--name", "web-1"]);
+    restore(&second, ip, &gateway);
+    second.assert_reaches_upstream("the second clone");
+    let _echo = echo_serve(&world.host, "host", 7001);
+    assert_eq!(
+        echo_ask(&second.ns, &gateway, 7001, "tcp"),
+        Some(format!("host from {}", clone_address(&second)))
+    );
+    assert_eq!(
+        echo_ask(&first.ns, &gateway, 7001, "tcp"),
+        Some(format!("host from {ip}")),
+        "the first clone sends as the VM did"
+    );
 }

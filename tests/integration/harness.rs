@@ -469,10 +469,27 @@ impl World {
     }
 
     pub fn try_guest_via(&self, network: &str, via: Via, extra: &[&str]) -> Result<Guest, String> {
-        let ns = Netns::new("guest");
-        let json = self.dir.path().join(format!("{}.json", ns.name));
-        let stderr = self.dir.path().join(format!("{}.stderr", ns.name));
-        let socket = self.dir.path().join(format!("{}.sock", ns.name));
+        self.try_guest_in(Netns::new("guest"), network, via, extra)
+    }
+
+    /// A guest in `ns`, which a guest used before (a VM restored into the
+    /// state its snapshot left: its sockets, its addresses).
+    pub fn guest_in(&self, ns: Netns, network: &str, extra: &[&str]) -> Guest {
+        self.try_guest_in(ns, network, Via::Tap, extra)
+            .unwrap_or_else(|e| panic!("attach failed: {e}\n{}", self.daemon_log_text()))
+    }
+
+    fn try_guest_in(
+        &self,
+        ns: Netns,
+        network: &str,
+        via: Via,
+        extra: &[&str],
+    ) -> Result<Guest, String> {
+        let attach = unique("attach");
+        let json = self.dir.path().join(format!("{attach}.json"));
+        let stderr = self.dir.path().join(format!("{attach}.stderr"));
+        let socket = self.dir.path().join(format!("{attach}.sock"));
         let (socket, json_s) = (socket.to_str().unwrap(), json.to_str().unwrap());
         let standin = standin_bin();
         let standin = standin.to_str().unwrap();
@@ -599,6 +616,15 @@ pub struct Guest {
 }
 
 impl Guest {
+    /// Stops the VMM and keeps its namespace (the guest's state, as a
+    /// snapshot keeps it), for `World::guest_in`.
+    pub fn into_ns(mut self) -> Netns {
+        for mut child in [self.run.take(), self.vmm.take()].into_iter().flatten() {
+            terminate(&mut child);
+        }
+        std::mem::replace(&mut self.ns, Netns::new("spare"))
+    }
+
     /// A guest in `ns` whose VMM is a stand-in connecting to a helper's
     /// socket (`flag`: --dgram-socket or --stream-socket), with the MAC and
     /// MTU of the helper's interface JSON `info`; its stderr goes to `log`.
