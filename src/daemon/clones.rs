@@ -22,11 +22,13 @@ use crate::host::ALIAS_INTERFACE;
 use crate::host::clone_ns::{self, CloneNetwork, CloneNsError};
 use crate::host::guard::{Ipv4Source, PortGuard};
 use crate::host::netns::NetNs;
-use crate::services::unix_now;
+use crate::services::{dhcp, unix_now};
 use crate::types::InterfaceId;
 
 /// What a clone has that other interfaces have not.
 pub(super) struct CloneState {
+    /// Its guest's DHCP server, in its namespace; stops with the clone.
+    dhcp: tokio::task::JoinHandle<()>,
     pub guest: Guest,
     /// It holds the guest's address on the network too, with the lease
     /// its VM had (`LeaseTable::take_over`).
@@ -133,7 +135,7 @@ impl Daemon {
                 return Err(e);
             }
         };
-        let (port, index, made) = made;
+        let (port, index, made, dhcp_socket) = made;
         if let (Some(name), Some(leases)) = (&plan.name, self.networks[network].leases()) {
             leases
                 .lock()
@@ -141,6 +143,7 @@ impl Daemon {
                 .add_clone(id, name.clone(), unique);
         }
         let state = CloneState {
+            dhcp: dhcp::serve_clone(cfg, (guest.mac, guest.ip), dhcp_socket),
             guest,
             holds_guest_address,
             _ns: made.ns,
@@ -150,7 +153,8 @@ impl Daemon {
     }
 
     /// The kernel's part: the namespace and its TAP (the client's), the
-    /// port's guard entries, the port on the bridge.
+    /// socket of the guest's DHCP server in there, the port's guard
+    /// entries, the port on the bridge.
     async fn carry_out_clone(
         &mut self,
         network: &str,
@@ -158,7 +162,7 @@ impl Daemon {
         spec: &CloneNetwork,
         client: &Client,
         done: &mut Vec<Done>,
-    ) -> Result<(String, u32, clone_ns::MadeClone), DaemonError> {
+    ) -> Result<(String, u32, clone_ns::MadeClone, tokio::net::UdpSocket), DaemonError> {
         let made = clone_ns::make(
             &self.netlink,
             spec,
@@ -167,6 +171,14 @@ impl Daemon {
         )
         .await?;
         done.push(Done::ClonePort(made.port));
+        // A guest configured by DHCP renews (or asks again) in there.
+        let dhcp_socket = made
+            .ns
+            .enter(|| dhcp::clone_socket(&spec.tap))
+            .and_then(|socket| socket)
+            .map_err(|e| {
+                DaemonError::HostSetup(format!("cannot serve DHCP in a clone's namespace: {e}"))
+            })?;
         let port = made.port_name.clone();
         let net = &self.networks[network];
         if plan.guarded {
@@ -184,7 +196,7 @@ impl Daemon {
             // Neighbours learn the new MAC when their entry goes stale.
             warn!(port = %port, "cannot announce the guest's address: {e}");
         }
-        Ok((port, made.port, made))
+        Ok((port, made.port, made, dhcp_socket))
     }
 
     /// The guest `of` names: an interface of the network (a clone's guest
@@ -248,6 +260,12 @@ pub(super) fn clone_guard(mut guard: PortGuard, guest: Option<Ipv4Addr>) -> Port
         guard.ipv4 = Ipv4Source::Ranges(vec![(g, g), (*u, *u)]);
     }
     guard
+}
+
+impl Drop for CloneState {
+    fn drop(&mut self) {
+        self.dhcp.abort();
+    }
 }
 
 impl CloneState {

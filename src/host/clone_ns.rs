@@ -88,7 +88,7 @@ pub enum CloneNsError {
 /// The namespace's table: NAT between G and U, and nothing out of the
 /// uplink but from U. Addresses are typed values; names are linnet's.
 pub fn rules(net: &CloneNetwork) -> String {
-    let (g, u) = (net.guest_ip, net.unique);
+    let (g, u, gw, tap) = (net.guest_ip, net.unique, net.gateway, &net.tap);
     // Holding G: nothing is NATed out, so G or U (replies to what came
     // to U) may leave.
     let (snat, from) = if net.holds_guest_address {
@@ -106,6 +106,9 @@ pub fn rules(net: &CloneNetwork) -> String {
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
         iifname "{UPLINK}" ip daddr {u} dnat to {g}
+        # A DHCP renewal, sent to the gateway, goes to the clone's own
+        # server in the namespace (which answers as the gateway).
+        iifname "{tap}" ip daddr {gw} udp dport 67 dnat to {u}
     }}
     chain postrouting {{
         type nat hook postrouting priority srcnat; policy accept;{snat}
@@ -298,6 +301,7 @@ mod tests {
             r#"iifname "uplink" ip daddr 198.18.105.3 dnat to 192.168.105.5"#,
             r#"oifname "uplink" ip saddr 192.168.105.5 snat to 198.18.105.3"#,
             r#"oifname "uplink" ip saddr != 198.18.105.3 drop"#,
+            r#"iifname "lnt4" ip daddr 192.168.105.1 udp dport 67 dnat to 198.18.105.3"#,
         ] {
             assert!(text.contains(line), "{line} not in\n{text}");
         }

@@ -55,6 +55,24 @@ fn bind(bridge: &str, addr: SocketAddrV4) -> std::io::Result<UdpSocket> {
 const MESSAGES_PER_SECOND: u32 = 20;
 
 async fn serve(ctx: Arc<NetworkContext>, socket: UdpSocket) {
+    answer_each(&socket, &ctx.config.name, |request| {
+        let mut leases = ctx.leases.lock().expect("lease table lock");
+        let reply = respond(&ctx.config, &mut leases, request, unix_now());
+        if reply.is_some() {
+            ctx.leases.changed();
+        }
+        reply
+    })
+    .await
+}
+
+/// Receives DHCP messages on `socket` for ever and sends what `respond`
+/// makes of each, within the per-client rate.
+async fn answer_each(
+    socket: &UdpSocket,
+    network: &str,
+    mut respond: impl FnMut(&Message) -> Option<Message>,
+) {
     let mut buf = vec![0u8; 1500];
     let mut out = Vec::with_capacity(600);
     let mut rate = RateLimit::new(MESSAGES_PER_SECOND, Duration::from_secs(1));
@@ -62,41 +80,108 @@ async fn serve(ctx: Arc<NetworkContext>, socket: UdpSocket) {
         let len = match socket.recv_from(&mut buf).await {
             Ok((len, _)) => len,
             Err(e) => {
-                warn!(network = %ctx.config.name, "DHCP receive failed: {e}");
+                warn!(network, "DHCP receive failed: {e}");
                 continue;
             }
         };
         let Ok(request) = Message::decode(&mut Decoder::new(&buf[..len])) else {
-            debug!(network = %ctx.config.name, "ignored a packet that is not DHCP");
+            debug!(network, "ignored a packet that is not DHCP");
             continue;
         };
         let Some(client) = client_mac(&request) else {
-            debug!(network = %ctx.config.name, hlen = request.hlen(), "ignored a DHCP message without an Ethernet chaddr");
+            debug!(
+                network,
+                hlen = request.hlen(),
+                "ignored a DHCP message without an Ethernet chaddr"
+            );
             continue;
         };
         if let Err(refused) = rate.allow(&client, Instant::now()) {
             if let Some(count) = refused.report {
-                warn!(network = %ctx.config.name, refused = count, "DHCP: a client sent more than {MESSAGES_PER_SECOND} messages in a second; ignoring the rest");
+                warn!(
+                    network,
+                    refused = count,
+                    "DHCP: a client sent more than {MESSAGES_PER_SECOND} messages in a second; ignoring the rest"
+                );
             }
             continue;
         }
-        let reply = {
-            let mut leases = ctx.leases.lock().expect("lease table lock");
-            let reply = respond(&ctx.config, &mut leases, &request, unix_now());
-            if reply.is_some() {
-                ctx.leases.changed();
-            }
-            reply
+        let Some(reply) = respond(&request) else {
+            continue;
         };
-        let Some(reply) = reply else { continue };
         out.clear();
         if reply.encode(&mut Encoder::new(&mut out)).is_err() {
             continue;
         }
         let dest = destination(&request, &reply);
         if let Err(e) = socket.send_to(&out, dest).await {
-            warn!(network = %ctx.config.name, "DHCP reply to {dest} failed: {e}");
+            warn!(network, "DHCP reply to {dest} failed: {e}");
         }
+    }
+}
+
+/// A clone's DHCP socket: port 67 on its TAP, in its namespace (call it
+/// there).
+pub fn clone_socket(tap: &str) -> std::io::Result<UdpSocket> {
+    bind(tap, SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER_PORT))
+}
+
+/// Serves a clone's guest from `socket` (`clone_socket`): the address it
+/// was snapshotted with, so a guest that renews or asks again keeps it.
+pub fn serve_clone(
+    net: NetworkConfig,
+    guest: (MacAddr, Ipv4Addr),
+    socket: UdpSocket,
+) -> JoinHandle<()> {
+    let name = net.name.clone();
+    super::spawn_service("clone DHCP", &name, async move {
+        answer_each(&socket, &net.name, |request| {
+            respond_to_clone(&net, guest, request)
+        })
+        .await
+    })
+}
+
+/// The answer a clone's DHCP gives its guest (`guest`: its MAC and the
+/// address it had): that address, with the network's options; another
+/// address is NAKed; other MACs get nothing (there are none on its TAP
+/// but the guest's own).
+pub fn respond_to_clone(
+    net: &NetworkConfig,
+    (mac, ip): (MacAddr, Ipv4Addr),
+    req: &Message,
+) -> Option<Message> {
+    if req.opcode() != Opcode::BootRequest || client_mac(req)? != mac {
+        return None;
+    }
+    let lease_time = net.dhcp.lease_time;
+    match req.opts().msg_type()? {
+        MessageType::Discover => Some(reply(net, lease_time, req, MessageType::Offer, ip)),
+        MessageType::Request => {
+            if let Some(DhcpOption::ServerIdentifier(id)) =
+                req.opts().get(OptionCode::ServerIdentifier)
+                && *id != net.gateway
+            {
+                return None;
+            }
+            let asked = match req.opts().get(OptionCode::RequestedIpAddress) {
+                Some(DhcpOption::RequestedIpAddress(asked)) => *asked,
+                _ => req.ciaddr(),
+            };
+            if asked == ip {
+                Some(reply(net, lease_time, req, MessageType::Ack, ip))
+            } else {
+                Some(nak(net, req))
+            }
+        }
+        MessageType::Inform => Some(reply(
+            net,
+            lease_time,
+            req,
+            MessageType::Ack,
+            Ipv4Addr::UNSPECIFIED,
+        )),
+        _ => None,
     }
 }
 
@@ -158,7 +243,7 @@ pub fn respond(
         MessageType::Discover => match leases.offer(mac, now) {
             Ok(ip) => {
                 debug!(network = %net.name, %mac, %ip, "DHCPOFFER");
-                Some(reply(net, leases, req, MessageType::Offer, ip))
+                Some(reply(net, leases.lease_time(), req, MessageType::Offer, ip))
             }
             Err(e) => {
                 warn!("{e}");
@@ -174,7 +259,7 @@ pub fn respond(
             let _ = leases.offer(mac, now);
             if leases.bind(mac, ip, hostname.clone(), now) {
                 info!(network = %net.name, %mac, %ip, hostname = hostname.as_deref().unwrap_or("-"), "DHCPACK");
-                Some(reply(net, leases, req, MessageType::Ack, ip))
+                Some(reply(net, leases.lease_time(), req, MessageType::Ack, ip))
             } else {
                 info!(network = %net.name, %mac, %ip, "DHCPNAK: not this client's address");
                 Some(nak(net, req))
@@ -190,7 +275,7 @@ pub fn respond(
         }
         MessageType::Inform => Some(reply(
             net,
-            leases,
+            leases.lease_time(),
             req,
             MessageType::Ack,
             Ipv4Addr::UNSPECIFIED,
@@ -214,14 +299,13 @@ fn base(net: &NetworkConfig, req: &Message, kind: MessageType) -> Message {
 
 fn reply(
     net: &NetworkConfig,
-    leases: &LeaseTable,
+    lease_time: u32,
     req: &Message,
     kind: MessageType,
     ip: Ipv4Addr,
 ) -> Message {
     let mut msg = base(net, req, kind);
     msg.set_yiaddr(ip).set_ciaddr(req.ciaddr());
-    let lease_time = leases.lease_time();
     let opts = msg.opts_mut();
     opts.insert(DhcpOption::SubnetMask(net.subnet.netmask()));
     opts.insert(DhcpOption::BroadcastAddr(net.subnet.broadcast()));
@@ -284,6 +368,51 @@ mod tests {
         let mut out = Vec::new();
         msg.encode(&mut Encoder::new(&mut out)).unwrap();
         Message::decode(&mut Decoder::new(&out)).unwrap()
+    }
+
+    #[test]
+    fn a_clones_guest_gets_the_address_it_was_snapshotted_with_and_nobody_else_anything() {
+        let (net, _) = setup();
+        let mac = MacAddr([0x52, 0x54, 0, 1, 2, 3]);
+        let ip: Ipv4Addr = "192.168.105.9".parse().unwrap();
+        let answer =
+            |msg: &Message| respond_to_clone(&net, (mac, ip), msg).map(|m| encode_decode(&m));
+        let offer = answer(&client(MessageType::Discover, mac, None)).unwrap();
+        assert!(offer.opts().has_msg_type(MessageType::Offer));
+        assert_eq!(offer.yiaddr(), ip);
+        assert_eq!(
+            offer.opts().get(OptionCode::ServerIdentifier),
+            Some(&DhcpOption::ServerIdentifier(net.gateway)),
+            "it answers as the gateway"
+        );
+        assert_eq!(
+            offer.opts().get(OptionCode::AddressLeaseTime),
+            Some(&DhcpOption::AddressLeaseTime(600))
+        );
+        let ack = answer(&client(MessageType::Request, mac, Some(ip))).unwrap();
+        assert!(ack.opts().has_msg_type(MessageType::Ack));
+        // A renewal names its address in ciaddr.
+        let mut renewal = client(MessageType::Request, mac, None);
+        renewal.set_ciaddr(ip);
+        assert!(
+            answer(&renewal)
+                .unwrap()
+                .opts()
+                .has_msg_type(MessageType::Ack)
+        );
+        let other = "192.168.105.10".parse().unwrap();
+        let nak = answer(&client(MessageType::Request, mac, Some(other))).unwrap();
+        assert!(nak.opts().has_msg_type(MessageType::Nak));
+        let stranger = MacAddr([0x52, 0x54, 0, 9, 9, 9]);
+        assert!(answer(&client(MessageType::Discover, stranger, None)).is_none());
+        let mut elsewhere = client(MessageType::Request, mac, Some(ip));
+        elsewhere
+            .opts_mut()
+            .insert(DhcpOption::ServerIdentifier("10.9.9.9".parse().unwrap()));
+        assert!(
+            answer(&elsewhere).is_none(),
+            "the guest chose another server"
+        );
     }
 
     #[test]

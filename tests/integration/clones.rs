@@ -441,3 +441,54 @@ fn the_first_clone_of_a_stopped_vm_carries_on_its_connections_and_later_ones_get
         "the first clone sends as the VM did"
     );
 }
+
+/// A DHCPREQUEST renewing `ip`, sent by unicast from `ip`:68 to the
+/// gateway as a guest in RENEWING state does (RFC 2131 4.4.5); the
+/// message type of the reply and who sent it, or "no reply".
+fn renew(guest: &Guest, ip: Ipv4Addr, gateway: &str) -> String {
+    let mac = guest.mac().replace(':', "");
+    let code = format!(
+        "import socket, struct\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.bind(('{ip}', 68)); s.settimeout(3)\n\
+         m = bytearray(240)\n\
+         m[0], m[1], m[2] = 1, 1, 6\n\
+         m[4:8] = b'lnnt'\n\
+         m[12:16] = socket.inet_aton('{ip}')\n\
+         m[28:34] = bytes.fromhex('{mac}')\n\
+         m[236:240] = b'\\x63\\x82\\x53\\x63'\n\
+         m += bytes([53, 1, 3, 255])\n\
+         s.sendto(bytes(m), ('{gateway}', 67))\n\
+         try:\n    r, peer = s.recvfrom(1500)\n\
+         except socket.timeout:\n    print('no reply'); raise SystemExit\n\
+         i, kind = 240, None\n\
+         while i < len(r) and r[i] != 255:\n    \
+             kind = r[i + 2] if r[i] == 53 else kind\n    \
+             i += 2 + r[i + 1]\n\
+         print({{2: 'offer', 5: 'ack', 6: 'nak'}}.get(kind), socket.inet_ntoa(r[16:20]), 'from', peer[0])\n"
+    );
+    must(&mut guest.ns.cmd(&["python3", "-c", &code]))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn a_clone_configured_by_dhcp_is_given_and_renews_its_guests_address() {
+    let mut world = World::new();
+    world.start_daemon();
+    let (clones, ip, gateway) = clones_of(&world, "dyn", &[&[], &[]]);
+    for (n, clone) in clones.iter().enumerate() {
+        must(&mut clone.ns.cmd(&["ip", "addr", "flush", "dev", "eth0"]));
+        assert_eq!(
+            clone.udhcpc(),
+            ip,
+            "clone {n} asks again and gets its address"
+        );
+        assert_eq!(
+            renew(clone, ip, &gateway),
+            format!("ack {ip} from {gateway}"),
+            "clone {n}'s renewal, answered in its namespace as the gateway"
+        );
+        clone.assert_reaches_upstream(&format!("clone {n} after DHCP"));
+    }
+}
