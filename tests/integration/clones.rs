@@ -492,3 +492,38 @@ fn a_clone_configured_by_dhcp_is_given_and_renews_its_guests_address() {
         clone.assert_reaches_upstream(&format!("clone {n} after DHCP"));
     }
 }
+
+#[test]
+fn a_clone_of_a_recorded_interface_json_and_the_mistakes_a_user_can_make() {
+    let mut world = World::new();
+    world.start_daemon();
+    let mut original = world.guest("shared", &["--name", "rec"]);
+    let (ip, gateway) = (original.udhcpc(), original.gateway());
+    let recorded = world.dir.path().join("rec.json");
+    std::fs::write(&recorded, original.info.to_string()).unwrap();
+    original.stop();
+    let like = recorded.to_str().unwrap();
+    let clone = world.guest("shared", &["--like", like, "--name", "rec-0"]);
+    assert_eq!((clone.ip(), clone.mac()), (ip, original.mac()));
+    assert_eq!(clone.tap(), original.tap(), "its TAP has the VM's name");
+    restore(&clone, ip, &gateway);
+    clone.assert_reaches_upstream("a clone from --like");
+
+    let refused = |args: &[&str]| {
+        let mut argv = vec!["run"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&["--", "true"]);
+        failure(&mut world.linnet(&argv))
+    };
+    let m = refused(&["--like", like, "--network", "host"]);
+    assert!(m.contains("the VM was on network \"shared\""), "{m}");
+    let m = refused(&["--clone-of", "nosuch"]);
+    assert!(m.contains("has no VM named \"nosuch\""), "{m}");
+    let m = refused(&["--clone-of", "rec", "--mac", "52:54:00:00:00:01"]);
+    assert!(m.contains("cannot be used with"), "{m}");
+    let m = refused(&["--clone-of", "rec", "--datapath", "tap-name"]);
+    assert!(m.contains("namespace of its own"), "{m}");
+    std::fs::write(&recorded, "{}").unwrap();
+    let m = refused(&["--like", like]);
+    assert!(m.contains("not an interface JSON"), "{m}");
+}
