@@ -58,7 +58,7 @@ lint:
 bench-smoke: deps
 	$(CARGO) build --workspace --bins
 	$(SANDBOX) bench/run --bin target/debug --only '^veth$$|^linnet (tap|dgram|rootless)( \+ vnet)?$$|mixed: the bare' --mtu 1500 \
-		--runs 1 --seconds 1 --attaches 20 --interfaces 100 --out target/bench-smoke --strict >/dev/null
+		--runs 1 --seconds 1 --attaches 20 --interfaces 100 --clones 10 --out target/bench-smoke --strict >/dev/null
 
 test: deps lint unit integration bench-smoke
 

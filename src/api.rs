@@ -323,6 +323,11 @@ pub struct InterfaceInfo {
     /// which its clones share).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_address: Option<Ipv4Addr>,
+    /// A clone's network namespace, with `--datapath tap-name`: where its
+    /// VMM must run to open `tap` by name (`nsenter --net=PATH`,
+    /// Firecracker's jailer `--netns PATH`; `linnet run` puts it there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<std::path::PathBuf>,
     /// Empty lists: nothing restricted.
     #[serde(default)]
     pub policy: Policy,
@@ -391,6 +396,9 @@ pub struct InterfaceStatus {
     /// A clone's unique address (`ip_address` is the guest's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_address: Option<Ipv4Addr>,
+    /// A tap-name clone's network namespace (see `InterfaceInfo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<std::path::PathBuf>,
 }
 
 /// `linnet doctor`: the namespace as linnet sees it.

@@ -38,6 +38,8 @@ def parse_args():
     p.add_argument("--no-control", action="store_true", help="skip the control-plane figures")
     p.add_argument("--interfaces", type=int, default=1000, help="interfaces for the scale figure (default 1000)")
     p.add_argument("--attaches", type=int, default=200, help="attaches for the latency figure (default 200)")
+    p.add_argument("--clones", type=int, default=100,
+                   help="clones of one VM at once, against as many interfaces (default 100)")
     p.add_argument("--bin", default="target/release", help="where linnet and linnet-standin are")
     p.add_argument("--gvproxy", default="target/peers/gvproxy",
                    help="gvproxy's binary (default: where `scripts/install-deps bench` builds it, "
@@ -187,6 +189,7 @@ def control_plane(env, args, workdir):
                                sorted({min(100, args.interfaces), args.interfaces}),
                                sorted({min(10, args.interfaces), args.interfaces})),
         "helper": control.helper_rss(env.linnet, workdir),
+        "clones": control.clones(env.linnet.socket, "shared", daemon, args.clones),
     }
 
 

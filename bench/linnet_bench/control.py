@@ -42,11 +42,12 @@ def call(sock, request):
     return reply, list(fds)
 
 
-def attach(sock, network):
-    """Attaches an interface: its id and TAP fd. Like a VMM, the caller holds
-    the fd while the interface is in use (the last close of a TAP destroys
-    it, and that would be timed as the attach's)."""
-    reply, fds = call(sock, {"op": "attach", "network": network})
+def attach(sock, network, **more):
+    """Attaches an interface (`more`: the request's other keys, e.g. name,
+    clone_of): its id and TAP fd. Like a VMM, the caller holds the fd
+    while the interface is in use (the last close of a TAP destroys it,
+    and that would be timed as the attach's)."""
+    reply, fds = call(sock, {"op": "attach", "network": network, **more})
     if len(fds) != 1:
         raise BenchError(f"attach sent {len(fds)} fds, expected one TAP fd")
     return reply["interface"]["interface_id"], fds[0]
@@ -149,6 +150,68 @@ def scale(socket_path, network, daemon_pid, marks, flat_at):
     finally:
         for tap in taps:
             os.close(tap)
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+    return out
+
+
+def links_named(prefix):
+    out = subprocess.run(["ip", "-o", "link", "show"], stdout=subprocess.PIPE, text=True).stdout
+    return sum(1 for line in out.splitlines() if line.split(":")[1].strip().startswith(prefix))
+
+
+def namespaces_held(pid):
+    """The network namespaces `pid` holds open (a clone's, for the daemon)."""
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            held += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("net:[")
+        except OSError:
+            pass
+    return held
+
+
+def clones(socket_path, network, daemon_pid, count):
+    """`count` clones of one VM at once (each in a network namespace of its
+    own, NATed to an address of its own), then `count` ordinary interfaces,
+    each lot attached from one connection with their TAP fds held as VMMs
+    hold them: each attach's time (p50, p99), what the daemon's RSS grew by
+    for the lot, and, once the connection closes, how long the daemon takes
+    to remove them and what it leaves (ports, namespaces it holds)."""
+    limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits[1], limits[1]))
+    out = {"count": count}
+    try:
+        with connect(socket_path) as holder:
+            # The snapshotted VM, still attached: every clone is NATed.
+            _, original = attach(holder, network, name="bench-snap")
+            try:
+                held_before = namespaces_held(daemon_pid)
+                for kind, more in (("clones", {"clone_of": "bench-snap"}), ("interfaces", {})):
+                    taps, times = [], []
+                    rss_before = memory_kib(daemon_pid)
+                    try:
+                        with connect(socket_path) as sock:
+                            for _ in range(count):
+                                start = time.perf_counter()
+                                taps.append(attach(sock, network, **more)[1])
+                                times.append((time.perf_counter() - start) * 1000)
+                            rss_after = memory_kib(daemon_pid)
+                            gone_from = time.perf_counter()
+                        wait_for(lambda: interfaces_on(socket_path, network) == 1
+                                 and links_named("lnc") == 0 and taps_on_host() == 1
+                                 and namespaces_held(daemon_pid) == held_before,
+                                 f"the daemon to remove {count} {kind}", timeout=120)
+                        out[kind] = {"attach_ms": summary(times),
+                                     "daemon_rss_growth_mib": round((rss_after - rss_before) / 1024, 2),
+                                     "detach_all_s": round(time.perf_counter() - gone_from, 3)}
+                    finally:
+                        for tap in taps:
+                            os.close(tap)
+                out["left"] = {"ports": links_named("lnc"),
+                               "namespaces_held": namespaces_held(daemon_pid) - held_before}
+            finally:
+                os.close(original)
+    finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
     return out
 

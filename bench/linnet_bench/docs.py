@@ -15,13 +15,14 @@ import statistics
 import sys
 
 from .report import (ANTI_SPOOFING, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM, STATUS,
-                     cell, target_counts)
+                     cell, clone_rows, target_counts)
 from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VM_TO_HOST, VM_TO_VM
 
 # The results' layout this module reads (bench/linnet_bench/__main__.py).
 FORMAT = 2
 
-DOCS = ("README.md", "docs/security.md", "docs/vmms.md", "docs/lima.md", "docs/rootless.md")
+DOCS = ("README.md", "docs/security.md", "docs/vmms.md", "docs/lima.md", "docs/rootless.md",
+        "docs/clones.md")
 BLOCK = re.compile(r"(<!-- bench:([a-z-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 
 
@@ -120,6 +121,19 @@ def rootless(results):
     return lines
 
 
+def clones(results):
+    """The clone figures and their targets."""
+    c = (results.get("control") or {}).get("clones")
+    if not c:
+        return ["The clone figures were not measured in this run."]
+    lines = ["| figure | value |", "|---|---:|"] + clone_rows(c)
+    found = [t for t in results["targets"] if t["family"] == "control plane"
+             and (t["target"].startswith("clone ") or "clones vs" in t["target"])]
+    lines += [""] + [f"- {t['target']} (goal {t['goal']}): {t['detail']}, {STATUS[t['status']]}."
+                     for t in found]
+    return lines
+
+
 def targets(results):
     lines = [f"Targets: {target_counts(results)}. Missed:", ""]
     for t in results["targets"]:
@@ -132,7 +146,7 @@ def targets(results):
 
 
 RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "targets": targets,
-          "network-socket": network_socket, "rootless": rootless}
+          "network-socket": network_socket, "rootless": rootless, "clones": clones}
 
 
 def render(name, results, doc):

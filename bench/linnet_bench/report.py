@@ -202,7 +202,46 @@ def targets(results):
     out.append(bound_target("daemon RSS at 1000 interfaces",
                             get(sc.get("daemon_rss_mib", {}), 1000, "1000"), 32, "MiB"))
     out.append(bound_target("helper RSS", get(c.get("helper") or {}, "rss_mib"), 4, "MiB"))
+    out += clone_targets(c.get("clones"))
     return [t for t in out if t is not None]
+
+
+# Below this, a lot's RSS growth is allocator noise: compared as this much.
+RSS_NOISE_MIB = 0.5
+
+
+def clone_targets(clones):
+    """A clone's network ready within 10 ms (p50; fcvm reports ~35 ms), and
+    N clones of one VM costing the daemon no more memory than N ordinary
+    interfaces."""
+    if not clones:
+        return [bound_target("clone attach p50", None, 10, "ms"),
+                bound_target("daemon RSS for clones vs as many interfaces", None, 1.0, "x")]
+    c, i, n = clones["clones"], clones["interfaces"], clones["count"]
+    growth = lambda lot: max(lot["daemon_rss_growth_mib"], RSS_NOISE_MIB)
+    rss = round(growth(c) / growth(i), 2)
+    return [bound_target("clone attach p50", c["attach_ms"]["p50"], 10, "ms"),
+            bound_target(f"daemon RSS for {n} clones vs {n} interfaces", rss, 1.0, "x",
+                         f"{rss}x ({c['daemon_rss_growth_mib']} vs {i['daemon_rss_growth_mib']} MiB "
+                         f"grown; below {RSS_NOISE_MIB} MiB counts as {RSS_NOISE_MIB})")]
+
+
+def clone_rows(clones):
+    """The clone figures' rows in the control-plane table."""
+    if not clones:
+        return []
+    c, i, n = clones["clones"], clones["interfaces"], clones["count"]
+    left = clones["left"]
+    return [f"| clone attach p50 / p99 ({n} clones of one VM at once) | "
+            f"{c['attach_ms']['p50']} / {c['attach_ms']['p99']} ms |",
+            f"| the same for {n} ordinary interfaces | "
+            f"{i['attach_ms']['p50']} / {i['attach_ms']['p99']} ms |",
+            f"| daemon RSS grown for {n} clones / for {n} interfaces | "
+            f"{c['daemon_rss_growth_mib']} / {i['daemon_rss_growth_mib']} MiB |",
+            f"| detach {n} clones / {n} interfaces (client disconnects) | "
+            f"{c['detach_all_s']} / {i['detach_all_s']} s |",
+            f"| left after the clones' detach: ports / namespaces the daemon holds | "
+            f"{left['ports']} / {left['namespaces_held']} |"]
 
 
 def fmt(v, digits=2):
@@ -414,6 +453,7 @@ def markdown(results):
                      f"{h['pss_mib']} / {h['private_mib']} MiB |")
         if c.get("relay_peak_rss_mib") is not None:
             lines.append(f"| `linnet run` relay peak RSS under iperf3 | {c['relay_peak_rss_mib']} MiB |")
+        lines += clone_rows(c.get("clones"))
     lines += ["", "## Targets", "",
               f"{target_counts(results)}. A ratio is the median of the rounds' ratios (each round "
               "measured both setups); the range of the rounds follows.", "",

@@ -115,6 +115,26 @@ class Targets(unittest.TestCase):
                          "not measured")
 
 
+class Clones(unittest.TestCase):
+    def figures(self, clone_growth, interface_growth):
+        lot = lambda p50, growth: {"attach_ms": {"p50": p50, "p99": p50 * 2},
+                                   "daemon_rss_growth_mib": growth, "detach_all_s": 0.1}
+        return {"count": 100, "clones": lot(3.0, clone_growth), "interfaces": lot(1.0, interface_growth),
+                "left": {"ports": 0, "namespaces_held": 0}}
+
+    def test_clones_are_judged_by_attach_time_and_memory_against_interfaces(self):
+        attach, memory = report.clone_targets(self.figures(2.0, 1.0))
+        self.assertEqual((attach["measured"], attach["status"]), (3.0, "met"))
+        self.assertEqual((memory["measured"], memory["status"]), (2.0, "missed"))
+
+    def test_growth_below_the_noise_floor_is_compared_as_the_floor(self):
+        _, memory = report.clone_targets(self.figures(0.1, 0.3))
+        self.assertEqual((memory["measured"], memory["status"]), (1.0, "met"))
+
+    def test_without_figures_the_targets_are_not_measured(self):
+        self.assertEqual([t["status"] for t in report.clone_targets(None)], ["not measured"] * 2)
+
+
 class DocBlocks(unittest.TestCase):
     def test_blocks_are_rendered_and_checked(self):
         r = results(

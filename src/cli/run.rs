@@ -151,12 +151,32 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     } else {
         None
     };
+    // A clone's TAP is in the clone's own namespace, which only root
+    // enters.
+    let clone_netns: Option<std::os::fd::OwnedFd> = match (&info.netns, args.datapath) {
+        (Some(path), Datapath::TapName) if !nix::unistd::geteuid().is_root() => bail!(
+            "a clone's TAP is in its namespace {}, which only root can enter: run this as root (without --user), or `linnet attach` it and start the VMM there as root does (Firecracker's jailer --netns {})",
+            path.display(),
+            path.display()
+        ),
+        (Some(path), Datapath::TapName) => Some(
+            std::fs::File::open(path)
+                .with_context(|| format!("cannot open the clone's namespace {}", path.display()))?
+                .into(),
+        ),
+        _ => None,
+    };
     // SAFETY: only async-signal-safe calls (setns, prctl, capset, fcntl,
     // sigprocmask) run in the child.
     unsafe {
         command.pre_exec(move || {
             if let Some(ns) = &namespaces {
                 ns.enter()?;
+            }
+            if let Some(ns) = &clone_netns
+                && libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) < 0
+            {
+                return Err(io::Error::last_os_error());
             }
             if let Some(fd) = fd {
                 let flags = libc::fcntl(fd, libc::F_GETFD);

@@ -165,6 +165,8 @@ pub(super) enum Done {
     ClonePort(u32),
     /// The port's guard entries were added (undo: remove them).
     Guard(PortGuard),
+    /// A clone's namespace was given this name (undo: take it away).
+    Mount(std::path::PathBuf),
 }
 
 /// The order in which the steps done are undone: newest first.

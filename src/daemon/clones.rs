@@ -9,7 +9,8 @@
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
 
 use tracing::warn;
 
@@ -18,15 +19,17 @@ use super::state::{Client, Daemon, DaemonError};
 use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
 use crate::clone::{self, Guest};
 use crate::datapath::Datapath;
-use crate::host::ALIAS_INTERFACE;
 use crate::host::clone_ns::{self, CloneNetwork, CloneNsError};
 use crate::host::guard::{Ipv4Source, PortGuard};
 use crate::host::netns::NetNs;
+use crate::host::{ALIAS_INTERFACE, netns, tap};
 use crate::services::{dhcp, unix_now};
 use crate::types::InterfaceId;
 
 /// What a clone has that other interfaces have not.
 pub(super) struct CloneState {
+    /// Its namespace's name in the file system, with tap-name.
+    pub mount: Option<PathBuf>,
     /// Its guest's DHCP server, in its namespace; stops with the clone.
     dhcp: tokio::task::JoinHandle<()>,
     pub guest: Guest,
@@ -34,7 +37,7 @@ pub(super) struct CloneState {
     /// its VM had (`LeaseTable::take_over`).
     pub holds_guest_address: bool,
     /// Holds the namespace while the clone is attached.
-    _ns: NetNs,
+    ns: NetNs,
 }
 
 impl From<CloneNsError> for DaemonError {
@@ -64,9 +67,12 @@ impl Daemon {
                     .into(),
             ));
         }
-        if req.datapath == Some(Datapath::TapName) {
+        // A VMM that opens a clone's TAP by name runs in the clone's
+        // namespace, which the system daemon names in the file system for
+        // root to put it there (`linnet run`, Firecracker's jailer).
+        if req.datapath == Some(Datapath::TapName) && self.host_ports.is_some() {
             return Err(DaemonError::BadRequest(
-                "a clone's TAP is in a namespace of its own, where a VMM would have to run to open it by name; use --datapath tap (or dgram, stream)".into(),
+                "a clone's TAP is in a namespace of its own, where a VMM that opens it by name must run: a rootless daemon cannot name it for you yet; use --datapath tap (or dgram, stream)".into(),
             ));
         }
         let cfg = self.networks[network].config.clone();
@@ -142,11 +148,16 @@ impl Daemon {
                 .expect("lease lock")
                 .add_clone(id, name.clone(), unique);
         }
+        let mount = done.iter().find_map(|d| match d {
+            Done::Mount(path) => Some(path.clone()),
+            _ => None,
+        });
         let state = CloneState {
+            mount,
             dhcp: dhcp::serve_clone(cfg, (guest.mac, guest.ip), dhcp_socket),
             guest,
             holds_guest_address,
-            _ns: made.ns,
+            ns: made.ns,
         };
         let info = self.record_attached(network, plan, client, req, (port, index), Some(state));
         Ok((info, made.tap))
@@ -179,6 +190,24 @@ impl Daemon {
             .map_err(|e| {
                 DaemonError::HostSetup(format!("cannot serve DHCP in a clone's namespace: {e}"))
             })?;
+        if plan.datapath == Datapath::TapName {
+            let path = std::path::absolute(&self.run_dir)
+                .unwrap_or_else(|_| self.run_dir.clone())
+                .join(CLONE_NAMESPACES)
+                .join(plan.id.to_string());
+            let named = std::fs::create_dir_all(path.parent().expect("a file in a directory"))
+                .and_then(|()| made.ns.mount_at(&path))
+                .and_then(|()| tap::set_persistent(made.tap.as_fd()));
+            if let Err(e) = named {
+                let _ = netns::unmount(&path);
+                return Err(DaemonError::HostSetup(format!(
+                    "cannot make the clone's TAP {} ready to open by name in {}: {e}",
+                    spec.tap,
+                    path.display()
+                )));
+            }
+            done.push(Done::Mount(path));
+        }
         let port = made.port_name.clone();
         let net = &self.networks[network];
         if plan.guarded {
@@ -265,10 +294,62 @@ pub(super) fn clone_guard(mut guard: PortGuard, guest: Option<Ipv4Addr>) -> Port
 impl Drop for CloneState {
     fn drop(&mut self) {
         self.dhcp.abort();
+        if let Some(path) = &self.mount
+            && let Err(e) = netns::unmount(path)
+        {
+            warn!(
+                "cannot remove a clone's namespace name {}: {e}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// Under the run directory: tap-name clones' namespaces by interface id.
+const CLONE_NAMESPACES: &str = "netns";
+
+impl Daemon {
+    /// Takes away the namespace names a daemon before left (start-up).
+    pub(super) fn remove_clone_mounts(&self) {
+        let Ok(entries) = std::fs::read_dir(self.run_dir.join(CLONE_NAMESPACES)) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if let Err(e) = netns::unmount(&entry.path()) {
+                warn!(
+                    "cannot remove {} a previous daemon left: {e}",
+                    entry.path().display()
+                );
+            }
+        }
     }
 }
 
 impl CloneState {
+    /// Deletes its TAP, at detach.
+    pub async fn delete_tap(&self) {
+        if let Err(e) = clone_ns::delete_tap(&self.ns, self.guest.tap_name()).await {
+            warn!(
+                tap = self.guest.tap_name(),
+                "cannot delete a clone's TAP: {e}"
+            );
+        }
+    }
+
+    /// Where a VMM's helper (root) finds the namespace, whatever mount
+    /// namespace it is in: through the daemon's own root, in which the
+    /// name was mounted. (A systemd unit's daemon, or one started by `ip
+    /// netns exec`, has a mount namespace of its own, whose mounts the
+    /// rest of the host does not see.)
+    pub fn netns_path(&self) -> Option<PathBuf> {
+        let mount = self.mount.as_ref()?;
+        Some(PathBuf::from(format!(
+            "/proc/{}/root{}",
+            std::process::id(),
+            mount.display()
+        )))
+    }
+
     /// The guest's address, when the clone holds it on the network.
     pub fn held_address(&self) -> Option<Ipv4Addr> {
         self.holds_guest_address.then_some(self.guest.ip)

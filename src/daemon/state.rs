@@ -247,6 +247,7 @@ impl Daemon {
         std::fs::create_dir_all(&self.lease_dir).map_err(|e| {
             DaemonError::Internal(format!("cannot create {}: {e}", self.lease_dir.display()))
         })?;
+        self.remove_clone_mounts();
         for link in self.netlink.links().await? {
             let Some(alias) = link.alias.as_deref() else {
                 continue;
@@ -564,6 +565,7 @@ impl Daemon {
             (info.ipv6_address, info.ipv6_prefix, info.gateway6) = (None, None, None);
             info.vmnet_nat66_prefix = None;
             info.clone_address = plan.ip;
+            info.netns = clone.netns_path();
             info!(network, interface = %id, guest_ip = %clone.guest.ip, guest_mac = %clone.guest.mac, unique = %shown_ip(plan.ip, &net.config), port = %tap_name, datapath = %plan.datapath, pid = ?client.pid, uid = client.uid, "attached a clone");
         } else {
             info!(network, interface = %id, ip = %shown_ip(plan.ip, &net.config), mac = %plan.mac, tap = %tap_name, datapath = %plan.datapath, pid = ?client.pid, uid = client.uid, "attached");
@@ -661,6 +663,9 @@ impl Daemon {
                 }
                 Done::ClonePort(index) => {
                     let _ = self.netlink.delete_link(index).await;
+                }
+                Done::Mount(path) => {
+                    let _ = crate::host::netns::unmount(&path);
                 }
                 Done::Lease => {
                     if let Some(leases) = self.networks[network].leases() {
@@ -848,6 +853,9 @@ impl Daemon {
             warn!("removing the hooks of detached macvtaps failed: {e}");
         }
         let deleted = self.netlink.delete_links(&taps).await;
+        for clone in gone.iter().filter_map(|(_, i)| i.clone.as_ref()) {
+            clone.delete_tap().await;
+        }
         // A TAP that could not be deleted keeps its guard: its client may
         // still hold the fd.
         if deleted.is_ok() {
@@ -953,6 +961,7 @@ impl Daemon {
                     },
                     cut_off: i.cut_off.clone(),
                     clone_address: i.ip.filter(|_| guest.is_some()),
+                    netns: i.clone.as_ref().and_then(|c| c.netns_path()),
                 }
             })
             .collect();
@@ -1179,6 +1188,7 @@ fn interface_info(
         forwards: Vec::new(),
         host_loopback: None,
         clone_address: None,
+        netns: None,
         policy: policy.clone(),
         warnings: Vec::new(),
     }

@@ -224,6 +224,19 @@ pub async fn make(
     })
 }
 
+/// Deletes the TAP `tap` in the clone's namespace `ns` (at detach: its VMM,
+/// holding the TAP, sees it go, as with any interface's).
+pub async fn delete_tap(ns: &NetNs, tap: &str) -> Result<(), CloneNsError> {
+    let inner = ns
+        .enter(Netlink::connect)
+        .and_then(|connected| connected)
+        .map_err(CloneNsError::Namespace)?;
+    if let Some(link) = inner.link(tap).await? {
+        inner.delete_link(link.index).await?;
+    }
+    Ok(())
+}
+
 /// A clone that holds its guest's address tells the network that the
 /// address is at its uplink now (the VM before it had its own MAC there).
 /// Called once the port is up.

@@ -7,6 +7,8 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 
 /// The namespace the thread is in now.
 fn current() -> io::Result<OwnedFd> {
@@ -70,6 +72,44 @@ impl NetNs {
     /// The fd, for IFLA_NET_NS_FD (a link made into the namespace).
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
+    }
+
+    /// Gives the namespace a name in the file system, as `ip netns` does:
+    /// `path` (a new file) for whoever must enter it (`nsenter --net=PATH`,
+    /// Firecracker's jailer `--netns PATH`). Undone by `unmount`.
+    pub fn mount_at(&self, path: &Path) -> io::Result<()> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .open(path)?;
+        let source = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+        let mounted = nix::mount::mount(
+            Some(source.as_str()),
+            path,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        );
+        if let Err(e) = mounted {
+            let _ = std::fs::remove_file(path);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+}
+
+/// Takes a namespace's name (`NetNs::mount_at`) away; the namespace lives
+/// on while anything else holds it. A path that is no mount (left by a
+/// daemon that died) is removed all the same.
+pub fn unmount(path: &Path) -> io::Result<()> {
+    match nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
     }
 }
 

@@ -521,9 +521,127 @@ fn a_clone_of_a_recorded_interface_json_and_the_mistakes_a_user_can_make() {
     assert!(m.contains("has no VM named \"nosuch\""), "{m}");
     let m = refused(&["--clone-of", "rec", "--mac", "52:54:00:00:00:01"]);
     assert!(m.contains("cannot be used with"), "{m}");
-    let m = refused(&["--clone-of", "rec", "--datapath", "tap-name"]);
-    assert!(m.contains("namespace of its own"), "{m}");
     std::fs::write(&recorded, "{}").unwrap();
     let m = refused(&["--like", like]);
     assert!(m.contains("not an interface JSON"), "{m}");
+}
+
+/// A stand-in opening a clone's TAP `tap` by name in the clone's
+/// namespace `netns` (as Firecracker's jailer --netns puts Firecracker
+/// there), its guest side in a new namespace.
+fn vmm_in_clone_namespace(world: &World, info: &Value) -> Guest {
+    let netns = info["netns"].as_str().unwrap();
+    let (tap, mac) = (
+        info["tap"].as_str().unwrap(),
+        info["mac_address"].as_str().unwrap(),
+    );
+    let ns = Netns::new("guest");
+    let standin = standin_bin();
+    let vmm = world
+        .host
+        .cmd(&[
+            "nsenter",
+            &format!("--net={netns}"),
+            standin.to_str().unwrap(),
+            "--tap",
+            tap,
+            "--netns",
+            &ns.path(),
+            "--mac",
+            mac,
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("eth0 in the guest", Duration::from_secs(10), || {
+        ns.links().contains(&"eth0".to_string()).then_some(())
+    });
+    Guest {
+        ns,
+        run: None,
+        vmm: Some(vmm),
+        info: info.clone(),
+    }
+}
+
+#[test]
+fn a_vmm_opens_a_clones_tap_by_name_in_the_clones_namespace() {
+    let mut world = World::new();
+    world.start_daemon();
+    let mut original = world.guest("shared", &["--name", "fc"]);
+    let (ip, gateway) = (original.udhcpc(), original.gateway());
+    let tap = original.tap();
+    let recorded = world.dir.path().join("fc.json");
+    std::fs::write(&recorded, original.info.to_string()).unwrap();
+    original.stop();
+
+    // `linnet run` puts the VMM in the clone's namespace itself; the TAP
+    // has the name the snapshot's JSON recorded, as a restored
+    // Firecracker expects (host_dev_name).
+    let ns = Netns::new("guest");
+    let json = world.dir.path().join("fc-0.json");
+    let standin = standin_bin();
+    let (json_s, guest_ns) = (json.to_str().unwrap(), ns.path());
+    let run = world
+        .linnet(&[
+            "run",
+            "--like",
+            recorded.to_str().unwrap(),
+            "--name",
+            "fc-0",
+            "--datapath",
+            "tap-name",
+            "--json",
+            json_s,
+            "--",
+            standin.to_str().unwrap(),
+            "--tap",
+            "{tap}",
+            "--netns",
+            &guest_ns,
+        ])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let info: Value = wait_for("the attach JSON", Duration::from_secs(15), || {
+        serde_json::from_str(&std::fs::read_to_string(&json).ok()?).ok()
+    });
+    assert_eq!(
+        info["tap"],
+        tap.as_str(),
+        "the clone's TAP has the VM's name"
+    );
+    assert!(info["netns"].as_str().is_some(), "{info}");
+    wait_for("eth0 in the guest", Duration::from_secs(10), || {
+        ns.links().contains(&"eth0".to_string()).then_some(())
+    });
+    let first = Guest {
+        ns,
+        run: Some(run),
+        vmm: None,
+        info,
+    };
+    restore(&first, ip, &gateway);
+    first.assert_reaches_upstream("a clone whose VMM opened its TAP by name");
+
+    // `linnet attach` keeps one for a VMM started on its own, in the
+    // namespace the JSON names; `linnet detach` takes it all away.
+    let out = must(&mut world.linnet(&["attach", "--clone-of", "fc", "--name", "fc-1"]));
+    let info: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(info["tap"], "tap0", "a stopped VM's TAP name is not kept");
+    let netns = info["netns"].as_str().unwrap().to_string();
+    assert!(std::path::Path::new(&netns).exists());
+    let mut second = vmm_in_clone_namespace(&world, &info);
+    restore(&second, ip, &gateway);
+    second.assert_reaches_upstream("a kept clone's VMM started on its own");
+    must(&mut world.linnet(&["detach", "--name", "fc-1"]));
+    let vmm = second.vmm.as_mut().unwrap();
+    wait_for("the VMM to lose its TAP", Duration::from_secs(10), || {
+        vmm.try_wait().unwrap()
+    });
+    assert!(
+        !std::path::Path::new(&netns).exists(),
+        "the namespace's name goes at detach"
+    );
 }
