@@ -365,6 +365,48 @@ fn a_real_guest_restored_twice_with_one_static_configuration_reaches_upstream_fr
     }
 }
 
+/// A server in `ns` on `addr:port` answering each line of one connection
+/// with "got LINE from PEER"; ready when returned.
+fn line_server(ns: &Netns, addr: &str, port: u16) -> Reaped {
+    let code = format!(
+        "import socket\n\
+         s = socket.socket()\n\
+         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind(('{addr}', {port})); s.listen()\n\
+         print('ready', flush=True)\n\
+         c, peer = s.accept()\n\
+         for line in c.makefile():\n    c.sendall(f'got {{line.strip()}} from {{peer[0]}}\\n'.encode())\n"
+    );
+    let (server, ready) = spawn_until_first_line(ns.cmd(&["python3", "-c", &code]));
+    assert_eq!(ready, "ready");
+    server
+}
+
+/// A connection from `guest` to a `line_server`: it says "before" at once
+/// (the answer is returned) and "after" once the file `go` exists (the
+/// answer is the reader's next line).
+fn held_connection(
+    guest: &Guest,
+    addr: &str,
+    port: u16,
+    go: &std::path::Path,
+) -> (
+    Reaped,
+    String,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    let code = format!(
+        "import os, socket, time\n\
+         c = socket.create_connection(('{addr}', {port}), timeout=30)\n\
+         f = c.makefile()\n\
+         c.sendall(b'before\\n'); print(f.readline().strip(), flush=True)\n\
+         while not os.path.exists('{}'): time.sleep(0.05)\n\
+         c.sendall(b'after\\n'); print(f.readline().strip(), flush=True)\n",
+        go.display()
+    );
+    spawn_reading(guest.ns.cmd(&["python3", "-c", &code]))
+}
+
 #[test]
 fn the_first_clone_of_a_stopped_vm_carries_on_its_connections_and_later_ones_get_their_own_address()
 {
@@ -372,30 +414,18 @@ fn the_first_clone_of_a_stopped_vm_carries_on_its_connections_and_later_ones_get
     world.start_daemon();
     let original = world.guest("shared", &["--name", "web"]);
     let (ip, gateway) = (original.udhcpc(), original.gateway());
-    // A server on the host, and a connection to it the VM opened.
-    let server = format!(
-        "import socket\n\
-         s = socket.socket()\n\
-         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-         s.bind(('{gateway}', 7000)); s.listen()\n\
-         print('ready', flush=True)\n\
-         c, peer = s.accept()\n\
-         for line in c.makefile():\n    c.sendall(f'got {{line.strip()}} from {{peer[0]}}\\n'.encode())\n"
-    );
-    let (_server, ready) = spawn_until_first_line(world.host.cmd(&["python3", "-c", &server]));
-    assert_eq!(ready, "ready");
+    // Servers on the host and upstream, and a connection to each that the
+    // VM opened.
     let go = world.dir.path().join("restored");
-    let client = format!(
-        "import os, socket, time\n\
-         c = socket.create_connection(('{gateway}', 7000), timeout=30)\n\
-         f = c.makefile()\n\
-         c.sendall(b'before\\n'); print(f.readline().strip(), flush=True)\n\
-         while not os.path.exists('{}'): time.sleep(0.05)\n\
-         c.sendall(b'after\\n'); print(f.readline().strip(), flush=True)\n",
-        go.display()
-    );
-    let (_client, before, mut rest) = spawn_reading(original.ns.cmd(&["python3", "-c", &client]));
+    let _servers = [
+        line_server(&world.host, &gateway, 7000),
+        line_server(&world.upstream, UPSTREAM_IP, 7002),
+    ];
+    let (_to_host, before, mut host_rest) = held_connection(&original, &gateway, 7000, &go);
     assert_eq!(before, format!("got before from {ip}"));
+    let (_to_upstream, before, mut upstream_rest) =
+        held_connection(&original, UPSTREAM_IP, 7002, &go);
+    assert_eq!(before, format!("got before from {UPSTREAM_HOST_SIDE}"));
 
     // The snapshot: the VM stops with its connection open; restored into
     // the same state, as the first clone.
@@ -403,13 +433,20 @@ fn the_first_clone_of_a_stopped_vm_carries_on_its_connections_and_later_ones_get
     let first = world.guest_in(ns, "shared", &["--clone-of", "web", "--name", "web-0"]);
     restore(&first, ip, &gateway);
     std::fs::write(&go, "").unwrap();
-    let mut after = String::new();
     use std::io::BufRead;
-    rest.read_line(&mut after).unwrap();
+    let mut after = String::new();
+    host_rest.read_line(&mut after).unwrap();
     assert_eq!(
         after.trim(),
         format!("got after from {ip}"),
-        "the connection carries on, from the guest's own address"
+        "the connection to the host carries on, from the guest's own address"
+    );
+    let mut after = String::new();
+    upstream_rest.read_line(&mut after).unwrap();
+    assert_eq!(
+        after.trim(),
+        format!("got after from {UPSTREAM_HOST_SIDE}"),
+        "the connection upstream carries on through the host's NAT"
     );
     // The host and other VMs still reach it at the address it had, and at
     // its own; `web` still names it.
