@@ -486,10 +486,11 @@ impl World {
         via: Via,
         extra: &[&str],
     ) -> Result<Guest, String> {
-        let attach = unique("attach");
-        let json = self.dir.path().join(format!("{attach}.json"));
-        let stderr = self.dir.path().join(format!("{attach}.stderr"));
-        let socket = self.dir.path().join(format!("{attach}.sock"));
+        let json = self.dir.path().join(format!("{}.json", ns.name));
+        let stderr = self.dir.path().join(format!("{}.stderr", ns.name));
+        // A guest before in `ns` (`guest_in`) wrote these.
+        let _ = std::fs::remove_file(&json);
+        let socket = self.dir.path().join(format!("{}.sock", ns.name));
         let (socket, json_s) = (socket.to_str().unwrap(), json.to_str().unwrap());
         let standin = standin_bin();
         let standin = standin.to_str().unwrap();
