@@ -75,16 +75,17 @@ impl Daemon {
                 "a clone's TAP is in a namespace of its own, where a VMM that opens it by name must run: a rootless daemon cannot name it for you yet; use --datapath tap (or dgram, stream)".into(),
             ));
         }
-        let cfg = self.networks[network].config.clone();
-        let guest = self.clone_guest(network, of)?;
-        clone::check_guest(&cfg, &guest).map_err(|m| {
-            DaemonError::BadRequest(format!("cannot clone onto network \"{network}\": {m}"))
-        })?;
+        // Refused on a LAN, whose DHCP server gave the guest its address.
         let net = self.networks.get_mut(network).expect("up");
         if net.route_clones(&self.netlink).await? {
             // The clone range is NATed like the subnet from now on.
             self.sync_host()?;
         }
+        let cfg = self.networks[network].config.clone();
+        let guest = self.clone_guest(network, of)?;
+        clone::check_guest(&cfg, &guest).map_err(|m| {
+            DaemonError::BadRequest(format!("cannot clone onto network \"{network}\": {m}"))
+        })?;
         let subnet = cfg.clone_subnet.expect("routed, so it has one");
         let taken: BTreeSet<Ipv4Addr> = self
             .interfaces
@@ -124,6 +125,7 @@ impl Daemon {
             guest_mac: guest.mac,
             guest_ip: guest.ip,
             unique,
+            clone_subnet: subnet,
             gateway: cfg.gateway,
             mtu: cfg.mtu,
             tap: guest.tap_name().into(),

@@ -25,6 +25,8 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use ipnet::Ipv4Net;
+
 use super::netlink::{LinkSettings, Netlink, NetlinkError};
 use super::netns::NetNs;
 use super::nft::{Nft, NftError};
@@ -45,6 +47,9 @@ pub struct CloneNetwork {
     pub guest_ip: Ipv4Addr,
     /// The clone's own address, which the network sees.
     pub unique: Ipv4Addr,
+    /// Where the network's clones are (the other clones of the guest among
+    /// them: the guest's own address would not do toward those).
+    pub clone_subnet: Ipv4Net,
     /// The network's gateway (the guest's, and the namespace's way out).
     pub gateway: Ipv4Addr,
     pub mtu: u32,
@@ -89,10 +94,16 @@ pub enum CloneNsError {
 /// uplink but from U. Addresses are typed values; names are linnet's.
 pub fn rules(net: &CloneNetwork) -> String {
     let (g, u, gw, tap) = (net.guest_ip, net.unique, net.gateway, &net.tap);
-    // Holding G: nothing is NATed out, so G or U (replies to what came
-    // to U) may leave.
+    // Holding G: nothing is NATed out but to other clones (which are G
+    // too), so G or U (replies to what came to U) may leave.
     let (snat, from) = if net.holds_guest_address {
-        (String::new(), format!("{{ {g}, {u} }}"))
+        (
+            format!(
+                "\n        oifname \"{UPLINK}\" ip saddr {g} ip daddr {} snat to {u}",
+                net.clone_subnet
+            ),
+            format!("{{ {g}, {u} }}"),
+        )
     } else {
         (
             format!("\n        oifname \"{UPLINK}\" ip saddr {g} snat to {u}"),
@@ -274,10 +285,10 @@ async fn configure_inside(inner: &Netlink, net: &CloneNetwork) -> Result<(), Clo
     inner.configure(tap, up(net.mtu)).await?;
     inner.configure(uplink, up(net.mtu)).await?;
     inner
-        .add_address(uplink, ipnet::Ipv4Net::from(net.unique).into())
+        .add_address(uplink, Ipv4Net::from(net.unique).into())
         .await?;
     inner
-        .add_link_route(ipnet::Ipv4Net::from(net.guest_ip), tap)
+        .add_link_route(Ipv4Net::from(net.guest_ip), tap)
         .await?;
     inner.add_default_route_onlink(net.gateway, uplink).await?;
     inner
@@ -298,6 +309,7 @@ mod tests {
             guest_mac: "52:54:00:12:34:56".parse().unwrap(),
             guest_ip: "192.168.105.5".parse().unwrap(),
             unique: "198.18.105.3".parse().unwrap(),
+            clone_subnet: "198.18.105.0/24".parse().unwrap(),
             gateway: "192.168.105.1".parse().unwrap(),
             mtu: 1500,
             tap: "lnt4".into(),
@@ -327,8 +339,9 @@ mod tests {
         let mut net = network();
         net.holds_guest_address = true;
         let text = rules(&net);
-        assert!(!text.contains("snat"), "{text}");
+        assert_eq!(text.matches("snat").count(), 1, "{text}");
         for line in [
+            r#"oifname "uplink" ip saddr 192.168.105.5 ip daddr 198.18.105.0/24 snat to 198.18.105.3"#,
             r#"iifname "uplink" ip daddr 198.18.105.3 dnat to 192.168.105.5"#,
             r#"oifname "uplink" ip saddr != { 192.168.105.5, 198.18.105.3 } drop"#,
         ] {

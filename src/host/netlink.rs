@@ -433,20 +433,7 @@ impl Netlink {
             .mtu(mtu)
             .down()
             .build();
-        let what = format!("create veth {name}");
-        self.handle
-            .link()
-            .add(msg)
-            .execute()
-            .await
-            .map_err(op(what.clone()))?;
-        self.link(name)
-            .await?
-            .map(|l| l.index)
-            .ok_or_else(|| NetlinkError {
-                what,
-                source: io::Error::from_raw_os_error(libc::ENODEV),
-            })
+        self.add(msg, format!("create veth {name}"), name).await
     }
 
     /// A route to `net` straight out of the link `index` (scope link).

@@ -102,6 +102,14 @@ fn ten_clones_of_one_guest_share_its_address_and_each_is_reached_at_its_own() {
         assert_eq!(row["ip_address"], ip.to_string());
         assert_eq!(row["clone_address"], unique.as_str());
     }
+    // Clones reach each other at their own addresses: the first (which
+    // carries on as the stopped VM) and the others alike.
+    for (from, to) in [(0, 1), (1, 0), (2, 3)] {
+        assert!(
+            clones[from].ping(&uniques[to]),
+            "clone {from} pings clone {to}"
+        );
+    }
     // An ordinary VM reaches each clone by name, at its unique address.
     let other = world.guest("shared", &["--name", "other"]);
     other.udhcpc();
@@ -680,5 +688,35 @@ fn a_vmm_opens_a_clones_tap_by_name_in_the_clones_namespace() {
     assert!(
         !std::path::Path::new(&netns).exists(),
         "the namespace's name goes at detach"
+    );
+}
+
+#[test]
+fn a_rootless_daemons_clones_reach_upstream_the_host_and_each_other() {
+    let world = World::new();
+    let user = crate::rootless::Tenant::new(&world, 4330);
+    let mut original = user.guest(&world, "shared", &["--name", "web"]);
+    let (ip, gateway) = (original.udhcpc(), original.gateway());
+    original.stop();
+    let clones: Vec<Guest> = (0..2)
+        .map(|n| {
+            let clone = user.guest(
+                &world,
+                "shared",
+                &["--clone-of", "web", "--name", &format!("web-{n}")],
+            );
+            restore(&clone, ip, &gateway);
+            clone
+        })
+        .collect();
+    for (n, clone) in clones.iter().enumerate() {
+        assert_eq!(clone.ip(), ip);
+        clone.assert_reaches_upstream(&format!("rootless clone {n}"));
+    }
+    assert!(clones[0].ping(&clone_address(&clones[1])));
+    assert!(clones[1].ping(&clone_address(&clones[0])));
+    assert_eq!(
+        clones[1].lookup("web-0.shared.linnet", &gateway),
+        Some(clone_address(&clones[0]))
     );
 }

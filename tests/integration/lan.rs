@@ -451,6 +451,13 @@ fn what_needs_linnets_own_network_is_refused_on_a_lan_with_the_reason() {
         err.contains("opened through their fd, not by name"),
         "{err}"
     );
+    for network in ["lan", "br"] {
+        let err = refused(&world, &["--network", network, "--clone-of", "web"]);
+        assert!(
+            err.contains("clones are for linnet's own networks"),
+            "{err}"
+        );
+    }
     let links = world.host.links();
     assert!(
         !links
