@@ -119,6 +119,17 @@ type AttachRequest struct {
 	// Keep keeps the interface after this connection closes (tap-name only),
 	// until a Detach by its owner or root (`linnet attach`).
 	Keep bool `json:"keep,omitempty"`
+	// CloneOf attaches a clone of a VM restored from a snapshot
+	// (docs/clones.md): the name of a VM of the network, or a *CloneGuest.
+	CloneOf any `json:"clone_of,omitempty"`
+}
+
+// CloneGuest is the snapshotted VM as recorded (its interface JSON): what a
+// clone keeps.
+type CloneGuest struct {
+	MACAddress string `json:"mac_address"`
+	IPAddress  string `json:"ip_address"`
+	TAP        string `json:"tap,omitempty"`
 }
 
 // Interface is an attached interface, as the attach reply describes it.
@@ -145,8 +156,14 @@ type Interface struct {
 	Forwards    []string `json:"forwards"`
 	// HostLoopback is, on a rootless daemon's network with NAT, the
 	// address at which the VM reaches the host's 127.0.0.1.
-	HostLoopback string   `json:"host_loopback,omitempty"`
-	Warnings     []string `json:"warnings,omitempty"`
+	HostLoopback string `json:"host_loopback,omitempty"`
+	// CloneAddress is a clone's own address, at which the host and other
+	// VMs reach it (IPAddress is the guest's, which its clones share).
+	CloneAddress string `json:"clone_address,omitempty"`
+	// Netns is a tap-name clone's network namespace, where its VMM must
+	// run to open TAP by name.
+	Netns    string   `json:"netns,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
 	// Raw is the whole reply object, vmnet_* keys included.
 	Raw json.RawMessage `json:"-"`
 }

@@ -286,3 +286,39 @@ func TestWaitAddressAsksTheDaemonAndWaitsBeyondTheCallTimeout(t *testing.T) {
 		t.Errorf("the request: %v", req)
 	}
 }
+
+func TestACloneIsAskedForByNameOrByItsRecordedGuest(t *testing.T) {
+	client, daemon := pair(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	reply := `{"reply":"attached","interface":{"interface_id":"x","network":"shared","mode":"shared",
+		"datapath":"tap","mac_address":"52:54:00:12:34:56","ip_address":"192.168.105.2",
+		"clone_address":"198.18.105.1","dns":[],"domain":"shared.linnet","tap":"tap0","mtu":1500,"forwards":[]}}`
+	for _, of := range []any{"web", &CloneGuest{MACAddress: "52:54:00:12:34:56", IPAddress: "192.168.105.2"}} {
+		got := daemon.serve("attach", []int{int(r.Fd())}, reply)
+		iface, tap, err := client.Attach(AttachRequest{CloneOf: of})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tap.Close()
+		req := <-got
+		if iface.CloneAddress != "198.18.105.1" || iface.IPAddress != "192.168.105.2" {
+			t.Errorf("the clone: %+v", iface)
+		}
+		switch want := of.(type) {
+		case string:
+			if req["clone_of"] != want {
+				t.Errorf("the request: %v", req)
+			}
+		case *CloneGuest:
+			guest, _ := req["clone_of"].(map[string]any)
+			if guest["mac_address"] != want.MACAddress || guest["ip_address"] != want.IPAddress || guest["tap"] != nil {
+				t.Errorf("the request: %v", req)
+			}
+		}
+	}
+}
