@@ -11,8 +11,13 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use crate::config::NetworkConfig;
-use crate::host::clone_ns::{DEFAULT_TAP, UPLINK};
 use crate::types::{InterfaceId, MacAddr};
+
+/// The uplink's name inside every clone's namespace.
+pub const UPLINK: &str = "uplink";
+/// The TAP's name inside a clone's namespace when the snapshotted VM's is
+/// not known.
+pub const DEFAULT_TAP: &str = "tap0";
 
 /// The guest as it was snapshotted.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,15 +67,16 @@ pub fn check_guest(cfg: &NetworkConfig, guest: &Guest) -> Result<(), String> {
 }
 
 /// A TAP name for inside a clone's namespace: 1 to 15 letters, digits,
-/// '-' or '_' (it also names the TAP's sysctls), and not the uplink's.
+/// '-' or '_' (it also names the TAP's sysctls), and not the uplink's,
+/// loopback's, or a sysctl directory's (`all`, `default`).
 pub fn check_tap_name(tap: &str) -> Result<(), String> {
     let fits = (1..=15).contains(&tap.len())
         && tap
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if !fits || tap == UPLINK || tap == "lo" {
+    if !fits || [UPLINK, "lo", "all", "default"].contains(&tap) {
         return Err(format!(
-            "\"{tap}\" will not do as the clone's TAP name: use 1 to 15 letters, digits, '-' or '_', other than \"{UPLINK}\" and \"lo\""
+            "\"{tap}\" will not do as the clone's TAP name: use 1 to 15 letters, digits, '-' or '_', other than \"{UPLINK}\", \"lo\", \"all\" and \"default\""
         ));
     }
     Ok(())
@@ -138,6 +144,8 @@ mod tests {
         }
         for bad in [
             "",
+            "all",
+            "default",
             "uplink",
             "lo",
             "../all",

@@ -534,7 +534,6 @@ fn check_no_overlaps(
 ) -> Result<(), ConfigError> {
     // A LAN network's addresses are the LAN's, not in its config.
     let list: Vec<&NetworkConfig> = networks.values().filter(|n| n.lan.is_none()).collect();
-    let overlap = |a: &Ipv4Net, b: &Ipv4Net| a.contains(&b.network()) || b.contains(&a.network());
     for a in &list {
         let Some(clones) = &a.clone_subnet else {
             continue;
@@ -545,7 +544,7 @@ fn check_no_overlaps(
             std::iter::once(("subnet", b.subnet, b)).chain(theirs.map(|c| ("clone_subnet", c, b)))
         });
         for (key, other, b) in others {
-            if overlap(clones, &other) {
+            if types::subnets_overlap(clones, &other) {
                 let whose = if b.name == a.name {
                     "the network's own subnet".to_string()
                 } else {
@@ -564,7 +563,7 @@ fn check_no_overlaps(
     }
     for (i, a) in list.iter().enumerate() {
         for b in &list[i + 1..] {
-            if a.subnet.contains(&b.subnet.network()) || b.subnet.contains(&a.subnet.network()) {
+            if types::subnets_overlap(&a.subnet, &b.subnet) {
                 return Err(ConfigError::Invalid {
                     file: file.into(),
                     network: b.name.clone(),
@@ -625,9 +624,9 @@ fn check_no_overlaps(
     Ok(())
 }
 
-/// Built-in defaults for a network, before the file's keys are applied.
-/// Where clone addresses come from by default: 198.18.0.0/15 (RFC 2544's
-/// benchmarking range, which no LAN or VPN hands out), one /24 per network.
+/// Where clone addresses come from by default: 198.18.0.0/15, RFC 2544's
+/// range for benchmarks, which LANs do not hand out (proxies' fake-IP
+/// modes use it: set `clone_subnet` there), one /24 per network.
 const CLONE_RANGE: (Ipv4Addr, u32) = (Ipv4Addr::new(198, 18, 0, 0), 512);
 
 /// Gives each of linnet's own networks without a `clone_subnet` a /24 of
@@ -635,7 +634,6 @@ const CLONE_RANGE: (Ipv4Addr, u32) = (Ipv4Addr::new(198, 18, 0, 0), 512);
 /// the one numbered like the third byte of its subnet (so `shared`,
 /// 192.168.105.0/24, gets 198.18.105.0/24) or the next free one.
 fn assign_clone_subnets(networks: &mut BTreeMap<String, NetworkConfig>) {
-    let overlap = |a: &Ipv4Net, b: &Ipv4Net| a.contains(&b.network()) || b.contains(&a.network());
     let mut taken: Vec<Ipv4Net> = networks
         .values()
         .filter(|n| n.lan.is_none())
@@ -653,7 +651,7 @@ fn assign_clone_subnets(networks: &mut BTreeMap<String, NetworkConfig>) {
                 Ipv4Net::new(Ipv4Addr::from(u32::from(base) + (slot << 8)), 24)
                     .expect("24 is a valid length")
             })
-            .find(|c| !taken.iter().any(|t| overlap(c, t)));
+            .find(|c| !taken.iter().any(|t| types::subnets_overlap(c, t)));
         if let Some(clones) = free {
             taken.push(clones);
             net.clone_subnet = Some(clones);
@@ -661,6 +659,7 @@ fn assign_clone_subnets(networks: &mut BTreeMap<String, NetworkConfig>) {
     }
 }
 
+/// Built-in defaults for a network, before the file's keys are applied.
 fn builtin_defaults(name: &str) -> (Mode, Option<&'static str>) {
     match name {
         "shared" => (Mode::Shared, Some("192.168.105.0/24")),

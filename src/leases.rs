@@ -7,7 +7,7 @@
 //! interface actually takes it, re-attaching the same id gets it back. Pure
 //! logic: the daemon persists the table and the DHCP server consults it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -56,6 +56,14 @@ impl Lease {
     fn is_live(&self, now: u64) -> bool {
         self.held_until.is_none_or(|t| t > now)
     }
+}
+
+/// What a clone took over, to be given back (`LeaseTable::give_back`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TakenOver {
+    ip: Ipv4Addr,
+    owner: Owner,
+    held_until: Option<u64>,
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -132,6 +140,8 @@ pub struct LeaseTable {
     /// Attached clones' names and unique addresses, which DNS answers
     /// like leases' (a clone holds no lease; not saved).
     clones: BTreeMap<InterfaceId, (String, Ipv4Addr)>,
+    /// Clones holding the lease of the VM they carry on (`take_over`).
+    held_by_clones: BTreeSet<InterfaceId>,
     path: Option<PathBuf>,
 }
 
@@ -217,6 +227,7 @@ impl LeaseTable {
             statics: net.dhcp.static_leases.clone(),
             leases: BTreeMap::new(),
             clones: BTreeMap::new(),
+            held_by_clones: BTreeSet::new(),
             path: None,
         }
     }
@@ -465,6 +476,7 @@ impl LeaseTable {
     /// The interface left: its address stays reserved for `lease_time`.
     pub fn detach(&mut self, id: InterfaceId, now: u64) {
         self.clones.remove(&id);
+        self.held_by_clones.remove(&id);
         let until = now + self.lease_time;
         for lease in self
             .leases
@@ -557,32 +569,56 @@ impl LeaseTable {
     /// The address of a live lease whose name or DHCP hostname is `name`.
     #[cfg(test)]
     pub fn resolve(&self, name: &str, now: u64) -> Option<Ipv4Addr> {
-        self.resolve_lease(name, now).map(|l| l.ip)
+        self.resolve_name(name, now).map(|(ip, _)| ip)
     }
 
     /// Clone `id` of the guest at `ip` (MAC `mac`) takes over that guest's
     /// lease: its VM has stopped (its lease is held for it, not attached)
     /// and was `who`'s (or `who` is root). From now on the clone holds the
-    /// address on the network, as the VM did. Returns whether it took it.
+    /// address on the network, as the VM did. Returns what it took, for
+    /// `give_back` should the clone's attach fail.
     pub fn take_over(
         &mut self,
         who: Claimant,
         id: InterfaceId,
         (ip, mac): (Ipv4Addr, MacAddr),
         now: u64,
-    ) -> bool {
-        let Some(lease) = self.leases.get_mut(&ip) else {
-            return false;
-        };
+    ) -> Option<TakenOver> {
+        let lease = self.leases.get_mut(&ip)?;
         let held = lease.held_until.is_some_and(|t| t > now);
         let theirs = who.overrides || lease.uid == Some(who.uid);
         let a_vms = matches!(lease.owner, Owner::Interface { .. });
         if !(held && theirs && a_vms && lease.mac == mac) {
-            return false;
+            return None;
         }
-        lease.owner = Owner::Interface { id };
-        lease.held_until = None;
-        true
+        let taken = TakenOver {
+            ip,
+            owner: std::mem::replace(&mut lease.owner, Owner::Interface { id }),
+            held_until: lease.held_until.take(),
+        };
+        self.held_by_clones.insert(id);
+        Some(taken)
+    }
+
+    /// Puts back a lease a clone took over (`take_over`) and never used.
+    pub fn give_back(&mut self, taken: &TakenOver) {
+        if let Some(lease) = self.leases.get_mut(&taken.ip) {
+            if let Owner::Interface { id } = lease.owner {
+                self.held_by_clones.remove(&id);
+            }
+            lease.owner = taken.owner.clone();
+            lease.held_until = taken.held_until;
+        }
+    }
+
+    /// The live lease of a VM of `who`'s (any, for root) that was called
+    /// `name` at attach: a VM a clone may be made of by name.
+    pub fn named_for(&self, who: Claimant, name: &str, now: u64) -> Option<&Lease> {
+        self.leases.values().find(|l| {
+            l.is_live(now)
+                && names_match(l.name.as_deref(), name)
+                && (who.overrides || l.uid == Some(who.uid))
+        })
     }
 
     /// Clone `id`, called `name`, is at `ip` until it detaches.
@@ -593,7 +629,12 @@ impl LeaseTable {
     /// The address of the VM called `name`, and its MAC when it has a
     /// lease (a clone's IPv6 is not NATed: it has only its IPv4).
     pub fn resolve_name(&self, name: &str, now: u64) -> Option<(Ipv4Addr, Option<MacAddr>)> {
-        let by_lease = |l: &Lease| (l.ip, Some(l.mac));
+        // A lease a clone holds has no IPv6 behind it.
+        let by_lease = |l: &Lease| {
+            let clone_held =
+                matches!(l.owner, Owner::Interface { id } if self.held_by_clones.contains(&id));
+            (l.ip, Some(l.mac).filter(|_| !clone_held))
+        };
         let attach_name = |l: &&Lease| names_match(l.name.as_deref(), name);
         let live = || self.leases.values().filter(|l| l.is_live(now));
         // Names given at attach first (a lease's, a clone's): a hostname
@@ -612,17 +653,6 @@ impl LeaseTable {
                     .find(|l| names_match(l.hostname.as_deref(), name))
                     .map(by_lease)
             })
-    }
-
-    /// The live lease whose VM is called `name` (given at attach, or else
-    /// the hostname its DHCP client sent).
-    pub fn resolve_lease(&self, name: &str, now: u64) -> Option<&Lease> {
-        let matches = |n: &Option<String>| names_match(n.as_deref(), name);
-        let live = || self.leases.values().filter(|l| l.is_live(now));
-        // Names given at attach first: a hostname never shadows one.
-        live()
-            .find(|l| matches(&l.name))
-            .or_else(|| live().find(|l| matches(&l.hostname)))
     }
 
     pub fn lease_time(&self) -> u32 {
@@ -740,29 +770,45 @@ mod tests {
             .attach_for(1000, id(1), None, Some("web".into()), 0)
             .unwrap();
         let guest = (vm.ip, vm.mac);
+        let user = Claimant::from(1000);
+        assert!(t.named_for(user, "web", 0).is_some());
         assert!(
-            !t.take_over(1000.into(), id(2), guest, 1),
+            t.named_for(1001.into(), "web", 0).is_none(),
+            "another user's VM"
+        );
+        assert!(t.named_for(0.into(), "web", 0).is_some(), "root's say");
+        assert!(
+            t.take_over(user, id(2), guest, 1).is_none(),
             "not while the VM is attached"
         );
         t.detach(id(1), 2);
         assert!(
-            !t.take_over(1001.into(), id(2), guest, 3),
+            t.take_over(1001.into(), id(2), guest, 3).is_none(),
             "not another user's"
         );
+        let other_guest = (vm.ip, MacAddr([2, 0, 0, 0, 0, 9]));
         assert!(
-            !t.take_over(1000.into(), id(2), (vm.ip, MacAddr([2, 0, 0, 0, 0, 9])), 3),
+            t.take_over(user, id(2), other_guest, 3).is_none(),
             "not for another guest"
         );
-        assert!(t.take_over(1000.into(), id(2), guest, 3));
+        // A clone whose attach fails gives it back as it was.
+        let taken = t.take_over(user, id(2), guest, 3).unwrap();
+        t.give_back(&taken);
+        assert_eq!(
+            t.held_by(&Owner::Interface { id: id(1) }).map(|l| l.ip),
+            Some(vm.ip)
+        );
+        assert!(t.take_over(user, id(2), guest, 3).is_some());
         assert!(
-            !t.take_over(1000.into(), id(3), guest, 4),
+            t.take_over(user, id(3), guest, 4).is_none(),
             "one clone holds it"
         );
         // The VM's id comes back to another address: the clone has its own.
         let back = t.attach_for(1000, id(1), None, None, 5).unwrap();
         assert_ne!(back.ip, vm.ip);
-        // Its name goes with the address; a clone's own name is answered too.
-        assert_eq!(t.resolve_name("web", 5), Some((vm.ip, Some(vm.mac))));
+        // Its name goes with the address, without IPv6 (a clone has none);
+        // a clone's own name is answered too.
+        assert_eq!(t.resolve_name("web", 5), Some((vm.ip, None)));
         t.add_clone(id(3), "web-1".into(), "198.18.105.2".parse().unwrap());
         assert_eq!(
             t.resolve_name("WEB-1", 5),
@@ -770,6 +816,8 @@ mod tests {
         );
         t.detach(id(3), 6);
         assert_eq!(t.resolve_name("web-1", 6), None, "gone with the clone");
+        t.detach(id(2), 6);
+        assert_eq!(t.resolve_name("web", 6), Some((vm.ip, Some(vm.mac))));
     }
 
     #[test]

@@ -132,6 +132,11 @@ pub fn stable_hash(data: &[u8]) -> u64 {
     })
 }
 
+/// Whether two IPv4 subnets share an address (one holds the other).
+pub fn subnets_overlap(a: &ipnet::Ipv4Net, b: &ipnet::Ipv4Net) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
 /// Whether a VM's name (given at attach, or sent by its DHCP client) is
 /// `name`: DNS names, so without regard to case.
 pub fn names_match(held: Option<&str>, name: &str) -> bool {

@@ -189,7 +189,7 @@ def control_plane(env, args, workdir):
                                sorted({min(100, args.interfaces), args.interfaces}),
                                sorted({min(10, args.interfaces), args.interfaces})),
         "helper": control.helper_rss(env.linnet, workdir),
-        "clones": control.clones(env.linnet.socket, "shared", daemon, args.clones),
+        "clones": control.clones(env.linnet.socket, "clones", daemon, args.clones),
     }
 
 

@@ -400,7 +400,8 @@ pub struct AttachArgs {
     /// Network to attach to.
     #[arg(long, short, default_value = crate::config::DEFAULT_NETWORK)]
     pub network: String,
-    /// Interface id (a UUID); the same id always gets the same MAC and IP. Default: a new one.
+    /// Interface id (a UUID); the same id always gets the same MAC and IP
+    /// (a clone's are its guest's). Default: a new one.
     #[arg(long, value_name = "UUID")]
     pub interface_id: Option<InterfaceId>,
     /// MAC address for the VM. Default: derived from the interface id.

@@ -15,7 +15,7 @@ use crate::config::NetworkConfig;
 use crate::datapath::Datapath;
 use crate::host::guard::PortGuard;
 use crate::host::netlink::LinkSettings;
-use crate::leases::{Claimant, LeaseTable};
+use crate::leases::{Claimant, LeaseTable, TakenOver};
 use crate::policy::Policy;
 use crate::types::{InterfaceId, MacAddr};
 
@@ -125,6 +125,27 @@ pub(super) fn plan(
     })
 }
 
+/// Decides a clone's attach (`daemon::clones`): its port on the network is
+/// its namespace's uplink, with the uplink's MAC and the clone's unique
+/// address; it takes no lease; the rest is as for any interface.
+pub(super) fn plan_clone(
+    cfg: &NetworkConfig,
+    id: InterfaceId,
+    req: &AttachRequest,
+    unique: Ipv4Addr,
+) -> AttachPlan {
+    AttachPlan {
+        id,
+        mac: crate::clone::uplink_mac(id),
+        ip: Some(unique),
+        name: req.name.clone(),
+        datapath: req.datapath.unwrap_or_default(),
+        policy: req.policy.clone().unwrap_or_else(|| cfg.policy.clone()),
+        guarded: cfg.anti_spoofing || cfg.isolation,
+        mtu: cfg.mtu,
+    }
+}
+
 impl AttachPlan {
     /// The port's guard entries, once its TAP has a name.
     pub fn guard(&self, cfg: &NetworkConfig, tap: &str) -> PortGuard {
@@ -163,6 +184,8 @@ pub(super) enum Done {
     /// A clone's namespace and veth port were made (undo: delete the
     /// port, its other end with it; the namespace goes with its fd).
     ClonePort(u32),
+    /// A clone took over its stopped VM's lease (undo: give it back).
+    TookOver(TakenOver),
     /// The port's guard entries were added (undo: remove them).
     Guard(PortGuard),
     /// A clone's namespace was given this name (undo: take it away).
@@ -324,6 +347,18 @@ mod tests {
             matches!(&taken, Err(DaemonError::Conflict(m)) if m.contains("52:54:00:00:00:07 is another interface's")),
             "{taken:?}"
         );
+    }
+
+    #[test]
+    fn a_clones_plan_is_its_uplink_at_its_unique_address_with_no_lease() {
+        let cfg = network("networks:\n  shared:\n    isolation: true\n    mtu: 9000\n");
+        let unique = "198.18.105.7".parse().unwrap();
+        let plan = plan_clone(&cfg, id(4), &request(Some("web-1")), unique);
+        assert_eq!(
+            (plan.mac, plan.ip, plan.name.as_deref()),
+            (crate::clone::uplink_mac(id(4)), Some(unique), Some("web-1"))
+        );
+        assert_eq!((plan.guarded, plan.mtu), (true, 9000));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use tracing::warn;
 
-use super::attach::{AttachPlan, Done};
+use super::attach::{self, AttachPlan, Done};
 use super::state::{Client, Daemon, DaemonError};
 use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
 use crate::clone::{self, Guest};
@@ -23,6 +23,7 @@ use crate::host::clone_ns::{self, CloneNetwork, CloneNsError};
 use crate::host::guard::{Ipv4Source, PortGuard};
 use crate::host::netns::NetNs;
 use crate::host::{ALIAS_INTERFACE, netns, tap};
+use crate::leases::LeaseTable;
 use crate::services::{dhcp, unix_now};
 use crate::types::InterfaceId;
 
@@ -70,23 +71,23 @@ impl Daemon {
         // A VMM that opens a clone's TAP by name runs in the clone's
         // namespace, which the system daemon names in the file system for
         // root to put it there (`linnet run`, Firecracker's jailer).
-        if req.datapath == Some(Datapath::TapName) && self.host_ports.is_some() {
+        if req.datapath == Some(Datapath::TapName) && self.rootless() {
             return Err(DaemonError::BadRequest(
                 "a clone's TAP is in a namespace of its own, where a VMM that opens it by name must run: a rootless daemon cannot name it for you yet; use --datapath tap (or dgram, stream)".into(),
             ));
         }
-        // Refused on a LAN, whose DHCP server gave the guest its address.
-        let net = self.networks.get_mut(network).expect("up");
-        if net.route_clones(&self.netlink).await? {
-            // The clone range is NATed like the subnet from now on.
-            self.sync_host()?;
-        }
+        // Everything is checked before the host changes.
+        self.networks[network].check_clones()?;
         let cfg = self.networks[network].config.clone();
-        let guest = self.clone_guest(network, of)?;
+        let guest = self.clone_guest(network, client, of)?;
         clone::check_guest(&cfg, &guest).map_err(|m| {
             DaemonError::BadRequest(format!("cannot clone onto network \"{network}\": {m}"))
         })?;
-        let subnet = cfg.clone_subnet.expect("routed, so it has one");
+        let subnet = cfg.clone_subnet.ok_or_else(|| {
+            DaemonError::Busy(format!(
+                "network \"{network}\" has no clone_subnet (no free /24 was left for it in 198.18.0.0/15); set networks.{network}.clone_subnet"
+            ))
+        })?;
         let taken: BTreeSet<Ipv4Addr> = self
             .interfaces
             .values()
@@ -98,29 +99,38 @@ impl Daemon {
                 "network \"{network}\": every address of clone_subnet {subnet} is a clone's; detach one or widen networks.{network}.clone_subnet"
             ))
         })?;
+        let now = unix_now();
+        // Its id and name are its user's as any interface's are, against
+        // the leases of stopped VMs too.
+        self.network_leases(network).check_claim(
+            client.claimant(),
+            id,
+            req.name.as_deref(),
+            now,
+        )?;
+        if self
+            .networks
+            .get_mut(network)
+            .expect("up")
+            .route_clones(&self.netlink)
+            .await?
+        {
+            // The clone range is NATed like the subnet from now on.
+            self.sync_host()?;
+        }
         let mut done = Vec::new();
         // The first clone of a stopped VM carries on as it: it takes the
         // VM's lease and sends as its address, so the VM's connections
         // live on. Any other clone is NATed to its unique address alone.
-        let holds_guest_address = self.networks[network]
-            .leases()
-            .expect("linnet's own network")
-            .lock()
-            .expect("lease lock")
-            .take_over(client.claimant(), id, (guest.ip, guest.mac), unix_now());
-        if holds_guest_address {
-            done.push(Done::Lease);
-        }
-        let plan = AttachPlan {
+        let taken_over = self.network_leases(network).take_over(
+            client.claimant(),
             id,
-            mac: clone::uplink_mac(id),
-            ip: Some(unique),
-            name: req.name.clone(),
-            datapath: req.datapath.unwrap_or_default(),
-            policy: req.policy.clone().unwrap_or_else(|| cfg.policy.clone()),
-            guarded: cfg.anti_spoofing || cfg.isolation,
-            mtu: cfg.mtu,
-        };
+            (guest.ip, guest.mac),
+            now,
+        );
+        let holds_guest_address = taken_over.is_some();
+        done.extend(taken_over.map(Done::TookOver));
+        let plan = attach::plan_clone(&cfg, id, req, unique);
         let spec = CloneNetwork {
             guest_mac: guest.mac,
             guest_ip: guest.ip,
@@ -139,7 +149,7 @@ impl Daemon {
         {
             Ok(made) => made,
             Err(e) => {
-                self.undo(network, id, done, unix_now()).await;
+                self.undo(network, id, done, now).await;
                 return Err(e);
             }
         };
@@ -230,10 +240,16 @@ impl Daemon {
         Ok((port, made.port, made, dhcp_socket))
     }
 
-    /// The guest `of` names: an interface of the network (a clone's guest
-    /// if it is one), else a held lease by that name, or the MAC and
-    /// address given.
-    fn clone_guest(&self, network: &str, of: &CloneOf) -> Result<Guest, DaemonError> {
+    /// The guest `of` names: one of the caller's VMs on the network (any
+    /// user's, for root) by the name given at attach: attached (a clone's
+    /// guest, if it is one) or stopped with its lease still held; or the
+    /// MAC and address given.
+    fn clone_guest(
+        &self,
+        network: &str,
+        client: &Client,
+        of: &CloneOf,
+    ) -> Result<Guest, DaemonError> {
         let name = match of {
             CloneOf::Guest {
                 mac_address,
@@ -248,10 +264,12 @@ impl Daemon {
             }
             CloneOf::Name(name) => name,
         };
-        let attached = self
-            .interfaces
-            .values()
-            .find(|i| i.network == network && crate::types::names_match(i.name.as_deref(), name));
+        let who = client.claimant();
+        let attached = self.interfaces.values().find(|i| {
+            i.network == network
+                && (who.overrides || i.uid == who.uid)
+                && crate::types::names_match(i.name.as_deref(), name)
+        });
         if let Some(i) = attached {
             if let Some(c) = &i.clone {
                 return Ok(c.guest.clone());
@@ -267,20 +285,29 @@ impl Daemon {
                 tap: Some(i.tap.clone()).filter(|t| clone::check_tap_name(t).is_ok()),
             });
         }
-        let leases = self.networks[network]
-            .leases()
-            .expect("linnet's own network");
-        let leases = leases.lock().expect("lease lock");
-        match leases.resolve_lease(name, unix_now()) {
+        match self
+            .network_leases(network)
+            .named_for(who, name, unix_now())
+        {
             Some(lease) => Ok(Guest {
                 mac: lease.mac,
                 ip: lease.ip,
                 tap: None,
             }),
             None => Err(DaemonError::BadRequest(format!(
-                "network \"{network}\" has no VM named \"{name}\", attached or with its lease still held; name one that `linnet ls` lists, or give the snapshotted VM's interface JSON with --like FILE"
+                "network \"{network}\" has no VM of yours named \"{name}\", attached or with its lease still held; name one that `linnet ls` lists, or give the snapshotted VM's interface JSON with --like FILE"
             ))),
         }
+    }
+
+    /// The lease table of one of linnet's own networks (checked by
+    /// `check_clones`), locked.
+    fn network_leases(&self, network: &str) -> std::sync::MutexGuard<'_, LeaseTable> {
+        self.networks[network]
+            .leases()
+            .expect("linnet's own network")
+            .lock()
+            .expect("lease lock")
     }
 }
 

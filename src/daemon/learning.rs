@@ -141,6 +141,8 @@ impl Daemon {
                     .into(),
             ));
         }
-        Ok(iface.ip.ok_or_else(|| self.learned.subscribe()))
+        // A clone's: the guest's own, as its attach said.
+        let guest = iface.clone.as_ref().map(|c| c.guest.ip);
+        Ok(guest.or(iface.ip).ok_or_else(|| self.learned.subscribe()))
     }
 }

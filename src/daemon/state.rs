@@ -232,6 +232,12 @@ impl Daemon {
         }
     }
 
+    /// Whether this is a user's rootless daemon (which publishes ports
+    /// through its supervisor).
+    pub(super) fn rootless(&self) -> bool {
+        self.host_ports.is_some()
+    }
+
     pub fn is_idle(&self) -> bool {
         // A network's socket must be there before its first VM connects.
         self.interfaces.is_empty()
@@ -663,6 +669,11 @@ impl Daemon {
                 }
                 Done::ClonePort(index) => {
                     let _ = self.netlink.delete_link(index).await;
+                }
+                Done::TookOver(taken) => {
+                    if let Some(leases) = self.networks[network].leases() {
+                        leases.lock().expect("lease lock").give_back(&taken);
+                    }
                 }
                 Done::Mount(path) => {
                     let _ = crate::host::netns::unmount(&path);

@@ -30,14 +30,10 @@ use ipnet::Ipv4Net;
 use super::netlink::{LinkSettings, Netlink, NetlinkError};
 use super::netns::NetNs;
 use super::nft::{Nft, NftError};
+use super::sysctl;
 use super::tap::{self, TapError};
+use crate::clone::UPLINK;
 use crate::types::MacAddr;
-
-/// The uplink's name inside every clone's namespace.
-pub const UPLINK: &str = "uplink";
-/// The TAP's name inside a clone's namespace when the snapshotted VM's is
-/// not known.
-pub const DEFAULT_TAP: &str = "tap0";
 
 /// What a clone's namespace is.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,7 +55,7 @@ pub struct CloneNetwork {
     /// The MAC of the TAP's own side, which the guest's ARP gets.
     pub tap_mac: MacAddr,
     /// The clone holds the guest's address on the network too (the VM
-    /// that was snapshotted has stopped; `clone::holds_guest_address`):
+    /// that was snapshotted has stopped; `LeaseTable::take_over`):
     /// what it sends goes out as G, so the connections the VM had carry
     /// on, and the namespace answers ARP for G on the network.
     pub holds_guest_address: bool,
@@ -164,9 +160,7 @@ fn proxy_at_once(link: &str) -> (String, &'static str) {
 }
 
 fn write_sysctl(key: &str, value: &str) -> Result<(), CloneNsError> {
-    let path = format!("/proc/sys/{key}");
-    std::fs::write(&path, value)
-        .map_err(|e| CloneNsError::Sysctl(io::Error::new(e.kind(), format!("{path}: {e}"))))
+    sysctl::set(key, value).map_err(CloneNsError::Sysctl)
 }
 
 /// Makes the namespace of `net`, its TAP (owned by `uid`/`gid`) and its
@@ -189,6 +183,9 @@ pub async fn make(
             for (key, value) in tap_sysctls(&net.tap) {
                 write_sysctl(&key, value)?;
             }
+            // A context of its own, opened in here: a libnftables context
+            // talks to the namespace it was made in. (One at a time, on
+            // this thread, as the daemon's own.)
             Nft::open().run(&rules(net))?;
             let netlink = Netlink::connect().map_err(CloneNsError::Namespace)?;
             Ok((fd, netlink))
@@ -214,6 +211,11 @@ pub async fn make(
             Ok(index) => break (name, index),
         }
     };
+    // The host's end needs no IPv6 of its own (no DAD or MLD into the
+    // network), as a TAP port's.
+    if let Err(e) = sysctl::set_link("ipv6", &port_name, "disable_ipv6", "1") {
+        tracing::debug!(port = %port_name, "IPv6 stays on: {e}");
+    }
     let inside = configure_inside(&inner, net).await;
     let inside = inside.and_then(|()| {
         if !net.holds_guest_address {

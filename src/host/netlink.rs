@@ -436,19 +436,21 @@ impl Netlink {
         self.add(msg, format!("create veth {name}"), name).await
     }
 
-    /// A route to `net` straight out of the link `index` (scope link).
+    /// A route to `net` straight out of the link `index` (scope link); one
+    /// already there is fine.
     pub async fn add_link_route(&self, net: Ipv4Net, index: u32) -> Result<(), NetlinkError> {
         let msg = RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(net.network(), net.prefix_len())
             .output_interface(index)
             .scope(RouteScope::Link)
             .build();
-        self.handle
-            .route()
-            .add(msg)
-            .execute()
-            .await
-            .map_err(op(format!("add a route to {net} through link {index}")))
+        match self.handle.route().add(msg).execute().await.map_err(to_io) {
+            Err(e) if e.raw_os_error() != Some(libc::EEXIST) => Err(NetlinkError {
+                what: format!("add a route to {net} through link {index}"),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The default route via `gateway` out of `index`, which has no

@@ -19,6 +19,12 @@ pub fn set_link(family: &str, link: &str, key: &str, value: &str) -> io::Result<
     write(&format!("/proc/sys/net/{family}/conf/{link}/{key}"), value)
 }
 
+/// Any sysctl of the thread's namespace: `key` as under /proc/sys
+/// ("net/ipv4/ip_forward").
+pub fn set(key: &str, value: &str) -> io::Result<()> {
+    write(&format!("/proc/sys/{key}"), value)
+}
+
 fn write(path: &str, value: &str) -> io::Result<()> {
     std::fs::write(path, value).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))
 }

@@ -540,11 +540,13 @@ fn a_clone_configured_by_dhcp_is_given_and_renews_its_guests_address() {
 
 #[test]
 fn a_clone_of_a_recorded_interface_json_and_the_mistakes_a_user_can_make() {
-    let mut world = World::new();
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody] }\n");
     world.start_daemon();
     let mut original = world.guest("shared", &["--name", "rec"]);
     let (ip, gateway) = (original.udhcpc(), original.gateway());
-    let recorded = world.dir.path().join("rec.json");
+    // Where another user can read it too.
+    let recorded = crate::qemu::vm_dir(&world).join("rec.json");
     std::fs::write(&recorded, original.info.to_string()).unwrap();
     original.stop();
     let like = recorded.to_str().unwrap();
@@ -563,9 +565,31 @@ fn a_clone_of_a_recorded_interface_json_and_the_mistakes_a_user_can_make() {
     let m = refused(&["--like", like, "--network", "host"]);
     assert!(m.contains("the VM was on network \"shared\""), "{m}");
     let m = refused(&["--clone-of", "nosuch"]);
-    assert!(m.contains("has no VM named \"nosuch\""), "{m}");
+    assert!(m.contains("has no VM of yours named \"nosuch\""), "{m}");
     let m = refused(&["--clone-of", "rec", "--mac", "52:54:00:00:00:01"]);
     assert!(m.contains("cannot be used with"), "{m}");
+    // --wait-ip says the guest's address, which the JSON had.
+    let waited = world.dir.path().join("waited.json");
+    must(&mut world.linnet(&[
+        "run",
+        "--like",
+        like,
+        "--wait-ip",
+        "5",
+        "--json",
+        waited.to_str().unwrap(),
+        "--",
+        "sleep",
+        "1",
+    ]));
+    let waited: Value = serde_json::from_str(&std::fs::read_to_string(&waited).unwrap()).unwrap();
+    assert_eq!(waited["ip_address"], ip.to_string(), "{waited}");
+    // Another user finds no VM of root's by name, and cannot take the
+    // name root's stopped VM still holds.
+    let m = refused(&["--user", "nobody", "--clone-of", "rec"]);
+    assert!(m.contains("has no VM of yours named \"rec\""), "{m}");
+    let m = refused(&["--user", "nobody", "--like", like, "--name", "rec"]);
+    assert!(m.contains("the name \"rec\" is held by interface"), "{m}");
     std::fs::write(&recorded, "{}").unwrap();
     let m = refused(&["--like", like]);
     assert!(m.contains("not an interface JSON"), "{m}");
@@ -719,4 +743,26 @@ fn a_rootless_daemons_clones_reach_upstream_the_host_and_each_other() {
         clones[1].lookup("web-0.shared.linnet", &gateway),
         Some(clone_address(&clones[0]))
     );
+}
+
+#[test]
+fn a_persistent_networks_clones_come_back_after_a_daemon_restart() {
+    let mut world = World::with_config("networks:\n  shared:\n    persistent: true\n");
+    world.start_daemon();
+    let (clones, ip, gateway) = clones_of(&world, "keep", &[&[]]);
+    clones[0].assert_reaches_upstream("a clone before the restart");
+    drop(clones);
+    // The bridge is adopted with the clone range's route on it.
+    world.stop_daemon();
+    world.start_daemon();
+    let clone = world.guest("shared", &["--like", &{
+        let json = world.dir.path().join("keep.json");
+        std::fs::write(&json, format!(
+            "{{\"network\":\"shared\",\"mac_address\":\"52:54:00:00:00:42\",\"ip_address\":\"{ip}\"}}"
+        ))
+        .unwrap();
+        json.display().to_string()
+    }]);
+    restore(&clone, ip, &gateway);
+    clone.assert_reaches_upstream("a clone after the restart");
 }

@@ -224,24 +224,11 @@ impl LinnetBridge {
                 cfg.name
             )));
         };
-        let meets =
-            |net: &Ipv4Net| clones.contains(&net.network()) || net.contains(&clones.network());
-        let mut taken = netlink
-            .ipv4_addresses()
-            .await?
-            .into_iter()
-            .map(|(_, net)| net.trunc())
-            .chain(
-                netlink
-                    .ipv4_routes()
-                    .await?
-                    .into_iter()
-                    .filter(|(net, _)| net.prefix_len() > 0)
-                    .map(|(net, _)| net),
-            );
-        if let Some(net) = taken.find(|net| meets(net)) {
+        // The bridge's own route is no conflict: a persistent bridge
+        // adopted after a restart keeps the route it had.
+        if let Some((what, link)) = find_overlap(clones, netlink, Some(self.bridge_index)).await? {
             return Err(DaemonError::Conflict(format!(
-                "network \"{}\": clone_subnet {clones} overlaps {net}, which the host has; set networks.{}.clone_subnet to a free range",
+                "network \"{}\": clone_subnet {clones} overlaps {what} on interface {link}; set networks.{}.clone_subnet to a free range",
                 cfg.name, cfg.name
             )));
         }
@@ -279,22 +266,15 @@ async fn prepare_ipv6(
     Ok(())
 }
 
-/// Refuses a subnet that overlaps an address or route already in the
-/// namespace, naming the interface that holds it.
-async fn check_overlap(
-    cfg: &NetworkConfig,
+/// An address or route of the namespace that overlaps `subnet`, other than
+/// `own_bridge`'s: what it is ("address …", "route …") and the name of its
+/// interface.
+async fn find_overlap(
+    subnet: Ipv4Net,
     netlink: &Netlink,
     own_bridge: Option<u32>,
-) -> Result<(), DaemonError> {
-    let overlaps =
-        |net: &Ipv4Net| cfg.subnet.contains(&net.network()) || net.contains(&cfg.subnet.network());
-    let links = netlink.links().await?;
-    let name_of = |index: Option<u32>| {
-        index
-            .and_then(|i| links.iter().find(|l| l.index == i))
-            .map(|l| l.name.clone())
-            .unwrap_or_else(|| "(no interface)".into())
-    };
+) -> Result<Option<(String, String)>, DaemonError> {
+    let overlaps = |net: &Ipv4Net| crate::types::subnets_overlap(&subnet, net);
     let mut conflict = None;
     for (index, net) in netlink.ipv4_addresses().await? {
         if Some(index) != own_bridge && overlaps(&net.trunc()) {
@@ -310,12 +290,33 @@ async fn check_overlap(
             }
         }
     }
-    if let Some((what, index)) = conflict {
+    let Some((what, index)) = conflict else {
+        return Ok(None);
+    };
+    Ok(Some((what, link_name(netlink, index).await?)))
+}
+
+/// The name of link `index`, for a message.
+async fn link_name(netlink: &Netlink, index: Option<u32>) -> Result<String, DaemonError> {
+    let links = netlink.links().await?;
+    Ok(index
+        .and_then(|i| links.iter().find(|l| l.index == i))
+        .map(|l| l.name.clone())
+        .unwrap_or_else(|| "(no interface)".into()))
+}
+
+/// Refuses a subnet that overlaps an address or route already in the
+/// namespace, naming the interface that holds it.
+async fn check_overlap(
+    cfg: &NetworkConfig,
+    netlink: &Netlink,
+    own_bridge: Option<u32>,
+) -> Result<(), DaemonError> {
+    if let Some((what, link)) = find_overlap(cfg.subnet, netlink, own_bridge).await? {
         return Err(DaemonError::Conflict(format!(
-            "network \"{}\": subnet {} overlaps {what} on interface {}; set networks.{}.subnet to a free range in {}",
+            "network \"{}\": subnet {} overlaps {what} on interface {link}; set networks.{}.subnet to a free range in {}",
             cfg.name,
             cfg.subnet,
-            name_of(index),
             cfg.name,
             crate::config::DEFAULT_CONFIG_PATH
         )));
@@ -330,7 +331,7 @@ async fn check_overlap(
             return Err(DaemonError::Conflict(format!(
                 "network \"{}\": ipv6_prefix {prefix} overlaps route {net} on interface {}; set networks.{}.ipv6_prefix to a free /64 in {}",
                 cfg.name,
-                name_of(oif),
+                link_name(netlink, oif).await?,
                 cfg.name,
                 crate::config::DEFAULT_CONFIG_PATH
             )));

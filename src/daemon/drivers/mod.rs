@@ -82,15 +82,24 @@ impl ActiveNetwork {
         each!(&self.driver, d => d.make_port(netlink, req).await)
     }
 
-    /// Makes ready for clones: only linnet's own networks have them.
-    /// Returns whether its firewall part changed.
-    pub async fn route_clones(&mut self, netlink: &Netlink) -> Result<bool, DaemonError> {
-        match &mut self.driver {
-            Driver::LinnetBridge(b) => b.route_clones(&self.config, netlink).await,
+    /// Whether the network can have clones: only linnet's own have.
+    pub fn check_clones(&self) -> Result<(), DaemonError> {
+        match &self.driver {
+            Driver::LinnetBridge(_) => Ok(()),
             _ => Err(DaemonError::BadRequest(format!(
                 "network \"{}\" is a {} network on a LAN, whose DHCP server gave the guest its address: clones are for linnet's own networks (mode: shared or host)",
                 self.config.name, self.config.mode
             ))),
+        }
+    }
+
+    /// Makes ready for clones (`check_clones` first). Returns whether its
+    /// firewall part changed.
+    pub async fn route_clones(&mut self, netlink: &Netlink) -> Result<bool, DaemonError> {
+        self.check_clones()?;
+        match &mut self.driver {
+            Driver::LinnetBridge(b) => b.route_clones(&self.config, netlink).await,
+            _ => Ok(false),
         }
     }
 
