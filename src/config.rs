@@ -520,7 +520,7 @@ impl Config {
         Ok(self)
     }
 
-    fn source_name(&self) -> String {
+    pub fn source_name(&self) -> String {
         self.source
             .as_ref()
             .map(|p| p.display().to_string())

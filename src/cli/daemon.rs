@@ -23,9 +23,17 @@ pub struct DaemonArgs {
     /// host [default: pasta if installed, else slirp4netns].
     #[arg(long, value_name = "TOOL")]
     pub egress: Option<Egress>,
+    /// Only check the networks file (--config, or the default one) and say
+    /// which networks it gives; start nothing. Exits 0 when it is valid
+    /// (for a unit's ExecStartPre, or before a restart).
+    #[arg(long)]
+    pub check_config: bool,
 }
 
 pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
+    if args.check_config {
+        return check_config(cli);
+    }
     // A daemon that `linnet run` started inherits the signals it blocks
     // (it forwards them to its VMM): SIGTERM would never arrive.
     nix::sys::signal::SigSet::all()
@@ -64,4 +72,24 @@ pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
         )?,
     };
     daemon::rootless::run(opts, egress)
+}
+
+/// `--check-config`: the file as the daemon would read it (as a rootless
+/// one reads it, with --rootless), and what it gives.
+fn check_config(cli: &Cli) -> anyhow::Result<()> {
+    let place = cli.place();
+    let mut config = cli.load_config()?;
+    if place.rootless {
+        config = config.for_rootless(egress::HOST_DNS)?;
+    }
+    let source = config.source_name();
+    println!("{source}: valid");
+    for net in config.networks.values() {
+        let addresses = match &net.lan {
+            Some(lan) => format!("on the LAN of {}", lan.link()),
+            None => format!("{} (gateway {})", net.subnet, net.gateway),
+        };
+        println!("  {}: {} {addresses}", net.name, net.mode);
+    }
+    Ok(())
 }

@@ -494,3 +494,29 @@ fn missing_dev_net_tun_is_reported() {
     daemon.kill().unwrap();
     daemon.wait().unwrap();
 }
+
+#[test]
+fn check_config_says_whether_the_networks_file_is_valid_and_starts_nothing() {
+    let world = World::with_config("networks:\n  lab:\n    subnet: 10.9.0.0/24\n");
+    let out = must(&mut world.linnet(&["daemon", "--check-config"]));
+    assert!(out.contains("networks.yaml: valid"), "{out}");
+    assert!(
+        out.contains("  lab: shared 10.9.0.0/24 (gateway 10.9.0.1)"),
+        "{out}"
+    );
+    std::fs::write(
+        world.config.as_ref().unwrap(),
+        "networks:\n  lab:\n    subnet: 10.9.0.1/24\n",
+    )
+    .unwrap();
+    let err = failure(&mut world.linnet(&["daemon", "--check-config"]));
+    assert!(
+        err.contains("network \"lab\": subnet: \"10.9.0.1/24\" has host bits set"),
+        "{err}"
+    );
+    assert!(
+        !world.run_dir().join("linnet.sock").exists(),
+        "nothing was started"
+    );
+    assert!(world.host.links().iter().all(|l| !l.starts_with("ln-")));
+}
