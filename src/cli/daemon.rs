@@ -8,6 +8,7 @@ use clap::Args;
 use super::Cli;
 use crate::daemon::{self, Options, Placement};
 use crate::host::egress::{self, Egress};
+use crate::host::systemd;
 
 #[derive(Args)]
 pub struct DaemonArgs {
@@ -54,6 +55,12 @@ pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
     if place.rootless {
         config = config.for_rootless(egress::HOST_DNS)?;
     }
+    // Taken (and its variables unset) before any thread starts.
+    let passed_socket =
+        systemd::passed_socket().context("cannot take the socket the service manager passed")?;
+    if passed_socket.is_some() && place.rootless {
+        bail!("a rootless daemon binds its own socket; socket activation is for the system daemon");
+    }
     let opts = Options {
         run_dir: place.run_dir.clone(),
         state_dir: place.state_dir.clone(),
@@ -61,6 +68,7 @@ pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
         idle_exit: args.idle_exit.map(Duration::from_secs),
         max_connections_per_uid: args.max_connections_per_uid,
         placement: Placement::System,
+        passed_socket,
     };
     if !place.rootless {
         return daemon::run(opts);

@@ -231,6 +231,22 @@ pub fn log_to_stderr(filter: Option<&str>, default: &str) {
         eprintln!("linnet: ignoring invalid --log filter \"{filter}\"");
         tracing_subscriber::EnvFilter::new(default)
     });
+    if crate::host::systemd::stderr_is_journal() {
+        // The journal stamps the time itself, and takes the level from a
+        // `<N>` prefix: no time, no colours, no level word.
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(io::stderr)
+            .event_format(JournalLine(
+                tracing_subscriber::fmt::format()
+                    .without_time()
+                    .with_level(false)
+                    .with_target(false)
+                    .with_ansi(false),
+            ))
+            .init();
+        return;
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
@@ -238,6 +254,28 @@ pub fn log_to_stderr(filter: Option<&str>, default: &str) {
         .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
         .with_target(false)
         .init();
+}
+
+/// A log line for the journal: its priority as a `<N>` prefix
+/// (sd-daemon(3)), then the line as `F` formats it.
+struct JournalLine<F>(F);
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for JournalLine<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let priority = crate::host::systemd::priority(event.metadata().level());
+        write!(writer, "<{priority}>")?;
+        self.0.format_event(ctx, writer, event)
+    }
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {

@@ -24,8 +24,8 @@ use super::state::{Client, Daemon, DaemonError};
 use crate::api::{self, MAX_MESSAGE, Request, Response, SOCKET_NAME};
 use crate::budget::{Budget, Permit};
 use crate::config::Config;
-use crate::host::egress;
 use crate::host::netlink::{LinkSettings, Netlink};
+use crate::host::{egress, systemd};
 use crate::types::InterfaceId;
 
 /// A network namespace's loopback is always its first link.
@@ -45,6 +45,9 @@ pub struct Options {
     pub max_connections_per_uid: usize,
     /// Where the daemon runs.
     pub placement: Placement,
+    /// The API socket, listening, when the service manager passed it
+    /// (socket activation: linnet.socket); else the daemon binds its own.
+    pub passed_socket: Option<OwnedFd>,
 }
 
 /// The system's daemon, or a user's own in its namespaces (`rootless`).
@@ -82,7 +85,18 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let _lock = lock_run_dir(&opts.run_dir)?;
     let socket_path = opts.run_dir.join(SOCKET_NAME);
     let rootless = matches!(opts.placement, Placement::Rootless(_));
-    let listener = listen(&socket_path, rootless)?;
+    // A socket the service manager passed is its own: it made the file,
+    // keeps listening while the daemon is away, and removes it.
+    let activated = opts.passed_socket.is_some();
+    let listener = match opts.passed_socket {
+        Some(fd) => register(fd)?,
+        None => listen(&socket_path, rootless)?,
+    };
+    let remove_socket = || {
+        if !activated {
+            let _ = std::fs::remove_file(&socket_path);
+        }
+    };
 
     let netlink = Netlink::connect().context("cannot open rtnetlink")?;
     if rootless {
@@ -109,11 +123,14 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         daemon.host_loopback = Some(egress::HOST_LOOPBACK);
     }
     if let Err(e) = daemon.reconcile().await {
-        let _ = std::fs::remove_file(&socket_path);
+        remove_socket();
         bail!("start-up failed: {e}");
     }
     let daemon = Arc::new(Mutex::new(daemon));
-    info!(socket = %socket_path.display(), state = %opts.state_dir.display(), "linnet daemon ready");
+    info!(socket = %socket_path.display(), state = %opts.state_dir.display(), activated, "linnet daemon ready");
+    if let Err(e) = systemd::notify("READY=1") {
+        warn!("cannot tell the service manager the daemon is ready: {e}");
+    }
 
     let sessions = Sessions {
         daemon: daemon.clone(),
@@ -128,7 +145,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         Ok(sockets) => sockets,
         Err(e) => {
             daemon.lock().await.shutdown().await;
-            let _ = std::fs::remove_file(&socket_path);
+            remove_socket();
             return Err(e);
         }
     };
@@ -206,6 +223,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             }
         }
     }
+    let _ = systemd::notify("STOPPING=1");
     drop_reports.abort();
     watch.abort();
     if let Some(learning) = learning {
@@ -214,7 +232,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     tap_watch.abort();
     network_sockets.close();
     daemon.lock().await.shutdown().await;
-    let _ = std::fs::remove_file(&socket_path);
+    remove_socket();
     // Still held: a daemon starting meanwhile finds it locked, or a new one.
     let _ = std::fs::remove_file(opts.run_dir.join(LOCK_FILE));
     info!("stopped; nothing left behind");

@@ -17,6 +17,7 @@ pub mod packet;
 pub mod privileges;
 pub mod ruleset;
 pub mod sysctl;
+pub mod systemd;
 pub mod tap;
 pub mod userns;
 

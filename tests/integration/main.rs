@@ -13,6 +13,7 @@ mod network_sockets;
 mod policy;
 mod qemu;
 mod rootless;
+mod service;
 mod sockets;
 mod tap_name;
 mod tenant;
