@@ -12,7 +12,7 @@ export GO
 GO_CLIENT := clients/go/linnet
 SANDBOX := scripts/sandbox
 
-.PHONY: all build guest deps test unit integration lint demo bench bench-smoke clean
+.PHONY: all build guest deps test unit integration lint demo bench bench-smoke clean install deb
 
 all: build
 
@@ -70,6 +70,18 @@ demo: deps build guest
 bench: deps build
 	scripts/install-deps bench
 	$(SANDBOX) bench/run $(BENCH_ARGS)
+
+# The binaries, systemd units, man pages and completions under
+# $(DESTDIR)$(PREFIX) (units: $(UNITDIR)), for distributions without the
+# Debian package.
+PREFIX ?= /usr/local
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+install: build
+	scripts/install-files target/release "$(DESTDIR)" "$(PREFIX)" "$(UNITDIR)"
+
+# The Debian package, in target/deb (scripts/build-deb says why dpkg-deb).
+deb: build
+	scripts/build-deb target/release target/deb
 
 clean:
 	$(CARGO) clean

@@ -23,5 +23,8 @@ mod policy;
 mod services;
 mod types;
 
+/// The command-line definition, for man pages and completions
+/// (tools/gendocs).
+pub use cli::command;
 pub use cli::main;
 pub use cli::relay::main as relay_main;

@@ -186,6 +186,11 @@ pub enum CommandArgs {
 }
 
 /// `linnet`'s main.
+/// The command line as clap defines it.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 pub fn main() -> ExitCode {
     let args = match Cli::try_parse() {
         Ok(args) => args,

@@ -135,3 +135,76 @@ fn the_units_verify_and_the_service_is_hardened() {
         "exposure {level}\n{security}"
     );
 }
+
+#[test]
+fn the_debian_package_holds_the_binaries_units_man_pages_and_completions_and_unpacks() {
+    let world = World::new();
+    let out = world.dir.path().join("deb");
+    let bin = linnet_bin().parent().unwrap().to_path_buf();
+    let built = must(
+        std::process::Command::new(repo_file("scripts/build-deb"))
+            .args([bin.to_str().unwrap(), out.to_str().unwrap()])
+            // Debug binaries are large; compressing them is not what is tested.
+            .env("DEB_COMPRESSOR", "none")
+            .current_dir(env!("CARGO_MANIFEST_DIR")),
+    );
+    let deb = built.trim();
+    let listing = must(std::process::Command::new("dpkg-deb").args(["-c", deb]));
+    for file in [
+        "./usr/bin/linnet",
+        "./usr/bin/linnet-relay",
+        "./lib/systemd/system/linnet.socket",
+        "./lib/systemd/system/linnet.service",
+        "./usr/share/man/man8/linnet.8.gz",
+        "./usr/share/man/man8/linnet-run.8.gz",
+        "./usr/share/man/man8/linnet-daemon.8.gz",
+        "./usr/share/man/man8/linnet-forward-add.8.gz",
+        "./usr/share/bash-completion/completions/linnet",
+        "./usr/share/zsh/vendor-completions/_linnet",
+        "./usr/share/fish/vendor_completions.d/linnet.fish",
+    ] {
+        assert!(
+            listing.lines().any(|l| l.ends_with(file)),
+            "{file} not in\n{listing}"
+        );
+    }
+    // Unpacked into a throwaway root, with its maintainer scripts.
+    let root = world.dir.path().join("root");
+    must(std::process::Command::new("dpkg-deb").args(["-x", deb, root.to_str().unwrap()]));
+    let control = root.join("DEBIAN");
+    must(std::process::Command::new("dpkg-deb").args(["-e", deb, control.to_str().unwrap()]));
+    let postinst = std::fs::read_to_string(control.join("postinst")).unwrap();
+    assert!(postinst.contains("addgroup --system linnet"), "{postinst}");
+    for script in ["postinst", "prerm"] {
+        must(std::process::Command::new("sh").args(["-n", control.join(script).to_str().unwrap()]));
+    }
+    let fields =
+        must(std::process::Command::new("dpkg-deb").args(["-f", deb, "Package", "Depends"]));
+    assert!(
+        fields.contains("Package: linnet") && fields.contains("nftables"),
+        "{fields}"
+    );
+    // What was packed works: the binary, its man page, its completions.
+    let linnet = root.join("usr/bin/linnet");
+    let checked = must(std::process::Command::new(&linnet).args(["daemon", "--check-config"]));
+    assert!(checked.contains("valid"), "{checked}");
+    let page = root.join("usr/share/man/man8/linnet-run.8.gz");
+    let man = must(
+        std::process::Command::new("man")
+            .args(["-l", page.to_str().unwrap()])
+            .env("MANPAGER", "cat")
+            .env("COLUMNS", "100"),
+    );
+    assert!(
+        man.contains("linnet-run") && man.contains("--clone-of"),
+        "{man}"
+    );
+    let unit = std::fs::read_to_string(root.join("lib/systemd/system/linnet.service")).unwrap();
+    assert!(unit.contains("ExecStart=/usr/bin/linnet daemon"), "{unit}");
+    let bash =
+        std::fs::read_to_string(root.join("usr/share/bash-completion/completions/linnet")).unwrap();
+    assert!(
+        bash.contains("--clone-of"),
+        "the completions know the options"
+    );
+}
