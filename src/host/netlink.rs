@@ -465,12 +465,17 @@ impl Netlink {
             .output_interface(index)
             .onlink()
             .build();
+        self.add_route(msg, format!("add a default route via {gateway}"))
+            .await
+    }
+
+    async fn add_route(&self, msg: RouteMessage, what: String) -> Result<(), NetlinkError> {
         self.handle
             .route()
             .add(msg)
             .execute()
             .await
-            .map_err(op(format!("add a default route via {gateway}")))
+            .map_err(op(what))
     }
 
     /// A proxy entry: `index` answers ARP for `ip` (routed elsewhere).
@@ -515,12 +520,8 @@ impl Netlink {
             .pref_source(src)
             .build();
         // Never over another route to that address (the host's own, say).
-        self.handle
-            .route()
-            .add(msg)
-            .execute()
+        self.add_route(msg, format!("add a route to {ip} through link {index}"))
             .await
-            .map_err(op(format!("add a route to {ip} through link {index}")))
     }
 
     /// Removes what `add_host_route` added; one already gone is no error.
