@@ -23,7 +23,7 @@ use crate::host::clone_ns::{self, CloneNetwork, CloneNsError};
 use crate::host::guard::{Ipv4Source, PortGuard};
 use crate::host::netns::NetNs;
 use crate::host::{ALIAS_INTERFACE, netns, tap};
-use crate::leases::LeaseTable;
+use crate::leases::{LeaseTable, TakenOver};
 use crate::services::{dhcp, unix_now};
 use crate::types::InterfaceId;
 
@@ -35,8 +35,8 @@ pub(super) struct CloneState {
     dhcp: tokio::task::JoinHandle<()>,
     pub guest: Guest,
     /// It holds the guest's address on the network too, with the lease
-    /// its VM had (`LeaseTable::take_over`).
-    pub holds_guest_address: bool,
+    /// its VM had (`LeaseTable::take_over`): what it took.
+    taken_over: Option<TakenOver>,
     /// Holds the namespace while the clone is attached.
     ns: NetNs,
 }
@@ -129,7 +129,7 @@ impl Daemon {
             now,
         );
         let holds_guest_address = taken_over.is_some();
-        done.extend(taken_over.map(Done::TookOver));
+        done.extend(taken_over.clone().map(Done::TookOver));
         let plan = attach::plan_clone(&cfg, id, req, unique);
         let spec = CloneNetwork {
             guest_mac: guest.mac,
@@ -168,7 +168,7 @@ impl Daemon {
             mount,
             dhcp: dhcp::serve_clone(cfg, (guest.mac, guest.ip), dhcp_socket),
             guest,
-            holds_guest_address,
+            taken_over,
             ns: made.ns,
         };
         let info = self.record_attached(network, plan, client, req, (port, index), Some(state));
@@ -334,6 +334,22 @@ impl Drop for CloneState {
     }
 }
 
+impl Daemon {
+    /// A clone whose attach fails after it was carried out (its published
+    /// ports refused) gives back the lease it took over: it never ran.
+    pub(super) fn give_back_taken_lease(&mut self, id: InterfaceId) {
+        let Some(iface) = self.interfaces.get(&id) else {
+            return;
+        };
+        let Some(taken) = iface.clone.as_ref().and_then(|c| c.taken_over.as_ref()) else {
+            return;
+        };
+        if let Some(leases) = self.networks.get(&iface.network).and_then(|n| n.leases()) {
+            leases.lock().expect("lease lock").give_back(taken);
+        }
+    }
+}
+
 /// Under the run directory: tap-name clones' namespaces by interface id.
 const CLONE_NAMESPACES: &str = "netns";
 
@@ -381,6 +397,6 @@ impl CloneState {
 
     /// The guest's address, when the clone holds it on the network.
     pub fn held_address(&self) -> Option<Ipv4Addr> {
-        self.holds_guest_address.then_some(self.guest.ip)
+        self.taken_over.as_ref().map(|_| self.guest.ip)
     }
 }

@@ -366,6 +366,7 @@ impl Daemon {
                     Ok((info, fd))
                 }
                 Err(e) => {
+                    self.give_back_taken_lease(id);
                     let _ = self.detach(&[id]).await;
                     Err(e)
                 }

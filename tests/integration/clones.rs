@@ -766,3 +766,20 @@ fn a_persistent_networks_clones_come_back_after_a_daemon_restart() {
     restore(&clone, ip, &gateway);
     clone.assert_reaches_upstream("a clone after the restart");
 }
+
+#[test]
+fn a_clone_refused_for_its_published_port_gives_the_vms_address_back() {
+    let mut world = World::new();
+    world.start_daemon();
+    let original = world.guest("shared", &["--name", "gb"]);
+    let ip = original.udhcpc();
+    let id = original.info["interface_id"].as_str().unwrap().to_string();
+    drop(original);
+    let _holder_of_the_port = world.guest("shared", &["--name", "x", "-p", "8090:80"]);
+    // It would have carried on as the stopped VM, but its port is another's.
+    let refused = world.try_guest_via("shared", Via::Tap, &["--clone-of", "gb", "-p", "8090:80"]);
+    assert!(refused.is_err(), "the port is taken");
+    // The VM, back under its own id, has its address again.
+    let back = world.guest("shared", &["--interface-id", &id]);
+    assert_eq!(back.ip(), ip);
+}
