@@ -98,9 +98,13 @@ def interfaces_on(socket_path, network):
     return sum(1 for i in listing["interfaces"] if i["network"] == network)
 
 
-def taps_on_host():
+def links_named(prefix):
     out = subprocess.run(["ip", "-o", "link", "show"], stdout=subprocess.PIPE, text=True).stdout
-    return sum(1 for line in out.splitlines() if line.split(":")[1].strip().startswith("lnt"))
+    return sum(1 for line in out.splitlines() if line.split(":")[1].strip().startswith(prefix))
+
+
+def taps_on_host():
+    return links_named("lnt")
 
 
 # How many times the Nth attach is timed, for whether attaching stays flat
@@ -152,11 +156,6 @@ def scale(socket_path, network, daemon_pid, marks, flat_at):
             os.close(tap)
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
     return out
-
-
-def links_named(prefix):
-    out = subprocess.run(["ip", "-o", "link", "show"], stdout=subprocess.PIPE, text=True).stdout
-    return sum(1 for line in out.splitlines() if line.split(":")[1].strip().startswith(prefix))
 
 
 def namespaces_held(pid):

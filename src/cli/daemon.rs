@@ -51,10 +51,7 @@ pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
             "--egress is for a rootless daemon (--rootless); the system daemon NATs through the host's own routes"
         );
     }
-    let mut config = cli.load_config()?;
-    if place.rootless {
-        config = config.for_rootless(egress::HOST_DNS)?;
-    }
+    let config = daemon_config(cli)?;
     // Taken (and its variables unset) before any thread starts.
     let passed_socket =
         systemd::passed_socket().context("cannot take the socket the service manager passed")?;
@@ -85,11 +82,7 @@ pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
 /// `--check-config`: the file as the daemon would read it (as a rootless
 /// one reads it, with --rootless), and what it gives.
 fn check_config(cli: &Cli) -> anyhow::Result<()> {
-    let place = cli.place();
-    let mut config = cli.load_config()?;
-    if place.rootless {
-        config = config.for_rootless(egress::HOST_DNS)?;
-    }
+    let config = daemon_config(cli)?;
     let source = config.source_name();
     println!("{source}: valid");
     for net in config.networks.values() {
@@ -100,4 +93,14 @@ fn check_config(cli: &Cli) -> anyhow::Result<()> {
         println!("  {}: {} {addresses}", net.name, net.mode);
     }
     Ok(())
+}
+
+/// The networks as this daemon runs them: the file's, and for a rootless
+/// daemon as `Config::for_rootless` makes them.
+fn daemon_config(cli: &Cli) -> anyhow::Result<crate::config::Config> {
+    let config = cli.load_config()?;
+    if cli.place().rootless {
+        return Ok(config.for_rootless(egress::HOST_DNS)?);
+    }
+    Ok(config)
 }

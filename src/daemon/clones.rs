@@ -91,7 +91,7 @@ impl Daemon {
         let taken: BTreeSet<Ipv4Addr> = self
             .interfaces
             .values()
-            .filter(|i| i.network == network && i.clone.is_some())
+            .filter(|i| i.network == network && i.as_clone.is_some())
             .filter_map(|i| i.ip)
             .collect();
         let unique = clone::free_address(subnet, &taken).ok_or_else(|| {
@@ -271,7 +271,7 @@ impl Daemon {
                 && crate::types::names_match(i.name.as_deref(), name)
         });
         if let Some(i) = attached {
-            if let Some(c) = &i.clone {
+            if let Some(c) = &i.as_clone {
                 return Ok(c.guest.clone());
             }
             let ip = i.ip.ok_or_else(|| {
@@ -341,7 +341,7 @@ impl Daemon {
         let Some(iface) = self.interfaces.get(&id) else {
             return;
         };
-        let Some(taken) = iface.clone.as_ref().and_then(|c| c.taken_over.as_ref()) else {
+        let Some(taken) = iface.as_clone.as_ref().and_then(|c| c.taken_over.as_ref()) else {
             return;
         };
         if let Some(leases) = self.networks.get(&iface.network).and_then(|n| n.leases()) {

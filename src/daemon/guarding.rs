@@ -220,7 +220,7 @@ impl Daemon {
     pub(super) fn guard_of(&self, i: &Interface) -> Option<PortGuard> {
         let cfg = self.config.network(&i.network).filter(|_| i.guarded)?;
         let guard = port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy);
-        let held = i.clone.as_ref().and_then(|c| c.held_address());
+        let held = i.as_clone.as_ref().and_then(|c| c.held_address());
         Some(super::clones::clone_guard(guard, held))
     }
 }

@@ -142,7 +142,7 @@ impl Daemon {
             ));
         }
         // A clone's: the guest's own, as its attach said.
-        let guest = iface.clone.as_ref().map(|c| c.guest.ip);
+        let guest = iface.as_clone.as_ref().map(|c| c.guest.ip);
         Ok(guest.or(iface.ip).ok_or_else(|| self.learned.subscribe()))
     }
 }

@@ -89,7 +89,7 @@ impl Daemon {
                     .map(IpAddr::V6)
                     .chain(i.ip.map(IpAddr::V4))
                     .chain(
-                        i.clone
+                        i.as_clone
                             .as_ref()
                             .and_then(|c| c.held_address())
                             .map(IpAddr::V4),

@@ -162,7 +162,7 @@ pub(super) struct Interface {
     /// A clone's guest and namespace (`clones`): then `mac` and `ip` are
     /// its namespace's on the network (its unique address), and `tap` its
     /// veth port.
-    pub(super) clone: Option<CloneState>,
+    pub(super) as_clone: Option<CloneState>,
 }
 
 impl Interface {
@@ -170,7 +170,7 @@ impl Interface {
     pub(super) fn ipv6_address(&self, cfg: &NetworkConfig) -> Option<std::net::Ipv6Addr> {
         cfg.ipv6
             .as_ref()
-            .filter(|_| self.clone.is_none())
+            .filter(|_| self.as_clone.is_none())
             .map(|v6| addr6::slaac_address(v6.prefix, self.mac))
     }
 }
@@ -597,7 +597,7 @@ impl Daemon {
                 kept: req.keep.then(|| (0, std::time::Instant::now())),
                 guarded: plan.guarded,
                 policy: plan.policy,
-                clone,
+                as_clone: clone,
             },
         );
         info
@@ -865,7 +865,7 @@ impl Daemon {
             warn!("removing the hooks of detached macvtaps failed: {e}");
         }
         let deleted = self.netlink.delete_links(&taps).await;
-        for clone in gone.iter().filter_map(|(_, i)| i.clone.as_ref()) {
+        for clone in gone.iter().filter_map(|(_, i)| i.as_clone.as_ref()) {
             clone.delete_tap().await;
         }
         // A TAP that could not be deleted keeps its guard: its client may
@@ -948,7 +948,7 @@ impl Daemon {
             .map(|(id, i)| {
                 let (rx, tx) = stats.get(&i.tap_index).copied().unwrap_or_default();
                 let cfg = self.config.network(&i.network).expect("attached");
-                let guest = i.clone.as_ref().map(|c| &c.guest);
+                let guest = i.as_clone.as_ref().map(|c| &c.guest);
                 InterfaceStatus {
                     interface_id: *id,
                     name: i.name.clone(),
@@ -973,7 +973,7 @@ impl Daemon {
                     },
                     cut_off: i.cut_off.clone(),
                     clone_address: i.ip.filter(|_| guest.is_some()),
-                    netns: i.clone.as_ref().and_then(|c| c.netns_path()),
+                    netns: i.as_clone.as_ref().and_then(|c| c.netns_path()),
                 }
             })
             .collect();

@@ -623,15 +623,7 @@ fn vmm_in_clone_namespace(world: &World, info: &Value) -> Guest {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    wait_for("eth0 in the guest", Duration::from_secs(10), || {
-        ns.links().contains(&"eth0".to_string()).then_some(())
-    });
-    Guest {
-        ns,
-        run: None,
-        vmm: Some(vmm),
-        info: info.clone(),
-    }
+    Guest::started(ns, None, Some(vmm), info.clone())
 }
 
 #[test]
@@ -682,15 +674,7 @@ fn a_vmm_opens_a_clones_tap_by_name_in_the_clones_namespace() {
         "the clone's TAP has the VM's name"
     );
     assert!(info["netns"].as_str().is_some(), "{info}");
-    wait_for("eth0 in the guest", Duration::from_secs(10), || {
-        ns.links().contains(&"eth0".to_string()).then_some(())
-    });
-    let first = Guest {
-        ns,
-        run: Some(run),
-        vmm: None,
-        info,
-    };
+    let first = Guest::started(ns, Some(run), None, info);
     restore(&first, ip, &gateway);
     first.assert_reaches_upstream("a clone whose VMM opened its TAP by name");
 

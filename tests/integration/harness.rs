@@ -560,15 +560,7 @@ impl World {
             guest.run = Some(run);
             return Ok(guest);
         }
-        wait_for("eth0 in the guest", Duration::from_secs(10), || {
-            ns.links().contains(&"eth0".to_string()).then_some(())
-        });
-        Ok(Guest {
-            ns,
-            run: Some(run),
-            vmm: None,
-            info,
-        })
+        Ok(Guest::started(ns, Some(run), None, info))
     }
 }
 
@@ -639,13 +631,24 @@ impl Guest {
             .stderr(std::fs::File::create(log).unwrap())
             .spawn()
             .unwrap();
-        let guest = Guest {
-            ns,
-            run: None,
-            vmm: Some(vmm),
-            info,
-        };
+        Guest::started(ns, None, Some(vmm), info)
+    }
+
+    /// A guest in `ns` whose VMM (`linnet run`'s child, or `vmm` started
+    /// on its own) is making its eth0: ready once eth0 is there. A VMM
+    /// that exits first fails the test, with what it said on a piped
+    /// stderr.
+    pub fn started(ns: Netns, run: Option<Child>, vmm: Option<Child>, info: Value) -> Guest {
+        let mut guest = Guest { ns, run, vmm, info };
         wait_for("eth0 in the guest", Duration::from_secs(10), || {
+            let child = guest.vmm.as_mut().or(guest.run.as_mut())?;
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                if let Some(stderr) = child.stderr.as_mut() {
+                    let _ = std::io::Read::read_to_string(stderr, &mut err);
+                }
+                panic!("the VMM exited with {status}: {err}");
+            }
             guest.ns.links().contains(&"eth0".to_string()).then_some(())
         });
         guest

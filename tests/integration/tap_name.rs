@@ -54,21 +54,8 @@ fn guest_of_nobody(world: &World, info: &Value) -> Guest {
         info["tap"].as_str().unwrap(),
         info["mac_address"].as_str().unwrap(),
     );
-    let mut vmm = vmm_by_name(world, tap, &ns, mac, "65534:65534");
-    wait_for("eth0 in the guest", Duration::from_secs(10), || {
-        if let Some(status) = vmm.try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(vmm.stderr.as_mut().unwrap(), &mut err).unwrap();
-            panic!("the VMM exited with {status}: {err}");
-        }
-        ns.links().contains(&"eth0".to_string()).then_some(())
-    });
-    Guest {
-        ns,
-        run: None,
-        vmm: Some(vmm),
-        info: info.clone(),
-    }
+    let vmm = vmm_by_name(world, tap, &ns, mac, "65534:65534");
+    Guest::started(ns, None, Some(vmm), info.clone())
 }
 
 #[test]
