@@ -83,12 +83,7 @@ func (d *fakeDaemon) serveAfterWith(op string, delay time.Duration, fds []int, p
 
 func TestAttachReturnsTheInterfaceAndItsFileDescriptor(t *testing.T) {
 	client, daemon := pair(t)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	defer w.Close()
+	r, w := pipe(t)
 	reply := `{"reply":"attached","interface":{"interface_id":"6b1c6b70-1111-4c4c-9c9c-000000000001",
 		"network":"shared","mode":"shared","datapath":"tap","name":"web","mac_address":"52:54:00:12:34:56",
 		"ip_address":"192.168.105.2","gateway":"192.168.105.1","subnet":"192.168.105.0/24",
@@ -289,12 +284,7 @@ func TestWaitAddressAsksTheDaemonAndWaitsBeyondTheCallTimeout(t *testing.T) {
 
 func TestACloneIsAskedForByNameOrByItsRecordedGuest(t *testing.T) {
 	client, daemon := pair(t)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	defer w.Close()
+	r, _ := pipe(t)
 	reply := `{"reply":"attached","interface":{"interface_id":"x","network":"shared","mode":"shared",
 		"datapath":"tap","mac_address":"52:54:00:12:34:56","ip_address":"192.168.105.2",
 		"clone_address":"198.18.105.1","dns":[],"domain":"shared.linnet","tap":"tap0","mtu":1500,"forwards":[]}}`
@@ -321,4 +311,15 @@ func TestACloneIsAskedForByNameOrByItsRecordedGuest(t *testing.T) {
 			}
 		}
 	}
+}
+
+// pipe is a pipe closed when the test ends: a descriptor for the fake
+// daemon to send.
+func pipe(t *testing.T) (*os.File, *os.File) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	return r, w
 }
