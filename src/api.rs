@@ -46,6 +46,14 @@ pub enum Request {
     Attach(AttachRequest),
     /// Detach an interface this connection attached.
     Detach { interface_id: InterfaceId },
+    /// After a daemon restart: make an interface that a previous daemon
+    /// attached for this client this connection's again (it lives as long
+    /// as the connection from then on). `token` is the attach reply's
+    /// `reclaim_token`.
+    Reclaim {
+        interface_id: InterfaceId,
+        token: String,
+    },
     /// A relay's counters for an interface this connection attached
     /// (socket datapaths), shown by `linnet ls`.
     Counters {
@@ -219,6 +227,15 @@ pub enum CloneOf {
 pub enum Response {
     Attached {
         interface: Box<InterfaceInfo>,
+        /// What the client re-claims the interface with once it has
+        /// reconnected to a restarted daemon (`Request::Reclaim`). Keep it
+        /// to yourself: it is the interface's lifeline.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reclaim_token: Option<String>,
+    },
+    /// The interface is this connection's now.
+    Reclaimed {
+        interface_id: InterfaceId,
     },
     Detached {
         interface_id: InterfaceId,

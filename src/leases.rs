@@ -131,6 +131,7 @@ impl From<u32> for Claimant {
 #[derive(Debug)]
 pub struct LeaseTable {
     network: String,
+    subnet: ipnet::Ipv4Net,
     first: u32,
     last: u32,
     gateway: Ipv4Addr,
@@ -220,6 +221,7 @@ impl LeaseTable {
     pub fn new(net: &NetworkConfig) -> LeaseTable {
         LeaseTable {
             network: net.name.clone(),
+            subnet: net.subnet,
             first: net.dhcp.range_start.into(),
             last: net.dhcp.range_end.into(),
             gateway: net.gateway,
@@ -471,6 +473,44 @@ impl LeaseTable {
             }
             None => Ok(self.derive_free_mac(id, now)),
         }
+    }
+
+    /// An interface a previous daemon attached and this one adopts: held
+    /// again at the address it has, as it was. Refused when the address
+    /// is now another's (the file and the records disagree) or no longer
+    /// in the network's subnet.
+    pub fn readopt(&mut self, lease: Lease, now: u64) -> Result<(), String> {
+        let Owner::Interface { id } = lease.owner else {
+            return Err("not an interface's lease".into());
+        };
+        if !self.subnet.contains(&lease.ip) || lease.ip == self.gateway {
+            return Err(format!(
+                "its address {} is not in network \"{}\"'s subnet any more",
+                lease.ip, self.network
+            ));
+        }
+        if let Some(other) = self
+            .leases
+            .get(&lease.ip)
+            .filter(|l| l.owner != lease.owner && l.is_live(now))
+        {
+            return Err(format!(
+                "its address {} is held by MAC {} now",
+                lease.ip, other.mac
+            ));
+        }
+        self.leases
+            .retain(|_, l| l.owner != Owner::Interface { id });
+        let hostname = lease.hostname.clone();
+        self.leases.insert(
+            lease.ip,
+            Lease {
+                held_until: None,
+                hostname,
+                ..lease
+            },
+        );
+        Ok(())
     }
 
     /// The interface left: its address stays reserved for `lease_time`.
@@ -892,6 +932,27 @@ mod tests {
             Some(other.ip),
             "first come, first named"
         );
+    }
+
+    #[test]
+    fn an_adopted_interface_holds_its_address_again_unless_another_has_it() {
+        let mut t = small();
+        let lease = |n: u8, ip: Ipv4Addr| Lease {
+            ip,
+            mac: MacAddr([0x52, 0x54, 0, 0, 0, n]),
+            owner: Owner::Interface { id: id(n) },
+            name: None,
+            hostname: None,
+            uid: Some(1000),
+            held_until: None,
+        };
+        t.readopt(lease(1, ip(7)), 100).unwrap();
+        assert_eq!(t.attach(id(1), None, None, 100).unwrap().ip, ip(7), "held as attached");
+        let other = t.attach(id(2), None, None, 100).unwrap();
+        let err = t.readopt(lease(3, other.ip), 100).unwrap_err();
+        assert!(err.contains("held by MAC"), "{err}");
+        let err = t.readopt(lease(4, "10.9.9.9".parse().unwrap()), 100).unwrap_err();
+        assert!(err.contains("not in network"), "{err}");
     }
 
     #[test]

@@ -72,9 +72,20 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
     let (channel, _daemon) = cli.connect_as_user(args.attach.user.as_deref())?;
     // Root without sudo keeps its uid, not its capabilities.
     privileges::become_user(None)?;
-    let (info, tap) = super::attach(&channel, &args.attach, datapath, false)?;
+    let attached = super::attach(&channel, &args.attach, datapath, false)?;
+    let lifeline = cli.lifeline(&attached);
+    let super::Attached { info, tap, .. } = attached;
     let announce = relay::announcement(&serde_json::to_string(&info)?)
         .context("cannot keep the interface JSON for the relay")?;
+    // The token crosses the exec in a file of its own, not in the command
+    // line, which every user can read.
+    let reclaim = match &lifeline {
+        Some(l) => Some((
+            l.socket.clone(),
+            relay::announcement(&l.token).context("cannot keep the token for the relay")?,
+        )),
+        None => None,
+    };
     let relay_args = RelayArgs {
         interface: Interface::Attached {
             tap: tap.as_raw_fd(),
@@ -85,6 +96,9 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
         socket,
         header,
         announce: Some(announce.as_raw_fd()),
+        reclaim: reclaim
+            .as_ref()
+            .map(|(socket, token)| (socket.clone(), token.as_raw_fd())),
         log: cli.log.clone(),
     };
     // What the relay is handed must cross the exec.
@@ -92,6 +106,7 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
         Some(tap.as_raw_fd()),
         Some(relay_args.daemon),
         relay_args.announce,
+        relay_args.reclaim.as_ref().map(|(_, fd)| *fd),
         vmm_fd.as_ref().map(AsRawFd::as_raw_fd),
     ];
     for fd in passed.into_iter().flatten() {

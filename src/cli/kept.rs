@@ -54,7 +54,7 @@ pub fn attach(cli: &Cli, args: &AttachCmd) -> anyhow::Result<()> {
         std::thread::spawn(move || daemon.wait());
     }
     // The TAP fd that comes back is dropped here: the TAP stays, persistent.
-    let (info, _tap) = super::attach(&channel, &args.attach, Datapath::TapName, true)?;
+    let info = super::attach(&channel, &args.attach, Datapath::TapName, true)?.info;
     let json = serde_json::to_string(&info)?;
     match &args.json {
         Some(path) => std::fs::write(path, format!("{json}\n"))

@@ -7,6 +7,7 @@ mod doctor;
 mod forward;
 mod helper;
 mod kept;
+pub mod lifeline;
 mod ls;
 mod policy;
 pub mod relay;
@@ -338,6 +339,17 @@ impl Cli {
 
     /// The configuration: the file given, or the default file if it exists,
     /// or the built-in networks.
+    /// What re-claims an interface of the system daemon after it
+    /// restarted; a rootless daemon's interfaces go with it.
+    pub fn lifeline(&self, attached: &Attached) -> Option<lifeline::Lifeline> {
+        let token = attached.reclaim_token.clone()?;
+        (!self.place().rootless).then(|| lifeline::Lifeline {
+            socket: self.socket_path(),
+            interface_id: attached.info.interface_id,
+            token,
+        })
+    }
+
     pub fn load_config(&self) -> anyhow::Result<Config> {
         let (path, explicit) = &self.place().config;
         if path.as_os_str().is_empty() {
@@ -573,14 +585,24 @@ impl InterfaceArgs {
     }
 }
 
-/// Attaches an interface; returns what the VMM needs to know and the TAP.
-/// Attaches as `args` say; `keep`: past this connection (`linnet attach`).
+/// An attached interface as its client holds it.
+pub struct Attached {
+    /// What the VMM needs to know.
+    pub info: InterfaceInfo,
+    pub tap: OwnedFd,
+    /// What re-claims it after a daemon restart (none when kept past the
+    /// connection, or a clone).
+    pub reclaim_token: Option<String>,
+}
+
+/// Attaches an interface as `args` say; `keep`: past this connection
+/// (`linnet attach`).
 pub fn attach(
     channel: &Channel,
     args: &AttachArgs,
     datapath: Datapath,
     keep: bool,
-) -> anyhow::Result<(InterfaceInfo, OwnedFd)> {
+) -> anyhow::Result<Attached> {
     if let Some(name) = &args.name {
         crate::types::validate_hostname(name)?;
     }
@@ -599,8 +621,11 @@ pub fn attach(
         clone_of: args.clone_of()?,
     };
     let (response, fds) = channel.call(&Request::Attach(request))?;
-    let info = match response {
-        Response::Attached { interface } => *interface,
+    let (info, reclaim_token) = match response {
+        Response::Attached {
+            interface,
+            reclaim_token,
+        } => (*interface, reclaim_token),
         Response::Error {
             kind: ErrorKind::NotAllowed,
             message,
@@ -619,7 +644,11 @@ pub fn attach(
         .into_iter()
         .next()
         .context("the daemon sent no TAP file descriptor")?;
-    Ok((info, tap))
+    Ok(Attached {
+        info,
+        tap,
+        reclaim_token,
+    })
 }
 
 fn is_absent(e: &io::Error) -> bool {

@@ -33,6 +33,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::socket::{self, MsgFlags};
 use tracing::{info, warn};
 
+use super::lifeline::{self, Lifeline};
 use super::{DAEMON_GONE, EXIT_LINNET_FAILED, report, spawn_relay};
 use crate::api::{AttachRequest, Channel, ErrorKind, InterfaceInfo, Request, Response};
 use crate::datapath::framing::LENGTH_BYTES;
@@ -54,6 +55,7 @@ const USAGE: &str = "\
 usage: linnet-relay --tap FD --interface-id UUID --daemon FD --mtu N
                     (--fd N | --socket PATH | --stream-fd N | --stream-socket PATH)
                     [--vnet-hdr-size BYTES] [--announce FD] [--log FILTER]
+                    [--daemon-socket PATH --reclaim-token FD]
        linnet-relay --attach-on-first-frame NETWORK --daemon FD --mtu N --stream-fd N
 
 The per-VM relay of `linnet helper`, which starts it once the interface is
@@ -61,7 +63,9 @@ attached, and of the daemon's network sockets; not meant to be run by hand.
 --tap is the interface's TAP, --daemon the connection it was attached on
 (counters go there; when it closes, the interface is gone). The VMM's socket
 is given as for `linnet helper`. --announce: a file whose contents (the
-interface JSON) go to stdout once relaying. --attach-on-first-frame: attach
+interface JSON) go to stdout once relaying. --daemon-socket and --reclaim-token
+(a file holding the token): when the daemon restarts, reconnect there and re-claim
+the interface instead of stopping. --attach-on-first-frame: attach
 to NETWORK on --daemon once the VM's first frame on --stream-fd gives its MAC.";
 
 /// What `linnet-relay` is given, as `linnet helper` (or the daemon, for a
@@ -77,6 +81,9 @@ pub struct RelayArgs {
     pub header: ClientHeader,
     /// A file whose contents go to stdout once the relay is ready.
     pub announce: Option<RawFd>,
+    /// Where the daemon is, and a file with the token that re-claims the
+    /// interface there after a restart.
+    pub reclaim: Option<(PathBuf, RawFd)>,
     /// The log filter [default: warn].
     pub log: Option<String>,
 }
@@ -143,6 +150,10 @@ impl RelayArgs {
         if let Some(fd) = self.announce {
             add("--announce", fd.to_string().into());
         }
+        if let Some((socket, token)) = &self.reclaim {
+            add("--daemon-socket", socket.into());
+            add("--reclaim-token", token.to_string().into());
+        }
         if let Some(log) = &self.log {
             add("--log", log.into());
         }
@@ -155,6 +166,7 @@ impl RelayArgs {
         let mut first_frame = None;
         let (mut socket, mut header, mut announce, mut log) =
             (None, ClientHeader::None, None, None);
+        let (mut daemon_socket, mut reclaim_token) = (None, None);
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
             let flag = flag.to_string_lossy().into_owned();
@@ -199,6 +211,8 @@ impl RelayArgs {
                         .map_err(|e| format!("{flag}: {e}"))?
                 }
                 "--announce" => announce = Some(fd()?),
+                "--daemon-socket" => daemon_socket = Some(PathBuf::from(value.clone())),
+                "--reclaim-token" => reclaim_token = Some(fd()?),
                 "--log" => log = Some(text()?.to_owned()),
                 _ => return Err(format!("unknown argument {flag}")),
             }
@@ -230,6 +244,11 @@ impl RelayArgs {
             })?,
             header,
             announce,
+            reclaim: match (daemon_socket, reclaim_token) {
+                (Some(socket), Some(token)) => Some((socket, token)),
+                (None, None) => None,
+                _ => return Err("give --daemon-socket and --reclaim-token together".into()),
+            },
             log,
         })
     }
@@ -294,7 +313,17 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
         signals.add(s);
     }
     signals.thread_block().context("cannot block signals")?;
-    let channel = Channel::from_fd(claim_fd(args.daemon)?);
+    let mut channel = Some(Channel::from_fd(claim_fd(args.daemon)?));
+    let lifeline = match &args.reclaim {
+        Some((socket, token)) => {
+            let mut text = String::new();
+            File::from(claim_fd(*token)?)
+                .read_to_string(&mut text)
+                .context("cannot read the interface's token")?;
+            Some((socket.clone(), text.trim().to_owned()))
+        }
+        None => None,
+    };
     let (tap, interface_id, endpoint, mtu) = match &args.interface {
         Interface::Attached { tap, interface_id } => {
             let tap = claim_fd(*tap)?;
@@ -312,10 +341,11 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
             };
             let vm = claim_fd(fd)?;
             let max_frame = args.mtu as usize + FRAME_OVERHEAD;
-            let Some(mac) = first_frame_mac(&vm, &channel, &signals, network, max_frame)? else {
+            let attaching = channel.as_ref().expect("connected");
+            let Some(mac) = first_frame_mac(&vm, attaching, &signals, network, max_frame)? else {
                 return Ok(());
             };
-            let Some((info, tap)) = attach_on_first_frame(&channel, &vm, &signals, network, mac)?
+            let Some((info, tap)) = attach_on_first_frame(attaching, &vm, &signals, network, mac)?
             else {
                 return Ok(());
             };
@@ -342,6 +372,11 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
     }
     let relay = spawn_relay(relay);
     info!(interface = %interface_id, %datapath, "relaying");
+    let lifeline = lifeline.map(|(socket, token)| Lifeline {
+        socket,
+        interface_id,
+        token,
+    });
 
     let mut reported = RelayCounters::default();
     let mut next_report = Instant::now() + REPORT_EVERY;
@@ -361,12 +396,34 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
                 Err(_) => bail!("the relay thread panicked"),
             };
         }
-        if channel.peer_closed() {
-            bail!(DAEMON_GONE);
+        // The daemon went away: with a lifeline, the relay goes on and
+        // re-claims the interface from the next daemon.
+        match (&channel, &lifeline) {
+            (Some(c), None) if c.peer_closed() => bail!(DAEMON_GONE),
+            (Some(c), Some(_)) if c.peer_closed() => {
+                warn!("{}", lifeline::WAITING);
+                channel = None;
+            }
+            (None, Some(lifeline)) => {
+                if let Some(back) = lifeline.try_reclaim()? {
+                    warn!(interface = %interface_id, "re-claimed the interface from the daemon that is back");
+                    channel = Some(back);
+                    // The new daemon has not heard them.
+                    reported = RelayCounters::default();
+                    next_report = Instant::now();
+                }
+            }
+            _ => {}
         }
         if Instant::now() >= next_report {
             next_report += REPORT_EVERY;
-            report(&channel, interface_id, &counters, &mut reported)?;
+            if let Some(c) = &channel
+                && let Err(e) = report(c, interface_id, &counters, &mut reported)
+                // A daemon going away meanwhile is seen above, next time.
+                && !(lifeline.is_some() && c.peer_closed())
+            {
+                return Err(e);
+            }
             reap_children();
         }
     }
@@ -498,7 +555,7 @@ fn attach_on_first_frame(
             .call(&Request::Attach(request.clone()))
             .map_err(|e| refused(e.to_string()))?;
         let message = match response {
-            Response::Attached { interface } => {
+            Response::Attached { interface, .. } => {
                 let tap = fds
                     .into_iter()
                     .next()
@@ -620,6 +677,7 @@ mod tests {
             socket: VmmSocket::DgramPath(PathBuf::from(OsStr::from_bytes(b"/tmp/vm\xff.sock"))),
             header: ClientHeader::Virtio(12),
             announce: Some(6),
+            reclaim: Some(("/run/linnet/linnet.sock".into(), 7)),
             log: Some("linnet=debug".into()),
         }
     }
@@ -636,6 +694,7 @@ mod tests {
                 socket,
                 header: ClientHeader::None,
                 announce: None,
+                reclaim: None,
                 log: None,
                 ..args()
             };

@@ -16,6 +16,7 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType};
 
+use super::lifeline::{self, Lifeline};
 use super::{AttachArgs, Cli, DAEMON_GONE, VnetArgs};
 use crate::api::{Channel, InterfaceInfo, Request, Response};
 use crate::datapath::port::Endpoint;
@@ -110,7 +111,9 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
         // Reap it whenever it exits, so it never lingers as a zombie of ours.
         std::thread::spawn(move || daemon.wait());
     }
-    let (info, tap) = super::attach(&channel, &args.attach, args.datapath, false)?;
+    let attached = super::attach(&channel, &args.attach, args.datapath, false)?;
+    let lifeline = cli.lifeline(&attached);
+    let super::Attached { info, tap, .. } = attached;
     publish(&info, args.json.as_deref())?;
 
     // What CMD gets: the TAP itself, or its end of a socketpair we relay;
@@ -210,8 +213,8 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     }
     let interface_id = info.interface_id;
     std::thread::spawn(move || match counters {
-        None => watch_daemon(channel),
-        Some(counters) => report_until_daemon_gone(channel, interface_id, &counters),
+        None => watch_daemon(channel, lifeline),
+        Some(counters) => report_until_daemon_gone(channel, lifeline, interface_id, &counters),
     });
 
     let status = child.wait().context("waiting for the command")?;
@@ -365,30 +368,70 @@ fn forward_signals(signals: SigSet, child: nix::unistd::Pid) {
     }
 }
 
-/// Holds the connection (our interface's lifeline) and reports if the daemon goes.
-fn watch_daemon(channel: Channel) {
-    while let Ok(Some(_)) = channel.recv::<Response>() {}
-    daemon_gone(channel, DAEMON_GONE.into());
-}
-
-/// For a relayed datapath: sends the relay's counters each second (when
-/// they changed), and watches for the daemon going away.
-fn report_until_daemon_gone(channel: Channel, interface_id: InterfaceId, counters: &Counters) {
-    let mut last = Default::default();
+/// Holds the connection (our interface's lifeline); when the daemon goes,
+/// waits for the next one and re-claims the interface there.
+fn watch_daemon(mut channel: Channel, lifeline: Option<Lifeline>) {
     loop {
-        std::thread::sleep(Duration::from_secs(1));
-        if channel.peer_closed() {
-            return daemon_gone(channel, DAEMON_GONE.into());
-        }
-        if let Err(e) = super::report(&channel, interface_id, counters, &mut last) {
-            return daemon_gone(channel, e.to_string());
-        }
+        while let Ok(Some(_)) = channel.recv::<Response>() {}
+        let Some(lifeline) = &lifeline else {
+            return daemon_gone(Some(channel), DAEMON_GONE.into());
+        };
+        drop(channel);
+        channel = match reconnect(lifeline) {
+            Ok(channel) => channel,
+            Err(message) => return daemon_gone(None, message),
+        };
     }
 }
 
-fn daemon_gone(channel: Channel, message: String) {
+/// For a relayed datapath: sends the relay's counters each second (when
+/// they changed), and re-claims the interface when the daemon restarted.
+fn report_until_daemon_gone(
+    mut channel: Channel,
+    lifeline: Option<Lifeline>,
+    interface_id: InterfaceId,
+    counters: &Counters,
+) {
+    let mut last = Default::default();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        if !channel.peer_closed() {
+            match super::report(&channel, interface_id, counters, &mut last) {
+                // A daemon going away meanwhile is seen below.
+                Err(_) if lifeline.is_some() && channel.peer_closed() => {}
+                Err(e) => return daemon_gone(Some(channel), e.to_string()),
+                Ok(()) => continue,
+            }
+        }
+        let Some(lifeline) = &lifeline else {
+            return daemon_gone(Some(channel), DAEMON_GONE.into());
+        };
+        drop(channel);
+        channel = match reconnect(lifeline) {
+            Ok(channel) => channel,
+            Err(message) => return daemon_gone(None, message),
+        };
+        // The new daemon has not heard them.
+        last = Default::default();
+    }
+}
+
+/// The daemon went away: a connection to the next one, with the
+/// interface re-claimed, or why not.
+fn reconnect(lifeline: &Lifeline) -> Result<Channel, String> {
+    eprintln!("linnet: {}", lifeline::WAITING);
+    let channel = lifeline.reclaim().map_err(|e| format!("{e:#}"))?;
+    eprintln!(
+        "linnet: re-claimed interface {} from the daemon that is back",
+        lifeline.interface_id
+    );
+    Ok(channel)
+}
+
+/// Says why the interface is gone, and keeps a connection that is still
+/// open (closing it would detach the interface) until we exit.
+fn daemon_gone(channel: Option<Channel>, message: String) {
     eprintln!("linnet: {message}");
-    // Keep the socket open until we exit, so nothing else changes.
     let _channel = channel;
     loop {
         std::thread::park();

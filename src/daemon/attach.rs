@@ -76,9 +76,15 @@ pub(super) fn plan_on_lan(
         name: req.name.clone(),
         datapath: req.datapath.unwrap_or_default(),
         policy: Policy::default(),
-        guarded: cfg.anti_spoofing,
+        guarded: guarded(cfg),
         mtu,
     })
+}
+
+/// Whether a network's ports get guard entries: for anti-spoofing, or
+/// (on linnet's own networks) isolation.
+pub(super) fn guarded(cfg: &NetworkConfig) -> bool {
+    cfg.anti_spoofing || (cfg.lan.is_none() && cfg.isolation)
 }
 
 /// The MAC of a LAN network's VM that asked for none: stable per id.
@@ -120,7 +126,7 @@ pub(super) fn plan(
         name: req.name.clone(),
         datapath: req.datapath.unwrap_or_default(),
         policy,
-        guarded: cfg.anti_spoofing || cfg.isolation,
+        guarded: guarded(cfg),
         mtu: cfg.mtu,
     })
 }
@@ -141,7 +147,7 @@ pub(super) fn plan_clone(
         name: req.name.clone(),
         datapath: req.datapath.unwrap_or_default(),
         policy: req.policy.clone().unwrap_or_else(|| cfg.policy.clone()),
-        guarded: cfg.anti_spoofing || cfg.isolation,
+        guarded: guarded(cfg),
         mtu: cfg.mtu,
     }
 }

@@ -171,7 +171,8 @@ impl Daemon {
             taken_over,
             ns: made.ns,
         };
-        let info = self.record_attached(network, plan, client, req, (port, index), Some(state));
+        let port = (port, index, plan.mac);
+        let info = self.record_attached(network, plan, client, req, port, Some(state));
         Ok((info, made.tap))
     }
 

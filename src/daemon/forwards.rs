@@ -179,45 +179,22 @@ impl Daemon {
             .collect()
     }
 
-    /// The forwards an interface gets when it attaches: those it asked for
-    /// (each must be free, or the attach fails), then those kept for its id
-    /// and those of the config (taken when free, else skipped with a
-    /// warning: the VM still gets its network).
+    /// The forwards an interface gets when it attaches (`take_forwards`),
+    /// in the firewall.
     pub(super) fn publish_on_attach(
         &mut self,
         id: InterfaceId,
         client: &Client,
         req: &AttachRequest,
     ) -> Result<Vec<PortForward>, DaemonError> {
-        let iface = &self.interfaces[&id];
-        let network = iface.network.clone();
-        let cfg = self.config.network(&network).expect("attached").clone();
-        let name = iface.name.clone();
         for forward in &req.publish {
             self.take_forward(id, *forward, ForwardOrigin::Publish, client.uid)?;
         }
-        let kept = self.forwards.store().get(id, &network, client.claimant());
-        let from_config = cfg.forwards.iter().filter(|f| match &f.target {
-            ForwardTarget::InterfaceId(target) => *target == id,
-            ForwardTarget::Name(n) => name.as_deref() == Some(n.as_str()),
-        });
-        let restore: Vec<(PortForward, ForwardOrigin)> = kept
-            .into_iter()
-            .map(|f| (f, ForwardOrigin::Runtime))
-            .chain(from_config.map(|f| (f.forward, ForwardOrigin::Config)))
-            .collect();
-        for (forward, origin) in restore {
-            if let Err(e) = self.take_forward(id, forward, origin, 0) {
-                warn!(%network, interface = %id, %forward, "forward not restored: {e}");
-            }
-        }
-        let forwards: Vec<PortForward> = self.interfaces[&id]
-            .forwards
-            .iter()
-            .map(|p| p.forward)
-            .collect();
-        let policy_on = !self.interfaces[&id].policy.is_open();
-        if !forwards.is_empty() || policy_on {
+        self.take_kept_forwards(id, client.claimant());
+        let iface = &self.interfaces[&id];
+        let forwards: Vec<PortForward> = iface.forwards.iter().map(|p| p.forward).collect();
+        let network = iface.network.clone();
+        if !forwards.is_empty() || !iface.policy.is_open() {
             self.sync_host()?;
             if !forwards.is_empty() {
                 let list: Vec<String> = forwards.iter().map(|f| f.to_string()).collect();
@@ -227,9 +204,39 @@ impl Daemon {
         Ok(forwards)
     }
 
+    /// Gives interface `id` the forwards kept for its id and those of the
+    /// config, each taken when free, else skipped with a warning: the VM
+    /// still gets its network. (Those asked for at attach come first,
+    /// and each must be free.)
+    pub(super) fn take_kept_forwards(&mut self, id: InterfaceId, who: Claimant) {
+        let iface = &self.interfaces[&id];
+        let network = iface.network.clone();
+        let cfg = self.config.network(&network).expect("attached");
+        let name = iface.name.clone();
+        let kept = self.forwards.store().get(id, &network, who);
+        let restore: Vec<(PortForward, ForwardOrigin)> = kept
+            .into_iter()
+            .map(|f| (f, ForwardOrigin::Runtime))
+            .chain(
+                cfg.forwards
+                    .iter()
+                    .filter(|f| match &f.target {
+                        ForwardTarget::InterfaceId(target) => *target == id,
+                        ForwardTarget::Name(n) => name.as_deref() == Some(n.as_str()),
+                    })
+                    .map(|f| (f.forward, ForwardOrigin::Config)),
+            )
+            .collect();
+        for (forward, origin) in restore {
+            if let Err(e) = self.take_forward(id, forward, origin, 0) {
+                warn!(%network, interface = %id, %forward, "forward not restored: {e}");
+            }
+        }
+    }
+
     /// Checks `forward` and gives it to interface `id` (the firewall is
     /// not updated here).
-    fn take_forward(
+    pub(super) fn take_forward(
         &mut self,
         id: InterfaceId,
         forward: PortForward,

@@ -46,6 +46,11 @@ impl Guard {
         self.held
     }
 
+    /// The tables were made with the ports already in them (start-up).
+    pub fn made(&mut self) {
+        self.ready = true;
+    }
+
     /// Guards a port, making the tables first if they are not there.
     pub fn add(&mut self, nft: &mut Nft, port: &PortGuard) -> Result<(), NftError> {
         if !self.ready {

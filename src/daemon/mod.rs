@@ -12,6 +12,7 @@
 //! when the host changes under linnet, `tap_watch` when a VMM changes its
 //! TAP's MAC.
 
+mod adoption;
 mod attach;
 mod clones;
 mod coexist;
@@ -22,6 +23,7 @@ mod host_ports;
 mod learning;
 mod network_sockets;
 mod policies;
+mod records;
 pub mod rootless;
 mod server;
 mod state;

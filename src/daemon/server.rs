@@ -212,6 +212,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
             _ = idle_ticks.tick() => {
+                daemon.lock().await.reap_orphans().await;
                 let Some(limit) = opts.idle_exit else { continue };
                 let idle = sessions.connections.load(Ordering::SeqCst) == 0 && daemon.lock().await.is_idle();
                 if !idle {
@@ -231,11 +232,11 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     }
     tap_watch.abort();
     network_sockets.close();
-    daemon.lock().await.shutdown().await;
+    daemon.lock().await.stop().await;
     remove_socket();
     // Still held: a daemon starting meanwhile finds it locked, or a new one.
     let _ = std::fs::remove_file(opts.run_dir.join(LOCK_FILE));
-    info!("stopped; nothing left behind");
+    info!("stopped");
     Ok(())
 }
 
@@ -504,7 +505,7 @@ async fn serve_client(
         };
         let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
         let attached = match &response {
-            Response::Attached { interface } => Some(interface.interface_id),
+            Response::Attached { interface, .. } => Some(interface.interface_id),
             _ => None,
         };
         let mut sent = send_reply(&conn, &response, &fds, large, client.uid).await;
@@ -593,9 +594,10 @@ async fn handle(
     match request {
         Request::WaitAddress { .. } => unreachable!("answered above"),
         Request::Attach(req) => match daemon.handle_attach(client, req).await {
-            Ok((interface, fd)) => (
+            Ok((interface, fd, reclaim_token)) => (
                 Response::Attached {
                     interface: Box::new(interface),
+                    reclaim_token,
                 },
                 Some(fd),
             ),
@@ -610,6 +612,16 @@ async fn handle(
                 Err(e) => (e.into_response(), None),
             }
         }
+        Request::Reclaim {
+            interface_id,
+            token,
+        } => match daemon.handle_reclaim(client, interface_id, &token) {
+            Ok(()) => (Response::Reclaimed { interface_id }, None),
+            Err(e) => {
+                warn!(uid = client.uid, pid = ?client.pid, "re-claim refused: {e}");
+                (e.into_response(), None)
+            }
+        },
         Request::Counters {
             interface_id,
             counters,

@@ -23,6 +23,7 @@ use super::forwards::{Forwards, Published};
 use super::guarding::Guard;
 use super::host_ports::HostPorts;
 use super::policies::check_policy_possible;
+use super::records::Records;
 use super::tap_watch::TapAddresses;
 use crate::addr6;
 use crate::api::{
@@ -32,10 +33,11 @@ use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
 use crate::host::firewall;
 use crate::host::guard::{self, PortGuard};
-use crate::host::netlink::{LinkKind, Netlink, NetlinkError};
+use crate::host::netlink::{Netlink, NetlinkError};
 use crate::host::nft::{Nft, NftError};
+use crate::host::process::Process;
 use crate::host::tap::{self, TapError};
-use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
+use crate::host::{ALIAS_INTERFACE, sysctl};
 use crate::leases::{Claimant, LeaseError};
 use crate::policy::Policy;
 use crate::services::{ServiceError, unix_now};
@@ -148,10 +150,10 @@ pub(super) struct Interface {
     /// Why its TAP was taken off the network, if it was.
     pub(super) cut_off: Option<String>,
     pub(super) client: u64,
-    pid: Option<i32>,
+    pub(super) pid: Option<i32>,
     pub(super) uid: u32,
-    datapath: Datapath,
-    relay: Option<RelayCounters>,
+    pub(super) datapath: Datapath,
+    pub(super) relay: Option<RelayCounters>,
     pub(super) forwards: Vec<Published>,
     /// Kept past its client's connection (`linnet attach`): the TAP's
     /// receive count when it last moved, and when.
@@ -163,6 +165,13 @@ pub(super) struct Interface {
     /// its namespace's on the network (its unique address), and `tap` its
     /// veth port.
     pub(super) as_clone: Option<CloneState>,
+    /// Its client's process as a new daemon checks it is still there
+    /// (none when kept past its connection).
+    pub(super) process: Option<Process>,
+    /// What its client re-claims it with after a daemon restart.
+    pub(super) token: String,
+    /// The MAC linnet gave its port's host side.
+    pub(super) port_mac: MacAddr,
 }
 
 impl Interface {
@@ -179,8 +188,10 @@ pub struct Daemon {
     pub(super) config: Config,
     /// Where the API socket and the networks' default sockets are.
     pub(super) run_dir: PathBuf,
-    lease_dir: PathBuf,
-    state_dir: PathBuf,
+    pub(super) lease_dir: PathBuf,
+    pub(super) state_dir: PathBuf,
+    /// The attached interfaces as a next daemon adopts them (`records`).
+    pub(super) records: Records,
     pub(super) netlink: Netlink,
     pub(super) nft: Nft,
     pub(super) networks: BTreeMap<String, ActiveNetwork>,
@@ -214,6 +225,7 @@ impl Daemon {
             config,
             run_dir,
             lease_dir: state_dir.join("leases"),
+            records: Records::new(&state_dir),
             state_dir,
             netlink,
             nft: Nft::open(),
@@ -245,65 +257,14 @@ impl Daemon {
             && self.config.networks.values().all(|n| n.socket.is_none())
     }
 
-    /// Start-up: removes TAPs a previous daemon left (their clients lost their
-    /// connection with it), removes its bridges unless the network is
-    /// persistent (those are adopted), replaces its nftables table, and brings
-    /// the persistent networks up.
-    pub async fn reconcile(&mut self) -> Result<(), DaemonError> {
-        std::fs::create_dir_all(&self.lease_dir).map_err(|e| {
-            DaemonError::Internal(format!("cannot create {}: {e}", self.lease_dir.display()))
-        })?;
-        self.remove_clone_mounts();
-        for link in self.netlink.links().await? {
-            let Some(alias) = link.alias.as_deref() else {
-                continue;
-            };
-            let stale = match (link.kind, alias) {
-                (LinkKind::Tun | LinkKind::Macvtap | LinkKind::Veth, a)
-                    if a.starts_with(ALIAS_INTERFACE) =>
-                {
-                    true
-                }
-                (LinkKind::Bridge | LinkKind::Macvlan, a) => a
-                    .strip_prefix(ALIAS_NETWORK)
-                    .is_some_and(|net| !self.config.network(net).is_some_and(|n| n.persistent)),
-                _ => false,
-            };
-            if stale {
-                info!(link = %link.name, "removing what a previous daemon left");
-                self.netlink.delete_link(link.index).await?;
-            }
-        }
-        let path = self.state_dir.join("forwards.json");
-        self.forwards
-            .open(&path)
-            .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?;
-        firewall::remove(&mut self.nft)?;
-        guard::remove(&mut self.nft)?;
-        let persistent: Vec<String> = self
-            .config
-            .networks
-            .values()
-            .filter(|n| n.persistent)
-            .map(|n| n.name.clone())
-            .collect();
-        if persistent.is_empty() {
-            // Takes out DOCKER-USER rules a previous daemon left (a network
-            // coming up does it too).
-            self.refresh_uplinks().await;
-            self.check_host();
-        }
-        for name in persistent {
-            self.ensure_network(&name).await?;
-        }
-        Ok(())
-    }
-
+    /// Attaches an interface: what the VMM's side needs to know, the port's
+    /// fd, and (for an interface a client holds) the token it re-claims the
+    /// interface with after a daemon restart.
     pub async fn handle_attach(
         &mut self,
         client: &Client,
         req: AttachRequest,
-    ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
+    ) -> Result<(InterfaceInfo, OwnedFd, Option<String>), DaemonError> {
         let network = req
             .network
             .clone()
@@ -363,7 +324,13 @@ impl Daemon {
             Ok((mut info, fd)) => match self.publish_on_attach(id, client, &req) {
                 Ok(forwards) => {
                     info.forwards = forwards;
-                    Ok((info, fd))
+                    // Written before the reply: a daemon killed after it
+                    // leaves an interface the next one adopts.
+                    self.save_record(id);
+                    let iface = &self.interfaces[&id];
+                    let token = (iface.client != KEPT && iface.as_clone.is_none())
+                        .then(|| iface.token.clone());
+                    Ok((info, fd, token))
                 }
                 Err(e) => {
                     self.give_back_taken_lease(id);
@@ -524,7 +491,7 @@ impl Daemon {
                     .any(|i| i.network == network && i.mac == mac)
             })?,
         };
-        let (tap_name, tap_index, fd) =
+        let (tap_name, tap_index, tap_mac, fd) =
             match self.carry_out(network, &plan, client, &mut done).await {
                 Ok(made) => made,
                 Err(e) => {
@@ -532,7 +499,8 @@ impl Daemon {
                     return Err(e);
                 }
             };
-        let info = self.record_attached(network, plan, client, req, (tap_name, tap_index), None);
+        let port = (tap_name, tap_index, tap_mac);
+        let info = self.record_attached(network, plan, client, req, port, None);
         Ok((info, fd))
     }
 
@@ -544,7 +512,7 @@ impl Daemon {
         plan: AttachPlan,
         client: &Client,
         req: &AttachRequest,
-        (tap_name, tap_index): (String, u32),
+        (tap_name, tap_index, port_mac): (String, u32, MacAddr),
         clone: Option<CloneState>,
     ) -> InterfaceInfo {
         let net = &self.networks[network];
@@ -598,6 +566,9 @@ impl Daemon {
                 guarded: plan.guarded,
                 policy: plan.policy,
                 as_clone: clone,
+                process: client.pid.filter(|_| !req.keep).and_then(Process::of),
+                token: uuid::Uuid::new_v4().simple().to_string(),
+                port_mac,
             },
         );
         info
@@ -612,7 +583,7 @@ impl Daemon {
         plan: &AttachPlan,
         client: &Client,
         done: &mut Vec<Done>,
-    ) -> Result<(String, u32, OwnedFd), DaemonError> {
+    ) -> Result<(String, u32, MacAddr, OwnedFd), DaemonError> {
         let net = &self.networks[network];
         let port = net
             .make_port(
@@ -650,7 +621,7 @@ impl Daemon {
         }
         // Recorded before the VMM has the fd, so any change is its.
         self.tap_addresses.record(index, tap_mac);
-        Ok((tap_name, index, fd))
+        Ok((tap_name, index, tap_mac, fd))
     }
 
     /// Undoes the steps of a failed attach, newest first.
@@ -729,6 +700,8 @@ impl Daemon {
         if let Err(e) = self.netlink.cut_off(index).await {
             warn!(tap = %iface.tap, "cannot take the TAP off its bridge: {e}");
         }
+        let id = *id;
+        self.save_record(id);
     }
 
     /// Records what a client's relay moved for one of its interfaces.
@@ -758,13 +731,13 @@ impl Daemon {
             None => Err(DaemonError::BadRequest(format!(
                 "interface {id} is not attached"
             ))),
-            Some(i) if i.client == KEPT && client.uid != 0 && client.uid != i.uid => {
+            Some(i) if (i.client == KEPT || i.client == ADOPTED) && client.uid != 0 && client.uid != i.uid => {
                 Err(DaemonError::Forbidden(format!(
                     "interface {id} belongs to uid {}; only it or root may detach it",
                     i.uid
                 )))
             }
-            Some(i) if i.client != client.id && i.client != KEPT => {
+            Some(i) if i.client != client.id && i.client != KEPT && i.client != ADOPTED => {
                 Err(DaemonError::Busy(format!(
                     "interface {id} belongs to another client (pid {}); only it can detach it",
                     i.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
@@ -830,7 +803,7 @@ impl Daemon {
 
     /// Deletes the interfaces' TAPs, returns their addresses to the leases
     /// (kept for the network's lease time) and stops networks left unused.
-    async fn detach(&mut self, ids: &[InterfaceId]) -> Result<(), DaemonError> {
+    pub(super) async fn detach(&mut self, ids: &[InterfaceId]) -> Result<(), DaemonError> {
         let gone: Vec<(InterfaceId, Interface)> = ids
             .iter()
             .filter_map(|id| self.interfaces.remove(id).map(|i| (*id, i)))
@@ -843,6 +816,9 @@ impl Daemon {
             && let Err(e) = self.sync_host()
         {
             warn!("removing published ports of detached interfaces failed: {e}");
+        }
+        for (id, _) in &gone {
+            self.records.remove(*id);
         }
         let taps: Vec<u32> = gone.iter().map(|(_, i)| i.tap_index).collect();
         for &index in &taps {
@@ -1068,8 +1044,9 @@ impl Daemon {
 
 /// IP forwarding, which linnet's NAT and forwards need: turned on where it
 /// is off when a network needs it, and put back as it was when none does.
-/// Only this part changes it.
-#[derive(Default)]
+/// Only this part changes it. A daemon that stops with VMs attached leaves
+/// it on and says what it changed in a file, for the next one to put back.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
 pub(super) struct Forwarding {
     /// Whether linnet turned IPv4 forwarding on (and so turns it off).
     enabled4: bool,
@@ -1105,6 +1082,31 @@ impl Forwarding {
         Ok(turned)
     }
 
+    /// Takes on what a daemon that stopped with VMs attached had changed.
+    pub fn reload(&mut self, state_dir: &std::path::Path) {
+        let path = state_dir.join(FORWARDING_FILE);
+        let Ok(text) = std::fs::read(&path) else {
+            return;
+        };
+        match serde_json::from_slice(&text) {
+            Ok(was) => *self = was,
+            Err(e) => warn!("cannot read {}: {e}; forwarding stays as it is", path.display()),
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Leaves what it changed for the next daemon (`reload`).
+    pub fn save(&self, state_dir: &std::path::Path) {
+        if !self.enabled4 && self.changed6.is_none() {
+            return;
+        }
+        let path = state_dir.join(FORWARDING_FILE);
+        let bytes = serde_json::to_vec(self).expect("serializes");
+        if let Err(e) = crate::files::write_atomically(&path, &bytes) {
+            warn!("cannot write {}: {e}; the next daemon will leave forwarding on", path.display());
+        }
+    }
+
     /// Puts back what `turn_on` changed for a family no network needs now.
     pub fn turn_off_unneeded(&mut self, needs4: bool, needs6: bool) {
         if !needs4 && self.enabled4 {
@@ -1122,9 +1124,17 @@ impl Forwarding {
     }
 }
 
+/// Where a daemon that stopped with VMs attached says what it changed of
+/// IP forwarding.
+const FORWARDING_FILE: &str = "forwarding.json";
+
 /// The client of interfaces kept past their client's connection
 /// (`linnet attach`); no connection has it.
 pub(super) const KEPT: u64 = 0;
+
+/// The client of interfaces a previous daemon attached, until their
+/// client re-claims them (`Daemon::handle_reclaim`); no connection has it.
+pub(super) const ADOPTED: u64 = u64::MAX;
 
 /// How many interfaces leaving at once make the daemon give freed memory
 /// back to the system.

@@ -107,11 +107,6 @@ pub fn apply(nft: &mut Nft, networks: &[FirewallNetwork]) -> Result<(), NftError
     nft.apply(&ruleset(networks))
 }
 
-/// Removes linnet's table, if there is one.
-pub fn remove(nft: &mut Nft) -> Result<(), NftError> {
-    nft.apply(&ruleset(&[]))
-}
-
 /// The chains of the table `ruleset(networks)` makes and how many rules
 /// each gets.
 pub fn shape(networks: &[FirewallNetwork]) -> Shape {

@@ -15,6 +15,7 @@ pub mod netns;
 pub mod nft;
 pub mod packet;
 pub mod privileges;
+pub mod process;
 pub mod ruleset;
 pub mod sysctl;
 pub mod systemd;

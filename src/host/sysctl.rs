@@ -56,7 +56,7 @@ pub fn disable_ipv4_forwarding() -> io::Result<()> {
 }
 
 /// What turning IPv6 forwarding on changed, to be put back.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Ipv6Forwarding {
     pub was_off: bool,
     /// Links whose accept_ra went from 1 to 2.

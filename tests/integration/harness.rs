@@ -434,7 +434,7 @@ impl World {
     }
 
     pub fn daemon_log_text(&self) -> String {
-        std::fs::read_to_string(self.daemon_log()).unwrap_or_default()
+        String::from_utf8_lossy(&std::fs::read(self.daemon_log()).unwrap_or_default()).into_owned()
     }
 
     /// SIGTERM, and wait for a clean exit.

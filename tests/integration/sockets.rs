@@ -378,14 +378,15 @@ fn bad_frames_and_clients_are_dropped_logged_and_counted_without_harm() {
     // Through all of it, the other interfaces were fine.
     assert!(bystander.ping(&bystander.gateway()));
 
-    // A helper notices when the daemon (and with it the interface) is gone.
+    // A helper whose daemon went away relays on and waits for the next.
     world.kill_daemon();
-    let status = wait_for("the helper to notice", Duration::from_secs(5), || {
-        dgram_helper.try_wait().unwrap()
+    wait_for("the helper to notice", Duration::from_secs(5), || {
+        std::fs::read_to_string(&dgram_log)
+            .unwrap()
+            .contains("the linnet daemon went away; the VM keeps its network")
+            .then_some(())
     });
-    let err = std::fs::read_to_string(&dgram_log).unwrap();
-    assert_eq!(status.code(), Some(125), "{err}");
-    assert!(err.contains("the linnet daemon went away"), "{err}");
+    assert!(dgram_helper.try_wait().unwrap().is_none());
     drop(stream_helper);
 }
 

@@ -164,6 +164,9 @@ type Interface struct {
 	// run to open TAP by name.
 	Netns    string   `json:"netns,omitempty"`
 	Warnings []string `json:"warnings,omitempty"`
+	// ReclaimToken re-claims the interface on a new connection after the
+	// daemon restarted (Reclaim). Empty for a clone. Keep it to yourself.
+	ReclaimToken string `json:"-"`
 	// Raw is the whole reply object, vmnet_* keys included.
 	Raw json.RawMessage `json:"-"`
 }
@@ -178,7 +181,8 @@ func (c *Client) Attach(req AttachRequest) (*Interface, *os.File, error) {
 		AttachRequest
 	}{"attach", req}
 	var reply struct {
-		Interface json.RawMessage `json:"interface"`
+		Interface    json.RawMessage `json:"interface"`
+		ReclaimToken string          `json:"reclaim_token"`
 	}
 	fds, err := c.call(body, "attached", &reply)
 	if err != nil {
@@ -196,6 +200,7 @@ func (c *Client) Attach(req AttachRequest) (*Interface, *os.File, error) {
 		return nil, nil, fmt.Errorf("linnet: a malformed interface in the attach reply (%v): %s", err, reply.Interface)
 	}
 	iface.Raw = reply.Interface
+	iface.ReclaimToken = reply.ReclaimToken
 	return &iface, os.NewFile(uintptr(fds[0]), "linnet-tap-"+iface.TAP), nil
 }
 
@@ -213,6 +218,17 @@ func (c *Client) abandon(raw json.RawMessage) {
 // Detach detaches an interface this connection attached.
 func (c *Client) Detach(interfaceID string) error {
 	_, err := c.call(map[string]string{"op": "detach", "interface_id": interfaceID}, "detached", nil)
+	return err
+}
+
+// Reclaim makes an interface that this client attached on a connection to
+// an earlier daemon this connection's: a daemon that restarts keeps running
+// VMs' interfaces, and their clients Dial again (until a daemon answers)
+// and re-claim them with the attach reply's token. From then on the
+// interface lives until Detach or Close on this connection. An error of
+// kind bad_request means the new daemon did not keep it.
+func (c *Client) Reclaim(interfaceID, token string) error {
+	_, err := c.call(map[string]string{"op": "reclaim", "interface_id": interfaceID, "token": token}, "reclaimed", nil)
 	return err
 }
 

@@ -88,7 +88,7 @@ func TestAttachReturnsTheInterfaceAndItsFileDescriptor(t *testing.T) {
 		"network":"shared","mode":"shared","datapath":"tap","name":"web","mac_address":"52:54:00:12:34:56",
 		"ip_address":"192.168.105.2","gateway":"192.168.105.1","subnet":"192.168.105.0/24",
 		"dns":["192.168.105.1"],"domain":"shared.linnet","tap":"lnt7","mtu":1500,"forwards":["8080:80/tcp"],
-		"vmnet_mac_address":"52:54:00:12:34:56"}}`
+		"vmnet_mac_address":"52:54:00:12:34:56"},"reclaim_token":"0f1e2d"}`
 	got := daemon.serve("attach", []int{int(r.Fd())}, reply)
 	iface, tap, err := client.Attach(AttachRequest{Network: "shared", Name: "web", Publish: []string{"8080:80/tcp"}})
 	if err != nil {
@@ -100,7 +100,8 @@ func TestAttachReturnsTheInterfaceAndItsFileDescriptor(t *testing.T) {
 		t.Errorf("the request: %v", req)
 	}
 	if iface.IPAddress != "192.168.105.2" || iface.TAP != "lnt7" || iface.MTU != 1500 ||
-		len(iface.Forwards) != 1 || !strings.Contains(string(iface.Raw), "vmnet_mac_address") {
+		len(iface.Forwards) != 1 || !strings.Contains(string(iface.Raw), "vmnet_mac_address") ||
+		iface.ReclaimToken != "0f1e2d" {
 		t.Errorf("the interface: %+v", iface)
 	}
 	// The file is the descriptor the daemon sent: what goes in comes out.
@@ -114,6 +115,22 @@ func TestAttachReturnsTheInterfaceAndItsFileDescriptor(t *testing.T) {
 	flags, _, errno := syscall.Syscall(syscall.SYS_FCNTL, tap.Fd(), syscall.F_GETFD, 0)
 	if errno != 0 || flags&syscall.FD_CLOEXEC == 0 {
 		t.Errorf("the received descriptor is not close-on-exec")
+	}
+}
+
+func TestReclaimSendsTheTokenAndTakesTheReply(t *testing.T) {
+	client, daemon := pair(t)
+	got := daemon.serve("reclaim", nil, `{"reply":"reclaimed","interface_id":"x"}`)
+	if err := client.Reclaim("x", "0f1e2d"); err != nil {
+		t.Fatal(err)
+	}
+	if req := <-got; req["interface_id"] != "x" || req["token"] != "0f1e2d" {
+		t.Errorf("the request: %v", req)
+	}
+	daemon.serve("reclaim", nil, `{"reply":"error","kind":"bad_request","message":"interface x is not attached"}`)
+	var e *Error
+	if err := client.Reclaim("x", "0f1e2d"); !errors.As(err, &e) || e.Kind != "bad_request" {
+		t.Fatalf("got %v", err)
 	}
 }
 

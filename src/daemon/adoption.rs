@@ -1,0 +1,426 @@
+//! Restarts without loss. A daemon that stops while VMs are attached
+//! (SIGTERM for a restart or an upgrade, or a crash) leaves their ports,
+//! bridges and nftables tables in the kernel, which keeps forwarding, and
+//! their records on disk (`records`). The next daemon adopts each
+//! interface whose port and client are still there, removes the rest,
+//! and replaces linnet's tables with equal content, each in one
+//! transaction; the clients reconnect and re-claim their interfaces
+//! (`handle_reclaim`), and an adopted interface whose client exits
+//! without doing so goes (`reap_orphans`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tracing::{info, warn};
+
+use super::attach::{self, AttachPlan};
+use super::records::{self, InterfaceRecord, Verdict};
+use super::state::{ADOPTED, Client, Daemon, DaemonError, Interface, KEPT};
+use crate::api::ForwardOrigin;
+use crate::host::guard;
+use crate::host::netlink::{Link, LinkKind};
+use crate::host::process::Process;
+use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK};
+use crate::leases::{Lease, Owner};
+use crate::services::unix_now;
+use crate::types::InterfaceId;
+
+impl Daemon {
+    /// Start-up: adopts what a previous daemon left for interfaces still
+    /// in use, removes everything else it left (ports, bridges of
+    /// networks not persistent, clone namespaces), brings up the
+    /// persistent networks, and replaces linnet's tables in one
+    /// transaction each.
+    pub async fn reconcile(&mut self) -> Result<(), DaemonError> {
+        std::fs::create_dir_all(&self.lease_dir).map_err(|e| {
+            DaemonError::Internal(format!("cannot create {}: {e}", self.lease_dir.display()))
+        })?;
+        self.remove_clone_mounts();
+        let path = self.state_dir.join("forwards.json");
+        self.forwards
+            .open(&path)
+            .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?;
+        self.forwarding.reload(&self.state_dir);
+        let links = self.netlink.links().await?;
+        let adopt = self.decide_adoptions(&links);
+        let ports: BTreeSet<u32> = adopt.iter().map(|(r, _)| r.port_index).collect();
+        let mut wanted: BTreeSet<String> = adopt.iter().map(|(r, _)| r.network.clone()).collect();
+        wanted.extend(
+            self.config
+                .networks
+                .values()
+                .filter(|n| n.persistent)
+                .map(|n| n.name.clone()),
+        );
+        for link in &links {
+            let Some(alias) = link.alias.as_deref() else {
+                continue;
+            };
+            let stale = match (link.kind, alias) {
+                (LinkKind::Tun | LinkKind::Macvtap | LinkKind::Veth, a)
+                    if a.starts_with(ALIAS_INTERFACE) =>
+                {
+                    !ports.contains(&link.index)
+                }
+                (LinkKind::Bridge | LinkKind::Macvlan, a) => a
+                    .strip_prefix(ALIAS_NETWORK)
+                    .is_some_and(|net| !wanted.contains(net)),
+                _ => false,
+            };
+            if stale {
+                info!(link = %link.name, "removing what a previous daemon left");
+                self.netlink.delete_link(link.index).await?;
+            }
+        }
+        // The networks come up without touching the tables: those the last
+        // daemon left go on guarding and NATing until replaced, below.
+        for name in &wanted {
+            let cfg = self.config.network(name).expect("configured").clone();
+            match super::drivers::ActiveNetwork::bring_up(&cfg, &self.netlink, &self.lease_dir)
+                .await
+            {
+                Ok(net) => {
+                    self.networks.insert(name.clone(), net);
+                }
+                Err(e) if cfg.persistent && !adopt.iter().any(|(r, _)| &r.network == name) => {
+                    return Err(e);
+                }
+                Err(e) => warn!(network = %name, "cannot bring the network up again: {e}; its interfaces are not adopted"),
+            }
+        }
+        let mut adopted = 0;
+        for (record, cut_off) in adopt {
+            let (id, port, index) = (record.interface_id, record.port.clone(), record.port_index);
+            if !self.networks.contains_key(&record.network) {
+                self.forget(id, index).await;
+                continue;
+            }
+            match self.adopt(record, cut_off).await {
+                Ok(()) => adopted += 1,
+                Err(e) => {
+                    warn!(interface = %id, %port, "cannot adopt the interface a previous daemon attached: {e}; removing it");
+                    self.forget(id, index).await;
+                }
+            }
+        }
+        self.next_tap = self
+            .interfaces
+            .values()
+            .filter_map(|i| port_number(&i.tap))
+            .max()
+            .map_or(0, |n| n + 1);
+        // Each table in one transaction, with every adopted port in it:
+        // never a moment without its guard or its NAT.
+        let ports = self.guarded_ports();
+        if ports.is_empty() {
+            guard::remove(&mut self.nft)?;
+        } else {
+            guard::create_with(&mut self.nft, &ports)?;
+            self.guard.made();
+        }
+        self.sync_host()?;
+        for net in self.networks.values() {
+            if let Some(leases) = net.leases() {
+                leases.changed();
+            }
+        }
+        // Takes out DOCKER-USER rules a previous daemon left, or puts in
+        // the networks' own.
+        self.refresh_uplinks().await;
+        self.check_host();
+        if adopted > 0 {
+            info!(
+                interfaces = adopted,
+                "adopted the interfaces a previous daemon attached; their clients re-claim them"
+            );
+        }
+        Ok(())
+    }
+
+    /// The records to adopt, each with whether its port is cut off; the
+    /// others' records go.
+    fn decide_adoptions(&mut self, links: &[Link]) -> Vec<(InterfaceRecord, Option<String>)> {
+        let by_index: BTreeMap<u32, &Link> = links.iter().map(|l| (l.index, l)).collect();
+        let mut adopt = Vec::new();
+        for record in self.records.load() {
+            let network = match self.config.network(&record.network) {
+                None => Err(format!(
+                    "network \"{}\" is no longer configured",
+                    record.network
+                )),
+                // A rootless daemon's namespace went with the last one.
+                Some(_) if self.rootless() => Err("a rootless daemon starts anew".into()),
+                Some(_) => Ok(()),
+            };
+            let running = record.client.is_some_and(|p| p.is_running());
+            let port = by_index.get(&record.port_index).copied();
+            match records::verdict(&record, port, running, network) {
+                Verdict::Adopt { cut_off } => adopt.push((record, cut_off)),
+                Verdict::Remove(why) => {
+                    info!(network = %record.network, interface = %record.interface_id, port = %record.port, "removing an interface a previous daemon attached: {why}");
+                    self.records.remove(record.interface_id);
+                }
+            }
+        }
+        adopt
+    }
+
+    /// Takes on one interface a previous daemon attached: its lease at
+    /// its address, its guard, forwards and policy, as they were.
+    async fn adopt(
+        &mut self,
+        r: InterfaceRecord,
+        cut_off: Option<String>,
+    ) -> Result<(), DaemonError> {
+        let id = r.interface_id;
+        let net = &self.networks[&r.network];
+        let cfg = &net.config;
+        if let Some(leases) = net.leases() {
+            let mut leases = leases.lock().expect("lease lock");
+            match r.ip {
+                Some(ip) => leases.readopt(
+                    Lease {
+                        ip,
+                        mac: r.mac,
+                        owner: Owner::Interface { id },
+                        name: r.name.clone(),
+                        hostname: None,
+                        uid: Some(r.uid),
+                        held_until: None,
+                    },
+                    unix_now(),
+                ),
+                None => leases
+                    .attach_without_address(id, Some(r.mac), unix_now())
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+            }
+            .map_err(DaemonError::Conflict)?;
+        }
+        let plan = AttachPlan {
+            id,
+            mac: r.mac,
+            ip: r.ip,
+            name: r.name.clone(),
+            datapath: r.datapath,
+            policy: r.policy.clone(),
+            guarded: attach::guarded(cfg),
+            mtu: net.mtu(),
+        };
+        let kept = r.client.is_none();
+        self.interfaces.insert(
+            id,
+            Interface {
+                network: r.network.clone(),
+                mac: plan.mac,
+                ip: plan.ip,
+                name: plan.name,
+                tap: r.port.clone(),
+                tap_index: r.port_index,
+                cut_off: cut_off.clone(),
+                client: if kept { KEPT } else { ADOPTED },
+                pid: r.client.map(|p| p.pid),
+                uid: r.uid,
+                datapath: plan.datapath,
+                relay: None,
+                forwards: Vec::new(),
+                kept: kept.then(|| (0, std::time::Instant::now())),
+                guarded: plan.guarded,
+                policy: plan.policy,
+                as_clone: None,
+                process: r.client,
+                token: r.token.clone(),
+                port_mac: r.port_mac,
+            },
+        );
+        let owner = Client {
+            id: ADOPTED,
+            pid: None,
+            uid: r.uid,
+            gid: 0,
+            groups: Vec::new(),
+            network_socket: None,
+        };
+        // Taken again as they were: the checks at attach said they may be.
+        for forward in &r.publish {
+            if let Err(e) = self.take_forward(id, *forward, ForwardOrigin::Publish, 0) {
+                warn!(network = %r.network, interface = %id, %forward, "forward not restored: {e}");
+            }
+        }
+        self.take_kept_forwards(id, owner.claimant());
+        match &cut_off {
+            Some(why) if r.cut_off.is_none() => {
+                warn!(network = %r.network, interface = %id, tap = %r.port, "{why}");
+                if let Err(e) = self.netlink.cut_off(r.port_index).await {
+                    warn!(tap = %r.port, "cannot take the TAP off its bridge: {e}");
+                }
+                self.save_record(id);
+            }
+            Some(_) => {}
+            None => self.tap_addresses.record(r.port_index, r.port_mac),
+        }
+        info!(network = %r.network, interface = %id, ip = ?r.ip, mac = %r.mac, tap = %r.port, pid = ?r.client.map(|p| p.pid), uid = r.uid, "adopted");
+        Ok(())
+    }
+
+    /// Removes an interface that is not adopted after all: its port, its
+    /// record, its lease's hold.
+    async fn forget(&mut self, id: InterfaceId, port: u32) {
+        let _ = self.netlink.delete_link(port).await;
+        self.records.remove(id);
+    }
+
+    /// Writes interface `id`'s record (a clone's is never written: clones
+    /// do not outlive the daemon).
+    pub(super) fn save_record(&self, id: InterfaceId) {
+        let Some(i) = self.interfaces.get(&id).filter(|i| i.as_clone.is_none()) else {
+            return;
+        };
+        let record = InterfaceRecord {
+            interface_id: id,
+            network: i.network.clone(),
+            mac: i.mac,
+            ip: i.ip,
+            name: i.name.clone(),
+            port: i.tap.clone(),
+            port_index: i.tap_index,
+            port_mac: i.port_mac,
+            uid: i.uid,
+            client: i.process,
+            datapath: i.datapath,
+            policy: i.policy.clone(),
+            publish: i
+                .forwards
+                .iter()
+                .filter(|p| p.origin == ForwardOrigin::Publish)
+                .map(|p| p.forward)
+                .collect(),
+            token: i.token.clone(),
+            cut_off: i.cut_off.clone(),
+        };
+        if let Err(e) = self.records.save(&record) {
+            warn!(network = %i.network, interface = %id, "cannot write the interface's record: {e}; a daemon restart would cut its VM off");
+        }
+    }
+
+    /// A client back after a restart re-claims its interface with the
+    /// token it got at attach; from then on the interface lives as long
+    /// as this connection.
+    pub fn handle_reclaim(
+        &mut self,
+        client: &Client,
+        id: InterfaceId,
+        token: &str,
+    ) -> Result<(), DaemonError> {
+        let Some(iface) = self.interfaces.get_mut(&id) else {
+            return Err(DaemonError::BadRequest(format!(
+                "interface {id} is not attached: this daemon did not adopt it (its log says why)"
+            )));
+        };
+        if !same_token(&iface.token, token) {
+            return Err(DaemonError::Forbidden(format!(
+                "that is not interface {id}'s token"
+            )));
+        }
+        if iface.client != ADOPTED {
+            return Err(DaemonError::Busy(format!(
+                "interface {id} is held by a connection already"
+            )));
+        }
+        iface.client = client.id;
+        iface.pid = client.pid;
+        iface.process = client.pid.and_then(Process::of);
+        info!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?client.pid, uid = client.uid, "re-claimed by its client");
+        self.save_record(id);
+        Ok(())
+    }
+
+    /// Detaches adopted interfaces whose client exited before it
+    /// re-claimed them.
+    pub async fn reap_orphans(&mut self) {
+        let gone: Vec<InterfaceId> = self
+            .interfaces
+            .iter()
+            .filter(|(_, i)| i.client == ADOPTED && !i.process.is_some_and(|p| p.is_running()))
+            .map(|(id, _)| *id)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        info!(
+            interfaces = gone.len(),
+            "the client of an adopted interface exited before it re-claimed it: detaching"
+        );
+        if let Err(e) = self.detach(&gone).await {
+            warn!("detaching them failed: {e}");
+        }
+    }
+
+    /// Stopping (a signal, or idle). With VMs attached their ports,
+    /// bridges and tables stay, with their records, for the next daemon
+    /// to adopt: a restart or an upgrade does not cut them off. Clones go
+    /// (their namespaces are this daemon's), and so does everything of a
+    /// rootless daemon, whose namespace ends with it.
+    pub async fn stop(&mut self) {
+        let clones: Vec<InterfaceId> = self
+            .interfaces
+            .iter()
+            .filter(|(_, i)| i.as_clone.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        if !clones.is_empty()
+            && let Err(e) = self.detach(&clones).await
+        {
+            warn!("detaching the clones failed: {e}");
+        }
+        if self.interfaces.is_empty() || self.rootless() {
+            self.shutdown().await;
+            return;
+        }
+        for (name, net) in &self.networks {
+            if let Some(leases) = net.leases()
+                && let Err(e) = leases.save_now()
+            {
+                warn!(network = %name, "cannot save leases: {e}");
+            }
+        }
+        self.forwarding.save(&self.state_dir);
+        info!(
+            interfaces = self.interfaces.len(),
+            "VMs are attached: their ports, bridges and rules stay for the next daemon, which adopts them"
+        );
+    }
+}
+
+/// The number in a port's name (`lnt7`, `lnv7`), which the next ports'
+/// names count on from.
+fn port_number(name: &str) -> Option<u32> {
+    [crate::host::TAP_PREFIX, crate::host::MACVTAP_PREFIX]
+        .iter()
+        .find_map(|p| name.strip_prefix(p)?.parse().ok())
+}
+
+/// Compares tokens in time that does not depend on where they differ.
+fn same_token(ours: &str, theirs: &str) -> bool {
+    ours.len() == theirs.len()
+        && ours
+            .bytes()
+            .zip(theirs.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_count_on_from_the_adopted_ones_and_tokens_compare_whole() {
+        assert_eq!(port_number("lnt12"), Some(12));
+        assert_eq!(port_number("lnv3"), Some(3));
+        assert_eq!(port_number("lnc4"), None, "clone ports are never adopted");
+        assert!(same_token("abc", "abc"));
+        assert!(!same_token("abc", "abd"));
+        assert!(!same_token("abc", "ab"));
+        assert!(!same_token("", "a"));
+    }
+}
