@@ -947,11 +947,17 @@ mod tests {
             held_until: None,
         };
         t.readopt(lease(1, ip(7)), 100).unwrap();
-        assert_eq!(t.attach(id(1), None, None, 100).unwrap().ip, ip(7), "held as attached");
+        assert_eq!(
+            t.attach(id(1), None, None, 100).unwrap().ip,
+            ip(7),
+            "held as attached"
+        );
         let other = t.attach(id(2), None, None, 100).unwrap();
         let err = t.readopt(lease(3, other.ip), 100).unwrap_err();
         assert!(err.contains("held by MAC"), "{err}");
-        let err = t.readopt(lease(4, "10.9.9.9".parse().unwrap()), 100).unwrap_err();
+        let err = t
+            .readopt(lease(4, "10.9.9.9".parse().unwrap()), 100)
+            .unwrap_err();
         assert!(err.contains("not in network"), "{err}");
     }
 

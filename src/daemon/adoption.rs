@@ -84,7 +84,9 @@ impl Daemon {
                 Err(e) if cfg.persistent && !adopt.iter().any(|(r, _)| &r.network == name) => {
                     return Err(e);
                 }
-                Err(e) => warn!(network = %name, "cannot bring the network up again: {e}; its interfaces are not adopted"),
+                Err(e) => {
+                    warn!(network = %name, "cannot bring the network up again: {e}; its interfaces are not adopted")
+                }
             }
         }
         let mut adopted = 0;
@@ -206,7 +208,7 @@ impl Daemon {
             guarded: attach::guarded(cfg),
             mtu: net.mtu(),
         };
-        let kept = r.client.is_none();
+        let kept = r.kept;
         self.interfaces.insert(
             id,
             Interface {
@@ -285,6 +287,7 @@ impl Daemon {
             port_index: i.tap_index,
             port_mac: i.port_mac,
             uid: i.uid,
+            kept: i.client == KEPT,
             client: i.process,
             datapath: i.datapath,
             policy: i.policy.clone(),

@@ -40,8 +40,10 @@ pub struct InterfaceRecord {
     pub port_index: u32,
     pub port_mac: MacAddr,
     pub uid: u32,
-    /// The process whose connection holds the interface; none for one
-    /// kept past its connection (`linnet attach`).
+    /// Kept past its connection (`linnet attach`): no client holds it.
+    pub kept: bool,
+    /// The process whose connection holds the interface (none if it could
+    /// not be read then).
     pub client: Option<Process>,
     pub datapath: Datapath,
     pub policy: Policy,
@@ -82,11 +84,18 @@ pub fn verdict(
             record.port
         ));
     };
-    if let (Some(client), false) = (&record.client, client_running) {
-        return Verdict::Remove(format!(
-            "its client (pid {}) exited while no daemon ran",
-            client.pid
-        ));
+    match (record.kept, &record.client) {
+        (true, _) => {}
+        (false, Some(client)) if !client_running => {
+            return Verdict::Remove(format!(
+                "its client (pid {}) exited while no daemon ran",
+                client.pid
+            ));
+        }
+        (false, Some(_)) => {}
+        (false, None) => {
+            return Verdict::Remove("its client's process was not known".into());
+        }
     }
     let cut_off = match link.address {
         _ if record.cut_off.is_some() => record.cut_off.clone(),
@@ -199,6 +208,7 @@ mod tests {
             port_index: 42,
             port_mac: "02:00:00:00:00:03".parse().unwrap(),
             uid: 1000,
+            kept: false,
             client: Some(Process {
                 pid: 777,
                 started: 12345,
@@ -257,6 +267,7 @@ mod tests {
         gone(verdict(&r, Some(&unmarked), true, Ok(())), "gone");
         // Kept past its connection: no client to outlive.
         let kept = InterfaceRecord {
+            kept: true,
             client: None,
             ..r.clone()
         };
@@ -264,6 +275,11 @@ mod tests {
             verdict(&kept, Some(&l), false, Ok(())),
             Verdict::Adopt { cut_off: None }
         );
+        let unknown = InterfaceRecord {
+            client: None,
+            ..r.clone()
+        };
+        gone(verdict(&unknown, Some(&l), false, Ok(())), "not known");
     }
 
     #[test]

@@ -731,7 +731,11 @@ impl Daemon {
             None => Err(DaemonError::BadRequest(format!(
                 "interface {id} is not attached"
             ))),
-            Some(i) if (i.client == KEPT || i.client == ADOPTED) && client.uid != 0 && client.uid != i.uid => {
+            Some(i)
+                if (i.client == KEPT || i.client == ADOPTED)
+                    && client.uid != 0
+                    && client.uid != i.uid =>
+            {
                 Err(DaemonError::Forbidden(format!(
                     "interface {id} belongs to uid {}; only it or root may detach it",
                     i.uid
@@ -1090,7 +1094,10 @@ impl Forwarding {
         };
         match serde_json::from_slice(&text) {
             Ok(was) => *self = was,
-            Err(e) => warn!("cannot read {}: {e}; forwarding stays as it is", path.display()),
+            Err(e) => warn!(
+                "cannot read {}: {e}; forwarding stays as it is",
+                path.display()
+            ),
         }
         let _ = std::fs::remove_file(&path);
     }
@@ -1103,7 +1110,10 @@ impl Forwarding {
         let path = state_dir.join(FORWARDING_FILE);
         let bytes = serde_json::to_vec(self).expect("serializes");
         if let Err(e) = crate::files::write_atomically(&path, &bytes) {
-            warn!("cannot write {}: {e}; the next daemon will leave forwarding on", path.display());
+            warn!(
+                "cannot write {}: {e}; the next daemon will leave forwarding on",
+                path.display()
+            );
         }
     }
 

@@ -50,7 +50,8 @@ mod tests {
 
     #[test]
     fn a_process_is_known_by_its_start_time_whatever_its_name() {
-        let stat = "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        let stat =
+            "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(start_time(stat), Some(987654));
         assert_eq!(state(stat), Some('S'));
         assert_eq!(start_time("4242 (cut short) S 1"), None);
@@ -60,7 +61,10 @@ mod tests {
             started: me.started + 1,
             ..me
         };
-        assert!(!other.is_running(), "the same pid started at another time is another process");
+        assert!(
+            !other.is_running(),
+            "the same pid started at another time is another process"
+        );
         assert!(Process::of(i32::MAX).is_none());
     }
 }

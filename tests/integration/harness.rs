@@ -479,7 +479,7 @@ impl World {
             .unwrap_or_else(|e| panic!("attach failed: {e}\n{}", self.daemon_log_text()))
     }
 
-    fn try_guest_in(
+    pub fn try_guest_in(
         &self,
         ns: Netns,
         network: &str,

@@ -69,8 +69,12 @@ fn iperf_client(guest: &Guest, port: u16) -> Child {
 /// Bytes received per 100 ms interval, from the server's report.
 fn intervals(server: Child) -> Vec<u64> {
     let out = server.wait_with_output().unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("iperf3's report: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3's report: {e}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
     report["intervals"]
         .as_array()
         .expect("intervals")
@@ -140,8 +144,10 @@ fn streaming_vms_carry_on_across_a_daemon_restart_and_a_kill() {
         assert!(
             status.success(),
             "iperf3 client: {err}\n---- run/helper ----\n{}\n{}",
-            std::fs::read_to_string(world.dir.path().join(format!("{}.stderr", tap.ns.name))).unwrap_or_default(),
-            std::fs::read_to_string(world.dir.path().join(format!("{}.stderr", dgram.ns.name))).unwrap_or_default()
+            std::fs::read_to_string(world.dir.path().join(format!("{}.stderr", tap.ns.name)))
+                .unwrap_or_default(),
+            std::fs::read_to_string(world.dir.path().join(format!("{}.stderr", dgram.ns.name)))
+                .unwrap_or_default()
         );
     }
     let [tap_rx, dgram_rx] = servers.map(intervals);
@@ -154,10 +160,7 @@ fn streaming_vms_carry_on_across_a_daemon_restart_and_a_kill() {
         tap_rx.len(),
         dgram_rx.len()
     );
-    assert!(
-        tap_rx.len() as u64 >= STREAM_SECONDS * 10 - 2,
-        "{tap_rx:?}"
-    );
+    assert!(tap_rx.len() as u64 >= STREAM_SECONDS * 10 - 2, "{tap_rx:?}");
     assert_eq!(tap_zero, 0, "the tap datapath never stops: {tap_rx:?}");
     assert!(dgram_gap <= 1000, "dgram: {dgram_rx:?}");
 
@@ -204,9 +207,11 @@ fn an_interface_whose_vmm_or_client_died_while_no_daemon_ran_is_removed() {
     // The VMM exits and takes its TAP with it; `linnet run` is killed
     // and leaves its VMM holding the TAP, which nobody re-claims.
     drop(vmm_dies);
-    wait_for("the VMM's TAP to go with it", Duration::from_secs(5), || {
-        (!world.host.links().contains(&taps[0])).then_some(())
-    });
+    wait_for(
+        "the VMM's TAP to go with it",
+        Duration::from_secs(5),
+        || (!world.host.links().contains(&taps[0])).then_some(()),
+    );
     run_dies.kill_run();
     world.start_daemon();
     let links = world.host.links();
@@ -249,4 +254,70 @@ fn an_interface_whose_vmm_or_client_died_while_no_daemon_ran_is_removed() {
     assert_eq!(a.udhcpc(), a.ip());
     assert_eq!(b.udhcpc(), b.ip());
     assert!(a.ping(&b.ip().to_string()));
+}
+
+#[test]
+fn a_daemon_killed_in_the_middle_of_attaches_leaves_nothing_the_next_cannot_finish_or_undo() {
+    let mut world = World::new();
+    world.start_daemon();
+    // Some attaches are answered, some are cut off half-way, some find no
+    // daemon: whichever, what the next daemon finds is whole.
+    let namespaces: Vec<Netns> = (0..8).map(|_| Netns::new("guest")).collect();
+    let pid = world.daemon_pid().to_string();
+    let guests: Vec<Guest> = std::thread::scope(|s| {
+        let world = &world;
+        let attaching: Vec<_> = namespaces
+            .into_iter()
+            .map(|ns| s.spawn(move || world.try_guest_in(ns, "shared", Via::Tap, &[])))
+            .collect();
+        // Killed once the first attaches are through, while the rest are
+        // on their way.
+        wait_for("the first attaches", Duration::from_secs(10), || {
+            (world.daemon_log_text().matches(" attached ").count() >= 2).then_some(())
+        });
+        must(std::process::Command::new("kill").args(["-KILL", &pid]));
+        attaching
+            .into_iter()
+            .filter_map(|t| t.join().unwrap().ok())
+            .collect()
+    });
+    world.kill_daemon();
+    world.start_daemon();
+    eprintln!(
+        "{} of 8 attaches were answered before the kill",
+        guests.len()
+    );
+    // Every attach that was answered is adopted and re-claimed, and
+    // nothing else of the dead daemon's is left.
+    let ids: Vec<&Value> = guests.iter().map(|g| &g.info["interface_id"]).collect();
+    wait_for("the clients to re-claim", Duration::from_secs(10), || {
+        let ls = listed(&world);
+        (ls.len() == guests.len()
+            && ls.iter().all(|i| {
+                ids.contains(&&i["interface_id"])
+                    && guests.iter().any(|g| i["client_pid"] == holder(g))
+            }))
+        .then_some(())
+    });
+    let taps: Vec<String> = world
+        .host
+        .links()
+        .into_iter()
+        .filter(|l| l.starts_with("lnt"))
+        .collect();
+    let mut attached: Vec<String> = guests.iter().map(Guest::tap).collect();
+    attached.sort();
+    assert_eq!(taps, attached, "only the answered attaches' TAPs are left");
+    let records = std::fs::read_dir(world.state_dir().join("interfaces"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(records, guests.len(), "a record per interface");
+    for g in &guests {
+        assert_eq!(g.udhcpc(), g.ip());
+    }
+    // The next attach gets a TAP of its own and an address nobody has.
+    let late = world.guest("shared", &[]);
+    assert!(!attached.contains(&late.tap()));
+    assert_eq!(late.udhcpc(), late.ip());
+    assert!(guests.iter().all(|g| g.ip() != late.ip()));
 }
