@@ -305,14 +305,14 @@ mod tests {
         let r = record();
         records.save(&r).unwrap();
         records.save(&r).unwrap();
-        assert_eq!(records.load(), [r.clone()]);
+        assert_eq!(records.load(), std::slice::from_ref(&r));
         use std::os::unix::fs::PermissionsExt;
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&dir.path().join("interfaces")), 0o700);
         assert_eq!(mode(&records.path(r.interface_id)), 0o600);
         std::fs::write(dir.path().join("interfaces/bad.json"), "{").unwrap();
         std::fs::write(dir.path().join("interfaces/x.tmp"), "{").unwrap();
-        assert_eq!(records.load(), [r.clone()]);
+        assert_eq!(records.load(), std::slice::from_ref(&r));
         records.remove(r.interface_id);
         records.remove(r.interface_id);
         assert!(records.load().is_empty());

@@ -1,6 +1,8 @@
 //! The daemon's event loop: the API socket, one task per client connection,
 //! signals, and exit when idle. A client's interfaces live exactly as long as
 //! its connection: when it closes (the client exited or was killed), they go.
+//! Across a daemon restart they live on until their client re-claims them on
+//! a new connection, or exits (`adoption`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
