@@ -63,6 +63,24 @@ func TestLive(t *testing.T) {
 		t.Fatalf("listed: %+v", listed)
 	}
 
+	// Another connection cannot take the interface: not with a wrong
+	// token, nor with the right one while this connection holds it.
+	other, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e *Error
+	if iface.ReclaimToken == "" {
+		t.Errorf("no reclaim token in the attach reply")
+	}
+	if err := other.Reclaim(iface.InterfaceID, "wrong"); !errors.As(err, &e) || e.Kind != "not_allowed" {
+		t.Errorf("a wrong token: %v", err)
+	}
+	if err := other.Reclaim(iface.InterfaceID, iface.ReclaimToken); !errors.As(err, &e) || e.Kind != "busy" {
+		t.Errorf("re-claiming a held interface: %v", err)
+	}
+	other.Close()
+
 	ref := ForwardRef{Network: "shared", Name: "gotest", Forward: "18081:81/tcp"}
 	if err := client.ForwardAdd(ref); err != nil {
 		t.Fatal(err)
@@ -83,7 +101,6 @@ func TestLive(t *testing.T) {
 	if err := client.ForwardRemove(ref); err != nil {
 		t.Fatal(err)
 	}
-	var e *Error
 	if err := client.ForwardRemove(ref); !errors.As(err, &e) || e.Kind != "bad_request" {
 		t.Errorf("removing it twice: %v", err)
 	}
