@@ -361,19 +361,25 @@ impl Daemon {
     /// Stopping (a signal, or idle). With VMs attached their ports,
     /// bridges and tables stay, with their records, for the next daemon
     /// to adopt: a restart or an upgrade does not cut them off. Clones go
-    /// (their namespaces are this daemon's), and so does everything of a
-    /// rootless daemon, whose namespace ends with it.
+    /// (their namespaces are this daemon's), interfaces whose client has
+    /// exited go, and so does everything of a rootless daemon, whose
+    /// namespace ends with it.
     pub async fn stop(&mut self) {
-        let clones: Vec<InterfaceId> = self
+        // Those whose client has exited go now, even if their connection's
+        // end was not seen yet.
+        let going: Vec<InterfaceId> = self
             .interfaces
             .iter()
-            .filter(|(_, i)| i.as_clone.is_some())
+            .filter(|(_, i)| {
+                i.as_clone.is_some()
+                    || (i.client != KEPT && !i.process.is_some_and(|p| p.is_running()))
+            })
             .map(|(id, _)| *id)
             .collect();
-        if !clones.is_empty()
-            && let Err(e) = self.detach(&clones).await
+        if !going.is_empty()
+            && let Err(e) = self.detach(&going).await
         {
-            warn!("detaching the clones failed: {e}");
+            warn!("detaching clones and interfaces whose client exited failed: {e}");
         }
         if self.interfaces.is_empty() || self.rootless() {
             self.shutdown().await;

@@ -278,6 +278,7 @@ fn a_daemon_stop_keeps_attached_vms_and_removes_everything_once_they_left() {
     world.start_daemon();
     let g = world.guest("shared", &[]);
     let h = world.guest("host", &[]);
+    assert_eq!((g.udhcpc(), h.udhcpc()), (g.ip(), h.ip()));
     assert!(world.host.links().contains(&"ln-shared".to_string()));
     assert!(world.host.nft_ruleset().contains("table inet linnet"));
     // With VMs attached a stop leaves it all for the next daemon

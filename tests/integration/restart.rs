@@ -186,6 +186,14 @@ fn streaming_vms_carry_on_across_a_daemon_restart_and_a_kill() {
     let seen = send_and_capture(&tap, &dgram, &["honest", "other-ip", "other-mac"]);
     assert_eq!(seen, ["LINNET-honest"], "spoofs are still dropped");
     tap.assert_reaches_upstream("the tap guest after the restarts");
+    // Router advertisements: a guest that starts its IPv6 anew gets its
+    // SLAAC address again from the new daemon.
+    must(&mut dgram.ns.cmd(&[
+        "ip", "-6", "addr", "flush", "dev", "eth0", "scope", "global",
+    ]));
+    must(&mut dgram.ns.cmd(&["ip", "link", "set", "eth0", "down"]));
+    must(&mut dgram.ns.cmd(&["ip", "link", "set", "eth0", "up"]));
+    assert_eq!(dgram.slaac_addresses(), [dgram.ipv6()]);
     // The interfaces are the clients' again: they go when the clients do.
     drop((tap, dgram));
     wait_for("the interfaces to go", Duration::from_secs(10), || {
