@@ -373,14 +373,7 @@ fn forward_signals(signals: SigSet, child: nix::unistd::Pid) {
 fn watch_daemon(mut channel: Channel, lifeline: Option<Lifeline>) {
     loop {
         while let Ok(Some(_)) = channel.recv::<Response>() {}
-        let Some(lifeline) = &lifeline else {
-            return daemon_gone(Some(channel), DAEMON_GONE.into());
-        };
-        drop(channel);
-        channel = match reconnect(lifeline) {
-            Ok(channel) => channel,
-            Err(message) => return daemon_gone(None, message),
-        };
+        channel = reconnect(channel, lifeline.as_ref());
     }
 }
 
@@ -399,38 +392,39 @@ fn report_until_daemon_gone(
             match super::report(&channel, interface_id, counters, &mut last) {
                 // A daemon going away meanwhile is seen below.
                 Err(_) if lifeline.is_some() && channel.peer_closed() => {}
-                Err(e) => return daemon_gone(Some(channel), e.to_string()),
+                Err(e) => daemon_gone(Some(channel), e.to_string()),
                 Ok(()) => continue,
             }
         }
-        let Some(lifeline) = &lifeline else {
-            return daemon_gone(Some(channel), DAEMON_GONE.into());
-        };
-        drop(channel);
-        channel = match reconnect(lifeline) {
-            Ok(channel) => channel,
-            Err(message) => return daemon_gone(None, message),
-        };
+        channel = reconnect(channel, lifeline.as_ref());
         // The new daemon has not heard them.
         last = Default::default();
     }
 }
 
 /// The daemon went away: a connection to the next one, with the
-/// interface re-claimed, or why not.
-fn reconnect(lifeline: &Lifeline) -> Result<Channel, String> {
+/// interface re-claimed. Without a lifeline, or refused, it is gone.
+fn reconnect(channel: Channel, lifeline: Option<&Lifeline>) -> Channel {
+    let Some(lifeline) = lifeline else {
+        daemon_gone(Some(channel), DAEMON_GONE.into())
+    };
+    drop(channel);
     eprintln!("linnet: {}", lifeline::WAITING);
-    let channel = lifeline.reclaim().map_err(|e| format!("{e:#}"))?;
-    eprintln!(
-        "linnet: re-claimed interface {} from the daemon that is back",
-        lifeline.interface_id
-    );
-    Ok(channel)
+    match lifeline.reclaim() {
+        Ok(channel) => {
+            eprintln!(
+                "linnet: re-claimed interface {} from the daemon that is back",
+                lifeline.interface_id
+            );
+            channel
+        }
+        Err(e) => daemon_gone(None, format!("{e:#}")),
+    }
 }
 
 /// Says why the interface is gone, and keeps a connection that is still
 /// open (closing it would detach the interface) until we exit.
-fn daemon_gone(channel: Option<Channel>, message: String) {
+fn daemon_gone(channel: Option<Channel>, message: String) -> ! {
     eprintln!("linnet: {message}");
     let _channel = channel;
     loop {

@@ -149,6 +149,10 @@ impl Daemon {
                     "network \"{}\" is no longer configured",
                     record.network
                 )),
+                Some(cfg) if cfg.mode != record.mode => Err(format!(
+                    "network \"{}\" is mode {} now, not {}",
+                    record.network, cfg.mode, record.mode
+                )),
                 // A rootless daemon's namespace went with the last one.
                 Some(_) if self.rootless() => Err("a rootless daemon starts anew".into()),
                 Some(_) => Ok(()),
@@ -280,6 +284,7 @@ impl Daemon {
         let record = InterfaceRecord {
             interface_id: id,
             network: i.network.clone(),
+            mode: self.config.network(&i.network).expect("attached").mode,
             mac: i.mac,
             ip: i.ip,
             name: i.name.clone(),

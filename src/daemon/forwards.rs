@@ -300,6 +300,7 @@ impl Daemon {
             warn!(interface = %id, "cannot save forward {}: {e}; it lasts until detach", req.forward);
         }
         info!(network = %req.network, interface = %id, forward = %req.forward, "port published");
+        self.save_record(id);
         Ok(())
     }
 
@@ -363,6 +364,7 @@ impl Daemon {
             warn!(interface = %id, "cannot save forwards: {e}; {} may come back at the next attach", req.forward);
         }
         info!(network = %req.network, interface = %id, forward = %req.forward, "port unpublished");
+        self.save_record(id);
         Ok(())
     }
 

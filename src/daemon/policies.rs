@@ -70,6 +70,7 @@ impl Daemon {
             return Err(e);
         }
         info!(network = %req.network, interface = %id, policy = ?req.policy, "policy set");
+        self.save_record(id);
         Ok(Response::Policy {
             interface_id: id,
             policy: req.policy,

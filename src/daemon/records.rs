@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::Mode;
 use crate::datapath::Datapath;
 use crate::forward::PortForward;
 use crate::host::ALIAS_INTERFACE;
@@ -30,6 +31,9 @@ use crate::types::{InterfaceId, MacAddr};
 pub struct InterfaceRecord {
     pub interface_id: InterfaceId,
     pub network: String,
+    /// The network's mode then: a port is not adopted into a network
+    /// whose kind changed (its port would be on the wrong link).
+    pub mode: Mode,
     pub mac: MacAddr,
     pub ip: Option<Ipv4Addr>,
     pub name: Option<String>,
@@ -201,6 +205,7 @@ mod tests {
         InterfaceRecord {
             interface_id: "6a0f2c57-3c41-4b5e-9a1b-6d3c2f1e0a11".parse().unwrap(),
             network: "shared".into(),
+            mode: Mode::Shared,
             mac: "52:54:00:12:34:56".parse().unwrap(),
             ip: Some("192.168.105.2".parse().unwrap()),
             name: Some("web".into()),

@@ -437,6 +437,18 @@ impl World {
         String::from_utf8_lossy(&std::fs::read(self.daemon_log()).unwrap_or_default()).into_owned()
     }
 
+    /// Asserts that no bridge, TAP or nftables table of linnet's is left.
+    pub fn assert_linnet_gone(&self) {
+        let links = self.host.links();
+        assert!(
+            !links
+                .iter()
+                .any(|l| l.starts_with("ln-") || l.starts_with("lnt")),
+            "left behind: {links:?}"
+        );
+        assert!(!self.host.nft_ruleset().contains("linnet"));
+    }
+
     /// SIGTERM, and wait for a clean exit.
     pub fn stop_daemon(&mut self) {
         let mut child = self.daemon.take().expect("daemon running");

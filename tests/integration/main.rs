@@ -297,14 +297,7 @@ fn a_daemon_stop_keeps_attached_vms_and_removes_everything_once_they_left() {
         (!must(&mut world.linnet(&["ls"])).contains("lnt")).then_some(())
     });
     world.stop_daemon();
-    let links = world.host.links();
-    assert!(
-        !links
-            .iter()
-            .any(|l| l.starts_with("ln-") || l.starts_with("lnt")),
-        "left behind: {links:?}"
-    );
-    assert!(!world.host.nft_ruleset().contains("linnet"));
+    world.assert_linnet_gone();
     assert_eq!(
         must(&mut world.host.cmd(&["cat", "/proc/sys/net/ipv4/ip_forward"])).trim(),
         "0",

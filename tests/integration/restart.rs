@@ -246,14 +246,7 @@ fn an_interface_whose_vmm_or_client_died_while_no_daemon_ran_is_removed() {
         listed(&world).is_empty().then_some(())
     });
     world.stop_daemon();
-    let links = world.host.links();
-    assert!(
-        !links
-            .iter()
-            .any(|l| l.starts_with("ln-") || l.starts_with("lnt")),
-        "{links:?}"
-    );
-    assert!(!world.host.nft_ruleset().contains("linnet"));
+    world.assert_linnet_gone();
     world.start_daemon();
     let a = world.guest("shared", &[]);
     let b = world.guest("shared", &[]);
