@@ -126,6 +126,16 @@ fn streaming_vms_carry_on_across_a_daemon_restart_and_a_kill() {
     let published = |world: &World| echo_ask(&world.upstream, UPSTREAM_HOST_SIDE, 8080, "tcp");
     assert_eq!(published(&world), Some(format!("web from {UPSTREAM_IP}")));
 
+    // A policy set at runtime is the interface's after the restarts too.
+    let id = tap.info["interface_id"].as_str().unwrap().to_string();
+    must(&mut world.linnet(&[
+        "policy",
+        "set",
+        "--interface-id",
+        &id,
+        "--allow-listen",
+        "80/tcp",
+    ]));
     let servers = [iperf_server(&world, 5201), iperf_server(&world, 5202)];
     let clients = [iperf_client(&tap, 5201), iperf_client(&dgram, 5202)];
     let start = Instant::now();
@@ -178,6 +188,15 @@ fn streaming_vms_carry_on_across_a_daemon_restart_and_a_kill() {
         assert_eq!(me["client_uid"], 0, "{me}");
         assert_eq!(me["ip_address"], g.info["ip_address"], "{me}");
     }
+    let me = ls
+        .iter()
+        .find(|i| i["interface_id"] == id.as_str())
+        .unwrap();
+    assert_eq!(
+        me["policy"]["ingress"],
+        serde_json::json!(["80/tcp"]),
+        "{me}"
+    );
     // DHCP, the published port and the guard are back as they were.
     for g in [&tap, &dgram] {
         assert_eq!(g.udhcpc(), g.ip(), "the lease is renewed at its address");
