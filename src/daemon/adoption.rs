@@ -39,7 +39,7 @@ impl Daemon {
         self.forwards
             .open(&path)
             .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?;
-        self.forwarding.reload(&self.state_dir);
+        self.forwarding.open(&self.state_dir);
         let links = self.netlink.links().await?;
         let adopt = self.decide_adoptions(&links);
         let ports: BTreeSet<u32> = adopt.iter().map(|(r, _)| r.port_index).collect();
@@ -103,6 +103,10 @@ impl Daemon {
                     self.forget(id, index).await;
                 }
             }
+        }
+        // A network whose interfaces were not adopted after all goes again.
+        for name in &wanted {
+            self.release_network_if_unused(name).await;
         }
         self.next_tap = self
             .interfaces
@@ -268,8 +272,8 @@ impl Daemon {
         Ok(())
     }
 
-    /// Removes an interface that is not adopted after all: its port, its
-    /// record, its lease's hold.
+    /// Removes an interface that is not adopted after all: its port and
+    /// its record (its lease runs out like a detached one's).
     async fn forget(&mut self, id: InterfaceId, port: u32) {
         let _ = self.netlink.delete_link(port).await;
         self.records.remove(id);
@@ -397,7 +401,6 @@ impl Daemon {
                 warn!(network = %name, "cannot save leases: {e}");
             }
         }
-        self.forwarding.save(&self.state_dir);
         info!(
             interfaces = self.interfaces.len(),
             "VMs are attached: their ports, bridges and rules stay for the next daemon, which adopts them"

@@ -1009,7 +1009,7 @@ impl Daemon {
         Ok(())
     }
 
-    async fn release_network_if_unused(&mut self, name: &str) {
+    pub(super) async fn release_network_if_unused(&mut self, name: &str) {
         let in_use = self.interfaces.values().any(|i| i.network == name);
         let persistent = self.networks.get(name).is_some_and(|n| n.config.persistent);
         if in_use || persistent {
@@ -1048,14 +1048,18 @@ impl Daemon {
 
 /// IP forwarding, which linnet's NAT and forwards need: turned on where it
 /// is off when a network needs it, and put back as it was when none does.
-/// Only this part changes it. A daemon that stops with VMs attached leaves
-/// it on and says what it changed in a file, for the next one to put back.
+/// Only this part changes it. What it changed is kept in a file, so that a
+/// daemon that stops with VMs attached (or is killed) leaves it to the next
+/// one to put back.
 #[derive(Default, serde::Serialize, serde::Deserialize)]
 pub(super) struct Forwarding {
     /// Whether linnet turned IPv4 forwarding on (and so turns it off).
     enabled4: bool,
     /// What it changed to turn IPv6 forwarding on (to put back).
     changed6: Option<sysctl::Ipv6Forwarding>,
+    /// Where that is kept for a daemon after this one (`open`).
+    #[serde(skip)]
+    file: Option<PathBuf>,
 }
 
 impl Forwarding {
@@ -1083,35 +1087,45 @@ impl Forwarding {
             }
             turned.push("IPv6");
         }
+        if !turned.is_empty() {
+            self.remember();
+        }
         Ok(turned)
     }
 
-    /// Takes on what a daemon that stopped with VMs attached had changed.
-    pub fn reload(&mut self, state_dir: &std::path::Path) {
+    /// Takes on what an earlier daemon changed and did not put back (it
+    /// stopped with VMs attached, or was killed), and keeps what this one
+    /// changes in the same file from now on.
+    pub fn open(&mut self, state_dir: &std::path::Path) {
         let path = state_dir.join(FORWARDING_FILE);
-        let Ok(text) = std::fs::read(&path) else {
-            return;
-        };
-        match serde_json::from_slice(&text) {
-            Ok(was) => *self = was,
-            Err(e) => warn!(
-                "cannot read {}: {e}; forwarding stays as it is",
-                path.display()
-            ),
+        if let Ok(text) = std::fs::read(&path) {
+            match serde_json::from_slice(&text) {
+                Ok(was) => *self = was,
+                Err(e) => warn!(
+                    "cannot read {}: {e}; forwarding stays as it is",
+                    path.display()
+                ),
+            }
         }
-        let _ = std::fs::remove_file(&path);
+        self.file = Some(path);
     }
 
-    /// Leaves what it changed for the next daemon (`reload`).
-    pub fn save(&self, state_dir: &std::path::Path) {
-        if !self.enabled4 && self.changed6.is_none() {
+    /// Writes down what is changed now (nothing: no file).
+    fn remember(&self) {
+        let Some(path) = &self.file else {
             return;
-        }
-        let path = state_dir.join(FORWARDING_FILE);
-        let bytes = serde_json::to_vec(self).expect("serializes");
-        if let Err(e) = crate::files::write_atomically(&path, &bytes) {
+        };
+        let written = if !self.enabled4 && self.changed6.is_none() {
+            std::fs::remove_file(path).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+        } else {
+            crate::files::write_atomically(path, &serde_json::to_vec(self).expect("serializes"))
+        };
+        if let Err(e) = written {
             warn!(
-                "cannot write {}: {e}; the next daemon will leave forwarding on",
+                "cannot keep {}: {e}; a daemon after this one may not put forwarding back",
                 path.display()
             );
         }
@@ -1119,23 +1133,27 @@ impl Forwarding {
 
     /// Puts back what `turn_on` changed for a family no network needs now.
     pub fn turn_off_unneeded(&mut self, needs4: bool, needs6: bool) {
+        let mut restored = false;
         if !needs4 && self.enabled4 {
             if let Err(e) = sysctl::disable_ipv4_forwarding() {
                 warn!("cannot restore IPv4 forwarding to off: {e}");
             }
             self.enabled4 = false;
+            restored = true;
         }
-        if !needs6
-            && let Some(changed) = self.changed6.take()
-            && let Err(e) = sysctl::disable_ipv6_forwarding(&changed)
-        {
-            warn!("cannot restore IPv6 forwarding to off: {e}");
+        if !needs6 && let Some(changed) = self.changed6.take() {
+            if let Err(e) = sysctl::disable_ipv6_forwarding(&changed) {
+                warn!("cannot restore IPv6 forwarding to off: {e}");
+            }
+            restored = true;
+        }
+        if restored {
+            self.remember();
         }
     }
 }
 
-/// Where a daemon that stopped with VMs attached says what it changed of
-/// IP forwarding.
+/// What linnet changed of IP forwarding and has not put back yet.
 const FORWARDING_FILE: &str = "forwarding.json";
 
 /// The client of interfaces kept past their client's connection

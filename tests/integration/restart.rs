@@ -266,6 +266,11 @@ fn an_interface_whose_vmm_or_client_died_while_no_daemon_ran_is_removed() {
     });
     world.stop_daemon();
     world.assert_linnet_gone();
+    assert_eq!(
+        must(&mut world.host.cmd(&["cat", "/proc/sys/net/ipv4/ip_forward"])).trim(),
+        "0",
+        "forwarding is put back, though the daemon that turned it on was killed"
+    );
     world.start_daemon();
     let a = world.guest("shared", &[]);
     let b = world.guest("shared", &[]);
