@@ -499,14 +499,19 @@ impl LeaseTable {
                 lease.ip, other.mac
             ));
         }
+        // The hostname its guest sent last stays, as at any attach.
+        let hostname = self
+            .leases
+            .get(&lease.ip)
+            .filter(|l| l.owner == lease.owner)
+            .and_then(|l| l.hostname.clone());
         self.leases
             .retain(|_, l| l.owner != Owner::Interface { id });
-        let hostname = lease.hostname.clone();
         self.leases.insert(
             lease.ip,
             Lease {
                 held_until: None,
-                hostname,
+                hostname: hostname.or(lease.hostname.clone()),
                 ..lease
             },
         );
@@ -947,6 +952,13 @@ mod tests {
             held_until: None,
         };
         t.readopt(lease(1, ip(7)), 100).unwrap();
+        t.bind(lease(1, ip(7)).mac, ip(7), Some("vm1".into()), 100);
+        t.readopt(lease(1, ip(7)), 100).unwrap();
+        assert_eq!(
+            t.resolve("vm1", 100),
+            Some(ip(7)),
+            "its guest's hostname stays"
+        );
         assert_eq!(
             t.attach(id(1), None, None, 100).unwrap().ip,
             ip(7),

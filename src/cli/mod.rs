@@ -337,8 +337,6 @@ impl Cli {
         self.place().run_dir.join(SOCKET_NAME)
     }
 
-    /// The configuration: the file given, or the default file if it exists,
-    /// or the built-in networks.
     /// What re-claims an interface of the system daemon after it
     /// restarted; a rootless daemon's interfaces go with it.
     pub fn lifeline(&self, attached: &Attached) -> Option<lifeline::Lifeline> {
@@ -350,6 +348,8 @@ impl Cli {
         })
     }
 
+    /// The configuration: the file given, or the default file if it exists,
+    /// or the built-in networks.
     pub fn load_config(&self) -> anyhow::Result<Config> {
         let (path, explicit) = &self.place().config;
         if path.as_os_str().is_empty() {

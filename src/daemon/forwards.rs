@@ -179,8 +179,9 @@ impl Daemon {
             .collect()
     }
 
-    /// The forwards an interface gets when it attaches (`take_forwards`),
-    /// in the firewall.
+    /// The forwards an interface gets when it attaches: those it asked for
+    /// (each must be free, or the attach fails), then those kept for it
+    /// (`take_kept_forwards`); and the firewall with them.
     pub(super) fn publish_on_attach(
         &mut self,
         id: InterfaceId,
