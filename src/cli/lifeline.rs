@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 
-use crate::api::{Channel, Request, Response};
+use crate::api::{Channel, ErrorKind, Request, Response};
 use crate::types::InterfaceId;
 
 /// How often a client tries to reach a daemon that went away.
@@ -28,29 +28,44 @@ pub struct Lifeline {
 }
 
 impl Lifeline {
-    /// One try. `None`: no daemon answers yet; `Some`: re-claimed on this
-    /// connection. An error: the daemon there refused it (it did not adopt
-    /// the interface).
+    /// One try, which waits for the daemon's answer once connected.
+    /// `None`: no daemon yet; `Some`: re-claimed on this connection. An
+    /// error: the daemon there refused it (it did not adopt the interface,
+    /// or it is not ours).
     pub fn try_reclaim(&self) -> anyhow::Result<Option<Channel>> {
         let Ok(channel) = Channel::connect(&self.socket) else {
             return Ok(None);
         };
+        // Once sent, the answer is waited for on this connection (a
+        // socket systemd holds accepts before a daemon serves it): one
+        // given up on could still be served, and then closed, which would
+        // detach the interface.
         let request = Request::Reclaim {
             interface_id: self.interface_id,
             token: self.token.clone(),
         };
         match channel.call(&request) {
             Ok((Response::Reclaimed { .. }, _)) => Ok(Some(channel)),
-            Ok((Response::Error { message, .. }, _)) => {
-                bail!("the linnet daemon came back without this VM's interface: {message}")
+            // The daemon did not adopt it, or it is not ours: final.
+            Ok((
+                Response::Error {
+                    kind: kind @ (ErrorKind::BadRequest | ErrorKind::NotAllowed),
+                    message,
+                },
+                _,
+            )) => {
+                bail!(
+                    "the linnet daemon came back without this VM's interface ({kind:?}): {message}"
+                )
             }
+            // Busy (too many connections of ours, for a moment), or a
+            // daemon stopping again.
+            Ok((Response::Error { .. }, _)) | Err(_) => Ok(None),
             Ok((other, _)) => bail!("unexpected reply from the daemon: {other:?}"),
-            // A daemon stopping again, or one that does not serve yet.
-            Err(_) => Ok(None),
         }
     }
 
-    /// Tries every `RETRY` until re-claimed or refused.
+    /// Tries every `RETRY` until re-claimed or refused (blocking).
     pub fn reclaim(&self) -> anyhow::Result<Channel> {
         loop {
             if let Some(channel) = self.try_reclaim()? {

@@ -380,6 +380,7 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
 
     let mut reported = RelayCounters::default();
     let mut next_report = Instant::now() + REPORT_EVERY;
+    let mut reclaiming: Option<std::thread::JoinHandle<anyhow::Result<Channel>>> = None;
     loop {
         if let Some(signal) = wait_signal(&signals, Duration::from_millis(200)) {
             // Exiting closes our connection: the daemon detaches the interface.
@@ -396,24 +397,27 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
                 Err(_) => bail!("the relay thread panicked"),
             };
         }
-        // The daemon went away: with a lifeline, the relay goes on and
-        // re-claims the interface from the next daemon.
+        // The daemon went away: with a lifeline, the relay goes on and a
+        // thread of its own re-claims the interface from the next daemon,
+        // while this one watches signals and the VMM.
         match (&channel, &lifeline) {
             (Some(c), None) if c.peer_closed() => bail!(DAEMON_GONE),
-            (Some(c), Some(_)) if c.peer_closed() => {
+            (Some(c), Some(lifeline)) if c.peer_closed() => {
                 warn!("{}", lifeline::WAITING);
                 channel = None;
-            }
-            (None, Some(lifeline)) => {
-                if let Some(back) = lifeline.try_reclaim()? {
-                    warn!(interface = %interface_id, "re-claimed the interface from the daemon that is back");
-                    channel = Some(back);
-                    // The new daemon has not heard them.
-                    reported = RelayCounters::default();
-                    next_report = Instant::now();
-                }
+                let lifeline = lifeline.clone();
+                reclaiming = Some(std::thread::spawn(move || lifeline.reclaim()));
             }
             _ => {}
+        }
+        if reclaiming.as_ref().is_some_and(|t| t.is_finished()) {
+            let result = reclaiming.take().expect("finished").join();
+            let back = result.map_err(|_| anyhow::anyhow!("the re-claiming thread panicked"))??;
+            warn!(interface = %interface_id, "re-claimed the interface from the daemon that is back");
+            channel = Some(back);
+            // The new daemon has not heard them.
+            reported = RelayCounters::default();
+            next_report = Instant::now();
         }
         if Instant::now() >= next_report {
             next_report += REPORT_EVERY;

@@ -13,11 +13,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
 
 use super::attach::{self, AttachPlan};
+use super::policies::check_policy_possible;
 use super::records::{self, InterfaceRecord, Verdict};
 use super::state::{ADOPTED, Client, Daemon, DaemonError, Interface, KEPT};
 use crate::api::ForwardOrigin;
 use crate::host::guard;
-use crate::host::netlink::{Link, LinkKind};
+use crate::host::netlink::{Link, LinkKind, LinkSettings};
 use crate::host::process::Process;
 use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK};
 use crate::leases::{Lease, Owner};
@@ -39,9 +40,11 @@ impl Daemon {
         self.forwards
             .open(&path)
             .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?;
-        self.forwarding.open(&self.state_dir);
+        self.forwarding.open(&self.run_dir);
         let links = self.netlink.links().await?;
         let adopt = self.decide_adoptions(&links);
+        let masters: BTreeMap<u32, Option<u32>> =
+            links.iter().map(|l| (l.index, l.master)).collect();
         let ports: BTreeSet<u32> = adopt.iter().map(|(r, _)| r.port_index).collect();
         let mut wanted: BTreeSet<String> = adopt.iter().map(|(r, _)| r.network.clone()).collect();
         wanted.extend(
@@ -90,14 +93,21 @@ impl Daemon {
             }
         }
         let mut adopted = 0;
+        // Ports to put back on their network once the tables are whole
+        // (a daemon before held them off while its tables were damaged).
+        let mut held = Vec::new();
         for (record, cut_off) in adopt {
             let (id, port, index) = (record.interface_id, record.port.clone(), record.port_index);
             if !self.networks.contains_key(&record.network) {
                 self.forget(id, index).await;
                 continue;
             }
-            match self.adopt(record, cut_off).await {
-                Ok(()) => adopted += 1,
+            let master = masters.get(&index).copied().flatten();
+            match self.adopt(record, cut_off, master).await {
+                Ok(back) => {
+                    adopted += 1;
+                    held.extend(back);
+                }
                 Err(e) => {
                     warn!(interface = %id, %port, "cannot adopt the interface a previous daemon attached: {e}; removing it");
                     self.forget(id, index).await;
@@ -124,6 +134,24 @@ impl Daemon {
             self.guard.made();
         }
         self.sync_host()?;
+        for (index, bridge) in held {
+            let back = match bridge {
+                Some(bridge) => self.netlink.set_master(index, Some(bridge)).await,
+                None => {
+                    let up = LinkSettings {
+                        up: true,
+                        ..Default::default()
+                    };
+                    self.netlink.configure(index, up).await
+                }
+            };
+            if let Err(e) = back {
+                warn!(
+                    port = index,
+                    "cannot put an adopted port back on its network: {e}"
+                );
+            }
+        }
         for net in self.networks.values() {
             if let Some(leases) = net.leases() {
                 leases.changed();
@@ -175,15 +203,34 @@ impl Daemon {
     }
 
     /// Takes on one interface a previous daemon attached: its lease at
-    /// its address, its guard, forwards and policy, as they were.
+    /// its address, its guard, forwards and policy, as they were. `master`:
+    /// the bridge its port is on. Returns the port to put back on its
+    /// network (its bridge's index; none: a macvtap to bring up) once the
+    /// tables are whole, if it was held off.
     async fn adopt(
         &mut self,
         r: InterfaceRecord,
         cut_off: Option<String>,
-    ) -> Result<(), DaemonError> {
+        master: Option<u32>,
+    ) -> Result<Option<(u32, Option<u32>)>, DaemonError> {
         let id = r.interface_id;
         let net = &self.networks[&r.network];
         let cfg = &net.config;
+        // What the config says now holds for it as at an attach.
+        check_policy_possible(&r.policy, cfg)?;
+        let bridge = net.bridge().map(|(_, index)| index);
+        let held = match (bridge, master) {
+            (Some(b), Some(m)) if b != m => {
+                return Err(DaemonError::Conflict(format!(
+                    "its port is on another bridge than network \"{}\"'s now",
+                    r.network
+                )));
+            }
+            _ if cut_off.is_some() => None,
+            (Some(b), None) => Some((r.port_index, Some(b))),
+            (Some(_), Some(_)) => None,
+            (None, _) => Some((r.port_index, None)),
+        };
         if let Some(leases) = net.leases() {
             let mut leases = leases.lock().expect("lease lock");
             match r.ip {
@@ -233,12 +280,14 @@ impl Daemon {
                 datapath: plan.datapath,
                 relay: None,
                 forwards: Vec::new(),
+                // Its idle time starts again: the daemon did not see it.
                 kept: kept.then(|| (0, std::time::Instant::now())),
                 guarded: plan.guarded,
                 policy: plan.policy,
                 as_clone: None,
                 process: r.client,
                 token: r.token.clone(),
+                via_network_socket: false,
                 port_mac: r.port_mac,
             },
         );
@@ -248,11 +297,12 @@ impl Daemon {
             uid: r.uid,
             gid: 0,
             groups: Vec::new(),
+            process: None,
             network_socket: None,
         };
-        // Taken again as they were: the checks at attach said they may be.
+        // Checked again, as the user's, against the config as it is now.
         for forward in &r.publish {
-            if let Err(e) = self.take_forward(id, *forward, ForwardOrigin::Publish, 0) {
+            if let Err(e) = self.take_forward(id, *forward, ForwardOrigin::Publish, r.uid) {
                 warn!(network = %r.network, interface = %id, %forward, "forward not restored: {e}");
             }
         }
@@ -268,8 +318,16 @@ impl Daemon {
             Some(_) => {}
             None => self.tap_addresses.record(r.port_index, r.port_mac),
         }
+        // On a LAN, the host's route to the address linnet had learned.
+        let net = &self.networks[&r.network];
+        if net.leases().is_none()
+            && r.ip.is_some()
+            && let Err(e) = net.vm_address(&self.netlink, None, r.ip).await
+        {
+            warn!(network = %r.network, interface = %id, "{e}");
+        }
         info!(network = %r.network, interface = %id, ip = ?r.ip, mac = %r.mac, tap = %r.port, pid = ?r.client.map(|p| p.pid), uid = r.uid, "adopted");
-        Ok(())
+        Ok(held)
     }
 
     /// Removes an interface that is not adopted after all: its port and
@@ -282,7 +340,11 @@ impl Daemon {
     /// Writes interface `id`'s record (a clone's is never written: clones
     /// do not outlive the daemon).
     pub(super) fn save_record(&self, id: InterfaceId) {
-        let Some(i) = self.interfaces.get(&id).filter(|i| i.as_clone.is_none()) else {
+        let Some(i) = self
+            .interfaces
+            .get(&id)
+            .filter(|i| i.adoptable() || i.client == KEPT)
+        else {
             return;
         };
         let record = InterfaceRecord {
@@ -328,9 +390,9 @@ impl Daemon {
                 "interface {id} is not attached: this daemon did not adopt it (its log says why)"
             )));
         };
-        if !same_token(&iface.token, token) {
+        if !same_token(&iface.token, token) || (client.uid != iface.uid && client.uid != 0) {
             return Err(DaemonError::Forbidden(format!(
-                "that is not interface {id}'s token"
+                "interface {id} is not this client's to re-claim"
             )));
         }
         if iface.client != ADOPTED {
@@ -380,7 +442,7 @@ impl Daemon {
             .interfaces
             .iter()
             .filter(|(_, i)| {
-                i.as_clone.is_some()
+                !(i.adoptable() || i.client == KEPT)
                     || (i.client != KEPT && !i.process.is_some_and(|p| p.is_running()))
             })
             .map(|(id, _)| *id)

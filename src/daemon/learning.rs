@@ -108,6 +108,8 @@ impl Daemon {
             warn!(%network, interface = %id, "{e}");
         }
         self.learned.send_modify(|n| *n += 1);
+        // A daemon after this one adopts it with the address.
+        self.save_record(id);
     }
 
     /// The address of `id` on `network` if known yet, for its owner or

@@ -1,8 +1,8 @@
 //! What the daemon keeps on disk of each attached interface, so that a
 //! daemon started after it (a restart, an upgrade, a crash) adopts the
 //! interface instead of cutting its VM off: one file per interface in
-//! `STATE_DIR/interfaces/`, written before the attach is answered and
-//! removed at detach. `verdict` decides, as plain data, whether a record
+//! `RUN_DIR/interfaces/` (which, like the TAPs, lasts until the machine
+//! stops), written before the attach is answered and removed at detach. `verdict` decides, as plain data, whether a record
 //! found at start-up is adopted or removed.
 //!
 //! A file is written whole (a temporary renamed over it) but not fsynced:
@@ -118,9 +118,9 @@ pub struct Records {
 }
 
 impl Records {
-    pub fn new(state_dir: &Path) -> Records {
+    pub fn new(run_dir: &Path) -> Records {
         Records {
-            dir: state_dir.join("interfaces"),
+            dir: run_dir.join("interfaces"),
         }
     }
 

@@ -27,6 +27,7 @@ use crate::api::{self, MAX_MESSAGE, Request, Response, SOCKET_NAME};
 use crate::budget::{Budget, Permit};
 use crate::config::Config;
 use crate::host::netlink::{LinkSettings, Netlink};
+use crate::host::process::Process;
 use crate::host::{egress, systemd};
 use crate::types::InterfaceId;
 
@@ -146,7 +147,8 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let network_sockets = match super::network_sockets::open(&sessions, &opts.run_dir).await {
         Ok(sockets) => sockets,
         Err(e) => {
-            daemon.lock().await.shutdown().await;
+            // What it adopted stays for the next daemon.
+            daemon.lock().await.stop().await;
             remove_socket();
             return Err(e);
         }
@@ -448,6 +450,7 @@ pub(super) fn identify(conn: &AsyncFd<OwnedFd>, id: u64) -> io::Result<Client> {
         uid: cred.uid(),
         gid: cred.gid(),
         groups: peer_groups(conn.get_ref()).unwrap_or_else(|_| vec![cred.gid()]),
+        process: (cred.pid() > 0).then(|| Process::of(cred.pid())).flatten(),
         network_socket: None,
     })
 }
@@ -620,7 +623,8 @@ async fn handle(
         } => match daemon.handle_reclaim(client, interface_id, &token) {
             Ok(()) => (Response::Reclaimed { interface_id }, None),
             Err(e) => {
-                warn!(uid = client.uid, pid = ?client.pid, "re-claim refused: {e}");
+                // The client says why; a line each would let it fill the log.
+                debug!(uid = client.uid, pid = ?client.pid, "re-claim refused: {e}");
                 (e.into_response(), None)
             }
         },

@@ -118,6 +118,9 @@ pub struct Client {
     pub uid: u32,
     pub gid: u32,
     pub groups: Vec<u32>,
+    /// Its process as it was when it connected (pid and start time), which
+    /// a next daemon checks is still there.
+    pub process: Option<Process>,
     /// The network whose socket the client came in on (through the relay
     /// the daemon started for it): it may attach one stream interface
     /// there and nothing else.
@@ -170,11 +173,21 @@ pub(super) struct Interface {
     pub(super) process: Option<Process>,
     /// What its client re-claims it with after a daemon restart.
     pub(super) token: String,
+    /// Attached by the relay of a connection to a network's socket, which
+    /// ends with the daemon: never adopted.
+    pub(super) via_network_socket: bool,
     /// The MAC linnet gave its port's host side.
     pub(super) port_mac: MacAddr,
 }
 
 impl Interface {
+    /// Whether a next daemon adopts it for a client that re-claims it: not
+    /// a kept one (no client), a clone (its namespace is this daemon's),
+    /// nor one of a network socket's relay (it ends with this daemon).
+    pub(super) fn adoptable(&self) -> bool {
+        self.client != KEPT && self.as_clone.is_none() && !self.via_network_socket
+    }
+
     /// Its SLAAC address; none for a clone, whose IPv6 is not NATed.
     pub(super) fn ipv6_address(&self, cfg: &NetworkConfig) -> Option<std::net::Ipv6Addr> {
         cfg.ipv6
@@ -223,9 +236,11 @@ impl Daemon {
     pub fn new(config: Config, state_dir: PathBuf, run_dir: PathBuf, netlink: Netlink) -> Daemon {
         Daemon {
             config,
+            // In the run dir, which lasts until the machine stops, as
+            // the TAPs they describe do.
+            records: Records::new(&run_dir),
             run_dir,
             lease_dir: state_dir.join("leases"),
-            records: Records::new(&state_dir),
             state_dir,
             netlink,
             nft: Nft::open(),
@@ -269,6 +284,18 @@ impl Daemon {
             .network
             .clone()
             .unwrap_or_else(|| DEFAULT_NETWORK.into());
+        // An adopted interface its client did not re-claim (one that
+        // attaches again instead, as an API client may) goes for the new
+        // attach, when it is the same user's.
+        if let Some(id) = req.interface_id
+            && let Some(other) = self.interfaces.get(&id)
+            && other.client == ADOPTED
+            && client.network_socket.is_none()
+            && (client.uid == other.uid || client.uid == 0)
+        {
+            info!(network = %other.network, interface = %id, uid = client.uid, "attached again instead of re-claimed: the adopted interface goes first");
+            self.detach(&[id]).await?;
+        }
         let cfg = self
             .config
             .network(&network)
@@ -328,8 +355,7 @@ impl Daemon {
                     // leaves an interface the next one adopts.
                     self.save_record(id);
                     let iface = &self.interfaces[&id];
-                    let token = (iface.client != KEPT && iface.as_clone.is_none())
-                        .then(|| iface.token.clone());
+                    let token = iface.adoptable().then(|| iface.token.clone());
                     Ok((info, fd, token))
                 }
                 Err(e) => {
@@ -566,7 +592,8 @@ impl Daemon {
                 guarded: plan.guarded,
                 policy: plan.policy,
                 as_clone: clone,
-                process: client.pid.filter(|_| !req.keep).and_then(Process::of),
+                process: client.process.filter(|_| !req.keep),
+                via_network_socket: client.network_socket.is_some(),
                 token: uuid::Uuid::new_v4().simple().to_string(),
                 port_mac,
             },
@@ -1096,8 +1123,10 @@ impl Forwarding {
     /// Takes on what an earlier daemon changed and did not put back (it
     /// stopped with VMs attached, or was killed), and keeps what this one
     /// changes in the same file from now on.
-    pub fn open(&mut self, state_dir: &std::path::Path) {
-        let path = state_dir.join(FORWARDING_FILE);
+    pub fn open(&mut self, run_dir: &std::path::Path) {
+        // In the run dir: the sysctls it describes do not outlive the
+        // machine's stop either.
+        let path = run_dir.join(FORWARDING_FILE);
         if let Ok(text) = std::fs::read(&path) {
             match serde_json::from_slice(&text) {
                 Ok(was) => *self = was,

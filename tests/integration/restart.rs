@@ -240,7 +240,19 @@ fn an_interface_whose_vmm_or_client_died_while_no_daemon_ran_is_removed() {
         || (!world.host.links().contains(&taps[0])).then_some(()),
     );
     run_dies.kill_run();
+    // As a daemon holds ports off their bridge while its tables are
+    // damaged: the next one puts them back once its tables are whole.
+    must(&mut world.host.cmd(&["ip", "link", "set", &taps[2], "nomaster"]));
     world.start_daemon();
+    assert!(
+        must(
+            &mut world
+                .host
+                .cmd(&["ip", "-o", "link", "show", "dev", &taps[2]])
+        )
+        .contains("master ln-shared"),
+        "the held port is back on its bridge"
+    );
     let links = world.host.links();
     assert!(
         !links.contains(&taps[0]) && !links.contains(&taps[1]),
@@ -333,7 +345,7 @@ fn a_daemon_killed_in_the_middle_of_attaches_leaves_nothing_the_next_cannot_fini
     let mut attached: Vec<String> = guests.iter().map(Guest::tap).collect();
     attached.sort();
     assert_eq!(taps, attached, "only the answered attaches' TAPs are left");
-    let records = std::fs::read_dir(world.state_dir().join("interfaces"))
+    let records = std::fs::read_dir(world.run_dir().join("interfaces"))
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(records, guests.len(), "a record per interface");
@@ -345,4 +357,60 @@ fn a_daemon_killed_in_the_middle_of_attaches_leaves_nothing_the_next_cannot_fini
     assert!(!attached.contains(&late.tap()));
     assert_eq!(late.udhcpc(), late.ip());
     assert!(guests.iter().all(|g| g.ip() != late.ip()));
+}
+
+#[test]
+fn a_kept_tap_outlives_a_daemon_restart_and_its_owner_detaches_it_after() {
+    let mut world = World::new();
+    world.start_daemon();
+    let out = must(&mut world.linnet(&["attach", "--name", "fc1"]));
+    let info: Value = serde_json::from_str(out.trim()).unwrap();
+    let tap = info["tap"].as_str().unwrap().to_string();
+    world.stop_daemon();
+    world.start_daemon();
+    assert!(world.host.links().contains(&tap));
+    let ls = listed(&world);
+    assert_eq!(ls.len(), 1, "{ls:?}");
+    assert_eq!(ls[0]["tap"], tap.as_str());
+    assert_eq!(ls[0]["ip_address"], info["ip_address"]);
+    must(&mut world.linnet(&["detach", "--name", "fc1"]));
+    assert!(!world.host.links().contains(&tap));
+    assert!(listed(&world).is_empty());
+}
+
+#[test]
+fn an_interface_attached_again_instead_of_re_claimed_or_on_a_network_gone_is_replaced_or_removed() {
+    let mut world =
+        World::with_config("networks:\n  lab:\n    mode: host\n    subnet: 10.77.0.0/24\n");
+    world.start_daemon();
+    let id = "6b1c6b70-1111-4c4c-9c9c-0000000000aa";
+    let mut old = world.guest("shared", &["--interface-id", id]);
+    let mut on_lab = world.guest("lab", &[]);
+    let lab_tap = on_lab.tap();
+    // A client that does not re-claim (stopped here), and a network that
+    // is gone from the config when the next daemon starts.
+    let run = old.run.as_ref().unwrap().id().to_string();
+    must(std::process::Command::new("kill").args(["-STOP", &run]));
+    world.stop_daemon();
+    std::fs::write(world.config.as_ref().unwrap(), "networks: {}\n").unwrap();
+    world.start_daemon();
+    assert!(!world.host.links().contains(&lab_tap));
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains(r#"network "lab" is no longer configured"#),
+        "{log}"
+    );
+    // Its VMM loses the TAP, and its `linnet run` ends with it.
+    wait_for("the lab VM's run to end", Duration::from_secs(5), || {
+        on_lab.run.as_mut().unwrap().try_wait().unwrap()
+    });
+    // Its user attaches the id again: the adopted interface makes way.
+    let again = world.guest("shared", &["--interface-id", id]);
+    assert_eq!((again.mac(), again.ip()), (old.mac(), old.ip()));
+    assert_eq!(again.udhcpc(), again.ip());
+    let ls = listed(&world);
+    assert_eq!(ls.len(), 1, "{ls:?}");
+    assert_eq!(ls[0]["client_pid"], holder(&again));
+    must(std::process::Command::new("kill").args(["-CONT", &run]));
+    old.kill_run();
 }
