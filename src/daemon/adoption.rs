@@ -340,11 +340,7 @@ impl Daemon {
     /// Writes interface `id`'s record (a clone's is never written: clones
     /// do not outlive the daemon).
     pub(super) fn save_record(&self, id: InterfaceId) {
-        let Some(i) = self
-            .interfaces
-            .get(&id)
-            .filter(|i| i.adoptable() || i.client == KEPT)
-        else {
+        let Some(i) = self.interfaces.get(&id).filter(|i| i.outlives_daemon()) else {
             return;
         };
         let record = InterfaceRecord {
@@ -442,7 +438,7 @@ impl Daemon {
             .interfaces
             .iter()
             .filter(|(_, i)| {
-                !(i.adoptable() || i.client == KEPT)
+                !i.outlives_daemon()
                     || (i.client != KEPT && !i.process.is_some_and(|p| p.is_running()))
             })
             .map(|(id, _)| *id)

@@ -181,11 +181,11 @@ pub(super) struct Interface {
 }
 
 impl Interface {
-    /// Whether a next daemon adopts it for a client that re-claims it: not
-    /// a kept one (no client), a clone (its namespace is this daemon's),
-    /// nor one of a network socket's relay (it ends with this daemon).
-    pub(super) fn adoptable(&self) -> bool {
-        self.client != KEPT && self.as_clone.is_none() && !self.via_network_socket
+    /// Whether it outlives this daemon, for a next one to adopt: not a
+    /// clone (its namespace is this daemon's) nor a network socket's (its
+    /// relay ends with this daemon).
+    pub(super) fn outlives_daemon(&self) -> bool {
+        self.as_clone.is_none() && !self.via_network_socket
     }
 
     /// Its SLAAC address; none for a clone, whose IPv6 is not NATed.
@@ -355,7 +355,9 @@ impl Daemon {
                     // leaves an interface the next one adopts.
                     self.save_record(id);
                     let iface = &self.interfaces[&id];
-                    let token = iface.adoptable().then(|| iface.token.clone());
+                    // A kept one has no client to re-claim it.
+                    let token = (iface.outlives_daemon() && iface.client != KEPT)
+                        .then(|| iface.token.clone());
                     Ok((info, fd, token))
                 }
                 Err(e) => {
