@@ -40,7 +40,10 @@ impl Daemon {
         self.forwards
             .open(&path)
             .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?;
-        self.forwarding.open(&self.run_dir);
+        // A rootless daemon's namespace, and its forwarding, end with it.
+        if !self.rootless() {
+            self.forwarding.open(&self.run_dir);
+        }
         let links = self.netlink.links().await?;
         let adopt = self.decide_adoptions(&links);
         let masters: BTreeMap<u32, Option<u32>> =
@@ -337,9 +340,12 @@ impl Daemon {
         self.records.remove(id);
     }
 
-    /// Writes interface `id`'s record (a clone's is never written: clones
-    /// do not outlive the daemon).
+    /// Writes interface `id`'s record, if it outlives the daemon (not a
+    /// clone's, nor any of a rootless daemon, whose namespace ends with it).
     pub(super) fn save_record(&self, id: InterfaceId) {
+        if self.rootless() {
+            return;
+        }
         let Some(i) = self.interfaces.get(&id).filter(|i| i.outlives_daemon()) else {
             return;
         };
@@ -450,6 +456,7 @@ impl Daemon {
         }
         if self.interfaces.is_empty() || self.rootless() {
             self.shutdown().await;
+            self.records.remove_dir_if_empty();
             return;
         }
         for (name, net) in &self.networks {

@@ -160,6 +160,13 @@ impl Records {
         }
     }
 
+    /// Takes the directory away when no record is in it (a daemon that
+    /// stops with nothing attached leaves nothing behind).
+    pub fn remove_dir_if_empty(&self) {
+        // Fails, as it should, when a record is there.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+
     /// Every record there; one that cannot be read is moved aside (its
     /// interface's port goes at start-up like any left without one).
     pub fn load(&self) -> Vec<InterfaceRecord> {
@@ -321,6 +328,11 @@ mod tests {
         records.remove(r.interface_id);
         records.remove(r.interface_id);
         assert!(records.load().is_empty());
+        records.remove_dir_if_empty();
+        assert!(
+            dir.path().join("interfaces").exists(),
+            "a file set aside stays"
+        );
         let left: Vec<String> = std::fs::read_dir(dir.path().join("interfaces"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

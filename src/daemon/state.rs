@@ -356,8 +356,9 @@ impl Daemon {
                     self.save_record(id);
                     let iface = &self.interfaces[&id];
                     // A kept one has no client to re-claim it.
-                    let token = (iface.outlives_daemon() && iface.client != KEPT)
-                        .then(|| iface.token.clone());
+                    let token =
+                        (iface.outlives_daemon() && iface.client != KEPT && !self.rootless())
+                            .then(|| iface.token.clone());
                     Ok((info, fd, token))
                 }
                 Err(e) => {

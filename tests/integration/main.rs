@@ -298,6 +298,10 @@ fn a_daemon_stop_keeps_attached_vms_and_removes_everything_once_they_left() {
     });
     world.stop_daemon();
     world.assert_linnet_gone();
+    assert!(
+        !world.run_dir().join("interfaces").exists(),
+        "no record, nor their directory, is left"
+    );
     assert_eq!(
         must(&mut world.host.cmd(&["cat", "/proc/sys/net/ipv4/ip_forward"])).trim(),
         "0",
