@@ -5,28 +5,52 @@
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Replaces `path` with `bytes`: a temporary file beside it, written and
 /// fsynced, renamed over it, and the directory fsynced so the rename lasts.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace(path, bytes, 0o644, true)?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Replaces `path` with `bytes`, readable by its owner alone, whole but
+/// without waiting for the disk: for a file that must outlive the process
+/// that writes it, not the machine.
+pub fn replace_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace(path, bytes, 0o600, false)
+}
+
+/// A temporary file beside `path` (`mode`, fsynced when `durable`),
+/// renamed over it.
+fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<()> {
     // A name of its own per write: two writers of one file (a background
     // save and the last one when a network goes down) never share one.
     static WRITES: AtomicU64 = AtomicU64::new(0);
     let n = WRITES.fetch_add(1, Ordering::Relaxed);
     let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
-    let written = File::create(&tmp).and_then(|mut file| {
-        file.write_all(bytes)?;
-        file.sync_all()
-    });
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            if durable {
+                file.sync_all()?;
+            }
+            Ok(())
+        });
     if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
         // A full disk must not also fill up with temporaries.
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
-    }
-    if let Some(dir) = path.parent() {
-        File::open(dir)?.sync_all()?;
     }
     Ok(())
 }

@@ -12,18 +12,25 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tracing::{info, warn};
 
-use super::attach::{self, AttachPlan};
+use super::attach;
 use super::policies::check_policy_possible;
 use super::records::{self, InterfaceRecord, Verdict};
 use super::state::{ADOPTED, Client, Daemon, DaemonError, Interface, KEPT};
 use crate::api::ForwardOrigin;
 use crate::host::guard;
 use crate::host::netlink::{Link, LinkKind, LinkSettings};
-use crate::host::process::Process;
 use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK};
-use crate::leases::{Lease, Owner};
+use crate::leases::{Claimant, Lease, Owner};
 use crate::services::unix_now;
 use crate::types::InterfaceId;
+
+/// An interface a new daemon adopts: its record, whether its port is cut
+/// off (and why), and the bridge its port is on.
+struct Adoption {
+    record: InterfaceRecord,
+    cut_off: Option<String>,
+    master: Option<u32>,
+}
 
 impl Daemon {
     /// Start-up: adopts what a previous daemon left for interfaces still
@@ -46,10 +53,8 @@ impl Daemon {
         }
         let links = self.netlink.links().await?;
         let adopt = self.decide_adoptions(&links);
-        let masters: BTreeMap<u32, Option<u32>> =
-            links.iter().map(|l| (l.index, l.master)).collect();
-        let ports: BTreeSet<u32> = adopt.iter().map(|(r, _)| r.port_index).collect();
-        let mut wanted: BTreeSet<String> = adopt.iter().map(|(r, _)| r.network.clone()).collect();
+        let ports: BTreeSet<u32> = adopt.iter().map(|a| a.record.port_index).collect();
+        let mut wanted: BTreeSet<String> = adopt.iter().map(|a| a.record.network.clone()).collect();
         wanted.extend(
             self.config
                 .networks
@@ -87,7 +92,7 @@ impl Daemon {
                 Ok(net) => {
                     self.networks.insert(name.clone(), net);
                 }
-                Err(e) if cfg.persistent && !adopt.iter().any(|(r, _)| &r.network == name) => {
+                Err(e) if cfg.persistent && !adopt.iter().any(|a| &a.record.network == name) => {
                     return Err(e);
                 }
                 Err(e) => {
@@ -99,13 +104,17 @@ impl Daemon {
         // Ports to put back on their network once the tables are whole
         // (a daemon before held them off while its tables were damaged).
         let mut held = Vec::new();
-        for (record, cut_off) in adopt {
+        for Adoption {
+            record,
+            cut_off,
+            master,
+        } in adopt
+        {
             let (id, port, index) = (record.interface_id, record.port.clone(), record.port_index);
             if !self.networks.contains_key(&record.network) {
                 self.forget(id, index).await;
                 continue;
             }
-            let master = masters.get(&index).copied().flatten();
             match self.adopt(record, cut_off, master).await {
                 Ok(back) => {
                     adopted += 1;
@@ -173,9 +182,8 @@ impl Daemon {
         Ok(())
     }
 
-    /// The records to adopt, each with whether its port is cut off; the
-    /// others' records go.
-    fn decide_adoptions(&mut self, links: &[Link]) -> Vec<(InterfaceRecord, Option<String>)> {
+    /// The records to adopt; the others' records go.
+    fn decide_adoptions(&mut self, links: &[Link]) -> Vec<Adoption> {
         let by_index: BTreeMap<u32, &Link> = links.iter().map(|l| (l.index, l)).collect();
         let mut adopt = Vec::new();
         for record in self.records.load() {
@@ -195,7 +203,11 @@ impl Daemon {
             let running = record.client.is_some_and(|p| p.is_running());
             let port = by_index.get(&record.port_index).copied();
             match records::verdict(&record, port, running, network) {
-                Verdict::Adopt { cut_off } => adopt.push((record, cut_off)),
+                Verdict::Adopt { cut_off } => adopt.push(Adoption {
+                    master: port.and_then(|l| l.master),
+                    record,
+                    cut_off,
+                }),
                 Verdict::Remove(why) => {
                     info!(network = %record.network, interface = %record.interface_id, port = %record.port, "removing an interface a previous daemon attached: {why}");
                     self.records.remove(record.interface_id);
@@ -256,37 +268,26 @@ impl Daemon {
             }
             .map_err(DaemonError::Conflict)?;
         }
-        let plan = AttachPlan {
-            id,
-            mac: r.mac,
-            ip: r.ip,
-            name: r.name.clone(),
-            datapath: r.datapath,
-            policy: r.policy.clone(),
-            guarded: attach::guarded(cfg),
-            mtu: net.mtu(),
-        };
         let kept = r.kept;
         self.interfaces.insert(
             id,
             Interface {
                 network: r.network.clone(),
-                mac: plan.mac,
-                ip: plan.ip,
-                name: plan.name,
+                mac: r.mac,
+                ip: r.ip,
+                name: r.name.clone(),
                 tap: r.port.clone(),
                 tap_index: r.port_index,
                 cut_off: cut_off.clone(),
                 client: if kept { KEPT } else { ADOPTED },
-                pid: r.client.map(|p| p.pid),
                 uid: r.uid,
-                datapath: plan.datapath,
+                datapath: r.datapath,
                 relay: None,
                 forwards: Vec::new(),
                 // Its idle time starts again: the daemon did not see it.
                 kept: kept.then(|| (0, std::time::Instant::now())),
-                guarded: plan.guarded,
-                policy: plan.policy,
+                guarded: attach::guarded(cfg),
+                policy: r.policy.clone(),
                 as_clone: None,
                 process: r.client,
                 token: r.token.clone(),
@@ -294,22 +295,13 @@ impl Daemon {
                 port_mac: r.port_mac,
             },
         );
-        let owner = Client {
-            id: ADOPTED,
-            pid: None,
-            uid: r.uid,
-            gid: 0,
-            groups: Vec::new(),
-            process: None,
-            network_socket: None,
-        };
         // Checked again, as the user's, against the config as it is now.
         for forward in &r.publish {
             if let Err(e) = self.take_forward(id, *forward, ForwardOrigin::Publish, r.uid) {
                 warn!(network = %r.network, interface = %id, %forward, "forward not restored: {e}");
             }
         }
-        self.take_kept_forwards(id, owner.claimant());
+        self.take_kept_forwards(id, Claimant::from(r.uid));
         match &cut_off {
             Some(why) if r.cut_off.is_none() => {
                 warn!(network = %r.network, interface = %id, tap = %r.port, "{why}");
@@ -403,8 +395,7 @@ impl Daemon {
             )));
         }
         iface.client = client.id;
-        iface.pid = client.pid;
-        iface.process = client.pid.and_then(Process::of);
+        iface.process = client.process;
         info!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?client.pid, uid = client.uid, "re-claimed by its client");
         self.save_record(id);
         Ok(())

@@ -9,9 +9,9 @@
 //! it must outlive the daemon's process, not the machine, whose reboot
 //! takes the TAPs with it.
 
-use std::io::{self, Write};
+use std::io;
 use std::net::Ipv4Addr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -134,21 +134,8 @@ impl Records {
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)?;
-        let path = self.path(record.interface_id);
-        let tmp = path.with_extension("tmp");
         let bytes = serde_json::to_vec_pretty(record).expect("records serialize");
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .and_then(|mut f| f.write_all(&bytes));
-        if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path)) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        Ok(())
+        crate::files::replace_private(&self.path(record.interface_id), &bytes)
     }
 
     pub fn remove(&self, id: InterfaceId) {
@@ -175,15 +162,15 @@ impl Records {
         };
         let mut records = Vec::new();
         for path in entries.flatten().map(|e| e.path()) {
-            match path.extension() {
-                Some(e) if e == "json" => {}
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if name.contains(".tmp.") {
                 // A temporary a killed daemon left.
-                Some(e) if e == "tmp" => {
-                    let _ = std::fs::remove_file(&path);
-                    continue;
-                }
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "json") {
                 // One set aside, for an operator to look at.
-                _ => continue,
+                continue;
             }
             let read = std::fs::read(&path)
                 .map_err(|e| e.to_string())
@@ -323,7 +310,7 @@ mod tests {
         assert_eq!(mode(&dir.path().join("interfaces")), 0o700);
         assert_eq!(mode(&records.path(r.interface_id)), 0o600);
         std::fs::write(dir.path().join("interfaces/bad.json"), "{").unwrap();
-        std::fs::write(dir.path().join("interfaces/x.tmp"), "{").unwrap();
+        std::fs::write(dir.path().join("interfaces/x.tmp.1.2"), "{").unwrap();
         assert_eq!(records.load(), std::slice::from_ref(&r));
         records.remove(r.interface_id);
         records.remove(r.interface_id);

@@ -153,7 +153,6 @@ pub(super) struct Interface {
     /// Why its TAP was taken off the network, if it was.
     pub(super) cut_off: Option<String>,
     pub(super) client: u64,
-    pub(super) pid: Option<i32>,
     pub(super) uid: u32,
     pub(super) datapath: Datapath,
     pub(super) relay: Option<RelayCounters>,
@@ -168,8 +167,8 @@ pub(super) struct Interface {
     /// its namespace's on the network (its unique address), and `tap` its
     /// veth port.
     pub(super) as_clone: Option<CloneState>,
-    /// Its client's process as a new daemon checks it is still there
-    /// (none when kept past its connection).
+    /// Its client's process, as it was when it connected, which a new
+    /// daemon checks is still there (none when kept past its connection).
     pub(super) process: Option<Process>,
     /// What its client re-claims it with after a daemon restart.
     pub(super) token: String,
@@ -181,6 +180,11 @@ pub(super) struct Interface {
 }
 
 impl Interface {
+    /// Its client's pid (none when kept past its connection).
+    pub(super) fn pid(&self) -> Option<i32> {
+        self.process.map(|p| p.pid)
+    }
+
     /// Whether it outlives this daemon, for a next one to adopt: not a
     /// clone (its namespace is this daemon's) nor a network socket's (its
     /// relay ends with this daemon).
@@ -337,7 +341,7 @@ impl Daemon {
                 "interface {id} is already attached to network \"{}\" by pid {}; detach it first or use another --interface-id",
                 other.network,
                 other
-                    .pid
+                    .pid()
                     .map(|p| p.to_string())
                     .unwrap_or_else(|| "?".into())
             )));
@@ -586,7 +590,6 @@ impl Daemon {
                 cut_off: None,
                 client: if req.keep { KEPT } else { client.id },
                 // A kept interface's attacher has gone by design.
-                pid: client.pid.filter(|_| !req.keep),
                 uid: client.uid,
                 datapath: plan.datapath,
                 relay: None,
@@ -722,7 +725,7 @@ impl Daemon {
         else {
             return;
         };
-        warn!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?iface.pid, uid = iface.uid, %was, %now,
+        warn!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?iface.pid(), uid = iface.uid, %was, %now,
             "the VMM changed its TAP's MAC, which could take another VM's traffic: the TAP is off the network until detached");
         iface.cut_off = Some(format!(
             "its VMM changed the TAP's MAC from {was} to {now}; off the network until detached"
@@ -774,7 +777,7 @@ impl Daemon {
             Some(i) if i.client != client.id && i.client != KEPT && i.client != ADOPTED => {
                 Err(DaemonError::Busy(format!(
                     "interface {id} belongs to another client (pid {}); only it can detach it",
-                    i.pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+                    i.pid().map(|p| p.to_string()).unwrap_or_else(|| "?".into())
                 )))
             }
             Some(_) => self.detach(&[id]).await,
@@ -968,7 +971,7 @@ impl Daemon {
                     ipv6_address: i.ipv6_address(cfg),
                     tap: i.tap.clone(),
                     forwards: i.forwards.iter().map(|p| p.forward).collect(),
-                    client_pid: i.pid,
+                    client_pid: i.pid(),
                     client_uid: i.uid,
                     datapath: i.datapath,
                     relay: i.relay,
