@@ -17,7 +17,6 @@ use super::policies::check_policy_possible;
 use super::records::{self, InterfaceRecord, Verdict};
 use super::state::{ADOPTED, Client, Daemon, DaemonError, Interface, KEPT};
 use crate::api::ForwardOrigin;
-use crate::host::guard;
 use crate::host::netlink::{Link, LinkKind, LinkSettings};
 use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK};
 use crate::leases::{Claimant, Lease, Owner};
@@ -51,7 +50,7 @@ impl Daemon {
         if !self.rootless() {
             self.forwarding.open(&self.run_dir);
         }
-        let links = self.netlink.links().await?;
+        let links = self.host.links.links().await?;
         let adopt = self.decide_adoptions(&links);
         let ports: BTreeSet<u32> = adopt.iter().map(|a| a.record.port_index).collect();
         let mut wanted: BTreeSet<String> = adopt.iter().map(|a| a.record.network.clone()).collect();
@@ -79,15 +78,20 @@ impl Daemon {
             };
             if stale {
                 info!(link = %link.name, "removing what a previous daemon left");
-                self.netlink.delete_link(link.index).await?;
+                self.host.links.delete_link(link.index).await?;
             }
         }
         // The networks come up without touching the tables: those the last
         // daemon left go on guarding and NATing until replaced, below.
         for name in &wanted {
             let cfg = self.config.network(name).expect("configured").clone();
-            match super::drivers::ActiveNetwork::bring_up(&cfg, &self.netlink, &self.lease_dir)
-                .await
+            match super::drivers::ActiveNetwork::bring_up(
+                &cfg,
+                &self.host,
+                &*self.services,
+                &self.lease_dir,
+            )
+            .await
             {
                 Ok(net) => {
                     self.networks.insert(name.clone(), net);
@@ -140,21 +144,21 @@ impl Daemon {
         // never a moment without its guard or its NAT.
         let ports = self.guarded_ports();
         if ports.is_empty() {
-            guard::remove(&mut self.nft)?;
+            self.host.tables.remove_guard()?;
         } else {
-            guard::create_with(&mut self.nft, &ports)?;
+            self.host.tables.create_guard(&ports)?;
             self.guard.made();
         }
         self.sync_host()?;
         for (index, bridge) in held {
             let back = match bridge {
-                Some(bridge) => self.netlink.set_master(index, Some(bridge)).await,
+                Some(bridge) => self.host.links.set_master(index, Some(bridge)).await,
                 None => {
                     let up = LinkSettings {
                         up: true,
                         ..Default::default()
                     };
-                    self.netlink.configure(index, up).await
+                    self.host.links.configure(index, up).await
                 }
             };
             if let Err(e) = back {
@@ -305,7 +309,7 @@ impl Daemon {
         match &cut_off {
             Some(why) if r.cut_off.is_none() => {
                 warn!(network = %r.network, interface = %id, tap = %r.port, "{why}");
-                if let Err(e) = self.netlink.cut_off(r.port_index).await {
+                if let Err(e) = self.host.links.cut_off(r.port_index).await {
                     warn!(tap = %r.port, "cannot take the TAP off its bridge: {e}");
                 }
                 self.save_record(id);
@@ -317,7 +321,7 @@ impl Daemon {
         let net = &self.networks[&r.network];
         if net.leases().is_none()
             && r.ip.is_some()
-            && let Err(e) = net.vm_address(&self.netlink, None, r.ip).await
+            && let Err(e) = net.vm_address(&self.host, None, r.ip).await
         {
             warn!(network = %r.network, interface = %id, "{e}");
         }
@@ -328,7 +332,7 @@ impl Daemon {
     /// Removes an interface that is not adopted after all: its port and
     /// its record (its lease runs out like a detached one's).
     async fn forget(&mut self, id: InterfaceId, port: u32) {
-        let _ = self.netlink.delete_link(port).await;
+        let _ = self.host.links.delete_link(port).await;
         self.records.remove(id);
     }
 

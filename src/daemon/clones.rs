@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use tracing::warn;
 
@@ -19,10 +20,11 @@ use super::state::{Client, Daemon, DaemonError};
 use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
 use crate::clone::{self, Guest};
 use crate::datapath::Datapath;
+use crate::host::ALIAS_INTERFACE;
 use crate::host::clone_ns::{self, CloneNetwork, CloneNsError};
 use crate::host::guard::{Ipv4Source, PortGuard};
 use crate::host::netns::NetNs;
-use crate::host::{ALIAS_INTERFACE, netns, tap};
+use crate::host::seam::Devices;
 use crate::leases::{LeaseTable, TakenOver};
 use crate::services::{dhcp, unix_now};
 use crate::types::InterfaceId;
@@ -39,6 +41,8 @@ pub(super) struct CloneState {
     taken_over: Option<TakenOver>,
     /// Holds the namespace while the clone is attached.
     ns: NetNs,
+    /// Where its namespace's name and TAP are taken away.
+    devices: Arc<dyn Devices>,
 }
 
 impl From<CloneNsError> for DaemonError {
@@ -112,7 +116,7 @@ impl Daemon {
             .networks
             .get_mut(network)
             .expect("up")
-            .route_clones(&self.netlink)
+            .route_clones(&self.host)
             .await?
         {
             // The clone range is NATed like the subnet from now on.
@@ -170,6 +174,7 @@ impl Daemon {
             guest,
             taken_over,
             ns: made.ns,
+            devices: self.host.devices.clone(),
         };
         let port = (port, index, plan.mac);
         let info = self.record_attached(network, plan, client, req, port, Some(state));
@@ -187,19 +192,16 @@ impl Daemon {
         client: &Client,
         done: &mut Vec<Done>,
     ) -> Result<(String, u32, clone_ns::MadeClone, tokio::net::UdpSocket), DaemonError> {
-        let made = clone_ns::make(
-            &self.netlink,
-            spec,
-            &mut self.next_tap,
-            (client.uid, client.gid),
-        )
-        .await?;
+        let made = self
+            .host
+            .devices
+            .make_clone(spec, &mut self.next_tap, (client.uid, client.gid))
+            .await?;
         done.push(Done::ClonePort(made.port));
         // A guest configured by DHCP renews (or asks again) in there.
-        let dhcp_socket = made
-            .ns
-            .enter(|| dhcp::clone_socket(&spec.tap))
-            .and_then(|socket| socket)
+        let dhcp_socket = self
+            .services
+            .clone_dhcp_socket(&made.ns, &spec.tap)
             .map_err(|e| {
                 DaemonError::HostSetup(format!("cannot serve DHCP in a clone's namespace: {e}"))
             })?;
@@ -209,10 +211,10 @@ impl Daemon {
                 .join(CLONE_NAMESPACES)
                 .join(plan.id.to_string());
             let named = std::fs::create_dir_all(path.parent().expect("a file in a directory"))
-                .and_then(|()| made.ns.mount_at(&path))
-                .and_then(|()| tap::set_persistent(made.tap.as_fd()));
+                .and_then(|()| self.host.devices.mount_namespace(&made.ns, &path))
+                .and_then(|()| self.host.devices.make_persistent(made.tap.as_fd()));
             if let Err(e) = named {
-                let _ = netns::unmount(&path);
+                let _ = self.host.devices.unmount_namespace(&path);
                 return Err(DaemonError::HostSetup(format!(
                     "cannot make the clone's TAP {} ready to open by name in {}: {e}",
                     spec.tap,
@@ -226,14 +228,14 @@ impl Daemon {
         if plan.guarded {
             let guest = Some(spec.guest_ip).filter(|_| spec.holds_guest_address);
             let guard = clone_guard(plan.guard(&net.config, &port), guest);
-            self.guard.add(&mut self.nft, &guard)?;
+            self.guard.add(&mut *self.host.tables, &guard)?;
             done.push(Done::Guard(guard));
         }
         let alias = format!("{ALIAS_INTERFACE}{}", plan.id);
         let settings = plan.link(net.bridge().map(|(_, i)| i), self.guard.held(), &alias);
-        self.netlink.configure(made.port, settings).await?;
+        self.host.links.configure(made.port, settings).await?;
         if spec.holds_guest_address
-            && let Err(e) = clone_ns::announce(&made.ns, spec)
+            && let Err(e) = self.host.devices.announce_clone(&made.ns, spec)
         {
             // Neighbours learn the new MAC when their entry goes stale.
             warn!(port = %port, "cannot announce the guest's address: {e}");
@@ -325,7 +327,7 @@ impl Drop for CloneState {
     fn drop(&mut self) {
         self.dhcp.abort();
         if let Some(path) = &self.mount
-            && let Err(e) = netns::unmount(path)
+            && let Err(e) = self.devices.unmount_namespace(path)
         {
             warn!(
                 "cannot remove a clone's namespace name {}: {e}",
@@ -361,7 +363,7 @@ impl Daemon {
             return;
         };
         for entry in entries.flatten() {
-            if let Err(e) = netns::unmount(&entry.path()) {
+            if let Err(e) = self.host.devices.unmount_namespace(&entry.path()) {
                 warn!(
                     "cannot remove {} a previous daemon left: {e}",
                     entry.path().display()
@@ -374,7 +376,11 @@ impl Daemon {
 impl CloneState {
     /// Deletes its TAP, at detach.
     pub async fn delete_tap(&self) {
-        if let Err(e) = clone_ns::delete_tap(&self.ns, self.guest.tap_name()).await {
+        if let Err(e) = self
+            .devices
+            .delete_clone_tap(&self.ns, self.guest.tap_name())
+            .await
+        {
             warn!(
                 tap = self.guest.tap_name(),
                 "cannot delete a clone's TAP: {e}"

@@ -19,8 +19,8 @@ use crate::config::{Mode, NetworkConfig};
 use crate::host::egress;
 use crate::host::guard::{Hook, PortGuard};
 use crate::host::netlink::{LinkSettings, Route};
-use crate::host::ruleset::{Owner, Ruleset, Shape, linnet_shape};
-use crate::host::{self, docker_user, firewall, guard, legacy, sysctl};
+use crate::host::ruleset::{Owner, Ruleset, Shape};
+use crate::host::{self, docker_user, firewall, guard};
 
 /// The default routes of both families, the one in use first.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -70,7 +70,7 @@ impl Daemon {
     /// Re-reads the default routes; logs when the uplink changes.
     pub async fn refresh_uplinks(&mut self) {
         let mut uplinks = Uplinks::default();
-        let names: BTreeMap<u32, String> = match self.netlink.links().await {
+        let names: BTreeMap<u32, String> = match self.host.links.links().await {
             Ok(links) => links.into_iter().map(|l| (l.index, l.name)).collect(),
             Err(e) => {
                 warn!("cannot list links for the uplink: {e}");
@@ -86,14 +86,14 @@ impl Daemon {
                     txqueuelen: Some(egress::EGRESS_TXQUEUELEN),
                     ..Default::default()
                 };
-                match self.netlink.configure(index, deeper).await {
+                match self.host.links.configure(index, deeper).await {
                     Ok(()) => self.egress_tuned = Some(index),
                     Err(e) => warn!("cannot deepen the queue of {}: {e}", egress::EGRESS_IFNAME),
                 }
             }
         }
         for (ipv6, out) in [(false, &mut uplinks.ipv4), (true, &mut uplinks.ipv6)] {
-            match self.netlink.default_routes(ipv6).await {
+            match self.host.links.default_routes(ipv6).await {
                 Ok(routes) => {
                     *out = routes
                         .iter()
@@ -113,12 +113,12 @@ impl Daemon {
             (IpAddr::V4(PROBE4), &mut uplinks.used4),
             (IpAddr::V6(PROBE6), &mut uplinks.used6),
         ] {
-            match self.netlink.route_to(probe).await {
+            match self.host.links.route_to(probe).await {
                 Ok(oif) => *used = oif.and_then(|i| names.get(&i).cloned()),
                 Err(e) => warn!("cannot look up the uplink: {e}"),
             }
         }
-        let before = std::mem::take(&mut self.host.uplinks);
+        let before = std::mem::take(&mut self.view.uplinks);
         let moved = (&uplinks.used4, &uplinks.used6) != (&before.used4, &before.used6);
         if moved && !self.networks.is_empty() {
             let show = |u: &Option<String>| u.clone().unwrap_or_else(|| "none".into());
@@ -145,7 +145,7 @@ impl Daemon {
                 }
             }
         }
-        self.host.uplinks = uplinks;
+        self.view.uplinks = uplinks;
     }
 
     /// Looks at the namespace's firewalls: puts back linnet's own tables if
@@ -153,7 +153,7 @@ impl Daemon {
     /// (and logs, when it changes) what blocks each active network.
     pub fn check_host(&mut self) {
         let mut errors = Vec::new();
-        let mut rs = match Ruleset::read(&mut self.nft) {
+        let mut rs = match self.host.tables.ruleset() {
             Ok(rs) => rs,
             Err(e) => {
                 warn!("cannot read the nftables ruleset: {e}");
@@ -164,17 +164,17 @@ impl Daemon {
         // After a repair, read again: the checks see what is now there.
         if errors.is_empty()
             && self.restore_tables()
-            && let Ok(again) = Ruleset::read(&mut self.nft)
+            && let Ok(again) = self.host.tables.ruleset()
         {
             rs = again;
         }
         if errors.is_empty()
             && self.sync_docker_user(&rs)
-            && let Ok(again) = Ruleset::read(&mut self.nft)
+            && let Ok(again) = self.host.tables.ruleset()
         {
             rs = again;
         }
-        let legacy = legacy::chains().unwrap_or_else(|e| {
+        let legacy = self.host.tables.legacy_chains().unwrap_or_else(|e| {
             errors.push(format!("legacy iptables: {e}"));
             Vec::new()
         });
@@ -191,7 +191,7 @@ impl Daemon {
             let cfg = self.networks[&name].config.clone();
             let found = self.network_checks(&rs, &legacy, &cfg);
             let old = self
-                .host
+                .view
                 .checks
                 .get(&name)
                 .map(|c| warnings(c))
@@ -205,17 +205,17 @@ impl Daemon {
             }
             checks.insert(name, found);
         }
-        self.host.checks = checks;
-        self.host.docker_chain = docker_user::present(&rs);
-        self.host.docker_rules = docker_user::tagged(&rs);
-        self.host.firewalls = firewalls(&rs, &legacy);
-        self.host.errors = errors;
+        self.view.checks = checks;
+        self.view.docker_chain = docker_user::present(&rs);
+        self.view.docker_rules = docker_user::tagged(&rs);
+        self.view.firewalls = firewalls(&rs, &legacy);
+        self.view.errors = errors;
     }
 
     /// The warnings for one network (empty while it is down).
     pub(super) fn network_warnings(&self, network: &str) -> Vec<String> {
         let mut out = self
-            .host
+            .view
             .checks
             .get(network)
             .map(|c| warnings(c))
@@ -231,7 +231,7 @@ impl Daemon {
         cfg: &NetworkConfig,
     ) -> Vec<FlowCheck> {
         let bridge = host::bridge_name(&cfg.name);
-        let (up4, up6) = (&self.host.uplinks.used4, &self.host.uplinks.used6);
+        let (up4, up6) = (&self.view.uplinks.used4, &self.view.uplinks.used6);
         let view = NetworkView {
             bridge: &bridge,
             shared: cfg.mode == Mode::Shared,
@@ -262,11 +262,11 @@ impl Daemon {
     /// One that cannot even be read counts as damaged: held ports fail
     /// closed.
     pub(super) fn own_tables_damaged(&mut self) -> bool {
-        let unreliable = self.host.shapes_unreliable;
+        let unreliable = self.view.shapes_unreliable;
         let inet_shape = firewall::shape(&self.firewall_networks());
         let has_firewall = self.has_firewall();
         let mut damaged =
-            |family: &str, expected: Option<&Shape>| match linnet_shape(&mut self.nft, family) {
+            |family: &str, expected: Option<&Shape>| match self.host.tables.linnet_shape(family) {
                 Ok(Some(actual)) => expected.is_some_and(|e| *e != actual),
                 Ok(None) | Err(_) => true,
             };
@@ -282,7 +282,7 @@ impl Daemon {
         let mut restored = false;
         if self.has_firewall() {
             let expected = firewall::shape(&self.firewall_networks());
-            let expected = (!self.host.shapes_unreliable).then_some(&expected);
+            let expected = (!self.view.shapes_unreliable).then_some(&expected);
             if let Some(damage) = self.damage("inet", expected) {
                 warn!("linnet's table inet linnet {damage}: putting it back");
                 match self.sync_host() {
@@ -295,7 +295,7 @@ impl Daemon {
                 }
             }
         }
-        let expected = guard::expected_shape().filter(|_| !self.host.shapes_unreliable);
+        let expected = guard::expected_shape().filter(|_| !self.view.shapes_unreliable);
         let damage = match self.guard.restore() {
             Restore::Wait => None,
             Restore::Retry => Some(("bridge linnet", "could not be put back last time")),
@@ -309,7 +309,7 @@ impl Daemon {
                 "linnet's table {table} {damage}: putting the guard back with every guarded interface"
             );
             let ports = self.guarded_ports();
-            let result = guard::create_with(&mut self.nft, &ports);
+            let result = self.host.tables.create_guard(&ports);
             self.guard
                 .restored(result.as_ref().map(|_| ()).map_err(|_| GUARD_RETRY));
             match result {
@@ -335,13 +335,13 @@ impl Daemon {
     /// a table that is gone is put back. (A table deleted again meanwhile
     /// says nothing about that.)
     fn check_rebuilt(&mut self, family: &str, expected: Option<&Shape>) {
-        if let Ok(Some(actual)) = linnet_shape(&mut self.nft, family)
+        if let Ok(Some(actual)) = self.host.tables.linnet_shape(family)
             && expected.is_some_and(|e| *e != actual)
         {
             warn!(
                 "table {family} linnet lists otherwise than linnet made it; from now on linnet puts back only tables that are gone, not lost rules"
             );
-            self.host.shapes_unreliable = true;
+            self.view.shapes_unreliable = true;
         }
     }
 
@@ -357,14 +357,14 @@ impl Daemon {
             return None;
         }
         let expected =
-            guard::expected_egress_shape(&ports).filter(|_| !self.host.shapes_unreliable);
+            guard::expected_egress_shape(&ports).filter(|_| !self.view.shapes_unreliable);
         self.damage("netdev", expected.as_ref())
     }
 
     /// What happened to linnet's table `family linnet`, if it is not as
     /// linnet made it (`expected`; None: only whether it is there).
     fn damage(&mut self, family: &str, expected: Option<&Shape>) -> Option<&'static str> {
-        match linnet_shape(&mut self.nft, family) {
+        match self.host.tables.linnet_shape(family) {
             Ok(None) => Some("is gone (nft flush ruleset, or a firewall reload?)"),
             Ok(Some(actual)) if expected.is_some_and(|e| *e != actual) => {
                 Some("lost rules or chains (nft flush table or delete rule?)")
@@ -393,7 +393,7 @@ impl Daemon {
                 })
             })
             .collect();
-        match docker_user::sync(&mut self.nft, rs, &wanted) {
+        match self.host.tables.sync_docker_user(rs, &wanted) {
             Ok(changes) => {
                 for (family, network) in &changes.added {
                     info!(network = %network, family = %family, "added accept rules for the network's bridge to Docker's DOCKER-USER chain");
@@ -412,9 +412,9 @@ impl Daemon {
 
     /// Removes linnet's DOCKER-USER rules (at shutdown).
     pub(super) fn clear_docker_user(&mut self) {
-        match Ruleset::read(&mut self.nft) {
+        match self.host.tables.ruleset() {
             Ok(rs) => {
-                if let Err(e) = docker_user::sync(&mut self.nft, &rs, &[]) {
+                if let Err(e) = self.host.tables.sync_docker_user(&rs, &[]) {
                     warn!("cannot remove linnet's rules from DOCKER-USER: {e}");
                 }
             }
@@ -427,7 +427,7 @@ impl Daemon {
     /// forwarding, as when it turned forwarding on in the first place.
     pub fn restore_forwarding(&mut self) {
         let (needs4, needs6) = self.forwarding_needs();
-        match self.forwarding.turn_on(needs4, needs6) {
+        match self.forwarding.turn_on(&*self.host.devices, needs4, needs6) {
             Ok(turned) => {
                 for family in turned {
                     warn!(
@@ -446,7 +446,7 @@ impl Daemon {
             return self.unknown_network(name).into_response();
         }
         let docker_chain: Vec<String> = self
-            .host
+            .view
             .docker_chain
             .iter()
             .map(|f| f.to_string())
@@ -458,12 +458,12 @@ impl Daemon {
             .filter(|c| network.is_none_or(|n| n == c.name))
             .map(|cfg| {
                 let up = self.networks.contains_key(&cfg.name);
-                let checks = self.host.checks.get(&cfg.name).cloned().unwrap_or_default();
+                let checks = self.view.checks.get(&cfg.name).cloned().unwrap_or_default();
                 let mut notes = Vec::new();
                 if !up {
                     notes.push("down: checked when it comes up (at its first attach)".into());
                 }
-                let uplinks = &self.host.uplinks;
+                let uplinks = &self.view.uplinks;
                 let families = [
                     ("IPv4", true, &uplinks.used4, &uplinks.ipv4),
                     ("IPv6", cfg.ipv6.is_some(), &uplinks.used6, &uplinks.ipv6),
@@ -496,11 +496,11 @@ impl Daemon {
                         None => host::bridge_name(&cfg.name),
                     },
                     up,
-                    uplink_ipv4: (cfg.mode == Mode::Shared).then(|| self.host.uplinks.used4.clone()).flatten(),
+                    uplink_ipv4: (cfg.mode == Mode::Shared).then(|| self.view.uplinks.used4.clone()).flatten(),
                     uplink_ipv6: (cfg.mode == Mode::Shared && cfg.ipv6.is_some())
-                        .then(|| self.host.uplinks.used6.clone())
+                        .then(|| self.view.uplinks.used6.clone())
                         .flatten(),
-                    docker_user_rules: self.host.docker_rules.contains(&cfg.name),
+                    docker_user_rules: self.view.docker_rules.contains(&cfg.name),
                     checks,
                     notes,
                 }
@@ -508,14 +508,14 @@ impl Daemon {
             .collect();
         Response::Doctor {
             report: Box::new(DoctorReport {
-                uplinks_ipv4: Uplinks::describe(&self.host.uplinks.ipv4),
-                uplinks_ipv6: Uplinks::describe(&self.host.uplinks.ipv6),
-                firewalls: self.host.firewalls.clone(),
+                uplinks_ipv4: Uplinks::describe(&self.view.uplinks.ipv4),
+                uplinks_ipv6: Uplinks::describe(&self.view.uplinks.ipv6),
+                firewalls: self.view.firewalls.clone(),
                 docker_user_chain: docker_chain,
                 docker_user_enabled: self.config.firewall.docker_user,
-                ipv4_forwarding: sysctl::forwarding_on(false),
-                ipv6_forwarding: sysctl::forwarding_on(true),
-                errors: self.host.errors.clone(),
+                ipv4_forwarding: self.host.devices.forwarding_on(false),
+                ipv6_forwarding: self.host.devices.forwarding_on(true),
+                errors: self.view.errors.clone(),
                 networks,
             }),
         }

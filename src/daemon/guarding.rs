@@ -11,9 +11,10 @@ use tracing::{info, warn};
 use super::state::{Daemon, Interface, shown_ip};
 use crate::addr6;
 use crate::config::NetworkConfig;
-use crate::host::guard::{self, Ipv4Source, PortGuard};
+use crate::host::guard::{Ipv4Source, PortGuard};
 use crate::host::netlink::LinkSettings;
-use crate::host::nft::{Nft, NftError};
+use crate::host::nft::NftError;
+use crate::host::seam::Tables;
 use crate::policy::Policy;
 use crate::types::MacAddr;
 
@@ -52,19 +53,19 @@ impl Guard {
     }
 
     /// Guards a port, making the tables first if they are not there.
-    pub fn add(&mut self, nft: &mut Nft, port: &PortGuard) -> Result<(), NftError> {
+    pub fn add(&mut self, tables: &mut dyn Tables, port: &PortGuard) -> Result<(), NftError> {
         if !self.ready {
-            guard::create(nft)?;
+            tables.create_guard(&[])?;
             self.ready = true;
         }
-        guard::add_port(nft, port)
+        tables.add_guard_port(port)
     }
 
     /// Removes the guard of ports whose links are gone, and the tables
     /// once no guarded port is `left`.
-    pub fn remove(&mut self, nft: &mut Nft, ports: &[PortGuard], left: bool) {
+    pub fn remove(&mut self, tables: &mut dyn Tables, ports: &[PortGuard], left: bool) {
         if !ports.is_empty() {
-            if let Err(e) = guard::remove_ports(nft, ports) {
+            if let Err(e) = tables.remove_guard_ports(ports) {
                 let taps: Vec<&str> = ports.iter().map(|p| p.tap.as_str()).collect();
                 warn!("removing the guard of {} failed: {e}", taps.join(" "));
             }
@@ -73,7 +74,7 @@ impl Guard {
             }
         }
         if self.ready && !left {
-            match guard::remove(nft) {
+            match tables.remove_guard() {
                 Ok(()) => {
                     self.ready = false;
                     self.retry_at = None;
@@ -84,11 +85,11 @@ impl Guard {
     }
 
     /// Frames dropped by each guarded port's rules so far.
-    pub fn drops(&self, nft: &mut Nft) -> BTreeMap<String, u64> {
+    pub fn drops(&self, tables: &mut dyn Tables) -> BTreeMap<String, u64> {
         if !self.ready {
             return BTreeMap::new();
         }
-        guard::drops(nft).unwrap_or_else(|e| {
+        tables.guard_drops().unwrap_or_else(|e| {
             warn!("cannot read the guard's counters: {e}");
             BTreeMap::new()
         })
@@ -125,7 +126,7 @@ impl Guard {
 impl Daemon {
     /// Frames dropped by each guarded TAP's rules so far.
     pub fn guard_drops(&mut self) -> BTreeMap<String, u64> {
-        self.guard.drops(&mut self.nft)
+        self.guard.drops(&mut *self.host.tables)
     }
 
     /// Logs, per interface, the frames its VM had dropped since the last
@@ -162,8 +163,8 @@ impl Daemon {
         );
         for (tap, index, bridge) in ports {
             let held = match bridge {
-                Some(_) => self.netlink.set_master(index, None).await,
-                None => self.netlink.cut_off(index).await,
+                Some(_) => self.host.links.set_master(index, None).await,
+                None => self.host.links.cut_off(index).await,
             };
             if let Err(e) = held {
                 warn!(%tap, "cannot hold the port: {e}");
@@ -180,13 +181,13 @@ impl Daemon {
         let ports = self.live_guarded_ports();
         for (tap, index, bridge) in &ports {
             let back = match bridge {
-                Some(bridge) => self.netlink.set_master(*index, Some(*bridge)).await,
+                Some(bridge) => self.host.links.set_master(*index, Some(*bridge)).await,
                 None => {
                     let up = LinkSettings {
                         up: true,
                         ..Default::default()
                     };
-                    self.netlink.configure(*index, up).await
+                    self.host.links.configure(*index, up).await
                 }
             };
             if let Err(e) = back {

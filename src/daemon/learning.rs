@@ -16,7 +16,6 @@ use tracing::{info, warn};
 
 use super::drivers::TowardVm;
 use super::state::{Client, Daemon, DaemonError};
-use crate::host::guard;
 use crate::host::packet::{self, Seen};
 use crate::services::snoop::{self, Acked};
 use crate::types::InterfaceId;
@@ -91,7 +90,7 @@ impl Daemon {
         let was = iface.ip.replace(acked.ip);
         let after = self.guard_of(&self.interfaces[&id]);
         if let (Some(before), Some(after)) = (before, after)
-            && let Err(e) = guard::update_port(&mut self.nft, &before, &after)
+            && let Err(e) = self.host.tables.update_guard_port(&before, &after)
         {
             // Not learned: the next ACK (a retry, a renewal) tries again.
             warn!(interface = %id, "cannot let the VM send from {}: {e}", acked.ip);
@@ -104,7 +103,7 @@ impl Daemon {
             &self.interfaces[&id].network,
             &self.networks[&self.interfaces[&id].network],
         );
-        if let Err(e) = net.vm_address(&self.netlink, was, Some(acked.ip)).await {
+        if let Err(e) = net.vm_address(&self.host, was, Some(acked.ip)).await {
             warn!(%network, interface = %id, "{e}");
         }
         self.learned.send_modify(|n| *n += 1);

@@ -21,10 +21,13 @@ mod forwards;
 mod guarding;
 mod host_ports;
 mod learning;
+mod leftovers;
 mod network_sockets;
 mod policies;
 mod records;
 pub mod rootless;
+#[cfg(test)]
+mod scenarios;
 mod server;
 mod state;
 mod tap_watch;

@@ -12,7 +12,6 @@ use super::state::{Client, Daemon, DaemonError};
 use crate::api::{InterfaceRef, PolicySetRequest, Response};
 use crate::config::NetworkConfig;
 use crate::host::firewall::InterfacePolicy;
-use crate::host::guard;
 use crate::policy::Policy;
 
 impl Daemon {
@@ -55,7 +54,7 @@ impl Daemon {
         let before = std::mem::replace(&mut iface.policy, req.policy.clone());
         let guard_after = self.guard_of(&self.interfaces[&id]);
         let guarded = match (&guard_before, &guard_after) {
-            (Some(old), Some(new)) => guard::update_port(&mut self.nft, old, new),
+            (Some(old), Some(new)) => self.host.tables.update_guard_port(old, new),
             _ => Ok(()),
         };
         if let Err(e) = guarded
@@ -63,7 +62,7 @@ impl Daemon {
             .and_then(|()| self.sync_host())
         {
             if let (Some(old), Some(new)) = (&guard_before, &guard_after) {
-                let _ = guard::update_port(&mut self.nft, new, old);
+                let _ = self.host.tables.update_guard_port(new, old);
             }
             self.interfaces.get_mut(&id).expect("attached").policy = before;
             let _ = self.sync_host();

@@ -28,7 +28,9 @@ use crate::budget::{Budget, Permit};
 use crate::config::Config;
 use crate::host::netlink::{LinkSettings, Netlink};
 use crate::host::process::Process;
+use crate::host::seam::Host;
 use crate::host::{egress, systemd};
+use crate::services;
 use crate::types::InterfaceId;
 
 /// A network namespace's loopback is always its first link.
@@ -119,7 +121,8 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         opts.config,
         opts.state_dir.clone(),
         opts.run_dir.clone(),
-        netlink,
+        Host::kernel(netlink),
+        Arc::new(services::OnHost),
     );
     if let Placement::Rootless(side) = opts.placement {
         daemon.host_ports = Some(HostPorts::new(side));
@@ -164,12 +167,12 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         loop {
             ticks.tick().await;
             // Every link's counters, only while some interface is kept.
-            let netlink = {
+            let links = {
                 let daemon = reporter.lock().await;
-                daemon.any_kept().then(|| daemon.netlink.clone())
+                daemon.any_kept().then(|| daemon.host.links.clone())
             };
-            let stats = match netlink {
-                Some(netlink) => Some(super::state::link_stats(&netlink).await),
+            let stats = match links {
+                Some(links) => Some(super::state::link_stats(&*links).await),
                 None => None,
             };
             let mut daemon = reporter.lock().await;
@@ -638,9 +641,9 @@ async fn handle(
         Request::List => {
             // The link dump (all TAPs' counters) runs without the lock, so
             // a listing never holds up an attach.
-            let netlink = daemon.netlink.clone();
+            let links = daemon.host.links.clone();
             drop(daemon);
-            let stats = super::state::link_stats(&netlink).await;
+            let stats = super::state::link_stats(&*links).await;
             let mut daemon = lock.lock().await;
             let drops = daemon.guard_drops();
             (daemon.list(&stats, &drops), None)

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use thiserror::Error;
 use tracing::{info, warn};
@@ -22,6 +23,7 @@ use super::drivers::{ActiveNetwork, PortRequest, dns_servers};
 use super::forwards::{Forwards, Published};
 use super::guarding::Guard;
 use super::host_ports::HostPorts;
+use super::leftovers::Leftovers;
 use super::policies::check_policy_possible;
 use super::records::Records;
 use super::tap_watch::TapAddresses;
@@ -32,15 +34,16 @@ use crate::api::{
 use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
 use crate::host::firewall;
-use crate::host::guard::{self, PortGuard};
-use crate::host::netlink::{Netlink, NetlinkError};
-use crate::host::nft::{Nft, NftError};
+use crate::host::guard::PortGuard;
+use crate::host::netlink::NetlinkError;
+use crate::host::nft::NftError;
 use crate::host::process::Process;
-use crate::host::tap::{self, TapError};
+use crate::host::seam::{Devices, Host, Links};
+use crate::host::tap::TapError;
 use crate::host::{ALIAS_INTERFACE, sysctl};
 use crate::leases::{Claimant, LeaseError};
 use crate::policy::Policy;
-use crate::services::{ServiceError, unix_now};
+use crate::services::{ServiceError, Starter, unix_now};
 use crate::types::{self, InterfaceId, MacAddr};
 
 #[derive(Debug, Error)]
@@ -209,8 +212,10 @@ pub struct Daemon {
     pub(super) state_dir: PathBuf,
     /// The attached interfaces as a next daemon adopts them (`records`).
     pub(super) records: Records,
-    pub(super) netlink: Netlink,
-    pub(super) nft: Nft,
+    /// Every kernel effect goes through it (`host::seam`).
+    pub(super) host: Host,
+    /// Starts the networks' services (DHCP, DNS, RA).
+    pub(super) services: Arc<dyn Starter>,
     pub(super) networks: BTreeMap<String, ActiveNetwork>,
     pub(super) interfaces: BTreeMap<InterfaceId, Interface>,
     /// Port forwards' own state (`forwards`).
@@ -220,7 +225,7 @@ pub struct Daemon {
     /// IP forwarding as linnet changed it.
     pub(super) forwarding: Forwarding,
     /// The other firewalls and the routes, as last looked at.
-    pub(super) host: HostView,
+    pub(super) view: HostView,
     /// Each TAP's MAC at attach, which `tap_watch` compares with.
     pub(super) tap_addresses: TapAddresses,
     /// The number in the next TAP's name.
@@ -237,7 +242,13 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub fn new(config: Config, state_dir: PathBuf, run_dir: PathBuf, netlink: Netlink) -> Daemon {
+    pub fn new(
+        config: Config,
+        state_dir: PathBuf,
+        run_dir: PathBuf,
+        host: Host,
+        services: Arc<dyn Starter>,
+    ) -> Daemon {
         Daemon {
             config,
             // In the run dir, which lasts until the machine stops, as
@@ -246,14 +257,14 @@ impl Daemon {
             run_dir,
             lease_dir: state_dir.join("leases"),
             state_dir,
-            netlink,
-            nft: Nft::open(),
+            host,
+            services,
             networks: BTreeMap::new(),
             interfaces: BTreeMap::new(),
             forwards: Forwards::default(),
             guard: Guard::default(),
             forwarding: Forwarding::default(),
-            host: HostView::default(),
+            view: HostView::default(),
             tap_addresses: TapAddresses::default(),
             next_tap: 0,
             learned: tokio::sync::watch::Sender::new(0),
@@ -620,7 +631,7 @@ impl Daemon {
         let net = &self.networks[network];
         let port = net
             .make_port(
-                &self.netlink,
+                &self.host,
                 PortRequest {
                     mac: plan.mac,
                     uid: client.uid,
@@ -636,17 +647,17 @@ impl Daemon {
         // Guarded before it joins the bridge and before the VM has its fd.
         if plan.guarded {
             let port = plan.guard(&net.config, &tap_name);
-            self.guard.add(&mut self.nft, &port)?;
+            self.guard.add(&mut *self.host.tables, &port)?;
             done.push(Done::Guard(port));
         }
         let alias = format!("{ALIAS_INTERFACE}{}", plan.id);
         let settings = plan.link(net.bridge().map(|(_, i)| i), self.guard.held(), &alias);
-        self.netlink.configure(index, settings).await?;
+        self.host.links.configure(index, settings).await?;
         // Last, so that a failure before drops a TAP that goes with its fd.
         // Deleted at detach like any TAP (and by the next daemon, by its
         // alias, were this one to die first).
         if plan.datapath == Datapath::TapName {
-            tap::set_persistent(fd.as_fd()).map_err(|e| {
+            self.host.devices.make_persistent(fd.as_fd()).map_err(|e| {
                 DaemonError::HostSetup(format!(
                     "cannot make TAP {tap_name} persistent for --datapath tap-name: {e}"
                 ))
@@ -659,21 +670,27 @@ impl Daemon {
 
     /// Undoes the steps of a failed attach, newest first.
     pub(super) async fn undo(&mut self, network: &str, id: InterfaceId, done: Vec<Done>, now: u64) {
+        let mut left = Leftovers::default();
         for step in attach::undo_order(done) {
             match step {
                 Done::Guard(port) => {
-                    let _ = guard::unhook(&mut self.nft, std::slice::from_ref(&port));
-                    let _ = guard::remove_ports(&mut self.nft, &[port]);
+                    let tables = &mut self.host.tables;
+                    let unhooked = tables.unhook_guard_ports(std::slice::from_ref(&port));
+                    left.note(format_args!("unhook the guard of {}", port.tap), unhooked);
+                    let removed = tables.remove_guard_ports(std::slice::from_ref(&port));
+                    left.note(format_args!("remove the guard of {}", port.tap), removed);
                 }
                 // Its fd was dropped with the step that failed: a TAP that is
                 // not persistent goes with it; a macvtap is a link of its own.
                 Done::Port(index) => {
                     if self.networks[network].bridge().is_none() {
-                        let _ = self.netlink.delete_link(index).await;
+                        let deleted = self.host.links.delete_link(index).await;
+                        left.note(format_args!("delete link {index}"), deleted);
                     }
                 }
                 Done::ClonePort(index) => {
-                    let _ = self.netlink.delete_link(index).await;
+                    let deleted = self.host.links.delete_link(index).await;
+                    left.note(format_args!("delete the clone's port {index}"), deleted);
                 }
                 Done::TookOver(taken) => {
                     if let Some(leases) = self.networks[network].leases() {
@@ -681,7 +698,8 @@ impl Daemon {
                     }
                 }
                 Done::Mount(path) => {
-                    let _ = crate::host::netns::unmount(&path);
+                    let unmounted = self.host.devices.unmount_namespace(&path);
+                    left.note(format_args!("unmount {}", path.display()), unmounted);
                 }
                 Done::Lease => {
                     if let Some(leases) = self.networks[network].leases() {
@@ -690,6 +708,13 @@ impl Daemon {
                 }
             }
         }
+        // The guard's tables were made for this port, if no other is
+        // guarded: they go with it.
+        let guarded = self.interfaces.values().any(|i| i.guarded);
+        self.guard.remove(&mut *self.host.tables, &[], guarded);
+        left.log(&format!(
+            "network \"{network}\": undoing the attach of {id}"
+        ));
     }
 
     /// A VMM changed its TAP's MAC (`tap_watch`): the TAP leaves its bridge
@@ -705,7 +730,7 @@ impl Daemon {
         else {
             return;
         };
-        let now = match self.netlink.link(&tap).await {
+        let now = match self.host.links.link(&tap).await {
             Ok(Some(link)) if link.index == index => match link.address {
                 Some(now) if now != was => now,
                 _ => return,
@@ -730,7 +755,7 @@ impl Daemon {
         iface.cut_off = Some(format!(
             "its VMM changed the TAP's MAC from {was} to {now}; off the network until detached"
         ));
-        if let Err(e) = self.netlink.cut_off(index).await {
+        if let Err(e) = self.host.links.cut_off(index).await {
             warn!(tap = %iface.tap, "cannot take the TAP off its bridge: {e}");
         }
         let id = *id;
@@ -870,14 +895,14 @@ impl Daemon {
                 .is_some_and(|n| n.bridge().is_none())
         });
         for (_, iface) in macvtaps {
-            if let Err(e) = self.netlink.cut_off(iface.tap_index).await {
+            if let Err(e) = self.host.links.cut_off(iface.tap_index).await {
                 warn!(macvtap = %iface.tap, "cannot take the macvtap down before it goes: {e}");
             }
         }
-        if let Err(e) = guard::unhook(&mut self.nft, &guarded) {
+        if let Err(e) = self.host.tables.unhook_guard_ports(&guarded) {
             warn!("removing the hooks of detached macvtaps failed: {e}");
         }
-        let deleted = self.netlink.delete_links(&taps).await;
+        let deleted = self.host.links.delete_links(&taps).await;
         for clone in gone.iter().filter_map(|(_, i)| i.as_clone.as_ref()) {
             clone.delete_tap().await;
         }
@@ -885,7 +910,7 @@ impl Daemon {
         // still hold the fd.
         if deleted.is_ok() {
             let left = self.interfaces.values().any(|i| i.guarded);
-            self.guard.remove(&mut self.nft, &guarded, left);
+            self.guard.remove(&mut *self.host.tables, &guarded, left);
         }
         if deleted.is_err() {
             let names: Vec<&str> = gone.iter().map(|(_, i)| i.tap.as_str()).collect();
@@ -901,7 +926,7 @@ impl Daemon {
             };
             if let Some(leases) = net.leases() {
                 leases.lock().expect("lease lock").detach(*id, now);
-            } else if let Err(e) = net.vm_address(&self.netlink, iface.ip, None).await {
+            } else if let Err(e) = net.vm_address(&self.host, iface.ip, None).await {
                 warn!(network = %iface.network, interface = %id, "{e}");
             }
             info!(network = %iface.network, interface = %id, tap = %iface.tap, "detached");
@@ -1005,7 +1030,7 @@ impl Daemon {
         let names: Vec<String> = self.networks.keys().cloned().collect();
         for name in names {
             if let Some(net) = self.networks.remove(&name)
-                && let Err(e) = net.bring_down(&self.netlink).await
+                && let Err(e) = net.bring_down(&self.host).await
             {
                 warn!(network = %name, "bring down failed: {e}");
             }
@@ -1013,7 +1038,7 @@ impl Daemon {
         if let Err(e) = self.sync_host() {
             warn!("cleaning up the firewall failed: {e}");
         }
-        if let Err(e) = guard::remove(&mut self.nft) {
+        if let Err(e) = self.host.tables.remove_guard() {
             warn!("cleaning up the guard table failed: {e}");
         }
         self.clear_docker_user();
@@ -1028,11 +1053,12 @@ impl Daemon {
             .network(name)
             .expect("checked by caller")
             .clone();
-        let net = ActiveNetwork::bring_up(&cfg, &self.netlink, &self.lease_dir).await?;
+        let net =
+            ActiveNetwork::bring_up(&cfg, &self.host, &*self.services, &self.lease_dir).await?;
         self.networks.insert(name.into(), net);
         if let Err(e) = self.sync_host() {
             if let Some(net) = self.networks.remove(name) {
-                let _ = net.bring_down(&self.netlink).await;
+                let _ = net.bring_down(&self.host).await;
             }
             let _ = self.sync_host();
             return Err(e);
@@ -1049,7 +1075,7 @@ impl Daemon {
             return;
         }
         if let Some(net) = self.networks.remove(name) {
-            if let Err(e) = net.bring_down(&self.netlink).await {
+            if let Err(e) = net.bring_down(&self.host).await {
                 warn!(network = %name, "bring down failed: {e}");
             }
             if let Err(e) = self.sync_host() {
@@ -1064,8 +1090,9 @@ impl Daemon {
     pub(super) fn sync_host(&mut self) -> Result<(), DaemonError> {
         let rules = self.firewall_networks();
         let (needs4, needs6) = forwarding_needs(&rules);
-        self.forwarding.turn_on(needs4, needs6)?;
-        firewall::apply(&mut self.nft, &rules)?;
+        self.forwarding
+            .turn_on(&*self.host.devices, needs4, needs6)?;
+        self.host.tables.apply_firewall(&rules)?;
         if let Some(ports) = &mut self.host_ports {
             let forwards: Vec<firewall::ForwardRule> = rules
                 .iter()
@@ -1074,7 +1101,8 @@ impl Daemon {
             ports.sync(&forwards);
         }
         self.check_shadowed_forwards();
-        self.forwarding.turn_off_unneeded(needs4, needs6);
+        self.forwarding
+            .turn_off_unneeded(&*self.host.devices, needs4, needs6);
         Ok(())
     }
 }
@@ -1100,6 +1128,7 @@ impl Forwarding {
     /// records what that changed. Returns the families it turned on.
     pub fn turn_on(
         &mut self,
+        devices: &dyn Devices,
         needs4: bool,
         needs6: bool,
     ) -> Result<Vec<&'static str>, DaemonError> {
@@ -1107,13 +1136,17 @@ impl Forwarding {
             DaemonError::Internal(format!("cannot enable {family} forwarding: {e}"))
         };
         let mut turned = Vec::new();
-        if needs4 && !sysctl::forwarding_on(false) {
-            sysctl::enable_ipv4_forwarding().map_err(|e| failed("IPv4", e))?;
+        if needs4 && !devices.forwarding_on(false) {
+            devices
+                .enable_ipv4_forwarding()
+                .map_err(|e| failed("IPv4", e))?;
             self.enabled4 = true;
             turned.push("IPv4");
         }
-        if needs6 && !sysctl::forwarding_on(true) {
-            let changed = sysctl::enable_ipv6_forwarding().map_err(|e| failed("IPv6", e))?;
+        if needs6 && !devices.forwarding_on(true) {
+            let changed = devices
+                .enable_ipv6_forwarding()
+                .map_err(|e| failed("IPv6", e))?;
             match &mut self.changed6 {
                 Some(before) => before.merge(changed),
                 None => self.changed6 = Some(changed),
@@ -1167,17 +1200,17 @@ impl Forwarding {
     }
 
     /// Puts back what `turn_on` changed for a family no network needs now.
-    pub fn turn_off_unneeded(&mut self, needs4: bool, needs6: bool) {
+    pub fn turn_off_unneeded(&mut self, devices: &dyn Devices, needs4: bool, needs6: bool) {
         let mut restored = false;
         if !needs4 && self.enabled4 {
-            if let Err(e) = sysctl::disable_ipv4_forwarding() {
+            if let Err(e) = devices.disable_ipv4_forwarding() {
                 warn!("cannot restore IPv4 forwarding to off: {e}");
             }
             self.enabled4 = false;
             restored = true;
         }
         if !needs6 && let Some(changed) = self.changed6.take() {
-            if let Err(e) = sysctl::disable_ipv6_forwarding(&changed) {
+            if let Err(e) = devices.disable_ipv6_forwarding(&changed) {
                 warn!("cannot restore IPv6 forwarding to off: {e}");
             }
             restored = true;
@@ -1290,7 +1323,7 @@ pub(super) fn shown_ip(ip: Option<Ipv4Addr>, cfg: &NetworkConfig) -> String {
 }
 
 /// Every link's byte counters (rx, tx) by index, for `list`.
-pub async fn link_stats(netlink: &Netlink) -> BTreeMap<u32, (u64, u64)> {
+pub async fn link_stats(netlink: &dyn Links) -> BTreeMap<u32, (u64, u64)> {
     match netlink.links().await {
         Ok(links) => links
             .into_iter()

@@ -98,7 +98,7 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, known: TapAddresses) -> tokio::task::Jo
 /// Compares every recorded TAP's MAC with what the kernel has now.
 async fn recheck(daemon: &Mutex<Daemon>, known: &TapAddresses) {
     let mut daemon = daemon.lock().await;
-    let links = match daemon.netlink.links().await {
+    let links = match daemon.host.links.links().await {
         Ok(links) => links,
         Err(e) => {
             warn!("cannot list links to compare TAPs' MACs: {e}");

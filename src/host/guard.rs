@@ -255,11 +255,6 @@ pub struct PortGuard {
     pub listen: Option<Vec<ListenRule>>,
 }
 
-/// The table, created empty (or emptied).
-pub fn create(nft: &mut Nft) -> Result<(), NftError> {
-    create_with(nft, &[])
-}
-
 /// The table made anew with `ports` guarded, in one transaction: there is
 /// no moment with the rules in place but a port's elements missing (its
 /// frames would pass unchecked).

@@ -5,8 +5,11 @@
 pub mod clone_ns;
 pub mod docker_user;
 pub mod egress;
+#[cfg(test)]
+pub mod fake;
 pub mod firewall;
 pub mod guard;
+pub mod kernel;
 pub mod legacy;
 pub mod listeners;
 pub mod macvtap;
@@ -17,6 +20,7 @@ pub mod packet;
 pub mod privileges;
 pub mod process;
 pub mod ruleset;
+pub mod seam;
 pub mod sysctl;
 pub mod systemd;
 pub mod tap;

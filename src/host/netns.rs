@@ -45,6 +45,12 @@ pub struct NetNs {
 }
 
 impl NetNs {
+    /// A stand-in holding any fd, for the fake host (`host::fake`).
+    #[cfg(test)]
+    pub fn fake(fd: OwnedFd) -> NetNs {
+        NetNs { fd }
+    }
+
     /// A new, empty namespace (its loopback down).
     pub fn create() -> io::Result<NetNs> {
         let back = Back(current()?);

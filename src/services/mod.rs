@@ -12,11 +12,38 @@ pub mod snoop;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use async_trait::async_trait;
 use thiserror::Error;
+use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
 use crate::config::NetworkConfig;
+use crate::host::netns::NetNs;
 use crate::leases::SharedLeases;
+
+/// Starts services on the host: the daemon's seam to them, which unit
+/// tests replace (the real ones bind sockets to the network's bridge).
+#[async_trait]
+pub trait Starter: Send + Sync {
+    /// Starts a network's services on its bridge.
+    async fn start(&self, ctx: Arc<NetworkContext>) -> Result<Services, ServiceError>;
+    /// The socket of a clone's DHCP server, on its TAP in its namespace.
+    fn clone_dhcp_socket(&self, ns: &NetNs, tap: &str) -> std::io::Result<UdpSocket>;
+}
+
+/// The services as they run, on the host's sockets.
+pub struct OnHost;
+
+#[async_trait]
+impl Starter for OnHost {
+    async fn start(&self, ctx: Arc<NetworkContext>) -> Result<Services, ServiceError> {
+        Services::start(ctx).await
+    }
+
+    fn clone_dhcp_socket(&self, ns: &NetNs, tap: &str) -> std::io::Result<UdpSocket> {
+        ns.enter(|| dhcp::clone_socket(tap))?
+    }
+}
 
 /// What a network's services share with the daemon.
 pub struct NetworkContext {
@@ -67,6 +94,17 @@ impl Services {
             tasks,
             _farewells: farewells,
         })
+    }
+}
+
+#[cfg(test)]
+impl Services {
+    /// None running: what a fake starter gives.
+    pub fn none() -> Services {
+        Services {
+            tasks: Vec::new(),
+            _farewells: Vec::new(),
+        }
     }
 }
 

@@ -9,7 +9,8 @@ use tracing::info;
 use super::{NetworkDriver, TowardVm};
 use crate::config::NetworkConfig;
 use crate::daemon::state::DaemonError;
-use crate::host::netlink::{LinkKind, Netlink};
+use crate::host::netlink::LinkKind;
+use crate::host::seam::Host;
 use crate::host::{self, ALIAS_NETWORK};
 
 pub(in crate::daemon) struct LanBridge {
@@ -25,10 +26,10 @@ impl LanBridge {
     pub async fn bring_up(
         cfg: &NetworkConfig,
         bridge: &str,
-        netlink: &Netlink,
+        host: &Host,
     ) -> Result<LanBridge, DaemonError> {
         let name = &cfg.name;
-        let link = netlink.link(bridge).await?.ok_or_else(|| {
+        let link = host.links.link(bridge).await?.ok_or_else(|| {
             DaemonError::HostSetup(format!(
                 "network \"{name}\": there is no bridge {bridge}; create it (ip link add {bridge} type bridge) or set networks.{name}.bridge to an existing one"
             ))
@@ -78,7 +79,7 @@ impl NetworkDriver for LanBridge {
     }
 
     /// The bridge stays as it was found.
-    async fn bring_down(self, cfg: &NetworkConfig, _: &Netlink) -> Result<(), DaemonError> {
+    async fn bring_down(self, cfg: &NetworkConfig, _: &Host) -> Result<(), DaemonError> {
         info!(network = %cfg.name, bridge = %self.bridge, "network down; the bridge stays");
         Ok(())
     }

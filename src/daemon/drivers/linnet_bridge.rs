@@ -16,10 +16,11 @@ use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::NetworkConfig;
 use crate::daemon::state::DaemonError;
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
-use crate::host::netlink::{LinkKind, LinkSettings, Netlink};
-use crate::host::{self, ALIAS_NETWORK, sysctl};
+use crate::host::netlink::{LinkKind, LinkSettings};
+use crate::host::seam::{Host, Links};
+use crate::host::{self, ALIAS_NETWORK};
 use crate::leases::{LeaseTable, SharedLeases};
-use crate::services::{NetworkContext, Services, unix_now};
+use crate::services::{NetworkContext, Services, Starter, unix_now};
 
 pub(in crate::daemon) struct LinnetBridge {
     pub bridge: String,
@@ -37,9 +38,11 @@ impl LinnetBridge {
     /// starts the services. On error nothing it made is left behind.
     pub async fn bring_up(
         cfg: &NetworkConfig,
-        netlink: &Netlink,
+        host: &Host,
+        services: &dyn Starter,
         lease_dir: &Path,
     ) -> Result<LinnetBridge, DaemonError> {
+        let netlink = &*host.links;
         let bridge = host::bridge_name(&cfg.name);
         let alias = format!("{ALIAS_NETWORK}{}", cfg.name);
         let existing = netlink.link(&bridge).await?;
@@ -94,9 +97,10 @@ impl LinnetBridge {
             netlink.add_address(index, gateway.into()).await?;
             // So the host's own 127.0.0.1 reaches published ports (the
             // firewall's guard chain keeps loopback addresses from VMs out).
-            sysctl::set_link("ipv4", &bridge, "route_localnet", "1")
+            host.devices
+                .set_link_sysctl("ipv4", &bridge, "route_localnet", "1")
                 .map_err(|e| DaemonError::Internal(format!("network \"{}\": {e}", cfg.name)))?;
-            prepare_ipv6(cfg, &bridge, index, netlink).await?;
+            prepare_ipv6(cfg, &bridge, index, host).await?;
             netlink
                 .configure(
                     index,
@@ -117,7 +121,7 @@ impl LinnetBridge {
                 bridge_index: index,
                 leases: leases.clone(),
             });
-            let services = Services::start(ctx).await?;
+            let services = services.start(ctx).await?;
             Ok::<_, DaemonError>((leases, services))
         }
         .await;
@@ -182,7 +186,7 @@ impl NetworkDriver for LinnetBridge {
     }
 
     /// Stops the services and removes the bridge.
-    async fn bring_down(self, cfg: &NetworkConfig, netlink: &Netlink) -> Result<(), DaemonError> {
+    async fn bring_down(self, cfg: &NetworkConfig, host: &Host) -> Result<(), DaemonError> {
         let LinnetBridge {
             bridge,
             bridge_index,
@@ -199,7 +203,7 @@ impl NetworkDriver for LinnetBridge {
             Ok(Err(e)) => tracing::warn!(network = %cfg.name, "cannot save leases: {e}"),
             Err(e) => tracing::warn!(network = %cfg.name, "saving leases failed: {e}"),
         }
-        netlink.delete_link(bridge_index).await?;
+        host.links.delete_link(bridge_index).await?;
         info!(network = %cfg.name, %bridge, "network down");
         Ok(())
     }
@@ -213,8 +217,9 @@ impl LinnetBridge {
     pub async fn route_clones(
         &mut self,
         cfg: &NetworkConfig,
-        netlink: &Netlink,
+        host: &Host,
     ) -> Result<bool, DaemonError> {
+        let netlink = &*host.links;
         if self.clones_routed {
             return Ok(false);
         }
@@ -245,12 +250,14 @@ async fn prepare_ipv6(
     cfg: &NetworkConfig,
     bridge: &str,
     index: u32,
-    netlink: &Netlink,
+    host: &Host,
 ) -> Result<(), DaemonError> {
     let setting = |key: &str, value: &str| {
-        sysctl::set_link("ipv6", bridge, key, value).map_err(|e| {
-            DaemonError::Internal(format!("network \"{}\": cannot set {key}: {e}", cfg.name))
-        })
+        host.devices
+            .set_link_sysctl("ipv6", bridge, key, value)
+            .map_err(|e| {
+                DaemonError::Internal(format!("network \"{}\": cannot set {key}: {e}", cfg.name))
+            })
     };
     let Some(v6) = &cfg.ipv6 else {
         return setting("disable_ipv6", "1");
@@ -261,7 +268,7 @@ async fn prepare_ipv6(
     let global = Ipv6Net::new(v6.gateway, v6.prefix.prefix_len()).expect("validated prefix");
     let link_local = Ipv6Net::new(GATEWAY_LINK_LOCAL, 64).expect("64 is a valid length");
     for net in [global, link_local] {
-        netlink.add_address(index, net.into()).await?;
+        host.links.add_address(index, net.into()).await?;
     }
     Ok(())
 }
@@ -271,7 +278,7 @@ async fn prepare_ipv6(
 /// interface.
 async fn find_overlap(
     subnet: Ipv4Net,
-    netlink: &Netlink,
+    netlink: &dyn Links,
     own_bridge: Option<u32>,
 ) -> Result<Option<(String, String)>, DaemonError> {
     let overlaps = |net: &Ipv4Net| crate::types::subnets_overlap(&subnet, net);
@@ -297,7 +304,7 @@ async fn find_overlap(
 }
 
 /// The name of link `index`, for a message.
-async fn link_name(netlink: &Netlink, index: Option<u32>) -> Result<String, DaemonError> {
+async fn link_name(netlink: &dyn Links, index: Option<u32>) -> Result<String, DaemonError> {
     let links = netlink.links().await?;
     Ok(index
         .and_then(|i| links.iter().find(|l| l.index == i))
@@ -309,7 +316,7 @@ async fn link_name(netlink: &Netlink, index: Option<u32>) -> Result<String, Daem
 /// namespace, naming the interface that holds it.
 async fn check_overlap(
     cfg: &NetworkConfig,
-    netlink: &Netlink,
+    netlink: &dyn Links,
     own_bridge: Option<u32>,
 ) -> Result<(), DaemonError> {
     if let Some((what, link)) = find_overlap(cfg.subnet, netlink, own_bridge).await? {

@@ -16,8 +16,9 @@ use super::{NetworkDriver, Port, PortRequest, TowardVm};
 use crate::config::{MacvtapMode, NetworkConfig};
 use crate::daemon::state::DaemonError;
 use crate::host::guard::Hook;
-use crate::host::netlink::{LinkKind, LinkSettings, Netlink};
-use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK, sysctl};
+use crate::host::netlink::{LinkKind, LinkSettings};
+use crate::host::seam::Host;
+use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK};
 
 /// A macvtap's frames never pass a bridge: they are checked as they leave
 /// it, in a netdev hook of its own.
@@ -57,10 +58,10 @@ impl Macvtap {
         uplink: &str,
         mode: MacvtapMode,
         host_access: bool,
-        netlink: &Netlink,
+        host: &Host,
     ) -> Result<Macvtap, DaemonError> {
         let name = &cfg.name;
-        let link = netlink.link(uplink).await?.ok_or_else(|| {
+        let link = host.links.link(uplink).await?.ok_or_else(|| {
             DaemonError::HostSetup(format!(
                 "network \"{name}\": there is no interface {uplink}; set networks.{name}.uplink to the host NIC on the LAN (`ip link` lists them)"
             ))
@@ -80,7 +81,7 @@ impl Macvtap {
             )));
         }
         let host_access = if host_access {
-            Some(make_host_access(cfg, link.index, link.mtu, netlink).await?)
+            Some(make_host_access(cfg, link.index, link.mtu, host).await?)
         } else {
             None
         };
@@ -102,9 +103,10 @@ async fn make_host_access(
     cfg: &NetworkConfig,
     uplink: u32,
     mtu: u32,
-    netlink: &Netlink,
+    host: &Host,
 ) -> Result<u32, DaemonError> {
     let name = host::host_access_name(&cfg.name);
+    let netlink = &host.links;
     if let Some(old) = netlink.link(&name).await? {
         let alias = format!("{ALIAS_NETWORK}{}", cfg.name);
         if old.kind != LinkKind::Macvlan || old.alias.as_deref() != Some(alias.as_str()) {
@@ -120,7 +122,10 @@ async fn make_host_access(
         .await?;
     let alias = format!("{ALIAS_NETWORK}{}", cfg.name);
     let made = async {
-        if let Err(e) = sysctl::set_link("ipv6", &name, "disable_ipv6", "1") {
+        if let Err(e) = host
+            .devices
+            .set_link_sysctl("ipv6", &name, "disable_ipv6", "1")
+        {
             warn!(link = %name, "IPv6 stays on: {e}");
         }
         netlink
@@ -144,11 +149,8 @@ async fn make_host_access(
 }
 
 impl NetworkDriver for Macvtap {
-    async fn make_port(
-        &self,
-        netlink: &Netlink,
-        req: PortRequest<'_>,
-    ) -> Result<Port, DaemonError> {
+    async fn make_port(&self, host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {
+        let netlink = &host.links;
         let mut tries = 0;
         let (name, index) = loop {
             let name = host::macvtap_name(*req.next);
@@ -170,10 +172,13 @@ impl NetworkDriver for Macvtap {
         };
         // The host's side of a macvtap is the VM's MAC: its own IPv6 would
         // announce that MAC (DAD, MLD) as if the VM had.
-        if let Err(e) = sysctl::set_link("ipv6", &name, "disable_ipv6", "1") {
+        if let Err(e) = host
+            .devices
+            .set_link_sysctl("ipv6", &name, "disable_ipv6", "1")
+        {
             warn!(macvtap = %name, "IPv6 stays on: {e}");
         }
-        match host::macvtap::open(&name, index, req.scratch) {
+        match host.devices.open_macvtap(&name, index, req.scratch) {
             Ok(fd) => Ok(Port {
                 name,
                 index,
@@ -202,10 +207,11 @@ impl NetworkDriver for Macvtap {
     /// knows): the macvtap's frames never come back up the uplink.
     async fn vm_address(
         &self,
-        netlink: &Netlink,
+        host: &Host,
         was: Option<Ipv4Addr>,
         now: Option<Ipv4Addr>,
     ) -> Result<(), DaemonError> {
+        let netlink = &host.links;
         let Some(index) = self.host_access else {
             return Ok(());
         };
@@ -236,9 +242,9 @@ impl NetworkDriver for Macvtap {
     }
 
     /// Removes the host's macvlan; the uplink stays as it was.
-    async fn bring_down(self, cfg: &NetworkConfig, netlink: &Netlink) -> Result<(), DaemonError> {
+    async fn bring_down(self, cfg: &NetworkConfig, host: &Host) -> Result<(), DaemonError> {
         if let Some(index) = self.host_access {
-            netlink.delete_link(index).await?;
+            host.links.delete_link(index).await?;
         }
         info!(network = %cfg.name, uplink = %self.uplink, "network down; the uplink stays");
         Ok(())

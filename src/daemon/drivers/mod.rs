@@ -30,9 +30,10 @@ use super::state::DaemonError;
 use crate::config::{Lan, NetworkConfig};
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::guard::Hook;
-use crate::host::netlink::Netlink;
-use crate::host::{self, sysctl, tap};
+use crate::host::seam::Host;
+use crate::host::{self};
 use crate::leases::SharedLeases;
+use crate::services::Starter;
 use crate::types::MacAddr;
 
 /// A network that is up: its config and its driver.
@@ -46,22 +47,23 @@ impl ActiveNetwork {
     /// it made is left behind.
     pub async fn bring_up(
         cfg: &NetworkConfig,
-        netlink: &Netlink,
+        host: &Host,
+        services: &dyn Starter,
         lease_dir: &Path,
     ) -> Result<ActiveNetwork, DaemonError> {
         let driver = match &cfg.lan {
             None => Driver::LinnetBridge(
-                linnet_bridge::LinnetBridge::bring_up(cfg, netlink, lease_dir).await?,
+                linnet_bridge::LinnetBridge::bring_up(cfg, host, services, lease_dir).await?,
             ),
             Some(Lan::Bridge { bridge }) => {
-                Driver::LanBridge(lan_bridge::LanBridge::bring_up(cfg, bridge, netlink).await?)
+                Driver::LanBridge(lan_bridge::LanBridge::bring_up(cfg, bridge, host).await?)
             }
             Some(Lan::Macvtap {
                 uplink,
                 mode,
                 host_access,
             }) => Driver::Macvtap(
-                macvtap::Macvtap::bring_up(cfg, uplink, *mode, *host_access, netlink).await?,
+                macvtap::Macvtap::bring_up(cfg, uplink, *mode, *host_access, host).await?,
             ),
         };
         Ok(ActiveNetwork {
@@ -70,16 +72,12 @@ impl ActiveNetwork {
         })
     }
 
-    pub async fn bring_down(self, netlink: &Netlink) -> Result<(), DaemonError> {
-        each!(self.driver, d => d.bring_down(&self.config, netlink).await)
+    pub async fn bring_down(self, host: &Host) -> Result<(), DaemonError> {
+        each!(self.driver, d => d.bring_down(&self.config, host).await)
     }
 
-    pub async fn make_port(
-        &self,
-        netlink: &Netlink,
-        req: PortRequest<'_>,
-    ) -> Result<Port, DaemonError> {
-        each!(&self.driver, d => d.make_port(netlink, req).await)
+    pub async fn make_port(&self, host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {
+        each!(&self.driver, d => d.make_port(host, req).await)
     }
 
     /// Whether the network can have clones: only linnet's own have.
@@ -95,10 +93,10 @@ impl ActiveNetwork {
 
     /// Makes ready for clones (`check_clones` first). Returns whether its
     /// firewall part changed.
-    pub async fn route_clones(&mut self, netlink: &Netlink) -> Result<bool, DaemonError> {
+    pub async fn route_clones(&mut self, host: &Host) -> Result<bool, DaemonError> {
         self.check_clones()?;
         match &mut self.driver {
-            Driver::LinnetBridge(b) => b.route_clones(&self.config, netlink).await,
+            Driver::LinnetBridge(b) => b.route_clones(&self.config, host).await,
             _ => Ok(false),
         }
     }
@@ -122,11 +120,11 @@ impl ActiveNetwork {
     /// A VM's address changed (learned, replaced, or gone at detach).
     pub async fn vm_address(
         &self,
-        netlink: &Netlink,
+        host: &Host,
         was: Option<Ipv4Addr>,
         now: Option<Ipv4Addr>,
     ) -> Result<(), DaemonError> {
-        each!(&self.driver, d => d.vm_address(netlink, was, now).await)
+        each!(&self.driver, d => d.vm_address(host, was, now).await)
     }
 
     /// Whether a VMM may open the network's ports by name (tap-name).
@@ -169,12 +167,8 @@ pub(super) fn doctor_notes(cfg: &NetworkConfig) -> Vec<String> {
 pub(super) trait NetworkDriver {
     /// Makes a VM's port: its link (down, on no bridge yet) and the fd its
     /// VMM gets. A TAP unless the kind says otherwise.
-    async fn make_port(
-        &self,
-        netlink: &Netlink,
-        req: PortRequest<'_>,
-    ) -> Result<Port, DaemonError> {
-        tap_port(netlink, req).await
+    async fn make_port(&self, host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {
+        tap_port(host, req).await
     }
 
     /// The bridge ports join (name, index); None: a port is on the
@@ -200,7 +194,7 @@ pub(super) trait NetworkDriver {
     /// its interface (`now` None).
     async fn vm_address(
         &self,
-        _netlink: &Netlink,
+        _host: &Host,
         _was: Option<Ipv4Addr>,
         _now: Option<Ipv4Addr>,
     ) -> Result<(), DaemonError> {
@@ -224,7 +218,7 @@ pub(super) trait NetworkDriver {
     }
 
     /// Takes down what the driver made; what it found stays as it was.
-    async fn bring_down(self, cfg: &NetworkConfig, netlink: &Netlink) -> Result<(), DaemonError>;
+    async fn bring_down(self, cfg: &NetworkConfig, host: &Host) -> Result<(), DaemonError>;
 }
 
 /// The driver of each kind of network.
@@ -279,14 +273,18 @@ pub enum TowardVm {
 
 /// A TAP for a VM, owned by its user, with a MAC of linnet's choosing on
 /// the host's side: what ports on bridges are.
-async fn tap_port(netlink: &Netlink, req: PortRequest<'_>) -> Result<Port, DaemonError> {
-    let (name, fd) = tap::create_numbered(req.next, req.uid, req.gid)?;
+async fn tap_port(host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {
+    let (name, fd) = host.devices.create_tap(req.next, req.uid, req.gid)?;
     // A bridge port needs no IPv6 of its own: without this the host's
     // end of each TAP would do DAD and MLD into the VM network.
-    if let Err(e) = sysctl::set_link("ipv6", &name, "disable_ipv6", "1") {
+    if let Err(e) = host
+        .devices
+        .set_link_sysctl("ipv6", &name, "disable_ipv6", "1")
+    {
         debug!(tap = %name, "IPv6 stays on: {e}");
     }
-    let index = netlink
+    let index = host
+        .links
         .link(&name)
         .await?
         .ok_or_else(|| DaemonError::Internal(format!("TAP {name} vanished after creation")))?
@@ -296,7 +294,7 @@ async fn tap_port(netlink: &Netlink, req: PortRequest<'_>) -> Result<Port, Daemo
     // (systemd 242+ does so for TAPs), which would look like the VMM
     // changing it.
     let mac = host::tap_mac(&name);
-    netlink.set_address(index, mac).await?;
+    host.links.set_address(index, mac).await?;
     Ok(Port {
         name,
         index,

@@ -1,0 +1,784 @@
+//! The daemon's orchestration as scenarios over the fake host
+//! (`host::fake`): attach, detach, undo, bring-up, adoption after a
+//! restart, clones and the tables' repair, each checked on the host's
+//! model and the steps it saw. They run as any user: no capability, no
+//! namespace, no kernel state.
+
+use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::state::{Client, Daemon, DaemonError};
+use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
+use crate::config::Config;
+use crate::datapath::Datapath;
+use crate::host;
+use crate::host::fake::{FakeHost, Step};
+use crate::host::guard::Hook;
+use crate::host::netlink::LinkKind;
+use crate::host::netns::NetNs;
+use crate::host::process::Process;
+use crate::leases::{LeaseError, Owner};
+use crate::services::{NetworkContext, ServiceError, Services, Starter};
+use crate::types::InterfaceId;
+
+/// Services that start nothing; a clone's DHCP socket on loopback.
+struct NoServices;
+
+#[async_trait]
+impl Starter for NoServices {
+    async fn start(&self, _ctx: Arc<NetworkContext>) -> Result<Services, ServiceError> {
+        Ok(Services::none())
+    }
+
+    fn clone_dhcp_socket(&self, _ns: &NetNs, _tap: &str) -> std::io::Result<tokio::net::UdpSocket> {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        socket.set_nonblocking(true)?;
+        tokio::net::UdpSocket::from_std(socket)
+    }
+}
+
+/// The networks most scenarios use: `shared` as built in, open to two
+/// users besides root.
+const USERS: &str = "networks:
+  shared:
+    allow: { users: [root, '1000', '1001'] }
+";
+
+/// A daemon over a fake host, with its directories.
+struct Scene {
+    daemon: Daemon,
+    fake: FakeHost,
+    dir: tempfile::TempDir,
+    yaml: String,
+}
+
+/// An attach's reply: what the client gets.
+struct Attached {
+    info: InterfaceInfo,
+    /// The port's fd, which the VMM holds: dropping it is the VMM exiting.
+    fd: OwnedFd,
+    token: Option<String>,
+}
+
+impl Scene {
+    async fn new(yaml: &str) -> Scene {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let fake = FakeHost::new();
+        let daemon = start(&fake, dir.path(), yaml).await;
+        fake.clear_steps();
+        Scene {
+            daemon,
+            fake,
+            dir,
+            yaml: yaml.into(),
+        }
+    }
+
+    /// A net with a bridge of someone else's, for `mode: bridge`.
+    async fn with_bridge(yaml: &str, bridge: &str) -> Scene {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let fake = FakeHost::new();
+        fake.add_link(bridge, LinkKind::Bridge);
+        let daemon = start(&fake, dir.path(), yaml).await;
+        fake.clear_steps();
+        Scene {
+            daemon,
+            fake,
+            dir,
+            yaml: yaml.into(),
+        }
+    }
+
+    async fn attach(
+        &mut self,
+        client: &Client,
+        req: AttachRequest,
+    ) -> Result<Attached, DaemonError> {
+        let (info, fd, token) = self.daemon.handle_attach(client, req).await?;
+        Ok(Attached { info, fd, token })
+    }
+
+    /// Stops this daemon (as for a restart) and starts the next one over
+    /// the same host and directories.
+    async fn restart(&mut self) {
+        self.restart_with(|| ()).await;
+    }
+
+    /// Restarts, with `meanwhile` happening while no daemon runs.
+    async fn restart_with(&mut self, meanwhile: impl FnOnce()) {
+        self.daemon.stop().await;
+        meanwhile();
+        self.daemon = start(&self.fake, self.dir.path(), &self.yaml).await;
+    }
+
+    /// The links linnet made, by their names' prefixes.
+    fn linnet_links(&self) -> Vec<String> {
+        let ours = [
+            host::BRIDGE_PREFIX,
+            host::TAP_PREFIX,
+            host::MACVTAP_PREFIX,
+            host::CLONE_PORT_PREFIX,
+            host::HOST_ACCESS_PREFIX,
+        ];
+        self.fake
+            .link_names()
+            .into_iter()
+            .filter(|n| ours.iter().any(|p| n.starts_with(p)))
+            .collect()
+    }
+
+    /// Nothing of linnet's is left on the host.
+    fn assert_nothing_left(&self) {
+        assert_eq!(self.linnet_links(), Vec::<String>::new(), "links left");
+        assert_eq!(self.fake.guarded(), None, "a guard table left");
+        assert!(self.fake.firewall().is_none(), "a firewall table left");
+        assert!(!self.fake.forwarding(false), "IPv4 forwarding left on");
+        assert!(!self.fake.forwarding(true), "IPv6 forwarding left on");
+    }
+
+    /// The lease of interface `id` on `network`.
+    fn lease(&self, network: &str, id: InterfaceId) -> Option<crate::leases::Lease> {
+        let leases = self.daemon.networks.get(network)?.leases()?;
+        let table = leases.lock().expect("lease lock");
+        table
+            .leases()
+            .find(|l| l.owner == Owner::Interface { id })
+            .cloned()
+    }
+}
+
+async fn start(fake: &FakeHost, dir: &Path, yaml: &str) -> Daemon {
+    let config = Config::from_yaml(yaml, "networks.yaml").expect("a valid config");
+    // As the server makes them before the daemon starts.
+    for made in ["state", "run"] {
+        std::fs::create_dir_all(dir.join(made)).expect("a directory");
+    }
+    let mut daemon = Daemon::new(
+        config,
+        dir.join("state"),
+        dir.join("run"),
+        fake.host(),
+        Arc::new(NoServices),
+    );
+    daemon.reconcile().await.expect("start-up");
+    daemon
+}
+
+/// A client of `uid`, whose process is this test's (so it is running).
+fn user(uid: u32, connection: u64) -> Client {
+    let pid = std::process::id() as i32;
+    Client {
+        id: connection,
+        pid: Some(pid),
+        uid,
+        gid: uid,
+        groups: vec![uid],
+        process: Process::of(pid),
+        network_socket: None,
+    }
+}
+
+fn id(n: u8) -> InterfaceId {
+    InterfaceId::from_bytes([n; 16])
+}
+
+fn ip(text: &str) -> Ipv4Addr {
+    text.parse().expect("an address")
+}
+
+fn request(n: u8) -> AttachRequest {
+    AttachRequest {
+        interface_id: Some(id(n)),
+        ..AttachRequest::default()
+    }
+}
+
+fn named(n: u8, name: &str) -> AttachRequest {
+    AttachRequest {
+        name: Some(name.into()),
+        ..request(n)
+    }
+}
+
+fn on(network: &str, n: u8) -> AttachRequest {
+    AttachRequest {
+        network: Some(network.into()),
+        ..request(n)
+    }
+}
+
+fn position(steps: &[Step], which: impl Fn(&Step) -> bool) -> usize {
+    steps
+        .iter()
+        .position(which)
+        .unwrap_or_else(|| panic!("no such step in {steps:#?}"))
+}
+
+#[tokio::test]
+async fn an_attach_puts_a_guarded_tap_on_the_bridge_with_the_first_address() {
+    let mut s = Scene::new(USERS).await;
+    let vm = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    assert_eq!(vm.info.ip_address, Some(ip("192.168.105.2")));
+    let bridge = s.fake.link("ln-shared").expect("the network's bridge");
+    let tap = s.fake.link(&vm.info.tap).expect("the VM's TAP");
+    assert_eq!((tap.kind, tap.master), (LinkKind::Tun, Some(bridge.index)));
+    assert!(s.fake.is_up(&tap.name));
+    assert_eq!(
+        tap.alias.as_deref(),
+        Some(format!("linnet:interface:{}", id(1)).as_str())
+    );
+    // Guarded before it joins the bridge, so no frame passes unchecked.
+    let steps = s.fake.steps();
+    let guarded = position(&steps, |st| *st == Step::AddGuardPort(tap.name.clone()));
+    let joined = position(
+        &steps,
+        |st| matches!(st, Step::Configure { link, master: Some(_), .. } if *link == tap.name),
+    );
+    assert!(guarded < joined, "{steps:#?}");
+    assert_eq!(s.fake.guarded(), Some(vec![tap.name.clone()]));
+    let firewall = s.fake.firewall().expect("the firewall table");
+    assert_eq!(firewall[0].bridge, "ln-shared");
+    assert!(s.fake.forwarding(false), "NAT needs IPv4 forwarding");
+    assert!(vm.token.is_some(), "a client's interface can be re-claimed");
+    assert!(
+        s.lease("shared", id(1))
+            .is_some_and(|l| l.held_until.is_none()),
+        "the lease is held while attached"
+    );
+}
+
+#[tokio::test]
+async fn a_guard_failure_undoes_the_port_then_the_lease_and_the_network_goes() {
+    let mut s = Scene::new(USERS).await;
+    s.fake.fail_on(|st| matches!(st, Step::AddGuardPort(_)));
+    let refused = s.attach(&user(1000, 1), request(1)).await.err().unwrap();
+    assert!(matches!(refused, DaemonError::Firewall(_)), "{refused:?}");
+    // The TAP went with its fd, the network with its last interface.
+    s.assert_nothing_left();
+    // The lease was given back, its address kept for the id.
+    let vm = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    assert_eq!(vm.info.ip_address, Some(ip("192.168.105.2")));
+}
+
+#[tokio::test]
+async fn a_bring_up_that_fails_half_way_leaves_nothing() {
+    let mut s = Scene::new(USERS).await;
+    s.fake
+        .fail_on(|st| matches!(st, Step::AddAddress(link, _) if link == "ln-shared"));
+    let refused = s.attach(&user(1000, 1), request(1)).await.err().unwrap();
+    assert!(matches!(refused, DaemonError::Netlink(_)), "{refused:?}");
+    assert!(
+        s.fake
+            .steps()
+            .contains(&Step::CreateBridge("ln-shared".into())),
+        "the bridge was made before the failure"
+    );
+    s.assert_nothing_left();
+    assert!(s.daemon.networks.is_empty());
+}
+
+#[tokio::test]
+async fn a_firewall_that_cannot_be_made_takes_the_network_down_again() {
+    let mut s = Scene::new(USERS).await;
+    s.fake
+        .fail_on(|st| matches!(st, Step::Firewall(b) if !b.is_empty()));
+    let refused = s.attach(&user(1000, 1), request(1)).await.err().unwrap();
+    assert!(matches!(refused, DaemonError::Firewall(_)), "{refused:?}");
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn another_user_cannot_take_a_held_name_while_attached_or_after() {
+    let mut s = Scene::new(USERS).await;
+    let web = s.attach(&user(1000, 1), named(1, "web")).await.unwrap();
+    let taps = s.linnet_links();
+    let refused = s
+        .attach(&user(1001, 2), named(2, "WEB"))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(refused, DaemonError::Conflict(_)), "{refused:?}");
+    assert_eq!(s.linnet_links(), taps, "refused before the host changed");
+    // After a detach the name is still its user's, with the lease.
+    s.daemon.handle_detach(&user(1000, 1), id(1)).await.unwrap();
+    drop(web);
+    let refused = s
+        .attach(&user(1001, 2), named(2, "web"))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(refused, DaemonError::Lease(LeaseError::NameTaken { .. })),
+        "{refused:?}"
+    );
+    // Its own user takes it again, at the same address.
+    let again = s.attach(&user(1000, 3), named(1, "web")).await.unwrap();
+    assert_eq!(again.info.ip_address, Some(ip("192.168.105.2")));
+}
+
+#[tokio::test]
+async fn another_users_interface_id_is_refused() {
+    let mut s = Scene::new(USERS).await;
+    let _vm = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    let refused = s.attach(&user(1001, 2), request(1)).await.err().unwrap();
+    assert!(matches!(refused, DaemonError::Busy(_)), "{refused:?}");
+}
+
+#[tokio::test]
+async fn a_detach_leaves_nothing_once_the_last_interface_goes() {
+    let mut s = Scene::new(USERS).await;
+    let client = user(1000, 1);
+    let vm = s.attach(&client, request(1)).await.unwrap();
+    s.daemon.handle_detach(&client, id(1)).await.unwrap();
+    s.assert_nothing_left();
+    // The address stays the id's for the lease time.
+    drop(vm);
+    let held = s.daemon.networks.get("shared");
+    assert!(held.is_none(), "the network is down");
+    let again = s.attach(&client, request(1)).await.unwrap();
+    assert_eq!(again.info.ip_address, Some(ip("192.168.105.2")));
+}
+
+#[tokio::test]
+async fn a_client_that_goes_takes_only_its_own_interfaces() {
+    let mut s = Scene::new(USERS).await;
+    let one = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    let two = s.attach(&user(1001, 2), request(2)).await.unwrap();
+    s.daemon.client_gone(1).await;
+    let left = s.linnet_links();
+    assert!(left.contains(&two.info.tap), "{left:?}");
+    assert!(!left.contains(&one.info.tap), "{left:?}");
+    assert_eq!(s.fake.guarded(), Some(vec![two.info.tap.clone()]));
+    s.daemon.client_gone(2).await;
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn a_persistent_network_stays_up_without_interfaces() {
+    let mut s = Scene::new(
+        "networks:
+  lab:
+    mode: host
+    subnet: 10.20.0.0/24
+    persistent: true
+",
+    )
+    .await;
+    assert!(s.fake.link("ln-lab").is_some(), "up from the start");
+    let admin = user(0, 1);
+    let _vm = s.attach(&admin, on("lab", 1)).await.unwrap();
+    s.daemon.handle_detach(&admin, id(1)).await.unwrap();
+    assert!(
+        s.fake.link("ln-lab").is_some(),
+        "up after its last interface"
+    );
+}
+
+#[tokio::test]
+async fn a_tap_name_port_outlives_its_fd_until_detached() {
+    let mut s = Scene::new(USERS).await;
+    let client = user(1000, 1);
+    let req = AttachRequest {
+        datapath: Some(Datapath::TapName),
+        ..request(1)
+    };
+    let vm = s.attach(&client, req).await.unwrap();
+    assert!(
+        s.fake
+            .steps()
+            .contains(&Step::MakePersistent(vm.info.tap.clone()))
+    );
+    drop(vm.fd);
+    assert!(
+        s.fake.link(&vm.info.tap).is_some(),
+        "a VMM opens it by name"
+    );
+    s.daemon.handle_detach(&client, id(1)).await.unwrap();
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn a_tap_that_cannot_be_made_persistent_is_not_left() {
+    let mut s = Scene::new(USERS).await;
+    s.fake.fail_on(|st| matches!(st, Step::MakePersistent(_)));
+    let req = AttachRequest {
+        datapath: Some(Datapath::TapName),
+        ..request(1)
+    };
+    let refused = s.attach(&user(1000, 1), req).await.err().unwrap();
+    assert!(matches!(refused, DaemonError::HostSetup(_)), "{refused:?}");
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn a_kept_interface_outlives_its_clients_connection() {
+    let mut s = Scene::new(USERS).await;
+    let req = AttachRequest {
+        datapath: Some(Datapath::TapName),
+        keep: true,
+        ..request(1)
+    };
+    let vm = s.attach(&user(1000, 1), req).await.unwrap();
+    assert!(vm.token.is_none(), "no client re-claims a kept interface");
+    s.daemon.client_gone(1).await;
+    assert!(s.fake.link(&vm.info.tap).is_some());
+    // Another user may not detach it; its own user may.
+    let refused = s.daemon.handle_detach(&user(1001, 2), id(1)).await;
+    assert!(
+        matches!(refused, Err(DaemonError::Forbidden(_))),
+        "{refused:?}"
+    );
+    s.daemon.handle_detach(&user(1000, 3), id(1)).await.unwrap();
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn keep_is_only_for_a_tap_opened_by_name() {
+    let mut s = Scene::new(USERS).await;
+    let req = AttachRequest {
+        keep: true,
+        ..request(1)
+    };
+    let refused = s.attach(&user(1000, 1), req).await.err().unwrap();
+    assert!(matches!(refused, DaemonError::BadRequest(_)), "{refused:?}");
+    assert!(s.fake.steps().is_empty(), "{:?}", s.fake.steps());
+}
+
+#[tokio::test]
+async fn another_clients_interface_is_not_its_to_detach() {
+    let mut s = Scene::new(USERS).await;
+    let _vm = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    let refused = s.daemon.handle_detach(&user(1000, 2), id(1)).await;
+    assert!(matches!(refused, Err(DaemonError::Busy(_))), "{refused:?}");
+    let unknown = s.daemon.handle_detach(&user(1000, 1), id(9)).await;
+    assert!(
+        matches!(unknown, Err(DaemonError::BadRequest(_))),
+        "{unknown:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_limit_per_user_refuses_before_the_host_changes() {
+    let mut s = Scene::new(
+        "networks:
+  shared:
+    allow: { users: [root, '1000', '1001'] }
+    max_interfaces_per_uid: 1
+",
+    )
+    .await;
+    let _one = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    s.fake.clear_steps();
+    let refused = s.attach(&user(1000, 1), request(2)).await.err().unwrap();
+    assert!(matches!(refused, DaemonError::Busy(_)), "{refused:?}");
+    assert!(s.fake.steps().is_empty(), "{:?}", s.fake.steps());
+    // Another user has a budget of its own.
+    s.attach(&user(1001, 2), request(3)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_user_the_network_does_not_allow_changes_nothing() {
+    let mut s = Scene::new(USERS).await;
+    let refused = s.attach(&user(2000, 1), request(1)).await.err().unwrap();
+    assert!(
+        matches!(&refused, DaemonError::NotAllowed { uid: 2000, network, .. } if network == "shared"),
+        "{refused:?}"
+    );
+    assert!(s.fake.steps().is_empty(), "{:?}", s.fake.steps());
+}
+
+#[tokio::test]
+async fn an_unknown_network_is_refused_with_the_known_ones() {
+    let mut s = Scene::new(USERS).await;
+    let refused = s.attach(&user(0, 1), on("nope", 1)).await.err().unwrap();
+    match refused {
+        DaemonError::UnknownNetwork { name, known, .. } => {
+            assert_eq!(name, "nope");
+            assert!(
+                known.contains("shared") && known.contains("host"),
+                "{known}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+const BRIDGED: &str = "networks:
+  lan:
+    mode: bridged
+    uplink: eth0
+";
+
+#[tokio::test]
+async fn a_bridged_network_gives_each_vm_a_macvtap_guarded_on_its_way_out() {
+    let mut s = Scene::new(BRIDGED).await;
+    let admin = user(0, 1);
+    let vm = s.attach(&admin, on("lan", 1)).await.unwrap();
+    let port = s.fake.link(&vm.info.tap).expect("the macvtap");
+    assert_eq!(port.kind, LinkKind::Macvtap);
+    assert_eq!(port.address, Some(vm.info.mac_address), "the VM's MAC");
+    assert!(s.fake.link("ln-lan").is_none(), "no bridge");
+    let guard = s.fake.guard_of(&vm.info.tap).expect("guarded");
+    assert_eq!(guard.hook, Hook::Egress);
+    assert_eq!(vm.info.ip_address, None, "the LAN's DHCP server gives it");
+    s.daemon.handle_detach(&admin, id(1)).await.unwrap();
+    // The macvtap goes down before its hook and the link go.
+    let steps = s.fake.steps();
+    let down = position(&steps, |st| *st == Step::CutOff(vm.info.tap.clone()));
+    let unhooked = position(&steps, |st| matches!(st, Step::UnhookGuardPorts(_)));
+    assert!(down < unhooked, "{steps:#?}");
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn a_macvtap_whose_device_cannot_be_opened_is_deleted() {
+    let mut s = Scene::new(BRIDGED).await;
+    s.fake.fail_on(|st| matches!(st, Step::OpenMacvtap(_)));
+    let refused = s.attach(&user(0, 1), on("lan", 1)).await.err().unwrap();
+    assert!(matches!(refused, DaemonError::HostSetup(_)), "{refused:?}");
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn a_bridged_network_on_a_missing_nic_says_so() {
+    let mut s = Scene::new(
+        "networks:
+  lan:
+    mode: bridged
+    uplink: eth9
+",
+    )
+    .await;
+    let refused = s.attach(&user(0, 1), on("lan", 1)).await.err().unwrap();
+    assert!(
+        matches!(&refused, DaemonError::HostSetup(m) if m.contains("no interface eth9")),
+        "{refused:?}"
+    );
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn a_bridge_network_adds_taps_to_the_bridge_and_leaves_the_bridge() {
+    let mut s = Scene::with_bridge(
+        "networks:
+  lab:
+    mode: bridge
+    bridge: br0
+",
+        "br0",
+    )
+    .await;
+    let admin = user(0, 1);
+    let vm = s.attach(&admin, on("lab", 1)).await.unwrap();
+    let br0 = s.fake.link("br0").unwrap();
+    assert_eq!(s.fake.link(&vm.info.tap).unwrap().master, Some(br0.index));
+    s.daemon.handle_detach(&admin, id(1)).await.unwrap();
+    assert!(s.fake.link("br0").is_some(), "not linnet's to remove");
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn adoption_drops_a_record_whose_port_vanished_and_keeps_the_rest() {
+    let mut s = Scene::new(USERS).await;
+    let kept = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    let gone = s.attach(&user(1000, 2), request(2)).await.unwrap();
+    s.restart_with(|| drop(gone.fd)).await;
+    // The one whose VMM is still there is adopted, as it was.
+    let adopted = &s.daemon.interfaces[&id(1)];
+    assert_eq!(adopted.ip, kept.info.ip_address);
+    assert_eq!(adopted.tap, kept.info.tap);
+    assert!(s.fake.link(&kept.info.tap).is_some());
+    assert_eq!(s.fake.guarded(), Some(vec![kept.info.tap.clone()]));
+    // The other's record and lease hold go.
+    assert!(!s.daemon.interfaces.contains_key(&id(2)));
+    assert!(
+        s.daemon
+            .records
+            .load()
+            .iter()
+            .all(|r| r.interface_id != id(2))
+    );
+    assert!(
+        s.lease("shared", id(2))
+            .is_none_or(|l| l.held_until.is_some()),
+        "its address is no longer held as attached"
+    );
+    // A new port's name follows the adopted ones.
+    let next = s.attach(&user(1000, 3), request(3)).await.unwrap();
+    assert_ne!(next.info.tap, kept.info.tap);
+}
+
+#[tokio::test]
+async fn a_restart_keeps_the_tables_and_links_in_place() {
+    let mut s = Scene::new(USERS).await;
+    let vm = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    s.fake.clear_steps();
+    s.daemon.stop().await;
+    let stopped = s.fake.steps();
+    assert!(
+        !stopped.iter().any(|st| matches!(
+            st,
+            Step::DeleteLink(_)
+                | Step::RemoveGuard
+                | Step::Firewall(_)
+                | Step::Forwarding(_, false)
+        )),
+        "a stop with VMs attached leaves their network: {stopped:#?}"
+    );
+    s.daemon = start(&s.fake, s.dir.path(), USERS).await;
+    assert!(s.fake.link(&vm.info.tap).is_some());
+    assert!(s.fake.forwarding(false));
+    assert_eq!(s.fake.guarded(), Some(vec![vm.info.tap.clone()]));
+}
+
+#[tokio::test]
+async fn a_reclaim_takes_the_token_and_the_user() {
+    let mut s = Scene::new(USERS).await;
+    let vm = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    let token = vm.token.clone().unwrap();
+    s.restart().await;
+    let wrong = s
+        .daemon
+        .handle_reclaim(&user(1000, 5), id(1), "not-the-token");
+    assert!(matches!(wrong, Err(DaemonError::Forbidden(_))), "{wrong:?}");
+    let other = s.daemon.handle_reclaim(&user(1001, 6), id(1), &token);
+    assert!(matches!(other, Err(DaemonError::Forbidden(_))), "{other:?}");
+    s.daemon
+        .handle_reclaim(&user(1000, 7), id(1), &token)
+        .unwrap();
+    let twice = s.daemon.handle_reclaim(&user(1000, 8), id(1), &token);
+    assert!(matches!(twice, Err(DaemonError::Busy(_))), "{twice:?}");
+    // From now on it lives as long as that connection.
+    s.daemon.client_gone(7).await;
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn a_flushed_ruleset_is_put_back_with_every_guarded_port() {
+    let mut s = Scene::new(USERS).await;
+    let vm = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    s.fake.flush_tables();
+    s.daemon.check_host();
+    assert_eq!(s.fake.guarded(), Some(vec![vm.info.tap.clone()]));
+    assert!(s.fake.firewall().is_some());
+}
+
+#[tokio::test]
+async fn a_vmm_that_changes_its_taps_mac_is_cut_off() {
+    let mut s = Scene::new(USERS).await;
+    let vm = s.attach(&user(1000, 1), request(1)).await.unwrap();
+    let tap = s.fake.link(&vm.info.tap).unwrap();
+    let was = tap.address.expect("linnet set the TAP's MAC");
+    s.fake
+        .set_mac(&tap.name, "02:00:00:00:00:99".parse().unwrap());
+    s.daemon.tap_address_changed(tap.index, was).await;
+    let now = s.fake.link(&tap.name).unwrap();
+    assert_eq!(now.master, None, "off the bridge");
+    assert!(!s.fake.is_up(&tap.name));
+    assert!(s.daemon.interfaces[&id(1)].cut_off.is_some());
+}
+
+#[tokio::test]
+async fn a_clone_refused_for_its_published_port_gives_the_lease_back() {
+    let mut s = Scene::new(USERS).await;
+    let owner = user(1000, 1);
+    let port = "18080:80".parse().unwrap();
+    let _other = s
+        .attach(
+            &owner,
+            AttachRequest {
+                publish: vec![port],
+                ..request(2)
+            },
+        )
+        .await
+        .unwrap();
+    // The VM that was snapshotted stops; its lease is held meanwhile.
+    let web = s.attach(&owner, named(1, "web")).await.unwrap();
+    s.daemon.handle_detach(&owner, id(1)).await.unwrap();
+    drop(web.fd);
+    let held = s.lease("shared", id(1)).expect("the stopped VM's lease");
+    let clone = |n| AttachRequest {
+        clone_of: Some(CloneOf::Name("web".into())),
+        ..request(n)
+    };
+    let refused = s
+        .attach(
+            &owner,
+            AttachRequest {
+                publish: vec![port],
+                ..clone(3)
+            },
+        )
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(refused, DaemonError::Conflict(_)), "{refused:?}");
+    assert_eq!(
+        s.lease("shared", id(1)).as_ref(),
+        Some(&held),
+        "given back as it was"
+    );
+    assert!(
+        !s.linnet_links().iter().any(|l| l.starts_with("lnc")),
+        "the clone's port went: {:?}",
+        s.linnet_links()
+    );
+    // The next clone takes the VM's address over again, as the first.
+    s.fake.clear_steps();
+    let first = s.attach(&owner, clone(4)).await.unwrap();
+    assert_eq!(first.info.ip_address, Some(held.ip));
+    assert!(
+        s.fake
+            .steps()
+            .iter()
+            .any(|st| matches!(st, Step::AnnounceClone(_))),
+        "it holds the guest's address: {:#?}",
+        s.fake.steps()
+    );
+}
+
+#[tokio::test]
+async fn a_subnet_that_meets_a_route_of_the_host_is_refused_naming_its_link() {
+    let mut s = Scene::new(USERS).await;
+    s.fake.add_link("virbr1", LinkKind::Bridge);
+    s.fake.add_route("192.168.105.0/24", "virbr1");
+    let refused = s.attach(&user(1000, 1), request(1)).await.err().unwrap();
+    assert!(
+        matches!(&refused, DaemonError::Conflict(m) if m.contains("virbr1") && m.contains("networks.shared.subnet")),
+        "{refused:?}"
+    );
+    assert!(
+        !s.fake
+            .steps()
+            .iter()
+            .any(|st| matches!(st, Step::CreateBridge(_))),
+        "refused before the bridge was made"
+    );
+    s.assert_nothing_left();
+}
+
+#[tokio::test]
+async fn a_kept_port_deleted_while_no_daemon_ran_is_not_adopted() {
+    let mut s = Scene::new(USERS).await;
+    let admin = user(0, 1);
+    let kept = |n| AttachRequest {
+        datapath: Some(Datapath::TapName),
+        keep: true,
+        ..request(n)
+    };
+    let gone = s.attach(&admin, kept(1)).await.unwrap();
+    let stays = s.attach(&admin, kept(2)).await.unwrap();
+    let fake = s.fake.clone();
+    s.restart_with(|| fake.remove_link(&gone.info.tap)).await;
+    assert!(!s.daemon.interfaces.contains_key(&id(1)));
+    assert!(
+        s.daemon.interfaces.contains_key(&id(2)),
+        "the other is adopted"
+    );
+    assert_eq!(s.fake.guarded(), Some(vec![stays.info.tap.clone()]));
+}
