@@ -13,9 +13,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
 
 use super::attach;
+use super::holder::Holder;
 use super::policies::check_policy_possible;
 use super::records::{self, InterfaceRecord, Verdict};
-use super::state::{ADOPTED, Client, Daemon, DaemonError, Interface, KEPT};
+use super::state::{Client, Daemon, DaemonError, Interface};
 use crate::api::ForwardOrigin;
 use crate::host::netlink::{Link, LinkKind, LinkSettings};
 use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK};
@@ -272,7 +273,15 @@ impl Daemon {
             }
             .map_err(DaemonError::Conflict)?;
         }
-        let kept = r.kept;
+        // A kept one's idle time starts again: the daemon did not see it.
+        let holder = if r.kept {
+            Holder::Kept {
+                rx: 0,
+                since: std::time::Instant::now(),
+            }
+        } else {
+            Holder::Adopted { process: r.client }
+        };
         self.interfaces.insert(
             id,
             Interface {
@@ -283,19 +292,15 @@ impl Daemon {
                 tap: r.port.clone(),
                 tap_index: r.port_index,
                 cut_off: cut_off.clone(),
-                client: if kept { KEPT } else { ADOPTED },
+                holder,
                 uid: r.uid,
                 datapath: r.datapath,
                 relay: None,
                 forwards: Vec::new(),
-                // Its idle time starts again: the daemon did not see it.
-                kept: kept.then(|| (0, std::time::Instant::now())),
                 guarded: attach::guarded(cfg),
                 policy: r.policy.clone(),
                 as_clone: None,
-                process: r.client,
                 token: r.token.clone(),
-                via_network_socket: false,
                 port_mac: r.port_mac,
             },
         );
@@ -356,8 +361,8 @@ impl Daemon {
             port_index: i.tap_index,
             port_mac: i.port_mac,
             uid: i.uid,
-            kept: i.client == KEPT,
-            client: i.process,
+            kept: matches!(i.holder, Holder::Kept { .. }),
+            client: i.holder.process(),
             datapath: i.datapath,
             policy: i.policy.clone(),
             publish: i
@@ -393,13 +398,12 @@ impl Daemon {
                 "interface {id} is not this client's to re-claim"
             )));
         }
-        if iface.client != ADOPTED {
+        if !matches!(iface.holder, Holder::Adopted { .. }) {
             return Err(DaemonError::Busy(format!(
                 "interface {id} is held by a connection already"
             )));
         }
-        iface.client = client.id;
-        iface.process = client.process;
+        iface.holder = client.holder(false);
         info!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?client.pid, uid = client.uid, "re-claimed by its client");
         self.save_record(id);
         Ok(())
@@ -411,7 +415,7 @@ impl Daemon {
         let gone: Vec<InterfaceId> = self
             .interfaces
             .iter()
-            .filter(|(_, i)| i.client == ADOPTED && !i.process.is_some_and(|p| p.is_running()))
+            .filter(|(_, i)| matches!(i.holder, Holder::Adopted { .. }) && i.holder.client_exited())
             .map(|(id, _)| *id)
             .collect();
         if gone.is_empty() {
@@ -438,10 +442,7 @@ impl Daemon {
         let going: Vec<InterfaceId> = self
             .interfaces
             .iter()
-            .filter(|(_, i)| {
-                !i.outlives_daemon()
-                    || (i.client != KEPT && !i.process.is_some_and(|p| p.is_running()))
-            })
+            .filter(|(_, i)| !i.outlives_daemon() || i.holder.client_exited())
             .map(|(id, _)| *id)
             .collect();
         if !going.is_empty()

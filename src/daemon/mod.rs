@@ -19,6 +19,7 @@ mod coexist;
 mod drivers;
 mod forwards;
 mod guarding;
+mod holder;
 mod host_ports;
 mod learning;
 mod leftovers;

@@ -22,6 +22,7 @@ use super::coexist::HostView;
 use super::drivers::{ActiveNetwork, PortRequest, dns_servers};
 use super::forwards::{Forwards, Published};
 use super::guarding::Guard;
+use super::holder::Holder;
 use super::host_ports::HostPorts;
 use super::leftovers::Leftovers;
 use super::policies::check_policy_possible;
@@ -141,6 +142,25 @@ impl Client {
             overrides: self.uid == 0 && self.network_socket.is_none(),
         }
     }
+
+    /// What holds an interface this client attaches (`keep`: none, past
+    /// its connection).
+    pub(super) fn holder(&self, keep: bool) -> Holder {
+        match (keep, &self.network_socket) {
+            (true, _) => Holder::Kept {
+                rx: 0,
+                since: std::time::Instant::now(),
+            },
+            (false, Some(_)) => Holder::NetworkSocket {
+                connection: self.id,
+                process: self.process,
+            },
+            (false, None) => Holder::Client {
+                connection: self.id,
+                process: self.process,
+            },
+        }
+    }
 }
 
 pub(super) struct Interface {
@@ -155,14 +175,14 @@ pub(super) struct Interface {
     pub(super) tap_index: u32,
     /// Why its TAP was taken off the network, if it was.
     pub(super) cut_off: Option<String>,
-    pub(super) client: u64,
+    /// Who holds it, which decides when it goes.
+    pub(super) holder: Holder,
+    /// The user it was attached for (a kept one's attacher has gone by
+    /// design, and it is still theirs).
     pub(super) uid: u32,
     pub(super) datapath: Datapath,
     pub(super) relay: Option<RelayCounters>,
     pub(super) forwards: Vec<Published>,
-    /// Kept past its client's connection (`linnet attach`): the TAP's
-    /// receive count when it last moved, and when.
-    pub(super) kept: Option<(u64, std::time::Instant)>,
     /// Whether it has elements in the guard table.
     pub(super) guarded: bool,
     pub(super) policy: Policy,
@@ -170,14 +190,8 @@ pub(super) struct Interface {
     /// its namespace's on the network (its unique address), and `tap` its
     /// veth port.
     pub(super) as_clone: Option<CloneState>,
-    /// Its client's process, as it was when it connected, which a new
-    /// daemon checks is still there (none when kept past its connection).
-    pub(super) process: Option<Process>,
     /// What its client re-claims it with after a daemon restart.
     pub(super) token: String,
-    /// Attached by the relay of a connection to a network's socket, which
-    /// ends with the daemon: never adopted.
-    pub(super) via_network_socket: bool,
     /// The MAC linnet gave its port's host side.
     pub(super) port_mac: MacAddr,
 }
@@ -185,14 +199,14 @@ pub(super) struct Interface {
 impl Interface {
     /// Its client's pid (none when kept past its connection).
     pub(super) fn pid(&self) -> Option<i32> {
-        self.process.map(|p| p.pid)
+        self.holder.process().map(|p| p.pid)
     }
 
     /// Whether it outlives this daemon, for a next one to adopt: not a
     /// clone (its namespace is this daemon's) nor a network socket's (its
     /// relay ends with this daemon).
     pub(super) fn outlives_daemon(&self) -> bool {
-        self.as_clone.is_none() && !self.via_network_socket
+        self.as_clone.is_none() && !matches!(self.holder, Holder::NetworkSocket { .. })
     }
 
     /// Its SLAAC address; none for a clone, whose IPv6 is not NATed.
@@ -304,7 +318,7 @@ impl Daemon {
         // attach, when it is the same user's.
         if let Some(id) = req.interface_id
             && let Some(other) = self.interfaces.get(&id)
-            && other.client == ADOPTED
+            && matches!(other.holder, Holder::Adopted { .. })
             && client.network_socket.is_none()
             && (client.uid == other.uid || client.uid == 0)
         {
@@ -371,9 +385,10 @@ impl Daemon {
                     self.save_record(id);
                     let iface = &self.interfaces[&id];
                     // A kept one has no client to re-claim it.
-                    let token =
-                        (iface.outlives_daemon() && iface.client != KEPT && !self.rootless())
-                            .then(|| iface.token.clone());
+                    let token = (iface.outlives_daemon()
+                        && !matches!(iface.holder, Holder::Kept { .. })
+                        && !self.rootless())
+                    .then(|| iface.token.clone());
                     Ok((info, fd, token))
                 }
                 Err(e) => {
@@ -406,7 +421,7 @@ impl Daemon {
         if let Some(why) = super::network_sockets::attach_refusal(bound, req) {
             return refuse(&why);
         }
-        if self.interfaces.values().any(|i| i.client == client.id) {
+        if self.interfaces.values().any(|i| i.holder.is(client.id)) {
             return refuse("has attached its interface already");
         }
         Ok(())
@@ -599,18 +614,14 @@ impl Daemon {
                 tap: tap_name,
                 tap_index,
                 cut_off: None,
-                client: if req.keep { KEPT } else { client.id },
-                // A kept interface's attacher has gone by design.
+                holder: client.holder(req.keep),
                 uid: client.uid,
                 datapath: plan.datapath,
                 relay: None,
                 forwards: Vec::new(),
-                kept: req.keep.then(|| (0, std::time::Instant::now())),
                 guarded: plan.guarded,
                 policy: plan.policy,
                 as_clone: clone,
-                process: client.process.filter(|_| !req.keep),
-                via_network_socket: client.network_socket.is_some(),
                 token: uuid::Uuid::new_v4().simple().to_string(),
                 port_mac,
             },
@@ -770,7 +781,7 @@ impl Daemon {
         counters: RelayCounters,
     ) -> Result<(), DaemonError> {
         match self.interfaces.get_mut(&id) {
-            Some(i) if i.client == client.id => {
+            Some(i) if i.holder.is(client.id) => {
                 i.relay = Some(counters);
                 Ok(())
             }
@@ -789,17 +800,13 @@ impl Daemon {
             None => Err(DaemonError::BadRequest(format!(
                 "interface {id} is not attached"
             ))),
-            Some(i)
-                if (i.client == KEPT || i.client == ADOPTED)
-                    && client.uid != 0
-                    && client.uid != i.uid =>
-            {
+            Some(i) if i.holder.is_unheld() && client.uid != 0 && client.uid != i.uid => {
                 Err(DaemonError::Forbidden(format!(
                     "interface {id} belongs to uid {}; only it or root may detach it",
                     i.uid
                 )))
             }
-            Some(i) if i.client != client.id && i.client != KEPT && i.client != ADOPTED => {
+            Some(i) if !i.holder.is(client.id) && !i.holder.is_unheld() => {
                 Err(DaemonError::Busy(format!(
                     "interface {id} belongs to another client (pid {}); only it can detach it",
                     i.pid().map(|p| p.to_string()).unwrap_or_else(|| "?".into())
@@ -811,7 +818,9 @@ impl Daemon {
 
     /// Whether any interface is kept past its client (`linnet attach`).
     pub fn any_kept(&self) -> bool {
-        self.interfaces.values().any(|i| i.kept.is_some())
+        self.interfaces
+            .values()
+            .any(|i| matches!(i.holder, Holder::Kept { .. }))
     }
 
     /// Detaches the kept interfaces (`linnet attach`) on linnet's own
@@ -822,8 +831,8 @@ impl Daemon {
         let now = std::time::Instant::now();
         let mut expired = Vec::new();
         for (id, iface) in &mut self.interfaces {
-            let (Some((seen, since)), Some(net)) =
-                (iface.kept.as_mut(), self.networks.get(&iface.network))
+            let (Holder::Kept { rx: seen, since }, Some(net)) =
+                (&mut iface.holder, self.networks.get(&iface.network))
             else {
                 continue;
             };
@@ -852,7 +861,7 @@ impl Daemon {
         let ids: Vec<InterfaceId> = self
             .interfaces
             .iter()
-            .filter(|(_, i)| i.client == client)
+            .filter(|(_, i)| i.holder.is(client))
             .map(|(id, _)| *id)
             .collect();
         if !ids.is_empty() {
@@ -1223,14 +1232,6 @@ impl Forwarding {
 
 /// What linnet changed of IP forwarding and has not put back yet.
 const FORWARDING_FILE: &str = "forwarding.json";
-
-/// The client of interfaces kept past their client's connection
-/// (`linnet attach`); no connection has it.
-pub(super) const KEPT: u64 = 0;
-
-/// The client of interfaces a previous daemon attached, until their
-/// client re-claims them (`Daemon::handle_reclaim`); no connection has it.
-pub(super) const ADOPTED: u64 = u64::MAX;
 
 /// How many interfaces leaving at once make the daemon give freed memory
 /// back to the system.
