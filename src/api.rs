@@ -37,7 +37,9 @@ const MAX_LARGE_MESSAGE: usize = 64 << 20;
 struct LargeMessage {
     large_message: usize,
 }
-pub const SOCKET_NAME: &str = "linnet.sock";
+/// The API socket's name in the run directory (defined beside the
+/// networks' sockets, which must not take it).
+pub use crate::config::SOCKET_NAME;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]

@@ -17,6 +17,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::host::legacy::LegacyChain;
 use crate::host::ruleset::{Chain, Owner, Rule, Ruleset};
 
 /// Kinds of traffic a network needs.
@@ -411,19 +412,6 @@ pub fn check_legacy(legacy: &[LegacyChain], flow: &Flow, bridge: &str, check: &m
             }
         }
     }
-}
-
-/// A built-in chain of a legacy iptables table.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LegacyChain {
-    /// "ip" (iptables) or "ip6" (ip6tables).
-    pub family: &'static str,
-    pub table: String,
-    /// INPUT, FORWARD, OUTPUT, ...
-    pub name: String,
-    pub policy_accepts: bool,
-    /// User rules in the chain (the policy not counted).
-    pub rules: usize,
 }
 
 enum End {

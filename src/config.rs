@@ -18,6 +18,10 @@ use crate::policy::{Policy, PolicySpecError};
 use crate::types::{self, InterfaceId, MacAddr};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/linnet/networks.yaml";
+
+/// The daemon's API socket in its run directory, where a network's own
+/// socket must not take the name.
+pub const SOCKET_NAME: &str = "linnet.sock";
 pub const DEFAULT_NETWORK: &str = "shared";
 const DEFAULT_LEASE_TIME: u32 = 3600;
 const DEFAULT_MTU: u32 = 1500;
@@ -818,7 +822,7 @@ impl Validator<'_> {
             None | Some(serde_norway::Value::Bool(false)) => return Ok(None),
             Some(serde_norway::Value::Bool(true)) => {
                 // linnet.sock in the run directory is the daemon's own.
-                if format!("{name}.sock") == crate::api::SOCKET_NAME {
+                if format!("{name}.sock") == SOCKET_NAME {
                     return Err(self.err(
                         "socket",
                         format!(

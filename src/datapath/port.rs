@@ -13,7 +13,14 @@ use nix::sys::socket::{
 };
 
 use super::Datapath;
-use super::relay::RelayError;
+
+/// What is wrong with the VMM's socket: which one, and how.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {message}")]
+pub struct SocketError {
+    pub what: String,
+    pub message: String,
+}
 
 /// Where the VMM's frames come and go.
 #[derive(Debug)]
@@ -110,7 +117,7 @@ impl fmt::Display for SockAddr {
 /// more frames in flight between the relay and the VMM.
 const SOCKET_BUFFER: usize = 4 << 20;
 
-pub(super) fn open(endpoint: Endpoint) -> Result<Port, RelayError> {
+pub(super) fn open(endpoint: Endpoint) -> Result<Port, SocketError> {
     Ok(match endpoint {
         Endpoint::DgramFd(fd) => {
             check_type(&fd, SockType::Datagram)?;
@@ -133,7 +140,7 @@ pub(super) fn open(endpoint: Endpoint) -> Result<Port, RelayError> {
         Endpoint::StreamPath(path) => {
             let listener = bind(&path, SockType::Stream)?;
             socket::listen(&listener, Backlog::new(8).expect("valid backlog")).map_err(|e| {
-                RelayError::Socket {
+                SocketError {
                     what: path.display().to_string(),
                     message: format!("cannot listen: {e}"),
                 }
@@ -147,8 +154,8 @@ pub(super) fn open(endpoint: Endpoint) -> Result<Port, RelayError> {
 }
 
 /// A client socket: non-blocking, large buffers.
-pub(super) fn prepare(fd: OwnedFd) -> Result<OwnedFd, RelayError> {
-    set_nonblocking(fd.as_raw_fd()).map_err(|e| RelayError::Socket {
+pub(super) fn prepare(fd: OwnedFd) -> Result<OwnedFd, SocketError> {
+    set_nonblocking(fd.as_raw_fd()).map_err(|e| SocketError {
         what: format!("fd {}", fd.as_raw_fd()),
         message: format!("cannot make it non-blocking: {e}"),
     })?;
@@ -176,9 +183,9 @@ fn type_name(t: libc::c_int) -> &'static str {
     }
 }
 
-fn check_type(fd: &OwnedFd, want: SockType) -> Result<(), RelayError> {
+fn check_type(fd: &OwnedFd, want: SockType) -> Result<(), SocketError> {
     let raw = fd.as_raw_fd();
-    let wrong = |message: String| RelayError::Socket {
+    let wrong = |message: String| SocketError {
         what: format!("fd {raw}"),
         message,
     };
@@ -201,8 +208,8 @@ fn check_type(fd: &OwnedFd, want: SockType) -> Result<(), RelayError> {
 
 /// Binds a unix socket at `path`, replacing a stale socket file (nobody
 /// listening) but never a live one or another kind of file.
-fn bind(path: &Path, kind: SockType) -> Result<OwnedFd, RelayError> {
-    let err = |message: String| RelayError::Socket {
+fn bind(path: &Path, kind: SockType) -> Result<OwnedFd, SocketError> {
+    let err = |message: String| SocketError {
         what: path.display().to_string(),
         message,
     };

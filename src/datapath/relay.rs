@@ -30,7 +30,7 @@ use tracing::{error, info, warn};
 
 use super::coalesce::Coalescer;
 use super::framing::{self, Deframer, FramingError, LENGTH_BYTES};
-use super::port::{self, Endpoint, Peer, Port, SockAddr};
+use super::port::{self, Endpoint, Peer, Port, SockAddr, SocketError};
 use super::segment::Splitter;
 use super::vnet::{self, ClientHeader};
 use super::{Counters, Datapath};
@@ -60,8 +60,8 @@ const LISTENER: u64 = 2;
 pub enum RelayError {
     #[error("cannot set up the TAP for relaying: {0}")]
     TapSetup(io::Error),
-    #[error("{what}: {message}")]
-    Socket { what: String, message: String },
+    #[error(transparent)]
+    Socket(#[from] SocketError),
     #[error("the TAP failed (was the interface detached?): {0}")]
     Tap(io::Error),
     #[error("the VMM's socket failed: {0}")]
@@ -796,7 +796,7 @@ impl Relay {
             Ok(raw) => {
                 // SAFETY: accept4 returned a new descriptor that we now own.
                 let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
-                *conn = Some(port::prepare(fd)?);
+                *conn = Some(port::prepare(fd).map_err(RelayError::from)?);
                 info!("a client connected");
                 Ok(())
             }

@@ -23,6 +23,7 @@ use super::clone_ns::{CloneNetwork, CloneNsError, MadeClone};
 use super::docker_user::{Changes, Wanted};
 use super::firewall::{self, FirewallNetwork};
 use super::guard::PortGuard;
+use super::legacy::LegacyChain;
 use super::netlink::{Link, LinkKind, LinkSettings, NetlinkError, Route};
 use super::netns::NetNs;
 use super::nft::NftError;
@@ -30,7 +31,6 @@ use super::ruleset::{Ruleset, Shape};
 use super::seam::{Devices, Host, Links, Tables};
 use super::sysctl::Ipv6Forwarding;
 use super::tap::TapError;
-use crate::coexist::LegacyChain;
 use crate::config::MacvtapMode;
 use crate::types::MacAddr;
 

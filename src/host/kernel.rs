@@ -17,7 +17,7 @@ use super::clone_ns::{self, CloneNetwork, CloneNsError, MadeClone};
 use super::docker_user::{self, Changes, Wanted};
 use super::firewall::{self, FirewallNetwork};
 use super::guard::{self, PortGuard};
-use super::legacy;
+use super::legacy::{self, LegacyChain};
 use super::macvtap;
 use super::netlink::{Link, LinkSettings, Netlink, NetlinkError, Route};
 use super::netns::{self, NetNs};
@@ -26,7 +26,6 @@ use super::ruleset::{self, Ruleset, Shape};
 use super::seam::{Devices, Host, Links, Tables};
 use super::sysctl::{self, Ipv6Forwarding};
 use super::tap::{self, TapError};
-use crate::coexist::LegacyChain;
 use crate::config::MacvtapMode;
 use crate::types::MacAddr;
 

@@ -8,7 +8,18 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use crate::coexist::LegacyChain;
+/// A built-in chain of a legacy iptables table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LegacyChain {
+    /// "ip" (iptables) or "ip6" (ip6tables).
+    pub family: &'static str,
+    pub table: String,
+    /// INPUT, FORWARD, OUTPUT, ...
+    pub name: String,
+    pub policy_accepts: bool,
+    /// User rules in the chain (the policy not counted).
+    pub rules: usize,
+}
 
 /// `IPT_SO_GET_INFO` and `IPT_SO_GET_ENTRIES` (the same numbers for IPv6).
 const SO_GET_INFO: libc::c_int = 64;

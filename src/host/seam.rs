@@ -27,13 +27,13 @@ use super::clone_ns::{CloneNetwork, CloneNsError, MadeClone};
 use super::docker_user::{Changes, Wanted};
 use super::firewall::FirewallNetwork;
 use super::guard::PortGuard;
+use super::legacy::LegacyChain;
 use super::netlink::{Link, LinkSettings, NetlinkError, Route};
 use super::netns::NetNs;
 use super::nft::NftError;
 use super::ruleset::{Ruleset, Shape};
 use super::sysctl::Ipv6Forwarding;
 use super::tap::TapError;
-use crate::coexist::LegacyChain;
 use crate::config::MacvtapMode;
 use crate::types::MacAddr;
 
