@@ -13,10 +13,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
 
 use super::attach;
+use super::client::Client;
+use super::errors::DaemonError;
 use super::holder::Holder;
+use super::interface::Interface;
 use super::policies::check_policy_possible;
 use super::records::{self, InterfaceRecord, Verdict};
-use super::state::{Client, Daemon, DaemonError, Interface};
+use super::state::Daemon;
 use crate::api::ForwardOrigin;
 use crate::host::netlink::{Link, LinkKind, LinkSettings};
 use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK};

@@ -7,9 +7,9 @@
 
 use std::net::Ipv4Addr;
 
+use super::errors::DaemonError;
 use super::guarding::port_guard;
 use super::policies::no_address_for_policy;
-use super::state::DaemonError;
 use crate::api::AttachRequest;
 use crate::config::NetworkConfig;
 use crate::datapath::Datapath;

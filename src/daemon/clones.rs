@@ -10,51 +10,23 @@
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
-use std::sync::Arc;
 
 use tracing::warn;
 
 use super::attach::{self, AttachPlan, Done};
-use super::state::{Client, Daemon, DaemonError};
+use super::client::Client;
+use super::errors::DaemonError;
+use super::interface::CloneState;
+use super::state::Daemon;
 use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
 use crate::clone::{self, Guest};
 use crate::datapath::Datapath;
 use crate::host::ALIAS_INTERFACE;
-use crate::host::clone_ns::{self, CloneNetwork, CloneNsError};
+use crate::host::clone_ns::{self, CloneNetwork};
 use crate::host::guard::{Ipv4Source, PortGuard};
-use crate::host::netns::NetNs;
-use crate::host::seam::Devices;
-use crate::leases::{LeaseTable, TakenOver};
+use crate::leases::LeaseTable;
 use crate::services::{dhcp, unix_now};
 use crate::types::InterfaceId;
-
-/// What a clone has that other interfaces have not.
-pub(super) struct CloneState {
-    /// Its namespace's name in the file system, with tap-name.
-    pub mount: Option<PathBuf>,
-    /// Its guest's DHCP server, in its namespace; stops with the clone.
-    dhcp: tokio::task::JoinHandle<()>,
-    pub guest: Guest,
-    /// It holds the guest's address on the network too, with the lease
-    /// its VM had (`LeaseTable::take_over`): what it took.
-    taken_over: Option<TakenOver>,
-    /// Holds the namespace while the clone is attached.
-    ns: NetNs,
-    /// Where its namespace's name and TAP are taken away.
-    devices: Arc<dyn Devices>,
-}
-
-impl From<CloneNsError> for DaemonError {
-    fn from(e: CloneNsError) -> DaemonError {
-        match e {
-            CloneNsError::Tap(e) => DaemonError::Tap(e),
-            CloneNsError::Netlink(e) => DaemonError::Netlink(e),
-            CloneNsError::Firewall(e) => DaemonError::Firewall(e),
-            other => DaemonError::HostSetup(other.to_string()),
-        }
-    }
-}
 
 impl Daemon {
     /// Attaches a clone of `of` on `network` (up already).
@@ -323,20 +295,6 @@ pub(super) fn clone_guard(mut guard: PortGuard, guest: Option<Ipv4Addr>) -> Port
     guard
 }
 
-impl Drop for CloneState {
-    fn drop(&mut self) {
-        self.dhcp.abort();
-        if let Some(path) = &self.mount
-            && let Err(e) = self.devices.unmount_namespace(path)
-        {
-            warn!(
-                "cannot remove a clone's namespace name {}: {e}",
-                path.display()
-            );
-        }
-    }
-}
-
 impl Daemon {
     /// A clone whose attach fails after it was carried out (its published
     /// ports refused) gives back the lease it took over: it never ran.
@@ -370,40 +328,5 @@ impl Daemon {
                 );
             }
         }
-    }
-}
-
-impl CloneState {
-    /// Deletes its TAP, at detach.
-    pub async fn delete_tap(&self) {
-        if let Err(e) = self
-            .devices
-            .delete_clone_tap(&self.ns, self.guest.tap_name())
-            .await
-        {
-            warn!(
-                tap = self.guest.tap_name(),
-                "cannot delete a clone's TAP: {e}"
-            );
-        }
-    }
-
-    /// Where a VMM's helper (root) finds the namespace, whatever mount
-    /// namespace it is in: through the daemon's own root, in which the
-    /// name was mounted. (A systemd unit's daemon, or one started by `ip
-    /// netns exec`, has a mount namespace of its own, whose mounts the
-    /// rest of the host does not see.)
-    pub fn netns_path(&self) -> Option<PathBuf> {
-        let mount = self.mount.as_ref()?;
-        Some(PathBuf::from(format!(
-            "/proc/{}/root{}",
-            std::process::id(),
-            mount.display()
-        )))
-    }
-
-    /// The guest's address, when the clone holds it on the network.
-    pub fn held_address(&self) -> Option<Ipv4Addr> {
-        self.taken_over.as_ref().map(|_| self.guest.ip)
     }
 }

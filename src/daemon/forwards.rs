@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
-use super::state::{Client, Daemon, DaemonError};
+use super::client::Client;
+use super::errors::DaemonError;
+use super::interface::Published;
+use super::state::Daemon;
 use crate::api::{AttachRequest, ForwardOrigin, ForwardRequest, ForwardStatus, Response};
 use crate::config::{ForwardTarget, NetworkConfig};
 use crate::forward::PortForward;
@@ -24,13 +27,6 @@ use crate::leases::Claimant;
 use crate::types::InterfaceId;
 
 const UNPRIVILEGED_PORT_START: &str = "/proc/sys/net/ipv4/ip_unprivileged_port_start";
-
-/// A forward an attached interface has.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Published {
-    pub forward: PortForward,
-    pub origin: ForwardOrigin,
-}
 
 /// Another interface's forward, as the clash check sees it.
 pub struct Holder<'a> {

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::state::{Daemon, Interface, shown_ip};
+use super::interface::{Interface, shown_ip};
+use super::state::Daemon;
 use crate::addr6;
 use crate::config::NetworkConfig;
 use crate::host::guard::{Ipv4Source, PortGuard};

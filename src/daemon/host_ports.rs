@@ -8,18 +8,20 @@
 //! daemon.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io;
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use super::rootless::HostSide;
-use super::state::DaemonError;
+use super::errors::DaemonError;
+use crate::api::Channel;
 use crate::forward::{PortForward, Protocol};
 use crate::host::firewall::ForwardRule;
 
@@ -34,6 +36,55 @@ const UDP_PEERS: usize = 1024;
 const TCP_CONNECTIONS: usize = 4096;
 /// How long a relay pauses after its host socket fails, rather than spin.
 const ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// What the daemon asks of the supervisor.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum HostRequest {
+    /// A socket listening (TCP) or bound (UDP) on the host for `forward`'s
+    /// host side.
+    Listen(PortForward),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum HostReply {
+    /// The socket comes with it.
+    Listening,
+    Refused {
+        message: String,
+    },
+}
+
+/// The daemon's side of the supervisor: the host's ports, asked for.
+pub struct HostSide {
+    channel: std::sync::Mutex<Channel>,
+}
+
+impl HostSide {
+    /// Over `channel`, the supervisor's end of which answers.
+    pub fn new(channel: Channel) -> HostSide {
+        HostSide {
+            channel: std::sync::Mutex::new(channel),
+        }
+    }
+
+    /// A socket on the host for `forward`'s host side, or why there is none
+    /// (a privileged port, one another program holds).
+    ///
+    /// A blocking round trip on a socketpair to a process that answers at
+    /// once (one bind), taken while the daemon decides a forward.
+    pub fn listen(&self, forward: &PortForward) -> Result<OwnedFd, String> {
+        let channel = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        let gone = |e: io::Error| format!("the rootless supervisor is gone ({e})");
+        channel
+            .send(&HostRequest::Listen(*forward), &[])
+            .map_err(gone)?;
+        match channel.recv::<HostReply>().map_err(gone)? {
+            Some((HostReply::Listening, mut fds)) if fds.len() == 1 => Ok(fds.remove(0)),
+            Some((HostReply::Refused { message }, _)) => Err(message),
+            _ => Err("the rootless supervisor answered out of turn".into()),
+        }
+    }
+}
 
 pub(super) struct HostPorts {
     side: HostSide,

@@ -14,8 +14,10 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use super::client::Client;
 use super::drivers::TowardVm;
-use super::state::{Client, Daemon, DaemonError};
+use super::errors::DaemonError;
+use super::state::Daemon;
 use crate::host::packet::{self, Seen};
 use crate::services::snoop::{self, Acked};
 use crate::types::InterfaceId;
@@ -28,7 +30,7 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, any_lan: bool) -> Option<JoinHandle<()>
     if !any_lan {
         return None;
     }
-    let fd = match packet::dhcp_replies().and_then(super::server::register) {
+    let fd = match packet::dhcp_replies().and_then(super::sockets::register) {
         Ok(fd) => fd,
         Err(e) => {
             warn!(

@@ -14,13 +14,17 @@
 
 mod adoption;
 mod attach;
+mod client;
 mod clones;
 mod coexist;
 mod drivers;
+mod errors;
+mod forwarding;
 mod forwards;
 mod guarding;
 mod holder;
 mod host_ports;
+mod interface;
 mod learning;
 mod leftovers;
 mod network_sockets;
@@ -30,6 +34,8 @@ pub mod rootless;
 #[cfg(test)]
 mod scenarios;
 mod server;
+mod sessions;
+mod sockets;
 mod state;
 mod tap_watch;
 mod watch;

@@ -33,13 +33,11 @@ use tokio::io::unix::AsyncFd;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::server::{Sessions, accept_next, bind_unix, identify, register};
-use crate::api::{AttachRequest, Request};
+use super::sessions::Sessions;
+use super::sockets::{accept_next, bind_unix, identify, register};
 use crate::budget::RateLimit;
-use crate::config::{Allow, DEFAULT_NETWORK, NetworkConfig};
-use crate::datapath::Datapath;
+use crate::config::{Allow, NetworkConfig};
 use crate::host::privileges;
-use crate::types;
 
 /// The executable started per connection, next to the daemon's.
 const RELAY: &str = "linnet-relay";
@@ -110,48 +108,6 @@ impl SocketAccess {
             },
         }
     }
-}
-
-/// What the API connection of a network socket's relay may ask: its VM's
-/// port and what any local user may see; no forwards or policies (a relay
-/// runs as its VM's user, or for root's VM as a uid of its own).
-pub fn relay_may(request: &Request) -> bool {
-    matches!(
-        request,
-        Request::Attach(_) | Request::Counters { .. } | Request::Detach { .. } | Request::List
-    )
-}
-
-/// Why the relay of a connection to `bound`'s socket may not make this
-/// attach, if it may not: one stream interface on its network, with its
-/// VM's MAC and the id that follows from it, and nothing else.
-pub fn attach_refusal(bound: &str, req: &AttachRequest) -> Option<String> {
-    let network = req.network.as_deref().unwrap_or(DEFAULT_NETWORK);
-    if network != bound {
-        return Some(format!("may not attach to network \"{network}\""));
-    }
-    if req.datapath != Some(Datapath::Stream)
-        || !req.publish.is_empty()
-        || req.name.is_some()
-        || req.policy.is_some()
-        || req.clone_of.is_some()
-    {
-        return Some(
-            "attaches only its stream interface, with no name, published ports, policy or clone"
-                .into(),
-        );
-    }
-    let Some(mac) = req.mac else {
-        return Some("attaches with its VM's MAC".into());
-    };
-    // The id follows from the MAC: a VM coming back takes up its lease, and
-    // no relay picks another's id.
-    if req.interface_id != Some(types::socket_interface_id(bound, mac)) {
-        return Some(format!(
-            "attaches with the interface id of MAC {mac} on network \"{bound}\""
-        ));
-    }
-    None
 }
 
 /// The uids of root's relays that are in use: each live relay its own.
@@ -637,105 +593,6 @@ fn start_relay(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_relay_may_attach_report_detach_and_list_only() {
-        let parse = |json: &str| serde_json::from_str::<Request>(json).unwrap();
-        for allowed in [
-            r#"{"op": "attach", "network": "shared", "datapath": "stream"}"#,
-            r#"{"op": "detach", "interface_id": "11111111-2222-4333-8444-555555555555"}"#,
-            r#"{"op": "list"}"#,
-        ] {
-            assert!(relay_may(&parse(allowed)), "{allowed}");
-        }
-        assert!(relay_may(&Request::Counters {
-            interface_id: crate::types::InterfaceId::new_v4(),
-            counters: Default::default(),
-        }));
-        for refused in [
-            r#"{"op": "forward_add", "network": "shared", "name": "web", "forward": "8080:80"}"#,
-            r#"{"op": "forward_remove", "network": "shared", "name": "web", "forward": "8080:80"}"#,
-            r#"{"op": "policy_set", "network": "shared", "name": "web", "policy": {}}"#,
-            r#"{"op": "forward_list"}"#,
-            r#"{"op": "doctor"}"#,
-        ] {
-            assert!(!relay_may(&parse(refused)), "{refused}");
-        }
-    }
-
-    #[test]
-    fn a_relay_attaches_its_vm_with_the_id_of_its_mac_and_nothing_more() {
-        let mac: crate::types::MacAddr = "52:55:55:00:00:01".parse().unwrap();
-        let good = AttachRequest {
-            network: Some("shared".into()),
-            interface_id: Some(types::socket_interface_id("shared", mac)),
-            mac: Some(mac),
-            datapath: Some(Datapath::Stream),
-            ..AttachRequest::default()
-        };
-        assert_eq!(attach_refusal("shared", &good), None);
-        let refusal = |req: AttachRequest| attach_refusal("shared", &req).unwrap();
-        assert!(
-            refusal(AttachRequest {
-                network: Some("host".into()),
-                ..good.clone()
-            })
-            .contains("may not attach to network \"host\"")
-        );
-        // No network is the default one, which is this one.
-        assert_eq!(
-            attach_refusal(
-                "shared",
-                &AttachRequest {
-                    network: None,
-                    ..good.clone()
-                }
-            ),
-            None
-        );
-        for bad in [
-            AttachRequest {
-                datapath: Some(Datapath::Tap),
-                ..good.clone()
-            },
-            AttachRequest {
-                name: Some("web".into()),
-                ..good.clone()
-            },
-            AttachRequest {
-                publish: vec!["8080:80".parse().unwrap()],
-                ..good.clone()
-            },
-            AttachRequest {
-                policy: Some(Default::default()),
-                ..good.clone()
-            },
-        ] {
-            assert!(refusal(bad).starts_with("attaches only its stream interface"));
-        }
-        assert_eq!(
-            refusal(AttachRequest {
-                mac: None,
-                ..good.clone()
-            }),
-            "attaches with its VM's MAC"
-        );
-        // Another user's VM's id, or a made-up one.
-        let other: crate::types::MacAddr = "52:55:55:00:00:02".parse().unwrap();
-        for id in [
-            Some(types::socket_interface_id("shared", other)),
-            Some(crate::types::InterfaceId::new_v4()),
-            None,
-        ] {
-            assert!(
-                refusal(AttachRequest {
-                    interface_id: id,
-                    ..good.clone()
-                })
-                .starts_with("attaches with the interface id of MAC 52:55:55:00:00:01")
-            );
-        }
-    }
 
     #[test]
     fn a_socket_goes_only_where_root_alone_changes_entries() {

@@ -7,8 +7,10 @@ use std::net::IpAddr;
 
 use tracing::info;
 
+use super::client::Client;
+use super::errors::DaemonError;
 use super::guarding::port_guard;
-use super::state::{Client, Daemon, DaemonError};
+use super::state::Daemon;
 use crate::api::{InterfaceRef, PolicySetRequest, Response};
 use crate::config::NetworkConfig;
 use crate::host::firewall::InterfacePolicy;

@@ -30,9 +30,9 @@ use anyhow::{Context, bail};
 use nix::sys::signal::{self, SigHandler, Signal};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType};
 use nix::unistd::{ForkResult, Pid};
-use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
+use super::host_ports::{HostReply, HostRequest, HostSide};
 use super::server::{Options, Placement};
 use crate::api::{Channel, SOCKET_NAME};
 use crate::forward::{PortForward, Protocol};
@@ -54,48 +54,6 @@ const MAPPED: &str = "mapped";
 const MAP_SELF: &str = "map yourself";
 const READY: &str = "ready";
 const GO: &str = "go";
-
-/// What the daemon asks of the supervisor.
-#[derive(Debug, Serialize, Deserialize)]
-pub enum HostRequest {
-    /// A socket listening (TCP) or bound (UDP) on the host for `forward`'s
-    /// host side.
-    Listen(PortForward),
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum HostReply {
-    /// The socket comes with it.
-    Listening,
-    Refused {
-        message: String,
-    },
-}
-
-/// The daemon's side of the supervisor: the host's ports, asked for.
-pub struct HostSide {
-    channel: std::sync::Mutex<Channel>,
-}
-
-impl HostSide {
-    /// A socket on the host for `forward`'s host side, or why there is none
-    /// (a privileged port, one another program holds).
-    ///
-    /// A blocking round trip on a socketpair to a process that answers at
-    /// once (one bind), taken while the daemon decides a forward.
-    pub fn listen(&self, forward: &PortForward) -> Result<OwnedFd, String> {
-        let channel = self.channel.lock().unwrap_or_else(|p| p.into_inner());
-        let gone = |e: io::Error| format!("the rootless supervisor is gone ({e})");
-        channel
-            .send(&HostRequest::Listen(*forward), &[])
-            .map_err(gone)?;
-        match channel.recv::<HostReply>().map_err(gone)? {
-            Some((HostReply::Listening, mut fds)) if fds.len() == 1 => Ok(fds.remove(0)),
-            Some((HostReply::Refused { message }, _)) => Err(message),
-            _ => Err("the rootless supervisor answered out of turn".into()),
-        }
-    }
-}
 
 /// The daemon's pid, for the signal handler to pass signals on.
 static DAEMON_PID: AtomicI32 = AtomicI32::new(0);
@@ -191,9 +149,7 @@ fn inside(mut opts: Options, channel: Channel, supervisor: Pid) -> anyhow::Resul
         Some((word, _)) if word == GO => {}
         _ => bail!("the rootless supervisor gave up before the namespace had a way out"),
     }
-    opts.placement = Placement::Rootless(HostSide {
-        channel: std::sync::Mutex::new(channel),
-    });
+    opts.placement = Placement::Rootless(HostSide::new(channel));
     let pid_file = opts.run_dir.join(PID_FILE);
     let served = super::server::run(opts);
     // The supervisor wrote it, and may be gone.

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::state::{Client, Daemon, DaemonError};
+use super::client::Client;
+use super::errors::DaemonError;
+use super::state::Daemon;
 use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
 use crate::config::Config;
 use crate::datapath::Datapath;

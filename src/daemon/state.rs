@@ -13,210 +13,34 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use thiserror::Error;
 use tracing::{info, warn};
 
 use super::attach::{self, AttachPlan, Done};
-use super::clones::CloneState;
+use super::client::Client;
 use super::coexist::HostView;
-use super::drivers::{ActiveNetwork, PortRequest, dns_servers};
-use super::forwards::{Forwards, Published};
+use super::drivers::{ActiveNetwork, PortRequest};
+use super::errors::DaemonError;
+use super::forwarding::{Forwarding, forwarding_needs};
+use super::forwards::Forwards;
 use super::guarding::Guard;
 use super::holder::Holder;
 use super::host_ports::HostPorts;
+use super::interface::TapAddresses;
+use super::interface::{CloneState, Interface, interface_info, shown_ip};
 use super::leftovers::Leftovers;
 use super::policies::check_policy_possible;
 use super::records::Records;
-use super::tap_watch::TapAddresses;
-use crate::addr6;
 use crate::api::{
-    AttachRequest, ErrorKind, InterfaceInfo, InterfaceRef, InterfaceStatus, NetworkStatus, Response,
+    AttachRequest, InterfaceInfo, InterfaceRef, InterfaceStatus, NetworkStatus, Response,
 };
 use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig};
 use crate::datapath::{Datapath, RelayCounters};
+use crate::host::ALIAS_INTERFACE;
 use crate::host::firewall;
 use crate::host::guard::PortGuard;
-use crate::host::netlink::NetlinkError;
-use crate::host::nft::NftError;
-use crate::host::process::Process;
-use crate::host::seam::{Devices, Host, Links};
-use crate::host::tap::TapError;
-use crate::host::{ALIAS_INTERFACE, sysctl};
-use crate::leases::{Claimant, LeaseError};
-use crate::policy::Policy;
-use crate::services::{ServiceError, Starter, unix_now};
+use crate::host::seam::{Host, Links};
+use crate::services::{Starter, unix_now};
 use crate::types::{self, InterfaceId, MacAddr};
-
-#[derive(Debug, Error)]
-pub enum DaemonError {
-    #[error("{0}")]
-    BadRequest(String),
-    #[error("unknown network \"{name}\"; known networks: {known} (add it to {file})")]
-    UnknownNetwork {
-        name: String,
-        known: String,
-        file: String,
-    },
-    #[error(
-        "uid {uid} may not attach to network \"{network}\": it allows {allow}; add the user to networks.{network}.allow or to one of those groups"
-    )]
-    NotAllowed {
-        uid: u32,
-        network: String,
-        allow: String,
-    },
-    #[error("{0}")]
-    Forbidden(String),
-    #[error("{0}")]
-    Busy(String),
-    #[error("{0}")]
-    Conflict(String),
-    #[error(transparent)]
-    Lease(#[from] LeaseError),
-    #[error(transparent)]
-    Tap(#[from] TapError),
-    #[error(transparent)]
-    Netlink(#[from] NetlinkError),
-    #[error(transparent)]
-    Firewall(#[from] NftError),
-    #[error(transparent)]
-    Service(#[from] ServiceError),
-    #[error("{0}")]
-    HostSetup(String),
-    #[error("{0}")]
-    Internal(String),
-}
-
-impl DaemonError {
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            DaemonError::BadRequest(_) => ErrorKind::BadRequest,
-            DaemonError::UnknownNetwork { .. } => ErrorKind::UnknownNetwork,
-            DaemonError::NotAllowed { .. }
-            | DaemonError::Forbidden(_)
-            | DaemonError::Lease(LeaseError::NotYours { .. }) => ErrorKind::NotAllowed,
-            DaemonError::Busy(_) => ErrorKind::Busy,
-            DaemonError::Conflict(_) | DaemonError::Lease(_) => ErrorKind::Conflict,
-            DaemonError::Tap(_)
-            | DaemonError::Netlink(_)
-            | DaemonError::Firewall(_)
-            | DaemonError::Service(_)
-            | DaemonError::HostSetup(_) => ErrorKind::HostSetup,
-            DaemonError::Internal(_) => ErrorKind::Internal,
-        }
-    }
-
-    pub fn into_response(self) -> Response {
-        Response::Error {
-            kind: self.kind(),
-            message: self.to_string(),
-        }
-    }
-}
-
-/// A connected client, as the kernel identified it (SO_PEERCRED).
-#[derive(Debug, Clone)]
-pub struct Client {
-    pub id: u64,
-    pub pid: Option<i32>,
-    pub uid: u32,
-    pub gid: u32,
-    pub groups: Vec<u32>,
-    /// Its process as it was when it connected (pid and start time), which
-    /// a next daemon checks is still there.
-    pub process: Option<Process>,
-    /// The network whose socket the client came in on (through the relay
-    /// the daemon started for it): it may attach one stream interface
-    /// there and nothing else.
-    pub network_socket: Option<String>,
-}
-
-impl Client {
-    /// Who the client claims leases and kept forwards as. Root's say over
-    /// other users' interface ids, names and forwards is not for a network
-    /// socket's relay, even one of root's: its interface id follows from
-    /// the MAC the guest chose, and a guest may choose any.
-    pub fn claimant(&self) -> Claimant {
-        Claimant {
-            uid: self.uid,
-            overrides: self.uid == 0 && self.network_socket.is_none(),
-        }
-    }
-
-    /// What holds an interface this client attaches (`keep`: none, past
-    /// its connection).
-    pub(super) fn holder(&self, keep: bool) -> Holder {
-        match (keep, &self.network_socket) {
-            (true, _) => Holder::Kept {
-                rx: 0,
-                since: std::time::Instant::now(),
-            },
-            (false, Some(_)) => Holder::NetworkSocket {
-                connection: self.id,
-                process: self.process,
-            },
-            (false, None) => Holder::Client {
-                connection: self.id,
-                process: self.process,
-            },
-        }
-    }
-}
-
-pub(super) struct Interface {
-    pub(super) network: String,
-    pub(super) mac: MacAddr,
-    /// None on a network without DHCP when it has no static lease: the
-    /// guest sets its own address, which linnet does not know.
-    pub(super) ip: Option<Ipv4Addr>,
-    /// The name given at attach.
-    pub(super) name: Option<String>,
-    pub(super) tap: String,
-    pub(super) tap_index: u32,
-    /// Why its TAP was taken off the network, if it was.
-    pub(super) cut_off: Option<String>,
-    /// Who holds it, which decides when it goes.
-    pub(super) holder: Holder,
-    /// The user it was attached for (a kept one's attacher has gone by
-    /// design, and it is still theirs).
-    pub(super) uid: u32,
-    pub(super) datapath: Datapath,
-    pub(super) relay: Option<RelayCounters>,
-    pub(super) forwards: Vec<Published>,
-    /// Whether it has elements in the guard table.
-    pub(super) guarded: bool,
-    pub(super) policy: Policy,
-    /// A clone's guest and namespace (`clones`): then `mac` and `ip` are
-    /// its namespace's on the network (its unique address), and `tap` its
-    /// veth port.
-    pub(super) as_clone: Option<CloneState>,
-    /// What its client re-claims it with after a daemon restart.
-    pub(super) token: String,
-    /// The MAC linnet gave its port's host side.
-    pub(super) port_mac: MacAddr,
-}
-
-impl Interface {
-    /// Its client's pid (none when kept past its connection).
-    pub(super) fn pid(&self) -> Option<i32> {
-        self.holder.process().map(|p| p.pid)
-    }
-
-    /// Whether it outlives this daemon, for a next one to adopt: not a
-    /// clone (its namespace is this daemon's) nor a network socket's (its
-    /// relay ends with this daemon).
-    pub(super) fn outlives_daemon(&self) -> bool {
-        self.as_clone.is_none() && !matches!(self.holder, Holder::NetworkSocket { .. })
-    }
-
-    /// Its SLAAC address; none for a clone, whose IPv6 is not NATed.
-    pub(super) fn ipv6_address(&self, cfg: &NetworkConfig) -> Option<std::net::Ipv6Addr> {
-        cfg.ipv6
-            .as_ref()
-            .filter(|_| self.as_clone.is_none())
-            .map(|v6| addr6::slaac_address(v6.prefix, self.mac))
-    }
-}
 
 pub struct Daemon {
     pub(super) config: Config,
@@ -418,7 +242,7 @@ impl Daemon {
                 "the relay of a connection to network \"{bound}\"'s socket {why}"
             )))
         };
-        if let Some(why) = super::network_sockets::attach_refusal(bound, req) {
+        if let Some(why) = super::client::attach_refusal(bound, req) {
             return refuse(&why);
         }
         if self.interfaces.values().any(|i| i.holder.is(client.id)) {
@@ -1116,138 +940,9 @@ impl Daemon {
     }
 }
 
-/// IP forwarding, which linnet's NAT and forwards need: turned on where it
-/// is off when a network needs it, and put back as it was when none does.
-/// Only this part changes it. What it changed is kept in a file, so that a
-/// daemon that stops with VMs attached (or is killed) leaves it to the next
-/// one to put back.
-#[derive(Default, serde::Serialize, serde::Deserialize)]
-pub(super) struct Forwarding {
-    /// Whether linnet turned IPv4 forwarding on (and so turns it off).
-    enabled4: bool,
-    /// What it changed to turn IPv6 forwarding on (to put back).
-    changed6: Option<sysctl::Ipv6Forwarding>,
-    /// Where that is kept for a daemon after this one (`open`).
-    #[serde(skip)]
-    file: Option<PathBuf>,
-}
-
-impl Forwarding {
-    /// Turns on the forwarding the networks need where it is off now, and
-    /// records what that changed. Returns the families it turned on.
-    pub fn turn_on(
-        &mut self,
-        devices: &dyn Devices,
-        needs4: bool,
-        needs6: bool,
-    ) -> Result<Vec<&'static str>, DaemonError> {
-        let failed = |family: &str, e: std::io::Error| {
-            DaemonError::Internal(format!("cannot enable {family} forwarding: {e}"))
-        };
-        let mut turned = Vec::new();
-        if needs4 && !devices.forwarding_on(false) {
-            devices
-                .enable_ipv4_forwarding()
-                .map_err(|e| failed("IPv4", e))?;
-            self.enabled4 = true;
-            turned.push("IPv4");
-        }
-        if needs6 && !devices.forwarding_on(true) {
-            let changed = devices
-                .enable_ipv6_forwarding()
-                .map_err(|e| failed("IPv6", e))?;
-            match &mut self.changed6 {
-                Some(before) => before.merge(changed),
-                None => self.changed6 = Some(changed),
-            }
-            turned.push("IPv6");
-        }
-        if !turned.is_empty() {
-            self.remember();
-        }
-        Ok(turned)
-    }
-
-    /// Takes on what an earlier daemon changed and did not put back (it
-    /// stopped with VMs attached, or was killed), and keeps what this one
-    /// changes in the same file from now on.
-    pub fn open(&mut self, run_dir: &std::path::Path) {
-        // In the run dir: the sysctls it describes do not outlive the
-        // machine's stop either.
-        let path = run_dir.join(FORWARDING_FILE);
-        if let Ok(text) = std::fs::read(&path) {
-            match serde_json::from_slice(&text) {
-                Ok(was) => *self = was,
-                Err(e) => warn!(
-                    "cannot read {}: {e}; forwarding stays as it is",
-                    path.display()
-                ),
-            }
-        }
-        self.file = Some(path);
-    }
-
-    /// Writes down what is changed now (nothing: no file).
-    fn remember(&self) {
-        let Some(path) = &self.file else {
-            return;
-        };
-        let written = if !self.enabled4 && self.changed6.is_none() {
-            std::fs::remove_file(path).or_else(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => Ok(()),
-                _ => Err(e),
-            })
-        } else {
-            crate::files::write_atomically(path, &serde_json::to_vec(self).expect("serializes"))
-        };
-        if let Err(e) = written {
-            warn!(
-                "cannot keep {}: {e}; a daemon after this one may not put forwarding back",
-                path.display()
-            );
-        }
-    }
-
-    /// Puts back what `turn_on` changed for a family no network needs now.
-    pub fn turn_off_unneeded(&mut self, devices: &dyn Devices, needs4: bool, needs6: bool) {
-        let mut restored = false;
-        if !needs4 && self.enabled4 {
-            if let Err(e) = devices.disable_ipv4_forwarding() {
-                warn!("cannot restore IPv4 forwarding to off: {e}");
-            }
-            self.enabled4 = false;
-            restored = true;
-        }
-        if !needs6 && let Some(changed) = self.changed6.take() {
-            if let Err(e) = devices.disable_ipv6_forwarding(&changed) {
-                warn!("cannot restore IPv6 forwarding to off: {e}");
-            }
-            restored = true;
-        }
-        if restored {
-            self.remember();
-        }
-    }
-}
-
-/// What linnet changed of IP forwarding and has not put back yet.
-const FORWARDING_FILE: &str = "forwarding.json";
-
 /// How many interfaces leaving at once make the daemon give freed memory
 /// back to the system.
 const MANY_AT_ONCE: usize = 16;
-
-/// Whether the networks need IPv4 and IPv6 forwarding.
-fn forwarding_needs(rules: &[firewall::FirewallNetwork]) -> (bool, bool) {
-    let forwards4 = rules.iter().any(|r| !r.forwards.is_empty());
-    let forwards6 = rules
-        .iter()
-        .any(|r| r.forwards.iter().any(|f| f.covers_ipv6()));
-    (
-        forwards4 || rules.iter().any(|r| r.nat44),
-        forwards6 || rules.iter().any(|r| r.nat66),
-    )
-}
 
 impl Daemon {
     pub(super) fn forwarding_needs(&self) -> (bool, bool) {
@@ -1264,62 +959,6 @@ impl Daemon {
             .values()
             .filter_map(|n| n.firewall(self.forward_rules(&n.config), self.policies(&n.config)))
             .collect()
-    }
-}
-
-fn interface_info(
-    net: &ActiveNetwork,
-    id: InterfaceId,
-    (mac, ip, name): (MacAddr, Option<Ipv4Addr>, Option<String>),
-    tap: &str,
-    datapath: Datapath,
-    policy: &Policy,
-) -> InterfaceInfo {
-    let cfg = &net.config;
-    let v6 = cfg.ipv6.as_ref();
-    let ours = cfg.lan.is_none();
-    let mtu = net.mtu();
-    InterfaceInfo {
-        vmnet_interface_id: id,
-        vmnet_mac_address: mac,
-        vmnet_mtu: mtu,
-        vmnet_max_packet_size: mtu + 14,
-        vmnet_start_address: ours.then_some(cfg.dhcp.range_start),
-        vmnet_end_address: ours.then_some(cfg.dhcp.range_end),
-        vmnet_subnet_mask: ours.then_some(cfg.subnet.netmask()),
-        vmnet_nat66_prefix: v6.filter(|v6| v6.nat66).map(|v6| v6.prefix.network()),
-        network: cfg.name.clone(),
-        mode: cfg.mode,
-        datapath,
-        interface_id: id,
-        name,
-        mac_address: mac,
-        ip_address: ip,
-        gateway: ours.then_some(cfg.gateway),
-        dns: dns_servers(cfg),
-        domain: cfg.dns.domain.clone(),
-        subnet: ours.then_some(cfg.subnet),
-        ipv6_prefix: v6.map(|v6| v6.prefix),
-        ipv6_address: v6.map(|v6| addr6::slaac_address(v6.prefix, mac)),
-        gateway6: v6.map(|v6| v6.gateway),
-        tap: tap.into(),
-        mtu,
-        forwards: Vec::new(),
-        host_loopback: None,
-        clone_address: None,
-        netns: None,
-        policy: policy.clone(),
-        warnings: Vec::new(),
-    }
-}
-
-/// An interface's IPv4 address for logs: "none" without DHCP, and on a
-/// LAN until linnet has seen the LAN's DHCP server give it.
-pub(super) fn shown_ip(ip: Option<Ipv4Addr>, cfg: &NetworkConfig) -> String {
-    match ip {
-        Some(ip) => ip.to_string(),
-        None if cfg.lan.is_some() => "not known yet (the LAN's DHCP server gives it)".into(),
-        None => "none (no DHCP)".into(),
     }
 }
 

@@ -10,8 +10,7 @@
 //! the victim's frames in the moment before that. Lost notifications (an
 //! overrun) make it compare every TAP at once.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex as SyncMutex};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use rtnetlink::MulticastGroup;
@@ -21,31 +20,9 @@ use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 use tokio::sync::Mutex;
 use tracing::{error, warn};
 
+use super::interface::TapAddresses;
 use super::state::Daemon;
 use crate::types::MacAddr;
-
-/// Each attached TAP's MAC as it was at attach, by link index. Shared by
-/// the daemon (which records and forgets) and the watch (which compares),
-/// so the watch takes the daemon's lock only when a notification differs
-/// (the daemon then reads the link as it is now).
-#[derive(Clone, Default)]
-pub struct TapAddresses(Arc<SyncMutex<HashMap<u32, MacAddr>>>);
-
-impl TapAddresses {
-    pub fn record(&self, index: u32, mac: MacAddr) {
-        self.0.lock().expect("tap addresses").insert(index, mac);
-    }
-
-    pub fn forget(&self, index: u32) {
-        self.0.lock().expect("tap addresses").remove(&index);
-    }
-
-    /// The MAC recorded for `index` when `now` differs from it.
-    fn changed(&self, index: u32, now: MacAddr) -> Option<MacAddr> {
-        let known = self.0.lock().expect("tap addresses");
-        known.get(&index).copied().filter(|&was| was != now)
-    }
-}
 
 /// The index and MAC a link message carries, if it has both.
 fn link_address(msg: &LinkMessage) -> Option<(u32, MacAddr)> {

@@ -8,7 +8,7 @@ use tracing::info;
 
 use super::{NetworkDriver, TowardVm};
 use crate::config::NetworkConfig;
-use crate::daemon::state::DaemonError;
+use crate::daemon::errors::DaemonError;
 use crate::host::netlink::LinkKind;
 use crate::host::seam::Host;
 use crate::host::{self, ALIAS_NETWORK};

@@ -14,7 +14,7 @@ use tracing::info;
 use super::{NetworkDriver, TowardVm};
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::NetworkConfig;
-use crate::daemon::state::DaemonError;
+use crate::daemon::errors::DaemonError;
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::netlink::{LinkKind, LinkSettings};
 use crate::host::seam::{Host, Links};

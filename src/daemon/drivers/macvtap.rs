@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::{NetworkDriver, Port, PortRequest, TowardVm};
 use crate::config::{MacvtapMode, NetworkConfig};
-use crate::daemon::state::DaemonError;
+use crate::daemon::errors::DaemonError;
 use crate::host::guard::Hook;
 use crate::host::netlink::{LinkKind, LinkSettings};
 use crate::host::seam::Host;

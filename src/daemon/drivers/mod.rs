@@ -26,7 +26,7 @@ use tracing::debug;
 
 pub(super) use linnet_bridge::dns_servers;
 
-use super::state::DaemonError;
+use super::errors::DaemonError;
 use crate::config::{Lan, NetworkConfig};
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::guard::Hook;

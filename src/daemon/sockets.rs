@@ -1,0 +1,134 @@
+//! The daemon's unix sockets: binding, accepting (patiently when out of
+//! file descriptors), registering with tokio, and who is at the other end
+//! (SO_PEERCRED, SO_PEERGROUPS).
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr, sockopt};
+use tokio::io::unix::AsyncFd;
+use tracing::{info, warn};
+
+use super::client::Client;
+use crate::host::process::Process;
+
+/// How long accepting pauses when the daemon is out of file descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The next connection on `listener` (`socket` names it in logs). Out of
+/// file descriptors, or on any other failure, it waits a moment and tries
+/// again: the connection waits in the backlog, and spinning on it would
+/// only burn the CPU the others need. `waited` counts those waits across
+/// calls, for one line when they start and one when they end.
+pub(super) async fn accept_next(
+    listener: &AsyncFd<OwnedFd>,
+    socket: &str,
+    waited: &mut u64,
+) -> AsyncFd<OwnedFd> {
+    loop {
+        match accept(listener).await {
+            Ok(conn) => {
+                if *waited > 0 {
+                    info!(
+                        waited = *waited,
+                        "file descriptors free again: accepting on {socket}"
+                    );
+                    *waited = 0;
+                }
+                return conn;
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                if *waited == 0 {
+                    warn!(
+                        "out of file descriptors ({e}): new connections to {socket} wait until some close"
+                    );
+                }
+                *waited += 1;
+            }
+            Err(e) => warn!("accept on {socket} failed: {e}"),
+        }
+        tokio::time::sleep(ACCEPT_BACKOFF).await;
+    }
+}
+
+/// A unix socket of `kind` bound at `path`, close-on-exec and
+/// non-blocking; nobody can connect before the caller listens.
+pub(super) fn bind_unix(path: &Path, kind: SockType) -> anyhow::Result<OwnedFd> {
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        kind,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    let addr = UnixAddr::new(path)?;
+    socket::bind(fd.as_raw_fd(), &addr)
+        .with_context(|| format!("cannot bind {}", path.display()))?;
+    Ok(fd)
+}
+
+async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<AsyncFd<OwnedFd>> {
+    loop {
+        let mut ready = listener.readable().await?;
+        match ready.try_io(|fd| {
+            socket::accept4(
+                fd.as_raw_fd(),
+                SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            )
+            .map_err(io::Error::from)
+        }) {
+            Ok(Ok(raw)) => {
+                // SAFETY: accept4 returned a new descriptor that we now own.
+                let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+                return register(fd);
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Watches an fd we own exclusively (OwnedFd): nothing else can close it
+/// behind tokio's back, which is the safety condition of `register`.
+pub(super) fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: the OwnedFd moves into the AsyncFd and is closed only by it.
+    unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
+}
+
+/// Who is at the other end of `conn`, in the kernel's word (SO_PEERCRED,
+/// SO_PEERGROUPS): what they connected as, whatever they do since.
+pub(super) fn identify(conn: &AsyncFd<OwnedFd>, id: u64) -> io::Result<Client> {
+    let cred = socket::getsockopt(conn.get_ref(), sockopt::PeerCredentials)?;
+    Ok(Client {
+        id,
+        pid: (cred.pid() > 0).then_some(cred.pid()),
+        uid: cred.uid(),
+        gid: cred.gid(),
+        groups: peer_groups(conn.get_ref()).unwrap_or_else(|_| vec![cred.gid()]),
+        process: (cred.pid() > 0).then(|| Process::of(cred.pid())).flatten(),
+        network_socket: None,
+    })
+}
+
+/// The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13+).
+fn peer_groups(fd: &OwnedFd) -> io::Result<Vec<u32>> {
+    let mut groups = vec![0u32; 256];
+    let mut len = (groups.len() * 4) as libc::socklen_t;
+    // SAFETY: the buffer is `len` bytes long and outlives the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERGROUPS,
+            groups.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    groups.truncate(len as usize / 4);
+    Ok(groups)
+}
