@@ -77,6 +77,30 @@ fn host_network_reaches_the_host_and_peers_but_not_upstream() {
     assert_eq!(a.ip().octets()[..3], [192, 168, 106]);
     assert!(a.ping(&a.gateway()), "host-only guests reach the host");
     assert!(a.ping(&b.ip().to_string()), "and each other");
+    // A guest on shared beside them turns forwarding on, and upstream
+    // routes the host network back: were it not for linnet's rule, a host
+    // guest's packets would go out and their answers come back.
+    let s = world.guest("shared", &[]);
+    assert_eq!(s.udhcpc(), s.ip());
+    assert_eq!(
+        must(&mut world.host.cmd(&["cat", "/proc/sys/net/ipv4/ip_forward"])).trim(),
+        "1",
+        "forwarding is on"
+    );
+    world.route_back("192.168.106.0/24");
+    // The route back works: the host's own address on the host network
+    // hears upstream's answer.
+    must(&mut world.host.cmd(&[
+        "busybox",
+        "ping",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "-I",
+        &a.gateway(),
+        UPSTREAM_IP,
+    ]));
     // DHCP gives a host network no router; a guest that routes to the
     // gateway anyway must still not get out (the firewall stops it, not the
     // missing route).
@@ -85,7 +109,17 @@ fn host_network_reaches_the_host_and_peers_but_not_upstream() {
             .ns
             .cmd(&["ip", "route", "replace", "default", "via", &a.gateway()]),
     );
+    // What upstream's link carries meanwhile: the shared guest's datagram
+    // shows that the capture sees what gets out.
+    let capture = Capture::start(&world.upstream, "eth0", 3);
+    a.send_marker(UPSTREAM_IP, "LINNET-host");
+    s.send_marker(UPSTREAM_IP, "LINNET-shared");
     assert!(!a.ping(UPSTREAM_IP), "but not the outside");
+    assert_eq!(
+        capture.finish(),
+        vec!["LINNET-shared"],
+        "upstream's link carries the shared guest's datagram, never the host guest's"
+    );
     assert_eq!(
         a.fetch(&format!("http://{UPSTREAM_IP}/")),
         None,
