@@ -133,7 +133,12 @@ fn host_network_reaches_the_host_and_peers_but_not_upstream() {
 
 #[test]
 fn same_interface_id_keeps_mac_and_ip_across_detach_attach_and_daemon_restart() {
-    let mut world = World::new();
+    // Three addresses to hand out: once the others hold the rest, the
+    // detached interface's address is the only one not in use, and only its
+    // reservation keeps a newcomer from getting it.
+    let mut world = World::with_config(
+        "networks:\n  shared:\n    dhcp: { range: 192.168.105.2-192.168.105.4 }\n",
+    );
     world.start_daemon();
     let id = "4f0e5c2a-3d6b-4c1e-9a7f-1b2c3d4e5f60";
     let _other = world.guest("shared", &[]); // takes the first address
@@ -148,6 +153,16 @@ fn same_interface_id_keeps_mac_and_ip_across_detach_attach_and_daemon_restart() 
         ip,
         "a detached interface keeps its reservation for lease_time"
     );
+    // The squatter took the last address never handed out: a second
+    // newcomer could only have the reserved one, and is refused.
+    let refused = world
+        .try_guest_via("shared", Via::Tap, &[])
+        .err()
+        .expect("no address is left for a newcomer");
+    assert!(
+        refused.contains("no free address left in 192.168.105.2-192.168.105.4"),
+        "{refused}"
+    );
     let again = world.guest("shared", &["--interface-id", id]);
     assert_eq!(
         (again.mac(), again.ip()),
@@ -159,6 +174,13 @@ fn same_interface_id_keeps_mac_and_ip_across_detach_attach_and_daemon_restart() 
     drop(_other);
     world.stop_daemon();
     world.start_daemon();
+    // The reservations outlive the daemon: all three addresses are still
+    // held for the interfaces that left, so a newcomer is refused again.
+    let refused = world
+        .try_guest_via("shared", Via::Tap, &[])
+        .err()
+        .expect("the reservations survive a restart");
+    assert!(refused.contains("no free address left"), "{refused}");
     let after_restart = world.guest("shared", &["--interface-id", id]);
     assert_eq!(
         (after_restart.mac(), after_restart.ip()),
