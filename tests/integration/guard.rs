@@ -30,7 +30,12 @@ pub(crate) const SPOOFS: [&str; 15] = [
 ];
 
 pub(crate) fn ready(world: &World, extra: &[&str]) -> Guest {
-    let g = world.guest("shared", extra);
+    ready_on(world, "shared", extra)
+}
+
+/// A guest on `network` with its DHCP lease and SLAAC address.
+pub(crate) fn ready_on(world: &World, network: &str, extra: &[&str]) -> Guest {
+    let g = world.guest(network, extra);
     assert_eq!(g.udhcpc(), g.ip());
     assert_eq!(g.slaac_addresses(), vec![g.ipv6()]);
     g
@@ -237,28 +242,44 @@ fn without_anti_spoofing_the_same_frames_get_through() {
 
 #[test]
 fn isolated_guests_reach_gateway_and_upstream_but_not_each_other() {
-    let mut world = World::with_config("networks:\n  shared:\n    isolation: true\n");
+    // Beside the isolated network, "open" is one that is not: its guests
+    // pass the very probes the isolated ones fail, so those fail for
+    // isolation, not because they could never succeed.
+    let mut world = World::with_config(
+        "networks:\n  shared:\n    isolation: true\n  open:\n    subnet: 192.168.107.0/24\n",
+    );
     world.start_daemon();
     let a = ready(&world, &[]);
     let b = ready(&world, &[]);
+    let c = ready_on(&world, "open", &[]);
+    let d = ready_on(&world, "open", &[]);
     for g in [&a, &b] {
         assert!(g.ping(&g.gateway()) && g.ping(&g.gateway6()));
         g.assert_reaches_upstream("an isolated guest");
     }
+    assert!(c.ping(&d.ip().to_string()), "IPv4 between open guests");
+    assert!(c.ping(&d.ipv6()), "IPv6 between open guests");
     assert!(
         !a.ping(&b.ip().to_string()),
         "no IPv4 between isolated guests"
     );
     assert!(!a.ping(&b.ipv6()), "no IPv6 between isolated guests");
-    // Not through the gateway either (routed, L3).
-    must(&mut a.ns.cmd(&[
-        "ip",
-        "route",
-        "add",
-        &format!("{}/32", b.ip()),
-        "via",
-        &a.gateway(),
-    ]));
+    // Not through the gateway either (routed, L3), both ways, so that an
+    // answer would come back the way the question went.
+    for (from, to) in [(&a, &b), (&b, &a), (&c, &d), (&d, &c)] {
+        must(&mut from.ns.cmd(&[
+            "ip",
+            "route",
+            "add",
+            &format!("{}/32", to.ip()),
+            "via",
+            &from.gateway(),
+        ]));
+    }
+    assert!(
+        c.ping(&d.ip().to_string()),
+        "open guests routed through the gateway"
+    );
     assert!(
         !a.ping(&b.ip().to_string()),
         "nor routed through the gateway"
