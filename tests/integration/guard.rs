@@ -395,6 +395,14 @@ fn fragmented_dhcp_requests_for_made_up_macs_drain_nothing() {
     world.start_daemon();
     let attacker = ready(&world, &[]);
     let script = repo_file("tests/spoof.py");
+    let offers_to_attacker = || {
+        world
+            .daemon_log_text()
+            .lines()
+            .filter(|l| l.contains("DHCPOFFER") && l.contains(&attacker.mac()))
+            .count()
+    };
+    let offered_before = offers_to_attacker();
     let made_up: Vec<String> = (0..20).map(|n| format!("52:54:00:aa:00:{n:02x}")).collect();
     for chaddr in &made_up {
         must(&mut attacker.ns.cmd(&[
@@ -411,7 +419,24 @@ fn fragmented_dhcp_requests_for_made_up_macs_drain_nothing() {
     // Each first fragment is dropped (and counted); a second fragment alone
     // is nothing the host can reassemble.
     assert_eq!(spoofed_drops(&world, &attacker), Some(made_up.len() as u64));
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Then the same sender's DISCOVER in one piece, for its own MAC: the
+    // DHCP server answers it. It went the fragments' way after them, so
+    // had any of them got through, the server would have seen it first
+    // (and logged its MAC, even to ignore it).
+    must(&mut attacker.ns.cmd(&[
+        "python3",
+        &script,
+        "send",
+        "eth0",
+        "dhcp-discover",
+        &format!("mac={}", attacker.mac()),
+        &format!("ip={}", attacker.ip()),
+    ]));
+    wait_for(
+        "the offer for the whole DISCOVER",
+        std::time::Duration::from_secs(5),
+        || (offers_to_attacker() > offered_before).then_some(()),
+    );
     let leases = std::fs::read_to_string(world.state_dir().join("leases/shared.json")).unwrap();
     for chaddr in &made_up {
         assert!(
