@@ -11,7 +11,8 @@
       IPv4/IPv6), other_ip, other_mac, other_ip6 (someone else's), chaddr
       (dhcp-frag's made-up MAC), count (send it this many times).
   spoof.py capture IFACE SECONDS
-      prints the markers of the frames IFACE receives meanwhile.
+      prints the markers of the frames IFACE receives (or sends)
+      meanwhile; SIGTERM ends it early, printing what it saw so far.
 
 Kinds: honest (UDP broadcast to port 9999), honest-8000 (to port 8000),
 honest6 (UDP to ff02::1 port 9999, from its link-local address),
@@ -34,6 +35,7 @@ chaddr=CHADDR). Checksums
 are right, so a frame that got through would be acted upon (neighbour
 caches, SLAAC, DHCP clients).
 """
+import signal
 import socket
 import struct
 import sys
@@ -229,7 +231,9 @@ def capture(iface, seconds):
     print("capturing", flush=True)
     seen = set()
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    stopped = []
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    while time.monotonic() < end and not stopped:
         try:
             data = s.recv(65535)
         except socket.timeout:

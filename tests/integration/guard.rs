@@ -30,7 +30,12 @@ pub(crate) const SPOOFS: [&str; 15] = [
 ];
 
 pub(crate) fn ready(world: &World, extra: &[&str]) -> Guest {
-    let g = world.guest("shared", extra);
+    ready_on(world, "shared", extra)
+}
+
+/// A guest on `network` with its DHCP lease and SLAAC address.
+pub(crate) fn ready_on(world: &World, network: &str, extra: &[&str]) -> Guest {
+    let g = world.guest(network, extra);
     assert_eq!(g.udhcpc(), g.ip());
     assert_eq!(g.slaac_addresses(), vec![g.ipv6()]);
     g
@@ -237,28 +242,44 @@ fn without_anti_spoofing_the_same_frames_get_through() {
 
 #[test]
 fn isolated_guests_reach_gateway_and_upstream_but_not_each_other() {
-    let mut world = World::with_config("networks:\n  shared:\n    isolation: true\n");
+    // Beside the isolated network, "open" is one that is not: its guests
+    // pass the very probes the isolated ones fail, so those fail for
+    // isolation, not because they could never succeed.
+    let mut world = World::with_config(
+        "networks:\n  shared:\n    isolation: true\n  open:\n    subnet: 192.168.107.0/24\n",
+    );
     world.start_daemon();
     let a = ready(&world, &[]);
     let b = ready(&world, &[]);
+    let c = ready_on(&world, "open", &[]);
+    let d = ready_on(&world, "open", &[]);
     for g in [&a, &b] {
         assert!(g.ping(&g.gateway()) && g.ping(&g.gateway6()));
         g.assert_reaches_upstream("an isolated guest");
     }
+    assert!(c.ping(&d.ip().to_string()), "IPv4 between open guests");
+    assert!(c.ping(&d.ipv6()), "IPv6 between open guests");
     assert!(
         !a.ping(&b.ip().to_string()),
         "no IPv4 between isolated guests"
     );
     assert!(!a.ping(&b.ipv6()), "no IPv6 between isolated guests");
-    // Not through the gateway either (routed, L3).
-    must(&mut a.ns.cmd(&[
-        "ip",
-        "route",
-        "add",
-        &format!("{}/32", b.ip()),
-        "via",
-        &a.gateway(),
-    ]));
+    // Not through the gateway either (routed, L3), both ways, so that an
+    // answer would come back the way the question went.
+    for (from, to) in [(&a, &b), (&b, &a), (&c, &d), (&d, &c)] {
+        must(&mut from.ns.cmd(&[
+            "ip",
+            "route",
+            "add",
+            &format!("{}/32", to.ip()),
+            "via",
+            &from.gateway(),
+        ]));
+    }
+    assert!(
+        c.ping(&d.ip().to_string()),
+        "open guests routed through the gateway"
+    );
     assert!(
         !a.ping(&b.ip().to_string()),
         "nor routed through the gateway"
@@ -317,13 +338,16 @@ fn hostile_and_stalled_clients_do_not_hurt_the_daemon_or_others() {
     // for the stalled clients.
     let (info, _tap) = crate::api_attach(&api, "shared");
     assert_eq!(info["network"], "shared");
+    // An attach takes well under a second (the figure is printed); the
+    // ceiling is ten times that, for a loaded machine.
     let started = std::time::Instant::now();
     let other = crate::api_connect(&world);
     let (_, _tap2) = crate::api_attach(&other, "shared");
+    let took = started.elapsed();
+    eprintln!("attach beside stalled clients took {took:?}");
     assert!(
-        started.elapsed() < std::time::Duration::from_secs(1),
-        "stalled clients delayed an attach by {:?}",
-        started.elapsed()
+        took < std::time::Duration::from_secs(10),
+        "stalled clients delayed an attach by {took:?}"
     );
     must(&mut world.linnet(&["ls"]));
 }
@@ -374,6 +398,14 @@ fn fragmented_dhcp_requests_for_made_up_macs_drain_nothing() {
     world.start_daemon();
     let attacker = ready(&world, &[]);
     let script = repo_file("tests/spoof.py");
+    let offers_to_attacker = || {
+        world
+            .daemon_log_text()
+            .lines()
+            .filter(|l| l.contains("DHCPOFFER") && l.contains(&attacker.mac()))
+            .count()
+    };
+    let offered_before = offers_to_attacker();
     let made_up: Vec<String> = (0..20).map(|n| format!("52:54:00:aa:00:{n:02x}")).collect();
     for chaddr in &made_up {
         must(&mut attacker.ns.cmd(&[
@@ -390,7 +422,24 @@ fn fragmented_dhcp_requests_for_made_up_macs_drain_nothing() {
     // Each first fragment is dropped (and counted); a second fragment alone
     // is nothing the host can reassemble.
     assert_eq!(spoofed_drops(&world, &attacker), Some(made_up.len() as u64));
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Then the same sender's DISCOVER in one piece, for its own MAC: the
+    // DHCP server answers it. It went the fragments' way after them, so
+    // had any of them got through, the server would have seen it first
+    // (and logged its MAC, even to ignore it).
+    must(&mut attacker.ns.cmd(&[
+        "python3",
+        &script,
+        "send",
+        "eth0",
+        "dhcp-discover",
+        &format!("mac={}", attacker.mac()),
+        &format!("ip={}", attacker.ip()),
+    ]));
+    wait_for(
+        "the offer for the whole DISCOVER",
+        std::time::Duration::from_secs(5),
+        || (offers_to_attacker() > offered_before).then_some(()),
+    );
     let leases = std::fs::read_to_string(world.state_dir().join("leases/shared.json")).unwrap();
     for chaddr in &made_up {
         assert!(

@@ -353,6 +353,22 @@ impl World {
         server
     }
 
+    /// Upstream routes `prefix` (IPv4 or IPv6) back to the host, as a
+    /// router that knows the host's networks would: a packet from there
+    /// that got out gets its answer, so only linnet's rules can stop it.
+    pub fn route_back(&self, prefix: &str) {
+        let via = if prefix.contains(':') {
+            UPSTREAM_HOST_SIDE6
+        } else {
+            UPSTREAM_HOST_SIDE
+        };
+        must(
+            &mut self
+                .upstream
+                .cmd(&["ip", "route", "add", prefix, "via", via]),
+        );
+    }
+
     pub fn run_dir(&self) -> PathBuf {
         self.dir.path().join("run")
     }
@@ -832,6 +848,16 @@ impl Guest {
         );
     }
 
+    /// One UDP datagram to `to` port 9 (discard) carrying `marker` (a
+    /// "LINNET-…" word that `Capture` recognises), from the guest's own
+    /// stack and routes.
+    pub fn send_marker(&self, to: &str, marker: &str) {
+        let script = "import socket, sys\n\
+                      family = socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET\n\
+                      socket.socket(family, socket.SOCK_DGRAM).sendto(sys.argv[2].encode(), (sys.argv[1], 9))\n";
+        must(&mut self.ns.cmd(&["python3", "-c", script, to, marker]));
+    }
+
     /// SIGTERM to `linnet run`, and wait.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         terminate(self.run.as_mut().expect("running"))
@@ -895,6 +921,15 @@ impl Capture {
     pub fn finish(mut self) -> Vec<String> {
         self.child.wait().unwrap();
         self.out.lines().map(|l| l.unwrap()).collect()
+    }
+
+    /// Ends the capture now (SIGTERM) rather than at its time: the
+    /// markers seen so far.
+    pub fn stop(self) -> Vec<String> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.finish()
     }
 }
 

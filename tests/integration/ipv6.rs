@@ -94,11 +94,52 @@ fn host_network_has_ipv6_inside_but_no_default_route_and_no_way_out() {
     let routes = must(&mut g.ns.cmd(&["ip", "-6", "route", "show", "default"]));
     assert_eq!(routes.trim(), "", "no default route on a host network");
     assert!(g.ping(&g.gateway6()), "the host is on-link");
+    // A guest on shared beside it turns IPv6 forwarding on, and upstream
+    // routes the host network's prefix back: were it not for linnet's
+    // rule, the host guest's packets would go out and their answers come
+    // back.
+    let s = world.guest("shared", &[]);
+    assert_eq!(s.slaac_addresses(), vec![s.ipv6()]);
+    assert_eq!(
+        must(
+            &mut world
+                .host
+                .cmd(&["cat", "/proc/sys/net/ipv6/conf/all/forwarding"])
+        )
+        .trim(),
+        "1",
+        "IPv6 forwarding is on"
+    );
+    world.route_back(g.info["ipv6_prefix"].as_str().unwrap());
+    // The route back works: the host's own address on the host network
+    // hears upstream's answer.
+    must(&mut world.host.cmd(&[
+        "busybox",
+        "ping",
+        "-6",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "-I",
+        &g.gateway6(),
+        UPSTREAM_IP6,
+    ]));
     // Even with a route put in by hand, nothing is forwarded out.
     must(&mut g.ns.cmd(&[
         "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
     ]));
+    // What upstream's link carries meanwhile: the shared guest's datagram
+    // shows that the capture sees what gets out.
+    let capture = Capture::start(&world.upstream, "eth0", 3);
+    g.send_marker(UPSTREAM_IP6, "LINNET-host");
+    s.send_marker(UPSTREAM_IP6, "LINNET-shared");
     assert_eq!(g.fetch(&format!("http://[{UPSTREAM_IP6}]/")), None);
+    assert_eq!(
+        capture.finish(),
+        vec!["LINNET-shared"],
+        "upstream's link carries the shared guest's datagram, never the host guest's"
+    );
 }
 
 #[test]

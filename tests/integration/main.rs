@@ -77,6 +77,30 @@ fn host_network_reaches_the_host_and_peers_but_not_upstream() {
     assert_eq!(a.ip().octets()[..3], [192, 168, 106]);
     assert!(a.ping(&a.gateway()), "host-only guests reach the host");
     assert!(a.ping(&b.ip().to_string()), "and each other");
+    // A guest on shared beside them turns forwarding on, and upstream
+    // routes the host network back: were it not for linnet's rule, a host
+    // guest's packets would go out and their answers come back.
+    let s = world.guest("shared", &[]);
+    assert_eq!(s.udhcpc(), s.ip());
+    assert_eq!(
+        must(&mut world.host.cmd(&["cat", "/proc/sys/net/ipv4/ip_forward"])).trim(),
+        "1",
+        "forwarding is on"
+    );
+    world.route_back("192.168.106.0/24");
+    // The route back works: the host's own address on the host network
+    // hears upstream's answer.
+    must(&mut world.host.cmd(&[
+        "busybox",
+        "ping",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "-I",
+        &a.gateway(),
+        UPSTREAM_IP,
+    ]));
     // DHCP gives a host network no router; a guest that routes to the
     // gateway anyway must still not get out (the firewall stops it, not the
     // missing route).
@@ -85,7 +109,17 @@ fn host_network_reaches_the_host_and_peers_but_not_upstream() {
             .ns
             .cmd(&["ip", "route", "replace", "default", "via", &a.gateway()]),
     );
+    // What upstream's link carries meanwhile: the shared guest's datagram
+    // shows that the capture sees what gets out.
+    let capture = Capture::start(&world.upstream, "eth0", 3);
+    a.send_marker(UPSTREAM_IP, "LINNET-host");
+    s.send_marker(UPSTREAM_IP, "LINNET-shared");
     assert!(!a.ping(UPSTREAM_IP), "but not the outside");
+    assert_eq!(
+        capture.finish(),
+        vec!["LINNET-shared"],
+        "upstream's link carries the shared guest's datagram, never the host guest's"
+    );
     assert_eq!(
         a.fetch(&format!("http://{UPSTREAM_IP}/")),
         None,
@@ -99,7 +133,12 @@ fn host_network_reaches_the_host_and_peers_but_not_upstream() {
 
 #[test]
 fn same_interface_id_keeps_mac_and_ip_across_detach_attach_and_daemon_restart() {
-    let mut world = World::new();
+    // Three addresses to hand out: once the others hold the rest, the
+    // detached interface's address is the only one not in use, and only its
+    // reservation keeps a newcomer from getting it.
+    let mut world = World::with_config(
+        "networks:\n  shared:\n    dhcp: { range: 192.168.105.2-192.168.105.4 }\n",
+    );
     world.start_daemon();
     let id = "4f0e5c2a-3d6b-4c1e-9a7f-1b2c3d4e5f60";
     let _other = world.guest("shared", &[]); // takes the first address
@@ -114,6 +153,16 @@ fn same_interface_id_keeps_mac_and_ip_across_detach_attach_and_daemon_restart() 
         ip,
         "a detached interface keeps its reservation for lease_time"
     );
+    // The squatter took the last address never handed out: a second
+    // newcomer could only have the reserved one, and is refused.
+    let refused = world
+        .try_guest_via("shared", Via::Tap, &[])
+        .err()
+        .expect("no address is left for a newcomer");
+    assert!(
+        refused.contains("no free address left in 192.168.105.2-192.168.105.4"),
+        "{refused}"
+    );
     let again = world.guest("shared", &["--interface-id", id]);
     assert_eq!(
         (again.mac(), again.ip()),
@@ -125,6 +174,13 @@ fn same_interface_id_keeps_mac_and_ip_across_detach_attach_and_daemon_restart() 
     drop(_other);
     world.stop_daemon();
     world.start_daemon();
+    // The reservations outlive the daemon: all three addresses are still
+    // held for the interfaces that left, so a newcomer is refused again.
+    let refused = world
+        .try_guest_via("shared", Via::Tap, &[])
+        .err()
+        .expect("the reservations survive a restart");
+    assert!(refused.contains("no free address left"), "{refused}");
     let after_restart = world.guest("shared", &["--interface-id", id]);
     assert_eq!(
         (after_restart.mac(), after_restart.ip()),

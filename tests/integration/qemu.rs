@@ -287,21 +287,35 @@ fn qemu_vm_gets_reported_ip_pings_gateway_fetches_through_nat_and_resolves() {
 fn two_qemu_vms_on_shared_ping_each_other_and_a_host_vm_cannot_reach_upstream() {
     let mut world = World::new();
     world.start_daemon();
+    // Upstream routes the host network back, and a guest on shared keeps
+    // forwarding on whatever the VMs' pace: were it not for linnet's rule,
+    // the host VM's packets would go out and their answers come back. A
+    // capture on upstream's link sees what gets out (a DNS query carries
+    // each VM's marker).
+    world.route_back("192.168.106.0/24");
+    let _forwarding = world.guest("shared", &[]);
+    let capture = Capture::start(&world.upstream, "eth0", 600);
     let a = Vm::start(&world, "shared", "sleep 20\n", &[]);
     let peer = a.ip();
     let b = Vm::start(
         &world,
         "shared",
         &format!(
-            "for i in $(seq 30); do ping -c 1 -W 1 {peer} >/dev/null && echo RESULT-PEER-OK && break; sleep 0.5; done\n"
+            "for i in $(seq 30); do ping -c 1 -W 1 {peer} >/dev/null && echo RESULT-PEER-OK && break; sleep 0.5; done\n\
+             nslookup LINNET-shared-vm {UPSTREAM_IP} >/dev/null 2>&1; echo RESULT-MARKER-SENT\n"
         ),
         &[],
     );
+    // DHCP gives a host network no router: the VM routes to the gateway
+    // itself, so that only the firewall can stop it.
     let h = Vm::start(
         &world,
         "host",
         &format!(
-            "ping -c 1 -W 2 192.168.106.1 && echo RESULT-HOST-OK\nping -c 1 -W 2 {UPSTREAM_IP} || echo RESULT-UPSTREAM-BLOCKED\n"
+            "ping -c 1 -W 2 192.168.106.1 && echo RESULT-HOST-OK\n\
+             ip route add default via 192.168.106.1\n\
+             ping -c 1 -W 2 {UPSTREAM_IP} || echo RESULT-UPSTREAM-BLOCKED\n\
+             nslookup LINNET-host-vm {UPSTREAM_IP} >/dev/null 2>&1; echo RESULT-MARKER-SENT\n"
         ),
         &[],
     );
@@ -318,6 +332,19 @@ fn two_qemu_vms_on_shared_ping_each_other_and_a_host_vm_cannot_reach_upstream() 
     assert!(
         console_h.contains("RESULT-UPSTREAM-BLOCKED"),
         "host-only VM cannot reach upstream:\n{console_h}"
+    );
+    for console in [&console_b, &console_h] {
+        assert!(console.contains("RESULT-MARKER-SENT"), "{console}");
+    }
+    assert_eq!(
+        must(&mut world.host.cmd(&["cat", "/proc/sys/net/ipv4/ip_forward"])).trim(),
+        "1",
+        "forwarding was on all along"
+    );
+    assert_eq!(
+        capture.stop(),
+        vec!["LINNET-shared-vm"],
+        "upstream's link carried the shared VM's query, never the host VM's"
     );
     drop(a);
 }

@@ -172,7 +172,11 @@ fn streaming_vms_carry_on_across_a_daemon_restart_and_a_kill() {
     );
     assert!(tap_rx.len() as u64 >= STREAM_SECONDS * 10 - 2, "{tap_rx:?}");
     assert_eq!(tap_zero, 0, "the tap datapath never stops: {tap_rx:?}");
-    assert!(dgram_gap <= 1000, "dgram: {dgram_rx:?}");
+    // The dgram stream may pause across the restarts: a second at most on
+    // an idle machine (the figure is printed above). The ceiling is five
+    // times that, for a loaded machine; not ten, which would reach past the
+    // ~9 s from the kill to the stream's end.
+    assert!(dgram_gap <= 5000, "dgram: {dgram_gap} ms gap: {dgram_rx:?}");
 
     // Both clients re-claimed their interfaces from the last daemon.
     let log = world.daemon_log_text();
