@@ -16,6 +16,7 @@ use tracing::warn;
 use super::attach::{self, AttachPlan, Done};
 use super::client::Client;
 use super::errors::DaemonError;
+use super::guarding::clone_guard;
 use super::interface::CloneState;
 use super::state::Daemon;
 use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
@@ -23,7 +24,6 @@ use crate::clone::{self, Guest};
 use crate::datapath::Datapath;
 use crate::host::ALIAS_INTERFACE;
 use crate::host::clone_ns::{self, CloneNetwork};
-use crate::host::guard::{Ipv4Source, PortGuard};
 use crate::leases::LeaseTable;
 use crate::services::{dhcp, unix_now};
 use crate::types::InterfaceId;
@@ -284,15 +284,6 @@ impl Daemon {
             .lock()
             .expect("lease lock")
     }
-}
-
-/// A clone port's guard: its unique address, and the guest's when it
-/// holds that (`guest`).
-pub(super) fn clone_guard(mut guard: PortGuard, guest: Option<Ipv4Addr>) -> PortGuard {
-    if let (Some(g), Ipv4Source::Address(u)) = (guest, &guard.ipv4) {
-        guard.ipv4 = Ipv4Source::Ranges(vec![(g, g), (*u, *u)]);
-    }
-    guard
 }
 
 impl Daemon {

@@ -6,14 +6,12 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
+use tracing::warn;
 
-use super::interface::{Interface, shown_ip};
-use super::state::Daemon;
+use super::interface::Interface;
 use crate::addr6;
 use crate::config::NetworkConfig;
 use crate::host::guard::{Ipv4Source, PortGuard};
-use crate::host::netlink::LinkSettings;
 use crate::host::nft::NftError;
 use crate::host::seam::Tables;
 use crate::policy::Policy;
@@ -46,6 +44,11 @@ impl Guard {
     /// Whether guarded ports are held off their bridges.
     pub fn held(&self) -> bool {
         self.held
+    }
+
+    /// Guarded ports are held off their bridges (`true`), or back on.
+    pub fn set_held(&mut self, held: bool) {
+        self.held = held;
     }
 
     /// The tables were made with the ports already in them (start-up).
@@ -98,7 +101,7 @@ impl Guard {
 
     /// The frames `tap` dropped since it was last asked (`total` now), if
     /// any.
-    fn newly_dropped(&mut self, tap: &str, total: u64) -> Option<u64> {
+    pub fn newly_dropped(&mut self, tap: &str, total: u64) -> Option<u64> {
         let before = self.reported.insert(tap.into(), total).unwrap_or(0);
         (total > before).then(|| total - before)
     }
@@ -121,114 +124,6 @@ impl Guard {
     pub fn restored(&mut self, result: Result<(), Duration>) {
         self.reported.clear();
         self.retry_at = result.err().map(|retry| Instant::now() + retry);
-    }
-}
-
-impl Daemon {
-    /// Frames dropped by each guarded TAP's rules so far.
-    pub fn guard_drops(&mut self) -> BTreeMap<String, u64> {
-        self.guard.drops(&mut *self.host.tables)
-    }
-
-    /// Logs, per interface, the frames its VM had dropped since the last
-    /// report: called every few seconds, so a flood is one line per period.
-    pub fn report_drops(&mut self) {
-        let drops = self.guard_drops();
-        for (id, iface) in &self.interfaces {
-            let (Some(&now), Some(cfg)) =
-                (drops.get(&iface.tap), self.config.network(&iface.network))
-            else {
-                continue;
-            };
-            if let Some(dropped) = self.guard.newly_dropped(&iface.tap, now) {
-                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %shown_ip(iface.ip, cfg), mac = %iface.mac, dropped, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
-            }
-        }
-    }
-
-    /// Holds every guarded port — off its bridge, or a macvtap down: nothing
-    /// in or out, and nothing its VMM can undo (either needs CAP_NET_ADMIN)
-    /// — while linnet's tables are damaged, as after `nft
-    /// flush ruleset`: until the guard and the policies are back, a VM could
-    /// plant neighbour entries and routes, or reach the host's 127.0.0.1
-    /// through route_localnet. Fails closed: a port stays held until they
-    /// are back.
-    pub async fn hold_guarded_ports(&mut self) {
-        if self.guard.held || !self.own_tables_damaged() {
-            return;
-        }
-        let ports = self.live_guarded_ports();
-        warn!(
-            interfaces = ports.len(),
-            "linnet's tables are damaged: guarded interfaces forward nothing until they are back"
-        );
-        for (tap, index, bridge) in ports {
-            let held = match bridge {
-                Some(_) => self.host.links.set_master(index, None).await,
-                None => self.host.links.cut_off(index).await,
-            };
-            if let Err(e) = held {
-                warn!(%tap, "cannot hold the port: {e}");
-            }
-        }
-        self.guard.held = true;
-    }
-
-    /// Puts held ports back on their bridges once linnet's tables are whole.
-    pub async fn release_held_ports(&mut self) {
-        if !self.guard.held || self.own_tables_damaged() {
-            return;
-        }
-        let ports = self.live_guarded_ports();
-        for (tap, index, bridge) in &ports {
-            let back = match bridge {
-                Some(bridge) => self.host.links.set_master(*index, Some(*bridge)).await,
-                None => {
-                    let up = LinkSettings {
-                        up: true,
-                        ..Default::default()
-                    };
-                    self.host.links.configure(*index, up).await
-                }
-            };
-            if let Err(e) = back {
-                warn!(%tap, "cannot put the port back on its network: {e}");
-            }
-        }
-        info!(
-            interfaces = ports.len(),
-            "linnet's tables are back: guarded interfaces forward again"
-        );
-        self.guard.held = false;
-    }
-
-    /// (port, its index, its bridge's index; none for a macvtap) of each
-    /// guarded interface that was not cut off.
-    fn live_guarded_ports(&self) -> Vec<(String, u32, Option<u32>)> {
-        self.interfaces
-            .values()
-            .filter(|i| i.guarded && i.cut_off.is_none())
-            .filter_map(|i| {
-                let bridge = self.networks.get(&i.network)?.bridge().map(|(_, b)| b);
-                Some((i.tap.clone(), i.tap_index, bridge))
-            })
-            .collect()
-    }
-
-    /// The guard of every guarded interface.
-    pub(super) fn guarded_ports(&self) -> Vec<PortGuard> {
-        self.interfaces
-            .values()
-            .filter_map(|i| self.guard_of(i))
-            .collect()
-    }
-
-    /// An interface's guard, if it has one.
-    pub(super) fn guard_of(&self, i: &Interface) -> Option<PortGuard> {
-        let cfg = self.config.network(&i.network).filter(|_| i.guarded)?;
-        let guard = port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy);
-        let held = i.as_clone.as_ref().and_then(|c| c.held_address());
-        Some(super::clones::clone_guard(guard, held))
     }
 }
 
@@ -334,4 +229,23 @@ mod tests {
             .is_empty()
         );
     }
+}
+
+/// A clone port's guard: its unique address, and the guest's when it
+/// holds that (`guest`).
+pub(super) fn clone_guard(mut guard: PortGuard, guest: Option<Ipv4Addr>) -> PortGuard {
+    if let (Some(g), Ipv4Source::Address(u)) = (guest, &guard.ipv4) {
+        guard.ipv4 = Ipv4Source::Ranges(vec![(g, g), (*u, *u)]);
+    }
+    guard
+}
+
+/// An interface's guard on `cfg`'s network, if it has one.
+pub(super) fn guard_of(cfg: &NetworkConfig, i: &Interface) -> Option<PortGuard> {
+    if !i.guarded {
+        return None;
+    }
+    let guard = port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy);
+    let held = i.as_clone.as_ref().and_then(|c| c.held_address());
+    Some(clone_guard(guard, held))
 }

@@ -22,7 +22,7 @@ use super::drivers::{ActiveNetwork, PortRequest};
 use super::errors::DaemonError;
 use super::forwarding::{Forwarding, forwarding_needs};
 use super::forwards::Forwards;
-use super::guarding::Guard;
+use super::guarding::{self, Guard};
 use super::holder::Holder;
 use super::host_ports::HostPorts;
 use super::interface::TapAddresses;
@@ -973,5 +973,38 @@ pub async fn link_stats(netlink: &dyn Links) -> BTreeMap<u32, (u64, u64)> {
             warn!("cannot read link counters: {e}");
             BTreeMap::new()
         }
+    }
+}
+
+impl Daemon {
+    /// Frames dropped by each guarded TAP's rules so far.
+    pub fn guard_drops(&mut self) -> BTreeMap<String, u64> {
+        self.guard.drops(&mut *self.host.tables)
+    }
+    /// Logs, per interface, the frames its VM had dropped since the last
+    /// report: called every few seconds, so a flood is one line per period.
+    pub fn report_drops(&mut self) {
+        let drops = self.guard_drops();
+        for (id, iface) in &self.interfaces {
+            let (Some(&now), Some(cfg)) =
+                (drops.get(&iface.tap), self.config.network(&iface.network))
+            else {
+                continue;
+            };
+            if let Some(dropped) = self.guard.newly_dropped(&iface.tap, now) {
+                warn!(network = %iface.network, interface = %id, tap = %iface.tap, ip = %shown_ip(iface.ip, cfg), mac = %iface.mac, dropped, total = now, "dropped frames from the VM that anti_spoofing forbids (another MAC or address, a DHCP server, a router advertisement, ...); `linnet ls` counts them");
+            }
+        }
+    }
+    /// The guard of every guarded interface.
+    pub(super) fn guarded_ports(&self) -> Vec<PortGuard> {
+        self.interfaces
+            .values()
+            .filter_map(|i| self.guard_of(i))
+            .collect()
+    }
+    /// An interface's guard, if it has one.
+    pub(super) fn guard_of(&self, i: &Interface) -> Option<PortGuard> {
+        guarding::guard_of(self.config.network(&i.network)?, i)
     }
 }
