@@ -194,6 +194,25 @@ fn subnet_except(subnet: ipnet::Ipv4Net, taken: &[Ipv4Addr]) -> Vec<(Ipv4Addr, I
         .collect()
 }
 
+/// A clone port's guard: its unique address, and the guest's when it
+/// holds that (`guest`).
+pub(super) fn clone_guard(mut guard: PortGuard, guest: Option<Ipv4Addr>) -> PortGuard {
+    if let (Some(g), Ipv4Source::Address(u)) = (guest, &guard.ipv4) {
+        guard.ipv4 = Ipv4Source::Ranges(vec![(g, g), (*u, *u)]);
+    }
+    guard
+}
+
+/// An interface's guard on `cfg`'s network, if it has one.
+pub(super) fn guard_of(cfg: &NetworkConfig, i: &Interface) -> Option<PortGuard> {
+    if !i.guarded {
+        return None;
+    }
+    let guard = port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy);
+    let held = i.as_clone.as_ref().and_then(|c| c.held_address());
+    Some(clone_guard(guard, held))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,23 +248,4 @@ mod tests {
             .is_empty()
         );
     }
-}
-
-/// A clone port's guard: its unique address, and the guest's when it
-/// holds that (`guest`).
-pub(super) fn clone_guard(mut guard: PortGuard, guest: Option<Ipv4Addr>) -> PortGuard {
-    if let (Some(g), Ipv4Source::Address(u)) = (guest, &guard.ipv4) {
-        guard.ipv4 = Ipv4Source::Ranges(vec![(g, g), (*u, *u)]);
-    }
-    guard
-}
-
-/// An interface's guard on `cfg`'s network, if it has one.
-pub(super) fn guard_of(cfg: &NetworkConfig, i: &Interface) -> Option<PortGuard> {
-    if !i.guarded {
-        return None;
-    }
-    let guard = port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy);
-    let held = i.as_clone.as_ref().and_then(|c| c.held_address());
-    Some(clone_guard(guard, held))
 }

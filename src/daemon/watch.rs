@@ -336,6 +336,75 @@ fn table_name(mut attrs: &[u8]) -> Option<&[u8]> {
     None
 }
 
+impl Daemon {
+    /// Holds every guarded port — off its bridge, or a macvtap down: nothing
+    /// in or out, and nothing its VMM can undo (either needs CAP_NET_ADMIN)
+    /// — while linnet's tables are damaged, as after `nft
+    /// flush ruleset`: until the guard and the policies are back, a VM could
+    /// plant neighbour entries and routes, or reach the host's 127.0.0.1
+    /// through route_localnet. Fails closed: a port stays held until they
+    /// are back.
+    pub async fn hold_guarded_ports(&mut self) {
+        if self.guard.held() || !self.own_tables_damaged() {
+            return;
+        }
+        let ports = self.live_guarded_ports();
+        warn!(
+            interfaces = ports.len(),
+            "linnet's tables are damaged: guarded interfaces forward nothing until they are back"
+        );
+        for (tap, index, bridge) in ports {
+            let held = match bridge {
+                Some(_) => self.host.links.set_master(index, None).await,
+                None => self.host.links.cut_off(index).await,
+            };
+            if let Err(e) = held {
+                warn!(%tap, "cannot hold the port: {e}");
+            }
+        }
+        self.guard.set_held(true);
+    }
+    /// Puts held ports back on their bridges once linnet's tables are whole.
+    pub async fn release_held_ports(&mut self) {
+        if !self.guard.held() || self.own_tables_damaged() {
+            return;
+        }
+        let ports = self.live_guarded_ports();
+        for (tap, index, bridge) in &ports {
+            let back = match bridge {
+                Some(bridge) => self.host.links.set_master(*index, Some(*bridge)).await,
+                None => {
+                    let up = LinkSettings {
+                        up: true,
+                        ..Default::default()
+                    };
+                    self.host.links.configure(*index, up).await
+                }
+            };
+            if let Err(e) = back {
+                warn!(%tap, "cannot put the port back on its network: {e}");
+            }
+        }
+        info!(
+            interfaces = ports.len(),
+            "linnet's tables are back: guarded interfaces forward again"
+        );
+        self.guard.set_held(false);
+    }
+    /// (port, its index, its bridge's index; none for a macvtap) of each
+    /// guarded interface that was not cut off.
+    fn live_guarded_ports(&self) -> Vec<(String, u32, Option<u32>)> {
+        self.interfaces
+            .values()
+            .filter(|i| i.guarded && i.cut_off.is_none())
+            .filter_map(|i| {
+                let bridge = self.networks.get(&i.network)?.bridge().map(|(_, b)| b);
+                Some((i.tap.clone(), i.tap_index, bridge))
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,74 +498,5 @@ mod tests {
         ));
         assert_eq!(netfilter_change(&batch), Change::OwnDeleted);
         assert_eq!(netfilter_change(&[]), Change::Foreign, "an overflow");
-    }
-}
-
-impl Daemon {
-    /// Holds every guarded port — off its bridge, or a macvtap down: nothing
-    /// in or out, and nothing its VMM can undo (either needs CAP_NET_ADMIN)
-    /// — while linnet's tables are damaged, as after `nft
-    /// flush ruleset`: until the guard and the policies are back, a VM could
-    /// plant neighbour entries and routes, or reach the host's 127.0.0.1
-    /// through route_localnet. Fails closed: a port stays held until they
-    /// are back.
-    pub async fn hold_guarded_ports(&mut self) {
-        if self.guard.held() || !self.own_tables_damaged() {
-            return;
-        }
-        let ports = self.live_guarded_ports();
-        warn!(
-            interfaces = ports.len(),
-            "linnet's tables are damaged: guarded interfaces forward nothing until they are back"
-        );
-        for (tap, index, bridge) in ports {
-            let held = match bridge {
-                Some(_) => self.host.links.set_master(index, None).await,
-                None => self.host.links.cut_off(index).await,
-            };
-            if let Err(e) = held {
-                warn!(%tap, "cannot hold the port: {e}");
-            }
-        }
-        self.guard.set_held(true);
-    }
-    /// Puts held ports back on their bridges once linnet's tables are whole.
-    pub async fn release_held_ports(&mut self) {
-        if !self.guard.held() || self.own_tables_damaged() {
-            return;
-        }
-        let ports = self.live_guarded_ports();
-        for (tap, index, bridge) in &ports {
-            let back = match bridge {
-                Some(bridge) => self.host.links.set_master(*index, Some(*bridge)).await,
-                None => {
-                    let up = LinkSettings {
-                        up: true,
-                        ..Default::default()
-                    };
-                    self.host.links.configure(*index, up).await
-                }
-            };
-            if let Err(e) = back {
-                warn!(%tap, "cannot put the port back on its network: {e}");
-            }
-        }
-        info!(
-            interfaces = ports.len(),
-            "linnet's tables are back: guarded interfaces forward again"
-        );
-        self.guard.set_held(false);
-    }
-    /// (port, its index, its bridge's index; none for a macvtap) of each
-    /// guarded interface that was not cut off.
-    fn live_guarded_ports(&self) -> Vec<(String, u32, Option<u32>)> {
-        self.interfaces
-            .values()
-            .filter(|i| i.guarded && i.cut_off.is_none())
-            .filter_map(|i| {
-                let bridge = self.networks.get(&i.network)?.bridge().map(|(_, b)| b);
-                Some((i.tap.clone(), i.tap_index, bridge))
-            })
-            .collect()
     }
 }
