@@ -221,7 +221,7 @@ impl Daemon {
             .get(network)
             .map(|c| warnings(c))
             .unwrap_or_default();
-        out.extend(self.shadow_warnings(network));
+        out.extend(self.forwards.shadow_warnings(network));
         out
     }
 

@@ -1,10 +1,11 @@
-//! Port forwards of attached interfaces: which an interface gets at attach
-//! (asked for, kept, configured), the API's add/remove/list, the checks
-//! before one is taken (a clash with another forward, a socket listening on
-//! the port, a privileged port, IPv6 on a network without it), the firewall
-//! rules they become, and the runtime forwards kept per interface id in the
+//! Port forwards of attached interfaces, as a part of the daemon: the
+//! checks before one is taken (a clash with another forward, a socket
+//! listening on the port, a privileged port, IPv6 on a network without
+//! it), the firewall rules they become, the published ports a host service
+//! listens on too, and the runtime forwards kept per interface id in the
 //! state dir, so they come back when the interface attaches again, also
-//! after a daemon restart.
+//! after a daemon restart. The requests that change them are
+//! `requests::forward`.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -12,14 +13,13 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tracing::{error, info, warn};
+use tracing::{error, warn};
 
-use super::client::Client;
 use super::errors::DaemonError;
-use super::interface::Published;
-use super::state::Daemon;
-use crate::api::{AttachRequest, ForwardOrigin, ForwardRequest, ForwardStatus, Response};
-use crate::config::{ForwardTarget, NetworkConfig};
+use super::host_ports::HostPorts;
+use super::interface::{Interface, Published};
+use crate::api::ForwardOrigin;
+use crate::config::NetworkConfig;
 use crate::forward::PortForward;
 use crate::host::firewall::ForwardRule;
 use crate::host::listeners::{self, Listening};
@@ -111,24 +111,14 @@ impl Forwards {
         Ok(())
     }
 
-    fn store(&mut self) -> &mut ForwardStore {
-        self.store
-            .as_mut()
-            .expect("reconcile opens the forward store")
-    }
-}
-
-/// The daemon's side of forwards: given at attach, changed by the API,
-/// turned into firewall rules.
-impl Daemon {
     /// Looks for host services that started listening on a published port
     /// after it was published (the check at publish time cannot see them):
     /// the forward takes their connections from outside (and its owner's
     /// from the host), so that is said — once in the log, and for as long
     /// as it lasts in the network's warnings (`linnet ls`, the attach reply).
-    pub fn check_shadowed_forwards(&mut self) {
-        if self.interfaces.values().all(|i| i.forwards.is_empty()) {
-            self.forwards.shadowed.clear();
+    pub fn check_shadowed(&mut self, interfaces: &BTreeMap<InterfaceId, Interface>) {
+        if interfaces.values().all(|i| i.forwards.is_empty()) {
+            self.shadowed.clear();
             return;
         }
         // One read of the tables per pass, and no look for the listener's
@@ -136,7 +126,7 @@ impl Daemon {
         // could make long): `ss -lnp` names it.
         let listening = Listening::read();
         let mut now = BTreeMap::new();
-        for (id, iface) in &self.interfaces {
+        for (id, iface) in interfaces {
             for p in &iface.forwards {
                 let f = p.forward;
                 let Some((addr, _)) = listening
@@ -145,7 +135,7 @@ impl Daemon {
                 else {
                     continue;
                 };
-                if let Some(known) = self.forwards.shadowed.get(&(*id, f)) {
+                if let Some(known) = self.shadowed.get(&(*id, f)) {
                     now.insert((*id, f), known.clone());
                     continue;
                 }
@@ -162,250 +152,49 @@ impl Daemon {
                 now.insert((*id, f), (iface.network.clone(), text));
             }
         }
-        self.forwards.shadowed = now;
+        self.shadowed = now;
     }
 
-    /// What `check_shadowed_forwards` found on `network`.
-    pub(super) fn shadow_warnings(&self, network: &str) -> Vec<String> {
-        self.forwards
-            .shadowed
+    /// What `check_shadowed` found on `network`.
+    pub fn shadow_warnings(&self, network: &str) -> Vec<String> {
+        self.shadowed
             .values()
             .filter(|(n, _)| n == network)
             .map(|(_, text)| text.clone())
             .collect()
     }
 
-    /// The forwards an interface gets when it attaches: those it asked for
-    /// (each must be free, or the attach fails), then those kept for it
-    /// (`take_kept_forwards`); and the firewall with them.
-    pub(super) fn publish_on_attach(
-        &mut self,
-        id: InterfaceId,
-        client: &Client,
-        req: &AttachRequest,
-    ) -> Result<Vec<PortForward>, DaemonError> {
-        for forward in &req.publish {
-            self.take_forward(id, *forward, ForwardOrigin::Publish, client.uid)?;
-        }
-        self.take_kept_forwards(id, client.claimant());
-        let iface = &self.interfaces[&id];
-        let forwards: Vec<PortForward> = iface.forwards.iter().map(|p| p.forward).collect();
-        let network = iface.network.clone();
-        if !forwards.is_empty() || !iface.policy.is_open() {
-            self.sync_host()?;
-            if !forwards.is_empty() {
-                let list: Vec<String> = forwards.iter().map(|f| f.to_string()).collect();
-                info!(%network, interface = %id, forwards = %list.join(" "), "ports published");
-            }
-        }
-        Ok(forwards)
+    /// The forwards kept for interface `id` on `network`, if `who` may
+    /// have them.
+    pub fn kept_for(&mut self, id: InterfaceId, network: &str, who: Claimant) -> Vec<PortForward> {
+        self.store().get(id, network, who)
     }
 
-    /// Gives interface `id` the forwards kept for its id and those of the
-    /// config, each taken when free, else skipped with a warning: the VM
-    /// still gets its network. (Those asked for at attach come first,
-    /// and each must be free.)
-    pub(super) fn take_kept_forwards(&mut self, id: InterfaceId, who: Claimant) {
-        let iface = &self.interfaces[&id];
-        let network = iface.network.clone();
-        let cfg = self.config.network(&network).expect("attached");
-        let name = iface.name.clone();
-        let kept = self.forwards.store().get(id, &network, who);
-        let restore: Vec<(PortForward, ForwardOrigin)> = kept
-            .into_iter()
-            .map(|f| (f, ForwardOrigin::Runtime))
-            .chain(
-                cfg.forwards
-                    .iter()
-                    .filter(|f| match &f.target {
-                        ForwardTarget::InterfaceId(target) => *target == id,
-                        ForwardTarget::Name(n) => name.as_deref() == Some(n.as_str()),
-                    })
-                    .map(|f| (f.forward, ForwardOrigin::Config)),
-            )
-            .collect();
-        for (forward, origin) in restore {
-            if let Err(e) = self.take_forward(id, forward, origin, 0) {
-                warn!(%network, interface = %id, %forward, "forward not restored: {e}");
-            }
-        }
-    }
-
-    /// Checks `forward` and gives it to interface `id` (the firewall is
-    /// not updated here).
-    pub(super) fn take_forward(
+    /// Keeps `forward` for interface `id` (of `owner`) past its detach.
+    pub fn keep(
         &mut self,
         id: InterfaceId,
+        network: &str,
+        owner: u32,
         forward: PortForward,
-        origin: ForwardOrigin,
-        uid: u32,
-    ) -> Result<(), DaemonError> {
-        let iface = &self.interfaces[&id];
-        let cfg = self.config.network(&iface.network).expect("attached");
-        if cfg.lan.is_some() {
-            return Err(lan_refusal(&forward, cfg));
-        }
-        if iface.ip.is_none() {
-            return Err(DaemonError::BadRequest(format!(
-                "interface {id} has no IPv4 address linnet knows (network \"{}\" has dhcp off): give it a static lease (dhcp.static with its interface_id or MAC) to publish ports",
-                cfg.name
-            )));
-        }
-        let held = self.interfaces.iter().flat_map(|(other, i)| {
-            i.forwards.iter().map(move |p| Holder {
-                forward: &p.forward,
-                interface: *other,
-                name: i.name.as_deref(),
-                network: &i.network,
-            })
-        });
-        check(&forward, cfg, uid, held)?;
-        if let Some(ports) = &mut self.host_ports {
-            ports.reserve(&forward)?;
-        }
-        let iface = self.interfaces.get_mut(&id).expect("attached");
-        iface.forwards.push(Published { forward, origin });
-        Ok(())
+    ) -> io::Result<()> {
+        self.store().add(id, network, owner, forward)
     }
 
-    /// `forward add`: publishes a port of an attached interface and keeps
-    /// it for the interface id.
-    pub fn handle_forward_add(
+    /// No longer keeps `forward` for interface `id`; whether it was kept.
+    pub fn forget(
         &mut self,
-        client: &Client,
-        req: ForwardRequest,
-    ) -> Result<(), DaemonError> {
-        let id = self
-            .interface_named(client, &req.interface(), "forwards")?
-            .ok_or_else(|| Self::no_such_interface(&req.interface()))?;
-        self.take_forward(id, req.forward, ForwardOrigin::Runtime, client.uid)?;
-        let undo = |daemon: &mut Daemon| {
-            let iface = daemon.interfaces.get_mut(&id).expect("attached");
-            iface.forwards.retain(|p| p.forward != req.forward);
-        };
-        if let Err(e) = self.sync_host() {
-            undo(self);
-            let _ = self.sync_host();
-            return Err(e);
-        }
-        let owner = self.interfaces[&id].uid;
-        if let Err(e) = self
-            .forwards
-            .store()
-            .add(id, &req.network, owner, req.forward)
-        {
-            warn!(interface = %id, "cannot save forward {}: {e}; it lasts until detach", req.forward);
-        }
-        info!(network = %req.network, interface = %id, forward = %req.forward, "port published");
-        self.save_record(id);
-        Ok(())
+        id: InterfaceId,
+        network: &str,
+        forward: &PortForward,
+    ) -> io::Result<bool> {
+        self.store().remove(id, network, forward)
     }
 
-    /// `forward rm`: of an attached interface, or a kept one of a detached id.
-    pub fn handle_forward_remove(
-        &mut self,
-        client: &Client,
-        req: ForwardRequest,
-    ) -> Result<(), DaemonError> {
-        let Some(id) = self.interface_named(client, &req.interface(), "forwards")? else {
-            // Not attached: it may still have a kept forward (root only,
-            // as the owner is not known).
-            if let (Some(id), 0) = (req.interface_id, client.uid)
-                && self
-                    .forwards
-                    .store()
-                    .remove(id, &req.network, &req.forward)
-                    .map_err(|e| DaemonError::Internal(format!("cannot save forwards: {e}")))?
-            {
-                info!(network = %req.network, interface = %id, forward = %req.forward, "kept forward removed");
-                return Ok(());
-            }
-            return Err(Self::no_such_interface(&req.interface()));
-        };
-        let iface = &self.interfaces[&id];
-        let Some(found) = iface
-            .forwards
-            .iter()
-            .find(|p| p.forward == req.forward)
-            .copied()
-        else {
-            let has: Vec<String> = iface
-                .forwards
-                .iter()
-                .map(|p| p.forward.to_string())
-                .collect();
-            return Err(DaemonError::BadRequest(format!(
-                "interface {id} has no forward {}; it has: {}",
-                req.forward,
-                if has.is_empty() {
-                    "none".into()
-                } else {
-                    has.join(", ")
-                }
-            )));
-        };
-        if found.origin == ForwardOrigin::Config {
-            return Err(DaemonError::BadRequest(format!(
-                "{} of interface {id} is declared in networks.{}.forwards; remove it there",
-                req.forward, req.network
-            )));
-        }
-        let iface = self.interfaces.get_mut(&id).expect("attached");
-        iface.forwards.retain(|p| p.forward != req.forward);
-        if let Err(e) = self.sync_host() {
-            let iface = self.interfaces.get_mut(&id).expect("attached");
-            iface.forwards.push(found);
-            return Err(e);
-        }
-        if let Err(e) = self.forwards.store().remove(id, &req.network, &req.forward) {
-            warn!(interface = %id, "cannot save forwards: {e}; {} may come back at the next attach", req.forward);
-        }
-        info!(network = %req.network, interface = %id, forward = %req.forward, "port unpublished");
-        self.save_record(id);
-        Ok(())
-    }
-
-    pub fn forward_list(&self) -> Response {
-        let mut forwards = Vec::new();
-        for (id, iface) in &self.interfaces {
-            let cfg = self.config.network(&iface.network).expect("attached");
-            let v6 = iface.ipv6_address(cfg);
-            // Only interfaces with an IPv4 address have forwards.
-            let Some(ip) = iface.ip else { continue };
-            for p in &iface.forwards {
-                let port = p.forward.guest_port;
-                forwards.push(ForwardStatus {
-                    network: iface.network.clone(),
-                    interface_id: *id,
-                    name: iface.name.clone(),
-                    forward: p.forward,
-                    guest: (ip, port).into(),
-                    guest6: v6.map(|ip| (ip, port).into()),
-                    origin: p.origin,
-                });
-            }
-        }
-        Response::Forwards { forwards }
-    }
-
-    /// The DNAT targets of a network's forwards.
-    pub(super) fn forward_rules(&self, cfg: &NetworkConfig) -> Vec<ForwardRule> {
-        self.interfaces
-            .values()
-            .filter(|i| i.network == cfg.name)
-            .filter_map(|i| Some((i, i.ip?)))
-            .flat_map(|(i, guest)| {
-                let guest6 = i.ipv6_address(cfg);
-                i.forwards.iter().map(move |p| ForwardRule {
-                    forward: p.forward,
-                    guest,
-                    guest6,
-                    // By the VM's owner, config forwards too: a name in the
-                    // config is taken by whoever attaches under it first.
-                    local_uid: (i.uid != 0).then_some(i.uid),
-                })
-            })
-            .collect()
+    fn store(&mut self) -> &mut ForwardStore {
+        self.store
+            .as_mut()
+            .expect("reconcile opens the forward store")
     }
 }
 
@@ -634,3 +423,60 @@ mod tests {
     }
 }
 
+/// The DNAT targets of a network's forwards.
+pub(super) fn rules<'a>(
+    cfg: &NetworkConfig,
+    interfaces: impl Iterator<Item = &'a Interface>,
+) -> Vec<ForwardRule> {
+    interfaces
+        .filter(|i| i.network == cfg.name)
+        .filter_map(|i| Some((i, i.ip?)))
+        .flat_map(|(i, guest)| {
+            let guest6 = i.ipv6_address(cfg);
+            i.forwards.iter().map(move |p| ForwardRule {
+                forward: p.forward,
+                guest,
+                guest6,
+                // By the VM's owner, config forwards too: a name in the
+                // config is taken by whoever attaches under it first.
+                local_uid: (i.uid != 0).then_some(i.uid),
+            })
+        })
+        .collect()
+}
+
+/// Checks `forward` (on `cfg`'s network, for `uid`) and gives it to
+/// interface `id` (the firewall is not updated here).
+pub(super) fn take(
+    interfaces: &mut BTreeMap<InterfaceId, Interface>,
+    cfg: &NetworkConfig,
+    host_ports: Option<&mut HostPorts>,
+    (id, forward, origin): (InterfaceId, PortForward, ForwardOrigin),
+    uid: u32,
+) -> Result<(), DaemonError> {
+    let iface = &interfaces[&id];
+    if cfg.lan.is_some() {
+        return Err(lan_refusal(&forward, cfg));
+    }
+    if iface.ip.is_none() {
+        return Err(DaemonError::BadRequest(format!(
+            "interface {id} has no IPv4 address linnet knows (network \"{}\" has dhcp off): give it a static lease (dhcp.static with its interface_id or MAC) to publish ports",
+            cfg.name
+        )));
+    }
+    let held = interfaces.iter().flat_map(|(other, i)| {
+        i.forwards.iter().map(move |p| Holder {
+            forward: &p.forward,
+            interface: *other,
+            name: i.name.as_deref(),
+            network: &i.network,
+        })
+    });
+    check(&forward, cfg, uid, held)?;
+    if let Some(ports) = host_ports {
+        ports.reserve(&forward)?;
+    }
+    let iface = interfaces.get_mut(&id).expect("attached");
+    iface.forwards.push(Published { forward, origin });
+    Ok(())
+}

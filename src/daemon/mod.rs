@@ -30,6 +30,7 @@ mod leftovers;
 mod network_sockets;
 mod policies;
 mod records;
+mod requests;
 pub mod rootless;
 #[cfg(test)]
 mod scenarios;

@@ -21,14 +21,14 @@ use super::coexist::HostView;
 use super::drivers::{ActiveNetwork, PortRequest};
 use super::errors::DaemonError;
 use super::forwarding::{Forwarding, forwarding_needs};
-use super::forwards::Forwards;
+use super::forwards::{self, Forwards};
 use super::guarding::{self, Guard};
 use super::holder::Holder;
 use super::host_ports::HostPorts;
 use super::interface::TapAddresses;
 use super::interface::{CloneState, Interface, interface_info, shown_ip};
 use super::leftovers::Leftovers;
-use super::policies::check_policy_possible;
+use super::policies::{self, check_policy_possible};
 use super::records::Records;
 use crate::api::{
     AttachRequest, InterfaceInfo, InterfaceRef, InterfaceStatus, NetworkStatus, Response,
@@ -949,6 +949,11 @@ impl Daemon {
         forwarding_needs(&self.firewall_networks())
     }
 
+    /// Looks for host services listening on published ports (`forwards`).
+    pub fn check_shadowed_forwards(&mut self) {
+        self.forwards.check_shadowed(&self.interfaces);
+    }
+
     /// Whether any network up has a part in linnet's firewall table.
     pub(super) fn has_firewall(&self) -> bool {
         self.networks.values().any(|n| n.config.lan.is_none())
@@ -957,7 +962,12 @@ impl Daemon {
     pub(super) fn firewall_networks(&self) -> Vec<firewall::FirewallNetwork> {
         self.networks
             .values()
-            .filter_map(|n| n.firewall(self.forward_rules(&n.config), self.policies(&n.config)))
+            .filter_map(|n| {
+                n.firewall(
+                    forwards::rules(&n.config, self.interfaces.values()),
+                    policies::interface_policies(&n.config, self.interfaces.values()),
+                )
+            })
             .collect()
     }
 }

@@ -1,0 +1,6 @@
+//! The API's requests on the daemon, one file per concern. Each decides
+//! with the daemon's parts and carries out through its core (`state`);
+//! the core never calls back up here.
+
+mod forward;
+mod policy;
