@@ -12,11 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tracing::{info, warn};
 
-use super::attach;
 use super::client::Client;
 use super::errors::DaemonError;
 use super::holder::Holder;
 use super::interface::Interface;
+use super::plan;
 use super::policies::check_policy_possible;
 use super::records::{self, InterfaceRecord, Verdict};
 use super::state::Daemon;
@@ -300,7 +300,7 @@ impl Daemon {
                 datapath: r.datapath,
                 relay: None,
                 forwards: Vec::new(),
-                guarded: attach::guarded(cfg),
+                guarded: plan::guarded(cfg),
                 policy: r.policy.clone(),
                 as_clone: None,
                 token: r.token.clone(),

@@ -13,9 +13,7 @@
 //! TAP's MAC.
 
 mod adoption;
-mod attach;
 mod client;
-mod clones;
 mod coexist;
 mod drivers;
 mod errors;
@@ -28,6 +26,7 @@ mod interface;
 mod learning;
 mod leftovers;
 mod network_sockets;
+mod plan;
 mod policies;
 mod records;
 mod requests;

@@ -2,5 +2,7 @@
 //! with the daemon's parts and carries out through its core (`state`);
 //! the core never calls back up here.
 
+mod attach;
+mod clone;
 mod forward;
 mod policy;

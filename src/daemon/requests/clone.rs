@@ -13,14 +13,14 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use tracing::warn;
 
-use super::attach::{self, AttachPlan, Done};
-use super::client::Client;
-use super::errors::DaemonError;
-use super::guarding::clone_guard;
-use super::interface::CloneState;
-use super::state::Daemon;
 use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
 use crate::clone::{self, Guest};
+use crate::daemon::client::Client;
+use crate::daemon::errors::DaemonError;
+use crate::daemon::guarding::clone_guard;
+use crate::daemon::interface::CloneState;
+use crate::daemon::plan::{self, AttachPlan, Done};
+use crate::daemon::state::Daemon;
 use crate::datapath::Datapath;
 use crate::host::ALIAS_INTERFACE;
 use crate::host::clone_ns::{self, CloneNetwork};
@@ -30,7 +30,7 @@ use crate::types::InterfaceId;
 
 impl Daemon {
     /// Attaches a clone of `of` on `network` (up already).
-    pub(super) async fn attach_clone(
+    pub(in crate::daemon) async fn attach_clone(
         &mut self,
         network: &str,
         id: InterfaceId,
@@ -106,7 +106,7 @@ impl Daemon {
         );
         let holds_guest_address = taken_over.is_some();
         done.extend(taken_over.clone().map(Done::TookOver));
-        let plan = attach::plan_clone(&cfg, id, req, unique);
+        let plan = plan::plan_clone(&cfg, id, req, unique);
         let spec = CloneNetwork {
             guest_mac: guest.mac,
             guest_ip: guest.ip,
@@ -289,7 +289,7 @@ impl Daemon {
 impl Daemon {
     /// A clone whose attach fails after it was carried out (its published
     /// ports refused) gives back the lease it took over: it never ran.
-    pub(super) fn give_back_taken_lease(&mut self, id: InterfaceId) {
+    pub(in crate::daemon) fn give_back_taken_lease(&mut self, id: InterfaceId) {
         let Some(iface) = self.interfaces.get(&id) else {
             return;
         };
@@ -307,7 +307,7 @@ const CLONE_NAMESPACES: &str = "netns";
 
 impl Daemon {
     /// Takes away the namespace names a daemon before left (start-up).
-    pub(super) fn remove_clone_mounts(&self) {
+    pub(in crate::daemon) fn remove_clone_mounts(&self) {
         let Ok(entries) = std::fs::read_dir(self.run_dir.join(CLONE_NAMESPACES)) else {
             return;
         };

@@ -1,0 +1,304 @@
+//! Attach and detach as requests: every check (allow list, a network
+//! socket's relay, keep, the name, limits, policy, the id), the network
+//! brought up, the plan (`plan`) carried out step by step and undone on
+//! failure, a clone's own path (`clone`), the ports published; and a
+//! client's detach and relay counters.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use tracing::info;
+
+use crate::api::{AttachRequest, InterfaceInfo};
+use crate::config::{DEFAULT_NETWORK, NetworkConfig};
+use crate::daemon::client::Client;
+use crate::daemon::drivers::PortRequest;
+use crate::daemon::errors::DaemonError;
+use crate::daemon::holder::Holder;
+use crate::daemon::plan::{self, AttachPlan, Done};
+use crate::daemon::policies::check_policy_possible;
+use crate::daemon::state::Daemon;
+use crate::datapath::{Datapath, RelayCounters};
+use crate::host::ALIAS_INTERFACE;
+use crate::services::unix_now;
+use crate::types::{self, InterfaceId, MacAddr};
+
+impl Daemon {
+    /// Attaches an interface: what the VMM's side needs to know, the port's
+    /// fd, and (for an interface a client holds) the token it re-claims the
+    /// interface with after a daemon restart.
+    pub async fn handle_attach(
+        &mut self,
+        client: &Client,
+        req: AttachRequest,
+    ) -> Result<(InterfaceInfo, OwnedFd, Option<String>), DaemonError> {
+        let network = req
+            .network
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NETWORK.into());
+        // An adopted interface its client did not re-claim (one that
+        // attaches again instead, as an API client may) goes for the new
+        // attach, when it is the same user's.
+        if let Some(id) = req.interface_id
+            && let Some(other) = self.interfaces.get(&id)
+            && matches!(other.holder, Holder::Adopted { .. })
+            && client.network_socket.is_none()
+            && (client.uid == other.uid || client.uid == 0)
+        {
+            info!(network = %other.network, interface = %id, uid = client.uid, "attached again instead of re-claimed: the adopted interface goes first");
+            self.detach(&[id]).await?;
+        }
+        let cfg = self
+            .config
+            .network(&network)
+            .ok_or_else(|| self.unknown_network(&network))?;
+        if !cfg.allow.permits(client.uid, &client.groups) {
+            return Err(DaemonError::NotAllowed {
+                uid: client.uid,
+                network,
+                allow: cfg.allow.describe(),
+            });
+        }
+        if let Some(bound) = &client.network_socket {
+            self.check_network_socket_attach(client, bound, &req)?;
+        }
+        if req.keep && req.datapath != Some(Datapath::TapName) {
+            return Err(DaemonError::BadRequest(
+                "an interface kept past its client's connection is for a VMM that opens its TAP by name: attach it with --datapath tap-name".into(),
+            ));
+        }
+        if let Some(name) = &req.name {
+            types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
+            if let Some((holder, other)) = self
+                .interfaces
+                .iter()
+                .find(|(_, i)| i.network == network && types::names_match(i.name.as_deref(), name))
+            {
+                return Err(DaemonError::Conflict(format!(
+                    "network \"{network}\": the name \"{name}\" is held by interface {holder} of uid {}; choose another --name",
+                    other.uid
+                )));
+            }
+        }
+        self.check_limits(cfg, client.uid)?;
+        let policy = req.policy.as_ref().unwrap_or(&cfg.policy);
+        check_policy_possible(policy, cfg)?;
+        let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
+        if let Some(other) = self.interfaces.get(&id) {
+            return Err(DaemonError::Busy(format!(
+                "interface {id} is already attached to network \"{}\" by pid {}; detach it first or use another --interface-id",
+                other.network,
+                other
+                    .pid()
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "?".into())
+            )));
+        }
+        self.ensure_network(&network).await?;
+        let attached = match &req.clone_of {
+            Some(of) => self.attach_clone(&network, id, client, &req, of).await,
+            None => self.attach_on(&network, id, client, &req).await,
+        };
+        let result = match attached {
+            Ok((mut info, fd)) => match self.publish_on_attach(id, client, &req) {
+                Ok(forwards) => {
+                    info.forwards = forwards;
+                    // Written before the reply: a daemon killed after it
+                    // leaves an interface the next one adopts.
+                    self.save_record(id);
+                    let iface = &self.interfaces[&id];
+                    // A kept one has no client to re-claim it.
+                    let token = (iface.outlives_daemon()
+                        && !matches!(iface.holder, Holder::Kept { .. })
+                        && !self.rootless())
+                    .then(|| iface.token.clone());
+                    Ok((info, fd, token))
+                }
+                Err(e) => {
+                    self.give_back_taken_lease(id);
+                    let _ = self.detach(&[id]).await;
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            self.release_network_if_unused(&network).await;
+        }
+        result
+    }
+    /// A connection from a network socket's relay attaches the one stream
+    /// interface of its VM connection, on that network, and nothing else.
+    fn check_network_socket_attach(
+        &self,
+        client: &Client,
+        bound: &str,
+        req: &AttachRequest,
+    ) -> Result<(), DaemonError> {
+        let refuse = |why: &str| {
+            Err(DaemonError::Forbidden(format!(
+                "the relay of a connection to network \"{bound}\"'s socket {why}"
+            )))
+        };
+        if let Some(why) = crate::daemon::client::attach_refusal(bound, req) {
+            return refuse(&why);
+        }
+        if self.interfaces.values().any(|i| i.holder.is(client.id)) {
+            return refuse("has attached its interface already");
+        }
+        Ok(())
+    }
+    /// Refuses an attach past the network's `max_interfaces` or
+    /// `max_interfaces_per_uid`.
+    fn check_limits(&self, cfg: &NetworkConfig, uid: u32) -> Result<(), DaemonError> {
+        let on_network = || self.interfaces.values().filter(|i| i.network == cfg.name);
+        let name = &cfg.name;
+        if let Some(max) = cfg.max_interfaces
+            && on_network().count() >= max as usize
+        {
+            return Err(DaemonError::Busy(format!(
+                "network \"{name}\" has {max} interfaces, its limit (networks.{name}.max_interfaces); detach one or raise the limit"
+            )));
+        }
+        if let Some(max) = cfg.max_interfaces_per_uid
+            && on_network().filter(|i| i.uid == uid).count() >= max as usize
+        {
+            return Err(DaemonError::Busy(format!(
+                "uid {uid} has {max} interfaces on network \"{name}\", its limit (networks.{name}.max_interfaces_per_uid); detach one or raise the limit"
+            )));
+        }
+        Ok(())
+    }
+    /// Plans the attach (`attach::plan`), carries it out, and undoes what
+    /// was done if a step fails.
+    async fn attach_on(
+        &mut self,
+        network: &str,
+        id: InterfaceId,
+        client: &Client,
+        req: &AttachRequest,
+    ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
+        let now = unix_now();
+        let net = &self.networks[network];
+        if req.datapath == Some(Datapath::TapName) && !net.ports_open_by_name() {
+            return Err(DaemonError::BadRequest(format!(
+                "network \"{network}\" is a {} network, whose VMs' macvtaps are opened through their fd, not by name; use --datapath tap",
+                net.config.mode
+            )));
+        }
+        let mut done = Vec::new();
+        let plan = match net.leases() {
+            Some(leases) => {
+                let mut leases = leases.lock().expect("lease lock");
+                let plan = plan::plan(&net.config, &mut leases, client.claimant(), id, req, now)?;
+                done.push(Done::Lease);
+                plan
+            }
+            None => plan::plan_on_lan(&net.config, id, req, net.mtu(), |mac| {
+                self.interfaces
+                    .values()
+                    .any(|i| i.network == network && i.mac == mac)
+            })?,
+        };
+        let (tap_name, tap_index, tap_mac, fd) =
+            match self.carry_out(network, &plan, client, &mut done).await {
+                Ok(made) => made,
+                Err(e) => {
+                    self.undo(network, id, done, now).await;
+                    return Err(e);
+                }
+            };
+        let port = (tap_name, tap_index, tap_mac);
+        let info = self.record_attached(network, plan, client, req, port, None);
+        Ok((info, fd))
+    }
+    /// The kernel's part of an attach: the TAP (owned by the client), its
+    /// MAC, its guard entries, its place on the bridge. Each step that
+    /// needs undoing goes into `done` once it is done.
+    async fn carry_out(
+        &mut self,
+        network: &str,
+        plan: &AttachPlan,
+        client: &Client,
+        done: &mut Vec<Done>,
+    ) -> Result<(String, u32, MacAddr, OwnedFd), DaemonError> {
+        let net = &self.networks[network];
+        let port = net
+            .make_port(
+                &self.host,
+                PortRequest {
+                    mac: plan.mac,
+                    uid: client.uid,
+                    gid: client.gid,
+                    next: &mut self.next_tap,
+                    scratch: &self.run_dir.join("devices"),
+                },
+            )
+            .await?;
+        let (tap_name, index, tap_mac, fd) = (port.name, port.index, port.mac, port.fd);
+        done.push(Done::Port(index));
+        let net = &self.networks[network];
+        // Guarded before it joins the bridge and before the VM has its fd.
+        if plan.guarded {
+            let port = plan.guard(&net.config, &tap_name);
+            self.guard.add(&mut *self.host.tables, &port)?;
+            done.push(Done::Guard(port));
+        }
+        let alias = format!("{ALIAS_INTERFACE}{}", plan.id);
+        let settings = plan.link(net.bridge().map(|(_, i)| i), self.guard.held(), &alias);
+        self.host.links.configure(index, settings).await?;
+        // Last, so that a failure before drops a TAP that goes with its fd.
+        // Deleted at detach like any TAP (and by the next daemon, by its
+        // alias, were this one to die first).
+        if plan.datapath == Datapath::TapName {
+            self.host.devices.make_persistent(fd.as_fd()).map_err(|e| {
+                DaemonError::HostSetup(format!(
+                    "cannot make TAP {tap_name} persistent for --datapath tap-name: {e}"
+                ))
+            })?;
+        }
+        // Recorded before the VMM has the fd, so any change is its.
+        self.tap_addresses.record(index, tap_mac);
+        Ok((tap_name, index, tap_mac, fd))
+    }
+    /// Records what a client's relay moved for one of its interfaces.
+    pub fn handle_counters(
+        &mut self,
+        client: &Client,
+        id: InterfaceId,
+        counters: RelayCounters,
+    ) -> Result<(), DaemonError> {
+        match self.interfaces.get_mut(&id) {
+            Some(i) if i.holder.is(client.id) => {
+                i.relay = Some(counters);
+                Ok(())
+            }
+            _ => Err(DaemonError::BadRequest(format!(
+                "interface {id} is not attached by this connection"
+            ))),
+        }
+    }
+    pub async fn handle_detach(
+        &mut self,
+        client: &Client,
+        id: InterfaceId,
+    ) -> Result<(), DaemonError> {
+        match self.interfaces.get(&id) {
+            None => Err(DaemonError::BadRequest(format!(
+                "interface {id} is not attached"
+            ))),
+            Some(i) if i.holder.is_unheld() && client.uid != 0 && client.uid != i.uid => {
+                Err(DaemonError::Forbidden(format!(
+                    "interface {id} belongs to uid {}; only it or root may detach it",
+                    i.uid
+                )))
+            }
+            Some(i) if !i.holder.is(client.id) && !i.holder.is_unheld() => {
+                Err(DaemonError::Busy(format!(
+                    "interface {id} belongs to another client (pid {}); only it can detach it",
+                    i.pid().map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+                )))
+            }
+            Some(_) => self.detach(&[id]).await,
+        }
+    }
+}
