@@ -344,44 +344,6 @@ impl Daemon {
         self.records.remove(id);
     }
 
-    /// Writes interface `id`'s record, if it outlives the daemon (not a
-    /// clone's, nor any of a rootless daemon, whose namespace ends with it).
-    pub(super) fn save_record(&self, id: InterfaceId) {
-        if self.rootless() {
-            return;
-        }
-        let Some(i) = self.interfaces.get(&id).filter(|i| i.outlives_daemon()) else {
-            return;
-        };
-        let record = InterfaceRecord {
-            interface_id: id,
-            network: i.network.clone(),
-            mode: self.config.network(&i.network).expect("attached").mode,
-            mac: i.mac,
-            ip: i.ip,
-            name: i.name.clone(),
-            port: i.tap.clone(),
-            port_index: i.tap_index,
-            port_mac: i.port_mac,
-            uid: i.uid,
-            kept: matches!(i.holder, Holder::Kept { .. }),
-            client: i.holder.process(),
-            datapath: i.datapath,
-            policy: i.policy.clone(),
-            publish: i
-                .forwards
-                .iter()
-                .filter(|p| p.origin == ForwardOrigin::Publish)
-                .map(|p| p.forward)
-                .collect(),
-            token: i.token.clone(),
-            cut_off: i.cut_off.clone(),
-        };
-        if let Err(e) = self.records.save(&record) {
-            warn!(network = %i.network, interface = %id, "cannot write the interface's record: {e}; a daemon restart would cut its VM off");
-        }
-    }
-
     /// A client back after a restart re-claims its interface with the
     /// token it got at attach; from then on the interface lives as long
     /// as this connection.
@@ -488,6 +450,31 @@ fn same_token(ours: &str, theirs: &str) -> bool {
             .zip(theirs.bytes())
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             == 0
+}
+
+impl Daemon {
+    /// Removes every interface and network; leases stay on disk.
+    pub async fn shutdown(&mut self) {
+        let ids: Vec<InterfaceId> = self.interfaces.keys().copied().collect();
+        if let Err(e) = self.detach(&ids).await {
+            warn!("detaching the interfaces failed: {e}");
+        }
+        let names: Vec<String> = self.networks.keys().cloned().collect();
+        for name in names {
+            if let Some(net) = self.networks.remove(&name)
+                && let Err(e) = net.bring_down(&self.host).await
+            {
+                warn!(network = %name, "bring down failed: {e}");
+            }
+        }
+        if let Err(e) = self.sync_host() {
+            warn!("cleaning up the firewall failed: {e}");
+        }
+        if let Err(e) = self.host.tables.remove_guard() {
+            warn!("cleaning up the guard table failed: {e}");
+        }
+        self.clear_docker_user();
+    }
 }
 
 #[cfg(test)]

@@ -307,6 +307,64 @@ impl ForwardStore {
     }
 }
 
+/// The DNAT targets of a network's forwards.
+pub(super) fn rules<'a>(
+    cfg: &NetworkConfig,
+    interfaces: impl Iterator<Item = &'a Interface>,
+) -> Vec<ForwardRule> {
+    interfaces
+        .filter(|i| i.network == cfg.name)
+        .filter_map(|i| Some((i, i.ip?)))
+        .flat_map(|(i, guest)| {
+            let guest6 = i.ipv6_address(cfg);
+            i.forwards.iter().map(move |p| ForwardRule {
+                forward: p.forward,
+                guest,
+                guest6,
+                // By the VM's owner, config forwards too: a name in the
+                // config is taken by whoever attaches under it first.
+                local_uid: (i.uid != 0).then_some(i.uid),
+            })
+        })
+        .collect()
+}
+
+/// Checks `forward` (on `cfg`'s network, for `uid`) and gives it to
+/// interface `id` (the firewall is not updated here).
+pub(super) fn take(
+    interfaces: &mut BTreeMap<InterfaceId, Interface>,
+    cfg: &NetworkConfig,
+    host_ports: Option<&mut HostPorts>,
+    (id, forward, origin): (InterfaceId, PortForward, ForwardOrigin),
+    uid: u32,
+) -> Result<(), DaemonError> {
+    let iface = &interfaces[&id];
+    if cfg.lan.is_some() {
+        return Err(lan_refusal(&forward, cfg));
+    }
+    if iface.ip.is_none() {
+        return Err(DaemonError::BadRequest(format!(
+            "interface {id} has no IPv4 address linnet knows (network \"{}\" has dhcp off): give it a static lease (dhcp.static with its interface_id or MAC) to publish ports",
+            cfg.name
+        )));
+    }
+    let held = interfaces.iter().flat_map(|(other, i)| {
+        i.forwards.iter().map(move |p| Holder {
+            forward: &p.forward,
+            interface: *other,
+            name: i.name.as_deref(),
+            network: &i.network,
+        })
+    });
+    check(&forward, cfg, uid, held)?;
+    if let Some(ports) = host_ports {
+        ports.reserve(&forward)?;
+    }
+    let iface = interfaces.get_mut(&id).expect("attached");
+    iface.forwards.push(Published { forward, origin });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,62 +479,4 @@ mod tests {
             "{e}"
         );
     }
-}
-
-/// The DNAT targets of a network's forwards.
-pub(super) fn rules<'a>(
-    cfg: &NetworkConfig,
-    interfaces: impl Iterator<Item = &'a Interface>,
-) -> Vec<ForwardRule> {
-    interfaces
-        .filter(|i| i.network == cfg.name)
-        .filter_map(|i| Some((i, i.ip?)))
-        .flat_map(|(i, guest)| {
-            let guest6 = i.ipv6_address(cfg);
-            i.forwards.iter().map(move |p| ForwardRule {
-                forward: p.forward,
-                guest,
-                guest6,
-                // By the VM's owner, config forwards too: a name in the
-                // config is taken by whoever attaches under it first.
-                local_uid: (i.uid != 0).then_some(i.uid),
-            })
-        })
-        .collect()
-}
-
-/// Checks `forward` (on `cfg`'s network, for `uid`) and gives it to
-/// interface `id` (the firewall is not updated here).
-pub(super) fn take(
-    interfaces: &mut BTreeMap<InterfaceId, Interface>,
-    cfg: &NetworkConfig,
-    host_ports: Option<&mut HostPorts>,
-    (id, forward, origin): (InterfaceId, PortForward, ForwardOrigin),
-    uid: u32,
-) -> Result<(), DaemonError> {
-    let iface = &interfaces[&id];
-    if cfg.lan.is_some() {
-        return Err(lan_refusal(&forward, cfg));
-    }
-    if iface.ip.is_none() {
-        return Err(DaemonError::BadRequest(format!(
-            "interface {id} has no IPv4 address linnet knows (network \"{}\" has dhcp off): give it a static lease (dhcp.static with its interface_id or MAC) to publish ports",
-            cfg.name
-        )));
-    }
-    let held = interfaces.iter().flat_map(|(other, i)| {
-        i.forwards.iter().map(move |p| Holder {
-            forward: &p.forward,
-            interface: *other,
-            name: i.name.as_deref(),
-            network: &i.network,
-        })
-    });
-    check(&forward, cfg, uid, held)?;
-    if let Some(ports) = host_ports {
-        ports.reserve(&forward)?;
-    }
-    let iface = interfaces.get_mut(&id).expect("attached");
-    iface.forwards.push(Published { forward, origin });
-    Ok(())
 }

@@ -7,6 +7,14 @@
 //! the host (`coexist::HostView`), the leases (each linnet network's
 //! driver).
 
+use super::coexist::{GUARD_RETRY, firewalls, warnings};
+use super::guarding::Restore;
+use super::records::InterfaceRecord;
+use crate::api::ForwardOrigin;
+use crate::config::Mode;
+use crate::host::docker_user;
+use crate::host::guard::{self, Hook};
+use crate::host::ruleset::{Ruleset, Shape};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -29,9 +37,7 @@ use super::leftovers::Leftovers;
 use super::plan::{self, AttachPlan, Done};
 use super::policies::{self};
 use super::records::Records;
-use crate::api::{
-    AttachRequest, InterfaceInfo, InterfaceRef, InterfaceStatus, NetworkStatus, Response,
-};
+use crate::api::{AttachRequest, InterfaceInfo, InterfaceRef};
 use crate::config::Config;
 use crate::host::firewall;
 use crate::host::guard::PortGuard;
@@ -307,107 +313,6 @@ impl Daemon {
         ));
     }
 
-    /// A VMM changed its TAP's MAC (`tap_watch`): the TAP leaves its bridge
-    /// and goes down, which also removes the bridge entry the new MAC made.
-    /// A notification can be older than the MAC linnet set at attach (the
-    /// kernel's first, random one): only the link as it is now counts.
-    pub async fn tap_address_changed(&mut self, index: u32, was: MacAddr) {
-        let Some(tap) = self
-            .interfaces
-            .values()
-            .find(|i| i.tap_index == index && i.cut_off.is_none())
-            .map(|i| i.tap.clone())
-        else {
-            return;
-        };
-        let now = match self.host.links.link(&tap).await {
-            Ok(Some(link)) if link.index == index => match link.address {
-                Some(now) if now != was => now,
-                _ => return,
-            },
-            // Gone, or the name is another link's now: nothing to cut.
-            Ok(_) => return,
-            Err(e) => {
-                warn!(%tap, "cannot read the TAP's MAC: {e}");
-                return;
-            }
-        };
-        self.tap_addresses.forget(index);
-        let Some((id, iface)) = self
-            .interfaces
-            .iter_mut()
-            .find(|(_, i)| i.tap_index == index)
-        else {
-            return;
-        };
-        warn!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?iface.pid(), uid = iface.uid, %was, %now,
-            "the VMM changed its TAP's MAC, which could take another VM's traffic: the TAP is off the network until detached");
-        iface.cut_off = Some(format!(
-            "its VMM changed the TAP's MAC from {was} to {now}; off the network until detached"
-        ));
-        if let Err(e) = self.host.links.cut_off(index).await {
-            warn!(tap = %iface.tap, "cannot take the TAP off its bridge: {e}");
-        }
-        let id = *id;
-        self.save_record(id);
-    }
-
-    /// Whether any interface is kept past its client (`linnet attach`).
-    pub fn any_kept(&self) -> bool {
-        self.interfaces
-            .values()
-            .any(|i| matches!(i.holder, Holder::Kept { .. }))
-    }
-
-    /// Detaches the kept interfaces (`linnet attach`) on linnet's own
-    /// networks whose VM has sent nothing for the network's lease_time (a
-    /// DHCP client renews in half of it): the daemon's lease on them has
-    /// run out. `stats` is every link's (rx, tx) by index.
-    pub async fn expire_kept(&mut self, stats: &BTreeMap<u32, (u64, u64)>) {
-        let now = std::time::Instant::now();
-        let mut expired = Vec::new();
-        for (id, iface) in &mut self.interfaces {
-            let (Holder::Kept { rx: seen, since }, Some(net)) =
-                (&mut iface.holder, self.networks.get(&iface.network))
-            else {
-                continue;
-            };
-            let Some(&(rx, _)) = stats.get(&iface.tap_index) else {
-                continue;
-            };
-            if rx != *seen {
-                (*seen, *since) = (rx, now);
-            } else if net.leases().is_some()
-                && now.duration_since(*since).as_secs() >= u64::from(net.config.dhcp.lease_time)
-            {
-                info!(network = %iface.network, interface = %id, tap = %iface.tap, lease_time = net.config.dhcp.lease_time, "a kept interface's VM sent nothing for the network's lease_time: detaching it");
-                expired.push(*id);
-            }
-        }
-        if !expired.is_empty()
-            && let Err(e) = self.detach(&expired).await
-        {
-            warn!("detaching expired kept interfaces failed: {e}");
-        }
-    }
-
-    /// A client's connection closed: everything it attached goes, its TAPs
-    /// deleted in one go.
-    pub async fn client_gone(&mut self, client: u64) {
-        let ids: Vec<InterfaceId> = self
-            .interfaces
-            .iter()
-            .filter(|(_, i)| i.holder.is(client))
-            .map(|(id, _)| *id)
-            .collect();
-        if !ids.is_empty() {
-            info!(client, interfaces = ids.len(), "client went away");
-        }
-        if let Err(e) = self.detach(&ids).await {
-            warn!(client, "detaching its interfaces failed: {e}");
-        }
-    }
-
     /// Deletes the interfaces' TAPs, returns their addresses to the leases
     /// (kept for the network's lease time) and stops networks left unused.
     pub(super) async fn detach(&mut self, ids: &[InterfaceId]) -> Result<(), DaemonError> {
@@ -489,104 +394,6 @@ impl Daemon {
             unsafe { libc::malloc_trim(0) };
         }
         deleted.map_err(Into::into)
-    }
-
-    pub fn list(
-        &self,
-        stats: &BTreeMap<u32, (u64, u64)>,
-        drops: &BTreeMap<String, u64>,
-    ) -> Response {
-        let networks = self
-            .config
-            .networks
-            .values()
-            .map(|cfg| NetworkStatus {
-                name: cfg.name.clone(),
-                mode: cfg.mode,
-                subnet: cfg.lan.is_none().then_some(cfg.subnet),
-                gateway: cfg.lan.is_none().then_some(cfg.gateway),
-                lan: cfg.lan.as_ref().map(|lan| lan.link().to_string()),
-                ipv6_prefix: cfg.ipv6.as_ref().map(|v6| v6.prefix),
-                bridge: self
-                    .networks
-                    .get(&cfg.name)
-                    .and_then(|n| n.bridge())
-                    .map(|(name, _)| name.to_string()),
-                interfaces: self
-                    .interfaces
-                    .values()
-                    .filter(|i| i.network == cfg.name)
-                    .count(),
-                persistent: cfg.persistent,
-                socket: cfg
-                    .socket
-                    .as_ref()
-                    .map(|s| s.path(&cfg.name, &self.run_dir)),
-                warnings: self.network_warnings(&cfg.name),
-            })
-            .collect();
-        let interfaces = self
-            .interfaces
-            .iter()
-            .map(|(id, i)| {
-                let (rx, tx) = stats.get(&i.tap_index).copied().unwrap_or_default();
-                let cfg = self.config.network(&i.network).expect("attached");
-                let guest = i.as_clone.as_ref().map(|c| &c.guest);
-                InterfaceStatus {
-                    interface_id: *id,
-                    name: i.name.clone(),
-                    network: i.network.clone(),
-                    mac_address: guest.map_or(i.mac, |g| g.mac),
-                    ip_address: guest.map_or(i.ip, |g| Some(g.ip)),
-                    ipv6_address: i.ipv6_address(cfg),
-                    tap: i.tap.clone(),
-                    forwards: i.forwards.iter().map(|p| p.forward).collect(),
-                    client_pid: i.pid(),
-                    client_uid: i.uid,
-                    datapath: i.datapath,
-                    relay: i.relay,
-                    // The TAP's tx is what the VM received.
-                    vm_rx_bytes: tx,
-                    vm_tx_bytes: rx,
-                    policy: i.policy.clone(),
-                    spoofed_drops: if i.guarded && cfg.anti_spoofing {
-                        Some(drops.get(&i.tap).copied().unwrap_or(0))
-                    } else {
-                        None
-                    },
-                    cut_off: i.cut_off.clone(),
-                    clone_address: i.ip.filter(|_| guest.is_some()),
-                    netns: i.as_clone.as_ref().and_then(|c| c.netns_path()),
-                }
-            })
-            .collect();
-        Response::Listing {
-            networks,
-            interfaces,
-        }
-    }
-
-    /// Removes every interface and network; leases stay on disk.
-    pub async fn shutdown(&mut self) {
-        let ids: Vec<InterfaceId> = self.interfaces.keys().copied().collect();
-        if let Err(e) = self.detach(&ids).await {
-            warn!("detaching the interfaces failed: {e}");
-        }
-        let names: Vec<String> = self.networks.keys().cloned().collect();
-        for name in names {
-            if let Some(net) = self.networks.remove(&name)
-                && let Err(e) = net.bring_down(&self.host).await
-            {
-                warn!(network = %name, "bring down failed: {e}");
-            }
-        }
-        if let Err(e) = self.sync_host() {
-            warn!("cleaning up the firewall failed: {e}");
-        }
-        if let Err(e) = self.host.tables.remove_guard() {
-            warn!("cleaning up the guard table failed: {e}");
-        }
-        self.clear_docker_user();
     }
 
     pub(super) async fn ensure_network(&mut self, name: &str) -> Result<(), DaemonError> {
@@ -728,5 +535,311 @@ impl Daemon {
     /// An interface's guard, if it has one.
     pub(super) fn guard_of(&self, i: &Interface) -> Option<PortGuard> {
         guarding::guard_of(self.config.network(&i.network)?, i)
+    }
+}
+
+impl Daemon {
+    /// Writes interface `id`'s record, if it outlives the daemon (not a
+    /// clone's, nor any of a rootless daemon, whose namespace ends with it).
+    pub(super) fn save_record(&self, id: InterfaceId) {
+        if self.rootless() {
+            return;
+        }
+        let Some(i) = self.interfaces.get(&id).filter(|i| i.outlives_daemon()) else {
+            return;
+        };
+        let record = InterfaceRecord {
+            interface_id: id,
+            network: i.network.clone(),
+            mode: self.config.network(&i.network).expect("attached").mode,
+            mac: i.mac,
+            ip: i.ip,
+            name: i.name.clone(),
+            port: i.tap.clone(),
+            port_index: i.tap_index,
+            port_mac: i.port_mac,
+            uid: i.uid,
+            kept: matches!(i.holder, Holder::Kept { .. }),
+            client: i.holder.process(),
+            datapath: i.datapath,
+            policy: i.policy.clone(),
+            publish: i
+                .forwards
+                .iter()
+                .filter(|p| p.origin == ForwardOrigin::Publish)
+                .map(|p| p.forward)
+                .collect(),
+            token: i.token.clone(),
+            cut_off: i.cut_off.clone(),
+        };
+        if let Err(e) = self.records.save(&record) {
+            warn!(network = %i.network, interface = %id, "cannot write the interface's record: {e}; a daemon restart would cut its VM off");
+        }
+    }
+}
+
+/// Keeping the host as linnet needs it: looked at again after each change
+/// of networks and whenever the watch sees the host change.
+impl Daemon {
+    /// Re-reads the default routes (`coexist`).
+    pub async fn refresh_uplinks(&mut self) {
+        let shared = |ipv6: bool| {
+            self.networks
+                .values()
+                .any(|n| n.config.mode == Mode::Shared && (!ipv6 || n.config.ipv6.is_some()))
+        };
+        let up = (!self.networks.is_empty(), shared(false), shared(true));
+        let tuned = self
+            .host_loopback
+            .is_some()
+            .then_some(&mut self.egress_tuned);
+        self.view
+            .refresh_uplinks(&*self.host.links, tuned, up)
+            .await;
+    }
+
+    /// The warnings for one network (empty while it is down).
+    pub(super) fn network_warnings(&self, network: &str) -> Vec<String> {
+        let mut out = self.view.warnings(network);
+        out.extend(self.forwards.shadow_warnings(network));
+        out
+    }
+
+    /// Looks at the namespace's firewalls: puts back linnet's own tables if
+    /// they are gone, keeps its DOCKER-USER rules in place, and records
+    /// (and logs, when it changes) what blocks each active network.
+    pub fn check_host(&mut self) {
+        let mut errors = Vec::new();
+        let mut rs = match self.host.tables.ruleset() {
+            Ok(rs) => rs,
+            Err(e) => {
+                warn!("cannot read the nftables ruleset: {e}");
+                errors.push(format!("nftables: {e}"));
+                Ruleset::default()
+            }
+        };
+        // After a repair, read again: the checks see what is now there.
+        if errors.is_empty()
+            && self.restore_tables()
+            && let Ok(again) = self.host.tables.ruleset()
+        {
+            rs = again;
+        }
+        if errors.is_empty()
+            && self.sync_docker_user(&rs)
+            && let Ok(again) = self.host.tables.ruleset()
+        {
+            rs = again;
+        }
+        let legacy = self.host.tables.legacy_chains().unwrap_or_else(|e| {
+            errors.push(format!("legacy iptables: {e}"));
+            Vec::new()
+        });
+        self.restore_forwarding();
+        // Networks on a LAN have nothing in linnet's tables to check.
+        let names: Vec<String> = self
+            .networks
+            .values()
+            .filter(|n| n.config.lan.is_none())
+            .map(|n| n.config.name.clone())
+            .collect();
+        let mut checks = BTreeMap::new();
+        for name in names {
+            let cfg = self.networks[&name].config.clone();
+            let found = self.view.network_checks(&rs, &legacy, &cfg);
+            let old = self
+                .view
+                .checks
+                .get(&name)
+                .map(|c| warnings(c))
+                .unwrap_or_default();
+            let new = warnings(&found);
+            for w in new.iter().filter(|w| !old.contains(w)) {
+                warn!(network = %name, "{w}");
+            }
+            if !old.is_empty() && new.is_empty() {
+                info!(network = %name, "nothing blocks the network's traffic any more");
+            }
+            checks.insert(name, found);
+        }
+        self.view.checks = checks;
+        self.view.docker_chain = docker_user::present(&rs);
+        self.view.docker_rules = docker_user::tagged(&rs);
+        self.view.firewalls = firewalls(&rs, &legacy);
+        self.view.errors = errors;
+    }
+    /// Whether `inet linnet` or `bridge linnet` is gone or lost rules
+    /// while linnet needs it.
+    /// One that cannot even be read counts as damaged: held ports fail
+    /// closed.
+    pub(super) fn own_tables_damaged(&mut self) -> bool {
+        let unreliable = self.view.shapes_unreliable;
+        let inet_shape = firewall::shape(&self.firewall_networks());
+        let has_firewall = self.has_firewall();
+        let mut damaged =
+            |family: &str, expected: Option<&Shape>| match self.host.tables.linnet_shape(family) {
+                Ok(Some(actual)) => expected.is_some_and(|e| *e != actual),
+                Ok(None) | Err(_) => true,
+            };
+        let inet = has_firewall && damaged("inet", (!unreliable).then_some(&inet_shape));
+        let expected = guard::expected_shape().filter(|_| !unreliable);
+        inet || (self.guard.ready() && damaged("bridge", expected))
+            || self.egress_damage().is_some()
+    }
+    /// Puts back `inet linnet` and `bridge linnet` (with every guarded
+    /// port) if they are gone. Returns whether it did.
+    fn restore_tables(&mut self) -> bool {
+        let mut restored = false;
+        if self.has_firewall() {
+            let expected = firewall::shape(&self.firewall_networks());
+            let expected = (!self.view.shapes_unreliable).then_some(&expected);
+            if let Some(damage) = self.damage("inet", expected) {
+                warn!("linnet's table inet linnet {damage}: putting it back");
+                match self.sync_host() {
+                    Ok(()) => {
+                        info!("restored table inet linnet");
+                        restored = true;
+                        self.check_rebuilt("inet", expected);
+                    }
+                    Err(e) => warn!("cannot restore table inet linnet: {e}"),
+                }
+            }
+        }
+        let expected = guard::expected_shape().filter(|_| !self.view.shapes_unreliable);
+        let damage = match self.guard.restore() {
+            Restore::Wait => None,
+            Restore::Retry => Some(("bridge linnet", "could not be put back last time")),
+            Restore::Check => self
+                .damage("bridge", expected)
+                .map(|d| ("bridge linnet", d))
+                .or_else(|| self.egress_damage().map(|d| ("netdev linnet", d))),
+        };
+        if let Some((table, damage)) = damage {
+            warn!(
+                "linnet's table {table} {damage}: putting the guard back with every guarded interface"
+            );
+            let ports = self.guarded_ports();
+            let result = self.host.tables.create_guard(&ports);
+            self.guard
+                .restored(result.as_ref().map(|_| ()).map_err(|_| GUARD_RETRY));
+            match result {
+                Ok(()) => {
+                    info!(interfaces = ports.len(), "restored table bridge linnet");
+                    restored = true;
+                    self.check_rebuilt("bridge", expected);
+                }
+                Err(e) => {
+                    warn!(
+                        "cannot restore table bridge linnet, so anti-spoofing and isolation are off (tried again in {}s or at the next change after that): {e}",
+                        GUARD_RETRY.as_secs()
+                    );
+                }
+            }
+        }
+        restored
+    }
+    /// If a table just rebuilt still does not list as expected, nft shows
+    /// some rule otherwise than linnet counts it: comparing again would
+    /// rebuild for ever (each rebuild wakes the watch), so from then on only
+    /// a table that is gone is put back. (A table deleted again meanwhile
+    /// says nothing about that.)
+    fn check_rebuilt(&mut self, family: &str, expected: Option<&Shape>) {
+        if let Ok(Some(actual)) = self.host.tables.linnet_shape(family)
+            && expected.is_some_and(|e| *e != actual)
+        {
+            warn!(
+                "table {family} linnet lists otherwise than linnet made it; from now on linnet puts back only tables that are gone, not lost rules"
+            );
+            self.view.shapes_unreliable = true;
+        }
+    }
+    /// What happened to the macvtaps' table `netdev linnet`, while a
+    /// macvtap is guarded, if it is not as linnet made it.
+    fn egress_damage(&mut self) -> Option<&'static str> {
+        let ports: Vec<PortGuard> = self
+            .guarded_ports()
+            .into_iter()
+            .filter(|p| p.hook == Hook::Egress && p.anti_spoofing)
+            .collect();
+        if ports.is_empty() || !self.guard.ready() {
+            return None;
+        }
+        let expected =
+            guard::expected_egress_shape(&ports).filter(|_| !self.view.shapes_unreliable);
+        self.damage("netdev", expected.as_ref())
+    }
+    /// What happened to linnet's table `family linnet`, if it is not as
+    /// linnet made it (`expected`; None: only whether it is there).
+    fn damage(&mut self, family: &str, expected: Option<&Shape>) -> Option<&'static str> {
+        match self.host.tables.linnet_shape(family) {
+            Ok(None) => Some("is gone (nft flush ruleset, or a firewall reload?)"),
+            Ok(Some(actual)) if expected.is_some_and(|e| *e != actual) => {
+                Some("lost rules or chains (nft flush table or delete rule?)")
+            }
+            Ok(Some(_)) => None,
+            Err(e) => {
+                warn!("cannot read table {family} linnet: {e}");
+                None
+            }
+        }
+    }
+    /// Keeps linnet's accept rules in DOCKER-USER for every active network
+    /// (none when `firewall.docker_user` is off). Returns whether it changed
+    /// anything.
+    fn sync_docker_user(&mut self, rs: &Ruleset) -> bool {
+        let wanted: Vec<docker_user::Wanted> = self
+            .networks
+            .values()
+            .filter(|_| self.config.firewall.docker_user)
+            .filter_map(|n| {
+                n.firewall(Vec::new(), Vec::new())?;
+                Some(docker_user::Wanted {
+                    network: &n.config.name,
+                    bridge: n.bridge()?.0,
+                })
+            })
+            .collect();
+        match self.host.tables.sync_docker_user(rs, &wanted) {
+            Ok(changes) => {
+                for (family, network) in &changes.added {
+                    info!(network = %network, family = %family, "added accept rules for the network's bridge to Docker's DOCKER-USER chain");
+                }
+                for (family, network) in &changes.removed {
+                    info!(network = %network, family = %family, "removed linnet's rules from DOCKER-USER");
+                }
+                !changes.added.is_empty() || !changes.removed.is_empty()
+            }
+            Err(e) => {
+                warn!("cannot update linnet's rules in DOCKER-USER: {e}");
+                false
+            }
+        }
+    }
+    /// Removes linnet's DOCKER-USER rules (at shutdown).
+    pub(super) fn clear_docker_user(&mut self) {
+        match self.host.tables.ruleset() {
+            Ok(rs) => {
+                if let Err(e) = self.host.tables.sync_docker_user(&rs, &[]) {
+                    warn!("cannot remove linnet's rules from DOCKER-USER: {e}");
+                }
+            }
+            Err(e) => warn!("cannot read the ruleset to clean DOCKER-USER: {e}"),
+        }
+    }
+    /// Turns forwarding back on if the networks need it and something
+    /// turned it off; what that changes is put back when linnet stops
+    /// forwarding, as when it turned forwarding on in the first place.
+    pub fn restore_forwarding(&mut self) {
+        let (needs4, needs6) = self.forwarding_needs();
+        match self.forwarding.turn_on(&*self.host.devices, needs4, needs6) {
+            Ok(turned) => {
+                for family in turned {
+                    warn!(
+                        "{family} forwarding was turned off behind linnet's back: turned it on again (its networks need it)"
+                    );
+                }
+            }
+            Err(e) => warn!("{e}"),
+        }
     }
 }

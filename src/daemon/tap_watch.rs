@@ -90,6 +90,53 @@ async fn recheck(daemon: &Mutex<Daemon>, known: &TapAddresses) {
     }
 }
 
+impl Daemon {
+    /// A VMM changed its TAP's MAC (`tap_watch`): the TAP leaves its bridge
+    /// and goes down, which also removes the bridge entry the new MAC made.
+    /// A notification can be older than the MAC linnet set at attach (the
+    /// kernel's first, random one): only the link as it is now counts.
+    pub async fn tap_address_changed(&mut self, index: u32, was: MacAddr) {
+        let Some(tap) = self
+            .interfaces
+            .values()
+            .find(|i| i.tap_index == index && i.cut_off.is_none())
+            .map(|i| i.tap.clone())
+        else {
+            return;
+        };
+        let now = match self.host.links.link(&tap).await {
+            Ok(Some(link)) if link.index == index => match link.address {
+                Some(now) if now != was => now,
+                _ => return,
+            },
+            // Gone, or the name is another link's now: nothing to cut.
+            Ok(_) => return,
+            Err(e) => {
+                warn!(%tap, "cannot read the TAP's MAC: {e}");
+                return;
+            }
+        };
+        self.tap_addresses.forget(index);
+        let Some((id, iface)) = self
+            .interfaces
+            .iter_mut()
+            .find(|(_, i)| i.tap_index == index)
+        else {
+            return;
+        };
+        warn!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?iface.pid(), uid = iface.uid, %was, %now,
+            "the VMM changed its TAP's MAC, which could take another VM's traffic: the TAP is off the network until detached");
+        iface.cut_off = Some(format!(
+            "its VMM changed the TAP's MAC from {was} to {now}; off the network until detached"
+        ));
+        if let Err(e) = self.host.links.cut_off(index).await {
+            warn!(tap = %iface.tap, "cannot take the TAP off its bridge: {e}");
+        }
+        let id = *id;
+        self.save_record(id);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

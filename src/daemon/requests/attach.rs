@@ -6,7 +6,9 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use tracing::info;
+use std::collections::BTreeMap;
+
+use tracing::{info, warn};
 
 use crate::api::{AttachRequest, InterfaceInfo};
 use crate::config::{DEFAULT_NETWORK, NetworkConfig};
@@ -300,5 +302,61 @@ impl Daemon {
             }
             Some(_) => self.detach(&[id]).await,
         }
+    }
+}
+
+impl Daemon {
+    /// A client's connection closed: everything it attached goes, its TAPs
+    /// deleted in one go.
+    pub async fn client_gone(&mut self, client: u64) {
+        let ids: Vec<InterfaceId> = self
+            .interfaces
+            .iter()
+            .filter(|(_, i)| i.holder.is(client))
+            .map(|(id, _)| *id)
+            .collect();
+        if !ids.is_empty() {
+            info!(client, interfaces = ids.len(), "client went away");
+        }
+        if let Err(e) = self.detach(&ids).await {
+            warn!(client, "detaching its interfaces failed: {e}");
+        }
+    }
+    /// Detaches the kept interfaces (`linnet attach`) on linnet's own
+    /// networks whose VM has sent nothing for the network's lease_time (a
+    /// DHCP client renews in half of it): the daemon's lease on them has
+    /// run out. `stats` is every link's (rx, tx) by index.
+    pub async fn expire_kept(&mut self, stats: &BTreeMap<u32, (u64, u64)>) {
+        let now = std::time::Instant::now();
+        let mut expired = Vec::new();
+        for (id, iface) in &mut self.interfaces {
+            let (Holder::Kept { rx: seen, since }, Some(net)) =
+                (&mut iface.holder, self.networks.get(&iface.network))
+            else {
+                continue;
+            };
+            let Some(&(rx, _)) = stats.get(&iface.tap_index) else {
+                continue;
+            };
+            if rx != *seen {
+                (*seen, *since) = (rx, now);
+            } else if net.leases().is_some()
+                && now.duration_since(*since).as_secs() >= u64::from(net.config.dhcp.lease_time)
+            {
+                info!(network = %iface.network, interface = %id, tap = %iface.tap, lease_time = net.config.dhcp.lease_time, "a kept interface's VM sent nothing for the network's lease_time: detaching it");
+                expired.push(*id);
+            }
+        }
+        if !expired.is_empty()
+            && let Err(e) = self.detach(&expired).await
+        {
+            warn!("detaching expired kept interfaces failed: {e}");
+        }
+    }
+    /// Whether any interface is kept past its client (`linnet attach`).
+    pub fn any_kept(&self) -> bool {
+        self.interfaces
+            .values()
+            .any(|i| matches!(i.holder, Holder::Kept { .. }))
     }
 }

@@ -4,5 +4,7 @@
 
 mod attach;
 mod clone;
+mod doctor;
 mod forward;
+mod list;
 mod policy;

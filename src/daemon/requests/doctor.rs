@@ -1,0 +1,92 @@
+//! `linnet doctor`: per network, what blocks its traffic, its uplinks, and
+//! what its kind says of itself.
+
+use crate::api::{DoctorReport, NetworkDoctor, Response};
+use crate::config::Mode;
+use crate::daemon::coexist::Uplinks;
+use crate::daemon::state::Daemon;
+use crate::host;
+
+impl Daemon {
+    pub fn doctor(&self, network: Option<&str>) -> Response {
+        if let Some(name) = network
+            && self.config.network(name).is_none()
+        {
+            return self.unknown_network(name).into_response();
+        }
+        let docker_chain: Vec<String> = self
+            .view
+            .docker_chain
+            .iter()
+            .map(|f| f.to_string())
+            .collect();
+        let networks = self
+            .config
+            .networks
+            .values()
+            .filter(|c| network.is_none_or(|n| n == c.name))
+            .map(|cfg| {
+                let up = self.networks.contains_key(&cfg.name);
+                let checks = self.view.checks.get(&cfg.name).cloned().unwrap_or_default();
+                let mut notes = Vec::new();
+                if !up {
+                    notes.push("down: checked when it comes up (at its first attach)".into());
+                }
+                let uplinks = &self.view.uplinks;
+                let families = [
+                    ("IPv4", true, &uplinks.used4, &uplinks.ipv4),
+                    ("IPv6", cfg.ipv6.is_some(), &uplinks.used6, &uplinks.ipv6),
+                ];
+                for (family, on, used, defaults) in families {
+                    if cfg.mode == Mode::Shared && on && used.is_none() {
+                        notes.push(format!(
+                            "no {family} route to the internet: VMs cannot reach beyond this host over {family}"
+                        ));
+                    }
+                    if defaults.len() > 1 {
+                        notes.push(format!(
+                            "several {family} default routes: {} (the lowest metric is used)",
+                            Uplinks::describe(defaults).join(", ")
+                        ));
+                    }
+                }
+                notes.extend(crate::daemon::drivers::doctor_notes(cfg));
+                if !cfg.dhcp.enabled && cfg.lan.is_none() {
+                    notes.push("DHCP is off: guests set their own IPv4 address; interfaces without a static lease have no ip_address".into());
+                }
+                if !self.config.firewall.docker_user && !docker_chain.is_empty() {
+                    notes.push("firewall.docker_user is false: linnet adds no rules to DOCKER-USER".into());
+                }
+                NetworkDoctor {
+                    name: cfg.name.clone(),
+                    mode: cfg.mode,
+                    bridge: match &cfg.lan {
+                        Some(lan) => lan.link().to_string(),
+                        None => host::bridge_name(&cfg.name),
+                    },
+                    up,
+                    uplink_ipv4: (cfg.mode == Mode::Shared).then(|| self.view.uplinks.used4.clone()).flatten(),
+                    uplink_ipv6: (cfg.mode == Mode::Shared && cfg.ipv6.is_some())
+                        .then(|| self.view.uplinks.used6.clone())
+                        .flatten(),
+                    docker_user_rules: self.view.docker_rules.contains(&cfg.name),
+                    checks,
+                    notes,
+                }
+            })
+            .collect();
+        Response::Doctor {
+            report: Box::new(DoctorReport {
+                uplinks_ipv4: Uplinks::describe(&self.view.uplinks.ipv4),
+                uplinks_ipv6: Uplinks::describe(&self.view.uplinks.ipv6),
+                firewalls: self.view.firewalls.clone(),
+                docker_user_chain: docker_chain,
+                docker_user_enabled: self.config.firewall.docker_user,
+                ipv4_forwarding: self.host.devices.forwarding_on(false),
+                ipv6_forwarding: self.host.devices.forwarding_on(true),
+                errors: self.view.errors.clone(),
+                networks,
+            }),
+        }
+    }
+}
