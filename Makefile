@@ -46,6 +46,8 @@ lint:
 	# The integration suite is test = false, so --all-targets skips it.
 	$(CARGO) clippy --test integration -- -D warnings
 	python3 -m py_compile bench/linnet_bench/*.py bench/tests/*.py
+	# Layers one way: no import circle among the modules of any parent.
+	scripts/check-layers
 	out=$$(cd $(GO_CLIENT) && "$$($(GO) env GOROOT)/bin/gofmt" -l .) && test -z "$$out" || { echo "gofmt: $(GO_CLIENT): $$out"; exit 1; }
 	cd $(GO_CLIENT) && GOTOOLCHAIN=local $(GO) vet ./...
 	# The docs' benchmark figures are the committed results' (bench/linnet_bench/docs.py).
