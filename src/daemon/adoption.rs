@@ -432,27 +432,7 @@ impl Daemon {
             "VMs are attached: their ports, bridges and rules stay for the next daemon, which adopts them"
         );
     }
-}
 
-/// The number in a port's name (`lnt7`, `lnv7`), which the next ports'
-/// names count on from.
-fn port_number(name: &str) -> Option<u32> {
-    [crate::host::TAP_PREFIX, crate::host::MACVTAP_PREFIX]
-        .iter()
-        .find_map(|p| name.strip_prefix(p)?.parse().ok())
-}
-
-/// Compares tokens in time that does not depend on where they differ.
-fn same_token(ours: &str, theirs: &str) -> bool {
-    ours.len() == theirs.len()
-        && ours
-            .bytes()
-            .zip(theirs.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
-}
-
-impl Daemon {
     /// Removes every interface and network; leases stay on disk.
     pub async fn shutdown(&mut self) {
         let ids: Vec<InterfaceId> = self.interfaces.keys().copied().collect();
@@ -475,6 +455,24 @@ impl Daemon {
         }
         self.clear_docker_user();
     }
+}
+
+/// The number in a port's name (`lnt7`, `lnv7`), which the next ports'
+/// names count on from.
+fn port_number(name: &str) -> Option<u32> {
+    [crate::host::TAP_PREFIX, crate::host::MACVTAP_PREFIX]
+        .iter()
+        .find_map(|p| name.strip_prefix(p)?.parse().ok())
+}
+
+/// Compares tokens in time that does not depend on where they differ.
+fn same_token(ours: &str, theirs: &str) -> bool {
+    ours.len() == theirs.len()
+        && ours
+            .bytes()
+            .zip(theirs.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
 }
 
 #[cfg(test)]

@@ -1,12 +1,18 @@
-//! The daemon's state: which networks are up (each with its driver,
-//! `drivers`), which interfaces are attached and by whom. Every request is
-//! decided here; the kernel is changed through the drivers and `host`. The
-//! parts with state of their own keep it in their own structs, which only
-//! they change: the guard (`guarding::Guard`), port forwards
-//! (`forwards::Forwards`), IP forwarding (`Forwarding`, below), the view of
-//! the host (`coexist::HostView`), the leases (each linnet network's
-//! driver).
-
+//! The daemon's state and its core. The state: which networks are up
+//! (each with its driver, `drivers`), which interfaces are attached and
+//! who holds them, and the parts with state of their own, which only they
+//! change: the guard (`guarding::Guard`), port forwards
+//! (`forwards::Forwards`), IP forwarding (`forwarding::Forwarding`), the
+//! view of the host (`coexist::HostView`), the leases (each linnet
+//! network's driver). Every kernel effect goes through the host seam
+//! (`host::seam`).
+//!
+//! The core is what every request shares and what calls itself: networks
+//! brought up and down, linnet's tables made to match the state
+//! (`sync_host`), interfaces detached, an attach undone, records saved, and
+//! the host looked at again and repaired (`check_host`). The requests
+//! (`requests/`), start-up and stop (`adoption`) and the watches sit above
+//! it; nothing here calls up to them (`scripts/check-layers` checks).
 use super::coexist::{GUARD_RETRY, firewalls, warnings};
 use super::guarding::Restore;
 use super::records::InterfaceRecord;
@@ -457,13 +463,7 @@ impl Daemon {
             .turn_off_unneeded(&*self.host.devices, needs4, needs6);
         Ok(())
     }
-}
 
-/// How many interfaces leaving at once make the daemon give freed memory
-/// back to the system.
-const MANY_AT_ONCE: usize = 16;
-
-impl Daemon {
     pub(super) fn forwarding_needs(&self) -> (bool, bool) {
         forwarding_needs(&self.firewall_networks())
     }
@@ -489,23 +489,7 @@ impl Daemon {
             })
             .collect()
     }
-}
 
-/// Every link's byte counters (rx, tx) by index, for `list`.
-pub async fn link_stats(netlink: &dyn Links) -> BTreeMap<u32, (u64, u64)> {
-    match netlink.links().await {
-        Ok(links) => links
-            .into_iter()
-            .map(|l| (l.index, (l.rx_bytes, l.tx_bytes)))
-            .collect(),
-        Err(e) => {
-            warn!("cannot read link counters: {e}");
-            BTreeMap::new()
-        }
-    }
-}
-
-impl Daemon {
     /// Frames dropped by each guarded TAP's rules so far.
     pub fn guard_drops(&mut self) -> BTreeMap<String, u64> {
         self.guard.drops(&mut *self.host.tables)
@@ -536,9 +520,7 @@ impl Daemon {
     pub(super) fn guard_of(&self, i: &Interface) -> Option<PortGuard> {
         guarding::guard_of(self.config.network(&i.network)?, i)
     }
-}
 
-impl Daemon {
     /// Writes interface `id`'s record, if it outlives the daemon (not a
     /// clone's, nor any of a rootless daemon, whose namespace ends with it).
     pub(super) fn save_record(&self, id: InterfaceId) {
@@ -576,11 +558,7 @@ impl Daemon {
             warn!(network = %i.network, interface = %id, "cannot write the interface's record: {e}; a daemon restart would cut its VM off");
         }
     }
-}
 
-/// Keeping the host as linnet needs it: looked at again after each change
-/// of networks and whenever the watch sees the host change.
-impl Daemon {
     /// Re-reads the default routes (`coexist`).
     pub async fn refresh_uplinks(&mut self) {
         let shared = |ipv6: bool| {
@@ -840,6 +818,24 @@ impl Daemon {
                 }
             }
             Err(e) => warn!("{e}"),
+        }
+    }
+}
+
+/// How many interfaces leaving at once make the daemon give freed memory
+/// back to the system.
+const MANY_AT_ONCE: usize = 16;
+
+/// Every link's byte counters (rx, tx) by index, for `list`.
+pub async fn link_stats(netlink: &dyn Links) -> BTreeMap<u32, (u64, u64)> {
+    match netlink.links().await {
+        Ok(links) => links
+            .into_iter()
+            .map(|l| (l.index, (l.rx_bytes, l.tx_bytes)))
+            .collect(),
+        Err(e) => {
+            warn!("cannot read link counters: {e}");
+            BTreeMap::new()
         }
     }
 }

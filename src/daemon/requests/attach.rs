@@ -303,9 +303,7 @@ impl Daemon {
             Some(_) => self.detach(&[id]).await,
         }
     }
-}
 
-impl Daemon {
     /// A client's connection closed: everything it attached goes, its TAPs
     /// deleted in one go.
     pub async fn client_gone(&mut self, client: u64) {

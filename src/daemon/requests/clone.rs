@@ -284,9 +284,7 @@ impl Daemon {
             .lock()
             .expect("lease lock")
     }
-}
 
-impl Daemon {
     /// A clone whose attach fails after it was carried out (its published
     /// ports refused) gives back the lease it took over: it never ran.
     pub(in crate::daemon) fn give_back_taken_lease(&mut self, id: InterfaceId) {
@@ -300,12 +298,7 @@ impl Daemon {
             leases.lock().expect("lease lock").give_back(taken);
         }
     }
-}
 
-/// Under the run directory: tap-name clones' namespaces by interface id.
-const CLONE_NAMESPACES: &str = "netns";
-
-impl Daemon {
     /// Takes away the namespace names a daemon before left (start-up).
     pub(in crate::daemon) fn remove_clone_mounts(&self) {
         let Ok(entries) = std::fs::read_dir(self.run_dir.join(CLONE_NAMESPACES)) else {
@@ -321,3 +314,6 @@ impl Daemon {
         }
     }
 }
+
+/// Under the run directory: tap-name clones' namespaces by interface id.
+const CLONE_NAMESPACES: &str = "netns";
