@@ -7,11 +7,11 @@
 
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use super::tap::{IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, IfReq, TUNSETIFF};
+use linnet_tun::{IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, IfReq};
 
 /// The fd of the macvtap `name` (index `index`), with the virtio-net header
 /// on, as a TAP fd from linnet has it. `scratch` is a root-only directory
@@ -49,16 +49,9 @@ pub fn open(name: &str, index: u32, scratch: &Path) -> io::Result<OwnedFd> {
         .open(&node);
     let _ = std::fs::remove_file(&node);
     let file = opened?;
-    let mut req = IfReq {
-        name: [0; libc::IFNAMSIZ],
-        flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
-        _pad: [0; 22],
-    };
-    // SAFETY: `req` is a properly sized struct ifreq that outlives the
-    // call; a macvtap's TUNSETIFF reads only its flags.
-    if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF as _, &mut req) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // A macvtap's TUNSETIFF reads only the flags: its name is its own.
+    let mut req = IfReq::new("", IFF_TAP | IFF_NO_PI | IFF_VNET_HDR)?;
+    linnet_tun::set_iff(file.as_fd(), &mut req)?;
     Ok(file.into())
 }
 

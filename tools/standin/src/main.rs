@@ -17,20 +17,13 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::process::exit;
 use std::sync::Arc;
 
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
-const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
-const IFF_TAP: libc::c_short = 0x0002;
-const IFF_NO_PI: libc::c_short = 0x1000;
-const IFF_VNET_HDR: libc::c_short = 0x4000;
-const TUN_F_CSUM: libc::c_ulong = 0x01;
-const TUN_F_TSO4: libc::c_ulong = 0x02;
-const TUN_F_TSO6: libc::c_ulong = 0x04;
+use linnet_tun::{IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, OFFLOAD_CSUM, OFFLOAD_TSO4, OFFLOAD_TSO6};
+
 /// The virtio-net header a TAP carries unless told otherwise.
 const TAP_HEADER: usize = 10;
 /// A GSO frame of up to 64 KiB plus its virtio-net header.
@@ -653,38 +646,24 @@ fn create_tap(name: &str) -> io::Result<OwnedFd> {
         .custom_flags(libc::O_CLOEXEC)
         .open("/dev/net/tun")
         .map_err(|e| with_context(e, "/dev/net/tun"))?;
-    let mut req = ifreq(name)?;
-    req.data[..2].copy_from_slice(&(IFF_TAP | IFF_NO_PI | IFF_VNET_HDR).to_ne_bytes());
-    // SAFETY: req is a valid struct ifreq.
-    if unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF as _, &mut req) } < 0 {
-        return Err(with_context(
-            io::Error::last_os_error(),
-            &format!("create TAP {name}"),
-        ));
-    }
+    linnet_tun::IfReq::new(name, IFF_TAP | IFF_NO_PI | IFF_VNET_HDR)
+        .and_then(|mut req| linnet_tun::set_iff(file.as_fd(), &mut req))
+        .map_err(|e| with_context(e, &format!("create TAP {name}")))?;
     Ok(file.into())
 }
 
 fn set_offload(fd: &OwnedFd, on: bool) -> io::Result<()> {
     let flags = if on {
-        TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6
+        OFFLOAD_CSUM | OFFLOAD_TSO4 | OFFLOAD_TSO6
     } else {
         0
     };
-    // SAFETY: TUNSETOFFLOAD takes an integer.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETOFFLOAD as _, flags) } < 0 {
-        return Err(with_context(io::Error::last_os_error(), "TUNSETOFFLOAD"));
-    }
-    Ok(())
+    linnet_tun::set_offload(fd.as_fd(), flags).map_err(|e| with_context(e, "TUNSETOFFLOAD"))
 }
 
 fn set_header_len(fd: &OwnedFd, len: usize) -> io::Result<()> {
-    let len = len as libc::c_int;
-    // SAFETY: TUNSETVNETHDRSZ reads an int through the pointer.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETVNETHDRSZ as _, &len) } < 0 {
-        return Err(with_context(io::Error::last_os_error(), "TUNSETVNETHDRSZ"));
-    }
-    Ok(())
+    linnet_tun::set_vnet_header_len(fd.as_fd(), len as libc::c_int)
+        .map_err(|e| with_context(e, "TUNSETVNETHDRSZ"))
 }
 
 /// Sets MAC and MTU and brings the guest interface up.
