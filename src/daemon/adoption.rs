@@ -359,14 +359,10 @@ impl Daemon {
             )));
         };
         if !same_token(&iface.token, token) || (client.uid != iface.uid && client.uid != 0) {
-            return Err(DaemonError::Forbidden(format!(
-                "interface {id} is not this client's to re-claim"
-            )));
+            return Err(DaemonError::NotReclaimable { id });
         }
         if !matches!(iface.holder, Holder::Adopted { .. }) {
-            return Err(DaemonError::Busy(format!(
-                "interface {id} is held by a connection already"
-            )));
+            return Err(DaemonError::AlreadyReclaimed { id });
         }
         iface.holder = client.holder(false);
         info!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?client.pid, uid = client.uid, "re-claimed by its client");

@@ -66,31 +66,30 @@ pub fn check<'a>(
         .and_then(|t| t.trim().parse::<u16>().ok())
         .unwrap_or(1024);
     if uid != 0 && forward.host_port < first_unprivileged {
-        return Err(DaemonError::Forbidden(format!(
-            "host port {port} is privileged (below net.ipv4.ip_unprivileged_port_start = {first_unprivileged}): only root may publish it; choose a host port of {first_unprivileged} or more"
-        )));
+        return Err(DaemonError::PrivilegedPort {
+            port,
+            first: first_unprivileged,
+        });
     }
     if let Some(h) = held.find(|h| h.forward.clashes_with(forward)) {
-        let name = h.name.map(|n| format!(" ({n})")).unwrap_or_default();
-        return Err(DaemonError::Conflict(format!(
-            "host port {port} is already forwarded to interface {}{name} on network \"{}\" ({}); choose another host port, or remove that one with `linnet forward rm`",
-            h.interface, h.network, h.forward
-        )));
+        return Err(DaemonError::PortForwarded {
+            port,
+            holder: h.interface,
+            holder_name: h.name.map(String::from),
+            network: h.network.into(),
+            forward: *h.forward,
+        });
     }
     if let Some(l) = listeners::on_port(forward.protocol, forward.host_port, forward.host_addr)
         .into_iter()
         .next()
     {
-        // Which process holds it is for root's eyes only.
-        let owner = l
-            .owner
-            .filter(|_| uid == 0)
-            .map(|o| format!(" of {o}"))
-            .unwrap_or_default();
-        return Err(DaemonError::Conflict(format!(
-            "host port {port} is already bound by a listening socket on {}{owner} in linnet's network namespace; choose another host port or stop that service",
-            l.addr
-        )));
+        return Err(DaemonError::PortBound {
+            port,
+            addr: l.addr.to_string(),
+            // Which process holds it is for root's eyes only.
+            owner: l.owner.filter(|_| uid == 0).map(|o| o.to_string()),
+        });
     }
     Ok(())
 }
@@ -441,6 +440,10 @@ mod tests {
         };
         let e = check(&fwd("8080:81"), shared, 0, holders()).unwrap_err();
         assert!(
+            matches!(&e, DaemonError::PortForwarded { holder, holder_name: Some(n), .. } if *holder == other && n == "web"),
+            "{e:?}"
+        );
+        assert!(
             e.to_string().contains(&format!(
                 "host port 8080/tcp is already forwarded to interface {other} (web)"
             )),
@@ -449,8 +452,8 @@ mod tests {
         assert!(check(&fwd("8080:81/udp"), shared, 0, holders()).is_ok());
         let e = check(&fwd("80:80"), shared, 1000, std::iter::empty()).unwrap_err();
         assert!(
-            e.to_string().contains("host port 80/tcp is privileged"),
-            "{e}"
+            matches!(&e, DaemonError::PrivilegedPort { port, .. } if port == "80/tcp"),
+            "{e:?}"
         );
         let e = check(
             &fwd("[2001:db8::1]:8080:80"),
@@ -472,6 +475,10 @@ mod tests {
             std::iter::empty(),
         )
         .unwrap_err();
+        assert!(
+            matches!(&e, DaemonError::PortBound { addr, .. } if *addr == format!("127.0.0.1:{port}")),
+            "{e:?}"
+        );
         assert!(
             e.to_string().contains(&format!(
                 "already bound by a listening socket on 127.0.0.1:{port}"

@@ -131,10 +131,11 @@ impl Daemon {
                 ))
             })?;
         if client.uid != 0 && client.uid != iface.uid {
-            return Err(DaemonError::Forbidden(format!(
-                "interface {id} belongs to uid {}; only it or root may wait for its address",
-                iface.uid
-            )));
+            return Err(DaemonError::NotOwner {
+                id,
+                owner: iface.uid,
+                what: "wait for its address",
+            });
         }
         // A connection that waits is not watched for closing meanwhile: one
         // that holds interfaces would keep them past its client's end.

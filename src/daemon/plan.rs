@@ -64,10 +64,10 @@ pub(super) fn plan_on_lan(
         )));
     }
     if in_use(mac) {
-        return Err(DaemonError::Conflict(format!(
-            "network \"{}\": MAC {mac} is another interface's; choose another --mac",
-            cfg.name
-        )));
+        return Err(DaemonError::MacTaken {
+            network: cfg.name.clone(),
+            mac,
+        });
     }
     Ok(AttachPlan {
         id,
@@ -350,7 +350,7 @@ mod tests {
         chosen.mac = Some("52:54:00:00:00:07".parse().unwrap());
         let taken = plan_on_lan(&cfg, id(3), &chosen, 1500, |m| m == chosen.mac.unwrap());
         assert!(
-            matches!(&taken, Err(DaemonError::Conflict(m)) if m.contains("52:54:00:00:00:07 is another interface's")),
+            matches!(&taken, Err(DaemonError::MacTaken { mac, .. }) if Some(*mac) == chosen.mac),
             "{taken:?}"
         );
     }

@@ -303,7 +303,10 @@ async fn another_user_cannot_take_a_held_name_while_attached_or_after() {
         .await
         .err()
         .unwrap();
-    assert!(matches!(refused, DaemonError::Conflict(_)), "{refused:?}");
+    assert!(
+        matches!(&refused, DaemonError::NameHeld { network, holder, uid: 1000, .. } if network == "shared" && *holder == id(1)),
+        "{refused:?}"
+    );
     assert_eq!(s.linnet_links(), taps, "refused before the host changed");
     // After a detach the name is still its user's, with the lease.
     s.daemon.handle_detach(&user(1000, 1), id(1)).await.unwrap();
@@ -327,7 +330,10 @@ async fn another_users_interface_id_is_refused() {
     let mut s = Scene::new(USERS).await;
     let _vm = s.attach(&user(1000, 1), request(1)).await.unwrap();
     let refused = s.attach(&user(1001, 2), request(1)).await.err().unwrap();
-    assert!(matches!(refused, DaemonError::Busy(_)), "{refused:?}");
+    assert!(
+        matches!(&refused, DaemonError::Attached { id: held, network, .. } if *held == id(1) && network == "shared"),
+        "{refused:?}"
+    );
 }
 
 #[tokio::test]
@@ -431,7 +437,7 @@ async fn a_kept_interface_outlives_its_clients_connection() {
     // Another user may not detach it; its own user may.
     let refused = s.daemon.handle_detach(&user(1001, 2), id(1)).await;
     assert!(
-        matches!(refused, Err(DaemonError::Forbidden(_))),
+        matches!(refused, Err(DaemonError::NotOwner { owner: 1000, .. })),
         "{refused:?}"
     );
     s.daemon.handle_detach(&user(1000, 3), id(1)).await.unwrap();
@@ -455,7 +461,10 @@ async fn another_clients_interface_is_not_its_to_detach() {
     let mut s = Scene::new(USERS).await;
     let _vm = s.attach(&user(1000, 1), request(1)).await.unwrap();
     let refused = s.daemon.handle_detach(&user(1000, 2), id(1)).await;
-    assert!(matches!(refused, Err(DaemonError::Busy(_))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(DaemonError::HeldByAnother { .. })),
+        "{refused:?}"
+    );
     let unknown = s.daemon.handle_detach(&user(1000, 1), id(9)).await;
     assert!(
         matches!(unknown, Err(DaemonError::BadRequest(_))),
@@ -476,7 +485,21 @@ async fn a_limit_per_user_refuses_before_the_host_changes() {
     let _one = s.attach(&user(1000, 1), request(1)).await.unwrap();
     s.fake.clear_steps();
     let refused = s.attach(&user(1000, 1), request(2)).await.err().unwrap();
-    assert!(matches!(refused, DaemonError::Busy(_)), "{refused:?}");
+    assert!(
+        matches!(
+            &refused,
+            DaemonError::Limit {
+                limit: 1,
+                per_uid: Some(1000),
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused.to_string(),
+        "uid 1000 has 1 interfaces on network \"shared\", its limit (networks.shared.max_interfaces_per_uid); detach one or raise the limit"
+    );
     assert!(s.fake.steps().is_empty(), "{:?}", s.fake.steps());
     // Another user has a budget of its own.
     s.attach(&user(1001, 2), request(3)).await.unwrap();
@@ -646,14 +669,23 @@ async fn a_reclaim_takes_the_token_and_the_user() {
     let wrong = s
         .daemon
         .handle_reclaim(&user(1000, 5), id(1), "not-the-token");
-    assert!(matches!(wrong, Err(DaemonError::Forbidden(_))), "{wrong:?}");
+    assert!(
+        matches!(wrong, Err(DaemonError::NotReclaimable { .. })),
+        "{wrong:?}"
+    );
     let other = s.daemon.handle_reclaim(&user(1001, 6), id(1), &token);
-    assert!(matches!(other, Err(DaemonError::Forbidden(_))), "{other:?}");
+    assert!(
+        matches!(other, Err(DaemonError::NotReclaimable { .. })),
+        "{other:?}"
+    );
     s.daemon
         .handle_reclaim(&user(1000, 7), id(1), &token)
         .unwrap();
     let twice = s.daemon.handle_reclaim(&user(1000, 8), id(1), &token);
-    assert!(matches!(twice, Err(DaemonError::Busy(_))), "{twice:?}");
+    assert!(
+        matches!(twice, Err(DaemonError::AlreadyReclaimed { .. })),
+        "{twice:?}"
+    );
     // From now on it lives as long as that connection.
     s.daemon.client_gone(7).await;
     s.assert_nothing_left();
@@ -719,7 +751,10 @@ async fn a_clone_refused_for_its_published_port_gives_the_lease_back() {
         .await
         .err()
         .unwrap();
-    assert!(matches!(refused, DaemonError::Conflict(_)), "{refused:?}");
+    assert!(
+        matches!(&refused, DaemonError::PortForwarded { holder, .. } if *holder == id(2)),
+        "{refused:?}"
+    );
     assert_eq!(
         s.lease("shared", id(1)).as_ref(),
         Some(&held),

@@ -135,12 +135,12 @@ impl Daemon {
     }
 
     /// The attached interface a request names, checked against the caller:
-    /// its owner or root may change its `what`. None: not attached.
+    /// its owner or root may `what` ("change its policy"). None: not attached.
     pub(super) fn interface_named(
         &self,
         client: &Client,
         which: &InterfaceRef,
-        what: &str,
+        what: &'static str,
     ) -> Result<Option<InterfaceId>, DaemonError> {
         if self.config.network(&which.network).is_none() {
             return Err(self.unknown_network(&which.network));
@@ -165,10 +165,11 @@ impl Daemon {
             return Ok(None);
         };
         if client.uid != 0 && client.uid != iface.uid {
-            return Err(DaemonError::Forbidden(format!(
-                "interface {id} belongs to uid {}; only it or root may change its {what}",
-                iface.uid
-            )));
+            return Err(DaemonError::NotOwner {
+                id,
+                owner: iface.uid,
+                what,
+            });
         }
         Ok(Some(id))
     }

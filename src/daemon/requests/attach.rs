@@ -75,10 +75,12 @@ impl Daemon {
                 .iter()
                 .find(|(_, i)| i.network == network && types::names_match(i.name.as_deref(), name))
             {
-                return Err(DaemonError::Conflict(format!(
-                    "network \"{network}\": the name \"{name}\" is held by interface {holder} of uid {}; choose another --name",
-                    other.uid
-                )));
+                return Err(DaemonError::NameHeld {
+                    network,
+                    name: name.clone(),
+                    holder: *holder,
+                    uid: other.uid,
+                });
             }
         }
         self.check_limits(cfg, client.uid)?;
@@ -86,14 +88,11 @@ impl Daemon {
         check_policy_possible(policy, cfg)?;
         let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
         if let Some(other) = self.interfaces.get(&id) {
-            return Err(DaemonError::Busy(format!(
-                "interface {id} is already attached to network \"{}\" by pid {}; detach it first or use another --interface-id",
-                other.network,
-                other
-                    .pid()
-                    .map(|p| p.to_string())
-                    .unwrap_or_else(|| "?".into())
-            )));
+            return Err(DaemonError::Attached {
+                id,
+                network: other.network.clone(),
+                pid: other.pid(),
+            });
         }
         self.ensure_network(&network).await?;
         let attached = match &req.clone_of {
@@ -157,16 +156,20 @@ impl Daemon {
         if let Some(max) = cfg.max_interfaces
             && on_network().count() >= max as usize
         {
-            return Err(DaemonError::Busy(format!(
-                "network \"{name}\" has {max} interfaces, its limit (networks.{name}.max_interfaces); detach one or raise the limit"
-            )));
+            return Err(DaemonError::Limit {
+                network: name.clone(),
+                limit: max,
+                per_uid: None,
+            });
         }
         if let Some(max) = cfg.max_interfaces_per_uid
             && on_network().filter(|i| i.uid == uid).count() >= max as usize
         {
-            return Err(DaemonError::Busy(format!(
-                "uid {uid} has {max} interfaces on network \"{name}\", its limit (networks.{name}.max_interfaces_per_uid); detach one or raise the limit"
-            )));
+            return Err(DaemonError::Limit {
+                network: name.clone(),
+                limit: max,
+                per_uid: Some(uid),
+            });
         }
         Ok(())
     }
@@ -289,16 +292,14 @@ impl Daemon {
                 "interface {id} is not attached"
             ))),
             Some(i) if i.holder.is_unheld() && client.uid != 0 && client.uid != i.uid => {
-                Err(DaemonError::Forbidden(format!(
-                    "interface {id} belongs to uid {}; only it or root may detach it",
-                    i.uid
-                )))
+                Err(DaemonError::NotOwner {
+                    id,
+                    owner: i.uid,
+                    what: "detach it",
+                })
             }
             Some(i) if !i.holder.is(client.id) && !i.holder.is_unheld() => {
-                Err(DaemonError::Busy(format!(
-                    "interface {id} belongs to another client (pid {}); only it can detach it",
-                    i.pid().map(|p| p.to_string()).unwrap_or_else(|| "?".into())
-                )))
+                Err(DaemonError::HeldByAnother { id, pid: i.pid() })
             }
             Some(_) => self.detach(&[id]).await,
         }

@@ -99,7 +99,7 @@ impl Daemon {
         req: ForwardRequest,
     ) -> Result<(), DaemonError> {
         let id = self
-            .interface_named(client, &req.interface(), "forwards")?
+            .interface_named(client, &req.interface(), "change its forwards")?
             .ok_or_else(|| Self::no_such_interface(&req.interface()))?;
         self.take_forward(id, req.forward, ForwardOrigin::Runtime, client.uid)?;
         let undo = |daemon: &mut Daemon| {
@@ -126,7 +126,8 @@ impl Daemon {
         client: &Client,
         req: ForwardRequest,
     ) -> Result<(), DaemonError> {
-        let Some(id) = self.interface_named(client, &req.interface(), "forwards")? else {
+        let Some(id) = self.interface_named(client, &req.interface(), "change its forwards")?
+        else {
             // Not attached: it may still have a kept forward (root only,
             // as the owner is not known).
             if let (Some(id), 0) = (req.interface_id, client.uid)

@@ -17,7 +17,7 @@ impl Daemon {
         which: &InterfaceRef,
     ) -> Result<Response, DaemonError> {
         let id = self
-            .interface_named(client, which, "policy")?
+            .interface_named(client, which, "change its policy")?
             .ok_or_else(|| Self::no_such_interface(which))?;
         Ok(Response::Policy {
             interface_id: id,
@@ -38,7 +38,7 @@ impl Daemon {
         check_policy_possible(&req.policy, cfg)?;
         let which = req.interface();
         let id = self
-            .interface_named(client, &which, "policy")?
+            .interface_named(client, &which, "change its policy")?
             .ok_or_else(|| Self::no_such_interface(&which))?;
         let iface = self.interfaces.get_mut(&id).expect("attached");
         if iface.ip.is_none() && !req.policy.is_open() {
