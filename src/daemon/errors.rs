@@ -4,6 +4,7 @@
 use thiserror::Error;
 
 use crate::api::{ErrorKind, Response};
+use crate::config::Config;
 use crate::forward::PortForward;
 use crate::host::clone_ns::CloneNsError;
 use crate::host::netlink::NetlinkError;
@@ -131,6 +132,24 @@ pub enum DaemonError {
 }
 
 impl DaemonError {
+    /// `name` is no network of `config`'s: which are, and where to add it.
+    pub fn unknown_network(config: &Config, name: &str) -> DaemonError {
+        DaemonError::UnknownNetwork {
+            name: name.into(),
+            known: config
+                .networks
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            file: config
+                .source
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| crate::config::DEFAULT_CONFIG_PATH.into()),
+        }
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             DaemonError::BadRequest(_) => ErrorKind::BadRequest,

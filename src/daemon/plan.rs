@@ -1,23 +1,27 @@
-//! An attach as plain data: `plan` decides what the interface will be (its
-//! lease, MAC, name, policy, whether it is guarded, its link settings)
-//! from the request, the network and its leases, before the kernel is
-//! touched; `Daemon::attach_on` then carries the plan out step by step,
+//! An attach as plain data: `admit` decides whether the client may make
+//! it at all; `plan` decides what the interface will be (its lease, MAC,
+//! name, policy, whether it is guarded, its link settings) from the
+//! request, the network and its leases, before the kernel is touched; `Daemon::attach_on` then carries the plan out step by step,
 //! recording each step in `Done`, and on a failure undoes exactly what was
 //! done, newest first. The decisions are unit-tested here without a kernel.
 
 use std::net::Ipv4Addr;
 
 use super::errors::DaemonError;
+use std::collections::BTreeMap;
+
+use super::client::{Client, attach_refusal};
 use super::guarding::port_guard;
-use super::policies::no_address_for_policy;
+use super::interface::Interface;
+use super::policies::{check_policy_possible, no_address_for_policy};
 use crate::api::AttachRequest;
-use crate::config::NetworkConfig;
+use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig};
 use crate::datapath::Datapath;
 use crate::host::guard::PortGuard;
 use crate::host::netlink::LinkSettings;
 use crate::leases::{Claimant, LeaseTable, TakenOver};
 use crate::policy::Policy;
-use crate::types::{InterfaceId, MacAddr};
+use crate::types::{self, InterfaceId, MacAddr};
 
 /// What an interface will be.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +37,102 @@ pub(super) struct AttachPlan {
     /// its bridge, and before the VM has its fd.
     pub guarded: bool,
     pub mtu: u32,
+}
+
+/// The interfaces attached now, by id.
+pub(super) type Interfaces = BTreeMap<InterfaceId, Interface>;
+
+/// Decides whether `client` may make this attach, before anything changes:
+/// the network is known and allows the user, a network socket's relay
+/// asks only for its VM's port, `keep` is for a TAP opened by name, the
+/// name is free, the network's limits hold, the network can hold the
+/// policy, and the id is not attached. Returns the interface's id (the
+/// request's, or a new one).
+pub(super) fn admit(
+    config: &Config,
+    interfaces: &Interfaces,
+    client: &Client,
+    req: &AttachRequest,
+) -> Result<InterfaceId, DaemonError> {
+    let network = req.network.as_deref().unwrap_or(DEFAULT_NETWORK);
+    let cfg = config
+        .network(network)
+        .ok_or_else(|| DaemonError::unknown_network(config, network))?;
+    if !cfg.allow.permits(client.uid, &client.groups) {
+        return Err(DaemonError::NotAllowed {
+            uid: client.uid,
+            network: network.into(),
+            allow: cfg.allow.describe(),
+        });
+    }
+    if let Some(bound) = &client.network_socket {
+        let refuse = |why: &str| {
+            Err(DaemonError::Forbidden(format!(
+                "the relay of a connection to network \"{bound}\"'s socket {why}"
+            )))
+        };
+        if let Some(why) = attach_refusal(bound, req) {
+            return refuse(&why);
+        }
+        if interfaces.values().any(|i| i.holder.is(client.id)) {
+            return refuse("has attached its interface already");
+        }
+    }
+    if req.keep && req.datapath != Some(Datapath::TapName) {
+        return Err(DaemonError::BadRequest(
+            "an interface kept past its client's connection is for a VMM that opens its TAP by name: attach it with --datapath tap-name".into(),
+        ));
+    }
+    if let Some(name) = &req.name {
+        types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
+        if let Some((holder, other)) = interfaces
+            .iter()
+            .find(|(_, i)| i.network == network && types::names_match(i.name.as_deref(), name))
+        {
+            return Err(DaemonError::NameHeld {
+                network: network.into(),
+                name: name.clone(),
+                holder: *holder,
+                uid: other.uid,
+            });
+        }
+    }
+    check_limits(cfg, interfaces, client.uid)?;
+    check_policy_possible(req.policy.as_ref().unwrap_or(&cfg.policy), cfg)?;
+    let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
+    if let Some(other) = interfaces.get(&id) {
+        return Err(DaemonError::Attached {
+            id,
+            network: other.network.clone(),
+            pid: other.pid(),
+        });
+    }
+    Ok(id)
+}
+
+/// Refuses an attach past the network's `max_interfaces` or
+/// `max_interfaces_per_uid`.
+fn check_limits(cfg: &NetworkConfig, interfaces: &Interfaces, uid: u32) -> Result<(), DaemonError> {
+    let on_network = || interfaces.values().filter(|i| i.network == cfg.name);
+    if let Some(max) = cfg.max_interfaces
+        && on_network().count() >= max as usize
+    {
+        return Err(DaemonError::Limit {
+            network: cfg.name.clone(),
+            limit: max,
+            per_uid: None,
+        });
+    }
+    if let Some(max) = cfg.max_interfaces_per_uid
+        && on_network().filter(|i| i.uid == uid).count() >= max as usize
+    {
+        return Err(DaemonError::Limit {
+            network: cfg.name.clone(),
+            limit: max,
+            per_uid: Some(uid),
+        });
+    }
+    Ok(())
 }
 
 /// Decides an attach on a LAN network (`mode: bridged` or `bridge`): the
@@ -374,5 +474,225 @@ mod tests {
         let undone: Vec<Done> =
             undo_order(vec![Done::Lease, Done::Port(7), Done::Guard(guard.clone())]).collect();
         assert_eq!(undone, vec![Done::Guard(guard), Done::Port(7), Done::Lease]);
+    }
+
+    /// An interface of `uid` attached to `network` as `name`.
+    fn attached(network: &str, uid: u32, name: Option<&str>, connection: u64) -> Interface {
+        Interface {
+            network: network.into(),
+            mac: MacAddr([0x52, 0x54, 0, 0, 0, connection as u8]),
+            ip: None,
+            name: name.map(String::from),
+            tap: format!("lnt{connection}"),
+            tap_index: connection as u32,
+            cut_off: None,
+            holder: crate::daemon::holder::Holder::Client {
+                connection,
+                process: None,
+            },
+            uid,
+            datapath: Datapath::Tap,
+            relay: None,
+            forwards: Vec::new(),
+            guarded: true,
+            policy: Policy::default(),
+            as_clone: None,
+            token: String::new(),
+            port_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+        }
+    }
+
+    fn client(uid: u32, connection: u64) -> Client {
+        Client {
+            id: connection,
+            pid: Some(4242),
+            uid,
+            gid: uid,
+            groups: vec![uid],
+            process: None,
+            network_socket: None,
+        }
+    }
+
+    const USERS: &str = "networks:
+  shared:
+    allow: { users: [root, '1000', '1001'] }
+    max_interfaces: 3
+    max_interfaces_per_uid: 2
+  lan:
+    mode: bridged
+    uplink: eth0
+";
+
+    fn admitted(
+        interfaces: &Interfaces,
+        who: &Client,
+        req: &AttachRequest,
+    ) -> Result<InterfaceId, DaemonError> {
+        admit(
+            &Config::from_yaml(USERS, "t.yaml").unwrap(),
+            interfaces,
+            who,
+            req,
+        )
+    }
+
+    #[test]
+    fn admit_refuses_an_unknown_network_and_a_user_it_does_not_allow() {
+        let none = Interfaces::new();
+        let elsewhere = AttachRequest {
+            network: Some("nope".into()),
+            ..request(None)
+        };
+        match admitted(&none, &client(0, 1), &elsewhere) {
+            Err(DaemonError::UnknownNetwork { name, known, file }) => {
+                assert_eq!(name, "nope");
+                assert!(file.ends_with("networks.yaml"), "where to add it: {file}");
+                assert!(known.contains("shared") && known.contains("lan"), "{known}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let refused = admitted(&none, &client(2000, 1), &request(None));
+        assert!(
+            matches!(&refused, Err(DaemonError::NotAllowed { uid: 2000, network, .. }) if network == "shared"),
+            "{refused:?}"
+        );
+        assert!(admitted(&none, &client(1000, 1), &request(None)).is_ok());
+    }
+
+    #[test]
+    fn admit_gives_the_requests_id_or_a_new_one_and_refuses_an_attached_one() {
+        let mut interfaces = Interfaces::new();
+        let asked = AttachRequest {
+            interface_id: Some(id(1)),
+            ..request(None)
+        };
+        assert_eq!(
+            admitted(&interfaces, &client(1000, 1), &asked).unwrap(),
+            id(1)
+        );
+        let fresh = admitted(&interfaces, &client(1000, 1), &request(None)).unwrap();
+        assert_ne!(fresh, id(1));
+        interfaces.insert(id(1), attached("shared", 1000, None, 7));
+        let refused = admitted(&interfaces, &client(1001, 2), &asked);
+        assert!(
+            matches!(&refused, Err(DaemonError::Attached { id: held, network, .. }) if *held == id(1) && network == "shared"),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn a_held_name_is_refused_naming_its_holder_and_their_uid() {
+        let mut interfaces = Interfaces::new();
+        interfaces.insert(id(1), attached("shared", 1000, Some("web"), 7));
+        let refused = admitted(&interfaces, &client(1001, 2), &request(Some("WEB")));
+        assert!(
+            matches!(&refused, Err(DaemonError::NameHeld { holder, uid: 1000, name, .. }) if *holder == id(1) && name == "WEB"),
+            "{refused:?}"
+        );
+        // The same name on another network is another name.
+        let lan = AttachRequest {
+            network: Some("lan".into()),
+            ..request(Some("web"))
+        };
+        assert!(admitted(&interfaces, &client(0, 3), &lan).is_ok());
+        let bad = admitted(&interfaces, &client(1001, 2), &request(Some("no spaces")));
+        assert!(matches!(bad, Err(DaemonError::BadRequest(_))), "{bad:?}");
+    }
+
+    #[test]
+    fn the_networks_limits_hold_per_network_and_per_user() {
+        let mut interfaces = Interfaces::new();
+        interfaces.insert(id(1), attached("shared", 1000, None, 1));
+        interfaces.insert(id(2), attached("shared", 1000, None, 2));
+        let per_uid = admitted(&interfaces, &client(1000, 3), &request(None));
+        assert!(
+            matches!(
+                per_uid,
+                Err(DaemonError::Limit {
+                    limit: 2,
+                    per_uid: Some(1000),
+                    ..
+                })
+            ),
+            "{per_uid:?}"
+        );
+        assert!(admitted(&interfaces, &client(1001, 3), &request(None)).is_ok());
+        interfaces.insert(id(3), attached("shared", 1001, None, 3));
+        let full = admitted(&interfaces, &client(1001, 4), &request(None));
+        assert!(
+            matches!(
+                full,
+                Err(DaemonError::Limit {
+                    limit: 3,
+                    per_uid: None,
+                    ..
+                })
+            ),
+            "{full:?}"
+        );
+    }
+
+    #[test]
+    fn keep_is_for_a_tap_opened_by_name_and_a_lan_holds_no_policy() {
+        let none = Interfaces::new();
+        let kept = AttachRequest {
+            keep: true,
+            ..request(None)
+        };
+        assert!(matches!(
+            admitted(&none, &client(1000, 1), &kept),
+            Err(DaemonError::BadRequest(_))
+        ));
+        let by_name = AttachRequest {
+            datapath: Some(Datapath::TapName),
+            ..kept
+        };
+        assert!(admitted(&none, &client(1000, 1), &by_name).is_ok());
+        let policed = AttachRequest {
+            network: Some("lan".into()),
+            policy: Some(Policy {
+                egress: vec!["10.0.0.0/8".parse().unwrap()],
+                ingress: vec![],
+            }),
+            ..request(None)
+        };
+        let refused = admitted(&none, &client(0, 1), &policed);
+        assert!(
+            matches!(&refused, Err(DaemonError::BadRequest(m)) if m.contains("on a LAN")),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn a_network_sockets_relay_attaches_its_vm_once_and_nothing_else() {
+        let mac: MacAddr = "52:55:55:00:00:01".parse().unwrap();
+        let relay = Client {
+            network_socket: Some("shared".into()),
+            ..client(1000, 9)
+        };
+        let its_vm = AttachRequest {
+            network: Some("shared".into()),
+            interface_id: Some(types::socket_interface_id("shared", mac)),
+            mac: Some(mac),
+            datapath: Some(Datapath::Stream),
+            ..AttachRequest::default()
+        };
+        let mut interfaces = Interfaces::new();
+        assert!(admitted(&interfaces, &relay, &its_vm).is_ok());
+        let named = AttachRequest {
+            name: Some("web".into()),
+            ..its_vm.clone()
+        };
+        assert!(matches!(
+            admitted(&interfaces, &relay, &named),
+            Err(DaemonError::Forbidden(_))
+        ));
+        interfaces.insert(id(1), attached("shared", 1000, None, 9));
+        let again = admitted(&interfaces, &relay, &its_vm);
+        assert!(
+            matches!(&again, Err(DaemonError::Forbidden(m)) if m.ends_with("has attached its interface already")),
+            "{again:?}"
+        );
     }
 }

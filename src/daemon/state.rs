@@ -187,22 +187,7 @@ impl Daemon {
     }
 
     pub(super) fn unknown_network(&self, name: &str) -> DaemonError {
-        DaemonError::UnknownNetwork {
-            name: name.into(),
-            known: self
-                .config
-                .networks
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", "),
-            file: self
-                .config
-                .source
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| crate::config::DEFAULT_CONFIG_PATH.into()),
-        }
+        DaemonError::unknown_network(&self.config, name)
     }
 
     /// Records an interface whose attach was carried out, and says what it

@@ -11,18 +11,17 @@ use std::collections::BTreeMap;
 use tracing::{info, warn};
 
 use crate::api::{AttachRequest, InterfaceInfo};
-use crate::config::{DEFAULT_NETWORK, NetworkConfig};
+use crate::config::DEFAULT_NETWORK;
 use crate::daemon::client::Client;
 use crate::daemon::drivers::PortRequest;
 use crate::daemon::errors::DaemonError;
 use crate::daemon::holder::Holder;
 use crate::daemon::plan::{self, AttachPlan, Done};
-use crate::daemon::policies::check_policy_possible;
 use crate::daemon::state::Daemon;
 use crate::datapath::{Datapath, RelayCounters};
 use crate::host::ALIAS_INTERFACE;
 use crate::services::unix_now;
-use crate::types::{self, InterfaceId, MacAddr};
+use crate::types::{InterfaceId, MacAddr};
 
 impl Daemon {
     /// Attaches an interface: what the VMM's side needs to know, the port's
@@ -49,51 +48,7 @@ impl Daemon {
             info!(network = %other.network, interface = %id, uid = client.uid, "attached again instead of re-claimed: the adopted interface goes first");
             self.detach(&[id]).await?;
         }
-        let cfg = self
-            .config
-            .network(&network)
-            .ok_or_else(|| self.unknown_network(&network))?;
-        if !cfg.allow.permits(client.uid, &client.groups) {
-            return Err(DaemonError::NotAllowed {
-                uid: client.uid,
-                network,
-                allow: cfg.allow.describe(),
-            });
-        }
-        if let Some(bound) = &client.network_socket {
-            self.check_network_socket_attach(client, bound, &req)?;
-        }
-        if req.keep && req.datapath != Some(Datapath::TapName) {
-            return Err(DaemonError::BadRequest(
-                "an interface kept past its client's connection is for a VMM that opens its TAP by name: attach it with --datapath tap-name".into(),
-            ));
-        }
-        if let Some(name) = &req.name {
-            types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
-            if let Some((holder, other)) = self
-                .interfaces
-                .iter()
-                .find(|(_, i)| i.network == network && types::names_match(i.name.as_deref(), name))
-            {
-                return Err(DaemonError::NameHeld {
-                    network,
-                    name: name.clone(),
-                    holder: *holder,
-                    uid: other.uid,
-                });
-            }
-        }
-        self.check_limits(cfg, client.uid)?;
-        let policy = req.policy.as_ref().unwrap_or(&cfg.policy);
-        check_policy_possible(policy, cfg)?;
-        let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
-        if let Some(other) = self.interfaces.get(&id) {
-            return Err(DaemonError::Attached {
-                id,
-                network: other.network.clone(),
-                pid: other.pid(),
-            });
-        }
+        let id = plan::admit(&self.config, &self.interfaces, client, &req)?;
         self.ensure_network(&network).await?;
         let attached = match &req.clone_of {
             Some(of) => self.attach_clone(&network, id, client, &req, of).await,
@@ -126,52 +81,6 @@ impl Daemon {
             self.release_network_if_unused(&network).await;
         }
         result
-    }
-    /// A connection from a network socket's relay attaches the one stream
-    /// interface of its VM connection, on that network, and nothing else.
-    fn check_network_socket_attach(
-        &self,
-        client: &Client,
-        bound: &str,
-        req: &AttachRequest,
-    ) -> Result<(), DaemonError> {
-        let refuse = |why: &str| {
-            Err(DaemonError::Forbidden(format!(
-                "the relay of a connection to network \"{bound}\"'s socket {why}"
-            )))
-        };
-        if let Some(why) = crate::daemon::client::attach_refusal(bound, req) {
-            return refuse(&why);
-        }
-        if self.interfaces.values().any(|i| i.holder.is(client.id)) {
-            return refuse("has attached its interface already");
-        }
-        Ok(())
-    }
-    /// Refuses an attach past the network's `max_interfaces` or
-    /// `max_interfaces_per_uid`.
-    fn check_limits(&self, cfg: &NetworkConfig, uid: u32) -> Result<(), DaemonError> {
-        let on_network = || self.interfaces.values().filter(|i| i.network == cfg.name);
-        let name = &cfg.name;
-        if let Some(max) = cfg.max_interfaces
-            && on_network().count() >= max as usize
-        {
-            return Err(DaemonError::Limit {
-                network: name.clone(),
-                limit: max,
-                per_uid: None,
-            });
-        }
-        if let Some(max) = cfg.max_interfaces_per_uid
-            && on_network().filter(|i| i.uid == uid).count() >= max as usize
-        {
-            return Err(DaemonError::Limit {
-                network: name.clone(),
-                limit: max,
-                per_uid: Some(uid),
-            });
-        }
-        Ok(())
     }
     /// Plans the attach (`attach::plan`), carries it out, and undoes what
     /// was done if a step fails.
