@@ -29,6 +29,8 @@ guest: deps
 
 unit:
 	$(CARGO) test --workspace
+	# The daemon's unit tests need no privilege: run them again as nobody.
+	scripts/unit-as-nobody
 	# The benchmark's judgement (unstable cells, targets, the docs' blocks).
 	PYTHONPATH=bench PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s bench/tests
 	# The Go client against a fake daemon (its live test runs in the integration suite).
