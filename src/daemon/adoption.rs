@@ -16,6 +16,7 @@ use super::client::Client;
 use super::errors::DaemonError;
 use super::holder::Holder;
 use super::interface::Interface;
+use super::leftovers::Leftovers;
 use super::plan;
 use super::policies::check_policy_possible;
 use super::records::{self, InterfaceRecord, Verdict};
@@ -340,7 +341,10 @@ impl Daemon {
     /// Removes an interface that is not adopted after all: its port and
     /// its record (its lease runs out like a detached one's).
     async fn forget(&mut self, id: InterfaceId, port: u32) {
-        let _ = self.host.links.delete_link(port).await;
+        let mut left = Leftovers::default();
+        let deleted = self.host.links.delete_link(port).await;
+        left.note(format_args!("delete its port {port}"), deleted);
+        left.log(&format!("interface {id}, not adopted"));
         self.records.remove(id);
     }
 

@@ -819,3 +819,27 @@ async fn a_kept_port_deleted_while_no_daemon_ran_is_not_adopted() {
     );
     assert_eq!(s.fake.guarded(), Some(vec![stays.info.tap.clone()]));
 }
+
+#[tokio::test]
+async fn a_tap_name_clone_that_fails_takes_its_namespaces_name_away() {
+    let mut s = Scene::new(USERS).await;
+    let owner = user(1000, 1);
+    let _web = s.attach(&owner, named(1, "web")).await.unwrap();
+    s.fake.fail_on(|st| matches!(st, Step::MakePersistent(_)));
+    let clone = AttachRequest {
+        clone_of: Some(CloneOf::Name("web".into())),
+        datapath: Some(Datapath::TapName),
+        ..request(2)
+    };
+    let refused = s.attach(&owner, clone).await.err().unwrap();
+    assert!(matches!(refused, DaemonError::HostSetup(_)), "{refused:?}");
+    let steps = s.fake.steps();
+    let mounted = position(&steps, |st| matches!(st, Step::MountNamespace(_)));
+    let unmounted = position(&steps, |st| matches!(st, Step::UnmountNamespace(_)));
+    assert!(mounted < unmounted, "{steps:#?}");
+    assert!(
+        !s.linnet_links().iter().any(|l| l.starts_with("lnc")),
+        "the clone's port went: {:?}",
+        s.linnet_links()
+    );
+}

@@ -174,8 +174,10 @@ async fn serve_client(
                 uid = client.uid,
                 "cannot send a reply: {e}"
             );
-            if let Some(id) = attached {
-                let _ = daemon.lock().await.handle_detach(client, id).await;
+            if let Some(id) = attached
+                && let Err(e) = daemon.lock().await.handle_detach(client, id).await
+            {
+                warn!(interface = %id, "cannot detach the interface whose reply was not sent: {e}");
             }
             let error = Response::Error {
                 kind: api::ErrorKind::Internal,

@@ -401,10 +401,12 @@ impl Daemon {
             ActiveNetwork::bring_up(&cfg, &self.host, &*self.services, &self.lease_dir).await?;
         self.networks.insert(name.into(), net);
         if let Err(e) = self.sync_host() {
+            let mut left = Leftovers::default();
             if let Some(net) = self.networks.remove(name) {
-                let _ = net.bring_down(&self.host).await;
+                left.note("take the network down", net.bring_down(&self.host).await);
             }
-            let _ = self.sync_host();
+            left.note("put linnet's tables back", self.sync_host());
+            left.log(&format!("network \"{name}\": undoing a bring-up"));
             return Err(e);
         }
         self.refresh_uplinks().await;

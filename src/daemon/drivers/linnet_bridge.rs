@@ -15,6 +15,7 @@ use super::{NetworkDriver, TowardVm};
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::NetworkConfig;
 use crate::daemon::errors::DaemonError;
+use crate::daemon::leftovers::Leftovers;
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::netlink::{LinkKind, LinkSettings};
 use crate::host::seam::{Host, Links};
@@ -139,7 +140,10 @@ impl LinnetBridge {
                 })
             }
             Err(e) => {
-                let _ = netlink.delete_link(index).await;
+                let mut left = Leftovers::default();
+                let deleted = netlink.delete_link(index).await;
+                left.note(format_args!("delete {bridge}"), deleted);
+                left.log(&format!("network \"{}\": undoing a bring-up", cfg.name));
                 Err(e)
             }
         }

@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use super::{NetworkDriver, Port, PortRequest, TowardVm};
 use crate::config::{MacvtapMode, NetworkConfig};
 use crate::daemon::errors::DaemonError;
+use crate::daemon::leftovers::Leftovers;
 use crate::host::guard::Hook;
 use crate::host::netlink::{LinkKind, LinkSettings};
 use crate::host::seam::Host;
@@ -142,7 +143,13 @@ async fn make_host_access(
     }
     .await;
     if let Err(e) = made {
-        let _ = netlink.delete_link(index).await;
+        let mut left = Leftovers::default();
+        let deleted = netlink.delete_link(index).await;
+        left.note(format_args!("delete {name}"), deleted);
+        left.log(&format!(
+            "network \"{}\": undoing the host's macvlan",
+            cfg.name
+        ));
         return Err(e.into());
     }
     Ok(index)
@@ -186,7 +193,10 @@ impl NetworkDriver for Macvtap {
                 fd,
             }),
             Err(e) => {
-                let _ = netlink.delete_link(index).await;
+                let mut left = Leftovers::default();
+                let deleted = netlink.delete_link(index).await;
+                left.note(format_args!("delete {name}"), deleted);
+                left.log("undoing a macvtap whose device did not open");
                 Err(DaemonError::HostSetup(format!(
                     "cannot open macvtap {name}'s device: {e}"
                 )))

@@ -16,6 +16,7 @@ use crate::daemon::client::Client;
 use crate::daemon::drivers::PortRequest;
 use crate::daemon::errors::DaemonError;
 use crate::daemon::holder::Holder;
+use crate::daemon::leftovers::Leftovers;
 use crate::daemon::plan::{self, AttachPlan, Done};
 use crate::daemon::state::Daemon;
 use crate::datapath::{Datapath, RelayCounters};
@@ -71,7 +72,9 @@ impl Daemon {
                 }
                 Err(e) => {
                     self.give_back_taken_lease(id);
-                    let _ = self.detach(&[id]).await;
+                    let mut left = Leftovers::default();
+                    left.note("detach it", self.detach(&[id]).await);
+                    left.log(&format!("interface {id}: undoing an attach"));
                     Err(e)
                 }
             },

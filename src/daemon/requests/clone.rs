@@ -182,18 +182,22 @@ impl Daemon {
                 .unwrap_or_else(|_| self.run_dir.clone())
                 .join(CLONE_NAMESPACES)
                 .join(plan.id.to_string());
-            let named = std::fs::create_dir_all(path.parent().expect("a file in a directory"))
-                .and_then(|()| self.host.devices.mount_namespace(&made.ns, &path))
-                .and_then(|()| self.host.devices.make_persistent(made.tap.as_fd()));
-            if let Err(e) = named {
-                let _ = self.host.devices.unmount_namespace(&path);
-                return Err(DaemonError::HostSetup(format!(
+            let not_ready = |e: std::io::Error| {
+                DaemonError::HostSetup(format!(
                     "cannot make the clone's TAP {} ready to open by name in {}: {e}",
                     spec.tap,
                     path.display()
-                )));
-            }
-            done.push(Done::Mount(path));
+                ))
+            };
+            std::fs::create_dir_all(path.parent().expect("a file in a directory"))
+                .and_then(|()| self.host.devices.mount_namespace(&made.ns, &path))
+                .map_err(not_ready)?;
+            // Named: the undo takes the name away if what follows fails.
+            done.push(Done::Mount(path.clone()));
+            self.host
+                .devices
+                .make_persistent(made.tap.as_fd())
+                .map_err(not_ready)?;
         }
         let port = made.port_name.clone();
         let net = &self.networks[network];

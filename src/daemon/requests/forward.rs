@@ -9,6 +9,7 @@ use crate::config::ForwardTarget;
 use crate::daemon::client::Client;
 use crate::daemon::errors::DaemonError;
 use crate::daemon::forwards;
+use crate::daemon::leftovers::Leftovers;
 use crate::daemon::state::Daemon;
 use crate::forward::PortForward;
 use crate::leases::Claimant;
@@ -108,7 +109,9 @@ impl Daemon {
         };
         if let Err(e) = self.sync_host() {
             undo(self);
-            let _ = self.sync_host();
+            let mut left = Leftovers::default();
+            left.note("put linnet's tables back", self.sync_host());
+            left.log(&format!("interface {id}: undoing forward {}", req.forward));
             return Err(e);
         }
         let owner = self.interfaces[&id].uid;

@@ -6,6 +6,7 @@ use tracing::info;
 use crate::api::{InterfaceRef, PolicySetRequest, Response};
 use crate::daemon::client::Client;
 use crate::daemon::errors::DaemonError;
+use crate::daemon::leftovers::Leftovers;
 use crate::daemon::policies::{check_policy_possible, no_address_for_policy};
 use crate::daemon::state::Daemon;
 
@@ -56,11 +57,14 @@ impl Daemon {
             .map_err(DaemonError::from)
             .and_then(|()| self.sync_host())
         {
+            let mut left = Leftovers::default();
             if let (Some(old), Some(new)) = (&guard_before, &guard_after) {
-                let _ = self.host.tables.update_guard_port(new, old);
+                let back = self.host.tables.update_guard_port(new, old);
+                left.note("put its guard back", back);
             }
             self.interfaces.get_mut(&id).expect("attached").policy = before;
-            let _ = self.sync_host();
+            left.note("put linnet's tables back", self.sync_host());
+            left.log(&format!("interface {id}: undoing a policy"));
             return Err(e);
         }
         info!(network = %req.network, interface = %id, policy = ?req.policy, "policy set");
