@@ -109,10 +109,60 @@ pub enum DaemonError {
         "host port {port} is privileged (below net.ipv4.ip_unprivileged_port_start = {first}): only root may publish it; choose a host port of {first} or more"
     )]
     PrivilegedPort { port: String, first: u16 },
+    /// A link with a name linnet gives is someone else's.
+    #[error(
+        "network \"{network}\": a link named {link} exists and was not made by linnet; rename or delete it (ip link del {link})"
+    )]
+    ForeignLink { network: String, link: String },
+    /// A range of the network's config meets an address or route of the
+    /// host's (`key`: subnet, clone_subnet, ipv6_prefix; `found`: "address
+    /// …" or "route …"; `link`: whose).
+    #[error(
+        "network \"{network}\": {key} {range} overlaps {found} on interface {link}; set networks.{network}.{key} to a free {}",
+        overlap_advice(key)
+    )]
+    Overlap {
+        network: String,
+        key: &'static str,
+        range: String,
+        found: String,
+        link: String,
+    },
+    /// The LAN link a network names is not there, or not what its mode
+    /// needs (`problem` says which and what to set).
+    #[error("network \"{network}\": {problem}")]
+    LanLink { network: String, problem: String },
+    /// A `bridge` network names one of linnet's own bridges.
+    #[error(
+        "network \"{network}\": {bridge} is the bridge of linnet's network \"{owner}\"; attach to that network instead"
+    )]
+    LinnetsBridge {
+        network: String,
+        bridge: String,
+        owner: String,
+    },
+    /// A network's clone range is full, or it has none.
+    #[error("{}", clone_range_message(network, subnet.as_ref()))]
+    CloneRange {
+        network: String,
+        subnet: Option<ipnet::Ipv4Net>,
+    },
+    /// What a network socket's relay may not ask.
+    #[error("the relay of a connection to network \"{network}\"'s socket {why}")]
+    RelayRefused { network: String, why: String },
+    /// Nothing told linnet the interface's address in time.
+    #[error(
+        "interface {id} has no IPv4 address linnet knows after {seconds} s: on a LAN, is the VM's DHCP client running, and does the LAN's DHCP server answer it? (on a network with dhcp: false, linnet knows only static leases)"
+    )]
+    NoAddressYet { id: InterfaceId, seconds: u64 },
+    /// A kernel step failed (`what` it was).
+    #[error("{what}: {source}")]
+    HostStep {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Forbidden(String),
-    #[error("{0}")]
-    Busy(String),
     #[error("{0}")]
     Conflict(String),
     #[error(transparent)]
@@ -158,23 +208,30 @@ impl DaemonError {
             | DaemonError::NotOwner { .. }
             | DaemonError::NotReclaimable { .. }
             | DaemonError::PrivilegedPort { .. }
+            | DaemonError::RelayRefused { .. }
             | DaemonError::Forbidden(_)
             | DaemonError::Lease(LeaseError::NotYours { .. }) => ErrorKind::NotAllowed,
-            DaemonError::Busy(_)
-            | DaemonError::Attached { .. }
+            DaemonError::Attached { .. }
             | DaemonError::HeldByAnother { .. }
             | DaemonError::AlreadyReclaimed { .. }
-            | DaemonError::Limit { .. } => ErrorKind::Busy,
+            | DaemonError::Limit { .. }
+            | DaemonError::CloneRange { .. }
+            | DaemonError::NoAddressYet { .. } => ErrorKind::Busy,
             DaemonError::Conflict(_)
             | DaemonError::NameHeld { .. }
             | DaemonError::MacTaken { .. }
             | DaemonError::PortForwarded { .. }
             | DaemonError::PortBound { .. }
+            | DaemonError::ForeignLink { .. }
+            | DaemonError::Overlap { .. }
+            | DaemonError::LinnetsBridge { .. }
             | DaemonError::Lease(_) => ErrorKind::Conflict,
             DaemonError::Tap(_)
             | DaemonError::Netlink(_)
             | DaemonError::Firewall(_)
             | DaemonError::Service(_)
+            | DaemonError::LanLink { .. }
+            | DaemonError::HostStep { .. }
             | DaemonError::HostSetup(_) => ErrorKind::HostSetup,
             DaemonError::Internal(_) => ErrorKind::Internal,
         }
@@ -191,6 +248,25 @@ impl DaemonError {
 /// A client's pid in a message ("?" when unknown).
 fn shown_pid(pid: Option<i32>) -> String {
     pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+}
+
+fn overlap_advice(key: &str) -> String {
+    match key {
+        "subnet" => format!("range in {}", crate::config::DEFAULT_CONFIG_PATH),
+        "ipv6_prefix" => format!("/64 in {}", crate::config::DEFAULT_CONFIG_PATH),
+        _ => "range".into(),
+    }
+}
+
+fn clone_range_message(network: &str, subnet: Option<&ipnet::Ipv4Net>) -> String {
+    match subnet {
+        None => format!(
+            "network \"{network}\" has no clone_subnet (no free /24 was left for it in 198.18.0.0/15); set networks.{network}.clone_subnet"
+        ),
+        Some(subnet) => format!(
+            "network \"{network}\": every address of clone_subnet {subnet} is a clone's; detach one or widen networks.{network}.clone_subnet"
+        ),
+    }
 }
 
 fn limit_message(network: &str, limit: u32, per_uid: Option<u32>) -> String {

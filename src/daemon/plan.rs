@@ -67,9 +67,10 @@ pub(super) fn admit(
     }
     if let Some(bound) = &client.network_socket {
         let refuse = |why: &str| {
-            Err(DaemonError::Forbidden(format!(
-                "the relay of a connection to network \"{bound}\"'s socket {why}"
-            )))
+            Err(DaemonError::RelayRefused {
+                network: bound.clone(),
+                why: why.into(),
+            })
         };
         if let Some(why) = attach_refusal(bound, req) {
             return refuse(&why);
@@ -686,12 +687,12 @@ mod tests {
         };
         assert!(matches!(
             admitted(&interfaces, &relay, &named),
-            Err(DaemonError::Forbidden(_))
+            Err(DaemonError::RelayRefused { .. })
         ));
         interfaces.insert(id(1), attached("shared", 1000, None, 9));
         let again = admitted(&interfaces, &relay, &its_vm);
         assert!(
-            matches!(&again, Err(DaemonError::Forbidden(m)) if m.ends_with("has attached its interface already")),
+            matches!(&again, Err(DaemonError::RelayRefused { why, .. }) if why == "has attached its interface already"),
             "{again:?}"
         );
     }

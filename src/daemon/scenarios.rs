@@ -418,7 +418,10 @@ async fn a_tap_that_cannot_be_made_persistent_is_not_left() {
         ..request(1)
     };
     let refused = s.attach(&user(1000, 1), req).await.err().unwrap();
-    assert!(matches!(refused, DaemonError::HostSetup(_)), "{refused:?}");
+    assert!(
+        matches!(refused, DaemonError::HostStep { .. }),
+        "{refused:?}"
+    );
     s.assert_nothing_left();
 }
 
@@ -564,7 +567,10 @@ async fn a_macvtap_whose_device_cannot_be_opened_is_deleted() {
     let mut s = Scene::new(BRIDGED).await;
     s.fake.fail_on(|st| matches!(st, Step::OpenMacvtap(_)));
     let refused = s.attach(&user(0, 1), on("lan", 1)).await.err().unwrap();
-    assert!(matches!(refused, DaemonError::HostSetup(_)), "{refused:?}");
+    assert!(
+        matches!(refused, DaemonError::HostStep { .. }),
+        "{refused:?}"
+    );
     s.assert_nothing_left();
 }
 
@@ -580,7 +586,7 @@ async fn a_bridged_network_on_a_missing_nic_says_so() {
     .await;
     let refused = s.attach(&user(0, 1), on("lan", 1)).await.err().unwrap();
     assert!(
-        matches!(&refused, DaemonError::HostSetup(m) if m.contains("no interface eth9")),
+        matches!(&refused, DaemonError::LanLink { network, problem } if network == "lan" && problem.starts_with("there is no interface eth9")),
         "{refused:?}"
     );
     s.assert_nothing_left();
@@ -786,7 +792,7 @@ async fn a_subnet_that_meets_a_route_of_the_host_is_refused_naming_its_link() {
     s.fake.add_route("192.168.105.0/24", "virbr1");
     let refused = s.attach(&user(1000, 1), request(1)).await.err().unwrap();
     assert!(
-        matches!(&refused, DaemonError::Conflict(m) if m.contains("virbr1") && m.contains("networks.shared.subnet")),
+        matches!(&refused, DaemonError::Overlap { key: "subnet", link, .. } if link == "virbr1"),
         "{refused:?}"
     );
     assert!(
@@ -832,7 +838,10 @@ async fn a_tap_name_clone_that_fails_takes_its_namespaces_name_away() {
         ..request(2)
     };
     let refused = s.attach(&owner, clone).await.err().unwrap();
-    assert!(matches!(refused, DaemonError::HostSetup(_)), "{refused:?}");
+    assert!(
+        matches!(&refused, DaemonError::HostStep { source, .. } if source.to_string().starts_with("injected failure of MakePersistent")),
+        "{refused:?}"
+    );
     let steps = s.fake.steps();
     let mounted = position(&steps, |st| matches!(st, Step::MountNamespace(_)));
     let unmounted = position(&steps, |st| matches!(st, Step::UnmountNamespace(_)));

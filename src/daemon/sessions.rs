@@ -333,10 +333,10 @@ async fn wait_address(
         match tokio::time::timeout_at(deadline, news.changed()).await {
             Ok(Ok(())) => continue,
             _ => {
-                return DaemonError::Busy(format!(
-                    "interface {id} has no IPv4 address linnet knows after {} s: on a LAN, is the VM's DHCP client running, and does the LAN's DHCP server answer it? (on a network with dhcp: false, linnet knows only static leases)",
-                    timeout.as_secs()
-                ))
+                return DaemonError::NoAddressYet {
+                    id,
+                    seconds: timeout.as_secs(),
+                }
                 .into_response();
             }
         }

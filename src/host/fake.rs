@@ -89,6 +89,8 @@ struct Model {
     /// reading end that tells when the last copy of its fd closed.
     held: BTreeMap<u32, (u64, OwnedFd)>,
     persistent: BTreeSet<u32>,
+    /// Clones' TAPs, in their namespaces: by the inode of their fd's pipe.
+    clone_taps: BTreeMap<u64, String>,
     forwarding: [bool; 2],
     firewall: Option<Vec<FirewallNetwork>>,
     guard: Option<BTreeMap<String, PortGuard>>,
@@ -109,10 +111,7 @@ impl FakeHost {
     /// A host with a loopback and an uplink with the default route.
     pub fn new() -> FakeHost {
         let fake = FakeHost {
-            model: Arc::new(Mutex::new(Model {
-                next_index: 1,
-                ..Model::default()
-            })),
+            model: Arc::new(Mutex::new(Model::default())),
         };
         fake.add_link("lo", LinkKind::Loopback);
         let eth0 = fake.add_link(UPLINK, LinkKind::Other);
@@ -276,10 +275,25 @@ impl Default for FakeHost {
     }
 }
 
+impl Drop for Model {
+    /// A failure armed for a step that never came is a test that tests
+    /// something else than it says.
+    fn drop(&mut self) {
+        if !self.failures.is_empty() && !std::thread::panicking() {
+            panic!(
+                "{} failure(s) armed with fail_on were never met; steps: {:#?}",
+                self.failures.len(),
+                self.steps
+            );
+        }
+    }
+}
+
 impl Model {
     fn add(&mut self, name: &str, kind: LinkKind, mac: Option<MacAddr>) -> u32 {
-        let index = self.next_index;
+        // Link indexes start at 1, the loopback's.
         self.next_index += 1;
+        let index = self.next_index;
         self.links.insert(
             index,
             Link {
@@ -689,6 +703,10 @@ impl Devices for FakeHost {
 
     fn make_persistent(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
         let inode = inode(fd)?;
+        let clone_tap = self.model().clone_taps.get(&inode).cloned();
+        if let Some(tap) = clone_tap {
+            return self.record(Step::MakePersistent(tap));
+        }
         let index = self
             .model()
             .held
@@ -756,6 +774,8 @@ impl Devices for FakeHost {
             .add(&port_name, LinkKind::Veth, Some(spec.uplink_mac));
         let (ns, tap) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| CloneNsError::Namespace(e.into()))?;
+        let tap_inode = inode(tap.as_fd()).map_err(CloneNsError::Namespace)?;
+        self.model().clone_taps.insert(tap_inode, spec.tap.clone());
         Ok(MadeClone {
             ns: NetNs::fake(ns),
             tap,

@@ -30,24 +30,29 @@ impl LanBridge {
     ) -> Result<LanBridge, DaemonError> {
         let name = &cfg.name;
         let link = host.links.link(bridge).await?.ok_or_else(|| {
-            DaemonError::HostSetup(format!(
-                "network \"{name}\": there is no bridge {bridge}; create it (ip link add {bridge} type bridge) or set networks.{name}.bridge to an existing one"
-            ))
+            DaemonError::LanLink {
+                network: name.clone(),
+                problem: format!("there is no bridge {bridge}; create it (ip link add {bridge} type bridge) or set networks.{name}.bridge to an existing one"),
+            }
         })?;
         if link.kind != LinkKind::Bridge {
-            return Err(DaemonError::HostSetup(format!(
-                "network \"{name}\": {bridge} is not a bridge; set networks.{name}.bridge to a bridge, or use mode: bridged with uplink: {bridge}"
-            )));
+            return Err(DaemonError::LanLink {
+                network: name.clone(),
+                problem: format!(
+                    "{bridge} is not a bridge; set networks.{name}.bridge to a bridge, or use mode: bridged with uplink: {bridge}"
+                ),
+            });
         }
         let owner = link
             .alias
             .as_deref()
             .and_then(|a| a.strip_prefix(ALIAS_NETWORK));
         if owner.is_some() || bridge.starts_with(host::BRIDGE_PREFIX) {
-            return Err(DaemonError::Conflict(format!(
-                "network \"{name}\": {bridge} is the bridge of linnet's network \"{}\"; attach to that network instead",
-                owner.unwrap_or("?")
-            )));
+            return Err(DaemonError::LinnetsBridge {
+                network: name.clone(),
+                bridge: bridge.into(),
+                owner: owner.unwrap_or("?").into(),
+            });
         }
         info!(network = %name, %bridge, mtu = link.mtu, "network up on an existing bridge");
         Ok(LanBridge {

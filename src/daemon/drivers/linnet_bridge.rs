@@ -60,10 +60,10 @@ impl LinnetBridge {
                 Some(link.index)
             }
             Some(_) => {
-                return Err(DaemonError::Conflict(format!(
-                    "network \"{}\": a link named {bridge} exists and was not made by linnet; rename or delete it (ip link del {bridge})",
-                    cfg.name
-                )));
+                return Err(DaemonError::ForeignLink {
+                    network: cfg.name.clone(),
+                    link: bridge,
+                });
             }
             None => None,
         };
@@ -236,10 +236,13 @@ impl LinnetBridge {
         // The bridge's own route is no conflict: a persistent bridge
         // adopted after a restart keeps the route it had.
         if let Some((what, link)) = find_overlap(clones, netlink, Some(self.bridge_index)).await? {
-            return Err(DaemonError::Conflict(format!(
-                "network \"{}\": clone_subnet {clones} overlaps {what} on interface {link}; set networks.{}.clone_subnet to a free range",
-                cfg.name, cfg.name
-            )));
+            return Err(DaemonError::Overlap {
+                network: cfg.name.clone(),
+                key: "clone_subnet",
+                range: clones.to_string(),
+                found: what,
+                link,
+            });
         }
         netlink.add_link_route(clones, self.bridge_index).await?;
         self.clones_routed = true;
@@ -324,13 +327,13 @@ async fn check_overlap(
     own_bridge: Option<u32>,
 ) -> Result<(), DaemonError> {
     if let Some((what, link)) = find_overlap(cfg.subnet, netlink, own_bridge).await? {
-        return Err(DaemonError::Conflict(format!(
-            "network \"{}\": subnet {} overlaps {what} on interface {link}; set networks.{}.subnet to a free range in {}",
-            cfg.name,
-            cfg.subnet,
-            cfg.name,
-            crate::config::DEFAULT_CONFIG_PATH
-        )));
+        return Err(DaemonError::Overlap {
+            network: cfg.name.clone(),
+            key: "subnet",
+            range: cfg.subnet.to_string(),
+            found: what,
+            link,
+        });
     }
     let Some(v6) = &cfg.ipv6 else {
         return Ok(());
@@ -339,13 +342,13 @@ async fn check_overlap(
     for (net, oif) in netlink.ipv6_routes().await? {
         let meets = prefix.contains(&net.network()) || net.contains(&prefix.network());
         if net.prefix_len() > 0 && (oif.is_none() || oif != own_bridge) && meets {
-            return Err(DaemonError::Conflict(format!(
-                "network \"{}\": ipv6_prefix {prefix} overlaps route {net} on interface {}; set networks.{}.ipv6_prefix to a free /64 in {}",
-                cfg.name,
-                link_name(netlink, oif).await?,
-                cfg.name,
-                crate::config::DEFAULT_CONFIG_PATH
-            )));
+            return Err(DaemonError::Overlap {
+                network: cfg.name.clone(),
+                key: "ipv6_prefix",
+                range: prefix.to_string(),
+                found: format!("route {net}"),
+                link: link_name(netlink, oif).await?,
+            });
         }
     }
     Ok(())

@@ -63,23 +63,27 @@ impl Macvtap {
     ) -> Result<Macvtap, DaemonError> {
         let name = &cfg.name;
         let link = host.links.link(uplink).await?.ok_or_else(|| {
-            DaemonError::HostSetup(format!(
-                "network \"{name}\": there is no interface {uplink}; set networks.{name}.uplink to the host NIC on the LAN (`ip link` lists them)"
-            ))
+            DaemonError::LanLink {
+                network: name.clone(),
+                problem: format!("there is no interface {uplink}; set networks.{name}.uplink to the host NIC on the LAN (`ip link` lists them)"),
+            }
         })?;
         let linnets = link
             .alias
             .as_deref()
             .is_some_and(|a| a.starts_with(ALIAS_NETWORK) || a.starts_with(ALIAS_INTERFACE));
         if link.kind == LinkKind::Loopback || linnets {
-            return Err(DaemonError::HostSetup(format!(
-                "network \"{name}\": {uplink} is {}, not a NIC on a LAN; set networks.{name}.uplink to one",
-                if linnets {
-                    "one of linnet's own links"
-                } else {
-                    "the loopback"
-                }
-            )));
+            let what = if linnets {
+                "one of linnet's own links"
+            } else {
+                "the loopback"
+            };
+            return Err(DaemonError::LanLink {
+                network: name.clone(),
+                problem: format!(
+                    "{uplink} is {what}, not a NIC on a LAN; set networks.{name}.uplink to one"
+                ),
+            });
         }
         let host_access = if host_access {
             Some(make_host_access(cfg, link.index, link.mtu, host).await?)
@@ -111,10 +115,10 @@ async fn make_host_access(
     if let Some(old) = netlink.link(&name).await? {
         let alias = format!("{ALIAS_NETWORK}{}", cfg.name);
         if old.kind != LinkKind::Macvlan || old.alias.as_deref() != Some(alias.as_str()) {
-            return Err(DaemonError::Conflict(format!(
-                "network \"{}\": a link named {name} exists and was not made by linnet; rename or delete it (ip link del {name})",
-                cfg.name
-            )));
+            return Err(DaemonError::ForeignLink {
+                network: cfg.name.clone(),
+                link: name,
+            });
         }
         netlink.delete_link(old.index).await?;
     }
@@ -169,11 +173,12 @@ impl NetworkDriver for Macvtap {
             let made = netlink
                 .create_macvtap(&name, self.uplink_index, self.mode, req.mac)
                 .await
-                .map_err(|e| {
-                    DaemonError::HostSetup(format!(
-                        "cannot put a macvtap for MAC {} on {}: {e}",
+                .map_err(|e| DaemonError::HostStep {
+                    what: format!(
+                        "cannot put a macvtap for MAC {} on {}",
                         req.mac, self.uplink
-                    ))
+                    ),
+                    source: e.source,
                 })?;
             break (name, made);
         };
@@ -197,9 +202,10 @@ impl NetworkDriver for Macvtap {
                 let deleted = netlink.delete_link(index).await;
                 left.note(format_args!("delete {name}"), deleted);
                 left.log("undoing a macvtap whose device did not open");
-                Err(DaemonError::HostSetup(format!(
-                    "cannot open macvtap {name}'s device: {e}"
-                )))
+                Err(DaemonError::HostStep {
+                    what: format!("cannot open macvtap {name}'s device"),
+                    source: e,
+                })
             }
         }
     }

@@ -167,11 +167,13 @@ impl Daemon {
         // Deleted at detach like any TAP (and by the next daemon, by its
         // alias, were this one to die first).
         if plan.datapath == Datapath::TapName {
-            self.host.devices.make_persistent(fd.as_fd()).map_err(|e| {
-                DaemonError::HostSetup(format!(
-                    "cannot make TAP {tap_name} persistent for --datapath tap-name: {e}"
-                ))
-            })?;
+            self.host
+                .devices
+                .make_persistent(fd.as_fd())
+                .map_err(|e| DaemonError::HostStep {
+                    what: format!("cannot make TAP {tap_name} persistent for --datapath tap-name"),
+                    source: e,
+                })?;
         }
         // Recorded before the VMM has the fd, so any change is its.
         self.tap_addresses.record(index, tap_mac);

@@ -59,10 +59,9 @@ impl Daemon {
         clone::check_guest(&cfg, &guest).map_err(|m| {
             DaemonError::BadRequest(format!("cannot clone onto network \"{network}\": {m}"))
         })?;
-        let subnet = cfg.clone_subnet.ok_or_else(|| {
-            DaemonError::Busy(format!(
-                "network \"{network}\" has no clone_subnet (no free /24 was left for it in 198.18.0.0/15); set networks.{network}.clone_subnet"
-            ))
+        let subnet = cfg.clone_subnet.ok_or_else(|| DaemonError::CloneRange {
+            network: network.into(),
+            subnet: None,
         })?;
         let taken: BTreeSet<Ipv4Addr> = self
             .interfaces
@@ -70,11 +69,11 @@ impl Daemon {
             .filter(|i| i.network == network && i.as_clone.is_some())
             .filter_map(|i| i.ip)
             .collect();
-        let unique = clone::free_address(subnet, &taken).ok_or_else(|| {
-            DaemonError::Busy(format!(
-                "network \"{network}\": every address of clone_subnet {subnet} is a clone's; detach one or widen networks.{network}.clone_subnet"
-            ))
-        })?;
+        let unique =
+            clone::free_address(subnet, &taken).ok_or_else(|| DaemonError::CloneRange {
+                network: network.into(),
+                subnet: Some(subnet),
+            })?;
         let now = unix_now();
         // Its id and name are its user's as any interface's are, against
         // the leases of stopped VMs too.
@@ -174,20 +173,22 @@ impl Daemon {
         let dhcp_socket = self
             .services
             .clone_dhcp_socket(&made.ns, &spec.tap)
-            .map_err(|e| {
-                DaemonError::HostSetup(format!("cannot serve DHCP in a clone's namespace: {e}"))
+            .map_err(|e| DaemonError::HostStep {
+                what: "cannot serve DHCP in a clone's namespace".into(),
+                source: e,
             })?;
         if plan.datapath == Datapath::TapName {
             let path = std::path::absolute(&self.run_dir)
                 .unwrap_or_else(|_| self.run_dir.clone())
                 .join(CLONE_NAMESPACES)
                 .join(plan.id.to_string());
-            let not_ready = |e: std::io::Error| {
-                DaemonError::HostSetup(format!(
-                    "cannot make the clone's TAP {} ready to open by name in {}: {e}",
+            let not_ready = |e: std::io::Error| DaemonError::HostStep {
+                what: format!(
+                    "cannot make the clone's TAP {} ready to open by name in {}",
                     spec.tap,
                     path.display()
-                ))
+                ),
+                source: e,
             };
             std::fs::create_dir_all(path.parent().expect("a file in a directory"))
                 .and_then(|()| self.host.devices.mount_namespace(&made.ns, &path))
