@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use tracing::{info, warn};
 
 use crate::coexist::{self, FlowCheck, NetworkView};
-use crate::config::{Mode, NetworkConfig};
+use crate::config::NetworkConfig;
 use crate::host::egress;
 use crate::host::legacy::LegacyChain;
 use crate::host::netlink::{LinkSettings, Route};
@@ -152,17 +152,18 @@ impl HostView {
 
     /// What blocks the flows of `cfg`'s network, from the ruleset `rs` and
     /// the legacy chains.
+    /// `nat_uplink`: whether it NATs out of the uplink (its driver says).
     pub fn network_checks(
         &self,
         rs: &Ruleset,
         legacy: &[LegacyChain],
-        cfg: &NetworkConfig,
+        (cfg, nat_uplink): (&NetworkConfig, bool),
     ) -> Vec<FlowCheck> {
         let bridge = host::bridge_name(&cfg.name);
         let (up4, up6) = (&self.uplinks.used4, &self.uplinks.used6);
         let view = NetworkView {
             bridge: &bridge,
-            shared: cfg.mode == Mode::Shared,
+            shared: nat_uplink,
             dhcp: cfg.dhcp.enabled,
             dns: cfg.dns.enabled,
             subnet: IpNet::V4(cfg.subnet),

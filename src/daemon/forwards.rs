@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{error, warn};
 
+use super::drivers;
 use super::errors::DaemonError;
 use super::host_ports::HostPorts;
 use super::interface::{Interface, Published};
@@ -52,7 +53,7 @@ pub fn check<'a>(
     mut held: impl Iterator<Item = Holder<'a>>,
 ) -> Result<(), DaemonError> {
     let port = format!("{}/{}", forward.host_port, forward.protocol.as_str());
-    if net.lan.is_some() {
+    if !drivers::features(net).firewall {
         return Err(lan_refusal(forward, net));
     }
     if matches!(forward.host_addr, Some(IpAddr::V6(_))) && net.ipv6.is_none() {
@@ -338,7 +339,7 @@ pub(super) fn take(
     uid: u32,
 ) -> Result<(), DaemonError> {
     let iface = &interfaces[&id];
-    if cfg.lan.is_some() {
+    if !drivers::features(cfg).firewall {
         return Err(lan_refusal(&forward, cfg));
     }
     if iface.ip.is_none() {

@@ -138,6 +138,7 @@ pub(super) fn port_guard(
     (mac, ip): (MacAddr, Option<Ipv4Addr>),
     policy: &Policy,
 ) -> PortGuard {
+    let kind = super::drivers::features(cfg);
     let mut ipv6 = vec![addr6::link_local(mac)];
     ipv6.extend(
         cfg.ipv6
@@ -147,7 +148,7 @@ pub(super) fn port_guard(
     let ipv4 = match ip {
         Some(ip) => Ipv4Source::Address(ip),
         // On a LAN, nothing but DHCP until the LAN's server gave one.
-        None if cfg.lan.is_some() => Ipv4Source::Ranges(Vec::new()),
+        None if !kind.own_addresses => Ipv4Source::Ranges(Vec::new()),
         // Not the gateway's, nor those of VMs with static leases.
         None => {
             let taken: Vec<Ipv4Addr> = std::iter::once(cfg.gateway)
@@ -158,14 +159,14 @@ pub(super) fn port_guard(
     };
     PortGuard {
         tap: tap.into(),
-        hook: super::drivers::guard_hook(cfg),
+        hook: kind.guard_hook,
         mac,
         ipv4,
         ipv6,
         anti_spoofing: cfg.anti_spoofing,
         isolated: cfg.isolation,
         // A LAN has its own DHCP server: a VM's would be a rogue one.
-        dhcp_server: !cfg.dhcp.enabled && cfg.lan.is_none(),
+        dhcp_server: !cfg.dhcp.enabled && kind.own_addresses,
         listen: (!policy.ingress.is_empty()).then(|| policy.ingress.clone()),
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex as SyncMutex};
 
 use tracing::warn;
 
-use super::drivers::{ActiveNetwork, dns_servers};
+use super::drivers::{self, ActiveNetwork, dns_servers};
 use super::holder::Holder;
 use crate::addr6;
 use crate::api::{ForwardOrigin, InterfaceInfo};
@@ -160,7 +160,7 @@ pub(super) fn interface_info(
 ) -> InterfaceInfo {
     let cfg = &net.config;
     let v6 = cfg.ipv6.as_ref();
-    let ours = cfg.lan.is_none();
+    let ours = drivers::features(cfg).own_addresses;
     let mtu = net.mtu();
     InterfaceInfo {
         vmnet_interface_id: id,
@@ -201,7 +201,9 @@ pub(super) fn interface_info(
 pub(super) fn shown_ip(ip: Option<Ipv4Addr>, cfg: &NetworkConfig) -> String {
     match ip {
         Some(ip) => ip.to_string(),
-        None if cfg.lan.is_some() => "not known yet (the LAN's DHCP server gives it)".into(),
+        None if !drivers::features(cfg).own_addresses => {
+            "not known yet (the LAN's DHCP server gives it)".into()
+        }
         None => "none (no DHCP)".into(),
     }
 }

@@ -5,6 +5,7 @@
 
 use std::net::IpAddr;
 
+use super::drivers;
 use super::errors::DaemonError;
 use super::guarding::port_guard;
 use super::interface::Interface;
@@ -30,7 +31,7 @@ pub(super) fn check_policy_possible(
     if policy.is_open() {
         return Ok(());
     }
-    if cfg.lan.is_some() {
+    if !drivers::features(cfg).firewall {
         return Err(DaemonError::BadRequest(format!(
             "network \"{}\" is on a LAN ({} mode), where connect/listen policies are not enforced yet: they are rules of linnet's own firewall on linnet's own bridges; attach without --allow-connect/--allow-listen, or use a shared or host network",
             cfg.name, cfg.mode

@@ -17,7 +17,6 @@ use super::coexist::{GUARD_RETRY, firewalls, warnings};
 use super::guarding::Restore;
 use super::records::InterfaceRecord;
 use crate::api::ForwardOrigin;
-use crate::config::Mode;
 use crate::host::docker_user;
 use crate::host::guard::{self, Hook};
 use crate::host::ruleset::{Ruleset, Shape};
@@ -30,7 +29,7 @@ use tracing::{info, warn};
 
 use super::client::Client;
 use super::coexist::HostView;
-use super::drivers::ActiveNetwork;
+use super::drivers::{self, ActiveNetwork};
 use super::errors::DaemonError;
 use super::forwarding::{Forwarding, forwarding_needs};
 use super::forwards::{self, Forwards};
@@ -463,7 +462,9 @@ impl Daemon {
 
     /// Whether any network up has a part in linnet's firewall table.
     pub(super) fn has_firewall(&self) -> bool {
-        self.networks.values().any(|n| n.config.lan.is_none())
+        self.networks
+            .values()
+            .any(|n| drivers::features(&n.config).firewall)
     }
 
     pub(super) fn firewall_networks(&self) -> Vec<firewall::FirewallNetwork> {
@@ -550,9 +551,9 @@ impl Daemon {
     /// Re-reads the default routes (`coexist`).
     pub async fn refresh_uplinks(&mut self) {
         let shared = |ipv6: bool| {
-            self.networks
-                .values()
-                .any(|n| n.config.mode == Mode::Shared && (!ipv6 || n.config.ipv6.is_some()))
+            self.networks.values().any(|n| {
+                drivers::features(&n.config).nat_uplink && (!ipv6 || n.config.ipv6.is_some())
+            })
         };
         let up = (!self.networks.is_empty(), shared(false), shared(true));
         let tuned = self
@@ -606,13 +607,14 @@ impl Daemon {
         let names: Vec<String> = self
             .networks
             .values()
-            .filter(|n| n.config.lan.is_none())
+            .filter(|n| drivers::features(&n.config).firewall)
             .map(|n| n.config.name.clone())
             .collect();
         let mut checks = BTreeMap::new();
         for name in names {
             let cfg = self.networks[&name].config.clone();
-            let found = self.view.network_checks(&rs, &legacy, &cfg);
+            let nat_uplink = drivers::features(&cfg).nat_uplink;
+            let found = self.view.network_checks(&rs, &legacy, (&cfg, nat_uplink));
             let old = self
                 .view
                 .checks

@@ -6,12 +6,23 @@
 
 use tracing::info;
 
-use super::{NetworkDriver, TowardVm};
+use super::{Features, NetworkDriver, TowardVm};
 use crate::config::NetworkConfig;
 use crate::daemon::errors::DaemonError;
+use crate::host::guard::Hook;
 use crate::host::netlink::LinkKind;
 use crate::host::seam::Host;
 use crate::host::{self, ALIAS_NETWORK};
+
+/// VMs on the LAN, which gives their addresses, and no part in linnet's
+/// firewall; their TAPs are guarded on the bridge.
+pub(super) const FEATURES: Features = Features {
+    own_addresses: false,
+    firewall: false,
+    nat_uplink: false,
+    clones: false,
+    guard_hook: Hook::Bridge,
+};
 
 pub(in crate::daemon) struct LanBridge {
     bridge: String,

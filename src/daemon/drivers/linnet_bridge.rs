@@ -11,17 +11,31 @@ use std::sync::Arc;
 use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
-use super::{NetworkDriver, TowardVm};
+use super::{Features, NetworkDriver, TowardVm};
 use crate::addr6::GATEWAY_LINK_LOCAL;
+use crate::config::Mode;
 use crate::config::NetworkConfig;
 use crate::daemon::errors::DaemonError;
 use crate::daemon::leftovers::Leftovers;
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
+use crate::host::guard::Hook;
 use crate::host::netlink::{LinkKind, LinkSettings};
 use crate::host::seam::{Host, Links};
 use crate::host::{self, ALIAS_NETWORK};
 use crate::leases::{LeaseTable, SharedLeases};
 use crate::services::{NetworkContext, Services, Starter, unix_now};
+
+/// linnet's own: its addresses, its firewall, clones; NAT out of the
+/// uplink in `shared` mode.
+pub(super) fn features(cfg: &NetworkConfig) -> Features {
+    Features {
+        own_addresses: true,
+        firewall: true,
+        nat_uplink: cfg.mode == Mode::Shared,
+        clones: true,
+        guard_hook: Hook::Bridge,
+    }
+}
 
 pub(in crate::daemon) struct LinnetBridge {
     pub bridge: String,

@@ -12,7 +12,7 @@ use std::net::Ipv4Addr;
 
 use tracing::{info, warn};
 
-use super::{NetworkDriver, Port, PortRequest, TowardVm};
+use super::{Features, NetworkDriver, Port, PortRequest, TowardVm};
 use crate::config::{MacvtapMode, NetworkConfig};
 use crate::daemon::errors::DaemonError;
 use crate::daemon::leftovers::Leftovers;
@@ -21,9 +21,16 @@ use crate::host::netlink::{LinkKind, LinkSettings};
 use crate::host::seam::Host;
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK};
 
-/// A macvtap's frames never pass a bridge: they are checked as they leave
-/// it, in a netdev hook of its own.
-pub(super) const GUARD_HOOK: Hook = Hook::Egress;
+/// VMs on the LAN, which gives their addresses, and no part in linnet's
+/// firewall. A macvtap's frames never pass a bridge: they are checked as
+/// they leave it, in a netdev hook of its own.
+pub(super) const FEATURES: Features = Features {
+    own_addresses: false,
+    firewall: false,
+    nat_uplink: false,
+    clones: false,
+    guard_hook: Hook::Egress,
+};
 
 /// What `linnet doctor` says of a network on `uplink`'s LAN.
 pub(super) fn doctor_notes(

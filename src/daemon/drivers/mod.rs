@@ -82,9 +82,9 @@ impl ActiveNetwork {
 
     /// Whether the network can have clones: only linnet's own have.
     pub fn check_clones(&self) -> Result<(), DaemonError> {
-        match &self.driver {
-            Driver::LinnetBridge(_) => Ok(()),
-            _ => Err(DaemonError::BadRequest(format!(
+        match features(&self.config).clones {
+            true => Ok(()),
+            false => Err(DaemonError::BadRequest(format!(
                 "network \"{}\" is a {} network on a LAN, whose DHCP server gave the guest its address: clones are for linnet's own networks (mode: shared or host)",
                 self.config.name, self.config.mode
             ))),
@@ -141,12 +141,42 @@ impl ActiveNetwork {
     }
 }
 
-/// Where the ports of `cfg`'s network are guarded. Decided from the
-/// config, like `doctor_notes`, so also while the network is down.
-pub(super) fn guard_hook(cfg: &NetworkConfig) -> Hook {
+/// What a kind of network is and allows: the questions whose answer
+/// depends on the kind, answered by its driver from the config alone, so
+/// also while the network is down. The daemon asks these rather than
+/// looking at the kind itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Features {
+    /// linnet gives the VMs' addresses (leases, DHCP, DNS, router
+    /// advertisements) on a bridge of its own; else the LAN's DHCP server
+    /// does, and linnet learns them from its answers.
+    pub own_addresses: bool,
+    /// The network has a part in linnet's firewall: NAT, published ports,
+    /// connect/listen policies, isolation across the gateway.
+    pub firewall: bool,
+    /// It NATs its VMs out of the host's uplink (`shared`).
+    pub nat_uplink: bool,
+    /// Clones (`--clone-of`) may attach.
+    pub clones: bool,
+    /// Where its ports are guarded.
+    pub guard_hook: Hook,
+}
+
+/// What `cfg`'s kind of network is and allows.
+pub(super) fn features(cfg: &NetworkConfig) -> Features {
     match &cfg.lan {
-        Some(Lan::Macvtap { .. }) => macvtap::GUARD_HOOK,
-        _ => Hook::Bridge,
+        None => linnet_bridge::features(cfg),
+        Some(Lan::Bridge { .. }) => lan_bridge::FEATURES,
+        Some(Lan::Macvtap { .. }) => macvtap::FEATURES,
+    }
+}
+
+/// The link its VMs join it through, by name: linnet's bridge, a bridge
+/// of the LAN's, or a NIC.
+pub(super) fn link_of(cfg: &NetworkConfig) -> String {
+    match &cfg.lan {
+        Some(lan) => lan.link().to_string(),
+        None => host::bridge_name(&cfg.name),
     }
 }
 

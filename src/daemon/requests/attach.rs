@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use crate::api::{AttachRequest, InterfaceInfo};
 use crate::config::DEFAULT_NETWORK;
 use crate::daemon::client::Client;
+use crate::daemon::drivers;
 use crate::daemon::drivers::PortRequest;
 use crate::daemon::errors::DaemonError;
 use crate::daemon::holder::Holder;
@@ -253,7 +254,7 @@ impl Daemon {
             };
             if rx != *seen {
                 (*seen, *since) = (rx, now);
-            } else if net.leases().is_some()
+            } else if drivers::features(&net.config).own_addresses
                 && now.duration_since(*since).as_secs() >= u64::from(net.config.dhcp.lease_time)
             {
                 info!(network = %iface.network, interface = %id, tap = %iface.tap, lease_time = net.config.dhcp.lease_time, "a kept interface's VM sent nothing for the network's lease_time: detaching it");

@@ -2,10 +2,9 @@
 //! what its kind says of itself.
 
 use crate::api::{DoctorReport, NetworkDoctor, Response};
-use crate::config::Mode;
 use crate::daemon::coexist::Uplinks;
+use crate::daemon::drivers;
 use crate::daemon::state::Daemon;
-use crate::host;
 
 impl Daemon {
     pub fn doctor(&self, network: Option<&str>) -> Response {
@@ -28,6 +27,7 @@ impl Daemon {
             .map(|cfg| {
                 let up = self.networks.contains_key(&cfg.name);
                 let checks = self.view.checks.get(&cfg.name).cloned().unwrap_or_default();
+                let kind = drivers::features(cfg);
                 let mut notes = Vec::new();
                 if !up {
                     notes.push("down: checked when it comes up (at its first attach)".into());
@@ -38,7 +38,7 @@ impl Daemon {
                     ("IPv6", cfg.ipv6.is_some(), &uplinks.used6, &uplinks.ipv6),
                 ];
                 for (family, on, used, defaults) in families {
-                    if cfg.mode == Mode::Shared && on && used.is_none() {
+                    if kind.nat_uplink && on && used.is_none() {
                         notes.push(format!(
                             "no {family} route to the internet: VMs cannot reach beyond this host over {family}"
                         ));
@@ -50,8 +50,8 @@ impl Daemon {
                         ));
                     }
                 }
-                notes.extend(crate::daemon::drivers::doctor_notes(cfg));
-                if !cfg.dhcp.enabled && cfg.lan.is_none() {
+                notes.extend(drivers::doctor_notes(cfg));
+                if !cfg.dhcp.enabled && kind.own_addresses {
                     notes.push("DHCP is off: guests set their own IPv4 address; interfaces without a static lease have no ip_address".into());
                 }
                 if !self.config.firewall.docker_user && !docker_chain.is_empty() {
@@ -60,13 +60,10 @@ impl Daemon {
                 NetworkDoctor {
                     name: cfg.name.clone(),
                     mode: cfg.mode,
-                    bridge: match &cfg.lan {
-                        Some(lan) => lan.link().to_string(),
-                        None => host::bridge_name(&cfg.name),
-                    },
+                    bridge: drivers::link_of(cfg),
                     up,
-                    uplink_ipv4: (cfg.mode == Mode::Shared).then(|| self.view.uplinks.used4.clone()).flatten(),
-                    uplink_ipv6: (cfg.mode == Mode::Shared && cfg.ipv6.is_some())
+                    uplink_ipv4: kind.nat_uplink.then(|| self.view.uplinks.used4.clone()).flatten(),
+                    uplink_ipv6: (kind.nat_uplink && cfg.ipv6.is_some())
                         .then(|| self.view.uplinks.used6.clone())
                         .flatten(),
                     docker_user_rules: self.view.docker_rules.contains(&cfg.name),

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::api::{InterfaceStatus, NetworkStatus, Response};
+use crate::daemon::drivers;
 use crate::daemon::state::Daemon;
 
 impl Daemon {
@@ -16,12 +17,13 @@ impl Daemon {
             .config
             .networks
             .values()
-            .map(|cfg| NetworkStatus {
+            .map(|cfg| (cfg, drivers::features(cfg).own_addresses))
+            .map(|(cfg, own)| NetworkStatus {
                 name: cfg.name.clone(),
                 mode: cfg.mode,
-                subnet: cfg.lan.is_none().then_some(cfg.subnet),
-                gateway: cfg.lan.is_none().then_some(cfg.gateway),
-                lan: cfg.lan.as_ref().map(|lan| lan.link().to_string()),
+                subnet: own.then_some(cfg.subnet),
+                gateway: own.then_some(cfg.gateway),
+                lan: (!own).then(|| drivers::link_of(cfg)),
                 ipv6_prefix: cfg.ipv6.as_ref().map(|v6| v6.prefix),
                 bridge: self
                     .networks
