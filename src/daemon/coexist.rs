@@ -14,12 +14,11 @@ use tracing::{info, warn};
 
 use crate::coexist::{self, FlowCheck, NetworkView};
 use crate::config::NetworkConfig;
-use crate::host::egress;
 use crate::host::legacy::LegacyChain;
 use crate::host::netlink::{LinkSettings, Route};
 use crate::host::ruleset::{Owner, Ruleset};
 use crate::host::seam::Links;
-use crate::host::{self};
+use crate::host::{self, egress};
 
 /// The default routes of both families, the one in use first.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -6,9 +6,8 @@ use std::path::PathBuf;
 use tracing::warn;
 
 use super::errors::DaemonError;
-use crate::host::firewall;
 use crate::host::seam::Devices;
-use crate::host::sysctl;
+use crate::host::{firewall, sysctl};
 
 /// IP forwarding, which linnet's NAT and forwards need: turned on where it
 /// is off when a network needs it, and put back as it was when none does.

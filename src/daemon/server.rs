@@ -18,8 +18,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
-use super::host_ports::HostPorts;
-use super::host_ports::HostSide;
+use super::host_ports::{HostPorts, HostSide};
 use super::sessions::{Sessions, refuse};
 use super::sockets::{accept_next, bind_unix, identify, register};
 use super::state::Daemon;

@@ -13,13 +13,7 @@
 //! the host looked at again and repaired (`check_host`). The requests
 //! (`requests/`), start-up and stop (`adoption`) and the watches sit above
 //! it; nothing here calls up to them (`scripts/check-layers` checks).
-use super::coexist::{GUARD_RETRY, firewalls, warnings};
-use super::guarding::Restore;
-use super::records::InterfaceRecord;
-use crate::api::ForwardOrigin;
-use crate::host::docker_user;
-use crate::host::guard::{self, Hook};
-use crate::host::ruleset::{Ruleset, Shape};
+
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -28,25 +22,25 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::client::Client;
-use super::coexist::HostView;
+use super::coexist::{GUARD_RETRY, HostView, firewalls, warnings};
 use super::drivers::{self, ActiveNetwork};
 use super::errors::DaemonError;
 use super::forwarding::{Forwarding, forwarding_needs};
 use super::forwards::{self, Forwards};
-use super::guarding::{self, Guard};
+use super::guarding::{self, Guard, Restore};
 use super::holder::Holder;
 use super::host_ports::HostPorts;
-use super::interface::TapAddresses;
-use super::interface::{CloneState, Interface, interface_info, shown_ip};
+use super::interface::{CloneState, Interface, TapAddresses, interface_info, shown_ip};
 use super::leftovers::Leftovers;
 use super::plan::{self, AttachPlan, Done};
-use super::policies::{self};
-use super::records::Records;
-use crate::api::{AttachRequest, InterfaceInfo, InterfaceRef};
+use super::policies;
+use super::records::{InterfaceRecord, Records};
+use crate::api::{AttachRequest, ForwardOrigin, InterfaceInfo, InterfaceRef};
 use crate::config::Config;
-use crate::host::firewall;
-use crate::host::guard::PortGuard;
+use crate::host::guard::{self, Hook, PortGuard};
+use crate::host::ruleset::{Ruleset, Shape};
 use crate::host::seam::{Host, Links};
+use crate::host::{docker_user, firewall};
 use crate::services::{Starter, unix_now};
 use crate::types::{self, InterfaceId, MacAddr};
 

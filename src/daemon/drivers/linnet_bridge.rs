@@ -13,8 +13,7 @@ use tracing::info;
 
 use super::{Features, NetworkDriver, TowardVm};
 use crate::addr6::GATEWAY_LINK_LOCAL;
-use crate::config::Mode;
-use crate::config::NetworkConfig;
+use crate::config::{Mode, NetworkConfig};
 use crate::daemon::errors::DaemonError;
 use crate::daemon::leftovers::Leftovers;
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};

@@ -4,17 +4,15 @@
 //! failure, a clone's own path (`clone`), the ports published; and a
 //! client's detach and relay counters.
 
-use std::os::fd::{AsFd, OwnedFd};
-
 use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
 
 use tracing::{info, warn};
 
 use crate::api::{AttachRequest, InterfaceInfo};
 use crate::config::DEFAULT_NETWORK;
 use crate::daemon::client::Client;
-use crate::daemon::drivers;
-use crate::daemon::drivers::PortRequest;
+use crate::daemon::drivers::{self, PortRequest};
 use crate::daemon::errors::DaemonError;
 use crate::daemon::holder::Holder;
 use crate::daemon::leftovers::Leftovers;
