@@ -3,7 +3,7 @@
 //! decided here, without a kernel: which guest it is, that the guest fits
 //! its network, and the unique address the network reaches it at. The
 //! namespace that makes it so is `host::clone_ns`; the daemon's part is
-//! `daemon::clones`.
+//! `daemon::requests::clone`.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;

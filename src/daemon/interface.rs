@@ -46,7 +46,7 @@ pub(super) struct Interface {
     /// Whether it has elements in the guard table.
     pub(super) guarded: bool,
     pub(super) policy: Policy,
-    /// A clone's guest and namespace (`clones`): then `mac` and `ip` are
+    /// A clone's guest and namespace (`requests::clone`): then `mac` and `ip` are
     /// its namespace's on the network (its unique address), and `tap` its
     /// veth port.
     pub(super) as_clone: Option<CloneState>,

@@ -1,16 +1,26 @@
-//! `linnet daemon`: the only privileged process. `state` decides what the
-//! kernel should hold (networks, interfaces) and asks `host` to make it
-//! so; each network's kind is a driver (`drivers`: linnet's own bridge, an
-//! existing bridge, macvtaps on a NIC) that owns what that kind has of its
-//! own; an attach is planned as data (`attach`) and then carried out.
-//! `forwards`, `policies`, `guarding` and `coexist` add to the same
-//! `Daemon` for their concern (published ports, connect/listen policies,
-//! anti-spoofing, other firewalls and uplinks); `learning` learns LAN
-//! VMs' addresses from their DHCP. `server` speaks the socket protocol and
-//! watches clients; `network_sockets` accepts VMs on the networks'
-//! socket_vmnet-compatible sockets, each through a relay; `watch` notices
-//! when the host changes under linnet, `tap_watch` when a VMM changes its
-//! TAP's MAC.
+//! `linnet daemon`: the only privileged process, in layers that depend one
+//! way (docs/architecture.md; `scripts/check-layers` checks):
+//!
+//! - the model: `errors`, `client`, `holder`, `interface`, `records`,
+//!   `leftovers`;
+//! - the parts, each with its own state and no `impl Daemon`: the kinds of
+//!   network (`drivers`: linnet's own bridge, an existing bridge, macvtaps
+//!   on a NIC), the guard (`guarding`), published ports (`forwards`),
+//!   connect/listen policies (`policies`), the view of the host
+//!   (`coexist`), IP forwarding (`forwarding`), a rootless daemon's host
+//!   ports (`host_ports`);
+//! - an attach as data (`plan`);
+//! - the core (`state`): the daemon's state, and what every request shares,
+//!   through the host seam (`host::seam`);
+//! - the requests (`requests`), start-up and stop (`adoption`), and what
+//!   the kernel tells: `watch` (the host changed under linnet), `tap_watch`
+//!   (a VMM changed its TAP's MAC), `learning` (a LAN VM's DHCP);
+//! - connections: `sessions` (the socket protocol), `sockets`,
+//!   `network_sockets` (VMs on the networks' socket_vmnet-compatible
+//!   sockets, each through a relay), `server` (the event loop), `rootless`
+//!   (a user's own daemon's supervisor).
+//!
+//! `scenarios` runs the daemon over the fake host (`host::fake`).
 
 mod adoption;
 mod client;

@@ -233,7 +233,7 @@ pub(super) fn plan(
     })
 }
 
-/// Decides a clone's attach (`daemon::clones`): its port on the network is
+/// Decides a clone's attach (`requests::clone`): its port on the network is
 /// its namespace's uplink, with the uplink's MAC and the clone's unique
 /// address; it takes no lease; the rest is as for any interface.
 pub(super) fn plan_clone(

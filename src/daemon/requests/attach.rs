@@ -84,7 +84,7 @@ impl Daemon {
         }
         result
     }
-    /// Plans the attach (`attach::plan`), carries it out, and undoes what
+    /// Plans the attach (`plan::plan`), carries it out, and undoes what
     /// was done if a step fails.
     async fn attach_on(
         &mut self,
