@@ -43,8 +43,10 @@ impl Daemon {
     /// persistent networks, and replaces linnet's tables in one
     /// transaction each.
     pub async fn reconcile(&mut self) -> Result<(), DaemonError> {
-        std::fs::create_dir_all(&self.lease_dir).map_err(|e| {
-            DaemonError::Internal(format!("cannot create {}: {e}", self.lease_dir.display()))
+        std::fs::create_dir_all(&self.lease_dir).map_err(|e| DaemonError::StateFile {
+            what: "cannot create",
+            path: self.lease_dir.clone(),
+            source: e,
         })?;
         self.remove_clone_mounts();
         let path = self.state_dir.join("forwards.json");
@@ -358,9 +360,7 @@ impl Daemon {
         token: &str,
     ) -> Result<(), DaemonError> {
         let Some(iface) = self.interfaces.get_mut(&id) else {
-            return Err(DaemonError::BadRequest(format!(
-                "interface {id} is not attached: this daemon did not adopt it (its log says why)"
-            )));
+            return Err(DaemonError::NotAdopted { id });
         };
         if !same_token(&iface.token, token) || (client.uid != iface.uid && client.uid != 0) {
             return Err(DaemonError::NotReclaimable { id });

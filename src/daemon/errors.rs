@@ -161,6 +161,35 @@ pub enum DaemonError {
         what: String,
         source: std::io::Error,
     },
+    /// No such interface is attached (`which`: "interface ID", "an
+    /// interface named \"web\""; `network`: where it was looked for).
+    #[error("{}", not_attached_message(which, network.as_deref()))]
+    NotAttached {
+        which: String,
+        network: Option<String>,
+    },
+    /// The interface is not this connection's.
+    #[error("interface {id} is not attached by this connection")]
+    NotThisConnections { id: InterfaceId },
+    /// A restarted daemon did not adopt the interface a client re-claims.
+    #[error("interface {id} is not attached: this daemon did not adopt it (its log says why)")]
+    NotAdopted { id: InterfaceId },
+    /// A connect/listen policy the network cannot hold (`why`).
+    #[error("{why}")]
+    PolicyImpossible { network: String, why: String },
+    /// A forward the network cannot publish (`why`).
+    #[error("{why}")]
+    ForwardImpossible { network: String, why: String },
+    /// A clone that cannot be made as asked (`why`).
+    #[error("{why}")]
+    CloneImpossible { network: String, why: String },
+    /// A file of the daemon's state that cannot be read or made.
+    #[error("{what} {}: {source}", path.display())]
+    StateFile {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Forbidden(String),
     #[error("{0}")]
@@ -202,7 +231,13 @@ impl DaemonError {
 
     pub fn kind(&self) -> ErrorKind {
         match self {
-            DaemonError::BadRequest(_) => ErrorKind::BadRequest,
+            DaemonError::BadRequest(_)
+            | DaemonError::NotAttached { .. }
+            | DaemonError::NotThisConnections { .. }
+            | DaemonError::NotAdopted { .. }
+            | DaemonError::PolicyImpossible { .. }
+            | DaemonError::ForwardImpossible { .. }
+            | DaemonError::CloneImpossible { .. } => ErrorKind::BadRequest,
             DaemonError::UnknownNetwork { .. } => ErrorKind::UnknownNetwork,
             DaemonError::NotAllowed { .. }
             | DaemonError::NotOwner { .. }
@@ -233,7 +268,7 @@ impl DaemonError {
             | DaemonError::LanLink { .. }
             | DaemonError::HostStep { .. }
             | DaemonError::HostSetup(_) => ErrorKind::HostSetup,
-            DaemonError::Internal(_) => ErrorKind::Internal,
+            DaemonError::Internal(_) | DaemonError::StateFile { .. } => ErrorKind::Internal,
         }
     }
 
@@ -248,6 +283,15 @@ impl DaemonError {
 /// A client's pid in a message ("?" when unknown).
 fn shown_pid(pid: Option<i32>) -> String {
     pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+}
+
+fn not_attached_message(which: &str, network: Option<&str>) -> String {
+    match network {
+        Some(network) => format!(
+            "unknown interface: {which} is not attached to network \"{network}\"; `linnet ls` lists the attached interfaces"
+        ),
+        None => format!("{which} is not attached"),
+    }
 }
 
 fn overlap_advice(key: &str) -> String {

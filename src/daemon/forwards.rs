@@ -39,10 +39,13 @@ pub struct Holder<'a> {
 
 /// Why no port is published to a VM on a LAN.
 fn lan_refusal(forward: &PortForward, net: &NetworkConfig) -> DaemonError {
-    DaemonError::BadRequest(format!(
-        "{forward}: network \"{}\" is on a LAN, where its VMs are reached at their own addresses; ports are published from linnet's own networks (shared, host) only",
-        net.name
-    ))
+    DaemonError::ForwardImpossible {
+        network: net.name.clone(),
+        why: format!(
+            "{forward}: network \"{}\" is on a LAN, where its VMs are reached at their own addresses; ports are published from linnet's own networks (shared, host) only",
+            net.name
+        ),
+    }
 }
 
 /// Refuses a forward that cannot work or would take what is not free.
@@ -57,10 +60,13 @@ pub fn check<'a>(
         return Err(lan_refusal(forward, net));
     }
     if matches!(forward.host_addr, Some(IpAddr::V6(_))) && net.ipv6.is_none() {
-        return Err(DaemonError::BadRequest(format!(
-            "{forward}: network \"{}\" has no IPv6, so nothing can be forwarded from an IPv6 address; use an IPv4 address or turn ipv6 on",
-            net.name
-        )));
+        return Err(DaemonError::ForwardImpossible {
+            network: net.name.clone(),
+            why: format!(
+                "{forward}: network \"{}\" has no IPv6, so nothing can be forwarded from an IPv6 address; use an IPv4 address or turn ipv6 on",
+                net.name
+            ),
+        });
     }
     let first_unprivileged = std::fs::read_to_string(UNPRIVILEGED_PORT_START)
         .ok()
@@ -343,10 +349,13 @@ pub(super) fn take(
         return Err(lan_refusal(&forward, cfg));
     }
     if iface.ip.is_none() {
-        return Err(DaemonError::BadRequest(format!(
-            "interface {id} has no IPv4 address linnet knows (network \"{}\" has dhcp off): give it a static lease (dhcp.static with its interface_id or MAC) to publish ports",
-            cfg.name
-        )));
+        return Err(DaemonError::ForwardImpossible {
+            network: cfg.name.clone(),
+            why: format!(
+                "interface {id} has no IPv4 address linnet knows (network \"{}\" has dhcp off): give it a static lease (dhcp.static with its interface_id or MAC) to publish ports",
+                cfg.name
+            ),
+        });
     }
     let held = interfaces.iter().flat_map(|(other, i)| {
         i.forwards.iter().map(move |p| Holder {

@@ -125,10 +125,9 @@ impl Daemon {
             .interfaces
             .get(&id)
             .filter(|i| i.network == network)
-            .ok_or_else(|| {
-                DaemonError::BadRequest(format!(
-                    "interface {id} is not attached to network \"{network}\"; `linnet ls` lists the attached interfaces"
-                ))
+            .ok_or_else(|| DaemonError::NotAttached {
+                which: format!("interface {id}"),
+                network: Some(network.into()),
             })?;
         if client.uid != 0 && client.uid != iface.uid {
             return Err(DaemonError::NotOwner {

@@ -386,6 +386,10 @@ mod tests {
             ingress: vec![],
         });
         let refused = plan(&cfg, &mut leases, 0.into(), id(2), &policed, 0).unwrap_err();
+        assert!(
+            matches!(&refused, DaemonError::PolicyImpossible { network, .. } if network == "shared"),
+            "{refused:?}"
+        );
         assert!(refused.to_string().contains("has DHCP off"), "{refused}");
     }
 
@@ -661,7 +665,7 @@ mod tests {
         };
         let refused = admitted(&none, &client(0, 1), &policed);
         assert!(
-            matches!(&refused, Err(DaemonError::BadRequest(m)) if m.contains("on a LAN")),
+            matches!(&refused, Err(DaemonError::PolicyImpossible { network, why }) if network == "lan" && why.contains("on a LAN")),
             "{refused:?}"
         );
     }

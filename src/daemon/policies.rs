@@ -16,9 +16,12 @@ use crate::policy::Policy;
 /// A policy is enforced by the VM's addresses; without DHCP and a static
 /// lease linnet does not know its IPv4 one.
 pub(super) fn no_address_for_policy(network: &str) -> DaemonError {
-    DaemonError::BadRequest(format!(
-        "network \"{network}\" has DHCP off and no static lease for this interface, so linnet does not know its IPv4 address and cannot enforce a connect/listen policy: give it a static lease (dhcp.static with its interface_id or MAC)"
-    ))
+    DaemonError::PolicyImpossible {
+        network: network.into(),
+        why: format!(
+            "network \"{network}\" has DHCP off and no static lease for this interface, so linnet does not know its IPv4 address and cannot enforce a connect/listen policy: give it a static lease (dhcp.static with its interface_id or MAC)"
+        ),
+    }
 }
 
 /// A policy knows a VM by its addresses, which anti-spoofing keeps its own;
@@ -32,17 +35,23 @@ pub(super) fn check_policy_possible(
         return Ok(());
     }
     if !drivers::features(cfg).firewall {
-        return Err(DaemonError::BadRequest(format!(
-            "network \"{}\" is on a LAN ({} mode), where connect/listen policies are not enforced yet: they are rules of linnet's own firewall on linnet's own bridges; attach without --allow-connect/--allow-listen, or use a shared or host network",
-            cfg.name, cfg.mode
-        )));
+        return Err(DaemonError::PolicyImpossible {
+            network: cfg.name.clone(),
+            why: format!(
+                "network \"{}\" is on a LAN ({} mode), where connect/listen policies are not enforced yet: they are rules of linnet's own firewall on linnet's own bridges; attach without --allow-connect/--allow-listen, or use a shared or host network",
+                cfg.name, cfg.mode
+            ),
+        });
     }
     if !cfg.anti_spoofing {
-        return Err(DaemonError::BadRequest(format!(
-            "network \"{}\": a connect/listen policy {}",
-            cfg.name,
-            crate::config::NO_POLICY_WITHOUT_ANTI_SPOOFING
-        )));
+        return Err(DaemonError::PolicyImpossible {
+            network: cfg.name.clone(),
+            why: format!(
+                "network \"{}\": a connect/listen policy {}",
+                cfg.name,
+                crate::config::NO_POLICY_WITHOUT_ANTI_SPOOFING
+            ),
+        });
     }
     if std::path::Path::new("/proc/sys/net/bridge").exists() {
         return Ok(());

@@ -470,8 +470,12 @@ async fn another_clients_interface_is_not_its_to_detach() {
     );
     let unknown = s.daemon.handle_detach(&user(1000, 1), id(9)).await;
     assert!(
-        matches!(unknown, Err(DaemonError::BadRequest(_))),
+        matches!(unknown, Err(DaemonError::NotAttached { network: None, .. })),
         "{unknown:?}"
+    );
+    assert_eq!(
+        unknown.unwrap_err().to_string(),
+        format!("interface {} is not attached", id(9))
     );
 }
 

@@ -173,10 +173,10 @@ impl Daemon {
             (_, Some(name)) => format!("an interface named \"{name}\""),
             _ => "that interface".into(),
         };
-        DaemonError::BadRequest(format!(
-            "unknown interface: {what} is not attached to network \"{}\"; `linnet ls` lists the attached interfaces",
-            which.network
-        ))
+        DaemonError::NotAttached {
+            which: what,
+            network: Some(which.network.clone()),
+        }
     }
 
     pub(super) fn unknown_network(&self, name: &str) -> DaemonError {

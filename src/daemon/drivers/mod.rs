@@ -84,10 +84,13 @@ impl ActiveNetwork {
     pub fn check_clones(&self) -> Result<(), DaemonError> {
         match features(&self.config).clones {
             true => Ok(()),
-            false => Err(DaemonError::BadRequest(format!(
-                "network \"{}\" is a {} network on a LAN, whose DHCP server gave the guest its address: clones are for linnet's own networks (mode: shared or host)",
-                self.config.name, self.config.mode
-            ))),
+            false => Err(DaemonError::CloneImpossible {
+                network: self.config.name.clone(),
+                why: format!(
+                    "network \"{}\" is a {} network on a LAN, whose DHCP server gave the guest its address: clones are for linnet's own networks (mode: shared or host)",
+                    self.config.name, self.config.mode
+                ),
+            }),
         }
     }
 

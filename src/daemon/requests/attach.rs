@@ -190,9 +190,7 @@ impl Daemon {
                 i.relay = Some(counters);
                 Ok(())
             }
-            _ => Err(DaemonError::BadRequest(format!(
-                "interface {id} is not attached by this connection"
-            ))),
+            _ => Err(DaemonError::NotThisConnections { id }),
         }
     }
     pub async fn handle_detach(
@@ -201,9 +199,10 @@ impl Daemon {
         id: InterfaceId,
     ) -> Result<(), DaemonError> {
         match self.interfaces.get(&id) {
-            None => Err(DaemonError::BadRequest(format!(
-                "interface {id} is not attached"
-            ))),
+            None => Err(DaemonError::NotAttached {
+                which: format!("interface {id}"),
+                network: None,
+            }),
             Some(i) if i.holder.is_unheld() && client.uid != 0 && client.uid != i.uid => {
                 Err(DaemonError::NotOwner {
                     id,

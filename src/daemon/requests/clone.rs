@@ -39,25 +39,29 @@ impl Daemon {
         of: &CloneOf,
     ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
         if req.mac.is_some() {
-            return Err(DaemonError::BadRequest(
-                "a clone's MAC is its guest's, which --clone-of or --like says: leave --mac out"
-                    .into(),
-            ));
+            return Err(DaemonError::CloneImpossible {
+                network: network.into(),
+                why:
+                    "a clone's MAC is its guest's, which --clone-of or --like says: leave --mac out"
+                        .into(),
+            });
         }
         // A VMM that opens a clone's TAP by name runs in the clone's
         // namespace, which the system daemon names in the file system for
         // root to put it there (`linnet run`, Firecracker's jailer).
         if req.datapath == Some(Datapath::TapName) && self.rootless() {
-            return Err(DaemonError::BadRequest(
-                "a clone's TAP is in a namespace of its own, where a VMM that opens it by name must run: a rootless daemon cannot name it for you yet; use --datapath tap (or dgram, stream)".into(),
-            ));
+            return Err(DaemonError::CloneImpossible {
+                network: network.into(),
+                why: "a clone's TAP is in a namespace of its own, where a VMM that opens it by name must run: a rootless daemon cannot name it for you yet; use --datapath tap (or dgram, stream)".into(),
+            });
         }
         // Everything is checked before the host changes.
         self.networks[network].check_clones()?;
         let cfg = self.networks[network].config.clone();
         let guest = self.clone_guest(network, client, of)?;
-        clone::check_guest(&cfg, &guest).map_err(|m| {
-            DaemonError::BadRequest(format!("cannot clone onto network \"{network}\": {m}"))
+        clone::check_guest(&cfg, &guest).map_err(|m| DaemonError::CloneImpossible {
+            network: network.into(),
+            why: format!("cannot clone onto network \"{network}\": {m}"),
         })?;
         let subnet = cfg.clone_subnet.ok_or_else(|| DaemonError::CloneRange {
             network: network.into(),
@@ -255,9 +259,12 @@ impl Daemon {
                 return Ok(c.guest.clone());
             }
             let ip = i.ip.ok_or_else(|| {
-                DaemonError::BadRequest(format!(
-                    "interface \"{name}\" has no address linnet knows (its network has no DHCP): give the snapshotted VM's with --like FILE"
-                ))
+                DaemonError::CloneImpossible {
+                    network: network.into(),
+                    why: format!(
+                        "interface \"{name}\" has no address linnet knows (its network has no DHCP): give the snapshotted VM's with --like FILE"
+                    ),
+                }
             })?;
             return Ok(Guest {
                 mac: i.mac,
@@ -274,9 +281,12 @@ impl Daemon {
                 ip: lease.ip,
                 tap: None,
             }),
-            None => Err(DaemonError::BadRequest(format!(
-                "network \"{network}\" has no VM of yours named \"{name}\", attached or with its lease still held; name one that `linnet ls` lists, or give the snapshotted VM's interface JSON with --like FILE"
-            ))),
+            None => Err(DaemonError::CloneImpossible {
+                network: network.into(),
+                why: format!(
+                    "network \"{network}\" has no VM of yours named \"{name}\", attached or with its lease still held; name one that `linnet ls` lists, or give the snapshotted VM's interface JSON with --like FILE"
+                ),
+            }),
         }
     }
 
