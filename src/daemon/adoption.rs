@@ -247,10 +247,9 @@ impl Daemon {
         let bridge = net.bridge().map(|(_, index)| index);
         let held = match (bridge, master) {
             (Some(b), Some(m)) if b != m => {
-                return Err(DaemonError::Conflict(format!(
-                    "its port is on another bridge than network \"{}\"'s now",
-                    r.network
-                )));
+                return Err(DaemonError::PortElsewhere {
+                    network: r.network.clone(),
+                });
             }
             _ if cut_off.is_some() => None,
             (Some(b), None) => Some((r.port_index, Some(b))),
@@ -277,7 +276,7 @@ impl Daemon {
                     .map(drop)
                     .map_err(|e| e.to_string()),
             }
-            .map_err(DaemonError::Conflict)?;
+            .map_err(|why| DaemonError::LeaseNotReadopted { id, why })?;
         }
         // A kept one's idle time starts again: the daemon did not see it.
         let holder = if r.kept {

@@ -192,8 +192,13 @@ pub enum DaemonError {
     },
     #[error("{0}")]
     Forbidden(String),
-    #[error("{0}")]
-    Conflict(String),
+    /// An adopted interface's lease cannot be held again (`why`: its
+    /// address is another's now, or outside the subnet).
+    #[error("{why}")]
+    LeaseNotReadopted { id: InterfaceId, why: String },
+    /// An adopted port is on another bridge than its network's now.
+    #[error("its port is on another bridge than network \"{network}\"'s now")]
+    PortElsewhere { network: String },
     #[error(transparent)]
     Lease(#[from] LeaseError),
     #[error(transparent)]
@@ -252,7 +257,8 @@ impl DaemonError {
             | DaemonError::Limit { .. }
             | DaemonError::CloneRange { .. }
             | DaemonError::NoAddressYet { .. } => ErrorKind::Busy,
-            DaemonError::Conflict(_)
+            DaemonError::PortElsewhere { .. }
+            | DaemonError::LeaseNotReadopted { .. }
             | DaemonError::NameHeld { .. }
             | DaemonError::MacTaken { .. }
             | DaemonError::PortForwarded { .. }
