@@ -83,6 +83,27 @@ fn assert_sandboxed() {
             .any(|l| l.split(' ').nth(4) == Some("/etc/resolv.conf")),
         "/etc/resolv.conf is the machine's here: run the tests in scripts/sandbox, which mounts a copy over it"
     );
+    assert_others_reach(&linnet_bin());
+}
+
+/// Some scenarios run linnet as other users (a rootless daemon, a network
+/// socket's relay, a VMM without privileges): every directory on the way
+/// to the binaries must let others through, as a checkout under /root
+/// (mode 0700) does not.
+fn assert_others_reach(bin: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for dir in bin.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            continue;
+        };
+        assert!(
+            meta.permissions().mode() & 0o001 != 0,
+            "{} is closed to other users, so tests that run linnet as another user cannot reach {}: clone the repository where others may pass (e.g. /srv or /tmp), or chmod o+x {}",
+            dir.display(),
+            bin.display(),
+            dir.display()
+        );
+    }
 }
 
 pub fn run(cmd: &mut Command) -> Output {
