@@ -856,3 +856,49 @@ async fn a_tap_name_clone_that_fails_takes_its_namespaces_name_away() {
         s.linnet_links()
     );
 }
+
+#[tokio::test]
+async fn a_forward_the_firewall_refuses_is_not_kept_and_one_it_takes_goes_with_rm() {
+    let mut s = Scene::new(USERS).await;
+    let owner = user(1000, 1);
+    let _vm = s.attach(&owner, named(1, "web")).await.unwrap();
+    let forward = |spec: &str| crate::api::ForwardRequest {
+        network: "shared".into(),
+        interface_id: None,
+        name: Some("web".into()),
+        forward: spec.parse().unwrap(),
+    };
+    let published = |s: &Scene| -> Vec<u16> {
+        let firewall = s.fake.firewall().expect("the firewall table");
+        firewall[0]
+            .forwards
+            .iter()
+            .map(|f| f.forward.host_port)
+            .collect()
+    };
+    s.fake
+        .fail_on(|st| matches!(st, Step::Firewall(b) if !b.is_empty()));
+    let refused = s.daemon.handle_forward_add(&owner, forward("18081:80"));
+    assert!(
+        matches!(refused, Err(DaemonError::Firewall(_))),
+        "{refused:?}"
+    );
+    assert!(s.daemon.interfaces[&id(1)].forwards.is_empty(), "not kept");
+    assert_eq!(published(&s), Vec::<u16>::new(), "the table put back");
+    s.daemon
+        .handle_forward_add(&owner, forward("18082:80"))
+        .unwrap();
+    assert_eq!(published(&s), [18082]);
+    // Another user may not change its forwards; its owner removes it.
+    let other = s
+        .daemon
+        .handle_forward_remove(&user(1001, 2), forward("18082:80"));
+    assert!(
+        matches!(other, Err(DaemonError::NotOwner { owner: 1000, .. })),
+        "{other:?}"
+    );
+    s.daemon
+        .handle_forward_remove(&owner, forward("18082:80"))
+        .unwrap();
+    assert_eq!(published(&s), Vec::<u16>::new());
+}
