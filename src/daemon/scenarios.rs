@@ -95,6 +95,20 @@ impl Scene {
         }
     }
 
+    /// Attaches with the next step `which` matches failing: the refusal.
+    async fn refused_when(
+        &mut self,
+        which: impl Fn(&Step) -> bool + Send + 'static,
+        client: &Client,
+        req: AttachRequest,
+    ) -> DaemonError {
+        self.fake.fail_on(which);
+        self.attach(client, req)
+            .await
+            .err()
+            .expect("the attach fails with its step")
+    }
+
     async fn attach(
         &mut self,
         client: &Client,
@@ -256,8 +270,13 @@ async fn an_attach_puts_a_guarded_tap_on_the_bridge_with_the_first_address() {
 #[tokio::test]
 async fn a_guard_failure_undoes_the_port_then_the_lease_and_the_network_goes() {
     let mut s = Scene::new(USERS).await;
-    s.fake.fail_on(|st| matches!(st, Step::AddGuardPort(_)));
-    let refused = s.attach(&user(1000, 1), request(1)).await.err().unwrap();
+    let refused = s
+        .refused_when(
+            |st| matches!(st, Step::AddGuardPort(_)),
+            &user(1000, 1),
+            request(1),
+        )
+        .await;
     assert!(matches!(refused, DaemonError::Firewall(_)), "{refused:?}");
     // The TAP went with its fd, the network with its last interface.
     s.assert_nothing_left();
@@ -269,9 +288,10 @@ async fn a_guard_failure_undoes_the_port_then_the_lease_and_the_network_goes() {
 #[tokio::test]
 async fn a_bring_up_that_fails_half_way_leaves_nothing() {
     let mut s = Scene::new(USERS).await;
-    s.fake
-        .fail_on(|st| matches!(st, Step::AddAddress(link, _) if link == "ln-shared"));
-    let refused = s.attach(&user(1000, 1), request(1)).await.err().unwrap();
+    let bridge_address = |st: &Step| matches!(st, Step::AddAddress(link, _) if link == "ln-shared");
+    let refused = s
+        .refused_when(bridge_address, &user(1000, 1), request(1))
+        .await;
     assert!(matches!(refused, DaemonError::Netlink(_)), "{refused:?}");
     assert!(
         s.fake
@@ -286,9 +306,8 @@ async fn a_bring_up_that_fails_half_way_leaves_nothing() {
 #[tokio::test]
 async fn a_firewall_that_cannot_be_made_takes_the_network_down_again() {
     let mut s = Scene::new(USERS).await;
-    s.fake
-        .fail_on(|st| matches!(st, Step::Firewall(b) if !b.is_empty()));
-    let refused = s.attach(&user(1000, 1), request(1)).await.err().unwrap();
+    let firewall = |st: &Step| matches!(st, Step::Firewall(b) if !b.is_empty());
+    let refused = s.refused_when(firewall, &user(1000, 1), request(1)).await;
     assert!(matches!(refused, DaemonError::Firewall(_)), "{refused:?}");
     s.assert_nothing_left();
 }
@@ -412,12 +431,12 @@ async fn a_tap_name_port_outlives_its_fd_until_detached() {
 #[tokio::test]
 async fn a_tap_that_cannot_be_made_persistent_is_not_left() {
     let mut s = Scene::new(USERS).await;
-    s.fake.fail_on(|st| matches!(st, Step::MakePersistent(_)));
     let req = AttachRequest {
         datapath: Some(Datapath::TapName),
         ..request(1)
     };
-    let refused = s.attach(&user(1000, 1), req).await.err().unwrap();
+    let persist = |st: &Step| matches!(st, Step::MakePersistent(_));
+    let refused = s.refused_when(persist, &user(1000, 1), req).await;
     assert!(
         matches!(refused, DaemonError::HostStep { .. }),
         "{refused:?}"
@@ -457,6 +476,14 @@ async fn keep_is_only_for_a_tap_opened_by_name() {
     let refused = s.attach(&user(1000, 1), req).await.err().unwrap();
     assert!(matches!(refused, DaemonError::BadRequest(_)), "{refused:?}");
     assert!(s.fake.steps().is_empty(), "{:?}", s.fake.steps());
+    // Kept with a TAP opened by name, it attaches.
+    let by_name = AttachRequest {
+        datapath: Some(Datapath::TapName),
+        keep: true,
+        ..request(1)
+    };
+    s.attach(&user(1000, 1), by_name).await.unwrap();
+    assert!(!s.fake.steps().is_empty());
 }
 
 #[tokio::test]
@@ -521,6 +548,9 @@ async fn a_user_the_network_does_not_allow_changes_nothing() {
         "{refused:?}"
     );
     assert!(s.fake.steps().is_empty(), "{:?}", s.fake.steps());
+    // The same request from a user it allows changes the host.
+    s.attach(&user(1000, 2), request(1)).await.unwrap();
+    assert!(!s.fake.steps().is_empty());
 }
 
 #[tokio::test]
@@ -569,8 +599,8 @@ async fn a_bridged_network_gives_each_vm_a_macvtap_guarded_on_its_way_out() {
 #[tokio::test]
 async fn a_macvtap_whose_device_cannot_be_opened_is_deleted() {
     let mut s = Scene::new(BRIDGED).await;
-    s.fake.fail_on(|st| matches!(st, Step::OpenMacvtap(_)));
-    let refused = s.attach(&user(0, 1), on("lan", 1)).await.err().unwrap();
+    let open = |st: &Step| matches!(st, Step::OpenMacvtap(_));
+    let refused = s.refused_when(open, &user(0, 1), on("lan", 1)).await;
     assert!(
         matches!(refused, DaemonError::HostStep { .. }),
         "{refused:?}"
@@ -835,13 +865,13 @@ async fn a_tap_name_clone_that_fails_takes_its_namespaces_name_away() {
     let mut s = Scene::new(USERS).await;
     let owner = user(1000, 1);
     let _web = s.attach(&owner, named(1, "web")).await.unwrap();
-    s.fake.fail_on(|st| matches!(st, Step::MakePersistent(_)));
     let clone = AttachRequest {
         clone_of: Some(CloneOf::Name("web".into())),
         datapath: Some(Datapath::TapName),
         ..request(2)
     };
-    let refused = s.attach(&owner, clone).await.err().unwrap();
+    let persist = |st: &Step| matches!(st, Step::MakePersistent(_));
+    let refused = s.refused_when(persist, &owner, clone).await;
     assert!(
         matches!(&refused, DaemonError::HostStep { source, .. } if source.to_string().starts_with("injected failure of MakePersistent")),
         "{refused:?}"
