@@ -24,7 +24,7 @@ use super::sockets::{accept_next, bind_unix, identify, register};
 use super::state::Daemon;
 use crate::api::SOCKET_NAME;
 use crate::config::Config;
-use crate::host::netlink::{LinkSettings, Netlink};
+use crate::host::netlink::{LinkSettings, Links, Netlink};
 use crate::host::seam::Host;
 use crate::host::{egress, systemd};
 use crate::services;

@@ -27,7 +27,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use ipnet::Ipv4Net;
 
-use super::netlink::{LinkSettings, Netlink, NetlinkError};
+use super::netlink::{LinkSettings, Links, Netlink, NetlinkError};
 use super::netns::NetNs;
 use super::nft::{Nft, NftError};
 use super::sysctl;

@@ -1,17 +1,15 @@
-//! The host seam (`seam`) over the real kernel: rtnetlink for links,
-//! libnftables (or the nft command) for tables, ioctls, sysctls and
-//! namespaces for devices. Each method hands over to the module that
-//! knows how; nothing is decided here.
+//! The host seam (`seam`) over the real kernel: libnftables (or the nft
+//! command) for tables, ioctls, sysctls and namespaces for devices (links
+//! are `Netlink`'s own, in `netlink`). Each method hands over to the
+//! module that knows how; nothing is decided here.
 
 use std::collections::BTreeMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::clone_ns::{self, CloneNetwork, CloneNsError, MadeClone};
 use super::docker_user::{self, Changes, Wanted};
@@ -19,15 +17,13 @@ use super::firewall::{self, FirewallNetwork};
 use super::guard::{self, PortGuard};
 use super::legacy::{self, LegacyChain};
 use super::macvtap;
-use super::netlink::{Link, LinkSettings, Netlink, NetlinkError, Route};
+use super::netlink::Netlink;
 use super::netns::{self, NetNs};
 use super::nft::{Nft, NftError};
 use super::ruleset::{self, Ruleset, Shape};
-use super::seam::{Devices, Host, Links, Tables};
+use super::seam::{Devices, Host, Tables};
 use super::sysctl::{self, Ipv6Forwarding};
 use super::tap::{self, TapError};
-use crate::config::MacvtapMode;
-use crate::types::MacAddr;
 
 impl Host {
     /// The kernel's, through `netlink` (connected in the daemon's
@@ -38,86 +34,6 @@ impl Host {
             tables: Box::new(KernelTables { nft: Nft::open() }),
             devices: Arc::new(KernelDevices { netlink }),
         }
-    }
-}
-
-#[async_trait]
-impl Links for Netlink {
-    async fn links(&self) -> Result<Vec<Link>, NetlinkError> {
-        Netlink::links(self).await
-    }
-    async fn link(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
-        Netlink::link(self, name).await
-    }
-    async fn create_bridge(&self, name: &str, mtu: u32, mac: MacAddr) -> Result<u32, NetlinkError> {
-        Netlink::create_bridge(self, name, mtu, mac).await
-    }
-    async fn create_macvtap(
-        &self,
-        name: &str,
-        uplink: u32,
-        mode: MacvtapMode,
-        mac: MacAddr,
-    ) -> Result<u32, NetlinkError> {
-        Netlink::create_macvtap(self, name, uplink, mode, mac).await
-    }
-    async fn create_macvlan(
-        &self,
-        name: &str,
-        uplink: u32,
-        mac: MacAddr,
-    ) -> Result<u32, NetlinkError> {
-        Netlink::create_macvlan(self, name, uplink, mac).await
-    }
-    async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError> {
-        Netlink::configure(self, index, settings).await
-    }
-    async fn cut_off(&self, index: u32) -> Result<(), NetlinkError> {
-        Netlink::cut_off(self, index).await
-    }
-    async fn set_master(&self, index: u32, master: Option<u32>) -> Result<(), NetlinkError> {
-        Netlink::set_master(self, index, master).await
-    }
-    async fn set_address(&self, index: u32, mac: MacAddr) -> Result<(), NetlinkError> {
-        Netlink::set_address(self, index, mac).await
-    }
-    async fn add_address(&self, index: u32, net: IpNet) -> Result<(), NetlinkError> {
-        Netlink::add_address(self, index, net).await
-    }
-    async fn delete_link(&self, index: u32) -> Result<(), NetlinkError> {
-        Netlink::delete_link(self, index).await
-    }
-    async fn delete_links(&self, indexes: &[u32]) -> Result<(), NetlinkError> {
-        Netlink::delete_links(self, indexes).await
-    }
-    async fn ipv4_addresses(&self) -> Result<Vec<(u32, Ipv4Net)>, NetlinkError> {
-        Netlink::ipv4_addresses(self).await
-    }
-    async fn ipv4_routes(&self) -> Result<Vec<(Ipv4Net, Option<u32>)>, NetlinkError> {
-        Netlink::ipv4_routes(self).await
-    }
-    async fn ipv6_routes(&self) -> Result<Vec<(Ipv6Net, Option<u32>)>, NetlinkError> {
-        Netlink::ipv6_routes(self).await
-    }
-    async fn add_link_route(&self, net: Ipv4Net, index: u32) -> Result<(), NetlinkError> {
-        Netlink::add_link_route(self, net, index).await
-    }
-    async fn add_host_route(
-        &self,
-        ip: Ipv4Addr,
-        index: u32,
-        src: Ipv4Addr,
-    ) -> Result<(), NetlinkError> {
-        Netlink::add_host_route(self, ip, index, src).await
-    }
-    async fn delete_host_route(&self, ip: Ipv4Addr, index: u32) -> Result<(), NetlinkError> {
-        Netlink::delete_host_route(self, ip, index).await
-    }
-    async fn route_to(&self, dst: IpAddr) -> Result<Option<u32>, NetlinkError> {
-        Netlink::route_to(self, dst).await
-    }
-    async fn default_routes(&self, ipv6: bool) -> Result<Vec<Route>, NetlinkError> {
-        Netlink::default_routes(self, ipv6).await
     }
 }
 

@@ -1,10 +1,13 @@
-//! Links, addresses and routes over rtnetlink: bridges and TAP ports for the
-//! networks, and the address/route dump used to refuse overlapping subnets.
+//! Links, addresses and routes: the `Links` trait the daemon changes them
+//! through (`seam`), and `Netlink`, the kernel's over rtnetlink: bridges
+//! and TAP ports for the networks, and the address/route dump used to
+//! refuse overlapping subnets.
 
 use std::collections::BTreeSet;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use async_trait::async_trait;
 use futures::TryStreamExt;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::packet_route::AddressFamily;
@@ -93,116 +96,6 @@ impl Netlink {
         Ok(Netlink { handle })
     }
 
-    pub async fn links(&self) -> Result<Vec<Link>, NetlinkError> {
-        let mut stream = self.handle.link().get().execute();
-        let mut links = Vec::new();
-        while let Some(msg) = stream.try_next().await.map_err(op("list links"))? {
-            links.push(parse_link(msg));
-        }
-        Ok(links)
-    }
-
-    pub async fn link(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
-        let mut stream = self
-            .handle
-            .link()
-            .get()
-            .match_name(name.to_string())
-            .execute();
-        match stream.try_next().await {
-            Ok(msg) => Ok(msg.map(parse_link)),
-            Err(e) => {
-                let e = to_io(e);
-                if e.raw_os_error() == Some(libc::ENODEV) {
-                    Ok(None)
-                } else {
-                    Err(NetlinkError {
-                        what: format!("look up link {name}"),
-                        source: e,
-                    })
-                }
-            }
-        }
-    }
-
-    /// Creates a bridge (down) with the MAC `mac`, returning its index.
-    pub async fn create_bridge(
-        &self,
-        name: &str,
-        mtu: u32,
-        mac: MacAddr,
-    ) -> Result<u32, NetlinkError> {
-        // Frames to 01:80:c2:00:00:0x skip the bridge's prerouting hook (and
-        // so the guard) but would still teach it their source MAC: a VM
-        // could move another's MAC to its own port. Learn nothing from them.
-        // A bridge whose MAC was never set takes the lowest of its ports':
-        // a VMM that sets its TAP's MAC (its fd allows that) would move the
-        // gateway's MAC under every VM. Set, it stays.
-        let msg = LinkBridge::new(name)
-            .down()
-            .mtu(mtu)
-            .address(mac.0.to_vec())
-            .set_boolean_opt(BridgeBooleanOptionFlags::NoLinkLocalLearn, true)
-            // Bridged IPv4/IPv6 also passes the inet hooks (when the
-            // br_netfilter module is there), whatever the namespace's
-            // bridge-nf-call sysctls say: connect/listen policies and
-            // isolation then hold between VMs of one network too.
-            .append_info_data(InfoBridge::NfCallIpTables(true))
-            .append_info_data(InfoBridge::NfCallIp6Tables(true))
-            .build();
-        self.handle
-            .link()
-            .add(msg)
-            .execute()
-            .await
-            .map_err(op(format!("create bridge {name}")))?;
-        self.link(name)
-            .await?
-            .map(|l| l.index)
-            .ok_or_else(|| NetlinkError {
-                what: format!("create bridge {name}"),
-                source: io::Error::from_raw_os_error(libc::ENODEV),
-            })
-    }
-
-    /// Creates a macvtap `name` (down) on the link `uplink` in `mode`, with
-    /// the MAC `mac` (its VM's: a macvtap passes only frames to its own
-    /// MAC), returning its index.
-    pub async fn create_macvtap(
-        &self,
-        name: &str,
-        uplink: u32,
-        mode: Mode,
-        mac: MacAddr,
-    ) -> Result<u32, NetlinkError> {
-        let mode = match mode {
-            Mode::Bridge => MacVtapMode::Bridge,
-            Mode::Vepa => MacVtapMode::Vepa,
-            Mode::Private => MacVtapMode::Private,
-            Mode::Passthru => MacVtapMode::Passthrough,
-        };
-        let msg = LinkMacVtap::new(name, uplink, mode)
-            .down()
-            .address(mac.0.to_vec())
-            .build();
-        self.add(msg, format!("create macvtap {name}"), name).await
-    }
-
-    /// Creates a macvlan `name` (down) in bridge mode on the link `uplink`,
-    /// returning its index: the host's way to its macvtap VMs.
-    pub async fn create_macvlan(
-        &self,
-        name: &str,
-        uplink: u32,
-        mac: MacAddr,
-    ) -> Result<u32, NetlinkError> {
-        let msg = LinkMacVlan::new(name, uplink, MacVlanMode::Bridge)
-            .down()
-            .address(mac.0.to_vec())
-            .build();
-        self.add(msg, format!("create macvlan {name}"), name).await
-    }
-
     async fn add(&self, msg: LinkMessage, what: String, name: &str) -> Result<u32, NetlinkError> {
         self.handle
             .link()
@@ -219,62 +112,6 @@ impl Netlink {
             })
     }
 
-    /// Sets the attributes given; `up` brings the link up.
-    pub async fn configure(
-        &self,
-        index: u32,
-        settings: LinkSettings<'_>,
-    ) -> Result<(), NetlinkError> {
-        let mut b = LinkUnspec::new_with_index(index);
-        if let Some(m) = settings.master {
-            b = b.controller(m);
-        }
-        if let Some(mtu) = settings.mtu {
-            b = b.mtu(mtu);
-        }
-        if let Some(len) = settings.txqueuelen {
-            b = b.txqueuelen(len);
-        }
-        if let Some(alias) = settings.alias {
-            b = b.alias(alias);
-        }
-        if settings.up {
-            b = b.up();
-        }
-        self.handle
-            .link()
-            .set(b.build())
-            .execute()
-            .await
-            .map_err(op(format!("configure link {index}")))
-    }
-
-    /// Takes a link off its bridge and down, for good: what a TAP whose VMM
-    /// misbehaved gets. Its owner cannot undo either without CAP_NET_ADMIN.
-    pub async fn cut_off(&self, index: u32) -> Result<(), NetlinkError> {
-        let msg = LinkUnspec::new_with_index(index).nocontroller().down();
-        self.set(msg.build(), format!("take link {index} off its bridge"))
-            .await
-    }
-
-    /// Puts a link on a bridge (`Some(index)`), or takes it off (`None`).
-    pub async fn set_master(&self, index: u32, master: Option<u32>) -> Result<(), NetlinkError> {
-        let msg = LinkUnspec::new_with_index(index);
-        let msg = match master {
-            Some(bridge) => msg.controller(bridge),
-            None => msg.nocontroller(),
-        };
-        self.set(msg.build(), format!("set the bridge of link {index}"))
-            .await
-    }
-
-    /// Sets a link's MAC.
-    pub async fn set_address(&self, index: u32, mac: MacAddr) -> Result<(), NetlinkError> {
-        let msg = LinkUnspec::new_with_index(index).address(mac.0.to_vec());
-        self.set(msg.build(), format!("set the MAC of link {index}"))
-            .await
-    }
-
     async fn set(&self, msg: LinkMessage, what: String) -> Result<(), NetlinkError> {
         self.handle
             .link()
@@ -282,78 +119,6 @@ impl Netlink {
             .execute()
             .await
             .map_err(op(what))
-    }
-
-    /// Adds an address (IPv4 or IPv6); one already there is fine. IPv6
-    /// addresses skip duplicate address detection: they are the gateway's on
-    /// linnet's own bridge, and must be usable (bindable) at once, even
-    /// before the bridge has a port.
-    pub async fn add_address(&self, index: u32, net: IpNet) -> Result<(), NetlinkError> {
-        let mut request = self
-            .handle
-            .address()
-            .add(index, net.addr(), net.prefix_len());
-        if net.addr().is_ipv6() {
-            request
-                .message_mut()
-                .attributes
-                .push(AddressAttribute::Flags(AddressFlags::Nodad));
-        }
-        match request.execute().await {
-            Err(e) => {
-                let e = to_io(e);
-                if e.raw_os_error() == Some(libc::EEXIST) {
-                    return Ok(());
-                }
-                Err(NetlinkError {
-                    what: format!("add {net} to link {index}"),
-                    source: e,
-                })
-            }
-            Ok(()) => Ok(()),
-        }
-    }
-
-    /// Deletes a link; a link already gone is not an error.
-    pub async fn delete_link(&self, index: u32) -> Result<(), NetlinkError> {
-        match self.handle.link().del(index).execute().await {
-            Err(e) => {
-                let e = to_io(e);
-                if e.raw_os_error() == Some(libc::ENODEV) {
-                    return Ok(());
-                }
-                Err(NetlinkError {
-                    what: format!("delete link {index}"),
-                    source: e,
-                })
-            }
-            Ok(()) => Ok(()),
-        }
-    }
-
-    /// Deletes many links at once. The kernel waits for a grace period after
-    /// each deletion (~15 ms), so one by one, a thousand TAPs take 15 s;
-    /// put in one device group and deleted as a group, they share one wait.
-    /// Whatever the group delete leaves, or when it cannot be used, goes one
-    /// by one.
-    pub async fn delete_links(&self, indexes: &[u32]) -> Result<(), NetlinkError> {
-        if indexes.len() > 1 {
-            match self.delete_as_group(indexes).await {
-                Ok(()) => return Ok(()),
-                Err(e) => warn!(
-                    "deleting {} links at once failed, so one by one: {e}",
-                    indexes.len()
-                ),
-            }
-        }
-        let mut failed = Ok(());
-        for &index in indexes {
-            if let Err(e) = self.delete_link(index).await {
-                warn!("{e}");
-                failed = Err(e);
-            }
-        }
-        failed
     }
 
     /// Puts the links in a device group no link uses and deletes that group.
@@ -395,22 +160,6 @@ impl Netlink {
             .map_err(op(format!("delete the links of device group {group}")))
     }
 
-    /// Every IPv4 address in the namespace, with its link index.
-    pub async fn ipv4_addresses(&self) -> Result<Vec<(u32, Ipv4Net)>, NetlinkError> {
-        let mut stream = self.handle.address().get().execute();
-        let mut out = Vec::new();
-        while let Some(msg) = stream.try_next().await.map_err(op("list addresses"))? {
-            for attr in &msg.attributes {
-                if let AddressAttribute::Local(IpAddr::V4(ip)) = attr
-                    && let Ok(net) = Ipv4Net::new(*ip, msg.header.prefix_len)
-                {
-                    out.push((msg.header.index, net));
-                }
-            }
-        }
-        Ok(out)
-    }
-
     /// Creates a veth pair, down: `name` here, `peer` in the namespace of
     /// `peer_ns` (an fd), each with its MAC. Returns `name`'s index.
     pub async fn create_veth(
@@ -434,23 +183,6 @@ impl Netlink {
             .down()
             .build();
         self.add(msg, format!("create veth {name}"), name).await
-    }
-
-    /// A route to `net` straight out of the link `index` (scope link); one
-    /// already there is fine.
-    pub async fn add_link_route(&self, net: Ipv4Net, index: u32) -> Result<(), NetlinkError> {
-        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(net.network(), net.prefix_len())
-            .output_interface(index)
-            .scope(RouteScope::Link)
-            .build();
-        match self.handle.route().add(msg).execute().await.map_err(to_io) {
-            Err(e) if e.raw_os_error() != Some(libc::EEXIST) => Err(NetlinkError {
-                what: format!("add a route to {net} through link {index}"),
-                source: e,
-            }),
-            _ => Ok(()),
-        }
     }
 
     /// The default route via `gateway` out of `index`, which has no
@@ -505,9 +237,376 @@ impl Netlink {
             .map_err(op(format!("add neighbour {ip} at {mac}")))
     }
 
+    async fn routes(&self, req: RouteMessage) -> Result<Vec<Route>, NetlinkError> {
+        let v6 = req.header.address_family == AddressFamily::Inet6;
+        let mut stream = self.handle.route().get(req).execute();
+        let mut out = Vec::new();
+        while let Some(msg) = stream.try_next().await.map_err(op("list routes"))? {
+            if msg.header.table != RouteHeader::RT_TABLE_MAIN {
+                continue;
+            }
+            let mut dst = if v6 {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            };
+            let (mut oif, mut metric) = (None, 0);
+            for attr in &msg.attributes {
+                match attr {
+                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = IpAddr::V4(*ip),
+                    RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = IpAddr::V6(*ip),
+                    RouteAttribute::Oif(i) => oif = Some(*i),
+                    RouteAttribute::Priority(p) => metric = *p,
+                    _ => {}
+                }
+            }
+            if let Ok(dst) = IpNet::new(dst, msg.header.destination_prefix_length) {
+                out.push(Route { dst, oif, metric });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Links, addresses and routes in the daemon's network namespace.
+#[async_trait]
+pub trait Links: Send + Sync {
+    async fn links(&self) -> Result<Vec<Link>, NetlinkError>;
+    async fn link(&self, name: &str) -> Result<Option<Link>, NetlinkError>;
+    /// A bridge (down) with the MAC `mac`; returns its index.
+    async fn create_bridge(&self, name: &str, mtu: u32, mac: MacAddr) -> Result<u32, NetlinkError>;
+    async fn create_macvtap(
+        &self,
+        name: &str,
+        uplink: u32,
+        mode: Mode,
+        mac: MacAddr,
+    ) -> Result<u32, NetlinkError>;
+    async fn create_macvlan(
+        &self,
+        name: &str,
+        uplink: u32,
+        mac: MacAddr,
+    ) -> Result<u32, NetlinkError>;
+    async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError>;
+    /// Takes a link off its bridge and down.
+    async fn cut_off(&self, index: u32) -> Result<(), NetlinkError>;
+    async fn set_master(&self, index: u32, master: Option<u32>) -> Result<(), NetlinkError>;
+    async fn set_address(&self, index: u32, mac: MacAddr) -> Result<(), NetlinkError>;
+    async fn add_address(&self, index: u32, net: IpNet) -> Result<(), NetlinkError>;
+    /// Deletes a link; one that is gone already is no error.
+    async fn delete_link(&self, index: u32) -> Result<(), NetlinkError>;
+    /// Deletes many links at once.
+    async fn delete_links(&self, indexes: &[u32]) -> Result<(), NetlinkError>;
+    async fn ipv4_addresses(&self) -> Result<Vec<(u32, Ipv4Net)>, NetlinkError>;
+    async fn ipv4_routes(&self) -> Result<Vec<(Ipv4Net, Option<u32>)>, NetlinkError>;
+    async fn ipv6_routes(&self) -> Result<Vec<(Ipv6Net, Option<u32>)>, NetlinkError>;
+    async fn add_link_route(&self, net: Ipv4Net, index: u32) -> Result<(), NetlinkError>;
+    async fn add_host_route(
+        &self,
+        ip: Ipv4Addr,
+        index: u32,
+        src: Ipv4Addr,
+    ) -> Result<(), NetlinkError>;
+    async fn delete_host_route(&self, ip: Ipv4Addr, index: u32) -> Result<(), NetlinkError>;
+    /// The link the kernel would send a packet to `dst` out of.
+    async fn route_to(&self, dst: IpAddr) -> Result<Option<u32>, NetlinkError>;
+    async fn default_routes(&self, ipv6: bool) -> Result<Vec<Route>, NetlinkError>;
+}
+
+#[async_trait]
+impl Links for Netlink {
+    async fn links(&self) -> Result<Vec<Link>, NetlinkError> {
+        let mut stream = self.handle.link().get().execute();
+        let mut links = Vec::new();
+        while let Some(msg) = stream.try_next().await.map_err(op("list links"))? {
+            links.push(parse_link(msg));
+        }
+        Ok(links)
+    }
+
+    async fn link(&self, name: &str) -> Result<Option<Link>, NetlinkError> {
+        let mut stream = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute();
+        match stream.try_next().await {
+            Ok(msg) => Ok(msg.map(parse_link)),
+            Err(e) => {
+                let e = to_io(e);
+                if e.raw_os_error() == Some(libc::ENODEV) {
+                    Ok(None)
+                } else {
+                    Err(NetlinkError {
+                        what: format!("look up link {name}"),
+                        source: e,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Creates a bridge (down) with the MAC `mac`, returning its index.
+    async fn create_bridge(&self, name: &str, mtu: u32, mac: MacAddr) -> Result<u32, NetlinkError> {
+        // Frames to 01:80:c2:00:00:0x skip the bridge's prerouting hook (and
+        // so the guard) but would still teach it their source MAC: a VM
+        // could move another's MAC to its own port. Learn nothing from them.
+        // A bridge whose MAC was never set takes the lowest of its ports':
+        // a VMM that sets its TAP's MAC (its fd allows that) would move the
+        // gateway's MAC under every VM. Set, it stays.
+        let msg = LinkBridge::new(name)
+            .down()
+            .mtu(mtu)
+            .address(mac.0.to_vec())
+            .set_boolean_opt(BridgeBooleanOptionFlags::NoLinkLocalLearn, true)
+            // Bridged IPv4/IPv6 also passes the inet hooks (when the
+            // br_netfilter module is there), whatever the namespace's
+            // bridge-nf-call sysctls say: connect/listen policies and
+            // isolation then hold between VMs of one network too.
+            .append_info_data(InfoBridge::NfCallIpTables(true))
+            .append_info_data(InfoBridge::NfCallIp6Tables(true))
+            .build();
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(op(format!("create bridge {name}")))?;
+        self.link(name)
+            .await?
+            .map(|l| l.index)
+            .ok_or_else(|| NetlinkError {
+                what: format!("create bridge {name}"),
+                source: io::Error::from_raw_os_error(libc::ENODEV),
+            })
+    }
+
+    /// Creates a macvtap `name` (down) on the link `uplink` in `mode`, with
+    /// the MAC `mac` (its VM's: a macvtap passes only frames to its own
+    /// MAC), returning its index.
+    async fn create_macvtap(
+        &self,
+        name: &str,
+        uplink: u32,
+        mode: Mode,
+        mac: MacAddr,
+    ) -> Result<u32, NetlinkError> {
+        let mode = match mode {
+            Mode::Bridge => MacVtapMode::Bridge,
+            Mode::Vepa => MacVtapMode::Vepa,
+            Mode::Private => MacVtapMode::Private,
+            Mode::Passthru => MacVtapMode::Passthrough,
+        };
+        let msg = LinkMacVtap::new(name, uplink, mode)
+            .down()
+            .address(mac.0.to_vec())
+            .build();
+        self.add(msg, format!("create macvtap {name}"), name).await
+    }
+
+    /// Creates a macvlan `name` (down) in bridge mode on the link `uplink`,
+    /// returning its index: the host's way to its macvtap VMs.
+    async fn create_macvlan(
+        &self,
+        name: &str,
+        uplink: u32,
+        mac: MacAddr,
+    ) -> Result<u32, NetlinkError> {
+        let msg = LinkMacVlan::new(name, uplink, MacVlanMode::Bridge)
+            .down()
+            .address(mac.0.to_vec())
+            .build();
+        self.add(msg, format!("create macvlan {name}"), name).await
+    }
+
+    /// Sets the attributes given; `up` brings the link up.
+    async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError> {
+        let mut b = LinkUnspec::new_with_index(index);
+        if let Some(m) = settings.master {
+            b = b.controller(m);
+        }
+        if let Some(mtu) = settings.mtu {
+            b = b.mtu(mtu);
+        }
+        if let Some(len) = settings.txqueuelen {
+            b = b.txqueuelen(len);
+        }
+        if let Some(alias) = settings.alias {
+            b = b.alias(alias);
+        }
+        if settings.up {
+            b = b.up();
+        }
+        self.handle
+            .link()
+            .set(b.build())
+            .execute()
+            .await
+            .map_err(op(format!("configure link {index}")))
+    }
+
+    /// Takes a link off its bridge and down, for good: what a TAP whose VMM
+    /// misbehaved gets. Its owner cannot undo either without CAP_NET_ADMIN.
+    async fn cut_off(&self, index: u32) -> Result<(), NetlinkError> {
+        let msg = LinkUnspec::new_with_index(index).nocontroller().down();
+        self.set(msg.build(), format!("take link {index} off its bridge"))
+            .await
+    }
+
+    /// Puts a link on a bridge (`Some(index)`), or takes it off (`None`).
+    async fn set_master(&self, index: u32, master: Option<u32>) -> Result<(), NetlinkError> {
+        let msg = LinkUnspec::new_with_index(index);
+        let msg = match master {
+            Some(bridge) => msg.controller(bridge),
+            None => msg.nocontroller(),
+        };
+        self.set(msg.build(), format!("set the bridge of link {index}"))
+            .await
+    }
+
+    /// Sets a link's MAC.
+    async fn set_address(&self, index: u32, mac: MacAddr) -> Result<(), NetlinkError> {
+        let msg = LinkUnspec::new_with_index(index).address(mac.0.to_vec());
+        self.set(msg.build(), format!("set the MAC of link {index}"))
+            .await
+    }
+
+    /// Adds an address (IPv4 or IPv6); one already there is fine. IPv6
+    /// addresses skip duplicate address detection: they are the gateway's on
+    /// linnet's own bridge, and must be usable (bindable) at once, even
+    /// before the bridge has a port.
+    async fn add_address(&self, index: u32, net: IpNet) -> Result<(), NetlinkError> {
+        let mut request = self
+            .handle
+            .address()
+            .add(index, net.addr(), net.prefix_len());
+        if net.addr().is_ipv6() {
+            request
+                .message_mut()
+                .attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        match request.execute().await {
+            Err(e) => {
+                let e = to_io(e);
+                if e.raw_os_error() == Some(libc::EEXIST) {
+                    return Ok(());
+                }
+                Err(NetlinkError {
+                    what: format!("add {net} to link {index}"),
+                    source: e,
+                })
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Deletes a link; a link already gone is not an error.
+    async fn delete_link(&self, index: u32) -> Result<(), NetlinkError> {
+        match self.handle.link().del(index).execute().await {
+            Err(e) => {
+                let e = to_io(e);
+                if e.raw_os_error() == Some(libc::ENODEV) {
+                    return Ok(());
+                }
+                Err(NetlinkError {
+                    what: format!("delete link {index}"),
+                    source: e,
+                })
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Deletes many links at once. The kernel waits for a grace period after
+    /// each deletion (~15 ms), so one by one, a thousand TAPs take 15 s;
+    /// put in one device group and deleted as a group, they share one wait.
+    /// Whatever the group delete leaves, or when it cannot be used, goes one
+    /// by one.
+    async fn delete_links(&self, indexes: &[u32]) -> Result<(), NetlinkError> {
+        if indexes.len() > 1 {
+            match self.delete_as_group(indexes).await {
+                Ok(()) => return Ok(()),
+                Err(e) => warn!(
+                    "deleting {} links at once failed, so one by one: {e}",
+                    indexes.len()
+                ),
+            }
+        }
+        let mut failed = Ok(());
+        for &index in indexes {
+            if let Err(e) = self.delete_link(index).await {
+                warn!("{e}");
+                failed = Err(e);
+            }
+        }
+        failed
+    }
+
+    /// Every IPv4 address in the namespace, with its link index.
+    async fn ipv4_addresses(&self) -> Result<Vec<(u32, Ipv4Net)>, NetlinkError> {
+        let mut stream = self.handle.address().get().execute();
+        let mut out = Vec::new();
+        while let Some(msg) = stream.try_next().await.map_err(op("list addresses"))? {
+            for attr in &msg.attributes {
+                if let AddressAttribute::Local(IpAddr::V4(ip)) = attr
+                    && let Ok(net) = Ipv4Net::new(*ip, msg.header.prefix_len)
+                {
+                    out.push((msg.header.index, net));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The IPv4 routes of the main table (destination, outgoing link).
+    async fn ipv4_routes(&self) -> Result<Vec<(Ipv4Net, Option<u32>)>, NetlinkError> {
+        let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let routes = self.routes(req).await?;
+        Ok(routes
+            .into_iter()
+            .filter_map(|r| match r.dst {
+                IpNet::V4(net) => Some((net, r.oif)),
+                IpNet::V6(_) => None,
+            })
+            .collect())
+    }
+
+    /// The IPv6 routes of the main table (destination, outgoing link).
+    async fn ipv6_routes(&self) -> Result<Vec<(Ipv6Net, Option<u32>)>, NetlinkError> {
+        let req = RouteMessageBuilder::<Ipv6Addr>::new().build();
+        let routes = self.routes(req).await?;
+        Ok(routes
+            .into_iter()
+            .filter_map(|r| match r.dst {
+                IpNet::V6(net) => Some((net, r.oif)),
+                IpNet::V4(_) => None,
+            })
+            .collect())
+    }
+
+    /// A route to `net` straight out of the link `index` (scope link); one
+    /// already there is fine.
+    async fn add_link_route(&self, net: Ipv4Net, index: u32) -> Result<(), NetlinkError> {
+        let msg = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(net.network(), net.prefix_len())
+            .output_interface(index)
+            .scope(RouteScope::Link)
+            .build();
+        match self.handle.route().add(msg).execute().await.map_err(to_io) {
+            Err(e) if e.raw_os_error() != Some(libc::EEXIST) => Err(NetlinkError {
+                what: format!("add a route to {net} through link {index}"),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// A route to one address through the link `index`, sent from `src`:
     /// how the host reaches a macvtap VM through its macvlan.
-    pub async fn add_host_route(
+    async fn add_host_route(
         &self,
         ip: Ipv4Addr,
         index: u32,
@@ -525,7 +624,7 @@ impl Netlink {
     }
 
     /// Removes what `add_host_route` added; one already gone is no error.
-    pub async fn delete_host_route(&self, ip: Ipv4Addr, index: u32) -> Result<(), NetlinkError> {
+    async fn delete_host_route(&self, ip: Ipv4Addr, index: u32) -> Result<(), NetlinkError> {
         let msg = RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(ip, 32)
             .output_interface(index)
@@ -547,36 +646,10 @@ impl Netlink {
         }
     }
 
-    /// The IPv4 routes of the main table (destination, outgoing link).
-    pub async fn ipv4_routes(&self) -> Result<Vec<(Ipv4Net, Option<u32>)>, NetlinkError> {
-        let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
-        let routes = self.routes(req).await?;
-        Ok(routes
-            .into_iter()
-            .filter_map(|r| match r.dst {
-                IpNet::V4(net) => Some((net, r.oif)),
-                IpNet::V6(_) => None,
-            })
-            .collect())
-    }
-
-    /// The IPv6 routes of the main table (destination, outgoing link).
-    pub async fn ipv6_routes(&self) -> Result<Vec<(Ipv6Net, Option<u32>)>, NetlinkError> {
-        let req = RouteMessageBuilder::<Ipv6Addr>::new().build();
-        let routes = self.routes(req).await?;
-        Ok(routes
-            .into_iter()
-            .filter_map(|r| match r.dst {
-                IpNet::V6(net) => Some((net, r.oif)),
-                IpNet::V4(_) => None,
-            })
-            .collect())
-    }
-
     /// The interface the kernel would send a packet to `dst` out of (a
     /// route lookup like `ip route get`: policy routing and VPNs' 0/1
     /// routes included; nothing is sent). None: no route.
-    pub async fn route_to(&self, dst: IpAddr) -> Result<Option<u32>, NetlinkError> {
+    async fn route_to(&self, dst: IpAddr) -> Result<Option<u32>, NetlinkError> {
         let req = match dst {
             IpAddr::V4(a) => RouteMessageBuilder::<Ipv4Addr>::new()
                 .destination_prefix(a, 32)
@@ -616,7 +689,7 @@ impl Netlink {
 
     /// The default routes of the main table of one family, the one the
     /// kernel uses (lowest metric) first.
-    pub async fn default_routes(&self, ipv6: bool) -> Result<Vec<Route>, NetlinkError> {
+    async fn default_routes(&self, ipv6: bool) -> Result<Vec<Route>, NetlinkError> {
         let req = if ipv6 {
             RouteMessageBuilder::<Ipv6Addr>::new().build()
         } else {
@@ -630,36 +703,6 @@ impl Netlink {
             .collect();
         routes.sort_by_key(|r| r.metric);
         Ok(routes)
-    }
-
-    async fn routes(&self, req: RouteMessage) -> Result<Vec<Route>, NetlinkError> {
-        let v6 = req.header.address_family == AddressFamily::Inet6;
-        let mut stream = self.handle.route().get(req).execute();
-        let mut out = Vec::new();
-        while let Some(msg) = stream.try_next().await.map_err(op("list routes"))? {
-            if msg.header.table != RouteHeader::RT_TABLE_MAIN {
-                continue;
-            }
-            let mut dst = if v6 {
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-            } else {
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-            };
-            let (mut oif, mut metric) = (None, 0);
-            for attr in &msg.attributes {
-                match attr {
-                    RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = IpAddr::V4(*ip),
-                    RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = IpAddr::V6(*ip),
-                    RouteAttribute::Oif(i) => oif = Some(*i),
-                    RouteAttribute::Priority(p) => metric = *p,
-                    _ => {}
-                }
-            }
-            if let Ok(dst) = IpNet::new(dst, msg.header.destination_prefix_length) {
-                out.push(Route { dst, oif, metric });
-            }
-        }
-        Ok(out)
     }
 }
 

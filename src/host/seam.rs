@@ -3,8 +3,8 @@
 //! run over a recording fake (`fake`, in unit tests, as any user) as well
 //! as over the kernel (`kernel`):
 //!
-//! - `Links`: links, addresses and routes (rtnetlink; `Netlink` is the
-//!   kernel's);
+//! - `Links`: links, addresses and routes (defined beside `Netlink`, the
+//!   kernel's, in `netlink`);
 //! - `Tables`: linnet's nftables tables — the firewall's batch, the guard
 //!   and its elements, and what linnet reads of the other firewalls;
 //! - `Devices`: TAP and macvtap devices, sysctls, IP forwarding, and a
@@ -15,73 +15,23 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::clone_ns::{CloneNetwork, CloneNsError, MadeClone};
 use super::docker_user::{Changes, Wanted};
 use super::firewall::FirewallNetwork;
 use super::guard::PortGuard;
 use super::legacy::LegacyChain;
-use super::netlink::{Link, LinkSettings, NetlinkError, Route};
+pub use super::netlink::Links;
 use super::netns::NetNs;
 use super::nft::NftError;
 use super::ruleset::{Ruleset, Shape};
 use super::sysctl::Ipv6Forwarding;
 use super::tap::TapError;
-use crate::config::MacvtapMode;
-use crate::types::MacAddr;
-
-/// Links, addresses and routes in the daemon's network namespace.
-#[async_trait]
-pub trait Links: Send + Sync {
-    async fn links(&self) -> Result<Vec<Link>, NetlinkError>;
-    async fn link(&self, name: &str) -> Result<Option<Link>, NetlinkError>;
-    /// A bridge (down) with the MAC `mac`; returns its index.
-    async fn create_bridge(&self, name: &str, mtu: u32, mac: MacAddr) -> Result<u32, NetlinkError>;
-    async fn create_macvtap(
-        &self,
-        name: &str,
-        uplink: u32,
-        mode: MacvtapMode,
-        mac: MacAddr,
-    ) -> Result<u32, NetlinkError>;
-    async fn create_macvlan(
-        &self,
-        name: &str,
-        uplink: u32,
-        mac: MacAddr,
-    ) -> Result<u32, NetlinkError>;
-    async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError>;
-    /// Takes a link off its bridge and down.
-    async fn cut_off(&self, index: u32) -> Result<(), NetlinkError>;
-    async fn set_master(&self, index: u32, master: Option<u32>) -> Result<(), NetlinkError>;
-    async fn set_address(&self, index: u32, mac: MacAddr) -> Result<(), NetlinkError>;
-    async fn add_address(&self, index: u32, net: IpNet) -> Result<(), NetlinkError>;
-    /// Deletes a link; one that is gone already is no error.
-    async fn delete_link(&self, index: u32) -> Result<(), NetlinkError>;
-    /// Deletes many links at once.
-    async fn delete_links(&self, indexes: &[u32]) -> Result<(), NetlinkError>;
-    async fn ipv4_addresses(&self) -> Result<Vec<(u32, Ipv4Net)>, NetlinkError>;
-    async fn ipv4_routes(&self) -> Result<Vec<(Ipv4Net, Option<u32>)>, NetlinkError>;
-    async fn ipv6_routes(&self) -> Result<Vec<(Ipv6Net, Option<u32>)>, NetlinkError>;
-    async fn add_link_route(&self, net: Ipv4Net, index: u32) -> Result<(), NetlinkError>;
-    async fn add_host_route(
-        &self,
-        ip: Ipv4Addr,
-        index: u32,
-        src: Ipv4Addr,
-    ) -> Result<(), NetlinkError>;
-    async fn delete_host_route(&self, ip: Ipv4Addr, index: u32) -> Result<(), NetlinkError>;
-    /// The link the kernel would send a packet to `dst` out of.
-    async fn route_to(&self, dst: IpAddr) -> Result<Option<u32>, NetlinkError>;
-    async fn default_routes(&self, ipv6: bool) -> Result<Vec<Route>, NetlinkError>;
-}
 
 /// linnet's nftables tables, and what it reads of the others'.
 pub trait Tables: Send + Sync {
