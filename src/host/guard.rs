@@ -16,12 +16,22 @@
 //! bridge's hooks: the bridge does not forward them but hands them to the
 //! TAP's own stack, which has no address; the bridges are made not to learn
 //! source MACs from them.
+//!
+//! Everything the guard sends nftables is in nft's own syntax: its fixed
+//! rules, and each change as elements built from typed values (`Element`,
+//! `Script`), never from text edited afterwards. Not nftables' JSON, as the
+//! firewall is: the rules that check a DHCP request's chaddr and a
+//! neighbour advertisement's target look raw payloads up in sets declared
+//! `typeof meta iifname . @th,288,48`, and nft 1.0.6's JSON can declare no
+//! such set (it reads back as `ifname . integer`: "can not use variable
+//! sized data types (integer) in concat expressions").
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::OnceLock;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::nft::{Nft, NftError};
 use super::ruleset::{Shape, linnet_shape};
@@ -29,37 +39,42 @@ use crate::forward::Protocol;
 use crate::policy::ListenRule;
 use crate::types::MacAddr;
 
-const FAMILY: &str = "bridge";
-const EGRESS_FAMILY: &str = "netdev";
+const BRIDGE: &str = "bridge";
+const NETDEV: &str = "netdev";
 const TABLE: &str = "linnet";
 
-/// The table, in nft's own syntax: fixed text of linnet's, nothing from
-/// users in it. Every drop also counts the frame for its TAP in `drops`.
-const SETS: &str = r#"
+/// The guard's sets, in nft's own syntax: fixed text of linnet's (the
+/// port's key as `hook` names it), nothing from users in it.
+fn sets(hook: Hook) -> String {
+    let port = hook.port_key();
+    format!(
+        r#"
     # TAPs whose frames are checked, and those kept apart.
-    set guarded { type ifname; }
-    set isolated { type ifname; }
+    set guarded {{ type ifname; }}
+    set isolated {{ type ifname; }}
     # TAPs whose VM may be a DHCP server: on networks where linnet's is off.
-    set dhcp_servers { type ifname; }
+    set dhcp_servers {{ type ifname; }}
     # What each TAP's VM may send from.
-    set macs { type ifname . ether_addr; }
-    set ipv4 { type ifname . ipv4_addr; }
+    set macs {{ type ifname . ether_addr; }}
+    set ipv4 {{ type ifname . ipv4_addr; }}
     # Ranges, for VMs whose address linnet does not know (no DHCP).
-    set ipv4ranges { type ifname . ipv4_addr; flags interval; }
-    set ipv6 { type ifname . ipv6_addr; }
+    set ipv4ranges {{ type ifname . ipv4_addr; flags interval; }}
+    set ipv6 {{ type ifname . ipv6_addr; }}
     # Its MAC as the 48-bit chaddr of a DHCP message (byte 28 of BOOTP,
     # after the 8-byte UDP header), and its IPv6 addresses as the 128-bit
     # target of a neighbour solicitation or advertisement.
-    set chaddr { typeof meta iifname . @th,288,48; }
-    set ndtarget { typeof meta iifname . @th,64,128; }
+    set chaddr {{ typeof meta {port} . @th,288,48; }}
+    set ndtarget {{ typeof meta {port} . @th,64,128; }}
     # TAPs whose VM accepts connections only on some ports (a listen
     # policy), and those ports.
-    set listen_policed { type ifname; }
-    set listen { type ifname . inet_proto . inet_service; flags interval; }
+    set listen_policed {{ type ifname; }}
+    set listen {{ type ifname . inet_proto . inet_service; flags interval; }}
     # Frames dropped, per TAP.
-    set drops { type ifname; flags dynamic; counter; size 65535; }
+    set drops {{ type ifname; flags dynamic; counter; size 65535; }}
 
-"#;
+"#
+    )
+}
 
 /// Frames a guarded TAP's VM sends enter here.
 const PREROUTING: &str = r#"
@@ -71,70 +86,73 @@ const PREROUTING: &str = r#"
 "#;
 
 /// What a VM may send: the same chains for a TAP (checked as its frames
-/// enter the bridge, `iifname`) and a macvtap (as they leave it for the
-/// NIC, where the same text reads `oifname`).
-const SENDER_CHAINS: &str = r#"
+/// enter the bridge: the port is `iifname`) and a macvtap (as they leave
+/// it for the NIC: `oifname`).
+fn sender_chains(hook: Hook) -> String {
+    let port = hook.port_key();
+    format!(
+        r#"
     # Its own MAC; then by protocol, nothing but IPv4, ARP and IPv6 (no
     # VLAN tags that could carry anything inside).
-    chain guard {
-        meta iifname . ether saddr != @macs update @drops { meta iifname } drop
-        ether type vmap { arp : goto from_arp, ip : goto from_ip, ip6 : goto from_ip6 }
-        update @drops { meta iifname } drop
-    }
+    chain guard {{
+        meta {port} . ether saddr != @macs update @drops {{ meta {port} }} drop
+        ether type vmap {{ arp : goto from_arp, ip : goto from_ip, ip6 : goto from_ip6 }}
+        update @drops {{ meta {port} }} drop
+    }}
 
     # Its own MAC and IPv4 as sender; 0.0.0.0 for address probes (RFC
     # 5227) of its own address only: a probe for another's address, while
     # that one checks it, would make it decline its lease.
-    chain from_arp {
-        meta iifname . arp saddr ether != @macs update @drops { meta iifname } drop
-        meta iifname . arp saddr ip @ipv4 accept
-        meta iifname . arp saddr ip @ipv4ranges accept
-        arp saddr ip 0.0.0.0 meta iifname . arp daddr ip @ipv4 accept
-        arp saddr ip 0.0.0.0 meta iifname . arp daddr ip @ipv4ranges accept
-        update @drops { meta iifname } drop
-    }
+    chain from_arp {{
+        meta {port} . arp saddr ether != @macs update @drops {{ meta {port} }} drop
+        meta {port} . arp saddr ip @ipv4 accept
+        meta {port} . arp saddr ip @ipv4ranges accept
+        arp saddr ip 0.0.0.0 meta {port} . arp daddr ip @ipv4 accept
+        arp saddr ip 0.0.0.0 meta {port} . arp daddr ip @ipv4ranges accept
+        update @drops {{ meta {port} }} drop
+    }}
 
     # Never a DHCP server (whatever the source port: clients look at the
     # destination), unless its network leaves DHCP to the VMs (linnet's is
     # off there); DHCP requests only for its own MAC; its own address, or
     # 0.0.0.0 as a DHCP client.
-    chain from_ip {
-        udp sport 67 iifname != @dhcp_servers update @drops { meta iifname } drop
-        udp dport 68 iifname != @dhcp_servers update @drops { meta iifname } drop
+    chain from_ip {{
+        udp sport 67 {port} != @dhcp_servers update @drops {{ meta {port} }} drop
+        udp dport 68 {port} != @dhcp_servers update @drops {{ meta {port} }} drop
         udp dport 67 jump dhcp_request
-        meta iifname . ip saddr @ipv4 accept
-        meta iifname . ip saddr @ipv4ranges accept
+        meta {port} . ip saddr @ipv4 accept
+        meta {port} . ip saddr @ipv4ranges accept
         ip saddr 0.0.0.0 udp sport 68 udp dport 67 accept
-        update @drops { meta iifname } drop
-    }
+        update @drops {{ meta {port} }} drop
+    }}
 
     # A DHCP request only for its own MAC, so it can neither drain the pool
     # nor take another's lease: a request whose chaddr is not there to read
     # (cut short, or a first fragment whose rest would carry it) is dropped.
-    chain dhcp_request {
-        ip frag-off & 0x2000 != 0 update @drops { meta iifname } drop
-        meta iifname . @th,288,48 @chaddr return
-        update @drops { meta iifname } drop
-    }
+    chain dhcp_request {{
+        ip frag-off & 0x2000 != 0 update @drops {{ meta {port} }} drop
+        meta {port} . @th,288,48 @chaddr return
+        update @drops {{ meta {port} }} drop
+    }}
 
     # First fragments whole (below); no fragments from link-local addresses
     # or to link-local multicast (RFC 7113); no router advertisements or
     # redirects, no DHCPv6 server; neighbour advertisements only for its own
     # addresses; its own addresses, or :: for duplicate address detection of
     # them and the multicast listener reports that go with it.
-    chain from_ip6 {
+    chain from_ip6 {{
         frag frag-off 0 jump first_fragment6
-        exthdr frag exists ip6 saddr fe80::/10 update @drops { meta iifname } drop
-        exthdr frag exists ip6 daddr ff02::/16 update @drops { meta iifname } drop
-        icmpv6 type { nd-router-advert, nd-redirect } update @drops { meta iifname } drop
-        udp sport 547 update @drops { meta iifname } drop
-        udp dport 546 update @drops { meta iifname } drop
-        icmpv6 type nd-neighbor-advert meta iifname . @th,64,128 != @ndtarget update @drops { meta iifname } drop
-        meta iifname . ip6 saddr @ipv6 accept
-        ip6 saddr :: icmpv6 type { mld-listener-report, mld2-listener-report } accept
-        ip6 saddr :: icmpv6 type nd-neighbor-solicit meta iifname . @th,64,128 @ndtarget accept
-        update @drops { meta iifname } drop
-    }
+        exthdr frag exists ip6 saddr fe80::/10 update @drops {{ meta {port} }} drop
+        exthdr frag exists ip6 daddr ff02::/16 update @drops {{ meta {port} }} drop
+        icmpv6 type {{ nd-router-advert, nd-redirect }} update @drops {{ meta {port} }} drop
+        udp sport 547 update @drops {{ meta {port} }} drop
+        udp dport 546 update @drops {{ meta {port} }} drop
+        icmpv6 type nd-neighbor-advert meta {port} . @th,64,128 != @ndtarget update @drops {{ meta {port} }} drop
+        meta {port} . ip6 saddr @ipv6 accept
+        ip6 saddr :: icmpv6 type {{ mld-listener-report, mld2-listener-report }} accept
+        ip6 saddr :: icmpv6 type nd-neighbor-solicit meta {port} . @th,64,128 @ndtarget accept
+        update @drops {{ meta {port} }} drop
+    }}
 
     # A first fragment carries the whole header chain and its transport
     # header (RFC 7112), or the rules above would judge it by what is not
@@ -142,16 +160,18 @@ const SENDER_CHAINS: &str = r#"
     # discovery message (RFC 6980). ESP, GRE and SCTP (tunnels and VPNs
     # from a VM) are not looked into by any rule here, so theirs pass;
     # anything else, a chain cut short included, is dropped.
-    chain first_fragment6 {
+    chain first_fragment6 {{
         meta l4proto tcp @th,152,8 & 0 == 0 return
         meta l4proto udp @th,56,8 & 0 == 0 return
-        icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect } update @drops { meta iifname } drop
+        icmpv6 type {{ nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert, nd-redirect }} update @drops {{ meta {port} }} drop
         meta l4proto ipv6-icmp @th,56,8 & 0 == 0 return
-        meta l4proto { esp, gre, sctp } return
-        update @drops { meta iifname } drop
-    }
+        meta l4proto {{ esp, gre, sctp }} return
+        update @drops {{ meta {port} }} drop
+    }}
 
-"#;
+"#
+    )
+}
 
 /// What reaches a VM through its bridge.
 const BRIDGE_CHAINS: &str = r#"
@@ -204,7 +224,8 @@ const BRIDGE_CHAINS: &str = r#"
 
 /// The bridge table, in nft's own syntax.
 fn ruleset() -> String {
-    format!("table {FAMILY} {TABLE} {{\n{SETS}{PREROUTING}{SENDER_CHAINS}{BRIDGE_CHAINS}}}\n")
+    let (sets, sender) = (sets(Hook::Bridge), sender_chains(Hook::Bridge));
+    format!("table {BRIDGE} {TABLE} {{\n{sets}{PREROUTING}{sender}{BRIDGE_CHAINS}}}\n")
 }
 
 /// The netdev table of macvtaps (`mode: bridged`): the same sets and
@@ -212,8 +233,8 @@ fn ruleset() -> String {
 /// through it for the NIC and never pass a bridge), where the port is the
 /// output interface.
 fn egress_ruleset() -> String {
-    format!("table {EGRESS_FAMILY} {TABLE} {{\n{SETS}{SENDER_CHAINS}}}\n")
-        .replace("iifname", "oifname")
+    let (sets, sender) = (sets(Hook::Egress), sender_chains(Hook::Egress));
+    format!("table {NETDEV} {TABLE} {{\n{sets}{sender}}}\n")
 }
 
 /// The IPv4 sources a VM may use.
@@ -236,6 +257,24 @@ pub enum Hook {
     Egress,
 }
 
+impl Hook {
+    fn family(self) -> &'static str {
+        match self {
+            Hook::Bridge => BRIDGE,
+            Hook::Egress => NETDEV,
+        }
+    }
+
+    /// How the rules name the port: frames enter a bridge from a TAP and
+    /// leave a macvtap for the NIC.
+    fn port_key(self) -> &'static str {
+        match self {
+            Hook::Bridge => "iifname",
+            Hook::Egress => "oifname",
+        }
+    }
+}
+
 /// What one TAP's (or macvtap's) VM may send from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PortGuard {
@@ -255,49 +294,37 @@ pub struct PortGuard {
     pub listen: Option<Vec<ListenRule>>,
 }
 
+impl PortGuard {
+    /// A macvtap with anti-spoofing has a base chain of its own, hooked
+    /// at its egress.
+    fn hooked(&self) -> bool {
+        self.hook == Hook::Egress && self.anti_spoofing
+    }
+}
+
 /// The table made anew with `ports` guarded, in one transaction: there is
 /// no moment with the rules in place but a port's elements missing (its
 /// frames would pass unchecked).
 pub fn create_with(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
-    let mut script = format!(
-        "add table {FAMILY} {TABLE}\ndelete table {FAMILY} {TABLE}\n{}",
-        ruleset()
-    );
-    let egress: Vec<&PortGuard> = ports.iter().filter(|p| p.hook == Hook::Egress).collect();
-    if !egress.is_empty() {
-        script.push_str(&format!(
-            "add table {EGRESS_FAMILY} {TABLE}\ndelete table {EGRESS_FAMILY} {TABLE}\n{}",
-            egress_ruleset()
-        ));
-    } else {
-        // None left to guard: a table left from before goes.
-        script.push_str(&format!(
-            "add table {EGRESS_FAMILY} {TABLE}\ndelete table {EGRESS_FAMILY} {TABLE}\n"
-        ));
-    }
+    check_names(ports)?;
+    let mut script = Script::default();
+    script.remake_table(Hook::Bridge, Some(&ruleset()));
+    let egress = ports.iter().any(|p| p.hook == Hook::Egress);
+    // With no macvtap to guard, a table left from before goes.
+    script.remake_table(Hook::Egress, egress.then(egress_ruleset).as_deref());
     for port in ports {
-        for elem in elements(port) {
-            script.push_str(&element_text(&elem));
-        }
+        script.add_port(port);
     }
-    // The macvtaps' hooks in the same transaction: no moment with the
-    // table back but a macvtap's frames unchecked.
-    for port in egress.iter().filter(|p| p.anti_spoofing) {
-        let (tap, chain) = (&port.tap, format!("port_{}", port.tap));
-        script.push_str(&format!(
-            "add chain {EGRESS_FAMILY} {TABLE} {chain} {{ type filter hook egress device \"{tap}\" priority filter; policy accept; }}\nadd rule {EGRESS_FAMILY} {TABLE} {chain} jump guard\n"
-        ));
-    }
-    nft.run(&script)?;
-    if !egress.is_empty()
+    nft.run(&script.0)?;
+    if egress
         && EGRESS_SHAPE.get().is_none()
-        && let Ok(Some(mut shape)) = linnet_shape(nft, EGRESS_FAMILY)
+        && let Ok(Some(mut shape)) = linnet_shape(nft, NETDEV)
     {
-        shape.retain(|chain, _| !chain.starts_with("port_"));
+        shape.retain(|chain, _| !chain.starts_with(HOOK_CHAIN_PREFIX));
         let _ = EGRESS_SHAPE.set(shape);
     }
     if SHAPE.get().is_none()
-        && let Ok(Some(shape)) = linnet_shape(nft, FAMILY)
+        && let Ok(Some(shape)) = linnet_shape(nft, BRIDGE)
     {
         let _ = SHAPE.set(shape);
     }
@@ -321,11 +348,8 @@ static EGRESS_SHAPE: OnceLock<Shape> = OnceLock::new();
 /// table was made).
 pub fn expected_egress_shape(ports: &[PortGuard]) -> Option<Shape> {
     let mut shape = EGRESS_SHAPE.get()?.clone();
-    for port in ports
-        .iter()
-        .filter(|p| p.hook == Hook::Egress && p.anti_spoofing)
-    {
-        shape.insert(format!("port_{}", port.tap), 1);
+    for port in ports.iter().filter(|p| p.hooked()) {
+        shape.insert(hook_chain(&port.tap), 1);
     }
     Some(shape)
 }
@@ -334,7 +358,7 @@ pub fn expected_egress_shape(ports: &[PortGuard]) -> Option<Shape> {
 fn create_egress(nft: &mut Nft) -> Result<(), NftError> {
     nft.run(&egress_ruleset())?;
     if EGRESS_SHAPE.get().is_none()
-        && let Ok(Some(shape)) = linnet_shape(nft, EGRESS_FAMILY)
+        && let Ok(Some(shape)) = linnet_shape(nft, NETDEV)
     {
         let _ = EGRESS_SHAPE.set(shape);
     }
@@ -343,17 +367,10 @@ fn create_egress(nft: &mut Nft) -> Result<(), NftError> {
 
 /// Removes the tables, if there are any.
 pub fn remove(nft: &mut Nft) -> Result<(), NftError> {
-    let commands = [FAMILY, EGRESS_FAMILY]
-        .into_iter()
-        .flat_map(|family| {
-            let table = json!({"family": family, "name": TABLE});
-            [
-                json!({"add": {"table": table}}),
-                json!({"delete": {"table": table}}),
-            ]
-        })
-        .collect();
-    run(nft, commands)
+    let mut script = Script::default();
+    script.remake_table(Hook::Bridge, None);
+    script.remake_table(Hook::Egress, None);
+    nft.run(&script.0).map(|_| ())
 }
 
 /// Guards one TAP (the table must exist).
@@ -364,87 +381,78 @@ pub fn add_port(nft: &mut Nft, port: &PortGuard) -> Result<(), NftError> {
 /// Guards several ports in one transaction (all or none); macvtaps'
 /// elements go in before their hooks.
 pub fn add_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
+    check_names(ports)?;
     if ports.iter().any(|p| p.hook == Hook::Egress) && !egress_table_exists(nft) {
         create_egress(nft)?;
     }
-    let mut commands: Vec<Value> = ports
-        .iter()
-        .flat_map(elements)
-        .map(|elem| json!({"add": {"element": elem}}))
-        .collect();
-    commands.extend(ports.iter().flat_map(egress_hook));
-    run(nft, commands)
+    let mut script = Script::default();
+    for port in ports {
+        script.add_port(port);
+    }
+    nft.run(&script.0).map(|_| ())
 }
 
 fn egress_table_exists(nft: &mut Nft) -> bool {
-    nft.run(&format!("list table {EGRESS_FAMILY} {TABLE}"))
-        .is_ok()
-}
-
-/// A macvtap's base chain, hooked at its egress, that sends what it
-/// carries through the checks: made with its guard, deleted (`unhook`)
-/// before the macvtap is.
-fn egress_hook(port: &PortGuard) -> Vec<Value> {
-    if port.hook != Hook::Egress || !port.anti_spoofing {
-        return Vec::new();
-    }
-    let name = format!("port_{}", port.tap);
-    vec![
-        json!({"add": {"chain": {
-            "family": EGRESS_FAMILY, "table": TABLE, "name": name,
-            "type": "filter", "hook": "egress", "dev": port.tap, "prio": 0, "policy": "accept"
-        }}}),
-        json!({"add": {"rule": {
-            "family": EGRESS_FAMILY, "table": TABLE, "chain": name,
-            "expr": [{"jump": {"target": "guard"}}]
-        }}}),
-    ]
+    nft.run(&format!("list table {NETDEV} {TABLE}")).is_ok()
 }
 
 /// Deletes the hooks of macvtaps about to go (a hook on a device that is
 /// gone is the kernel's to drop, and older kernels drop its chain).
 pub fn unhook(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
-    let commands: Vec<Value> = ports
-        .iter()
-        .filter(|p| p.hook == Hook::Egress && p.anti_spoofing)
-        .map(|p| {
-            json!({"delete": {"chain": {
-                "family": EGRESS_FAMILY, "table": TABLE, "name": format!("port_{}", p.tap)
-            }}})
-        })
-        .collect();
-    if commands.is_empty() {
+    check_names(ports)?;
+    let mut script = Script::default();
+    for port in ports.iter().filter(|p| p.hooked()) {
+        script.line(format_args!(
+            "delete chain {NETDEV} {TABLE} {}",
+            hook_chain(&port.tap)
+        ));
+    }
+    if script.0.is_empty() {
         return Ok(());
     }
-    run(nft, commands)
+    nft.run(&script.0).map(|_| ())
 }
 
 /// Changes a guarded port from `old` to `new` in one transaction: no
 /// moment with neither in place.
 pub fn update_port(nft: &mut Nft, old: &PortGuard, new: &PortGuard) -> Result<(), NftError> {
+    check_names([old, new])?;
     let (before, after) = (elements(old), elements(new));
-    let mut commands = Vec::new();
+    let mut script = Script::default();
     for elem in before.iter().filter(|e| !after.contains(e)) {
-        commands.push(json!({"add": {"element": elem.clone()}}));
-        commands.push(json!({"delete": {"element": elem.clone()}}));
+        script.delete(elem);
     }
     for elem in after.iter().filter(|e| !before.contains(e)) {
-        commands.push(json!({"add": {"element": elem.clone()}}));
+        script.add(elem);
     }
-    if commands.is_empty() {
+    if script.0.is_empty() {
         return Ok(());
     }
-    run(nft, commands)
+    nft.run(&script.0).map(|_| ())
 }
 
 /// Removes the TAPs' elements and drop counts, each batch of ports in one
-/// transaction. Each element is added before it is deleted, so the delete
-/// is valid whether or not it was there.
+/// transaction. Each element is deleted whether or not it was there.
 pub fn remove_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
+    check_names(ports)?;
     // In batches: nftables takes far more memory to read one batch for a
     // thousand ports than ten for a hundred (measured: 160 MiB of heap).
     for batch in ports.chunks(REMOVE_BATCH) {
-        remove_batch(nft, batch)?;
+        let mut script = Script::default();
+        for port in batch {
+            let every = PortGuard {
+                anti_spoofing: true,
+                isolated: true,
+                dhcp_server: true,
+                ..port.clone()
+            };
+            let mut all = elements(&every);
+            all.push(Element::of(port, Set::Drops, Key::Port));
+            for elem in &all {
+                script.delete(elem);
+            }
+        }
+        nft.run(&script.0)?;
     }
     Ok(())
 }
@@ -452,63 +460,12 @@ pub fn remove_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> 
 /// Ports whose elements one transaction removes.
 const REMOVE_BATCH: usize = 100;
 
-fn remove_batch(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
-    let mut commands = Vec::new();
-    for port in ports {
-        let mut all = elements(&PortGuard {
-            anti_spoofing: true,
-            isolated: true,
-            dhcp_server: true,
-            ..port.clone()
-        });
-        all.push(element(port.hook, "drops", json!(port.tap)));
-        for elem in all {
-            commands.push(json!({"add": {"element": elem.clone()}}));
-            commands.push(json!({"delete": {"element": elem}}));
-        }
-    }
-    run(nft, commands)
-}
-
-/// A set element (as `elements` makes it in JSON) as an nft command. Its
-/// parts are linnet's own: TAP names it chose, addresses, MACs, numbers.
-fn element_text(elem: &Value) -> String {
-    let part = |v: &Value| match v {
-        Value::String(s) if s.starts_with("0x") => s.clone(),
-        Value::String(s)
-            if s.starts_with(super::TAP_PREFIX) || s.starts_with(super::MACVTAP_PREFIX) =>
-        {
-            format!("\"{s}\"")
-        }
-        Value::String(s) => s.clone(),
-        Value::Object(o) if o.contains_key("range") => {
-            let end = |v: &Value| {
-                v.as_str()
-                    .map(String::from)
-                    .unwrap_or_else(|| v.to_string())
-            };
-            format!("{}-{}", end(&o["range"][0]), end(&o["range"][1]))
-        }
-        other => other.to_string(),
-    };
-    let value = &elem["elem"][0];
-    let text = match value.get("concat").and_then(Value::as_array) {
-        Some(parts) => parts.iter().map(part).collect::<Vec<_>>().join(" . "),
-        None => part(value),
-    };
-    format!(
-        "add element {} {TABLE} {} {{ {text} }}\n",
-        elem["family"].as_str().unwrap_or(FAMILY),
-        elem["name"].as_str().unwrap_or_default()
-    )
-}
-
 /// Frames dropped so far, by TAP or macvtap.
 pub fn drops(nft: &mut Nft) -> Result<BTreeMap<String, u64>, NftError> {
-    let out = nft.run(&format!("list set {FAMILY} {TABLE} drops"))?;
+    let out = nft.run(&format!("list set {BRIDGE} {TABLE} drops"))?;
     let mut drops = parse_drops(&out);
     // Only while a macvtap is guarded.
-    if let Ok(out) = nft.run(&format!("list set {EGRESS_FAMILY} {TABLE} drops")) {
+    if let Ok(out) = nft.run(&format!("list set {NETDEV} {TABLE} drops")) {
         drops.extend(parse_drops(&out));
     }
     Ok(drops)
@@ -536,26 +493,186 @@ fn parse_drops(json: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
-fn run(nft: &mut Nft, commands: Vec<Value>) -> Result<(), NftError> {
-    nft.run(&json!({ "nftables": commands }).to_string())
-        .map(|_| ())
+/// A port's name goes into nft's syntax between quotes: only the names
+/// linnet gives (letters, digits, '-', '_') may.
+fn check_names<'a>(ports: impl IntoIterator<Item = &'a PortGuard>) -> Result<(), NftError> {
+    match ports.into_iter().map(|p| &p.tap).find(|name| {
+        name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    }) {
+        Some(name) => Err(NftError::Refused(format!(
+            "{name:?} is not a name linnet gives a port: the guard takes only letters, digits, '-' and '_'"
+        ))),
+        None => Ok(()),
+    }
 }
 
-fn element(hook: Hook, set: &str, elem: Value) -> Value {
-    let family = match hook {
-        Hook::Bridge => FAMILY,
-        Hook::Egress => EGRESS_FAMILY,
-    };
-    json!({"family": family, "table": TABLE, "name": set, "elem": [elem]})
+/// A macvtap's base chain, hooked at its egress, that sends what it
+/// carries through the checks: made with its guard, deleted (`unhook`)
+/// before the macvtap is.
+fn hook_chain(port: &str) -> String {
+    format!("{HOOK_CHAIN_PREFIX}{port}")
 }
 
-fn concat(tap: &str, value: Value) -> Value {
-    json!({"concat": [tap, value]})
+const HOOK_CHAIN_PREFIX: &str = "port_";
+
+/// One transaction in nft's syntax, made only of linnet's fixed text and
+/// typed values (port names checked by `check_names`, addresses, MACs,
+/// numbers).
+#[derive(Default)]
+struct Script(String);
+
+impl Script {
+    fn line(&mut self, line: fmt::Arguments) {
+        use fmt::Write;
+        writeln!(self.0, "{line}").expect("a String takes any text");
+    }
+
+    /// The table deleted, whether or not it was there, and made as
+    /// `text` says.
+    fn remake_table(&mut self, hook: Hook, text: Option<&str>) {
+        let family = hook.family();
+        self.line(format_args!("add table {family} {TABLE}"));
+        self.line(format_args!("delete table {family} {TABLE}"));
+        if let Some(text) = text {
+            self.0.push_str(text);
+        }
+    }
+
+    fn add(&mut self, elem: &Element) {
+        self.line(format_args!("add element {elem}"));
+    }
+
+    /// Added first, so the delete is valid whether or not it was there.
+    fn delete(&mut self, elem: &Element) {
+        self.line(format_args!("add element {elem}"));
+        self.line(format_args!("delete element {elem}"));
+    }
+
+    /// Its elements, then a macvtap's hook: no moment with a macvtap's
+    /// frames sent through the checks before its elements are there.
+    fn add_port(&mut self, port: &PortGuard) {
+        for elem in elements(port) {
+            self.add(&elem);
+        }
+        if port.hooked() {
+            let (device, chain) = (&port.tap, hook_chain(&port.tap));
+            self.line(format_args!(
+                "add chain {NETDEV} {TABLE} {chain} {{ type filter hook egress device \"{device}\" priority filter; policy accept; }}"
+            ));
+            self.line(format_args!("add rule {NETDEV} {TABLE} {chain} jump guard"));
+        }
+    }
 }
 
-/// A number as the hex string nft takes for a raw payload's value.
-fn hex(n: u128) -> Value {
-    Value::String(format!("{n:#x}"))
+/// The guard's sets (declared by `sets`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Set {
+    Guarded,
+    Isolated,
+    DhcpServers,
+    Macs,
+    Ipv4,
+    Ipv4Ranges,
+    Ipv6,
+    Chaddr,
+    Ndtarget,
+    ListenPoliced,
+    Listen,
+    Drops,
+}
+
+impl Set {
+    #[cfg(test)]
+    const ALL: [Set; 12] = [
+        Set::Guarded,
+        Set::Isolated,
+        Set::DhcpServers,
+        Set::Macs,
+        Set::Ipv4,
+        Set::Ipv4Ranges,
+        Set::Ipv6,
+        Set::Chaddr,
+        Set::Ndtarget,
+        Set::ListenPoliced,
+        Set::Listen,
+        Set::Drops,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Set::Guarded => "guarded",
+            Set::Isolated => "isolated",
+            Set::DhcpServers => "dhcp_servers",
+            Set::Macs => "macs",
+            Set::Ipv4 => "ipv4",
+            Set::Ipv4Ranges => "ipv4ranges",
+            Set::Ipv6 => "ipv6",
+            Set::Chaddr => "chaddr",
+            Set::Ndtarget => "ndtarget",
+            Set::ListenPoliced => "listen_policed",
+            Set::Listen => "listen",
+            Set::Drops => "drops",
+        }
+    }
+}
+
+/// What follows the port's name in an element's key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Key {
+    /// The port alone.
+    Port,
+    Mac(MacAddr),
+    Ipv4(Ipv4Addr),
+    /// Inclusive.
+    Ipv4Range(Ipv4Addr, Ipv4Addr),
+    Ipv6(Ipv6Addr),
+    /// A raw payload's value (`chaddr`, `ndtarget`).
+    Bits(u128),
+    /// A protocol and an inclusive range of its ports.
+    Ports(Protocol, u16, u16),
+}
+
+/// One element of one of the guard's sets, keyed by its port.
+#[derive(Debug, Clone, PartialEq)]
+struct Element<'a> {
+    hook: Hook,
+    set: Set,
+    port: &'a str,
+    key: Key,
+}
+
+impl<'a> Element<'a> {
+    fn of(port: &'a PortGuard, set: Set, key: Key) -> Element<'a> {
+        Element {
+            hook: port.hook,
+            set,
+            port: &port.tap,
+            key,
+        }
+    }
+}
+
+/// As nft's syntax writes it: `bridge linnet macs { "lnt7" . 52:54:… }`.
+impl fmt::Display for Element<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (family, set, port) = (self.hook.family(), self.set.name(), self.port);
+        write!(f, "{family} {TABLE} {set} {{ \"{port}\"")?;
+        match self.key {
+            Key::Port => Ok(()),
+            Key::Mac(mac) => write!(f, " . {mac}"),
+            Key::Ipv4(ip) => write!(f, " . {ip}"),
+            Key::Ipv4Range(a, b) => write!(f, " . {a}-{b}"),
+            Key::Ipv6(ip) => write!(f, " . {ip}"),
+            Key::Bits(n) => write!(f, " . {n:#x}"),
+            Key::Ports(protocol, first, last) => {
+                write!(f, " . {} . {first}-{last}", protocol.as_str())
+            }
+        }?;
+        f.write_str(" }")
+    }
 }
 
 fn mac_number(mac: &MacAddr) -> u128 {
@@ -564,8 +681,8 @@ fn mac_number(mac: &MacAddr) -> u128 {
 
 /// A listen policy's ports per protocol, overlapping and adjacent ranges
 /// merged: an interval set refuses elements that overlap.
-fn listen_ranges(rules: &[ListenRule]) -> Vec<(&'static str, u16, u16)> {
-    let mut ranges: Vec<(&'static str, u16, u16)> = rules
+fn listen_ranges(rules: &[ListenRule]) -> Vec<(Protocol, u16, u16)> {
+    let mut ranges: Vec<(Protocol, u16, u16)> = rules
         .iter()
         .flat_map(|rule| {
             let protocols = match rule.protocol {
@@ -574,11 +691,11 @@ fn listen_ranges(rules: &[ListenRule]) -> Vec<(&'static str, u16, u16)> {
             };
             protocols
                 .into_iter()
-                .map(move |p| (p.as_str(), rule.ports.first, rule.ports.last))
+                .map(move |p| (p, rule.ports.first, rule.ports.last))
         })
         .collect();
     ranges.sort_unstable();
-    let mut merged: Vec<(&'static str, u16, u16)> = Vec::new();
+    let mut merged: Vec<(Protocol, u16, u16)> = Vec::new();
     for (protocol, first, last) in ranges {
         match merged.last_mut() {
             Some((p, _, end)) if *p == protocol && u32::from(first) <= u32::from(*end) + 1 => {
@@ -591,44 +708,37 @@ fn listen_ranges(rules: &[ListenRule]) -> Vec<(&'static str, u16, u16)> {
 }
 
 /// The set elements that guard `port`.
-fn elements(port: &PortGuard) -> Vec<Value> {
-    let tap = port.tap.as_str();
-    let element = |set: &str, elem: Value| element(port.hook, set, elem);
+fn elements(port: &PortGuard) -> Vec<Element<'_>> {
+    let element = |set, key| Element::of(port, set, key);
     let mut out = Vec::new();
     if port.anti_spoofing {
-        out.push(element("guarded", json!(tap)));
-        out.push(element("macs", concat(tap, json!(port.mac.to_string()))));
+        out.push(element(Set::Guarded, Key::Port));
+        out.push(element(Set::Macs, Key::Mac(port.mac)));
         match &port.ipv4 {
-            Ipv4Source::Address(ip) => {
-                out.push(element("ipv4", concat(tap, json!(ip.to_string()))));
-            }
+            Ipv4Source::Address(ip) => out.push(element(Set::Ipv4, Key::Ipv4(*ip))),
             Ipv4Source::Ranges(ranges) => {
-                for (a, b) in ranges {
-                    let range = json!({"range": [a.to_string(), b.to_string()]});
-                    out.push(element("ipv4ranges", concat(tap, range)));
+                for &(a, b) in ranges {
+                    out.push(element(Set::Ipv4Ranges, Key::Ipv4Range(a, b)));
                 }
             }
         }
-        out.push(element("chaddr", concat(tap, hex(mac_number(&port.mac)))));
+        out.push(element(Set::Chaddr, Key::Bits(mac_number(&port.mac))));
         for ip in &port.ipv6 {
-            out.push(element("ipv6", concat(tap, json!(ip.to_string()))));
-            out.push(element("ndtarget", concat(tap, hex(u128::from(*ip)))));
+            out.push(element(Set::Ipv6, Key::Ipv6(*ip)));
+            out.push(element(Set::Ndtarget, Key::Bits(u128::from(*ip))));
         }
-    }
-    if port.anti_spoofing
-        && let Some(rules) = &port.listen
-    {
-        out.push(element("listen_policed", json!(tap)));
-        for (protocol, first, last) in listen_ranges(rules) {
-            let key = json!({"concat": [tap, protocol, {"range": [first, last]}]});
-            out.push(element("listen", key));
+        if let Some(rules) = &port.listen {
+            out.push(element(Set::ListenPoliced, Key::Port));
+            for (protocol, first, last) in listen_ranges(rules) {
+                out.push(element(Set::Listen, Key::Ports(protocol, first, last)));
+            }
         }
-    }
-    if port.anti_spoofing && port.dhcp_server {
-        out.push(element("dhcp_servers", json!(tap)));
+        if port.dhcp_server {
+            out.push(element(Set::DhcpServers, Key::Port));
+        }
     }
     if port.isolated {
-        out.push(element("isolated", json!(tap)));
+        out.push(element(Set::Isolated, Key::Port));
     }
     out
 }
@@ -654,35 +764,38 @@ mod tests {
         }
     }
 
-    fn by_set(elements: &[Value]) -> BTreeMap<String, Vec<Value>> {
-        let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-        for e in elements {
-            out.entry(e["name"].as_str().unwrap().into())
-                .or_default()
-                .push(e["elem"][0].clone());
+    /// The port's elements in nft's syntax, by set.
+    fn by_set(port: &PortGuard) -> BTreeMap<&'static str, Vec<String>> {
+        let mut out: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+        for e in elements(port) {
+            out.entry(e.set.name()).or_default().push(e.to_string());
         }
         out
     }
 
     #[test]
     fn a_port_is_its_elements_keyed_by_its_tap() {
-        let sets = by_set(&elements(&port()));
-        let tap = "lnt0123456789ab";
-        assert_eq!(sets["guarded"], [json!(tap)]);
-        assert_eq!(
-            sets["macs"],
-            [json!({"concat": [tap, "52:54:00:12:34:56"]})]
-        );
-        assert_eq!(sets["ipv4"], [json!({"concat": [tap, "192.168.105.2"]})]);
-        assert_eq!(sets["chaddr"], [json!({"concat": [tap, "0x525400123456"]})]);
+        let sets = by_set(&port());
+        let set =
+            |name: &str, key: &str| format!("bridge linnet {name} {{ \"lnt0123456789ab\"{key} }}");
+        assert_eq!(sets["guarded"], [set("guarded", "")]);
+        assert_eq!(sets["macs"], [set("macs", " . 52:54:00:12:34:56")]);
+        assert_eq!(sets["ipv4"], [set("ipv4", " . 192.168.105.2")]);
+        assert_eq!(sets["chaddr"], [set("chaddr", " . 0x525400123456")]);
         assert_eq!(
             sets["ndtarget"],
             [
-                json!({"concat": [tap, "0xfe80000000000000505400fffe123456"]}),
-                json!({"concat": [tap, "0xfd00000000000000505400fffe123456"]})
+                set("ndtarget", " . 0xfe80000000000000505400fffe123456"),
+                set("ndtarget", " . 0xfd00000000000000505400fffe123456"),
             ]
         );
-        assert_eq!(sets["ipv6"].len(), 2);
+        assert_eq!(
+            sets["ipv6"],
+            [
+                set("ipv6", " . fe80::5054:ff:fe12:3456"),
+                set("ipv6", " . fd00::5054:ff:fe12:3456"),
+            ]
+        );
         assert!(!sets.contains_key("isolated"));
     }
 
@@ -694,24 +807,22 @@ mod tests {
             "192.168.105.254".parse().unwrap(),
         );
         p.ipv4 = Ipv4Source::Ranges(vec![(a, b)]);
-        let sets = by_set(&elements(&p));
+        let sets = by_set(&p);
         assert!(!sets.contains_key("ipv4"));
         assert_eq!(
             sets["ipv4ranges"],
-            [
-                json!({"concat": ["lnt0123456789ab", {"range": ["192.168.105.2", "192.168.105.254"]}]})
-            ]
+            ["bridge linnet ipv4ranges { \"lnt0123456789ab\" . 192.168.105.2-192.168.105.254 }"]
         );
     }
 
     #[test]
     fn without_linnets_dhcp_a_vm_may_serve_dhcp() {
-        assert!(!by_set(&elements(&port())).contains_key("dhcp_servers"));
+        assert!(!by_set(&port()).contains_key("dhcp_servers"));
         let mut p = port();
         p.dhcp_server = true;
         assert_eq!(
-            by_set(&elements(&p))["dhcp_servers"],
-            [json!("lnt0123456789ab")]
+            by_set(&p)["dhcp_servers"],
+            ["bridge linnet dhcp_servers { \"lnt0123456789ab\" }"]
         );
     }
 
@@ -720,33 +831,52 @@ mod tests {
         let mut p = port();
         p.anti_spoofing = false;
         p.isolated = true;
-        let sets = by_set(&elements(&p));
-        assert_eq!(sets.keys().collect::<Vec<_>>(), ["isolated"]);
+        p.dhcp_server = true;
+        p.listen = Some(vec!["22/tcp".parse().unwrap()]);
+        assert_eq!(by_set(&p).keys().collect::<Vec<_>>(), [&"isolated"]);
     }
 
     #[test]
-    fn the_ruleset_counts_every_drop_and_names_every_set_it_uses() {
-        let ruleset = ruleset();
-        for line in ruleset.lines().map(str::trim) {
-            if line.ends_with(" drop") && !line.contains("oifname") {
-                assert!(
-                    line.contains("update @drops { meta iifname } drop"),
-                    "{line}"
-                );
+    fn a_listen_policy_is_its_ports_per_protocol() {
+        let mut p = port();
+        p.listen = Some(vec!["22/tcp".parse().unwrap(), "53".parse().unwrap()]);
+        let sets = by_set(&p);
+        assert_eq!(
+            sets["listen_policed"],
+            ["bridge linnet listen_policed { \"lnt0123456789ab\" }"]
+        );
+        assert_eq!(
+            sets["listen"],
+            [
+                "bridge linnet listen { \"lnt0123456789ab\" . tcp . 22-22 }",
+                "bridge linnet listen { \"lnt0123456789ab\" . tcp . 53-53 }",
+                "bridge linnet listen { \"lnt0123456789ab\" . udp . 53-53 }",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_ruleset_counts_every_drop_and_declares_and_uses_every_set() {
+        for (hook, ruleset) in [(Hook::Bridge, ruleset()), (Hook::Egress, egress_ruleset())] {
+            let port = hook.port_key();
+            let sender = sender_chains(hook);
+            for line in sender.lines().map(str::trim) {
+                if line.ends_with(" drop") {
+                    assert!(
+                        line.ends_with(&format!("update @drops {{ meta {port} }} drop")),
+                        "{line}"
+                    );
+                }
+            }
+            for set in Set::ALL.map(Set::name) {
+                assert!(ruleset.contains(&format!("set {set} {{")), "{set}");
+            }
+            for set in [Set::Macs, Set::Ipv4, Set::Chaddr, Set::Ndtarget, Set::Drops] {
+                assert!(sender.contains(&format!("@{}", set.name())), "{set:?}");
             }
         }
-        for set in [
-            "guarded",
-            "isolated",
-            "macs",
-            "ipv4",
-            "ipv4ranges",
-            "ipv6",
-            "chaddr",
-            "ndtarget",
-            "drops",
-        ] {
-            assert!(ruleset.contains(&format!("set {set} {{")), "{set}");
+        let ruleset = ruleset();
+        for set in Set::ALL.map(Set::name) {
             assert!(ruleset.contains(&format!("@{set}")), "{set} is used");
         }
     }
@@ -761,21 +891,55 @@ mod tests {
                 "meta oifname . ether saddr != @macs update @drops { meta oifname } drop"
             )
         );
-        assert!(egress.contains("chain dhcp_request {") && egress.contains("chain from_ip6 {"));
+        assert_eq!(
+            sender_chains(Hook::Egress),
+            sender_chains(Hook::Bridge).replace("iifname", "oifname"),
+            "the same checks, of the port frames leave by"
+        );
         let mut p = port();
         p.tap = "lnv7".into();
         p.hook = Hook::Egress;
-        assert!(elements(&p).iter().all(|e| e["family"] == "netdev"));
-        let hook = egress_hook(&p);
-        assert_eq!(hook[0]["add"]["chain"]["dev"], "lnv7");
-        assert_eq!(hook[0]["add"]["chain"]["hook"], "egress");
-        assert_eq!(hook[1]["add"]["rule"]["expr"][0]["jump"]["target"], "guard");
-        assert!(
-            egress_hook(&port()).is_empty(),
-            "a TAP has no hook of its own"
+        let mut script = Script::default();
+        script.add_port(&p);
+        let lines: Vec<&str> = script.0.lines().collect();
+        assert!(lines.contains(&"add element netdev linnet macs { \"lnv7\" . 52:54:00:12:34:56 }"));
+        let hook = lines
+            .iter()
+            .position(|l| l.starts_with("add chain"))
+            .unwrap();
+        assert_eq!(
+            &lines[hook..],
+            [
+                "add chain netdev linnet port_lnv7 { type filter hook egress device \"lnv7\" priority filter; policy accept; }",
+                "add rule netdev linnet port_lnv7 jump guard",
+            ],
+            "hooked last, once its elements are there"
         );
-        let text: String = elements(&p).iter().map(element_text).collect();
-        assert!(text.contains("add element netdev linnet macs { \"lnv7\" . 52:54:00:12:34:56 }"));
+        let mut script = Script::default();
+        script.add_port(&port());
+        assert!(!script.0.contains("chain"), "a TAP has no hook of its own");
+    }
+
+    #[test]
+    fn removing_a_port_deletes_every_element_it_may_have() {
+        let mut p = port();
+        p.listen = Some(vec!["80/tcp".parse().unwrap()]);
+        let mut script = Script::default();
+        script.delete(&elements(&p)[0]);
+        assert_eq!(
+            script.0,
+            "add element bridge linnet guarded { \"lnt0123456789ab\" }\ndelete element bridge linnet guarded { \"lnt0123456789ab\" }\n"
+        );
+    }
+
+    #[test]
+    fn only_names_linnet_gives_go_into_a_script() {
+        let mut p = port();
+        assert!(check_names([&p]).is_ok());
+        for name in ["", "a\"b", "a b", "x}; flush ruleset"] {
+            p.tap = name.into();
+            assert!(check_names([&p]).is_err(), "{name:?}");
+        }
     }
 
     #[test]
@@ -786,7 +950,7 @@ mod tests {
             .collect();
         assert_eq!(
             listen_ranges(&rules),
-            [("tcp", 1, 65535), ("udp", 1, 65535)]
+            [(Protocol::Tcp, 1, 65535), (Protocol::Udp, 1, 65535)]
         );
         let rules: Vec<ListenRule> = ["22/tcp", "23/tcp", "8000-8010", "8005/udp"]
             .iter()
@@ -794,34 +958,12 @@ mod tests {
             .collect();
         assert_eq!(
             listen_ranges(&rules),
-            [("tcp", 22, 23), ("tcp", 8000, 8010), ("udp", 8000, 8010)]
+            [
+                (Protocol::Tcp, 22, 23),
+                (Protocol::Tcp, 8000, 8010),
+                (Protocol::Udp, 8000, 8010)
+            ]
         );
-    }
-
-    #[test]
-    fn a_port_in_nft_syntax_is_its_json_elements() {
-        let mut p = port();
-        p.ipv4 = Ipv4Source::Ranges(vec![(
-            "192.168.105.2".parse().unwrap(),
-            "192.168.105.254".parse().unwrap(),
-        )]);
-        let text: String = elements(&p).iter().map(element_text).collect();
-        assert!(
-            text.contains("add element bridge linnet guarded { \"lnt0123456789ab\" }\n"),
-            "{text}"
-        );
-        assert!(text.contains(
-            "add element bridge linnet macs { \"lnt0123456789ab\" . 52:54:00:12:34:56 }"
-        ));
-        assert!(text.contains("add element bridge linnet ipv4ranges { \"lnt0123456789ab\" . 192.168.105.2-192.168.105.254 }"));
-        assert!(
-            text.contains(
-                "add element bridge linnet chaddr { \"lnt0123456789ab\" . 0x525400123456 }"
-            )
-        );
-        assert!(text.contains(
-            "add element bridge linnet ipv6 { \"lnt0123456789ab\" . fd00::5054:ff:fe12:3456 }"
-        ));
     }
 
     #[test]
