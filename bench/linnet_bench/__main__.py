@@ -184,6 +184,7 @@ def control_plane(env, args, workdir):
         "rootless": rootless_control(env, args.attaches) if env.have("pasta") else None,
         "daemon_rss_mib_idle": round(memory_kib(daemon) / 1024, 2),
         "latency": control.latency(env.linnet.socket, "shared", args.attaches),
+        "latency_contended": control.contended(env.linnet.socket, "shared", args.attaches),
         "latency_lan": lan_latency(env, args.attaches),
         "scale": control.scale(env.linnet.socket, "scale", daemon,
                                sorted({min(100, args.interfaces), args.interfaces}),

@@ -91,6 +91,38 @@ def latency(socket_path, network, count):
     return {"count": count, "attach_ms": summary(attach_ms), "detach_ms": summary(detach_ms)}
 
 
+def contended(socket_path, network, count):
+    """Attach latency while another client attaches and detaches on the
+    same network without pause (each detach waits for the kernel to let go
+    of its TAP): p50 and p99 in ms, and the other client's cycles."""
+    import threading
+    stop, other = threading.Event(), {"cycles": 0, "error": None}
+
+    def churn():
+        try:
+            with connect(socket_path) as sock:
+                while not stop.is_set():
+                    cycles(sock, network, 1)
+                    other["cycles"] += 1
+        except Exception as e:  # noqa: BLE001 - reported with the figure
+            other["error"] = str(e)
+
+    with connect(socket_path) as sock:
+        _, anchor = attach(sock, network)
+        thread = threading.Thread(target=churn, daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: other["cycles"] > 0 or other["error"], "the other client's first cycle")
+            attach_ms, _ = cycles(sock, network, count)
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+            os.close(anchor)
+    if other["error"]:
+        raise BenchError(f"the other client failed: {other['error']}")
+    return {"count": count, "attach_ms": summary(attach_ms), "other_cycles": other["cycles"]}
+
+
 def interfaces_on(socket_path, network):
     sock = connect(socket_path)
     listing, _ = call(sock, {"op": "list"})

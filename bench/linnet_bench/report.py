@@ -184,6 +184,9 @@ def targets(results):
     get = lambda d, *keys: next((d[k] for k in keys if k in d), None)
     out.append(bound_target("attach p50", get(lat.get("attach_ms", {}), "p50"), 5, "ms"))
     out.append(bound_target("attach p99", get(lat.get("attach_ms", {}), "p99"), 20, "ms"))
+    contended = c.get("latency_contended") or {}
+    out.append(bound_target("attach p50 while another client detaches",
+                            get(contended.get("attach_ms", {}), "p50"), 5, "ms"))
     for kind, lan_lat in (c.get("latency_lan") or {}).items():
         out.append(bound_target(f"attach p50 on a {kind} network", get(lan_lat["attach_ms"], "p50"),
                                 5, "ms"))
@@ -421,6 +424,11 @@ def markdown(results):
             f"| attach p50 / p99 ({lat['count']} attaches) | {lat['attach_ms']['p50']} / {lat['attach_ms']['p99']} ms |",
             f"| detach p50 / p99 | {lat['detach_ms']['p50']} / {lat['detach_ms']['p99']} ms |",
         ]
+        contended = c.get("latency_contended")
+        if contended:
+            lines.append(f"| attach p50 / p99 while another client attaches and detaches "
+                         f"({contended['other_cycles']} cycles of its) | "
+                         f"{contended['attach_ms']['p50']} / {contended['attach_ms']['p99']} ms |")
         for kind, x in (c.get("latency_lan") or {}).items():
             lines.append(f"| attach / detach p50 on a {kind} network ({LAN_KINDS[kind]}) | "
                          f"{x['attach_ms']['p50']} / {x['detach_ms']['p50']} ms |")

@@ -48,6 +48,7 @@ mod sessions;
 mod sockets;
 mod state;
 mod tap_watch;
+mod teardown;
 mod watch;
 
 pub use server::{Options, Placement, run};

@@ -10,9 +10,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tokio::sync::Mutex;
 
 use super::client::Client;
 use super::errors::DaemonError;
+use super::requests::{finish_unlocked, lock_for_attach};
 use super::state::Daemon;
 use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
 use crate::config::Config;
@@ -118,6 +120,15 @@ impl Scene {
         Ok(Attached { info, fd, token })
     }
 
+    /// A client's connection closed.
+    async fn client_gone(&mut self, client: u64) {
+        let teardown = self.daemon.client_going(client);
+        self.daemon
+            .run_teardown(teardown)
+            .await
+            .expect("its links deleted");
+    }
+
     /// Stops this daemon (as for a restart) and starts the next one over
     /// the same host and directories.
     async fn restart(&mut self) {
@@ -133,18 +144,7 @@ impl Scene {
 
     /// The links linnet made, by their names' prefixes.
     fn linnet_links(&self) -> Vec<String> {
-        let ours = [
-            host::BRIDGE_PREFIX,
-            host::TAP_PREFIX,
-            host::MACVTAP_PREFIX,
-            host::CLONE_PORT_PREFIX,
-            host::HOST_ACCESS_PREFIX,
-        ];
-        self.fake
-            .link_names()
-            .into_iter()
-            .filter(|n| ours.iter().any(|p| n.starts_with(p)))
-            .collect()
+        linnet_links(&self.fake)
     }
 
     /// Nothing of linnet's is left on the host.
@@ -165,6 +165,21 @@ impl Scene {
             .find(|l| l.owner == Owner::Interface { id })
             .cloned()
     }
+}
+
+/// The links linnet made on `fake`, by their names' prefixes.
+fn linnet_links(fake: &FakeHost) -> Vec<String> {
+    let ours = [
+        host::BRIDGE_PREFIX,
+        host::TAP_PREFIX,
+        host::MACVTAP_PREFIX,
+        host::CLONE_PORT_PREFIX,
+        host::HOST_ACCESS_PREFIX,
+    ];
+    fake.link_names()
+        .into_iter()
+        .filter(|n| ours.iter().any(|p| n.starts_with(p)))
+        .collect()
 }
 
 async fn start(fake: &FakeHost, dir: &Path, yaml: &str) -> Daemon {
@@ -375,12 +390,12 @@ async fn a_client_that_goes_takes_only_its_own_interfaces() {
     let mut s = Scene::new(USERS).await;
     let one = s.attach(&user(1000, 1), request(1)).await.unwrap();
     let two = s.attach(&user(1001, 2), request(2)).await.unwrap();
-    s.daemon.client_gone(1).await;
+    s.client_gone(1).await;
     let left = s.linnet_links();
     assert!(left.contains(&two.info.tap), "{left:?}");
     assert!(!left.contains(&one.info.tap), "{left:?}");
     assert_eq!(s.fake.guarded(), Some(vec![two.info.tap.clone()]));
-    s.daemon.client_gone(2).await;
+    s.client_gone(2).await;
     s.assert_nothing_left();
 }
 
@@ -454,7 +469,7 @@ async fn a_kept_interface_outlives_its_clients_connection() {
     };
     let vm = s.attach(&user(1000, 1), req).await.unwrap();
     assert!(vm.token.is_none(), "no client re-claims a kept interface");
-    s.daemon.client_gone(1).await;
+    s.client_gone(1).await;
     assert!(s.fake.link(&vm.info.tap).is_some());
     // Another user may not detach it; its own user may.
     let refused = s.daemon.handle_detach(&user(1001, 2), id(1)).await;
@@ -727,7 +742,7 @@ async fn a_reclaim_takes_the_token_and_the_user() {
         "{twice:?}"
     );
     // From now on it lives as long as that connection.
-    s.daemon.client_gone(7).await;
+    s.client_gone(7).await;
     s.assert_nothing_left();
 }
 
@@ -931,4 +946,59 @@ async fn a_forward_the_firewall_refuses_is_not_kept_and_one_it_takes_goes_with_r
         .handle_forward_remove(&owner, forward("18082:80"))
         .unwrap();
     assert_eq!(published(&s), Vec::<u16>::new());
+}
+
+#[tokio::test]
+async fn a_detach_waiting_on_the_kernel_holds_up_no_other_request_and_keeps_what_it_holds() {
+    let mut s = Scene::new(USERS).await;
+    let (one, two) = (user(1000, 1), user(1001, 2));
+    let first = s.attach(&one, named(1, "web")).await.unwrap();
+    let Scene { daemon, fake, .. } = s;
+    let lock = Arc::new(Mutex::new(daemon));
+    let open = fake.hold_deletes();
+    let detach = {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            let teardown = lock.lock().await.detach_request(&one, id(1))?;
+            finish_unlocked(&lock, teardown).await
+        })
+    };
+    while lock.lock().await.detaching.is_empty() {
+        tokio::task::yield_now().await;
+    }
+    // Another user's attach goes on while the TAP is being deleted; the
+    // detaching interface keeps its lease, and so its network.
+    let (info, _fd, _) = lock_for_attach(&lock, &request(2))
+        .await
+        .handle_attach(&two, request(2))
+        .await
+        .unwrap();
+    assert_ne!(info.ip_address, first.info.ip_address);
+    assert!(linnet_links(&fake).contains(&first.info.tap));
+    assert!(!detach.is_finished());
+    // What asks for what it still holds (its id, its name) waits for it.
+    let again = |req: AttachRequest| {
+        let lock = lock.clone();
+        tokio::spawn(async move {
+            let mut daemon = lock_for_attach(&lock, &req).await;
+            daemon
+                .handle_attach(&user(1000, 3), req)
+                .await
+                .map(|(info, fd, _)| (info, fd))
+        })
+    };
+    let (same_id, same_name) = (again(request(1)), again(named(3, "web")));
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!same_id.is_finished() && !same_name.is_finished());
+    // The kernel lets go: the detach ends, then the waiting attaches.
+    open.send(true).unwrap();
+    detach.await.unwrap().unwrap();
+    let (info, _fd1) = same_id.await.unwrap().unwrap();
+    assert_eq!(info.ip_address, first.info.ip_address, "its lease, again");
+    let (named_again, _fd3) = same_name.await.unwrap().unwrap();
+    assert_eq!(named_again.name.as_deref(), Some("web"));
+    assert!(!linnet_links(&fake).contains(&first.info.tap));
+    assert!(lock.lock().await.detaching.is_empty());
 }

@@ -19,6 +19,7 @@ use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use super::host_ports::{HostPorts, HostSide};
+use super::requests::lock_when_detached;
 use super::sessions::{Sessions, refuse};
 use super::sockets::{accept_next, bind_unix, identify, register};
 use super::state::Daemon;
@@ -219,7 +220,10 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     }
     tap_watch.abort();
     network_sockets.close();
-    daemon.lock().await.stop().await;
+    lock_when_detached(&daemon, Duration::from_secs(5))
+        .await
+        .stop()
+        .await;
     remove_socket();
     // Still held: a daemon starting meanwhile finds it locked, or a new one.
     let _ = std::fs::remove_file(opts.run_dir.join(LOCK_FILE));

@@ -16,6 +16,7 @@ use tracing::{debug, error, warn};
 
 use super::client::Client;
 use super::errors::DaemonError;
+use super::requests::{finish_unlocked, lock_for_attach};
 use super::state::Daemon;
 use crate::api::{self, MAX_MESSAGE, Request, Response};
 use crate::budget::{Budget, Permit};
@@ -98,7 +99,10 @@ impl Sessions {
     ) {
         self.connections.fetch_add(1, Ordering::SeqCst);
         serve_client(&self.daemon, conn, &client, &self.large).await;
-        self.daemon.lock().await.client_gone(client.id).await;
+        let teardown = self.daemon.lock().await.client_going(client.id);
+        if let Err(e) = finish_unlocked(&self.daemon, teardown).await {
+            warn!(client = client.id, "detaching its interfaces failed: {e}");
+        }
         drop(permit);
         self.connections.fetch_sub(1, Ordering::SeqCst);
     }
@@ -243,7 +247,10 @@ async fn handle(
             None,
         );
     }
-    let mut daemon = lock.lock().await;
+    let mut daemon = match &request {
+        Request::Attach(req) => lock_for_attach(lock, req).await,
+        _ => lock.lock().await,
+    };
     match request {
         Request::WaitAddress { .. } => unreachable!("answered above"),
         Request::Attach(req) => match daemon.handle_attach(client, req).await {
@@ -260,7 +267,15 @@ async fn handle(
             }
         },
         Request::Detach { interface_id } => {
-            match daemon.handle_detach(client, interface_id).await {
+            // Replied once the TAP is gone; other requests go on meanwhile.
+            let detached = match daemon.detach_request(client, interface_id) {
+                Ok(teardown) => {
+                    drop(daemon);
+                    finish_unlocked(lock, teardown).await
+                }
+                Err(e) => Err(e),
+            };
+            match detached {
                 Ok(()) => (Response::Detached { interface_id }, None),
                 Err(e) => (e.into_response(), None),
             }

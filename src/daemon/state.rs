@@ -1,6 +1,7 @@
 //! The daemon's state and its core. The state: which networks are up
 //! (each with its driver, `drivers`), which interfaces are attached and
-//! who holds them, and the parts with state of their own, which only they
+//! who holds them (and which are detaching, their links deleted without
+//! the lock: `teardown`), and the parts with state of their own, which only they
 //! change: the guard (`guarding::Guard`), port forwards
 //! (`forwards::Forwards`), IP forwarding (`forwarding::Forwarding`), the
 //! view of the host (`coexist::HostView`), the leases (each linnet
@@ -35,6 +36,7 @@ use super::leftovers::Leftovers;
 use super::plan::{self, AttachPlan, Done};
 use super::policies;
 use super::records::{InterfaceRecord, Records};
+use super::teardown::Teardown;
 use crate::api::{AttachRequest, ForwardOrigin, InterfaceInfo, InterfaceRef};
 use crate::config::Config;
 use crate::host::guard::{self, Hook, PortGuard};
@@ -58,6 +60,11 @@ pub struct Daemon {
     pub(super) services: Arc<dyn Starter>,
     pub(super) networks: BTreeMap<String, ActiveNetwork>,
     pub(super) interfaces: BTreeMap<InterfaceId, Interface>,
+    /// Interfaces whose links are being deleted outside the lock
+    /// (`teardown`): what they hold stays theirs until then.
+    pub(super) detaching: BTreeMap<InterfaceId, Interface>,
+    /// Told when a detach ends, to the attaches that wait for it.
+    pub(super) detached: Arc<tokio::sync::Notify>,
     /// Port forwards' own state (`forwards`).
     pub(super) forwards: Forwards,
     /// Anti-spoofing and isolation (`guarding`).
@@ -101,6 +108,8 @@ impl Daemon {
             services,
             networks: BTreeMap::new(),
             interfaces: BTreeMap::new(),
+            detaching: BTreeMap::new(),
+            detached: Arc::default(),
             forwards: Forwards::default(),
             guard: Guard::default(),
             forwarding: Forwarding::default(),
@@ -291,7 +300,7 @@ impl Daemon {
         }
         // The guard's tables were made for this port, if no other is
         // guarded: they go with it.
-        let guarded = self.interfaces.values().any(|i| i.guarded);
+        let guarded = self.any_guarded();
         self.guard.remove(&mut *self.host.tables, &[], guarded);
         left.log(&format!(
             "network \"{network}\": undoing the attach of {id}"
@@ -299,57 +308,84 @@ impl Daemon {
     }
 
     /// Deletes the interfaces' TAPs, returns their addresses to the leases
-    /// (kept for the network's lease time) and stops networks left unused.
+    /// (kept for the network's lease time) and stops networks left unused:
+    /// all of it under the lock, for the daemon's own detaches (undoing,
+    /// expiry, adoption, stop). A client's goes through `teardown`.
     pub(super) async fn detach(&mut self, ids: &[InterfaceId]) -> Result<(), DaemonError> {
-        let gone: Vec<(InterfaceId, Interface)> = ids
-            .iter()
-            .filter_map(|id| self.interfaces.remove(id).map(|i| (*id, i)))
-            .collect();
-        // Their published ports go first, so nothing is sent to addresses
-        // that are about to be free.
-        if gone
-            .iter()
-            .any(|(_, i)| !i.forwards.is_empty() || !i.policy.is_open())
-            && let Err(e) = self.sync_host()
-        {
+        let teardown = self.begin_detach(ids);
+        self.run_teardown(teardown).await
+    }
+
+    /// The rest of a detach begun with `begin_detach`, under the lock.
+    pub(super) async fn run_teardown(&mut self, mut teardown: Teardown) -> Result<(), DaemonError> {
+        if teardown.has_macvtaps() {
+            teardown.cut_off().await;
+            self.unhook_detaching(&teardown);
+        }
+        teardown.delete().await;
+        self.finish_detach(teardown).await
+    }
+
+    /// The first step of a detach (`teardown`): the interfaces are taken
+    /// out of the attached ones and their published ports go first, so
+    /// nothing is sent to addresses that are about to be free. Until
+    /// `finish_detach` they are detaching: they hold their leases, ids,
+    /// names, MACs and guard, and keep their network up.
+    pub(super) fn begin_detach(&mut self, ids: &[InterfaceId]) -> Teardown {
+        let mut teardown = Teardown::new(self.host.links.clone());
+        let mut published = false;
+        for id in ids {
+            let Some(mut iface) = self.interfaces.remove(id) else {
+                continue;
+            };
+            published |= !iface.forwards.is_empty() || !iface.policy.is_open();
+            self.records.remove(*id);
+            self.tap_addresses.forget(iface.tap_index);
+            let macvtap = (self.networks.get(&iface.network)).is_some_and(|n| n.bridge().is_none());
+            let link = (iface.tap_index, iface.tap.as_str());
+            teardown.add(*id, link, macvtap, iface.as_clone.take());
+            self.detaching.insert(*id, iface);
+        }
+        if published && let Err(e) = self.sync_host() {
             warn!("removing published ports of detached interfaces failed: {e}");
         }
-        for (id, _) in &gone {
-            self.records.remove(*id);
-        }
-        let taps: Vec<u32> = gone.iter().map(|(_, i)| i.tap_index).collect();
-        for &index in &taps {
-            self.tap_addresses.forget(index);
-        }
-        let guarded: Vec<PortGuard> = gone.iter().filter_map(|(_, i)| self.guard_of(i)).collect();
-        // A macvtap's hook goes before the macvtap does, so the macvtap
-        // goes down first: its VMM may still hold the fd.
-        let macvtaps = gone.iter().filter(|(_, i)| {
-            self.networks
-                .get(&i.network)
-                .is_some_and(|n| n.bridge().is_none())
-        });
-        for (_, iface) in macvtaps {
-            if let Err(e) = self.host.links.cut_off(iface.tap_index).await {
-                warn!(macvtap = %iface.tap, "cannot take the macvtap down before it goes: {e}");
-            }
-        }
+        teardown
+    }
+
+    /// Between taking the macvtaps down and deleting them: their hooks go
+    /// while the devices are there.
+    pub(super) fn unhook_detaching(&mut self, teardown: &Teardown) {
+        let guarded = self.detaching_guards(teardown);
         if let Err(e) = self.host.tables.unhook_guard_ports(&guarded) {
             warn!("removing the hooks of detached macvtaps failed: {e}");
         }
-        let deleted = self.host.links.delete_links(&taps).await;
-        for clone in gone.iter().filter_map(|(_, i)| i.as_clone.as_ref()) {
-            clone.delete_tap().await;
-        }
+    }
+
+    fn detaching_guards(&self, teardown: &Teardown) -> Vec<PortGuard> {
+        (teardown.ids.iter())
+            .filter_map(|id| self.guard_of(self.detaching.get(id)?))
+            .collect()
+    }
+
+    /// The last step of a detach, its links deleted: their guard goes, their
+    /// leases are given back, and networks left unused go down.
+    pub(super) async fn finish_detach(&mut self, teardown: Teardown) -> Result<(), DaemonError> {
+        let guarded = self.detaching_guards(&teardown);
+        let gone: Vec<(InterfaceId, Interface)> = (teardown.ids.iter())
+            .filter_map(|id| self.detaching.remove(id).map(|i| (*id, i)))
+            .collect();
+        let Teardown { deleted, .. } = teardown;
         // A TAP that could not be deleted keeps its guard: its client may
         // still hold the fd.
-        if deleted.is_ok() {
-            let left = self.interfaces.values().any(|i| i.guarded);
-            self.guard.remove(&mut *self.host.tables, &guarded, left);
-        }
-        if deleted.is_err() {
-            let names: Vec<&str> = gone.iter().map(|(_, i)| i.tap.as_str()).collect();
-            warn!("some of these TAPs may be left: {}", names.join(" "));
+        match &deleted {
+            Ok(()) => {
+                let left = self.any_guarded();
+                self.guard.remove(&mut *self.host.tables, &guarded, left);
+            }
+            Err(_) => {
+                let names: Vec<&str> = gone.iter().map(|(_, i)| i.tap.as_str()).collect();
+                warn!("some of these TAPs may be left: {}", names.join(" "));
+            }
         }
         let now = unix_now();
         let mut networks: Vec<&str> = gone.iter().map(|(_, i)| i.network.as_str()).collect();
@@ -378,7 +414,32 @@ impl Daemon {
             // SAFETY: malloc_trim only releases free heap memory.
             unsafe { libc::malloc_trim(0) };
         }
+        self.detached.notify_waiters();
         deleted.map_err(Into::into)
+    }
+
+    /// Whether an attach asks for what a detaching interface still holds
+    /// (its id, its name on its network, its MAC): it waits for the detach
+    /// to end (`detached`) rather than fail or take it half-freed.
+    pub fn waits_for_detach(&self, req: &AttachRequest) -> bool {
+        let network = req
+            .network
+            .as_deref()
+            .unwrap_or(crate::config::DEFAULT_NETWORK);
+        self.detaching.iter().any(|(id, i)| {
+            req.interface_id == Some(*id)
+                || req.mac == Some(i.mac)
+                || (i.network == network
+                    && req
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| types::names_match(i.name.as_deref(), n)))
+        })
+    }
+
+    /// Whether any interface, attached or detaching, is guarded.
+    pub(super) fn any_guarded(&self) -> bool {
+        (self.interfaces.values().chain(self.detaching.values())).any(|i| i.guarded)
     }
 
     pub(super) async fn ensure_network(&mut self, name: &str) -> Result<(), DaemonError> {
@@ -408,7 +469,8 @@ impl Daemon {
     }
 
     pub(super) async fn release_network_if_unused(&mut self, name: &str) {
-        let in_use = self.interfaces.values().any(|i| i.network == name);
+        let in_use =
+            (self.interfaces.values().chain(self.detaching.values())).any(|i| i.network == name);
         let persistent = self.networks.get(name).is_some_and(|n| n.config.persistent);
         if in_use || persistent {
             return;
@@ -494,8 +556,7 @@ impl Daemon {
     }
     /// The guard of every guarded interface.
     pub(super) fn guarded_ports(&self) -> Vec<PortGuard> {
-        self.interfaces
-            .values()
+        (self.interfaces.values().chain(self.detaching.values()))
             .filter_map(|i| self.guard_of(i))
             .collect()
     }

@@ -96,6 +96,8 @@ struct Model {
     guard: Option<BTreeMap<String, PortGuard>>,
     steps: Vec<Step>,
     failures: Vec<Failure>,
+    /// While set and false, link deletes wait (`hold_deletes`).
+    delete_gate: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// The fake host; clones share one model.
@@ -162,6 +164,14 @@ impl FakeHost {
     /// The next step that `which` matches fails (once), changing nothing.
     pub fn fail_on(&self, which: impl Fn(&Step) -> bool + Send + 'static) {
         self.model().failures.push(Box::new(which));
+    }
+
+    /// Holds every link delete until the returned sender sends `true`: a
+    /// kernel slow to let go of devices.
+    pub fn hold_deletes(&self) -> tokio::sync::watch::Sender<bool> {
+        let (open, gate) = tokio::sync::watch::channel(false);
+        self.model().delete_gate = Some(gate);
+        open
     }
 
     /// Every step so far, oldest first.
@@ -488,6 +498,11 @@ impl Links for FakeHost {
     }
 
     async fn delete_link(&self, index: u32) -> Result<(), NetlinkError> {
+        let gate = self.model().delete_gate.clone();
+        if let Some(mut gate) = gate {
+            // A sender dropped opens it too.
+            let _ = gate.wait_for(|open| *open).await;
+        }
         self.netlink(Step::DeleteLink(self.name_of(index)))?;
         self.model().remove(index);
         Ok(())

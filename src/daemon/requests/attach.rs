@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
+use std::time::Duration;
 
+use tokio::sync::{Mutex, MutexGuard};
 use tracing::{info, warn};
 
 use crate::api::{AttachRequest, InterfaceInfo};
@@ -18,6 +20,7 @@ use crate::daemon::holder::Holder;
 use crate::daemon::leftovers::Leftovers;
 use crate::daemon::plan::{self, AttachPlan, Done};
 use crate::daemon::state::Daemon;
+use crate::daemon::teardown::Teardown;
 use crate::datapath::{Datapath, RelayCounters};
 use crate::host::ALIAS_INTERFACE;
 use crate::services::unix_now;
@@ -193,11 +196,13 @@ impl Daemon {
             _ => Err(DaemonError::NotThisConnections { id }),
         }
     }
-    pub async fn handle_detach(
+    /// A client's detach, checked, and begun: what is left to do of it
+    /// (`finish_unlocked`).
+    pub fn detach_request(
         &mut self,
         client: &Client,
         id: InterfaceId,
-    ) -> Result<(), DaemonError> {
+    ) -> Result<Teardown, DaemonError> {
         match self.interfaces.get(&id) {
             None => Err(DaemonError::NotAttached {
                 which: format!("interface {id}"),
@@ -213,13 +218,23 @@ impl Daemon {
             Some(i) if !i.holder.is(client.id) && !i.holder.is_unheld() => {
                 Err(DaemonError::HeldByAnother { id, pid: i.pid() })
             }
-            Some(_) => self.detach(&[id]).await,
+            Some(_) => Ok(self.begin_detach(&[id])),
         }
     }
 
+    /// A client's detach, all under the lock.
+    pub async fn handle_detach(
+        &mut self,
+        client: &Client,
+        id: InterfaceId,
+    ) -> Result<(), DaemonError> {
+        let teardown = self.detach_request(client, id)?;
+        self.run_teardown(teardown).await
+    }
+
     /// A client's connection closed: everything it attached goes, its TAPs
-    /// deleted in one go.
-    pub async fn client_gone(&mut self, client: u64) {
+    /// deleted in one go. What is left to do (`finish_unlocked`).
+    pub fn client_going(&mut self, client: u64) -> Teardown {
         let ids: Vec<InterfaceId> = self
             .interfaces
             .iter()
@@ -229,10 +244,9 @@ impl Daemon {
         if !ids.is_empty() {
             info!(client, interfaces = ids.len(), "client went away");
         }
-        if let Err(e) = self.detach(&ids).await {
-            warn!(client, "detaching its interfaces failed: {e}");
-        }
+        self.begin_detach(&ids)
     }
+
     /// Detaches the kept interfaces (`linnet attach`) on linnet's own
     /// networks whose VM has sent nothing for the network's lease_time (a
     /// DHCP client renews in half of it): the daemon's lease on them has
@@ -270,4 +284,61 @@ impl Daemon {
             .values()
             .any(|i| matches!(i.holder, Holder::Kept { .. }))
     }
+}
+
+/// Ends a detach begun under `lock` (`detach_request`, `client_going`)
+/// with the lock free while the kernel takes links down and deletes them,
+/// so that other clients' requests go on meanwhile (`teardown`).
+pub async fn finish_unlocked(
+    lock: &Mutex<Daemon>,
+    mut teardown: Teardown,
+) -> Result<(), DaemonError> {
+    if teardown.is_empty() {
+        return Ok(());
+    }
+    if teardown.has_macvtaps() {
+        teardown.cut_off().await;
+        lock.lock().await.unhook_detaching(&teardown);
+    }
+    teardown.delete().await;
+    lock.lock().await.finish_detach(teardown).await
+}
+
+/// The daemon's lock, for an attach: one that asks for what a detaching
+/// interface still holds (`Daemon::waits_for_detach`) waits for its
+/// detach to end first.
+pub async fn lock_for_attach<'a>(
+    lock: &'a Mutex<Daemon>,
+    req: &AttachRequest,
+) -> MutexGuard<'a, Daemon> {
+    let mut daemon = lock.lock().await;
+    while daemon.waits_for_detach(req) {
+        let detached = daemon.detached.clone();
+        let ended = detached.notified();
+        drop(daemon);
+        ended.await;
+        daemon = lock.lock().await;
+    }
+    daemon
+}
+
+/// The daemon's lock once no detach is under way (or `within` has
+/// passed): a daemon that stops lets its clients' detaches end first.
+pub async fn lock_when_detached(lock: &Mutex<Daemon>, within: Duration) -> MutexGuard<'_, Daemon> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut daemon = lock.lock().await;
+    while !daemon.detaching.is_empty() && tokio::time::Instant::now() < deadline {
+        let detached = daemon.detached.clone();
+        let ended = detached.notified();
+        drop(daemon);
+        let _ = tokio::time::timeout_at(deadline, ended).await;
+        daemon = lock.lock().await;
+    }
+    if !daemon.detaching.is_empty() {
+        warn!(
+            interfaces = daemon.detaching.len(),
+            "stopping with detaches not ended: their links may be left, for the next daemon to delete"
+        );
+    }
+    daemon
 }

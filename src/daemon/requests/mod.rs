@@ -8,3 +8,5 @@ mod doctor;
 mod forward;
 mod list;
 mod policy;
+
+pub(super) use attach::{finish_unlocked, lock_for_attach, lock_when_detached};
