@@ -10,7 +10,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use crate::config::NetworkConfig;
+use crate::config::Own;
 use crate::types::{InterfaceId, MacAddr};
 
 /// The uplink's name inside every clone's namespace.
@@ -38,9 +38,8 @@ impl Guest {
 
 /// Why a guest cannot be cloned onto a network: it would not find its
 /// gateway, or the name would not do for a TAP.
-pub fn check_guest(cfg: &NetworkConfig, guest: &Guest) -> Result<(), String> {
-    let subnet = cfg.subnet;
-    let name = &cfg.name;
+pub fn check_guest(name: &str, net: &Own, guest: &Guest) -> Result<(), String> {
+    let subnet = net.subnet;
     if !subnet.contains(&guest.ip) || guest.ip == subnet.network() || guest.ip == subnet.broadcast()
     {
         return Err(format!(
@@ -48,7 +47,7 @@ pub fn check_guest(cfg: &NetworkConfig, guest: &Guest) -> Result<(), String> {
             guest.ip
         ));
     }
-    if guest.ip == cfg.gateway {
+    if guest.ip == net.gateway {
         return Err(format!(
             "the guest's address {} is network \"{name}\"'s gateway",
             guest.ip
@@ -110,8 +109,9 @@ mod tests {
     use super::*;
     use crate::config::Config;
 
-    fn shared() -> NetworkConfig {
-        Config::builtin().network("shared").unwrap().clone()
+    fn shared() -> Own {
+        let cfg = Config::builtin();
+        cfg.network("shared").unwrap().own().unwrap().clone()
     }
 
     fn guest(ip: &str) -> Guest {
@@ -125,16 +125,16 @@ mod tests {
     #[test]
     fn a_guest_must_be_a_host_of_the_network_and_not_its_gateway() {
         let cfg = shared();
-        assert_eq!(check_guest(&cfg, &guest("192.168.105.7")), Ok(()));
+        assert_eq!(check_guest("shared", &cfg, &guest("192.168.105.7")), Ok(()));
         for bad in ["10.0.0.5", "192.168.105.0", "192.168.105.255"] {
-            let m = check_guest(&cfg, &guest(bad)).unwrap_err();
+            let m = check_guest("shared", &cfg, &guest(bad)).unwrap_err();
             assert!(m.contains("not a host address"), "{m}");
         }
-        let m = check_guest(&cfg, &guest("192.168.105.1")).unwrap_err();
+        let m = check_guest("shared", &cfg, &guest("192.168.105.1")).unwrap_err();
         assert!(m.contains("gateway"), "{m}");
         let mut multicast = guest("192.168.105.7");
         multicast.mac = MacAddr([0x01, 0x00, 0x5e, 0, 0, 1]);
-        assert!(check_guest(&cfg, &multicast).is_err());
+        assert!(check_guest("shared", &cfg, &multicast).is_err());
     }
 
     #[test]
@@ -179,7 +179,10 @@ mod tests {
     #[test]
     fn the_builtin_networks_get_clone_ranges_of_their_own() {
         let cfg = Config::builtin();
-        let range = |n: &str| cfg.network(n).unwrap().clone_subnet.unwrap().to_string();
+        let range = |n: &str| {
+            let own = cfg.network(n).unwrap().own().unwrap();
+            own.clone_subnet.unwrap().to_string()
+        };
         assert_eq!(range("shared"), "198.18.105.0/24");
         assert_eq!(range("host"), "198.18.106.0/24");
         let id = InterfaceId::from_bytes([1; 16]);

@@ -24,7 +24,7 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/linnet/networks.yaml";
 pub const SOCKET_NAME: &str = "linnet.sock";
 pub const DEFAULT_NETWORK: &str = "shared";
 const DEFAULT_LEASE_TIME: u32 = 3600;
-const DEFAULT_MTU: u32 = 1500;
+pub const DEFAULT_MTU: u32 = 1500;
 const DEFAULT_ALLOW_GROUP: &str = "linnet";
 /// Why a connect/listen policy is refused on a network without anti-spoofing.
 pub const NO_POLICY_WITHOUT_ANTI_SPOOFING: &str =
@@ -63,19 +63,44 @@ impl fmt::Display for Mode {
     }
 }
 
-/// A validated network, ready for the daemon.
-///
-/// On a LAN (`mode: bridged` or `bridge`, `lan` set) the addresses are the
-/// LAN's: `subnet` is 0.0.0.0/0 and `gateway` 0.0.0.0 (any address; the
-/// guard allows each VM the one it leased), and linnet's DHCP, DNS, IPv6
-/// router, NAT, forwards and policies are off; `mtu` is unused (the
-/// driver's is the link's).
+/// A validated network, ready for the daemon: what every kind has, and
+/// its kind with what only that kind has (`Kind`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NetworkConfig {
     pub name: String,
-    pub mode: Mode,
-    /// Where a LAN network's VMs join it; None for linnet's own bridges.
-    pub lan: Option<Lan>,
+    pub kind: Kind,
+    /// A VM may send only from its own MAC and addresses.
+    pub anti_spoofing: bool,
+    pub persistent: bool,
+    pub allow: Allow,
+    /// At most this many interfaces on the network (None: its addresses).
+    pub max_interfaces: Option<u32>,
+    /// At most this many per uid on the network (root included).
+    pub max_interfaces_per_uid: Option<u32>,
+    /// A socket_vmnet-compatible stream socket for the network, if any.
+    pub socket: Option<NetworkSocket>,
+}
+
+/// A network's kind, as `mode:` says it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// `mode: shared` or `host`: a bridge of linnet's, with the addresses,
+    /// DHCP, DNS, router advertisements, NAT, forwards and policies it
+    /// gives its VMs.
+    Own(Own),
+    /// `mode: bridged` or `bridge`: VMs on a LAN whose addresses are not
+    /// linnet's (its own DHCP server gives them; linnet learns them). Its
+    /// MTU is its link's.
+    Lan(Lan),
+}
+
+/// What a network on a bridge of linnet's has (`Kind::Own`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Own {
+    /// `mode: host`: VMs reach the host and each other, nothing beyond
+    /// (`nat44` is then false).
+    pub host_only: bool,
     pub subnet: Ipv4Net,
     pub gateway: Ipv4Addr,
     pub dhcp: DhcpConfig,
@@ -84,25 +109,73 @@ pub struct NetworkConfig {
     pub nat44: bool,
     /// None with `ipv6: false`.
     pub ipv6: Option<Ipv6Config>,
-    /// A VM may send only from its own MAC and addresses.
-    pub anti_spoofing: bool,
     /// The network's VMs cannot reach each other.
     pub isolation: bool,
-    pub persistent: bool,
-    pub allow: Allow,
-    /// At most this many interfaces on the network (None: its addresses).
-    pub max_interfaces: Option<u32>,
-    /// At most this many per uid on the network (root included).
-    pub max_interfaces_per_uid: Option<u32>,
     /// Ports published while the matching interface is attached.
     pub forwards: Vec<StaticForward>,
     /// The connect/listen policy of interfaces that bring none of their own.
     pub policy: Policy,
-    /// A socket_vmnet-compatible stream socket for the network, if any.
-    pub socket: Option<NetworkSocket>,
     /// Where clones (`--clone-of`) get the unique addresses the host and
-    /// other VMs reach them at; None on a LAN network, which has none.
+    /// other VMs reach them at.
     pub clone_subnet: Option<Ipv4Net>,
+}
+
+/// The policy of a network that has none (a LAN's): open.
+static OPEN: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Policy::default);
+
+impl NetworkConfig {
+    pub fn mode(&self) -> Mode {
+        match &self.kind {
+            Kind::Own(own) if own.host_only => Mode::Host,
+            Kind::Own(_) => Mode::Shared,
+            Kind::Lan(Lan::Macvtap { .. }) => Mode::Bridged,
+            Kind::Lan(Lan::Bridge { .. }) => Mode::Bridge,
+        }
+    }
+
+    /// What a network on a bridge of linnet's has; None on a LAN.
+    pub fn own(&self) -> Option<&Own> {
+        match &self.kind {
+            Kind::Own(own) => Some(own),
+            Kind::Lan(_) => None,
+        }
+    }
+
+    pub fn own_mut(&mut self) -> Option<&mut Own> {
+        match &mut self.kind {
+            Kind::Own(own) => Some(own),
+            Kind::Lan(_) => None,
+        }
+    }
+
+    /// Where a LAN network's VMs join it; None for linnet's own bridges.
+    pub fn lan(&self) -> Option<&Lan> {
+        match &self.kind {
+            Kind::Lan(lan) => Some(lan),
+            Kind::Own(_) => None,
+        }
+    }
+
+    /// Whether its VMs are kept from reaching each other (never on a LAN,
+    /// whose switch carries their frames).
+    pub fn isolation(&self) -> bool {
+        self.own().is_some_and(|own| own.isolation)
+    }
+
+    /// The policy of its interfaces that bring none (open on a LAN).
+    pub fn policy(&self) -> &Policy {
+        self.own().map_or(&OPEN, |own| &own.policy)
+    }
+
+    /// Its static forwards (none on a LAN).
+    pub fn forwards(&self) -> &[StaticForward] {
+        self.own().map_or(&[], |own| &own.forwards)
+    }
+
+    /// Its IPv6 (none of linnet's on a LAN).
+    pub fn ipv6(&self) -> Option<&Ipv6Config> {
+        self.own()?.ipv6.as_ref()
+    }
 }
 
 /// How a LAN network's VMs join the LAN.
@@ -497,14 +570,17 @@ impl Config {
                 key: key.into(),
                 message,
             };
-            if net.lan.is_some() {
+            let mode = net.mode();
+            let Kind::Own(own) = &mut net.kind else {
                 return Err(refuse(
                     "mode",
                     format!(
-                        "{} puts VMs on the host's LAN, which a rootless daemon cannot reach from inside its namespaces (it would need root on the host's NIC or bridge); run this network on the system daemon (`sudo linnet daemon`), or use mode: shared",
-                        net.mode
+                        "{mode} puts VMs on the host's LAN, which a rootless daemon cannot reach from inside its namespaces (it would need root on the host's NIC or bridge); run this network on the system daemon (`sudo linnet daemon`), or use mode: shared"
                     ),
                 ));
+            };
+            if own.dns.upstream.is_empty() {
+                own.dns.upstream = vec![SocketAddr::new(host_dns.into(), 53)];
             }
             if net.socket.is_some() {
                 return Err(refuse(
@@ -516,9 +592,6 @@ impl Config {
                 users: vec![("you".into(), 0)],
                 groups: Vec::new(),
             };
-            if net.dns.upstream.is_empty() {
-                net.dns.upstream = vec![SocketAddr::new(host_dns.into(), 53)];
-            }
         }
         self.firewall.docker_user = false;
         Ok(self)
@@ -537,15 +610,19 @@ fn check_no_overlaps(
     file: &str,
 ) -> Result<(), ConfigError> {
     // A LAN network's addresses are the LAN's, not in its config.
-    let list: Vec<&NetworkConfig> = networks.values().filter(|n| n.lan.is_none()).collect();
-    for a in &list {
-        let Some(clones) = &a.clone_subnet else {
+    let list: Vec<(&NetworkConfig, &Own)> = networks
+        .values()
+        .filter_map(|n| Some((n, n.own()?)))
+        .collect();
+    for (a, own) in &list {
+        let Some(clones) = &own.clone_subnet else {
             continue;
         };
         // Every network's subnet (its own too), and the others' clones.
-        let others = list.iter().flat_map(|b| {
-            let theirs = b.clone_subnet.filter(|_| b.name != a.name);
-            std::iter::once(("subnet", b.subnet, b)).chain(theirs.map(|c| ("clone_subnet", c, b)))
+        let others = list.iter().flat_map(|(b, theirs)| {
+            let clones = theirs.clone_subnet.filter(|_| b.name != a.name);
+            std::iter::once(("subnet", theirs.subnet, b))
+                .chain(clones.map(|c| ("clone_subnet", c, b)))
         });
         for (key, other, b) in others {
             if types::subnets_overlap(clones, &other) {
@@ -565,20 +642,20 @@ fn check_no_overlaps(
             }
         }
     }
-    for (i, a) in list.iter().enumerate() {
-        for b in &list[i + 1..] {
-            if types::subnets_overlap(&a.subnet, &b.subnet) {
+    for (i, (a, own_a)) in list.iter().enumerate() {
+        for (b, own_b) in &list[i + 1..] {
+            if types::subnets_overlap(&own_a.subnet, &own_b.subnet) {
                 return Err(ConfigError::Invalid {
                     file: file.into(),
                     network: b.name.clone(),
                     key: "subnet".into(),
                     message: format!(
                         "{} overlaps {} of network \"{}\"; give each network its own subnet",
-                        b.subnet, a.subnet, a.name
+                        own_b.subnet, own_a.subnet, a.name
                     ),
                 });
             }
-            if let (Some(v6a), Some(v6b)) = (&a.ipv6, &b.ipv6)
+            if let (Some(v6a), Some(v6b)) = (&own_a.ipv6, &own_b.ipv6)
                 && v6a.prefix == v6b.prefix
             {
                 return Err(ConfigError::Invalid {
@@ -606,8 +683,8 @@ fn check_no_overlaps(
                     ),
                 });
             }
-            for fb in &b.forwards {
-                if let Some(fa) = a
+            for fb in &own_b.forwards {
+                if let Some(fa) = own_a
                     .forwards
                     .iter()
                     .find(|fa| fa.forward.clashes_with(&fb.forward))
@@ -640,15 +717,15 @@ const CLONE_RANGE: (Ipv4Addr, u32) = (Ipv4Addr::new(198, 18, 0, 0), 512);
 fn assign_clone_subnets(networks: &mut BTreeMap<String, NetworkConfig>) {
     let mut taken: Vec<Ipv4Net> = networks
         .values()
-        .filter(|n| n.lan.is_none())
-        .flat_map(|n| std::iter::once(n.subnet).chain(n.clone_subnet))
+        .filter_map(NetworkConfig::own)
+        .flat_map(|own| std::iter::once(own.subnet).chain(own.clone_subnet))
         .collect();
-    for net in networks.values_mut() {
-        if net.lan.is_some() || net.clone_subnet.is_some() {
+    for own in networks.values_mut().filter_map(NetworkConfig::own_mut) {
+        if own.clone_subnet.is_some() {
             continue;
         }
         let (base, slots) = CLONE_RANGE;
-        let first = (u32::from(net.subnet.network()) >> 8) % slots;
+        let first = (u32::from(own.subnet.network()) >> 8) % slots;
         let free = (0..slots)
             .map(|i| {
                 let slot = (first + i) % slots;
@@ -658,7 +735,7 @@ fn assign_clone_subnets(networks: &mut BTreeMap<String, NetworkConfig>) {
             .find(|c| !taken.iter().any(|t| types::subnets_overlap(c, t)));
         if let Some(clones) = free {
             taken.push(clones);
-            net.clone_subnet = Some(clones);
+            own.clone_subnet = Some(clones);
         }
     }
 }
@@ -790,26 +867,27 @@ impl Validator<'_> {
 
         Ok(NetworkConfig {
             name: name.into(),
-            mode,
-            lan: None,
-            subnet,
-            gateway,
-            dhcp,
-            dns,
-            mtu,
-            nat44,
-            ipv6,
+            kind: Kind::Own(Own {
+                host_only: mode == Mode::Host,
+                subnet,
+                gateway,
+                dhcp,
+                dns,
+                mtu,
+                nat44,
+                ipv6,
+                isolation,
+                forwards,
+                policy,
+                clone_subnet,
+            }),
             anti_spoofing,
-            isolation,
             persistent: spec.persistent.unwrap_or(false),
             allow: self.allow(spec.allow)?,
             max_interfaces: self.limit("max_interfaces", spec.max_interfaces)?,
             max_interfaces_per_uid: self
                 .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
-            forwards,
-            policy,
             socket,
-            clone_subnet,
         })
     }
 
@@ -1102,40 +1180,16 @@ impl Validator<'_> {
                 ),
             ));
         }
-        let any = Ipv4Addr::UNSPECIFIED;
         Ok(NetworkConfig {
             name: name.into(),
-            mode,
-            lan: Some(lan),
-            subnet: Ipv4Net::new(any, 0).expect("0 is a valid length"),
-            gateway: any,
-            dhcp: DhcpConfig {
-                enabled: false,
-                range_start: any,
-                range_end: any,
-                lease_time: 0,
-                static_leases: Vec::new(),
-            },
-            dns: DnsConfig {
-                enabled: false,
-                upstream: Vec::new(),
-                domain: String::new(),
-            },
-            // The driver's: the link's when the network comes up.
-            mtu: DEFAULT_MTU,
-            nat44: false,
-            ipv6: None,
+            kind: Kind::Lan(lan),
             anti_spoofing: spec.anti_spoofing.unwrap_or(true),
-            isolation: false,
             persistent: spec.persistent.unwrap_or(false),
             allow: self.allow(spec.allow)?,
             max_interfaces: self.limit("max_interfaces", spec.max_interfaces)?,
             max_interfaces_per_uid: self
                 .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
-            forwards: Vec::new(),
-            policy: Policy::default(),
             socket: self.socket(name, spec.socket.take())?,
-            clone_subnet: None,
         })
     }
 
@@ -1401,13 +1455,21 @@ mod tests {
             .to_string()
     }
 
+    /// What network `name` of `cfg`, one of linnet's own, has as such.
+    fn own<'a>(cfg: &'a Config, name: &str) -> &'a Own {
+        cfg.network(name)
+            .unwrap()
+            .own()
+            .expect("one of linnet's own")
+    }
+
     #[test]
     fn clone_ranges_default_apart_and_are_checked_for_overlaps() {
         let cfg = load(
             "networks:\n  a:\n    subnet: 10.1.0.0/16\n  b:\n    subnet: 10.3.0.0/16\n  c:\n    subnet: 10.4.0.0/24\n    clone_subnet: 10.99.0.0/16\n",
         )
         .unwrap();
-        let range = |n: &str| cfg.network(n).unwrap().clone_subnet.unwrap().to_string();
+        let range = |n: &str| own(&cfg, n).clone_subnet.unwrap().to_string();
         // a's and b's preferred /24 is the same: b takes the next one.
         assert_eq!(range("a"), "198.19.0.0/24");
         assert_eq!(range("b"), "198.19.1.0/24");
@@ -1429,13 +1491,10 @@ mod tests {
             "networks:\n  lan:\n    mode: bridge\n    bridge: br0\n    clone_subnet: 10.5.0.0/16\n",
         );
         assert!(m.contains("remove clone_subnet"), "{m}");
-        assert_eq!(
-            load("networks:\n  lan:\n    mode: bridge\n    bridge: br0\n")
-                .unwrap()
-                .network("lan")
-                .unwrap()
-                .clone_subnet,
-            None
+        let lan = load("networks:\n  lan:\n    mode: bridge\n    bridge: br0\n").unwrap();
+        assert!(
+            lan.network("lan").unwrap().own().is_none(),
+            "no clone range"
         );
     }
 
@@ -1446,14 +1505,17 @@ mod tests {
         let shared = cfg.network("shared").unwrap();
         assert!(shared.allow.permits(0, &[]));
         assert!(!shared.allow.permits(1000, &[1000]));
-        assert_eq!(shared.dns.upstream, vec!["10.0.2.3:53".parse().unwrap()]);
+        assert_eq!(
+            own(&cfg, "shared").dns.upstream,
+            vec!["10.0.2.3:53".parse().unwrap()]
+        );
         assert!(!cfg.firewall.docker_user);
         let named = load("networks:\n  shared:\n    dns: { upstream: [192.0.2.53] }\n")
             .unwrap()
             .for_rootless(dns)
             .unwrap();
         assert_eq!(
-            named.network("shared").unwrap().dns.upstream,
+            own(&named, "shared").dns.upstream,
             vec!["192.0.2.53:53".parse().unwrap()]
         );
         let lan = load("networks:\n  lan:\n    mode: bridge\n    bridge: br0\n").unwrap();
@@ -1480,9 +1542,9 @@ mod tests {
     #[test]
     fn dhcp_false_is_short_for_enabled_false() {
         let cfg = load("networks:\n  shared:\n    dhcp: false\n  host:\n    dhcp: { enabled: false, lease_time: 60 }\n").unwrap();
-        assert!(!cfg.network("shared").unwrap().dhcp.enabled);
-        assert!(!cfg.network("host").unwrap().dhcp.enabled);
-        assert_eq!(cfg.network("host").unwrap().dhcp.lease_time, 60);
+        assert!(!own(&cfg, "shared").dhcp.enabled);
+        assert!(!own(&cfg, "host").dhcp.enabled);
+        assert_eq!(own(&cfg, "host").dhcp.lease_time, 60);
         let m = message("networks:\n  shared:\n    dhcp: { enable: false }\n");
         assert!(
             m.contains("network \"shared\": dhcp: unknown field `enable`"),
@@ -1505,16 +1567,17 @@ mod tests {
     fn builtins_need_no_file() {
         let cfg = Config::builtin();
         let shared = cfg.network("shared").unwrap();
-        assert_eq!(shared.mode, Mode::Shared);
-        assert_eq!(shared.subnet.to_string(), "192.168.105.0/24");
-        assert_eq!(shared.gateway, Ipv4Addr::new(192, 168, 105, 1));
-        assert_eq!(shared.dhcp.range_start, Ipv4Addr::new(192, 168, 105, 2));
-        assert_eq!(shared.dhcp.range_end, Ipv4Addr::new(192, 168, 105, 254));
-        assert!(shared.nat44 && shared.dns.enabled && shared.dhcp.enabled);
-        assert_eq!(shared.dns.domain, "shared.linnet");
+        assert_eq!(shared.mode(), Mode::Shared);
+        let own_shared = own(&cfg, "shared");
+        assert_eq!(own_shared.subnet.to_string(), "192.168.105.0/24");
+        assert_eq!(own_shared.gateway, Ipv4Addr::new(192, 168, 105, 1));
+        assert_eq!(own_shared.dhcp.range_start, Ipv4Addr::new(192, 168, 105, 2));
+        assert_eq!(own_shared.dhcp.range_end, Ipv4Addr::new(192, 168, 105, 254));
+        assert!(own_shared.nat44 && own_shared.dns.enabled && own_shared.dhcp.enabled);
+        assert_eq!(own_shared.dns.domain, "shared.linnet");
         let host = cfg.network("host").unwrap();
-        assert_eq!((host.mode, host.nat44), (Mode::Host, false));
-        assert_eq!(host.subnet.to_string(), "192.168.106.0/24");
+        assert_eq!((host.mode(), own(&cfg, "host").nat44), (Mode::Host, false));
+        assert_eq!(own(&cfg, "host").subnet.to_string(), "192.168.106.0/24");
         assert!(shared.allow.permits(0, &[]));
         assert!(!shared.allow.permits(1000, &[]));
     }
@@ -1540,22 +1603,23 @@ mod tests {
 ",
         )
         .unwrap();
-        let shared = cfg.network("shared").unwrap();
+        let shared = own(&cfg, "shared");
         assert_eq!(shared.subnet.to_string(), "10.10.0.0/24");
         assert_eq!(shared.gateway.to_string(), "10.10.0.1");
         assert_eq!(shared.dhcp.lease_time, 60);
         assert_eq!(shared.dhcp.range_start.to_string(), "10.10.0.100");
         assert_eq!(shared.dns.upstream[1].to_string(), "1.1.1.1:5353");
         assert_eq!(shared.dns.domain, "lab.example");
-        let lab = cfg.network("lab").unwrap();
+        let lab_net = cfg.network("lab").unwrap();
+        let lab = own(&cfg, "lab");
         assert_eq!(
-            (lab.mode, lab.mtu, lab.persistent),
+            (lab_net.mode(), lab.mtu, lab_net.persistent),
             (Mode::Host, 9000, true)
         );
         assert_eq!(lab.dhcp.range_start.to_string(), "10.20.0.1");
         assert_eq!(lab.dhcp.range_end.to_string(), "10.20.255.253");
         assert_eq!(lab.dhcp.static_leases[0].ip.to_string(), "10.20.0.5");
-        assert!(lab.allow.permits(1000, &[]));
+        assert!(lab_net.allow.permits(1000, &[]));
         assert!(cfg.network("host").is_some(), "built-ins stay");
     }
 
@@ -1659,17 +1723,19 @@ mod tests {
         .unwrap();
         let lan = cfg.network("lan").unwrap();
         assert_eq!(
-            lan.lan,
-            Some(Lan::Macvtap {
+            lan.kind,
+            Kind::Lan(Lan::Macvtap {
                 uplink: "eth0".into(),
                 mode: MacvtapMode::Private,
                 host_access: false
             })
         );
-        assert!(lan.mode.on_lan() && lan.anti_spoofing);
-        assert!(!lan.dhcp.enabled && !lan.dns.enabled && !lan.nat44 && lan.ipv6.is_none());
+        assert!(lan.mode().on_lan() && lan.anti_spoofing);
+        // None of linnet's DHCP, DNS, NAT, IPv6, forwards or policies.
+        assert!(lan.own().is_none() && lan.ipv6().is_none() && lan.forwards().is_empty());
+        assert!(lan.policy().is_open() && !lan.isolation());
         assert!(matches!(
-            cfg.network("lan2").unwrap().lan,
+            cfg.network("lan2").unwrap().lan(),
             Some(Lan::Macvtap {
                 mode: MacvtapMode::Bridge,
                 host_access: true,
@@ -1678,10 +1744,10 @@ mod tests {
         ));
         let br = cfg.network("br").unwrap();
         assert_eq!(
-            (br.mode, &br.lan),
+            (br.mode(), br.lan()),
             (
                 Mode::Bridge,
-                &Some(Lan::Bridge {
+                Some(&Lan::Bridge {
                     bridge: "br0".into()
                 })
             )
@@ -1743,11 +1809,11 @@ mod tests {
     #[test]
     fn ipv6_is_on_by_default_with_a_derived_prefix() {
         let cfg = Config::builtin();
-        let shared = cfg.network("shared").unwrap().ipv6.clone().unwrap();
+        let shared = cfg.network("shared").unwrap().ipv6().unwrap().clone();
         assert_eq!(shared.prefix, addr6::ula_prefix("shared"));
         assert_eq!(shared.gateway, addr6::gateway(shared.prefix));
         assert!(shared.router_advertisement && shared.nat66);
-        let host = cfg.network("host").unwrap().ipv6.clone().unwrap();
+        let host = cfg.network("host").unwrap().ipv6().unwrap().clone();
         assert!(
             host.router_advertisement && !host.nat66,
             "host never forwards out"
@@ -1765,11 +1831,11 @@ mod tests {
 ",
         )
         .unwrap();
-        let shared = cfg.network("shared").unwrap().ipv6.clone().unwrap();
+        let shared = cfg.network("shared").unwrap().ipv6().unwrap().clone();
         assert_eq!(shared.prefix.to_string(), "fd00:1:2:3::/64");
         assert_eq!(shared.gateway.to_string(), "fd00:1:2:3::1");
         assert!(!shared.router_advertisement && !shared.nat66);
-        assert!(cfg.network("host").unwrap().ipv6.is_none());
+        assert!(cfg.network("host").unwrap().ipv6().is_none());
     }
 
     #[test]
@@ -1819,10 +1885,10 @@ mod tests {
             "networks:\n  shared:\n    policy: { egress: ['198.51.100.1:8080/tcp'], ingress: ['8000/tcp'] }\n",
         )
         .unwrap();
-        let p = &cfg.network("shared").unwrap().policy;
+        let p = &cfg.network("shared").unwrap().policy();
         assert_eq!(p.egress[0].to_string(), "198.51.100.1:8080/tcp");
         assert_eq!(p.ingress[0].to_string(), "8000/tcp");
-        assert!(cfg.network("host").unwrap().policy.is_open());
+        assert!(cfg.network("host").unwrap().policy().is_open());
         let m = message("networks:\n  shared:\n    policy: { ingress: ['0/tcp'] }\n");
         assert!(
             m.contains("policy.ingress[0]: \"0/tcp\": port 0 is out of range"),
@@ -1843,7 +1909,7 @@ mod tests {
 ",
         )
         .unwrap();
-        let f = &cfg.network("shared").unwrap().forwards;
+        let f = &cfg.network("shared").unwrap().forwards();
         assert_eq!(f[0].target, ForwardTarget::Name("web".into()));
         assert_eq!(f[0].forward.to_string(), "8080:80/tcp");
         assert_eq!(f[1].forward.to_string(), "127.0.0.1:5353:53/udp");

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::Notify;
 
-use crate::config::NetworkConfig;
+use crate::config::Own;
 use crate::types::{InterfaceId, MacAddr, names_match};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -218,9 +218,10 @@ struct LeaseFile {
 }
 
 impl LeaseTable {
-    pub fn new(net: &NetworkConfig) -> LeaseTable {
+    /// The table of `network`, one of linnet's own.
+    pub fn new(network: &str, net: &Own) -> LeaseTable {
         LeaseTable {
-            network: net.name.clone(),
+            network: network.into(),
             subnet: net.subnet,
             first: net.dhcp.range_start.into(),
             last: net.dhcp.range_end.into(),
@@ -238,8 +239,8 @@ impl LeaseTable {
     /// that no longer fit the network's subnet are dropped. Nothing is attached
     /// to a network that is just coming up, so indefinite holds left by a
     /// previous daemon become ordinary reservations, held from `now`.
-    pub fn open(net: &NetworkConfig, path: &Path, now: u64) -> io::Result<LeaseTable> {
-        let mut table = LeaseTable::new(net);
+    pub fn open(network: &str, net: &Own, path: &Path, now: u64) -> io::Result<LeaseTable> {
+        let mut table = LeaseTable::new(network, net);
         table.path = Some(path.to_path_buf());
         match std::fs::read(path) {
             Ok(bytes) => {
@@ -249,7 +250,7 @@ impl LeaseTable {
                         // The reservations in it are lost; the network is not.
                         let aside = crate::files::move_aside(path)?;
                         tracing::error!(
-                            network = %net.name,
+                            network,
                             "{}: {e}; moved to {}, starting with no leases",
                             path.display(),
                             aside.display()
@@ -791,7 +792,8 @@ mod tests {
 
     fn table(yaml: &str) -> LeaseTable {
         let cfg = Config::from_yaml(yaml, "t.yaml").unwrap();
-        LeaseTable::new(cfg.network("shared").unwrap())
+        let net = cfg.network("shared").unwrap();
+        LeaseTable::new(&net.name, net.own().unwrap())
     }
 
     fn small() -> LeaseTable {
@@ -1097,10 +1099,10 @@ mod tests {
         let path = dir.path().join("shared.json");
         let cfg = Config::builtin();
         let net = cfg.network("shared").unwrap();
-        let mut t = LeaseTable::open(net, &path, 0).unwrap();
+        let mut t = LeaseTable::open(&net.name, net.own().unwrap(), &path, 0).unwrap();
         let a = t.attach(id(1), None, Some("vm".into()), 0).unwrap();
         t.save().unwrap();
-        let mut back = LeaseTable::open(net, &path, 10).unwrap();
+        let mut back = LeaseTable::open(&net.name, net.own().unwrap(), &path, 10).unwrap();
         assert_eq!(
             back.leases().next().unwrap().held_until,
             Some(10 + 3600),
@@ -1109,7 +1111,8 @@ mod tests {
         let again = back.attach(id(1), None, None, 11).unwrap();
         assert_eq!((again.mac, again.ip), (a.mac, a.ip));
         std::fs::write(&path, b"{not json").unwrap();
-        let fresh = LeaseTable::open(net, &path, 0).expect("a network that still comes up");
+        let fresh = LeaseTable::open(&net.name, net.own().unwrap(), &path, 0)
+            .expect("a network that still comes up");
         assert_eq!(fresh.leases().count(), 0);
         assert!(!path.exists(), "moved aside");
         let aside = std::fs::read_dir(dir.path())

@@ -62,12 +62,13 @@ def summary(xs):
     return {"p50": round(statistics.median(xs), 3), "p99": round(percentile(xs, 0.99), 3)}
 
 
-def cycles(sock, network, count):
-    """Attach then detach one interface `count` times: the times in ms."""
+def cycles(sock, network, count, **more):
+    """Attach then detach one interface `count` times (`more`: the
+    request's other keys): the times in ms."""
     attach_ms, detach_ms = [], []
     for _ in range(count):
         t0 = time.perf_counter()
-        iid, tap = attach(sock, network)
+        iid, tap = attach(sock, network, **more)
         t1 = time.perf_counter()
         try:
             call(sock, {"op": "detach", "interface_id": iid})
@@ -94,15 +95,19 @@ def latency(socket_path, network, count):
 def contended(socket_path, network, count):
     """Attach latency while another client attaches and detaches on the
     same network without pause (each detach waits for the kernel to let go
-    of its TAP): p50 and p99 in ms, and the other client's cycles."""
+    of its TAP): p50 and p99 in ms, and the other client's cycles. Each
+    client attaches one interface id again and again, which takes its
+    lease again rather than the network's every address."""
     import threading
+    import uuid
     stop, other = threading.Event(), {"cycles": 0, "error": None}
 
     def churn():
         try:
             with connect(socket_path) as sock:
+                theirs = str(uuid.uuid4())
                 while not stop.is_set():
-                    cycles(sock, network, 1)
+                    cycles(sock, network, 1, interface_id=theirs)
                     other["cycles"] += 1
         except Exception as e:  # noqa: BLE001 - reported with the figure
             other["error"] = str(e)
@@ -113,7 +118,7 @@ def contended(socket_path, network, count):
         thread.start()
         try:
             wait_for(lambda: other["cycles"] > 0 or other["error"], "the other client's first cycle")
-            attach_ms, _ = cycles(sock, network, count)
+            attach_ms, _ = cycles(sock, network, count, interface_id=str(uuid.uuid4()))
         finally:
             stop.set()
             thread.join(timeout=30)

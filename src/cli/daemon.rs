@@ -86,11 +86,11 @@ fn check_config(cli: &Cli) -> anyhow::Result<()> {
     let source = config.source_name();
     println!("{source}: valid");
     for net in config.networks.values() {
-        let addresses = match &net.lan {
-            Some(lan) => format!("on the LAN of {}", lan.link()),
-            None => format!("{} (gateway {})", net.subnet, net.gateway),
+        let addresses = match &net.kind {
+            crate::config::Kind::Lan(lan) => format!("on the LAN of {}", lan.link()),
+            crate::config::Kind::Own(own) => format!("{} (gateway {})", own.subnet, own.gateway),
         };
-        println!("  {}: {} {addresses}", net.name, net.mode);
+        println!("  {}: {} {addresses}", net.name, net.mode());
     }
     Ok(())
 }

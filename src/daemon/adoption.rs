@@ -203,9 +203,11 @@ impl Daemon {
                     "network \"{}\" is no longer configured",
                     record.network
                 )),
-                Some(cfg) if cfg.mode != record.mode => Err(format!(
+                Some(cfg) if cfg.mode() != record.mode => Err(format!(
                     "network \"{}\" is mode {} now, not {}",
-                    record.network, cfg.mode, record.mode
+                    record.network,
+                    cfg.mode(),
+                    record.mode
                 )),
                 // A rootless daemon's namespace went with the last one.
                 Some(_) if self.rootless() => Err("a rootless daemon starts anew".into()),

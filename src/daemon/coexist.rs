@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use tracing::{info, warn};
 
 use crate::coexist::{self, FlowCheck, NetworkView};
-use crate::config::NetworkConfig;
+use crate::config::Own;
 use crate::host::legacy::LegacyChain;
 use crate::host::netlink::{LinkSettings, Route};
 use crate::host::ruleset::{Owner, Ruleset};
@@ -156,18 +156,18 @@ impl HostView {
         &self,
         rs: &Ruleset,
         legacy: &[LegacyChain],
-        (cfg, nat_uplink): (&NetworkConfig, bool),
+        (name, own, nat_uplink): (&str, &Own, bool),
     ) -> Vec<FlowCheck> {
-        let bridge = host::bridge_name(&cfg.name);
+        let bridge = host::bridge_name(name);
         let (up4, up6) = (&self.uplinks.used4, &self.uplinks.used6);
         let view = NetworkView {
             bridge: &bridge,
             shared: nat_uplink,
-            dhcp: cfg.dhcp.enabled,
-            dns: cfg.dns.enabled,
-            subnet: IpNet::V4(cfg.subnet),
-            gateway: cfg.gateway.into(),
-            ipv6: cfg
+            dhcp: own.dhcp.enabled,
+            dns: own.dns.enabled,
+            subnet: IpNet::V4(own.subnet),
+            gateway: own.gateway.into(),
+            ipv6: own
                 .ipv6
                 .as_ref()
                 .map(|v6| (IpNet::V6(v6.prefix), v6.gateway.into())),

@@ -59,7 +59,7 @@ pub fn check<'a>(
     if !drivers::features(net).firewall {
         return Err(lan_refusal(forward, net));
     }
-    if matches!(forward.host_addr, Some(IpAddr::V6(_))) && net.ipv6.is_none() {
+    if matches!(forward.host_addr, Some(IpAddr::V6(_))) && net.ipv6().is_none() {
         return Err(DaemonError::ForwardImpossible {
             network: net.name.clone(),
             why: format!(

@@ -140,21 +140,17 @@ pub(super) fn port_guard(
 ) -> PortGuard {
     let kind = super::drivers::features(cfg);
     let mut ipv6 = vec![addr6::link_local(mac)];
-    ipv6.extend(
-        cfg.ipv6
-            .as_ref()
-            .map(|v6| addr6::slaac_address(v6.prefix, mac)),
-    );
-    let ipv4 = match ip {
-        Some(ip) => Ipv4Source::Address(ip),
+    ipv6.extend(cfg.ipv6().map(|v6| addr6::slaac_address(v6.prefix, mac)));
+    let ipv4 = match (ip, cfg.own()) {
+        (Some(ip), _) => Ipv4Source::Address(ip),
         // On a LAN, nothing but DHCP until the LAN's server gave one.
-        None if !kind.own_addresses => Ipv4Source::Ranges(Vec::new()),
+        (None, None) => Ipv4Source::Ranges(Vec::new()),
         // Not the gateway's, nor those of VMs with static leases.
-        None => {
-            let taken: Vec<Ipv4Addr> = std::iter::once(cfg.gateway)
-                .chain(cfg.dhcp.static_leases.iter().map(|s| s.ip))
+        (None, Some(own)) => {
+            let taken: Vec<Ipv4Addr> = std::iter::once(own.gateway)
+                .chain(own.dhcp.static_leases.iter().map(|s| s.ip))
                 .collect();
-            Ipv4Source::Ranges(subnet_except(cfg.subnet, &taken))
+            Ipv4Source::Ranges(subnet_except(own.subnet, &taken))
         }
     };
     PortGuard {
@@ -164,9 +160,9 @@ pub(super) fn port_guard(
         ipv4,
         ipv6,
         anti_spoofing: cfg.anti_spoofing,
-        isolated: cfg.isolation,
+        isolated: cfg.isolation(),
         // A LAN has its own DHCP server: a VM's would be a rogue one.
-        dhcp_server: !cfg.dhcp.enabled && kind.own_addresses,
+        dhcp_server: cfg.own().is_some_and(|own| !own.dhcp.enabled),
         listen: (!policy.ingress.is_empty()).then(|| policy.ingress.clone()),
     }
 }

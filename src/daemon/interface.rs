@@ -71,8 +71,7 @@ impl Interface {
 
     /// Its SLAAC address; none for a clone, whose IPv6 is not NATed.
     pub(super) fn ipv6_address(&self, cfg: &NetworkConfig) -> Option<std::net::Ipv6Addr> {
-        cfg.ipv6
-            .as_ref()
+        cfg.ipv6()
             .filter(|_| self.as_clone.is_none())
             .map(|v6| addr6::slaac_address(v6.prefix, self.mac))
     }
@@ -159,29 +158,29 @@ pub(super) fn interface_info(
     policy: &Policy,
 ) -> InterfaceInfo {
     let cfg = &net.config;
-    let v6 = cfg.ipv6.as_ref();
-    let ours = drivers::features(cfg).own_addresses;
+    let v6 = cfg.ipv6();
+    let own = cfg.own();
     let mtu = net.mtu();
     InterfaceInfo {
         vmnet_interface_id: id,
         vmnet_mac_address: mac,
         vmnet_mtu: mtu,
         vmnet_max_packet_size: mtu + 14,
-        vmnet_start_address: ours.then_some(cfg.dhcp.range_start),
-        vmnet_end_address: ours.then_some(cfg.dhcp.range_end),
-        vmnet_subnet_mask: ours.then_some(cfg.subnet.netmask()),
+        vmnet_start_address: own.map(|own| own.dhcp.range_start),
+        vmnet_end_address: own.map(|own| own.dhcp.range_end),
+        vmnet_subnet_mask: own.map(|own| own.subnet.netmask()),
         vmnet_nat66_prefix: v6.filter(|v6| v6.nat66).map(|v6| v6.prefix.network()),
         network: cfg.name.clone(),
-        mode: cfg.mode,
+        mode: cfg.mode(),
         datapath,
         interface_id: id,
         name,
         mac_address: mac,
         ip_address: ip,
-        gateway: ours.then_some(cfg.gateway),
-        dns: dns_servers(cfg),
-        domain: cfg.dns.domain.clone(),
-        subnet: ours.then_some(cfg.subnet),
+        gateway: own.map(|own| own.gateway),
+        dns: own.map(dns_servers).unwrap_or_default(),
+        domain: own.map(|own| own.dns.domain.clone()).unwrap_or_default(),
+        subnet: own.map(|own| own.subnet),
         ipv6_prefix: v6.map(|v6| v6.prefix),
         ipv6_address: v6.map(|v6| addr6::slaac_address(v6.prefix, mac)),
         gateway6: v6.map(|v6| v6.gateway),

@@ -36,7 +36,7 @@ use tracing::{debug, info, warn};
 use super::sessions::Sessions;
 use super::sockets::{accept_next, bind_unix, identify, register};
 use crate::budget::RateLimit;
-use crate::config::{Allow, NetworkConfig};
+use crate::config::{Allow, DEFAULT_MTU, NetworkConfig};
 use crate::host::privileges;
 
 /// The executable started per connection, next to the daemon's.
@@ -550,7 +550,8 @@ fn start_relay(
         "--daemon",
         &RELAY_DAEMON_FD.to_string(),
         "--mtu",
-        &network.mtu.to_string(),
+        // A LAN's is its link's, known once it is up: Ethernet's till then.
+        &network.own().map_or(DEFAULT_MTU, |own| own.mtu).to_string(),
     ])
     .env_clear()
     .current_dir("/")

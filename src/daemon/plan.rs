@@ -16,7 +16,7 @@ use super::guarding::port_guard;
 use super::interface::Interface;
 use super::policies::{check_policy_possible, no_address_for_policy};
 use crate::api::AttachRequest;
-use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig};
+use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig, Own};
 use crate::datapath::Datapath;
 use crate::host::guard::PortGuard;
 use crate::host::netlink::LinkSettings;
@@ -100,7 +100,7 @@ pub(super) fn admit(
         }
     }
     check_limits(cfg, interfaces, client.uid)?;
-    check_policy_possible(req.policy.as_ref().unwrap_or(&cfg.policy), cfg)?;
+    check_policy_possible(req.policy.as_ref().unwrap_or(cfg.policy()), cfg)?;
     let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
     if let Some(other) = interfaces.get(&id) {
         return Err(DaemonError::Attached {
@@ -186,7 +186,7 @@ pub(super) fn plan_on_lan(
 /// Whether a network's ports get guard entries: for anti-spoofing, or
 /// (on linnet's own networks) isolation.
 pub(super) fn guarded(cfg: &NetworkConfig) -> bool {
-    cfg.anti_spoofing || (drivers::features(cfg).firewall && cfg.isolation)
+    cfg.anti_spoofing || (drivers::features(cfg).firewall && cfg.isolation())
 }
 
 /// The MAC of a LAN network's VM that asked for none: stable per id.
@@ -201,16 +201,16 @@ pub(super) fn lan_mac(id: InterfaceId) -> MacAddr {
 /// user's, the MAC another interface's, or a policy needs an address
 /// linnet cannot know.
 pub(super) fn plan(
-    cfg: &NetworkConfig,
+    (cfg, own): (&NetworkConfig, &Own),
     leases: &mut LeaseTable,
     who: Claimant,
     id: InterfaceId,
     req: &AttachRequest,
     now: u64,
 ) -> Result<AttachPlan, DaemonError> {
-    let policy = req.policy.clone().unwrap_or_else(|| cfg.policy.clone());
+    let policy = req.policy.clone().unwrap_or_else(|| cfg.policy().clone());
     // Without DHCP only a static lease gives an address linnet knows.
-    let addressed = cfg.dhcp.enabled || leases.has_static(id, req.mac);
+    let addressed = own.dhcp.enabled || leases.has_static(id, req.mac);
     if !addressed && !policy.is_open() {
         return Err(no_address_for_policy(&cfg.name));
     }
@@ -229,7 +229,7 @@ pub(super) fn plan(
         datapath: req.datapath.unwrap_or_default(),
         policy,
         guarded: guarded(cfg),
-        mtu: cfg.mtu,
+        mtu: own.mtu,
     })
 }
 
@@ -237,7 +237,7 @@ pub(super) fn plan(
 /// its namespace's uplink, with the uplink's MAC and the clone's unique
 /// address; it takes no lease; the rest is as for any interface.
 pub(super) fn plan_clone(
-    cfg: &NetworkConfig,
+    (cfg, own): (&NetworkConfig, &Own),
     id: InterfaceId,
     req: &AttachRequest,
     unique: Ipv4Addr,
@@ -248,9 +248,9 @@ pub(super) fn plan_clone(
         ip: Some(unique),
         name: req.name.clone(),
         datapath: req.datapath.unwrap_or_default(),
-        policy: req.policy.clone().unwrap_or_else(|| cfg.policy.clone()),
+        policy: req.policy.clone().unwrap_or_else(|| cfg.policy().clone()),
         guarded: guarded(cfg),
-        mtu: cfg.mtu,
+        mtu: own.mtu,
     }
 }
 
@@ -330,8 +330,16 @@ mod tests {
     /// `yaml`'s `shared` network, and a plan for root's interface 1 on it.
     fn planned(yaml: &str) -> (NetworkConfig, LeaseTable, AttachPlan) {
         let cfg = network(yaml);
-        let mut leases = LeaseTable::new(&cfg);
-        let plan = plan(&cfg, &mut leases, 0.into(), id(1), &request(None), 0).unwrap();
+        let mut leases = LeaseTable::new(&cfg.name, cfg.own().unwrap());
+        let plan = plan(
+            (&cfg, cfg.own().unwrap()),
+            &mut leases,
+            0.into(),
+            id(1),
+            &request(None),
+            0,
+        )
+        .unwrap();
         (cfg, leases, plan)
     }
 
@@ -345,9 +353,17 @@ mod tests {
     #[test]
     fn a_plan_takes_a_lease_and_says_what_the_interface_will_be() {
         let cfg = network("");
-        let mut leases = LeaseTable::new(&cfg);
+        let mut leases = LeaseTable::new(&cfg.name, cfg.own().unwrap());
         let web = |leases: &mut LeaseTable, now| {
-            plan(&cfg, leases, 1000.into(), id(1), &request(Some("web")), now).unwrap()
+            plan(
+                (&cfg, cfg.own().unwrap()),
+                leases,
+                1000.into(),
+                id(1),
+                &request(Some("web")),
+                now,
+            )
+            .unwrap()
         };
         let plan = web(&mut leases, 0);
         assert_eq!(plan.ip, Some("192.168.105.2".parse().unwrap()));
@@ -363,7 +379,7 @@ mod tests {
         assert_eq!((again.mac, again.ip), (plan.mac, plan.ip));
         // Another user's VM cannot take its name while it is attached.
         let taken = super::plan(
-            &cfg,
+            (&cfg, cfg.own().unwrap()),
             &mut leases,
             1001.into(),
             id(2),
@@ -385,7 +401,15 @@ mod tests {
             egress: vec!["10.0.0.0/8".parse().unwrap()],
             ingress: vec![],
         });
-        let refused = plan(&cfg, &mut leases, 0.into(), id(2), &policed, 0).unwrap_err();
+        let refused = plan(
+            (&cfg, cfg.own().unwrap()),
+            &mut leases,
+            0.into(),
+            id(2),
+            &policed,
+            0,
+        )
+        .unwrap_err();
         assert!(
             matches!(&refused, DaemonError::PolicyImpossible { network, .. } if network == "shared"),
             "{refused:?}"
@@ -465,7 +489,12 @@ mod tests {
     fn a_clones_plan_is_its_uplink_at_its_unique_address_with_no_lease() {
         let cfg = network("networks:\n  shared:\n    isolation: true\n    mtu: 9000\n");
         let unique = "198.18.105.7".parse().unwrap();
-        let plan = plan_clone(&cfg, id(4), &request(Some("web-1")), unique);
+        let plan = plan_clone(
+            (&cfg, cfg.own().unwrap()),
+            id(4),
+            &request(Some("web-1")),
+            unique,
+        );
         assert_eq!(
             (plan.mac, plan.ip, plan.name.as_deref()),
             (crate::clone::uplink_mac(id(4)), Some(unique), Some("web-1"))

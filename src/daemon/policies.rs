@@ -39,7 +39,8 @@ pub(super) fn check_policy_possible(
             network: cfg.name.clone(),
             why: format!(
                 "network \"{}\" is on a LAN ({} mode), where connect/listen policies are not enforced yet: they are rules of linnet's own firewall on linnet's own bridges; attach without --allow-connect/--allow-listen, or use a shared or host network",
-                cfg.name, cfg.mode
+                cfg.name,
+                cfg.mode()
             ),
         });
     }

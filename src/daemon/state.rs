@@ -217,7 +217,8 @@ impl Daemon {
             &plan.policy,
         );
         info.warnings = self.network_warnings(network);
-        info.host_loopback = self.host_loopback.filter(|_| net.config.nat44);
+        info.host_loopback =
+            (self.host_loopback).filter(|_| net.config.own().is_some_and(|own| own.nat44));
         if let Some(clone) = &clone {
             // The guest's own, which it was snapshotted with.
             info.mac_address = clone.guest.mac;
@@ -577,7 +578,7 @@ impl Daemon {
         let record = InterfaceRecord {
             interface_id: id,
             network: i.network.clone(),
-            mode: self.config.network(&i.network).expect("attached").mode,
+            mode: self.config.network(&i.network).expect("attached").mode(),
             mac: i.mac,
             ip: i.ip,
             name: i.name.clone(),
@@ -607,7 +608,7 @@ impl Daemon {
     pub async fn refresh_uplinks(&mut self) {
         let shared = |ipv6: bool| {
             self.networks.values().any(|n| {
-                drivers::features(&n.config).nat_uplink && (!ipv6 || n.config.ipv6.is_some())
+                drivers::features(&n.config).nat_uplink && (!ipv6 || n.config.ipv6().is_some())
             })
         };
         let up = (!self.networks.is_empty(), shared(false), shared(true));
@@ -667,9 +668,13 @@ impl Daemon {
             .collect();
         let mut checks = BTreeMap::new();
         for name in names {
-            let cfg = self.networks[&name].config.clone();
-            let nat_uplink = drivers::features(&cfg).nat_uplink;
-            let found = self.view.network_checks(&rs, &legacy, (&cfg, nat_uplink));
+            let cfg = &self.networks[&name].config;
+            let (nat_uplink, Some(own)) = (drivers::features(cfg).nat_uplink, cfg.own()) else {
+                continue;
+            };
+            let found = self
+                .view
+                .network_checks(&rs, &legacy, (&name, own, nat_uplink));
             let old = self
                 .view
                 .checks

@@ -12,7 +12,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use super::NFT_TABLE;
 use super::nft::{Nft, NftError};
 use super::ruleset::Shape;
-use crate::config::Mode;
 use crate::forward::{PortForward, Protocol};
 use crate::policy::{ConnectRule, ListenRule, Policy, Ports};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -43,7 +42,8 @@ pub struct FirewallNetwork {
     pub bridge: String,
     pub subnet: Ipv4Net,
     pub ipv6_prefix: Option<Ipv6Net>,
-    pub mode: Mode,
+    /// `mode: host`: nothing forwarded in or out (else `shared`).
+    pub host_only: bool,
     pub nat44: bool,
     pub nat66: bool,
     /// VMs of the network may not reach each other, not even routed.
@@ -236,7 +236,7 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
     }
 
     // Host-only networks first: nothing in or out.
-    for net in networks.iter().filter(|n| n.mode == Mode::Host) {
+    for net in networks.iter().filter(|n| n.host_only) {
         batch.add(rule(
             FORWARD,
             vec![eq(meta(MetaKey::Iifname), string(&net.bridge)), drop()],
@@ -246,7 +246,7 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
             vec![eq(meta(MetaKey::Oifname), string(&net.bridge)), drop()],
         ));
     }
-    for net in networks.iter().filter(|n| n.mode == Mode::Shared) {
+    for net in networks.iter().filter(|n| !n.host_only) {
         // Out: anything. In: only replies.
         batch.add(rule(
             FORWARD,
@@ -739,7 +739,7 @@ mod tests {
                 bridge: "ln-shared".into(),
                 subnet: "192.168.105.0/24".parse().unwrap(),
                 ipv6_prefix: Some("fd00:5::/64".parse().unwrap()),
-                mode: Mode::Shared,
+                host_only: false,
                 nat44: true,
                 nat66: true,
                 isolation: false,
@@ -752,7 +752,7 @@ mod tests {
                 bridge: "ln-host".into(),
                 subnet: "192.168.106.0/24".parse().unwrap(),
                 ipv6_prefix: Some("fd00:6::/64".parse().unwrap()),
-                mode: Mode::Host,
+                host_only: true,
                 nat44: false,
                 nat66: false,
                 isolation: false,

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use super::{NetworkContext, ServiceError, unix_now};
 use crate::budget::RateLimit;
-use crate::config::{Mode, NetworkConfig};
+use crate::config::{NetworkConfig, Own};
 use crate::leases::LeaseTable;
 use crate::types::MacAddr;
 
@@ -28,13 +28,13 @@ const CLIENT_PORT: u16 = 68;
 pub fn start(ctx: Arc<NetworkContext>) -> Result<JoinHandle<()>, ServiceError> {
     let addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER_PORT);
     let bind_err = |source| ServiceError::Bind {
-        network: ctx.config.name.clone(),
+        network: ctx.name().into(),
         service: "DHCP",
         addr: format!("{addr} on {}", ctx.bridge),
         source,
     };
     let socket = bind(&ctx.bridge, addr).map_err(bind_err)?;
-    let network = ctx.config.name.clone();
+    let network = ctx.name().to_string();
     Ok(super::spawn_service("DHCP", &network, serve(ctx, socket)))
 }
 
@@ -55,9 +55,9 @@ fn bind(bridge: &str, addr: SocketAddrV4) -> std::io::Result<UdpSocket> {
 const MESSAGES_PER_SECOND: u32 = 20;
 
 async fn serve(ctx: Arc<NetworkContext>, socket: UdpSocket) {
-    answer_each(&socket, &ctx.config.name, |request| {
+    answer_each(&socket, ctx.name(), |request| {
         let mut leases = ctx.leases.lock().expect("lease table lock");
-        let reply = respond(&ctx.config, &mut leases, request, unix_now());
+        let reply = respond(ctx.config(), &mut leases, request, unix_now());
         if reply.is_some() {
             ctx.leases.changed();
         }
@@ -151,16 +151,18 @@ pub fn respond_to_clone(
     (mac, ip): (MacAddr, Ipv4Addr),
     req: &Message,
 ) -> Option<Message> {
+    // linnet's DHCP serves its own networks only.
+    let own = net.own()?;
     if req.opcode() != Opcode::BootRequest || client_mac(req)? != mac {
         return None;
     }
-    let lease_time = net.dhcp.lease_time;
+    let lease_time = own.dhcp.lease_time;
     match req.opts().msg_type()? {
-        MessageType::Discover => Some(reply(net, lease_time, req, MessageType::Offer, ip)),
+        MessageType::Discover => Some(reply(own, lease_time, req, MessageType::Offer, ip)),
         MessageType::Request => {
             if let Some(DhcpOption::ServerIdentifier(id)) =
                 req.opts().get(OptionCode::ServerIdentifier)
-                && *id != net.gateway
+                && *id != own.gateway
             {
                 return None;
             }
@@ -169,13 +171,13 @@ pub fn respond_to_clone(
                 _ => req.ciaddr(),
             };
             if asked == ip {
-                Some(reply(net, lease_time, req, MessageType::Ack, ip))
+                Some(reply(own, lease_time, req, MessageType::Ack, ip))
             } else {
-                Some(nak(net, req))
+                Some(nak(own, req))
             }
         }
         MessageType::Inform => Some(reply(
-            net,
+            own,
             lease_time,
             req,
             MessageType::Ack,
@@ -213,6 +215,7 @@ pub fn respond(
     req: &Message,
     now: u64,
 ) -> Option<Message> {
+    let own = net.own()?;
     if req.opcode() != Opcode::BootRequest || !req.giaddr().is_unspecified() {
         return None;
     }
@@ -236,14 +239,14 @@ pub fn respond(
         _ => None,
     };
     let for_us = match req.opts().get(OptionCode::ServerIdentifier) {
-        Some(DhcpOption::ServerIdentifier(id)) => *id == net.gateway,
+        Some(DhcpOption::ServerIdentifier(id)) => *id == own.gateway,
         _ => true,
     };
     match req.opts().msg_type()? {
         MessageType::Discover => match leases.offer(mac, now) {
             Ok(ip) => {
                 debug!(network = %net.name, %mac, %ip, "DHCPOFFER");
-                Some(reply(net, leases.lease_time(), req, MessageType::Offer, ip))
+                Some(reply(own, leases.lease_time(), req, MessageType::Offer, ip))
             }
             Err(e) => {
                 warn!("{e}");
@@ -259,10 +262,10 @@ pub fn respond(
             let _ = leases.offer(mac, now);
             if leases.bind(mac, ip, hostname.clone(), now) {
                 info!(network = %net.name, %mac, %ip, hostname = hostname.as_deref().unwrap_or("-"), "DHCPACK");
-                Some(reply(net, leases.lease_time(), req, MessageType::Ack, ip))
+                Some(reply(own, leases.lease_time(), req, MessageType::Ack, ip))
             } else {
                 info!(network = %net.name, %mac, %ip, "DHCPNAK: not this client's address");
-                Some(nak(net, req))
+                Some(nak(own, req))
             }
         }
         MessageType::Release => {
@@ -274,7 +277,7 @@ pub fn respond(
             None
         }
         MessageType::Inform => Some(reply(
-            net,
+            own,
             leases.lease_time(),
             req,
             MessageType::Ack,
@@ -284,7 +287,7 @@ pub fn respond(
     }
 }
 
-fn base(net: &NetworkConfig, req: &Message, kind: MessageType) -> Message {
+fn base(net: &Own, req: &Message, kind: MessageType) -> Message {
     let mut msg = Message::default();
     msg.set_opcode(Opcode::BootReply)
         .set_xid(req.xid())
@@ -297,19 +300,13 @@ fn base(net: &NetworkConfig, req: &Message, kind: MessageType) -> Message {
     msg
 }
 
-fn reply(
-    net: &NetworkConfig,
-    lease_time: u32,
-    req: &Message,
-    kind: MessageType,
-    ip: Ipv4Addr,
-) -> Message {
+fn reply(net: &Own, lease_time: u32, req: &Message, kind: MessageType, ip: Ipv4Addr) -> Message {
     let mut msg = base(net, req, kind);
     msg.set_yiaddr(ip).set_ciaddr(req.ciaddr());
     let opts = msg.opts_mut();
     opts.insert(DhcpOption::SubnetMask(net.subnet.netmask()));
     opts.insert(DhcpOption::BroadcastAddr(net.subnet.broadcast()));
-    if net.mode == Mode::Shared {
+    if !net.host_only {
         opts.insert(DhcpOption::Router(vec![net.gateway]));
     }
     if net.dns.enabled {
@@ -327,7 +324,7 @@ fn reply(
     msg
 }
 
-fn nak(net: &NetworkConfig, req: &Message) -> Message {
+fn nak(net: &Own, req: &Message) -> Message {
     let mut msg = base(net, req, MessageType::Nak);
     msg.set_flags(Flags::default().set_broadcast());
     msg
@@ -343,7 +340,7 @@ mod tests {
         let cfg = Config::from_yaml("networks:\n  shared:\n    dhcp: { lease_time: 600 }\n", "t")
             .unwrap();
         let net = cfg.network("shared").unwrap().clone();
-        let table = LeaseTable::new(&net);
+        let table = LeaseTable::new(&net.name, net.own().unwrap());
         (net, table)
     }
 
@@ -382,7 +379,7 @@ mod tests {
         assert_eq!(offer.yiaddr(), ip);
         assert_eq!(
             offer.opts().get(OptionCode::ServerIdentifier),
-            Some(&DhcpOption::ServerIdentifier(net.gateway)),
+            Some(&DhcpOption::ServerIdentifier(net.own().unwrap().gateway)),
             "it answers as the gateway"
         );
         assert_eq!(
@@ -433,11 +430,13 @@ mod tests {
         assert_eq!(offer.yiaddr(), lease.ip);
         assert_eq!(
             offer.opts().get(OptionCode::Router),
-            Some(&DhcpOption::Router(vec![net.gateway]))
+            Some(&DhcpOption::Router(vec![net.own().unwrap().gateway]))
         );
         assert_eq!(
             offer.opts().get(OptionCode::DomainNameServer),
-            Some(&DhcpOption::DomainNameServer(vec![net.gateway]))
+            Some(&DhcpOption::DomainNameServer(vec![
+                net.own().unwrap().gateway
+            ]))
         );
         assert_eq!(
             offer.opts().get(OptionCode::DomainName),
@@ -575,7 +574,7 @@ mod tests {
     fn host_network_gives_no_router() {
         let cfg = Config::builtin();
         let net = cfg.network("host").unwrap().clone();
-        let mut leases = LeaseTable::new(&net);
+        let mut leases = LeaseTable::new(&net.name, net.own().unwrap());
         let mac = leases
             .attach(InterfaceId::from_bytes([1; 16]), None, None, 0)
             .unwrap()

@@ -46,11 +46,11 @@ const TCP_IN_ALL: usize = 64;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceError> {
-    let mut addrs = vec![IpAddr::V4(ctx.config.gateway)];
-    addrs.extend(ctx.config.ipv6.as_ref().map(|v6| IpAddr::V6(v6.gateway)));
+    let mut addrs = vec![IpAddr::V4(ctx.own().gateway)];
+    addrs.extend(ctx.own().ipv6.as_ref().map(|v6| IpAddr::V6(v6.gateway)));
     let upstream = Arc::new(upstreams(&ctx));
     if upstream.is_empty() {
-        warn!(network = %ctx.config.name, "no upstream DNS server (dns.upstream is empty and /etc/resolv.conf names none): only VM names will resolve");
+        warn!(network = %ctx.name(), "no upstream DNS server (dns.upstream is empty and /etc/resolv.conf names none): only VM names will resolve");
     }
     let mut tasks = Vec::new();
     let queries = Arc::new(Budget::new(QUERIES_PER_CLIENT, QUERIES_IN_ALL));
@@ -59,7 +59,7 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceErr
         let (udp, tcp) = bind(&ctx, SocketAddr::new(ip, PORT))?;
         tasks.push(super::spawn_service(
             "DNS",
-            &ctx.config.name,
+            ctx.name(),
             serve_udp(
                 ctx.clone(),
                 Arc::new(udp),
@@ -69,7 +69,7 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceErr
         ));
         tasks.push(super::spawn_service(
             "DNS",
-            &ctx.config.name,
+            ctx.name(),
             serve_tcp(ctx.clone(), tcp, upstream.clone(), streams.clone()),
         ));
     }
@@ -84,13 +84,13 @@ fn refused(ctx: &NetworkContext, what: &str, client: IpAddr, refusal: &Refused) 
         } else {
             "the network has its".to_string()
         };
-        warn!(network = %ctx.config.name, %client, refused = count, "DNS: {whose} most {what} at once; dropping more");
+        warn!(network = %ctx.name(), %client, refused = count, "DNS: {whose} most {what} at once; dropping more");
     }
 }
 
 fn bind(ctx: &NetworkContext, addr: SocketAddr) -> Result<(UdpSocket, TcpListener), ServiceError> {
     let bind_err = |source| ServiceError::Bind {
-        network: ctx.config.name.clone(),
+        network: ctx.name().into(),
         service: "DNS",
         addr: addr.to_string(),
         source,
@@ -118,14 +118,14 @@ fn bind(ctx: &NetworkContext, addr: SocketAddr) -> Result<(UdpSocket, TcpListene
 }
 
 fn upstreams(ctx: &NetworkContext) -> Vec<SocketAddr> {
-    let own_v6 = ctx.config.ipv6.as_ref().map(|v6| IpAddr::V6(v6.gateway));
-    let own = |ip: IpAddr| ip == IpAddr::V4(ctx.config.gateway) || Some(ip) == own_v6;
-    let list = if ctx.config.dns.upstream.is_empty() {
+    let own_v6 = ctx.own().ipv6.as_ref().map(|v6| IpAddr::V6(v6.gateway));
+    let own = |ip: IpAddr| ip == IpAddr::V4(ctx.own().gateway) || Some(ip) == own_v6;
+    let list = if ctx.own().dns.upstream.is_empty() {
         std::fs::read_to_string("/etc/resolv.conf")
             .map(|t| resolv_conf_servers(&t))
             .unwrap_or_default()
     } else {
-        ctx.config.dns.upstream.clone()
+        ctx.own().dns.upstream.clone()
     };
     list.into_iter().filter(|a| !own(a.ip())).collect()
 }
@@ -189,7 +189,7 @@ async fn serve_tcp(
             Err(e) => {
                 // Out of descriptors, say: the connection waits in the
                 // backlog, and spinning on it would starve the daemon.
-                debug!(network = %ctx.config.name, "DNS over TCP: accept failed: {e}");
+                debug!(network = %ctx.name(), "DNS over TCP: accept failed: {e}");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
@@ -240,8 +240,8 @@ fn local_answer(ctx: &NetworkContext, query: &[u8]) -> Local {
     }
     let leases = ctx.leases.lock().expect("lease table lock");
     let zone = Zone {
-        domain: &ctx.config.dns.domain,
-        prefix: ctx.config.ipv6.as_ref().map(|v6| v6.prefix),
+        domain: &ctx.own().dns.domain,
+        prefix: ctx.own().ipv6.as_ref().map(|v6| v6.prefix),
     };
     match zone.answer(&leases, &msg, unix_now()).map(|a| a.to_vec()) {
         Some(Ok(answer)) => Local::Answer(answer),
@@ -439,7 +439,7 @@ mod tests {
 
     fn leases() -> (LeaseTable, std::net::Ipv4Addr) {
         let cfg = Config::builtin();
-        let mut t = LeaseTable::new(cfg.network("shared").unwrap());
+        let mut t = LeaseTable::new("shared", cfg.network("shared").unwrap().own().unwrap());
         let lease = t
             .attach(
                 InterfaceId::from_bytes([1; 16]),

@@ -17,7 +17,7 @@ use thiserror::Error;
 use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
-use crate::config::NetworkConfig;
+use crate::config::{NetworkConfig, Own};
 use crate::host::netns::NetNs;
 use crate::leases::SharedLeases;
 
@@ -45,12 +45,46 @@ impl Starter for OnHost {
     }
 }
 
-/// What a network's services share with the daemon.
+/// What a network's services share with the daemon: the services are
+/// those of a network on a bridge of linnet's (`Kind::Own`).
 pub struct NetworkContext {
-    pub config: NetworkConfig,
+    config: NetworkConfig,
     pub bridge: String,
     pub bridge_index: u32,
     pub leases: SharedLeases,
+}
+
+impl NetworkContext {
+    /// None for a LAN network, which has none of linnet's services.
+    pub fn new(
+        config: NetworkConfig,
+        bridge: String,
+        bridge_index: u32,
+        leases: SharedLeases,
+    ) -> Option<NetworkContext> {
+        config.own()?;
+        Some(NetworkContext {
+            config,
+            bridge,
+            bridge_index,
+            leases,
+        })
+    }
+
+    pub fn config(&self) -> &NetworkConfig {
+        &self.config
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// What the network has as linnet's own.
+    pub fn own(&self) -> &Own {
+        self.config
+            .own()
+            .expect("NetworkContext::new takes only linnet's own networks")
+    }
 }
 
 #[derive(Debug, Error)]
@@ -75,17 +109,13 @@ impl Services {
     pub async fn start(ctx: Arc<NetworkContext>) -> Result<Services, ServiceError> {
         let mut tasks = Vec::new();
         let mut farewells = Vec::new();
-        if ctx.config.dhcp.enabled {
+        if ctx.own().dhcp.enabled {
             tasks.push(dhcp::start(ctx.clone())?);
         }
-        if ctx.config.dns.enabled {
+        if ctx.own().dns.enabled {
             tasks.extend(dns::start(ctx.clone())?);
         }
-        let advertise = ctx
-            .config
-            .ipv6
-            .as_ref()
-            .is_some_and(|v6| v6.router_advertisement);
+        let advertise = ctx.config.ipv6().is_some_and(|v6| v6.router_advertisement);
         if advertise && let Some((task, farewell)) = ra::start(ctx.clone())? {
             tasks.push(task);
             farewells.push(farewell);

@@ -26,7 +26,6 @@ use tracing::{debug, warn};
 
 use super::{NetworkContext, ServiceError};
 use crate::addr6::GATEWAY_LINK_LOCAL;
-use crate::config::Mode;
 
 const ROUTER_SOLICITATION: u8 = 133;
 const ROUTER_ADVERTISEMENT: u8 = 134;
@@ -64,9 +63,9 @@ pub struct Advert {
 
 impl Advert {
     pub fn for_network(ctx: &NetworkContext) -> Option<Advert> {
-        let cfg = &ctx.config;
+        let cfg = ctx.own();
         let v6 = cfg.ipv6.as_ref()?;
-        let default_router = cfg.mode == Mode::Shared && v6.nat66;
+        let default_router = !cfg.host_only && v6.nat66;
         Some(Advert {
             router_lifetime: if default_router { ROUTER_LIFETIME } else { 0 },
             mtu: cfg.mtu,
@@ -169,7 +168,7 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<Option<(JoinHandle<()>, Farewel
         return Ok(None);
     };
     let bind_err = |source| ServiceError::Bind {
-        network: ctx.config.name.clone(),
+        network: ctx.name().into(),
         service: "router advertisements",
         addr: format!("[{GATEWAY_LINK_LOCAL}%{}]", ctx.bridge),
         source,
@@ -181,7 +180,7 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<Option<(JoinHandle<()>, Farewel
         to: all_nodes(ctx.bridge_index),
     };
     let socket = watch(socket).map_err(bind_err)?;
-    let network = ctx.config.name.clone();
+    let network = ctx.name().to_string();
     let task = super::spawn_service(
         "router advertisement",
         &network,
@@ -242,7 +241,7 @@ fn only_solicitations(socket: &Socket) -> std::io::Result<()> {
 }
 
 async fn serve(ctx: Arc<NetworkContext>, socket: AsyncFd<Socket>, advert: Vec<u8>) {
-    let network = &ctx.config.name;
+    let network = &ctx.name();
     let all_nodes = all_nodes(ctx.bridge_index);
     let mut last_multicast: Option<Instant> = None;
     let mut next_multicast = Instant::now();

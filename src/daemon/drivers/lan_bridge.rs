@@ -86,7 +86,7 @@ impl NetworkDriver for LanBridge {
         Some((&self.bridge, self.index))
     }
 
-    fn mtu(&self, _: &NetworkConfig) -> u32 {
+    fn mtu(&self) -> u32 {
         self.mtu
     }
 

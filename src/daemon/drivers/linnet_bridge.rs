@@ -13,7 +13,7 @@ use tracing::info;
 
 use super::{Features, NetworkDriver, TowardVm};
 use crate::addr6::GATEWAY_LINK_LOCAL;
-use crate::config::{Mode, NetworkConfig};
+use crate::config::{NetworkConfig, Own};
 use crate::daemon::errors::DaemonError;
 use crate::daemon::leftovers::Leftovers;
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
@@ -26,17 +26,20 @@ use crate::services::{NetworkContext, Services, Starter, unix_now};
 
 /// linnet's own: its addresses, its firewall, clones; NAT out of the
 /// uplink in `shared` mode.
-pub(super) fn features(cfg: &NetworkConfig) -> Features {
+pub(super) fn features(own: &Own) -> Features {
     Features {
         own_addresses: true,
         firewall: true,
-        nat_uplink: cfg.mode == Mode::Shared,
+        nat_uplink: !own.host_only,
         clones: true,
         guard_hook: Hook::Bridge,
     }
 }
 
 pub(in crate::daemon) struct LinnetBridge {
+    /// The network's own part of its config, as it came up (boxed: the
+    /// other drivers are small).
+    own: Box<Own>,
     pub bridge: String,
     pub bridge_index: u32,
     pub leases: SharedLeases,
@@ -52,6 +55,7 @@ impl LinnetBridge {
     /// starts the services. On error nothing it made is left behind.
     pub async fn bring_up(
         cfg: &NetworkConfig,
+        own: &Own,
         host: &Host,
         services: &dyn Starter,
         lease_dir: &Path,
@@ -80,12 +84,12 @@ impl LinnetBridge {
             }
             None => None,
         };
-        check_overlap(cfg, netlink, adopted).await?;
+        check_overlap(&cfg.name, own, netlink, adopted).await?;
         let index = match adopted {
             Some(index) => index,
             None => {
                 netlink
-                    .create_bridge(&bridge, cfg.mtu, host::bridge_mac(&cfg.name))
+                    .create_bridge(&bridge, own.mtu, host::bridge_mac(&cfg.name))
                     .await?
             }
         };
@@ -97,12 +101,12 @@ impl LinnetBridge {
                     .await?;
             }
             let gateway =
-                Ipv4Net::new(cfg.gateway, cfg.subnet.prefix_len()).expect("validated prefix");
+                Ipv4Net::new(own.gateway, own.subnet.prefix_len()).expect("validated prefix");
             netlink
                 .configure(
                     index,
                     LinkSettings {
-                        mtu: Some(cfg.mtu),
+                        mtu: Some(own.mtu),
                         alias: Some(&alias),
                         ..Default::default()
                     },
@@ -114,7 +118,7 @@ impl LinnetBridge {
             host.devices
                 .set_link_sysctl("ipv4", &bridge, "route_localnet", "1")
                 .map_err(|e| DaemonError::Internal(format!("network \"{}\": {e}", cfg.name)))?;
-            prepare_ipv6(cfg, &bridge, index, host).await?;
+            prepare_ipv6(&cfg.name, own, &bridge, index, host).await?;
             netlink
                 .configure(
                     index,
@@ -125,16 +129,18 @@ impl LinnetBridge {
                 )
                 .await?;
             let path = lease_dir.join(format!("{}.json", cfg.name));
-            let table = LeaseTable::open(cfg, &path, unix_now()).map_err(|e| {
+            let table = LeaseTable::open(&cfg.name, own, &path, unix_now()).map_err(|e| {
                 DaemonError::Internal(format!("cannot read leases {}: {e}", path.display()))
             })?;
             let leases = SharedLeases::new(table);
-            let ctx = Arc::new(NetworkContext {
-                config: cfg.clone(),
-                bridge: bridge.clone(),
-                bridge_index: index,
-                leases: leases.clone(),
-            });
+            let ctx = NetworkContext::new(cfg.clone(), bridge.clone(), index, leases.clone())
+                .ok_or_else(|| {
+                    DaemonError::Internal(format!(
+                        "network \"{}\" is not one of linnet's own: no services for it",
+                        cfg.name
+                    ))
+                })?;
+            let ctx = Arc::new(ctx);
             let services = services.start(ctx).await?;
             Ok::<_, DaemonError>((leases, services))
         }
@@ -142,8 +148,9 @@ impl LinnetBridge {
         match result {
             Ok((leases, services)) => {
                 let saver = leases.spawn_saver(cfg.name.clone());
-                info!(network = %cfg.name, %bridge, subnet = %cfg.subnet, adopted = adopted.is_some(), "network up");
+                info!(network = %cfg.name, %bridge, subnet = %own.subnet, adopted = adopted.is_some(), "network up");
                 Ok(LinnetBridge {
+                    own: Box::new(own.clone()),
                     bridge,
                     bridge_index: index,
                     leases,
@@ -172,8 +179,8 @@ impl NetworkDriver for LinnetBridge {
         Some(&self.leases)
     }
 
-    fn mtu(&self, cfg: &NetworkConfig) -> u32 {
-        cfg.mtu
+    fn mtu(&self) -> u32 {
+        self.own.mtu
     }
 
     fn toward_vm(&self) -> TowardVm {
@@ -182,23 +189,23 @@ impl NetworkDriver for LinnetBridge {
 
     fn firewall(
         &self,
-        cfg: &NetworkConfig,
         forwards: Vec<ForwardRule>,
         policies: Vec<InterfacePolicy>,
     ) -> Option<FirewallNetwork> {
-        let v6 = cfg.ipv6.as_ref();
+        let own = &self.own;
+        let v6 = own.ipv6.as_ref();
         Some(FirewallNetwork {
             bridge: self.bridge.clone(),
-            subnet: cfg.subnet,
+            subnet: own.subnet,
             ipv6_prefix: v6.map(|v6| v6.prefix),
-            mode: cfg.mode,
-            nat44: cfg.nat44,
+            host_only: own.host_only,
+            nat44: own.nat44,
             nat66: v6.is_some_and(|v6| v6.nat66),
-            isolation: cfg.isolation,
+            isolation: own.isolation,
             forwards,
-            gateways: dns_servers(cfg),
+            gateways: dns_servers(own),
             policies,
-            clone_subnet: cfg.clone_subnet.filter(|_| self.clones_routed),
+            clone_subnet: own.clone_subnet.filter(|_| self.clones_routed),
         })
     }
 
@@ -240,7 +247,7 @@ impl LinnetBridge {
         if self.clones_routed {
             return Ok(false);
         }
-        let Some(clones) = cfg.clone_subnet else {
+        let Some(clones) = self.own.clone_subnet else {
             return Err(DaemonError::BadRequest(format!(
                 "network \"{}\" has no clone_subnet",
                 cfg.name
@@ -267,7 +274,8 @@ impl LinnetBridge {
 /// IPv6 on the bridge: PREFIX::1 and fe80::1 and no address of the
 /// kernel's making (the guests' router is fe80::1); or no IPv6 at all.
 async fn prepare_ipv6(
-    cfg: &NetworkConfig,
+    network: &str,
+    own: &Own,
     bridge: &str,
     index: u32,
     host: &Host,
@@ -276,10 +284,10 @@ async fn prepare_ipv6(
         host.devices
             .set_link_sysctl("ipv6", bridge, key, value)
             .map_err(|e| {
-                DaemonError::Internal(format!("network \"{}\": cannot set {key}: {e}", cfg.name))
+                DaemonError::Internal(format!("network \"{network}\": cannot set {key}: {e}"))
             })
     };
-    let Some(v6) = &cfg.ipv6 else {
+    let Some(v6) = &own.ipv6 else {
         return setting("disable_ipv6", "1");
     };
     setting("disable_ipv6", "0")?;
@@ -335,20 +343,21 @@ async fn link_name(netlink: &dyn Links, index: Option<u32>) -> Result<String, Da
 /// Refuses a subnet that overlaps an address or route already in the
 /// namespace, naming the interface that holds it.
 async fn check_overlap(
-    cfg: &NetworkConfig,
+    network: &str,
+    own: &Own,
     netlink: &dyn Links,
     own_bridge: Option<u32>,
 ) -> Result<(), DaemonError> {
-    if let Some((what, link)) = find_overlap(cfg.subnet, netlink, own_bridge).await? {
+    if let Some((what, link)) = find_overlap(own.subnet, netlink, own_bridge).await? {
         return Err(DaemonError::Overlap {
-            network: cfg.name.clone(),
+            network: network.into(),
             key: "subnet",
-            range: cfg.subnet.to_string(),
+            range: own.subnet.to_string(),
             found: what,
             link,
         });
     }
-    let Some(v6) = &cfg.ipv6 else {
+    let Some(v6) = &own.ipv6 else {
         return Ok(());
     };
     let prefix = v6.prefix;
@@ -356,7 +365,7 @@ async fn check_overlap(
         let meets = prefix.contains(&net.network()) || net.contains(&prefix.network());
         if net.prefix_len() > 0 && (oif.is_none() || oif != own_bridge) && meets {
             return Err(DaemonError::Overlap {
-                network: cfg.name.clone(),
+                network: network.into(),
                 key: "ipv6_prefix",
                 range: prefix.to_string(),
                 found: format!("route {net}"),
@@ -369,10 +378,10 @@ async fn check_overlap(
 
 /// The DNS servers an attach reply names: the gateway's addresses, when
 /// DNS is on.
-pub fn dns_servers(cfg: &NetworkConfig) -> Vec<IpAddr> {
-    if !cfg.dns.enabled {
+pub fn dns_servers(own: &Own) -> Vec<IpAddr> {
+    if !own.dns.enabled {
         return Vec::new();
     }
-    let v6 = cfg.ipv6.as_ref().map(|v6| IpAddr::V6(v6.gateway));
-    std::iter::once(IpAddr::V4(cfg.gateway)).chain(v6).collect()
+    let v6 = own.ipv6.as_ref().map(|v6| IpAddr::V6(v6.gateway));
+    std::iter::once(IpAddr::V4(own.gateway)).chain(v6).collect()
 }

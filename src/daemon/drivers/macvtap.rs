@@ -217,7 +217,7 @@ impl NetworkDriver for Macvtap {
         }
     }
 
-    fn mtu(&self, _: &NetworkConfig) -> u32 {
+    fn mtu(&self) -> u32 {
         self.mtu
     }
 

@@ -10,9 +10,10 @@
 //! - `lan_bridge`: `bridge`, TAPs on a bridge linnet does not own.
 //! - `macvtap`: `bridged`, a macvtap per VM on a host NIC.
 //!
-//! A new kind is a new file implementing `NetworkDriver`, its variant in
-//! `Driver` (and `each!`, `bring_up`, `guard_hook`, `doctor_notes`), and
-//! its config.
+//! A new kind is its variant in the config's `Kind` (or `Lan`), a new
+//! file implementing `NetworkDriver`, and its variant in `Driver` with its
+//! arm in `each!` and in the four `match`es on `cfg.kind` below
+//! (`bring_up`, `features`, `link_of`, `doctor_notes`).
 
 mod lan_bridge;
 mod linnet_bridge;
@@ -27,7 +28,7 @@ use tracing::debug;
 pub(super) use linnet_bridge::dns_servers;
 
 use super::errors::DaemonError;
-use crate::config::{Lan, NetworkConfig};
+use crate::config::{Kind, Lan, NetworkConfig, Own};
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::guard::Hook;
 use crate::host::seam::Host;
@@ -51,14 +52,14 @@ impl ActiveNetwork {
         services: &dyn Starter,
         lease_dir: &Path,
     ) -> Result<ActiveNetwork, DaemonError> {
-        let driver = match &cfg.lan {
-            None => Driver::LinnetBridge(
-                linnet_bridge::LinnetBridge::bring_up(cfg, host, services, lease_dir).await?,
+        let driver = match &cfg.kind {
+            Kind::Own(own) => Driver::LinnetBridge(
+                linnet_bridge::LinnetBridge::bring_up(cfg, own, host, services, lease_dir).await?,
             ),
-            Some(Lan::Bridge { bridge }) => {
+            Kind::Lan(Lan::Bridge { bridge }) => {
                 Driver::LanBridge(lan_bridge::LanBridge::bring_up(cfg, bridge, host).await?)
             }
-            Some(Lan::Macvtap {
+            Kind::Lan(Lan::Macvtap {
                 uplink,
                 mode,
                 host_access,
@@ -80,15 +81,17 @@ impl ActiveNetwork {
         each!(&self.driver, d => d.make_port(host, req).await)
     }
 
-    /// Whether the network can have clones: only linnet's own have.
-    pub fn check_clones(&self) -> Result<(), DaemonError> {
-        match features(&self.config).clones {
-            true => Ok(()),
-            false => Err(DaemonError::CloneImpossible {
+    /// Whether the network can have clones (only linnet's own have): what
+    /// it has of its own, for them.
+    pub fn check_clones(&self) -> Result<&Own, DaemonError> {
+        match self.config.own().filter(|_| features(&self.config).clones) {
+            Some(own) => Ok(own),
+            None => Err(DaemonError::CloneImpossible {
                 network: self.config.name.clone(),
                 why: format!(
                     "network \"{}\" is a {} network on a LAN, whose DHCP server gave the guest its address: clones are for linnet's own networks (mode: shared or host)",
-                    self.config.name, self.config.mode
+                    self.config.name,
+                    self.config.mode()
                 ),
             }),
         }
@@ -113,7 +116,7 @@ impl ActiveNetwork {
     }
 
     pub fn mtu(&self) -> u32 {
-        each!(&self.driver, d => d.mtu(&self.config))
+        each!(&self.driver, d => d.mtu())
     }
 
     pub fn toward_vm(&self) -> TowardVm {
@@ -140,7 +143,7 @@ impl ActiveNetwork {
         forwards: Vec<ForwardRule>,
         policies: Vec<InterfacePolicy>,
     ) -> Option<FirewallNetwork> {
-        each!(&self.driver, d => d.firewall(&self.config, forwards, policies))
+        each!(&self.driver, d => d.firewall(forwards, policies))
     }
 }
 
@@ -167,28 +170,28 @@ pub(super) struct Features {
 
 /// What `cfg`'s kind of network is and allows.
 pub(super) fn features(cfg: &NetworkConfig) -> Features {
-    match &cfg.lan {
-        None => linnet_bridge::features(cfg),
-        Some(Lan::Bridge { .. }) => lan_bridge::FEATURES,
-        Some(Lan::Macvtap { .. }) => macvtap::FEATURES,
+    match &cfg.kind {
+        Kind::Own(own) => linnet_bridge::features(own),
+        Kind::Lan(Lan::Bridge { .. }) => lan_bridge::FEATURES,
+        Kind::Lan(Lan::Macvtap { .. }) => macvtap::FEATURES,
     }
 }
 
 /// The link its VMs join it through, by name: linnet's bridge, a bridge
 /// of the LAN's, or a NIC.
 pub(super) fn link_of(cfg: &NetworkConfig) -> String {
-    match &cfg.lan {
-        Some(lan) => lan.link().to_string(),
-        None => host::bridge_name(&cfg.name),
+    match &cfg.kind {
+        Kind::Lan(lan) => lan.link().to_string(),
+        Kind::Own(_) => host::bridge_name(&cfg.name),
     }
 }
 
 /// What `linnet doctor` says of the kind of `cfg`'s network.
 pub(super) fn doctor_notes(cfg: &NetworkConfig) -> Vec<String> {
-    match &cfg.lan {
-        None => Vec::new(),
-        Some(Lan::Bridge { bridge }) => lan_bridge::doctor_notes(bridge),
-        Some(Lan::Macvtap {
+    match &cfg.kind {
+        Kind::Own(_) => Vec::new(),
+        Kind::Lan(Lan::Bridge { bridge }) => lan_bridge::doctor_notes(bridge),
+        Kind::Lan(Lan::Macvtap {
             uplink,
             mode,
             host_access,
@@ -217,7 +220,7 @@ pub(super) trait NetworkDriver {
     }
 
     /// The MTU of the network's ports.
-    fn mtu(&self, cfg: &NetworkConfig) -> u32;
+    fn mtu(&self) -> u32;
 
     /// Which way a frame to the VM passes its port, as a packet socket on
     /// the port sees it.
@@ -243,7 +246,6 @@ pub(super) trait NetworkDriver {
     /// The network's part of linnet's firewall table, if it has one.
     fn firewall(
         &self,
-        _cfg: &NetworkConfig,
         _forwards: Vec<ForwardRule>,
         _policies: Vec<InterfacePolicy>,
     ) -> Option<FirewallNetwork> {

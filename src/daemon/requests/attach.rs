@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use crate::api::{AttachRequest, InterfaceInfo};
 use crate::config::DEFAULT_NETWORK;
 use crate::daemon::client::Client;
-use crate::daemon::drivers::{self, PortRequest};
+use crate::daemon::drivers::PortRequest;
 use crate::daemon::errors::DaemonError;
 use crate::daemon::holder::Holder;
 use crate::daemon::leftovers::Leftovers;
@@ -101,18 +101,19 @@ impl Daemon {
         if req.datapath == Some(Datapath::TapName) && !net.ports_open_by_name() {
             return Err(DaemonError::BadRequest(format!(
                 "network \"{network}\" is a {} network, whose VMs' macvtaps are opened through their fd, not by name; use --datapath tap",
-                net.config.mode
+                net.config.mode()
             )));
         }
         let mut done = Vec::new();
-        let plan = match net.leases() {
-            Some(leases) => {
+        let plan = match (net.config.own(), net.leases()) {
+            (Some(own), Some(leases)) => {
                 let mut leases = leases.lock().expect("lease lock");
-                let plan = plan::plan(&net.config, &mut leases, client.claimant(), id, req, now)?;
+                let cfg = (&net.config, own);
+                let plan = plan::plan(cfg, &mut leases, client.claimant(), id, req, now)?;
                 done.push(Done::Lease);
                 plan
             }
-            None => plan::plan_on_lan(&net.config, id, req, net.mtu(), |mac| {
+            _ => plan::plan_on_lan(&net.config, id, req, net.mtu(), |mac| {
                 self.interfaces
                     .values()
                     .any(|i| i.network == network && i.mac == mac)
@@ -265,10 +266,10 @@ impl Daemon {
             };
             if rx != *seen {
                 (*seen, *since) = (rx, now);
-            } else if drivers::features(&net.config).own_addresses
-                && now.duration_since(*since).as_secs() >= u64::from(net.config.dhcp.lease_time)
+            } else if let Some(own) = net.config.own()
+                && now.duration_since(*since).as_secs() >= u64::from(own.dhcp.lease_time)
             {
-                info!(network = %iface.network, interface = %id, tap = %iface.tap, lease_time = net.config.dhcp.lease_time, "a kept interface's VM sent nothing for the network's lease_time: detaching it");
+                info!(network = %iface.network, interface = %id, tap = %iface.tap, lease_time = own.dhcp.lease_time, "a kept interface's VM sent nothing for the network's lease_time: detaching it");
                 expired.push(*id);
             }
         }

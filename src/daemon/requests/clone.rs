@@ -56,14 +56,14 @@ impl Daemon {
             });
         }
         // Everything is checked before the host changes.
-        self.networks[network].check_clones()?;
+        let own = self.networks[network].check_clones()?.clone();
         let cfg = self.networks[network].config.clone();
         let guest = self.clone_guest(network, client, of)?;
-        clone::check_guest(&cfg, &guest).map_err(|m| DaemonError::CloneImpossible {
+        clone::check_guest(network, &own, &guest).map_err(|m| DaemonError::CloneImpossible {
             network: network.into(),
             why: format!("cannot clone onto network \"{network}\": {m}"),
         })?;
-        let subnet = cfg.clone_subnet.ok_or_else(|| DaemonError::CloneRange {
+        let subnet = own.clone_subnet.ok_or_else(|| DaemonError::CloneRange {
             network: network.into(),
             subnet: None,
         })?;
@@ -109,14 +109,14 @@ impl Daemon {
         );
         let holds_guest_address = taken_over.is_some();
         done.extend(taken_over.clone().map(Done::TookOver));
-        let plan = plan::plan_clone(&cfg, id, req, unique);
+        let plan = plan::plan_clone((&cfg, &own), id, req, unique);
         let spec = CloneNetwork {
             guest_mac: guest.mac,
             guest_ip: guest.ip,
             unique,
             clone_subnet: subnet,
-            gateway: cfg.gateway,
-            mtu: cfg.mtu,
+            gateway: own.gateway,
+            mtu: own.mtu,
             tap: guest.tap_name().into(),
             tap_mac: clone::tap_mac(id),
             uplink_mac: plan.mac,

@@ -35,7 +35,7 @@ impl Daemon {
                 let uplinks = &self.view.uplinks;
                 let families = [
                     ("IPv4", true, &uplinks.used4, &uplinks.ipv4),
-                    ("IPv6", cfg.ipv6.is_some(), &uplinks.used6, &uplinks.ipv6),
+                    ("IPv6", cfg.ipv6().is_some(), &uplinks.used6, &uplinks.ipv6),
                 ];
                 for (family, on, used, defaults) in families {
                     if kind.nat_uplink && on && used.is_none() {
@@ -51,7 +51,7 @@ impl Daemon {
                     }
                 }
                 notes.extend(drivers::doctor_notes(cfg));
-                if !cfg.dhcp.enabled && kind.own_addresses {
+                if cfg.own().is_some_and(|own| !own.dhcp.enabled) {
                     notes.push("DHCP is off: guests set their own IPv4 address; interfaces without a static lease have no ip_address".into());
                 }
                 if !self.config.firewall.docker_user && !docker_chain.is_empty() {
@@ -59,11 +59,11 @@ impl Daemon {
                 }
                 NetworkDoctor {
                     name: cfg.name.clone(),
-                    mode: cfg.mode,
+                    mode: cfg.mode(),
                     bridge: drivers::link_of(cfg),
                     up,
                     uplink_ipv4: kind.nat_uplink.then(|| self.view.uplinks.used4.clone()).flatten(),
-                    uplink_ipv6: (kind.nat_uplink && cfg.ipv6.is_some())
+                    uplink_ipv6: (kind.nat_uplink && cfg.ipv6().is_some())
                         .then(|| self.view.uplinks.used6.clone())
                         .flatten(),
                     docker_user_rules: self.view.docker_rules.contains(&cfg.name),

@@ -56,7 +56,7 @@ impl Daemon {
             .into_iter()
             .map(|f| (f, ForwardOrigin::Runtime))
             .chain(
-                cfg.forwards
+                cfg.forwards()
                     .iter()
                     .filter(|f| match &f.target {
                         ForwardTarget::InterfaceId(target) => *target == id,

@@ -17,14 +17,13 @@ impl Daemon {
             .config
             .networks
             .values()
-            .map(|cfg| (cfg, drivers::features(cfg).own_addresses))
-            .map(|(cfg, own)| NetworkStatus {
+            .map(|cfg| NetworkStatus {
                 name: cfg.name.clone(),
-                mode: cfg.mode,
-                subnet: own.then_some(cfg.subnet),
-                gateway: own.then_some(cfg.gateway),
-                lan: (!own).then(|| drivers::link_of(cfg)),
-                ipv6_prefix: cfg.ipv6.as_ref().map(|v6| v6.prefix),
+                mode: cfg.mode(),
+                subnet: cfg.own().map(|own| own.subnet),
+                gateway: cfg.own().map(|own| own.gateway),
+                lan: cfg.lan().map(|_| drivers::link_of(cfg)),
+                ipv6_prefix: cfg.ipv6().map(|v6| v6.prefix),
                 bridge: self
                     .networks
                     .get(&cfg.name)
