@@ -9,7 +9,9 @@ import select
 import socket
 import statistics
 import subprocess
+import threading
 import time
+import uuid
 
 from .host import BenchError, memory_kib, wait_for
 
@@ -98,8 +100,6 @@ def contended(socket_path, network, count):
     of its TAP): p50 and p99 in ms, and the other client's cycles. Each
     client attaches one interface id again and again, which takes its
     lease again rather than the network's every address."""
-    import threading
-    import uuid
     stop, other = threading.Event(), {"cycles": 0, "error": None}
 
     def churn():
