@@ -4,7 +4,7 @@
 use thiserror::Error;
 
 use crate::api::{ErrorKind, Response};
-use crate::config::Config;
+use crate::config::{Config, Mode};
 use crate::forward::PortForward;
 use crate::host::clone_ns::CloneNsError;
 use crate::host::netlink::NetlinkError;
@@ -155,6 +155,32 @@ pub enum DaemonError {
         "interface {id} has no IPv4 address linnet knows after {seconds} s: on a LAN, is the VM's DHCP client running, and does the LAN's DHCP server answer it? (on a network with dhcp: false, linnet knows only static leases)"
     )]
     NoAddressYet { id: InterfaceId, seconds: u64 },
+    /// `--datapath tap-name` on a network whose ports have no name to open.
+    #[error(
+        "network \"{network}\" is a {mode} network, whose VMs' macvtaps are opened through their fd, not by name; use --datapath tap"
+    )]
+    NotOpenedByName { network: String, mode: Mode },
+    /// `keep` without `--datapath tap-name`.
+    #[error(
+        "an interface kept past its client's connection is for a VMM that opens its TAP by name: attach it with --datapath tap-name"
+    )]
+    KeepNeedsTapName,
+    /// A forward to remove that the interface does not have.
+    #[error("interface {id} has no forward {forward}; it has: {}", listed(has))]
+    NoSuchForward {
+        id: InterfaceId,
+        forward: PortForward,
+        has: Vec<PortForward>,
+    },
+    /// A forward to remove that the network's config declares.
+    #[error(
+        "{forward} of interface {id} is declared in networks.{network}.forwards; remove it there"
+    )]
+    DeclaredForward {
+        id: InterfaceId,
+        forward: PortForward,
+        network: String,
+    },
     /// A kernel step failed (`what` it was).
     #[error("{what}: {source}")]
     HostStep {
@@ -237,6 +263,10 @@ impl DaemonError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             DaemonError::BadRequest(_)
+            | DaemonError::NotOpenedByName { .. }
+            | DaemonError::KeepNeedsTapName
+            | DaemonError::NoSuchForward { .. }
+            | DaemonError::DeclaredForward { .. }
             | DaemonError::NotAttached { .. }
             | DaemonError::NotThisConnections { .. }
             | DaemonError::NotAdopted { .. }
@@ -339,4 +369,13 @@ impl From<CloneNsError> for DaemonError {
             other => DaemonError::HostSetup(other.to_string()),
         }
     }
+}
+
+/// Forwards as a message lists them: "none", or each, by commas.
+fn listed(forwards: &[PortForward]) -> String {
+    if forwards.is_empty() {
+        return "none".into();
+    }
+    let each: Vec<String> = forwards.iter().map(ToString::to_string).collect();
+    each.join(", ")
 }

@@ -34,8 +34,9 @@ impl Forwarding {
         needs4: bool,
         needs6: bool,
     ) -> Result<Vec<&'static str>, DaemonError> {
-        let failed = |family: &str, e: std::io::Error| {
-            DaemonError::Internal(format!("cannot enable {family} forwarding: {e}"))
+        let failed = |family: &str, source: std::io::Error| DaemonError::HostStep {
+            what: format!("cannot enable {family} forwarding"),
+            source,
         };
         let mut turned = Vec::new();
         if needs4 && !devices.forwarding_on(false) {

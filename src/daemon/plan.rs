@@ -81,9 +81,7 @@ pub(super) fn admit(
         }
     }
     if req.keep && req.datapath != Some(Datapath::TapName) {
-        return Err(DaemonError::BadRequest(
-            "an interface kept past its client's connection is for a VMM that opens its TAP by name: attach it with --datapath tap-name".into(),
-        ));
+        return Err(DaemonError::KeepNeedsTapName);
     }
     if let Some(name) = &req.name {
         types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
@@ -677,7 +675,7 @@ mod tests {
         };
         assert!(matches!(
             admitted(&none, &client(1000, 1), &kept),
-            Err(DaemonError::BadRequest(_))
+            Err(DaemonError::KeepNeedsTapName)
         ));
         let by_name = AttachRequest {
             datapath: Some(Datapath::TapName),

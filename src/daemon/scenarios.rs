@@ -489,7 +489,10 @@ async fn keep_is_only_for_a_tap_opened_by_name() {
         ..request(1)
     };
     let refused = s.attach(&user(1000, 1), req).await.err().unwrap();
-    assert!(matches!(refused, DaemonError::BadRequest(_)), "{refused:?}");
+    assert!(
+        matches!(refused, DaemonError::KeepNeedsTapName),
+        "{refused:?}"
+    );
     assert!(s.fake.steps().is_empty(), "{:?}", s.fake.steps());
     // Kept with a TAP opened by name, it attaches.
     let by_name = AttachRequest {
@@ -942,6 +945,19 @@ async fn a_forward_the_firewall_refuses_is_not_kept_and_one_it_takes_goes_with_r
         matches!(other, Err(DaemonError::NotOwner { owner: 1000, .. })),
         "{other:?}"
     );
+    // One it does not have is named with those it has.
+    match s.daemon.handle_forward_remove(&owner, forward("18083:80")) {
+        Err(DaemonError::NoSuchForward {
+            id: which,
+            forward,
+            has,
+        }) => {
+            assert_eq!((which, forward.host_port), (id(1), 18083));
+            assert_eq!(has.iter().map(|f| f.host_port).collect::<Vec<_>>(), [18082]);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(published(&s), [18082], "nothing changed");
     s.daemon
         .handle_forward_remove(&owner, forward("18082:80"))
         .unwrap();

@@ -117,7 +117,13 @@ impl LinnetBridge {
             // firewall's guard chain keeps loopback addresses from VMs out).
             host.devices
                 .set_link_sysctl("ipv4", &bridge, "route_localnet", "1")
-                .map_err(|e| DaemonError::Internal(format!("network \"{}\": {e}", cfg.name)))?;
+                .map_err(|source| DaemonError::HostStep {
+                    what: format!(
+                        "network \"{}\": cannot set route_localnet on {bridge}",
+                        cfg.name
+                    ),
+                    source,
+                })?;
             prepare_ipv6(&cfg.name, own, &bridge, index, host).await?;
             netlink
                 .configure(
@@ -248,10 +254,10 @@ impl LinnetBridge {
             return Ok(false);
         }
         let Some(clones) = self.own.clone_subnet else {
-            return Err(DaemonError::BadRequest(format!(
-                "network \"{}\" has no clone_subnet",
-                cfg.name
-            )));
+            return Err(DaemonError::CloneRange {
+                network: cfg.name.clone(),
+                subnet: None,
+            });
         };
         // The bridge's own route is no conflict: a persistent bridge
         // adopted after a restart keeps the route it had.
@@ -283,8 +289,9 @@ async fn prepare_ipv6(
     let setting = |key: &str, value: &str| {
         host.devices
             .set_link_sysctl("ipv6", bridge, key, value)
-            .map_err(|e| {
-                DaemonError::Internal(format!("network \"{network}\": cannot set {key}: {e}"))
+            .map_err(|source| DaemonError::HostStep {
+                what: format!("network \"{network}\": cannot set {key} on {bridge}"),
+                source,
             })
     };
     let Some(v6) = &own.ipv6 else {

@@ -99,10 +99,10 @@ impl Daemon {
         let now = unix_now();
         let net = &self.networks[network];
         if req.datapath == Some(Datapath::TapName) && !net.ports_open_by_name() {
-            return Err(DaemonError::BadRequest(format!(
-                "network \"{network}\" is a {} network, whose VMs' macvtaps are opened through their fd, not by name; use --datapath tap",
-                net.config.mode()
-            )));
+            return Err(DaemonError::NotOpenedByName {
+                network: network.into(),
+                mode: net.config.mode(),
+            });
         }
         let mut done = Vec::new();
         let plan = match (net.config.own(), net.leases()) {

@@ -151,26 +151,18 @@ impl Daemon {
             .find(|p| p.forward == req.forward)
             .copied()
         else {
-            let has: Vec<String> = iface
-                .forwards
-                .iter()
-                .map(|p| p.forward.to_string())
-                .collect();
-            return Err(DaemonError::BadRequest(format!(
-                "interface {id} has no forward {}; it has: {}",
-                req.forward,
-                if has.is_empty() {
-                    "none".into()
-                } else {
-                    has.join(", ")
-                }
-            )));
+            return Err(DaemonError::NoSuchForward {
+                id,
+                forward: req.forward,
+                has: iface.forwards.iter().map(|p| p.forward).collect(),
+            });
         };
         if found.origin == ForwardOrigin::Config {
-            return Err(DaemonError::BadRequest(format!(
-                "{} of interface {id} is declared in networks.{}.forwards; remove it there",
-                req.forward, req.network
-            )));
+            return Err(DaemonError::DeclaredForward {
+                id,
+                forward: req.forward,
+                network: req.network.clone(),
+            });
         }
         let iface = self.interfaces.get_mut(&id).expect("attached");
         iface.forwards.retain(|p| p.forward != req.forward);
