@@ -331,7 +331,7 @@ impl Daemon {
         }
         // On a LAN, the host's route to the address linnet had learned.
         let net = &self.networks[&r.network];
-        if !super::drivers::features(&net.config).own_addresses
+        if net.config.own().is_none()
             && r.ip.is_some()
             && let Err(e) = net.vm_address(&self.host, None, r.ip).await
         {

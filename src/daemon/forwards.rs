@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::{error, warn};
 
-use super::drivers;
 use super::errors::DaemonError;
 use super::host_ports::HostPorts;
 use super::interface::{Interface, Published};
@@ -56,7 +55,7 @@ pub fn check<'a>(
     mut held: impl Iterator<Item = Holder<'a>>,
 ) -> Result<(), DaemonError> {
     let port = format!("{}/{}", forward.host_port, forward.protocol.as_str());
-    if !drivers::features(net).firewall {
+    if net.own().is_none() {
         return Err(lan_refusal(forward, net));
     }
     if matches!(forward.host_addr, Some(IpAddr::V6(_))) && net.ipv6().is_none() {
@@ -345,7 +344,7 @@ pub(super) fn take(
     uid: u32,
 ) -> Result<(), DaemonError> {
     let iface = &interfaces[&id];
-    if !drivers::features(cfg).firewall {
+    if cfg.own().is_none() {
         return Err(lan_refusal(&forward, cfg));
     }
     if iface.ip.is_none() {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex as SyncMutex};
 
 use tracing::warn;
 
-use super::drivers::{self, ActiveNetwork, dns_servers};
+use super::drivers::{ActiveNetwork, dns_servers};
 use super::holder::Holder;
 use crate::addr6;
 use crate::api::{ForwardOrigin, InterfaceInfo};
@@ -200,9 +200,7 @@ pub(super) fn interface_info(
 pub(super) fn shown_ip(ip: Option<Ipv4Addr>, cfg: &NetworkConfig) -> String {
     match ip {
         Some(ip) => ip.to_string(),
-        None if !drivers::features(cfg).own_addresses => {
-            "not known yet (the LAN's DHCP server gives it)".into()
-        }
+        None if cfg.own().is_none() => "not known yet (the LAN's DHCP server gives it)".into(),
         None => "none (no DHCP)".into(),
     }
 }

@@ -80,7 +80,7 @@ impl Daemon {
             TowardVm::Sent => seen.outgoing,
             TowardVm::Received => !seen.outgoing,
         };
-        if super::drivers::features(&net.config).own_addresses
+        if net.config.own().is_some()
             || !toward_vm
             || acked.mac != iface.mac
             || iface.ip == Some(acked.ip)

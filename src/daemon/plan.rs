@@ -11,7 +11,6 @@ use super::errors::DaemonError;
 use std::collections::BTreeMap;
 
 use super::client::{Client, attach_refusal};
-use super::drivers;
 use super::guarding::port_guard;
 use super::interface::Interface;
 use super::policies::{check_policy_possible, no_address_for_policy};
@@ -184,7 +183,7 @@ pub(super) fn plan_on_lan(
 /// Whether a network's ports get guard entries: for anti-spoofing, or
 /// (on linnet's own networks) isolation.
 pub(super) fn guarded(cfg: &NetworkConfig) -> bool {
-    cfg.anti_spoofing || (drivers::features(cfg).firewall && cfg.isolation())
+    cfg.anti_spoofing || cfg.isolation()
 }
 
 /// The MAC of a LAN network's VM that asked for none: stable per id.

@@ -5,7 +5,6 @@
 
 use std::net::IpAddr;
 
-use super::drivers;
 use super::errors::DaemonError;
 use super::guarding::port_guard;
 use super::interface::Interface;
@@ -34,7 +33,7 @@ pub(super) fn check_policy_possible(
     if policy.is_open() {
         return Ok(());
     }
-    if !drivers::features(cfg).firewall {
+    if cfg.own().is_none() {
         return Err(DaemonError::PolicyImpossible {
             network: cfg.name.clone(),
             why: format!(

@@ -171,7 +171,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         .config
         .networks
         .values()
-        .any(|n| !super::drivers::features(n).own_addresses);
+        .any(|n| n.own().is_none());
     let learning = super::learning::spawn(daemon.clone(), any_lan);
     let tap_addresses = daemon.lock().await.tap_addresses.clone();
     let tap_watch = super::tap_watch::spawn(daemon.clone(), tap_addresses);

@@ -519,9 +519,7 @@ impl Daemon {
 
     /// Whether any network up has a part in linnet's firewall table.
     pub(super) fn has_firewall(&self) -> bool {
-        self.networks
-            .values()
-            .any(|n| drivers::features(&n.config).firewall)
+        self.networks.values().any(|n| n.config.own().is_some())
     }
 
     pub(super) fn firewall_networks(&self) -> Vec<firewall::FirewallNetwork> {
@@ -663,15 +661,14 @@ impl Daemon {
         let names: Vec<String> = self
             .networks
             .values()
-            .filter(|n| drivers::features(&n.config).firewall)
+            .filter(|n| n.config.own().is_some())
             .map(|n| n.config.name.clone())
             .collect();
         let mut checks = BTreeMap::new();
         for name in names {
             let cfg = &self.networks[&name].config;
-            let (nat_uplink, Some(own)) = (drivers::features(cfg).nat_uplink, cfg.own()) else {
-                continue;
-            };
+            let Some(own) = cfg.own() else { continue };
+            let nat_uplink = drivers::features(cfg).nat_uplink;
             let found = self
                 .view
                 .network_checks(&rs, &legacy, (&name, own, nat_uplink));

@@ -17,10 +17,7 @@ use crate::host::{self, ALIAS_NETWORK};
 /// VMs on the LAN, which gives their addresses, and no part in linnet's
 /// firewall; their TAPs are guarded on the bridge.
 pub(super) const FEATURES: Features = Features {
-    own_addresses: false,
-    firewall: false,
     nat_uplink: false,
-    clones: false,
     guard_hook: Hook::Bridge,
 };
 

@@ -24,14 +24,11 @@ use crate::host::{self, ALIAS_NETWORK};
 use crate::leases::{LeaseTable, SharedLeases};
 use crate::services::{NetworkContext, Services, Starter, unix_now};
 
-/// linnet's own: its addresses, its firewall, clones; NAT out of the
-/// uplink in `shared` mode.
+/// NAT out of the uplink in `shared` mode; ports guarded on the bridge.
+/// (Its addresses, its part of the firewall and clones come with `Own`.)
 pub(super) fn features(own: &Own) -> Features {
     Features {
-        own_addresses: true,
-        firewall: true,
         nat_uplink: !own.host_only,
-        clones: true,
         guard_hook: Hook::Bridge,
     }
 }

@@ -25,10 +25,7 @@ use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK};
 /// firewall. A macvtap's frames never pass a bridge: they are checked as
 /// they leave it, in a netdev hook of its own.
 pub(super) const FEATURES: Features = Features {
-    own_addresses: false,
-    firewall: false,
     nat_uplink: false,
-    clones: false,
     guard_hook: Hook::Egress,
 };
 

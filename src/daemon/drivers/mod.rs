@@ -84,7 +84,7 @@ impl ActiveNetwork {
     /// Whether the network can have clones (only linnet's own have): what
     /// it has of its own, for them.
     pub fn check_clones(&self) -> Result<&Own, DaemonError> {
-        match self.config.own().filter(|_| features(&self.config).clones) {
+        match self.config.own() {
             Some(own) => Ok(own),
             None => Err(DaemonError::CloneImpossible {
                 network: self.config.name.clone(),
@@ -153,17 +153,8 @@ impl ActiveNetwork {
 /// looking at the kind itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Features {
-    /// linnet gives the VMs' addresses (leases, DHCP, DNS, router
-    /// advertisements) on a bridge of its own; else the LAN's DHCP server
-    /// does, and linnet learns them from its answers.
-    pub own_addresses: bool,
-    /// The network has a part in linnet's firewall: NAT, published ports,
-    /// connect/listen policies, isolation across the gateway.
-    pub firewall: bool,
     /// It NATs its VMs out of the host's uplink (`shared`).
     pub nat_uplink: bool,
-    /// Clones (`--clone-of`) may attach.
-    pub clones: bool,
     /// Where its ports are guarded.
     pub guard_hook: Hook,
 }
