@@ -312,34 +312,44 @@ pub async fn lock_for_attach<'a>(
     lock: &'a Mutex<Daemon>,
     req: &AttachRequest,
 ) -> MutexGuard<'a, Daemon> {
-    let mut daemon = lock.lock().await;
-    while daemon.waits_for_detach(req) {
-        let detached = daemon.detached.clone();
-        let ended = detached.notified();
-        drop(daemon);
-        ended.await;
-        daemon = lock.lock().await;
-    }
-    daemon
+    lock_after_detaches(lock, |daemon| daemon.waits_for_detach(req), None).await
 }
 
 /// The daemon's lock once no detach is under way (or `within` has
 /// passed): a daemon that stops lets its clients' detaches end first.
 pub async fn lock_when_detached(lock: &Mutex<Daemon>, within: Duration) -> MutexGuard<'_, Daemon> {
     let deadline = tokio::time::Instant::now() + within;
-    let mut daemon = lock.lock().await;
-    while !daemon.detaching.is_empty() && tokio::time::Instant::now() < deadline {
-        let detached = daemon.detached.clone();
-        let ended = detached.notified();
-        drop(daemon);
-        let _ = tokio::time::timeout_at(deadline, ended).await;
-        daemon = lock.lock().await;
-    }
-    if !daemon.detaching.is_empty() {
+    let busy = |daemon: &Daemon| !daemon.detaching.is_empty();
+    let daemon = lock_after_detaches(lock, busy, Some(deadline)).await;
+    if busy(&daemon) {
         warn!(
             interfaces = daemon.detaching.len(),
             "stopping with detaches not ended: their links may be left, for the next daemon to delete"
         );
+    }
+    daemon
+}
+
+/// The daemon's lock once `busy` no longer holds, waking at each detach's
+/// end (`Daemon::detached`), or at `deadline`.
+async fn lock_after_detaches(
+    lock: &Mutex<Daemon>,
+    busy: impl Fn(&Daemon) -> bool,
+    deadline: Option<tokio::time::Instant>,
+) -> MutexGuard<'_, Daemon> {
+    let mut daemon = lock.lock().await;
+    while busy(&daemon) && deadline.is_none_or(|at| tokio::time::Instant::now() < at) {
+        let detached = daemon.detached.clone();
+        let ended = detached.notified();
+        drop(daemon);
+        match deadline {
+            Some(at) => {
+                // Past it, the caller goes on with what is under way.
+                let _ = tokio::time::timeout_at(at, ended).await;
+            }
+            None => ended.await,
+        }
+        daemon = lock.lock().await;
     }
     daemon
 }
