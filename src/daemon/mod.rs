@@ -23,6 +23,7 @@
 //! `scenarios` runs the daemon over the fake host (`host::fake`).
 
 mod adoption;
+mod apply;
 mod client;
 mod coexist;
 mod drivers;

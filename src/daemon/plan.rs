@@ -1,22 +1,28 @@
 //! An attach as plain data: `admit` decides whether the client may make
 //! it at all; `plan` decides what the interface will be (its lease, MAC,
 //! name, policy, whether it is guarded, its link settings) from the
-//! request, the network and its leases, before the kernel is touched; `Daemon::attach_on` then carries the plan out step by step,
-//! recording each step in `Done`, and on a failure undoes exactly what was
-//! done, newest first. The decisions are unit-tested here without a kernel.
+//! request, the network and its leases, before the kernel is touched, down
+//! to the kernel's steps (`Step`); `apply` carries them out, recording
+//! each in `Done`, and on a failure undoes exactly what was done, newest
+//! first. The decisions are unit-tested here without a kernel.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use ipnet::Ipv4Net;
 
 use super::errors::DaemonError;
-use std::collections::BTreeMap;
 
 use super::client::{Client, attach_refusal};
 use super::guarding::port_guard;
 use super::interface::Interface;
 use super::policies::{check_policy_possible, no_address_for_policy};
 use crate::api::AttachRequest;
+use crate::clone::Guest;
 use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig, Own};
 use crate::datapath::Datapath;
+use crate::host::clone_ns::CloneNetwork;
 use crate::host::guard::PortGuard;
 use crate::host::netlink::LinkSettings;
 use crate::leases::{Claimant, LeaseTable, TakenOver};
@@ -37,6 +43,58 @@ pub(super) struct AttachPlan {
     /// its bridge, and before the VM has its fd.
     pub guarded: bool,
     pub mtu: u32,
+    /// The kernel's part, in order (`apply`).
+    pub steps: Vec<Step>,
+}
+
+/// A step of an attach in the kernel, which `apply` carries out. Steps
+/// after the first use what the first made: the port, and a clone's
+/// namespace.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Step {
+    /// The VM's port as the network's driver makes it: a TAP (for a
+    /// bridge), or a macvtap.
+    Port,
+    /// A clone's namespace, its TAP in there (the VMM's) and a veth port
+    /// on the network.
+    ClonePort(Box<CloneNetwork>),
+    /// The socket of the guest's DHCP server, in the clone's namespace.
+    CloneDhcp,
+    /// The clone's namespace named at this path, where a VMM that opens
+    /// its TAP by name runs.
+    NameNamespace(PathBuf),
+    /// The port's guard entries, before it joins its bridge and before
+    /// the VM has its fd; a clone that holds its guest's address is held
+    /// to it too (`guest`).
+    Guard { guest: Option<Ipv4Addr> },
+    /// The port's MTU, alias, place on its bridge and state
+    /// (`AttachPlan::link`).
+    Link,
+    /// The VMM's TAP made to outlive its fd, for `--datapath tap-name`:
+    /// last, so that a failure before drops a TAP that goes with its fd.
+    Persist,
+    /// A clone that carries on as its guest announces the guest's address
+    /// from its new MAC.
+    Announce,
+}
+
+/// The steps of a port once made (by `made`'s steps): guarded (when the
+/// network guards its ports) before it joins, set up, made persistent
+/// for tap-name.
+fn port_steps(
+    mut steps: Vec<Step>,
+    guarded: bool,
+    guest: Option<Ipv4Addr>,
+    datapath: Datapath,
+) -> Vec<Step> {
+    if guarded {
+        steps.push(Step::Guard { guest });
+    }
+    steps.push(Step::Link);
+    if datapath == Datapath::TapName {
+        steps.push(Step::Persist);
+    }
+    steps
 }
 
 /// The interfaces attached now, by id.
@@ -168,15 +226,17 @@ pub(super) fn plan_on_lan(
             mac,
         });
     }
+    let datapath = req.datapath.unwrap_or_default();
     Ok(AttachPlan {
         id,
         mac,
         ip: None,
         name: req.name.clone(),
-        datapath: req.datapath.unwrap_or_default(),
+        datapath,
         policy: Policy::default(),
         guarded: guarded(cfg),
         mtu,
+        steps: port_steps(vec![Step::Port], guarded(cfg), None, datapath),
     })
 }
 
@@ -218,36 +278,74 @@ pub(super) fn plan(
         leases.check_claim(who, id, req.name.as_deref(), now)?;
         (leases.attach_without_address(id, req.mac, now)?, None)
     };
+    let datapath = req.datapath.unwrap_or_default();
     Ok(AttachPlan {
         id,
         mac,
         ip,
         name: req.name.clone(),
-        datapath: req.datapath.unwrap_or_default(),
+        datapath,
         policy,
         guarded: guarded(cfg),
         mtu: own.mtu,
+        steps: port_steps(vec![Step::Port], guarded(cfg), None, datapath),
     })
 }
 
-/// Decides a clone's attach (`requests::clone`): its port on the network is
-/// its namespace's uplink, with the uplink's MAC and the clone's unique
-/// address; it takes no lease; the rest is as for any interface.
+/// A clone as decided (`requests::clone`): the guest it is, its unique
+/// address in `subnet`, and whether it carries on as the guest (it took
+/// over the stopped VM's lease, and so holds the guest's address).
+pub(super) struct CloneDecision {
+    pub guest: Guest,
+    pub unique: Ipv4Addr,
+    pub subnet: Ipv4Net,
+    pub holds_guest_address: bool,
+}
+
+/// Decides a clone's attach: its port on the network is its namespace's
+/// uplink, with the uplink's MAC and the clone's unique address; it takes
+/// no lease; the rest is as for any interface. A VMM that opens its TAP
+/// by name finds its namespace named under `namespaces`.
 pub(super) fn plan_clone(
     (cfg, own): (&NetworkConfig, &Own),
     id: InterfaceId,
     req: &AttachRequest,
-    unique: Ipv4Addr,
+    clone: &CloneDecision,
+    namespaces: &Path,
 ) -> AttachPlan {
+    let datapath = req.datapath.unwrap_or_default();
+    let mac = crate::clone::uplink_mac(id);
+    let spec = CloneNetwork {
+        guest_mac: clone.guest.mac,
+        guest_ip: clone.guest.ip,
+        unique: clone.unique,
+        clone_subnet: clone.subnet,
+        gateway: own.gateway,
+        mtu: own.mtu,
+        tap: clone.guest.tap_name().into(),
+        tap_mac: crate::clone::tap_mac(id),
+        uplink_mac: mac,
+        holds_guest_address: clone.holds_guest_address,
+    };
+    let mut made = vec![Step::ClonePort(Box::new(spec)), Step::CloneDhcp];
+    if datapath == Datapath::TapName {
+        made.push(Step::NameNamespace(namespaces.join(id.to_string())));
+    }
+    let guest = Some(clone.guest.ip).filter(|_| clone.holds_guest_address);
+    let mut steps = port_steps(made, guarded(cfg), guest, datapath);
+    if clone.holds_guest_address {
+        steps.push(Step::Announce);
+    }
     AttachPlan {
         id,
-        mac: crate::clone::uplink_mac(id),
-        ip: Some(unique),
+        mac,
+        ip: Some(clone.unique),
         name: req.name.clone(),
-        datapath: req.datapath.unwrap_or_default(),
+        datapath,
         policy: req.policy.clone().unwrap_or_else(|| cfg.policy().clone()),
         guarded: guarded(cfg),
         mtu: own.mtu,
+        steps,
     }
 }
 
@@ -482,21 +580,113 @@ mod tests {
         );
     }
 
+    fn clone_of(holds_guest_address: bool) -> CloneDecision {
+        CloneDecision {
+            guest: Guest {
+                mac: "52:54:00:00:00:09".parse().unwrap(),
+                ip: "10.0.2.9".parse().unwrap(),
+                tap: Some("vm-tap".into()),
+            },
+            unique: "198.18.105.7".parse().unwrap(),
+            subnet: "198.18.105.0/24".parse().unwrap(),
+            holds_guest_address,
+        }
+    }
+
     #[test]
     fn a_clones_plan_is_its_uplink_at_its_unique_address_with_no_lease() {
         let cfg = network("networks:\n  shared:\n    isolation: true\n    mtu: 9000\n");
-        let unique = "198.18.105.7".parse().unwrap();
+        let clone = clone_of(false);
+        let at = Path::new("/run/linnet/netns");
         let plan = plan_clone(
             (&cfg, cfg.own().unwrap()),
             id(4),
             &request(Some("web-1")),
-            unique,
+            &clone,
+            at,
         );
         assert_eq!(
             (plan.mac, plan.ip, plan.name.as_deref()),
-            (crate::clone::uplink_mac(id(4)), Some(unique), Some("web-1"))
+            (
+                crate::clone::uplink_mac(id(4)),
+                Some(clone.unique),
+                Some("web-1")
+            )
         );
         assert_eq!((plan.guarded, plan.mtu), (true, 9000));
+        let Step::ClonePort(spec) = &plan.steps[0] else {
+            panic!("a clone's port first: {:?}", plan.steps);
+        };
+        assert_eq!(
+            (
+                spec.tap.as_str(),
+                spec.guest_ip,
+                spec.unique,
+                spec.uplink_mac,
+                spec.mtu
+            ),
+            ("vm-tap", clone.guest.ip, clone.unique, plan.mac, 9000)
+        );
+        assert_eq!(
+            plan.steps[1..],
+            [Step::CloneDhcp, Step::Guard { guest: None }, Step::Link]
+        );
+    }
+
+    #[test]
+    fn a_clone_that_carries_on_as_its_guest_is_guarded_to_its_address_and_announces_it() {
+        let cfg = network("networks:\n  shared:\n    isolation: true\n");
+        let mut req = request(None);
+        req.datapath = Some(Datapath::TapName);
+        let clone = clone_of(true);
+        let at = Path::new("/run/linnet/netns");
+        let plan = plan_clone((&cfg, cfg.own().unwrap()), id(4), &req, &clone, at);
+        let named = at.join(id(4).to_string());
+        assert_eq!(
+            plan.steps[1..],
+            [
+                Step::CloneDhcp,
+                Step::NameNamespace(named),
+                Step::Guard {
+                    guest: Some(clone.guest.ip)
+                },
+                Step::Link,
+                Step::Persist,
+                Step::Announce,
+            ]
+        );
+    }
+
+    #[test]
+    fn a_port_is_made_then_guarded_before_it_joins_then_made_persistent_last() {
+        let (_, _, open) = planned("networks:\n  shared:\n    anti_spoofing: false\n");
+        assert_eq!(open.steps, [Step::Port, Step::Link]);
+        let yaml = "networks:\n  shared:\n    anti_spoofing: true\n";
+        let cfg = network(yaml);
+        let mut leases = LeaseTable::new(&cfg.name, cfg.own().unwrap());
+        let mut req = request(None);
+        req.datapath = Some(Datapath::TapName);
+        let own = cfg.own().unwrap();
+        let guarded = plan((&cfg, own), &mut leases, 0.into(), id(1), &req, 0).unwrap();
+        assert_eq!(
+            guarded.steps,
+            [
+                Step::Port,
+                Step::Guard { guest: None },
+                Step::Link,
+                Step::Persist
+            ]
+        );
+        let lan = network_named(
+            "networks:\n  lan:\n    mode: bridge\n    bridge: br0\n",
+            "lan",
+        );
+        let on_lan = plan_on_lan(&lan, id(2), &request(None), 1500, |_| false).unwrap();
+        // A LAN's ports are guarded unless it says otherwise.
+        assert_eq!(
+            on_lan.steps,
+            [Step::Port, Step::Guard { guest: None }, Step::Link]
+        );
     }
 
     #[test]

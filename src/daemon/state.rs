@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
+use super::apply::{Apply, Carried, For};
 use super::client::Client;
 use super::coexist::{GUARD_RETRY, HostView, firewalls, warnings};
 use super::drivers::{self, ActiveNetwork};
@@ -33,7 +34,7 @@ use super::holder::Holder;
 use super::host_ports::HostPorts;
 use super::interface::{CloneState, Interface, TapAddresses, interface_info, shown_ip};
 use super::leftovers::Leftovers;
-use super::plan::{self, AttachPlan, Done};
+use super::plan::{AttachPlan, Done};
 use super::policies;
 use super::records::{InterfaceRecord, Records};
 use super::teardown::Teardown;
@@ -259,53 +260,38 @@ impl Daemon {
         info
     }
 
-    /// Undoes the steps of a failed attach, newest first.
-    pub(super) async fn undo(&mut self, network: &str, id: InterfaceId, done: Vec<Done>, now: u64) {
-        let mut left = Leftovers::default();
-        for step in plan::undo_order(done) {
-            match step {
-                Done::Guard(port) => {
-                    let tables = &mut self.host.tables;
-                    let unhooked = tables.unhook_guard_ports(std::slice::from_ref(&port));
-                    left.note(format_args!("unhook the guard of {}", port.tap), unhooked);
-                    let removed = tables.remove_guard_ports(std::slice::from_ref(&port));
-                    left.note(format_args!("remove the guard of {}", port.tap), removed);
-                }
-                // Its fd was dropped with the step that failed: a TAP that is
-                // not persistent goes with it; a macvtap is a link of its own.
-                Done::Port(index) => {
-                    if self.networks[network].bridge().is_none() {
-                        let deleted = self.host.links.delete_link(index).await;
-                        left.note(format_args!("delete link {index}"), deleted);
-                    }
-                }
-                Done::ClonePort(index) => {
-                    let deleted = self.host.links.delete_link(index).await;
-                    left.note(format_args!("delete the clone's port {index}"), deleted);
-                }
-                Done::TookOver(taken) => {
-                    if let Some(leases) = self.networks[network].leases() {
-                        leases.lock().expect("lease lock").give_back(&taken);
-                    }
-                }
-                Done::Mount(path) => {
-                    let unmounted = self.host.devices.unmount_namespace(&path);
-                    left.note(format_args!("unmount {}", path.display()), unmounted);
-                }
-                Done::Lease => {
-                    if let Some(leases) = self.networks[network].leases() {
-                        leases.lock().expect("lease lock").detach(id, now);
-                    }
-                }
+    /// Carries out `plan`'s steps on `network` (`apply`), with `done`
+    /// what was done already (its lease), and undoes all of it if a step
+    /// fails.
+    pub(super) async fn carry_out(
+        &mut self,
+        network: &str,
+        plan: &AttachPlan,
+        client: &Client,
+        mut done: Vec<Done>,
+        now: u64,
+    ) -> Result<Carried, DaemonError> {
+        let guarded_left = self.any_guarded();
+        let scratch = self.run_dir.join("devices");
+        let mut apply = Apply {
+            host: &mut self.host,
+            guard: &mut self.guard,
+            network: &self.networks[network],
+        };
+        let who = For {
+            uid: client.uid,
+            gid: client.gid,
+            next_tap: &mut self.next_tap,
+            scratch: &scratch,
+            services: &*self.services,
+        };
+        match apply.apply(plan, who, &mut done).await {
+            Ok(carried) => Ok(carried),
+            Err(e) => {
+                apply.undo(plan.id, done, now, guarded_left).await;
+                Err(e)
             }
         }
-        // The guard's tables were made for this port, if no other is
-        // guarded: they go with it.
-        let guarded = self.any_guarded();
-        self.guard.remove(&mut *self.host.tables, &[], guarded);
-        left.log(&format!(
-            "network \"{network}\": undoing the attach of {id}"
-        ));
     }
 
     /// Deletes the interfaces' TAPs, returns their addresses to the leases

@@ -1,11 +1,11 @@
 //! Attach and detach as requests: every check (allow list, a network
 //! socket's relay, keep, the name, limits, policy, the id), the network
-//! brought up, the plan (`plan`) carried out step by step and undone on
-//! failure, a clone's own path (`clone`), the ports published; and a
-//! client's detach and relay counters.
+//! brought up, the plan (`plan`, or a clone's, `clone`) carried out
+//! (`apply`), the ports published; and a client's detach and relay
+//! counters.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use tokio::sync::{Mutex, MutexGuard};
@@ -14,17 +14,15 @@ use tracing::{info, warn};
 use crate::api::{AttachRequest, InterfaceInfo};
 use crate::config::DEFAULT_NETWORK;
 use crate::daemon::client::Client;
-use crate::daemon::drivers::PortRequest;
 use crate::daemon::errors::DaemonError;
 use crate::daemon::holder::Holder;
 use crate::daemon::leftovers::Leftovers;
-use crate::daemon::plan::{self, AttachPlan, Done};
+use crate::daemon::plan::{self, Done};
 use crate::daemon::state::Daemon;
 use crate::daemon::teardown::Teardown;
 use crate::datapath::{Datapath, RelayCounters};
-use crate::host::ALIAS_INTERFACE;
 use crate::services::unix_now;
-use crate::types::{InterfaceId, MacAddr};
+use crate::types::InterfaceId;
 
 impl Daemon {
     /// Attaches an interface: what the VMM's side needs to know, the port's
@@ -87,8 +85,7 @@ impl Daemon {
         }
         result
     }
-    /// Plans the attach (`plan::plan`), carries it out, and undoes what
-    /// was done if a step fails.
+    /// Plans the attach (`plan::plan`) and carries it out (`apply`).
     async fn attach_on(
         &mut self,
         network: &str,
@@ -119,68 +116,13 @@ impl Daemon {
                     .any(|i| i.network == network && i.mac == mac)
             })?,
         };
-        let (tap_name, tap_index, tap_mac, fd) =
-            match self.carry_out(network, &plan, client, &mut done).await {
-                Ok(made) => made,
-                Err(e) => {
-                    self.undo(network, id, done, now).await;
-                    return Err(e);
-                }
-            };
-        let port = (tap_name, tap_index, tap_mac);
-        let info = self.record_attached(network, plan, client, req, port, None);
-        Ok((info, fd))
-    }
-    /// The kernel's part of an attach: the TAP (owned by the client), its
-    /// MAC, its guard entries, its place on the bridge. Each step that
-    /// needs undoing goes into `done` once it is done.
-    async fn carry_out(
-        &mut self,
-        network: &str,
-        plan: &AttachPlan,
-        client: &Client,
-        done: &mut Vec<Done>,
-    ) -> Result<(String, u32, MacAddr, OwnedFd), DaemonError> {
-        let net = &self.networks[network];
-        let port = net
-            .make_port(
-                &self.host,
-                PortRequest {
-                    mac: plan.mac,
-                    uid: client.uid,
-                    gid: client.gid,
-                    next: &mut self.next_tap,
-                    scratch: &self.run_dir.join("devices"),
-                },
-            )
-            .await?;
-        let (tap_name, index, tap_mac, fd) = (port.name, port.index, port.mac, port.fd);
-        done.push(Done::Port(index));
-        let net = &self.networks[network];
-        // Guarded before it joins the bridge and before the VM has its fd.
-        if plan.guarded {
-            let port = plan.guard(&net.config, &tap_name);
-            self.guard.add(&mut *self.host.tables, &port)?;
-            done.push(Done::Guard(port));
-        }
-        let alias = format!("{ALIAS_INTERFACE}{}", plan.id);
-        let settings = plan.link(net.bridge().map(|(_, i)| i), self.guard.held(), &alias);
-        self.host.links.configure(index, settings).await?;
-        // Last, so that a failure before drops a TAP that goes with its fd.
-        // Deleted at detach like any TAP (and by the next daemon, by its
-        // alias, were this one to die first).
-        if plan.datapath == Datapath::TapName {
-            self.host
-                .devices
-                .make_persistent(fd.as_fd())
-                .map_err(|e| DaemonError::HostStep {
-                    what: format!("cannot make TAP {tap_name} persistent for --datapath tap-name"),
-                    source: e,
-                })?;
-        }
+        let carried = self.carry_out(network, &plan, client, done, now).await?;
+        let port = carried.port;
         // Recorded before the VMM has the fd, so any change is its.
-        self.tap_addresses.record(index, tap_mac);
-        Ok((tap_name, index, tap_mac, fd))
+        self.tap_addresses.record(port.index, port.mac);
+        let made = (port.name, port.index, port.mac);
+        let info = self.record_attached(network, plan, client, req, made, None);
+        Ok((info, port.fd))
     }
     /// Records what a client's relay moved for one of its interfaces.
     pub fn handle_counters(

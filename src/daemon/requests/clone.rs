@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use tracing::warn;
 
@@ -17,13 +17,10 @@ use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
 use crate::clone::{self, Guest};
 use crate::daemon::client::Client;
 use crate::daemon::errors::DaemonError;
-use crate::daemon::guarding::clone_guard;
 use crate::daemon::interface::CloneState;
-use crate::daemon::plan::{self, AttachPlan, Done};
+use crate::daemon::plan::{self, CloneDecision, Done};
 use crate::daemon::state::Daemon;
 use crate::datapath::Datapath;
-use crate::host::ALIAS_INTERFACE;
-use crate::host::clone_ns::{self, CloneNetwork};
 use crate::leases::LeaseTable;
 use crate::services::{dhcp, unix_now};
 use crate::types::InterfaceId;
@@ -107,121 +104,37 @@ impl Daemon {
             (guest.ip, guest.mac),
             now,
         );
-        let holds_guest_address = taken_over.is_some();
         done.extend(taken_over.clone().map(Done::TookOver));
-        let plan = plan::plan_clone((&cfg, &own), id, req, unique);
-        let spec = CloneNetwork {
-            guest_mac: guest.mac,
-            guest_ip: guest.ip,
+        let decision = CloneDecision {
+            guest,
             unique,
-            clone_subnet: subnet,
-            gateway: own.gateway,
-            mtu: own.mtu,
-            tap: guest.tap_name().into(),
-            tap_mac: clone::tap_mac(id),
-            uplink_mac: plan.mac,
-            holds_guest_address,
+            subnet,
+            holds_guest_address: taken_over.is_some(),
         };
-        let made = match self
-            .carry_out_clone(network, &plan, &spec, client, &mut done)
-            .await
-        {
-            Ok(made) => made,
-            Err(e) => {
-                self.undo(network, id, done, now).await;
-                return Err(e);
-            }
-        };
-        let (port, index, made, dhcp_socket) = made;
+        let namespaces = std::path::absolute(&self.run_dir)
+            .unwrap_or_else(|_| self.run_dir.clone())
+            .join(CLONE_NAMESPACES);
+        let plan = plan::plan_clone((&cfg, &own), id, req, &decision, &namespaces);
+        let carried = self.carry_out(network, &plan, client, done, now).await?;
+        let (ns, dhcp_socket, mount) = carried.clone.expect("a clone's steps make its namespace");
         if let (Some(name), Some(leases)) = (&plan.name, self.networks[network].leases()) {
             leases
                 .lock()
                 .expect("lease lock")
                 .add_clone(id, name.clone(), unique);
         }
-        let mount = done.iter().find_map(|d| match d {
-            Done::Mount(path) => Some(path.clone()),
-            _ => None,
-        });
+        let guest = decision.guest;
         let state = CloneState {
             mount,
             dhcp: dhcp::serve_clone(cfg, (guest.mac, guest.ip), dhcp_socket),
             guest,
             taken_over,
-            ns: made.ns,
+            ns,
             devices: self.host.devices.clone(),
         };
-        let port = (port, index, plan.mac);
+        let port = (carried.port.name, carried.port.index, plan.mac);
         let info = self.record_attached(network, plan, client, req, port, Some(state));
-        Ok((info, made.tap))
-    }
-
-    /// The kernel's part: the namespace and its TAP (the client's), the
-    /// socket of the guest's DHCP server in there, the port's guard
-    /// entries, the port on the bridge.
-    async fn carry_out_clone(
-        &mut self,
-        network: &str,
-        plan: &AttachPlan,
-        spec: &CloneNetwork,
-        client: &Client,
-        done: &mut Vec<Done>,
-    ) -> Result<(String, u32, clone_ns::MadeClone, tokio::net::UdpSocket), DaemonError> {
-        let made = self
-            .host
-            .devices
-            .make_clone(spec, &mut self.next_tap, (client.uid, client.gid))
-            .await?;
-        done.push(Done::ClonePort(made.port));
-        // A guest configured by DHCP renews (or asks again) in there.
-        let dhcp_socket = self
-            .services
-            .clone_dhcp_socket(&made.ns, &spec.tap)
-            .map_err(|e| DaemonError::HostStep {
-                what: "cannot serve DHCP in a clone's namespace".into(),
-                source: e,
-            })?;
-        if plan.datapath == Datapath::TapName {
-            let path = std::path::absolute(&self.run_dir)
-                .unwrap_or_else(|_| self.run_dir.clone())
-                .join(CLONE_NAMESPACES)
-                .join(plan.id.to_string());
-            let not_ready = |e: std::io::Error| DaemonError::HostStep {
-                what: format!(
-                    "cannot make the clone's TAP {} ready to open by name in {}",
-                    spec.tap,
-                    path.display()
-                ),
-                source: e,
-            };
-            std::fs::create_dir_all(path.parent().expect("a file in a directory"))
-                .and_then(|()| self.host.devices.mount_namespace(&made.ns, &path))
-                .map_err(not_ready)?;
-            // Named: the undo takes the name away if what follows fails.
-            done.push(Done::Mount(path.clone()));
-            self.host
-                .devices
-                .make_persistent(made.tap.as_fd())
-                .map_err(not_ready)?;
-        }
-        let port = made.port_name.clone();
-        let net = &self.networks[network];
-        if plan.guarded {
-            let guest = Some(spec.guest_ip).filter(|_| spec.holds_guest_address);
-            let guard = clone_guard(plan.guard(&net.config, &port), guest);
-            self.guard.add(&mut *self.host.tables, &guard)?;
-            done.push(Done::Guard(guard));
-        }
-        let alias = format!("{ALIAS_INTERFACE}{}", plan.id);
-        let settings = plan.link(net.bridge().map(|(_, i)| i), self.guard.held(), &alias);
-        self.host.links.configure(made.port, settings).await?;
-        if spec.holds_guest_address
-            && let Err(e) = self.host.devices.announce_clone(&made.ns, spec)
-        {
-            // Neighbours learn the new MAC when their entry goes stale.
-            warn!(port = %port, "cannot announce the guest's address: {e}");
-        }
-        Ok((port, made.port, made, dhcp_socket))
+        Ok((info, carried.port.fd))
     }
 
     /// The guest `of` names: one of the caller's VMs on the network (any
