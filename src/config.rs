@@ -128,8 +128,8 @@ impl NetworkConfig {
         match &self.kind {
             Kind::Own(own) if own.host_only => Mode::Host,
             Kind::Own(_) => Mode::Shared,
-            Kind::Lan(Lan::Macvtap { .. }) => Mode::Bridged,
-            Kind::Lan(Lan::Bridge { .. }) => Mode::Bridge,
+            Kind::Lan(Lan::Macvtap(_)) => Mode::Bridged,
+            Kind::Lan(Lan::Bridge(_)) => Mode::Bridge,
         }
     }
 
@@ -182,25 +182,35 @@ impl NetworkConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Lan {
-    /// `mode: bridged`: a macvtap per VM on the host NIC `uplink`.
-    Macvtap {
-        uplink: String,
-        mode: MacvtapMode,
-        /// A macvlan for the host on the uplink, so the host reaches its
-        /// own VMs (a macvtap's frames never come back up its NIC).
-        host_access: bool,
-    },
-    /// `mode: bridge`: a TAP per VM on `bridge`, which linnet never
-    /// changes or deletes.
-    Bridge { bridge: String },
+    /// `mode: bridged`: a macvtap per VM on a host NIC.
+    Macvtap(MacvtapLan),
+    /// `mode: bridge`: a TAP per VM on an existing bridge.
+    Bridge(BridgeLan),
+}
+
+/// `mode: bridged`: a macvtap per VM on the host NIC `uplink`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MacvtapLan {
+    pub uplink: String,
+    pub mode: MacvtapMode,
+    /// A macvlan for the host on the uplink, so the host reaches its own
+    /// VMs (a macvtap's frames never come back up its NIC).
+    pub host_access: bool,
+}
+
+/// `mode: bridge`: a TAP per VM on `bridge`, which linnet never changes
+/// or deletes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BridgeLan {
+    pub bridge: String,
 }
 
 impl Lan {
     /// The host NIC or the bridge.
     pub fn link(&self) -> &str {
         match self {
-            Lan::Macvtap { uplink, .. } => uplink,
-            Lan::Bridge { bridge } => bridge,
+            Lan::Macvtap(m) => &m.uplink,
+            Lan::Bridge(b) => &b.bridge,
         }
     }
 }
@@ -1140,11 +1150,11 @@ impl Validator<'_> {
                         ),
                     ));
                 }
-                Lan::Macvtap {
+                Lan::Macvtap(MacvtapLan {
                     uplink: self.ifname("uplink", uplink)?,
                     mode: macvtap_mode,
                     host_access,
-                }
+                })
             }
             _ => {
                 for (key, set) in [
@@ -1165,9 +1175,9 @@ impl Validator<'_> {
                         "is required for mode: bridge: the existing bridge the VMs join (e.g. bridge: br0)",
                     )
                 })?;
-                Lan::Bridge {
+                Lan::Bridge(BridgeLan {
                     bridge: self.ifname("bridge", bridge)?,
-                }
+                })
             }
         };
         if spec.mtu.is_some() {
@@ -1724,11 +1734,11 @@ mod tests {
         let lan = cfg.network("lan").unwrap();
         assert_eq!(
             lan.kind,
-            Kind::Lan(Lan::Macvtap {
+            Kind::Lan(Lan::Macvtap(MacvtapLan {
                 uplink: "eth0".into(),
                 mode: MacvtapMode::Private,
                 host_access: false
-            })
+            }))
         );
         assert!(lan.mode().on_lan() && lan.anti_spoofing);
         // None of linnet's DHCP, DNS, NAT, IPv6, forwards or policies.
@@ -1736,20 +1746,20 @@ mod tests {
         assert!(lan.policy().is_open() && !lan.isolation());
         assert!(matches!(
             cfg.network("lan2").unwrap().lan(),
-            Some(Lan::Macvtap {
+            Some(Lan::Macvtap(MacvtapLan {
                 mode: MacvtapMode::Bridge,
                 host_access: true,
                 ..
-            })
+            }))
         ));
         let br = cfg.network("br").unwrap();
         assert_eq!(
             (br.mode(), br.lan()),
             (
                 Mode::Bridge,
-                Some(&Lan::Bridge {
+                Some(&Lan::Bridge(BridgeLan {
                     bridge: "br0".into()
-                })
+                }))
             )
         );
     }

@@ -4,22 +4,54 @@
 //! TAPs and never changes the bridge itself: not its addresses, MTU,
 //! settings, or whether it exists.
 
+use std::path::Path;
+
+use async_trait::async_trait;
 use tracing::info;
 
-use super::{Features, NetworkDriver, TowardVm};
-use crate::config::NetworkConfig;
+use super::{Features, NetworkDriver, NetworkKind, TowardVm};
+use crate::config::{BridgeLan, NetworkConfig};
 use crate::daemon::errors::DaemonError;
 use crate::host::guard::Hook;
 use crate::host::netlink::LinkKind;
 use crate::host::seam::Host;
 use crate::host::{self, ALIAS_NETWORK};
+use crate::services::Starter;
 
-/// VMs on the LAN, which gives their addresses, and no part in linnet's
-/// firewall; their TAPs are guarded on the bridge.
-pub(super) const FEATURES: Features = Features {
-    nat_uplink: false,
-    guard_hook: Hook::Bridge,
-};
+#[async_trait]
+impl NetworkKind for BridgeLan {
+    /// VMs on the LAN, which gives their addresses, and no part in
+    /// linnet's firewall; their TAPs are guarded on the bridge.
+    fn features(&self) -> Features {
+        Features {
+            nat_uplink: false,
+            guard_hook: Hook::Bridge,
+        }
+    }
+
+    fn link(&self, _network: &str) -> String {
+        self.bridge.clone()
+    }
+
+    fn doctor_notes(&self, _network: &str) -> Vec<String> {
+        vec![format!(
+            "VMs are on bridge {}, which linnet never changes; their addresses come from the LAN's DHCP server, and `linnet ls` shows each once linnet has seen it",
+            self.bridge
+        )]
+    }
+
+    async fn bring_up(
+        &self,
+        cfg: &NetworkConfig,
+        host: &Host,
+        _services: &dyn Starter,
+        _lease_dir: &Path,
+    ) -> Result<Box<dyn NetworkDriver>, DaemonError> {
+        Ok(Box::new(
+            LanBridge::bring_up(cfg, &self.bridge, host).await?,
+        ))
+    }
+}
 
 pub(in crate::daemon) struct LanBridge {
     bridge: String,
@@ -31,7 +63,7 @@ pub(in crate::daemon) struct LanBridge {
 impl LanBridge {
     /// Finds the bridge; refuses a link that is no bridge, or one of
     /// linnet's own networks'.
-    pub async fn bring_up(
+    async fn bring_up(
         cfg: &NetworkConfig,
         bridge: &str,
         host: &Host,
@@ -71,13 +103,7 @@ impl LanBridge {
     }
 }
 
-/// What `linnet doctor` says of a network on `bridge`.
-pub(super) fn doctor_notes(bridge: &str) -> Vec<String> {
-    vec![format!(
-        "VMs are on bridge {bridge}, which linnet never changes; their addresses come from the LAN's DHCP server, and `linnet ls` shows each once linnet has seen it"
-    )]
-}
-
+#[async_trait]
 impl NetworkDriver for LanBridge {
     fn bridge(&self) -> Option<(&str, u32)> {
         Some((&self.bridge, self.index))
@@ -92,7 +118,7 @@ impl NetworkDriver for LanBridge {
     }
 
     /// The bridge stays as it was found.
-    async fn bring_down(self, cfg: &NetworkConfig, _: &Host) -> Result<(), DaemonError> {
+    async fn bring_down(self: Box<Self>, cfg: &NetworkConfig, _: &Host) -> Result<(), DaemonError> {
         info!(network = %cfg.name, bridge = %self.bridge, "network down; the bridge stays");
         Ok(())
     }

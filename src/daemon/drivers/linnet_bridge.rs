@@ -8,10 +8,11 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
-use super::{Features, NetworkDriver, TowardVm};
+use super::{Features, NetworkDriver, NetworkKind, TowardVm};
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::{NetworkConfig, Own};
 use crate::daemon::errors::DaemonError;
@@ -24,12 +25,31 @@ use crate::host::{self, ALIAS_NETWORK};
 use crate::leases::{LeaseTable, SharedLeases};
 use crate::services::{NetworkContext, Services, Starter, unix_now};
 
-/// NAT out of the uplink in `shared` mode; ports guarded on the bridge.
-/// (Its addresses, its part of the firewall and clones come with `Own`.)
-pub(super) fn features(own: &Own) -> Features {
-    Features {
-        nat_uplink: !own.host_only,
-        guard_hook: Hook::Bridge,
+#[async_trait]
+impl NetworkKind for Own {
+    /// NAT out of the uplink in `shared` mode; ports guarded on the
+    /// bridge. (Its addresses, its part of the firewall and clones come
+    /// with `Own`.)
+    fn features(&self) -> Features {
+        Features {
+            nat_uplink: !self.host_only,
+            guard_hook: Hook::Bridge,
+        }
+    }
+
+    fn link(&self, network: &str) -> String {
+        host::bridge_name(network)
+    }
+
+    async fn bring_up(
+        &self,
+        cfg: &NetworkConfig,
+        host: &Host,
+        services: &dyn Starter,
+        lease_dir: &Path,
+    ) -> Result<Box<dyn NetworkDriver>, DaemonError> {
+        let bridge = LinnetBridge::bring_up(cfg, self, host, services, lease_dir).await?;
+        Ok(Box::new(bridge))
     }
 }
 
@@ -173,6 +193,7 @@ impl LinnetBridge {
     }
 }
 
+#[async_trait]
 impl NetworkDriver for LinnetBridge {
     fn bridge(&self) -> Option<(&str, u32)> {
         Some((&self.bridge, self.bridge_index))
@@ -212,36 +233,11 @@ impl NetworkDriver for LinnetBridge {
         })
     }
 
-    /// Stops the services and removes the bridge.
-    async fn bring_down(self, cfg: &NetworkConfig, host: &Host) -> Result<(), DaemonError> {
-        let LinnetBridge {
-            bridge,
-            bridge_index,
-            leases,
-            saver,
-            _services,
-            ..
-        } = self;
-        drop(_services);
-        saver.abort();
-        // On a blocking thread: it may wait for a background save's fsyncs.
-        match tokio::task::spawn_blocking(move || leases.save_now()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(network = %cfg.name, "cannot save leases: {e}"),
-            Err(e) => tracing::warn!(network = %cfg.name, "saving leases failed: {e}"),
-        }
-        host.links.delete_link(bridge_index).await?;
-        info!(network = %cfg.name, %bridge, "network down");
-        Ok(())
-    }
-}
-
-impl LinnetBridge {
     /// Routes the network's `clone_subnet` to the bridge, where each
     /// clone's namespace answers for its own address; refused when the
     /// range meets a route or address the host has. Returns whether it
     /// was not routed before (its firewall part changed).
-    pub async fn route_clones(
+    async fn route_clones(
         &mut self,
         cfg: &NetworkConfig,
         host: &Host,
@@ -271,6 +267,33 @@ impl LinnetBridge {
         self.clones_routed = true;
         info!(network = %cfg.name, %clones, bridge = %self.bridge, "clone addresses routed to the bridge");
         Ok(true)
+    }
+
+    /// Stops the services and removes the bridge.
+    async fn bring_down(
+        self: Box<Self>,
+        cfg: &NetworkConfig,
+        host: &Host,
+    ) -> Result<(), DaemonError> {
+        let LinnetBridge {
+            bridge,
+            bridge_index,
+            leases,
+            saver,
+            _services,
+            ..
+        } = *self;
+        drop(_services);
+        saver.abort();
+        // On a blocking thread: it may wait for a background save's fsyncs.
+        match tokio::task::spawn_blocking(move || leases.save_now()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(network = %cfg.name, "cannot save leases: {e}"),
+            Err(e) => tracing::warn!(network = %cfg.name, "saving leases failed: {e}"),
+        }
+        host.links.delete_link(bridge_index).await?;
+        info!(network = %cfg.name, %bridge, "network down");
+        Ok(())
     }
 }
 

@@ -10,41 +10,60 @@
 
 use std::net::Ipv4Addr;
 
+use std::path::Path;
+
+use async_trait::async_trait;
 use tracing::{info, warn};
 
-use super::{Features, NetworkDriver, Port, PortRequest, TowardVm};
-use crate::config::{MacvtapMode, NetworkConfig};
+use super::{Features, NetworkDriver, NetworkKind, Port, PortRequest, TowardVm};
+use crate::config::{MacvtapLan, MacvtapMode, NetworkConfig};
 use crate::daemon::errors::DaemonError;
 use crate::daemon::leftovers::Leftovers;
 use crate::host::guard::Hook;
 use crate::host::netlink::{LinkKind, LinkSettings};
 use crate::host::seam::Host;
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK};
+use crate::services::Starter;
 
-/// VMs on the LAN, which gives their addresses, and no part in linnet's
-/// firewall. A macvtap's frames never pass a bridge: they are checked as
-/// they leave it, in a netdev hook of its own.
-pub(super) const FEATURES: Features = Features {
-    nat_uplink: false,
-    guard_hook: Hook::Egress,
-};
-
-/// What `linnet doctor` says of a network on `uplink`'s LAN.
-pub(super) fn doctor_notes(
-    network: &str,
-    uplink: &str,
-    mode: MacvtapMode,
-    host_access: bool,
-) -> Vec<String> {
-    let mut notes = vec![format!(
-        "VMs are on {uplink}'s LAN through macvtaps ({mode} mode); their addresses come from the LAN's DHCP server, and `linnet ls` shows each once linnet has seen it"
-    )];
-    if !host_access {
-        notes.push(format!(
-            "this host cannot reach the network's VMs: a macvtap's frames leave through {uplink} and never come back up to the host; set networks.{network}.host_access: true for a macvlan that can"
-        ));
+#[async_trait]
+impl NetworkKind for MacvtapLan {
+    /// VMs on the LAN, which gives their addresses, and no part in
+    /// linnet's firewall. A macvtap's frames never pass a bridge: they
+    /// are checked as they leave it, in a netdev hook of its own.
+    fn features(&self) -> Features {
+        Features {
+            nat_uplink: false,
+            guard_hook: Hook::Egress,
+        }
     }
-    notes
+
+    fn link(&self, _network: &str) -> String {
+        self.uplink.clone()
+    }
+
+    fn doctor_notes(&self, network: &str) -> Vec<String> {
+        let uplink = &self.uplink;
+        let mut notes = vec![format!(
+            "VMs are on {uplink}'s LAN through macvtaps ({} mode); their addresses come from the LAN's DHCP server, and `linnet ls` shows each once linnet has seen it",
+            self.mode
+        )];
+        if !self.host_access {
+            notes.push(format!(
+                "this host cannot reach the network's VMs: a macvtap's frames leave through {uplink} and never come back up to the host; set networks.{network}.host_access: true for a macvlan that can"
+            ));
+        }
+        notes
+    }
+
+    async fn bring_up(
+        &self,
+        cfg: &NetworkConfig,
+        host: &Host,
+        _services: &dyn Starter,
+        _lease_dir: &Path,
+    ) -> Result<Box<dyn NetworkDriver>, DaemonError> {
+        Ok(Box::new(Macvtap::bring_up(cfg, self, host).await?))
+    }
 }
 
 pub(in crate::daemon) struct Macvtap {
@@ -58,13 +77,12 @@ pub(in crate::daemon) struct Macvtap {
 }
 
 impl Macvtap {
-    pub async fn bring_up(
+    async fn bring_up(
         cfg: &NetworkConfig,
-        uplink: &str,
-        mode: MacvtapMode,
-        host_access: bool,
+        lan: &MacvtapLan,
         host: &Host,
     ) -> Result<Macvtap, DaemonError> {
+        let (uplink, mode, host_access) = (lan.uplink.as_str(), lan.mode, lan.host_access);
         let name = &cfg.name;
         let link = host.links.link(uplink).await?.ok_or_else(|| {
             DaemonError::LanLink {
@@ -163,6 +181,7 @@ async fn make_host_access(
     Ok(index)
 }
 
+#[async_trait]
 impl NetworkDriver for Macvtap {
     async fn make_port(&self, host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {
         let netlink = &host.links;
@@ -262,7 +281,11 @@ impl NetworkDriver for Macvtap {
     }
 
     /// Removes the host's macvlan; the uplink stays as it was.
-    async fn bring_down(self, cfg: &NetworkConfig, host: &Host) -> Result<(), DaemonError> {
+    async fn bring_down(
+        self: Box<Self>,
+        cfg: &NetworkConfig,
+        host: &Host,
+    ) -> Result<(), DaemonError> {
         if let Some(index) = self.host_access {
             host.links.delete_link(index).await?;
         }

@@ -10,10 +10,16 @@
 //! - `lan_bridge`: `bridge`, TAPs on a bridge linnet does not own.
 //! - `macvtap`: `bridged`, a macvtap per VM on a host NIC.
 //!
-//! A new kind is its variant in the config's `Kind` (or `Lan`), a new
-//! file implementing `NetworkDriver`, and its variant in `Driver` with its
-//! arm in `each!` and in the four `match`es on `cfg.kind` below
-//! (`bring_up`, `features`, `link_of`, `doctor_notes`).
+//! Each kind's config (`Own`, `BridgeLan`, `MacvtapLan`) implements
+//! `NetworkKind` in its driver's file: what the kind is and allows, how it
+//! comes up (into its `NetworkDriver`), what `doctor` says of it. The
+//! config checks what it can from the file alone; what needs the host
+//! (the uplink or bridge exists, the subnet is free) the driver checks as
+//! it comes up.
+//!
+//! A new kind is one variant in the config's `Kind` (or `Lan`) with its
+//! type and parsing, and one driver file implementing `NetworkKind` and
+//! `NetworkDriver`; `kind` below is the one `match` that names each kind.
 
 mod lan_bridge;
 mod linnet_bridge;
@@ -23,6 +29,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
+use async_trait::async_trait;
 use tracing::debug;
 
 pub(super) use linnet_bridge::dns_servers;
@@ -40,7 +47,7 @@ use crate::types::MacAddr;
 /// A network that is up: its config and its driver.
 pub(super) struct ActiveNetwork {
     pub config: NetworkConfig,
-    pub driver: Driver,
+    pub driver: Box<dyn NetworkDriver>,
 }
 
 impl ActiveNetwork {
@@ -52,21 +59,7 @@ impl ActiveNetwork {
         services: &dyn Starter,
         lease_dir: &Path,
     ) -> Result<ActiveNetwork, DaemonError> {
-        let driver = match &cfg.kind {
-            Kind::Own(own) => Driver::LinnetBridge(
-                linnet_bridge::LinnetBridge::bring_up(cfg, own, host, services, lease_dir).await?,
-            ),
-            Kind::Lan(Lan::Bridge { bridge }) => {
-                Driver::LanBridge(lan_bridge::LanBridge::bring_up(cfg, bridge, host).await?)
-            }
-            Kind::Lan(Lan::Macvtap {
-                uplink,
-                mode,
-                host_access,
-            }) => Driver::Macvtap(
-                macvtap::Macvtap::bring_up(cfg, uplink, *mode, *host_access, host).await?,
-            ),
-        };
+        let driver = kind(cfg).bring_up(cfg, host, services, lease_dir).await?;
         Ok(ActiveNetwork {
             config: cfg.clone(),
             driver,
@@ -74,11 +67,11 @@ impl ActiveNetwork {
     }
 
     pub async fn bring_down(self, host: &Host) -> Result<(), DaemonError> {
-        each!(self.driver, d => d.bring_down(&self.config, host).await)
+        self.driver.bring_down(&self.config, host).await
     }
 
     pub async fn make_port(&self, host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {
-        each!(&self.driver, d => d.make_port(host, req).await)
+        self.driver.make_port(host, req).await
     }
 
     /// Whether the network can have clones (only linnet's own have): what
@@ -101,26 +94,23 @@ impl ActiveNetwork {
     /// firewall part changed.
     pub async fn route_clones(&mut self, host: &Host) -> Result<bool, DaemonError> {
         self.check_clones()?;
-        match &mut self.driver {
-            Driver::LinnetBridge(b) => b.route_clones(&self.config, host).await,
-            _ => Ok(false),
-        }
+        self.driver.route_clones(&self.config, host).await
     }
 
     pub fn bridge(&self) -> Option<(&str, u32)> {
-        each!(&self.driver, d => d.bridge())
+        self.driver.bridge()
     }
 
     pub fn leases(&self) -> Option<&SharedLeases> {
-        each!(&self.driver, d => d.leases())
+        self.driver.leases()
     }
 
     pub fn mtu(&self) -> u32 {
-        each!(&self.driver, d => d.mtu())
+        self.driver.mtu()
     }
 
     pub fn toward_vm(&self) -> TowardVm {
-        each!(&self.driver, d => d.toward_vm())
+        self.driver.toward_vm()
     }
 
     /// A VM's address changed (learned, replaced, or gone at detach).
@@ -130,12 +120,12 @@ impl ActiveNetwork {
         was: Option<Ipv4Addr>,
         now: Option<Ipv4Addr>,
     ) -> Result<(), DaemonError> {
-        each!(&self.driver, d => d.vm_address(host, was, now).await)
+        self.driver.vm_address(host, was, now).await
     }
 
     /// Whether a VMM may open the network's ports by name (tap-name).
     pub fn ports_open_by_name(&self) -> bool {
-        each!(&self.driver, d => d.ports_open_by_name())
+        self.driver.ports_open_by_name()
     }
 
     pub fn firewall(
@@ -143,7 +133,7 @@ impl ActiveNetwork {
         forwards: Vec<ForwardRule>,
         policies: Vec<InterfacePolicy>,
     ) -> Option<FirewallNetwork> {
-        each!(&self.driver, d => d.firewall(forwards, policies))
+        self.driver.firewall(forwards, policies)
     }
 }
 
@@ -159,39 +149,61 @@ pub(super) struct Features {
     pub guard_hook: Hook,
 }
 
-/// What `cfg`'s kind of network is and allows.
-pub(super) fn features(cfg: &NetworkConfig) -> Features {
+/// A kind of network as its config says: what it is and allows, how it
+/// comes up, what `doctor` says of it. Answered from the config alone, so
+/// also while the network is down. Each kind's config type implements it
+/// in its driver's file.
+#[async_trait]
+pub(super) trait NetworkKind: Sync {
+    fn features(&self) -> Features;
+
+    /// The link network `network`'s VMs join it through, by name:
+    /// linnet's bridge, a bridge of the LAN's, or a NIC.
+    fn link(&self, network: &str) -> String;
+
+    /// What `linnet doctor` says of network `network` for its kind.
+    fn doctor_notes(&self, _network: &str) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Brings network `cfg` up: its driver. On error nothing it made is
+    /// left behind.
+    async fn bring_up(
+        &self,
+        cfg: &NetworkConfig,
+        host: &Host,
+        services: &dyn Starter,
+        lease_dir: &Path,
+    ) -> Result<Box<dyn NetworkDriver>, DaemonError>;
+}
+
+/// The kind of `cfg`'s network: the one place that names every kind.
+pub(super) fn kind(cfg: &NetworkConfig) -> &dyn NetworkKind {
     match &cfg.kind {
-        Kind::Own(own) => linnet_bridge::features(own),
-        Kind::Lan(Lan::Bridge { .. }) => lan_bridge::FEATURES,
-        Kind::Lan(Lan::Macvtap { .. }) => macvtap::FEATURES,
+        Kind::Own(own) => own,
+        Kind::Lan(Lan::Bridge(lan)) => lan,
+        Kind::Lan(Lan::Macvtap(lan)) => lan,
     }
 }
 
-/// The link its VMs join it through, by name: linnet's bridge, a bridge
-/// of the LAN's, or a NIC.
+/// What `cfg`'s kind of network is and allows.
+pub(super) fn features(cfg: &NetworkConfig) -> Features {
+    kind(cfg).features()
+}
+
+/// The link its VMs join it through, by name.
 pub(super) fn link_of(cfg: &NetworkConfig) -> String {
-    match &cfg.kind {
-        Kind::Lan(lan) => lan.link().to_string(),
-        Kind::Own(_) => host::bridge_name(&cfg.name),
-    }
+    kind(cfg).link(&cfg.name)
 }
 
 /// What `linnet doctor` says of the kind of `cfg`'s network.
 pub(super) fn doctor_notes(cfg: &NetworkConfig) -> Vec<String> {
-    match &cfg.kind {
-        Kind::Own(_) => Vec::new(),
-        Kind::Lan(Lan::Bridge { bridge }) => lan_bridge::doctor_notes(bridge),
-        Kind::Lan(Lan::Macvtap {
-            uplink,
-            mode,
-            host_access,
-        }) => macvtap::doctor_notes(&cfg.name, uplink, *mode, *host_access),
-    }
+    kind(cfg).doctor_notes(&cfg.name)
 }
 
-/// What each kind of network does its own way.
-pub(super) trait NetworkDriver {
+/// What each kind of network does its own way once it is up.
+#[async_trait]
+pub(super) trait NetworkDriver: Send + Sync {
     /// Makes a VM's port: its link (down, on no bridge yet) and the fd its
     /// VMM gets. A TAP unless the kind says otherwise.
     async fn make_port(&self, host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {
@@ -243,28 +255,23 @@ pub(super) trait NetworkDriver {
         None
     }
 
+    /// Makes the network ready for clones (its kind has them: `Own`);
+    /// returns whether its firewall part changed.
+    async fn route_clones(
+        &mut self,
+        _cfg: &NetworkConfig,
+        _host: &Host,
+    ) -> Result<bool, DaemonError> {
+        Ok(false)
+    }
+
     /// Takes down what the driver made; what it found stays as it was.
-    async fn bring_down(self, cfg: &NetworkConfig, host: &Host) -> Result<(), DaemonError>;
+    async fn bring_down(
+        self: Box<Self>,
+        cfg: &NetworkConfig,
+        host: &Host,
+    ) -> Result<(), DaemonError>;
 }
-
-/// The driver of each kind of network.
-pub(super) enum Driver {
-    LinnetBridge(linnet_bridge::LinnetBridge),
-    LanBridge(lan_bridge::LanBridge),
-    Macvtap(macvtap::Macvtap),
-}
-
-/// Calls the same method on whichever driver it is.
-macro_rules! each {
-    ($driver:expr, $d:ident => $call:expr) => {
-        match $driver {
-            Driver::LinnetBridge($d) => $call,
-            Driver::LanBridge($d) => $call,
-            Driver::Macvtap($d) => $call,
-        }
-    };
-}
-use each;
 
 /// A VM's port as made: its link, the MAC of the link's host side (which
 /// `tap_watch` holds it to), and the fd its VMM gets.
