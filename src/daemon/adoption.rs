@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use super::client::Client;
 use super::errors::DaemonError;
+use super::forwards::FORWARDS_FILE;
 use super::holder::Holder;
 use super::interface::Interface;
 use super::leftovers::Leftovers;
@@ -49,10 +50,14 @@ impl Daemon {
             source: e,
         })?;
         self.remove_clone_mounts();
-        let path = self.state_dir.join("forwards.json");
+        let path = self.state_dir.join(FORWARDS_FILE);
         self.forwards
             .open(&path)
-            .map_err(|e| DaemonError::Internal(format!("cannot read saved forwards: {e}")))?;
+            .map_err(|source| DaemonError::StateFile {
+                what: "cannot read saved forwards",
+                path: path.clone(),
+                source,
+            })?;
         // A rootless daemon's namespace, and its forwarding, end with it.
         if !self.rootless() {
             self.forwarding.open(&self.run_dir);

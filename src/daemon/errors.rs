@@ -12,12 +12,27 @@ use crate::host::nft::NftError;
 use crate::host::tap::TapError;
 use crate::leases::LeaseError;
 use crate::services::ServiceError;
-use crate::types::{InterfaceId, MacAddr};
+use crate::types::{InterfaceId, MacAddr, NameError};
 
 #[derive(Debug, Error)]
 pub enum DaemonError {
-    #[error("{0}")]
-    BadRequest(String),
+    /// The interface's name is no DNS label.
+    #[error(transparent)]
+    BadName(#[from] NameError),
+    #[error("{mac} is a multicast MAC; a VM's must be unicast")]
+    MulticastMac { mac: MacAddr },
+    /// A universally administered MAC asked for on a LAN.
+    #[error(
+        "network \"{network}\" is on a LAN, where a VM takes a locally administered MAC (the second-lowest bit of the first byte set, as QEMU's 52:54:00:…): {mac} is a vendor's, maybe another host's on the LAN; leave --mac out or choose a locally administered one"
+    )]
+    VendorMac { network: String, mac: MacAddr },
+    /// A request names an interface by both its id and its name, or by
+    /// neither.
+    #[error("name the interface with exactly one of --interface-id and --name")]
+    WhichInterface,
+    /// A wait for an address on a connection that holds interfaces.
+    #[error("wait for an address on a connection of its own, not the one that holds interfaces")]
+    WaitHolds,
     #[error("unknown network \"{name}\"; known networks: {known} (add it to {file})")]
     UnknownNetwork {
         name: String,
@@ -235,8 +250,25 @@ pub enum DaemonError {
     Firewall(#[from] NftError),
     #[error(transparent)]
     Service(#[from] ServiceError),
-    #[error("{0}")]
-    HostSetup(String),
+    /// A connect/listen policy without br_netfilter.
+    #[error(
+        "a connect/listen policy needs the br_netfilter module, so that traffic between VMs of one network passes linnet's firewall: run `modprobe br_netfilter` (and add it to /etc/modules-load.d)"
+    )]
+    NoBrNetfilter,
+    /// `host_access`: the uplink has no IPv4 address to reach a VM from.
+    #[error(
+        "host_access: {uplink} has no IPv4 address to reach the VM at {vm} from; give the host its LAN address on {uplink}"
+    )]
+    NoUplinkAddress {
+        uplink: String,
+        vm: std::net::Ipv4Addr,
+    },
+    /// A link linnet made is gone before it was set up.
+    #[error("{what} {link} vanished after creation")]
+    Vanished { what: &'static str, link: String },
+    #[error(transparent)]
+    CloneNamespace(CloneNsError),
+    /// linnet's own mistake: what it found that should not be.
     #[error("{0}")]
     Internal(String),
 }
@@ -262,7 +294,11 @@ impl DaemonError {
 
     pub fn kind(&self) -> ErrorKind {
         match self {
-            DaemonError::BadRequest(_)
+            DaemonError::BadName(_)
+            | DaemonError::MulticastMac { .. }
+            | DaemonError::VendorMac { .. }
+            | DaemonError::WhichInterface
+            | DaemonError::WaitHolds
             | DaemonError::NotOpenedByName { .. }
             | DaemonError::KeepNeedsTapName
             | DaemonError::NoSuchForward { .. }
@@ -303,7 +339,10 @@ impl DaemonError {
             | DaemonError::Service(_)
             | DaemonError::LanLink { .. }
             | DaemonError::HostStep { .. }
-            | DaemonError::HostSetup(_) => ErrorKind::HostSetup,
+            | DaemonError::NoBrNetfilter
+            | DaemonError::NoUplinkAddress { .. }
+            | DaemonError::Vanished { .. }
+            | DaemonError::CloneNamespace(_) => ErrorKind::HostSetup,
             DaemonError::Internal(_) | DaemonError::StateFile { .. } => ErrorKind::Internal,
         }
     }
@@ -366,7 +405,7 @@ impl From<CloneNsError> for DaemonError {
             CloneNsError::Tap(e) => DaemonError::Tap(e),
             CloneNsError::Netlink(e) => DaemonError::Netlink(e),
             CloneNsError::Firewall(e) => DaemonError::Firewall(e),
-            other => DaemonError::HostSetup(other.to_string()),
+            other => DaemonError::CloneNamespace(other),
         }
     }
 }

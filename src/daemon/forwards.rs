@@ -100,6 +100,9 @@ pub fn check<'a>(
     Ok(())
 }
 
+/// Where in the state directory the kept forwards are saved.
+pub(super) const FORWARDS_FILE: &str = "forwards.json";
+
 /// The forwards' own state, which only this part changes: the runtime
 /// forwards kept per interface id (on disk), and the published ports a host
 /// service listens on too, with what was said about them.

@@ -139,10 +139,7 @@ impl Daemon {
         // A connection that waits is not watched for closing meanwhile: one
         // that holds interfaces would keep them past its client's end.
         if self.interfaces.values().any(|i| i.holder.is(client.id)) {
-            return Err(DaemonError::BadRequest(
-                "wait for an address on a connection of its own, not the one that holds interfaces"
-                    .into(),
-            ));
+            return Err(DaemonError::WaitHolds);
         }
         // A clone's: the guest's own, as its attach said.
         let guest = iface.as_clone.as_ref().map(|c| c.guest.ip);

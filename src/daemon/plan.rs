@@ -141,7 +141,7 @@ pub(super) fn admit(
         return Err(DaemonError::KeepNeedsTapName);
     }
     if let Some(name) = &req.name {
-        types::validate_hostname(name).map_err(|e| DaemonError::BadRequest(e.to_string()))?;
+        types::validate_hostname(name)?;
         if let Some((holder, other)) = interfaces
             .iter()
             .find(|(_, i)| i.network == network && types::names_match(i.name.as_deref(), name))
@@ -207,18 +207,16 @@ pub(super) fn plan_on_lan(
 ) -> Result<AttachPlan, DaemonError> {
     let mac = req.mac.unwrap_or_else(|| lan_mac(id));
     if mac.is_multicast() {
-        return Err(DaemonError::BadRequest(format!(
-            "{mac} is a multicast MAC; a VM's must be unicast"
-        )));
+        return Err(DaemonError::MulticastMac { mac });
     }
     // A universally administered MAC is some vendor's NIC's: on a LAN,
     // maybe its router's or another host's, whose traffic the VM's port
     // would then receive (and whose lease it would be given).
     if mac.0[0] & 0x02 == 0 {
-        return Err(DaemonError::BadRequest(format!(
-            "network \"{}\" is on a LAN, where a VM takes a locally administered MAC (the second-lowest bit of the first byte set, as QEMU's 52:54:00:…): {mac} is a vendor's, maybe another host's on the LAN; leave --mac out or choose a locally administered one",
-            cfg.name
-        )));
+        return Err(DaemonError::VendorMac {
+            network: cfg.name.clone(),
+            mac,
+        });
     }
     if in_use(mac) {
         return Err(DaemonError::MacTaken {
@@ -569,7 +567,7 @@ mod tests {
         chosen.mac = Some("00:11:22:33:44:55".parse().unwrap());
         let vendors = plan_on_lan(&cfg, id(3), &chosen, 1500, free);
         assert!(
-            matches!(&vendors, Err(DaemonError::BadRequest(m)) if m.contains("locally administered")),
+            matches!(&vendors, Err(DaemonError::VendorMac { mac, .. }) if Some(*mac) == chosen.mac),
             "{vendors:?}"
         );
         chosen.mac = Some("52:54:00:00:00:07".parse().unwrap());
@@ -819,7 +817,7 @@ mod tests {
         };
         assert!(admitted(&interfaces, &client(0, 3), &lan).is_ok());
         let bad = admitted(&interfaces, &client(1001, 2), &request(Some("no spaces")));
-        assert!(matches!(bad, Err(DaemonError::BadRequest(_))), "{bad:?}");
+        assert!(matches!(bad, Err(DaemonError::BadName(_))), "{bad:?}");
     }
 
     #[test]

@@ -56,9 +56,7 @@ pub(super) fn check_policy_possible(
     if std::path::Path::new("/proc/sys/net/bridge").exists() {
         return Ok(());
     }
-    Err(DaemonError::HostSetup(
-        "a connect/listen policy needs the br_netfilter module, so that traffic between VMs of one network passes linnet's firewall: run `modprobe br_netfilter` (and add it to /etc/modules-load.d)".into(),
-    ))
+    Err(DaemonError::NoBrNetfilter)
 }
 
 /// The connect/listen policies of `cfg`'s network's interfaces, with the

@@ -16,7 +16,7 @@ use super::client::Client;
 use super::errors::DaemonError;
 use super::requests::{finish_unlocked, lock_for_attach};
 use super::state::Daemon;
-use crate::api::{AttachRequest, CloneOf, InterfaceInfo};
+use crate::api::{AttachRequest, CloneOf, InterfaceInfo, InterfaceRef};
 use crate::config::Config;
 use crate::datapath::Datapath;
 use crate::host;
@@ -1017,4 +1017,40 @@ async fn a_detach_waiting_on_the_kernel_holds_up_no_other_request_and_keeps_what
     assert_eq!(named_again.name.as_deref(), Some("web"));
     assert!(!linnet_links(&fake).contains(&first.info.tap));
     assert!(lock.lock().await.detaching.is_empty());
+}
+
+#[tokio::test]
+async fn requests_that_name_no_one_interface_or_wait_where_they_hold_are_refused_as_such() {
+    let mut scene = Scene::new(USERS).await;
+    let owner = user(1000, 1);
+    let web = scene.attach(&owner, named(1, "web")).await.unwrap();
+    let both = InterfaceRef {
+        network: "shared".into(),
+        interface_id: Some(id(1)),
+        name: Some("web".into()),
+    };
+    let named_by = |which: &InterfaceRef| {
+        scene
+            .daemon
+            .interface_named(&owner, which, "change its policy")
+    };
+    assert!(matches!(named_by(&both), Err(DaemonError::WhichInterface)));
+    let by_name = InterfaceRef {
+        interface_id: None,
+        ..both.clone()
+    };
+    assert_eq!(
+        named_by(&by_name).unwrap(),
+        Some(id(1)),
+        "the same, by name alone"
+    );
+    // Its address, asked on the connection that holds it, would leave
+    // the connection unwatched while it waits; on another, it is known.
+    let refused = scene.daemon.address_of(&owner, "shared", id(1));
+    assert!(
+        matches!(refused, Err(DaemonError::WaitHolds)),
+        "{refused:?}"
+    );
+    let known = scene.daemon.address_of(&user(1000, 2), "shared", id(1));
+    assert_eq!(known.unwrap().ok(), web.info.ip_address);
 }

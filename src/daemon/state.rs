@@ -159,9 +159,7 @@ impl Daemon {
                     .then_some((*id, i))
             }),
             _ => {
-                return Err(DaemonError::BadRequest(
-                    "name the interface with exactly one of --interface-id and --name".into(),
-                ));
+                return Err(DaemonError::WhichInterface);
             }
         };
         let Some((id, iface)) = found else {

@@ -152,8 +152,12 @@ impl LinnetBridge {
                 )
                 .await?;
             let path = lease_dir.join(format!("{}.json", cfg.name));
-            let table = LeaseTable::open(&cfg.name, own, &path, unix_now()).map_err(|e| {
-                DaemonError::Internal(format!("cannot read leases {}: {e}", path.display()))
+            let table = LeaseTable::open(&cfg.name, own, &path, unix_now()).map_err(|source| {
+                DaemonError::StateFile {
+                    what: "cannot read leases",
+                    path: path.clone(),
+                    source,
+                }
             })?;
             let leases = SharedLeases::new(table);
             let ctx = NetworkContext::new(cfg.clone(), bridge.clone(), index, leases.clone())

@@ -266,11 +266,9 @@ impl NetworkDriver for Macvtap {
             .into_iter()
             .find(|(i, _)| *i == self.uplink_index)
             .map(|(_, net)| net.addr())
-            .ok_or_else(|| {
-                DaemonError::HostSetup(format!(
-                    "host_access: {} has no IPv4 address to reach the VM at {now} from; give the host its LAN address on {}",
-                    self.uplink, self.uplink
-                ))
+            .ok_or_else(|| DaemonError::NoUplinkAddress {
+                uplink: self.uplink.clone(),
+                vm: now,
             })?;
         netlink.add_host_route(now, index, src).await?;
         Ok(())

@@ -320,7 +320,10 @@ async fn tap_port(host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError
         .links
         .link(&name)
         .await?
-        .ok_or_else(|| DaemonError::Internal(format!("TAP {name} vanished after creation")))?
+        .ok_or_else(|| DaemonError::Vanished {
+            what: "TAP",
+            link: name.clone(),
+        })?
         .index;
     // A MAC of linnet's choosing, set before anyone watches it: the
     // kernel's random one is what udev's MACAddressPolicy replaces

@@ -137,7 +137,11 @@ impl Daemon {
                 && self
                     .forwards
                     .forget(id, &req.network, &req.forward)
-                    .map_err(|e| DaemonError::Internal(format!("cannot save forwards: {e}")))?
+                    .map_err(|source| DaemonError::StateFile {
+                        what: "cannot save forwards to",
+                        path: self.state_dir.join(forwards::FORWARDS_FILE),
+                        source,
+                    })?
             {
                 info!(network = %req.network, interface = %id, forward = %req.forward, "kept forward removed");
                 return Ok(());
