@@ -250,7 +250,7 @@ impl Daemon {
         let net = &self.networks[&r.network];
         let cfg = &net.config;
         // What the config says now holds for it as at an attach.
-        check_policy_possible(&r.policy, cfg)?;
+        check_policy_possible(&r.policy, cfg, self.host.devices.bridge_netfilter())?;
         let bridge = net.bridge().map(|(_, index)| index);
         let held = match (bridge, master) {
             (Some(b), Some(m)) if b != m => {

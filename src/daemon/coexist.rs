@@ -151,12 +151,14 @@ impl HostView {
 
     /// What blocks the flows of `cfg`'s network, from the ruleset `rs` and
     /// the legacy chains.
-    /// `nat_uplink`: whether it NATs out of the uplink (its driver says).
+    /// `nat_uplink`: whether it NATs out of the uplink (its driver says);
+    /// `br_netfilter`: whether bridged frames pass the inet hooks.
     pub fn network_checks(
         &self,
         rs: &Ruleset,
         legacy: &[LegacyChain],
         (name, own, nat_uplink): (&str, &Own, bool),
+        br_netfilter: bool,
     ) -> Vec<FlowCheck> {
         let bridge = host::bridge_name(name);
         let (up4, up6) = (&self.uplinks.used4, &self.uplinks.used6);
@@ -173,7 +175,7 @@ impl HostView {
                 .map(|v6| (IpNet::V6(v6.prefix), v6.gateway.into())),
             uplink4: up4.as_deref(),
             uplink6: up6.as_deref(),
-            br_netfilter: std::path::Path::new("/proc/sys/net/bridge").exists(),
+            br_netfilter,
         };
         coexist::flows(&view)
             .iter()

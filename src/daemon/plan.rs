@@ -104,13 +104,15 @@ pub(super) type Interfaces = BTreeMap<InterfaceId, Interface>;
 /// the network is known and allows the user, a network socket's relay
 /// asks only for its VM's port, `keep` is for a TAP opened by name, the
 /// name is free, the network's limits hold, the network can hold the
-/// policy, and the id is not attached. Returns the interface's id (the
+/// policy (`bridge_netfilter`: the host has br_netfilter), and the id is
+/// not attached. Returns the interface's id (the
 /// request's, or a new one).
 pub(super) fn admit(
     config: &Config,
     interfaces: &Interfaces,
     client: &Client,
     req: &AttachRequest,
+    bridge_netfilter: bool,
 ) -> Result<InterfaceId, DaemonError> {
     let network = req.network.as_deref().unwrap_or(DEFAULT_NETWORK);
     let cfg = config
@@ -155,7 +157,8 @@ pub(super) fn admit(
         }
     }
     check_limits(cfg, interfaces, client.uid)?;
-    check_policy_possible(req.policy.as_ref().unwrap_or(cfg.policy()), cfg)?;
+    let policy = req.policy.as_ref().unwrap_or(cfg.policy());
+    check_policy_possible(policy, cfg, bridge_netfilter)?;
     let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
     if let Some(other) = interfaces.get(&id) {
         return Err(DaemonError::Attached {
@@ -754,6 +757,7 @@ mod tests {
             interfaces,
             who,
             req,
+            true,
         )
     }
 
@@ -882,6 +886,19 @@ mod tests {
             matches!(&refused, Err(DaemonError::PolicyImpossible { network, why }) if network == "lan" && why.contains("on a LAN")),
             "{refused:?}"
         );
+        // On linnet's own network it holds, where bridged frames pass
+        // the firewall: not on a host without br_netfilter.
+        let on_own = AttachRequest {
+            network: Some("shared".into()),
+            ..policed
+        };
+        let config = Config::from_yaml(USERS, "t.yaml").unwrap();
+        let root = client(0, 1);
+        assert!(admit(&config, &none, &root, &on_own, true).is_ok());
+        assert!(matches!(
+            admit(&config, &none, &root, &on_own, false),
+            Err(DaemonError::NoBrNetfilter)
+        ));
     }
 
     #[test]

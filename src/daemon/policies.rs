@@ -29,6 +29,7 @@ pub(super) fn no_address_for_policy(network: &str) -> DaemonError {
 pub(super) fn check_policy_possible(
     policy: &Policy,
     cfg: &NetworkConfig,
+    bridge_netfilter: bool,
 ) -> Result<(), DaemonError> {
     if policy.is_open() {
         return Ok(());
@@ -53,7 +54,7 @@ pub(super) fn check_policy_possible(
             ),
         });
     }
-    if std::path::Path::new("/proc/sys/net/bridge").exists() {
+    if bridge_netfilter {
         return Ok(());
     }
     Err(DaemonError::NoBrNetfilter)

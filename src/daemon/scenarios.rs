@@ -1054,3 +1054,26 @@ async fn requests_that_name_no_one_interface_or_wait_where_they_hold_are_refused
     let known = scene.daemon.address_of(&user(1000, 2), "shared", id(1));
     assert_eq!(known.unwrap().ok(), web.info.ip_address);
 }
+
+#[tokio::test]
+async fn a_policy_is_refused_before_anything_is_made_on_a_host_without_br_netfilter() {
+    let policed = || AttachRequest {
+        policy: Some(crate::policy::Policy {
+            egress: vec!["10.0.0.0/8".parse().unwrap()],
+            ingress: vec![],
+        }),
+        ..request(1)
+    };
+    let mut with = Scene::new(USERS).await;
+    let attached = with.attach(&user(0, 1), policed()).await;
+    assert!(attached.is_ok(), "{:?}", attached.err());
+    let mut without = Scene::new(USERS).await;
+    without.fake.without_bridge_netfilter();
+    let refused = without.attach(&user(0, 1), policed()).await.err();
+    assert!(
+        matches!(refused, Some(DaemonError::NoBrNetfilter)),
+        "{refused:?}"
+    );
+    assert_eq!(without.fake.steps(), Vec::new(), "nothing made");
+    without.assert_nothing_left();
+}

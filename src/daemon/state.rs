@@ -653,9 +653,12 @@ impl Daemon {
             let cfg = &self.networks[&name].config;
             let Some(own) = cfg.own() else { continue };
             let nat_uplink = drivers::features(cfg).nat_uplink;
-            let found = self
-                .view
-                .network_checks(&rs, &legacy, (&name, own, nat_uplink));
+            let found = self.view.network_checks(
+                &rs,
+                &legacy,
+                (&name, own, nat_uplink),
+                self.host.devices.bridge_netfilter(),
+            );
             let old = self
                 .view
                 .checks

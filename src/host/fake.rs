@@ -92,6 +92,8 @@ struct Model {
     /// Clones' TAPs, in their namespaces: by the inode of their fd's pipe.
     clone_taps: BTreeMap<u64, String>,
     forwarding: [bool; 2],
+    /// br_netfilter is not loaded (`without_bridge_netfilter`).
+    no_bridge_netfilter: bool,
     firewall: Option<Vec<FirewallNetwork>>,
     guard: Option<BTreeMap<String, PortGuard>>,
     steps: Vec<Step>,
@@ -229,6 +231,11 @@ impl FakeHost {
     }
 
     /// Whether IPv4 (or IPv6) forwarding is on.
+    /// The host as one without br_netfilter.
+    pub fn without_bridge_netfilter(&self) {
+        self.model().no_bridge_netfilter = true;
+    }
+
     pub fn forwarding(&self, ipv6: bool) -> bool {
         self.model().forwarding[usize::from(ipv6)]
     }
@@ -745,6 +752,10 @@ impl Devices for FakeHost {
 
     fn forwarding_on(&self, ipv6: bool) -> bool {
         self.forwarding(ipv6)
+    }
+
+    fn bridge_netfilter(&self) -> bool {
+        !self.model().no_bridge_netfilter
     }
 
     fn enable_ipv4_forwarding(&self) -> io::Result<()> {

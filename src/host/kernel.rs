@@ -109,6 +109,9 @@ impl Devices for KernelDevices {
     fn forwarding_on(&self, ipv6: bool) -> bool {
         sysctl::forwarding_on(ipv6)
     }
+    fn bridge_netfilter(&self) -> bool {
+        sysctl::bridge_netfilter()
+    }
     fn enable_ipv4_forwarding(&self) -> io::Result<()> {
         sysctl::enable_ipv4_forwarding().map(drop)
     }

@@ -76,6 +76,10 @@ pub trait Devices: Send + Sync {
     /// `net.<family>.conf.<link>.<key>`.
     fn set_link_sysctl(&self, family: &str, link: &str, key: &str, value: &str) -> io::Result<()>;
     fn forwarding_on(&self, ipv6: bool) -> bool;
+    /// Whether frames a bridge forwards pass nftables' inet hooks
+    /// (`br_netfilter` loaded), as connect/listen policies between VMs of
+    /// one network need.
+    fn bridge_netfilter(&self) -> bool;
     fn enable_ipv4_forwarding(&self) -> io::Result<()>;
     fn disable_ipv4_forwarding(&self) -> io::Result<()>;
     /// Turns IPv6 forwarding on; returns what it changed, to put back.

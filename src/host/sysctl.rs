@@ -46,6 +46,11 @@ pub fn forwarding_on(ipv6: bool) -> bool {
     std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1")
 }
 
+/// Whether br_netfilter is loaded: its sysctls are there.
+pub fn bridge_netfilter() -> bool {
+    std::path::Path::new("/proc/sys/net/bridge").exists()
+}
+
 /// Turns IPv4 forwarding on; returns whether it was off before.
 pub fn enable_ipv4_forwarding() -> io::Result<bool> {
     switch_on(IPV4_FORWARD)

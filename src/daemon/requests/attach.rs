@@ -49,7 +49,14 @@ impl Daemon {
             info!(network = %other.network, interface = %id, uid = client.uid, "attached again instead of re-claimed: the adopted interface goes first");
             self.detach(&[id]).await?;
         }
-        let id = plan::admit(&self.config, &self.interfaces, client, &req)?;
+        let bridge_netfilter = self.host.devices.bridge_netfilter();
+        let id = plan::admit(
+            &self.config,
+            &self.interfaces,
+            client,
+            &req,
+            bridge_netfilter,
+        )?;
         self.ensure_network(&network).await?;
         let attached = match &req.clone_of {
             Some(of) => self.attach_clone(&network, id, client, &req, of).await,

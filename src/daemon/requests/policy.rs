@@ -36,7 +36,7 @@ impl Daemon {
             .config
             .network(&req.network)
             .ok_or_else(|| self.unknown_network(&req.network))?;
-        check_policy_possible(&req.policy, cfg)?;
+        check_policy_possible(&req.policy, cfg, self.host.devices.bridge_netfilter())?;
         let which = req.interface();
         let id = self
             .interface_named(client, &which, "change its policy")?
