@@ -44,15 +44,16 @@ pub(super) struct Carried {
     pub clone: Option<(NetNs, UdpSocket, Option<PathBuf>)>,
 }
 
-/// What an attach's fd and its device nodes are for.
-pub(super) struct For<'a> {
+/// What making an interface's devices needs besides the host: whose they
+/// are, what names and scratch space they take, what serves a clone.
+pub(super) struct Making<'a> {
     pub uid: u32,
     pub gid: u32,
     /// The number in the next TAP's name.
     pub next_tap: &'a mut u32,
     /// Root-only, for device nodes of the moment.
     pub scratch: &'a Path,
-    /// Starts a clone's DHCP server.
+    /// Makes the socket of a clone's DHCP server.
     pub services: &'a dyn Starter,
 }
 
@@ -62,7 +63,7 @@ impl Apply<'_> {
     pub async fn apply(
         &mut self,
         plan: &AttachPlan,
-        who: For<'_>,
+        who: Making<'_>,
         done: &mut Vec<Done>,
     ) -> Result<Carried, DaemonError> {
         let mut port: Option<Port> = None;

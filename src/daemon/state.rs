@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use super::apply::{Apply, Carried, For};
+use super::apply::{Apply, Carried, Making};
 use super::client::Client;
 use super::coexist::{GUARD_RETRY, HostView, firewalls, warnings};
 use super::drivers::{self, ActiveNetwork};
@@ -276,7 +276,7 @@ impl Daemon {
             guard: &mut self.guard,
             network: &self.networks[network],
         };
-        let who = For {
+        let who = Making {
             uid: client.uid,
             gid: client.gid,
             next_tap: &mut self.next_tap,
