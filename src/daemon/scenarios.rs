@@ -614,6 +614,44 @@ async fn a_bridged_network_gives_each_vm_a_macvtap_guarded_on_its_way_out() {
     s.assert_nothing_left();
 }
 
+/// Between a macvtap's unhook and its link's delete (which runs without
+/// the lock, and while the kernel waits lets the daemon's other tasks
+/// run), the guard linnet expects has no hook for it: a look at the
+/// tables then must not take the missing hook for damage, hold every
+/// guarded port and rebuild the guard (which it did, costing every
+/// bridged attach a rebuild).
+#[tokio::test]
+async fn a_macvtap_unhooked_for_its_detach_is_not_expected_in_the_guard() {
+    let mut s = Scene::new(BRIDGED).await;
+    let admin = user(0, 1);
+    let going = s.attach(&admin, on("lan", 1)).await.unwrap();
+    let staying = s.attach(&admin, on("lan", 2)).await.unwrap();
+    let expected = |d: &Daemon| -> Vec<String> {
+        let mut taps: Vec<String> = d.guarded_ports().into_iter().map(|p| p.tap).collect();
+        taps.sort();
+        taps
+    };
+    let both = expected(&s.daemon);
+    assert_eq!(both.len(), 2, "both guarded while attached: {both:?}");
+    let teardown = s.daemon.detach_request(&admin, id(1)).unwrap();
+    assert_eq!(
+        expected(&s.daemon),
+        both,
+        "detaching but still hooked: its hook is expected"
+    );
+    teardown.cut_off().await;
+    s.daemon.unhook_detaching(&teardown);
+    assert_eq!(
+        expected(&s.daemon),
+        vec![staying.info.tap.clone()],
+        "once unhooked, only the other macvtap's hook is expected"
+    );
+    s.daemon.run_teardown(teardown).await.unwrap();
+    assert!(s.daemon.unhooked.is_empty(), "forgotten once detached");
+    assert!(s.fake.link(&going.info.tap).is_none());
+    assert_eq!(expected(&s.daemon), vec![staying.info.tap.clone()]);
+}
+
 #[tokio::test]
 async fn a_macvtap_whose_device_cannot_be_opened_is_deleted() {
     let mut s = Scene::new(BRIDGED).await;

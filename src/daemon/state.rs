@@ -15,7 +15,7 @@
 //! (`requests/`), start-up and stop (`adoption`) and the watches sit above
 //! it; nothing here calls up to them (`scripts/check-layers` checks).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -64,6 +64,10 @@ pub struct Daemon {
     /// Interfaces whose links are being deleted outside the lock
     /// (`teardown`): what they hold stays theirs until then.
     pub(super) detaching: BTreeMap<InterfaceId, Interface>,
+    /// The detaching macvtaps whose guard hooks are gone already (taken
+    /// down first): the guard linnet expects, and puts back, has none for
+    /// them.
+    pub(super) unhooked: BTreeSet<InterfaceId>,
     /// Told when a detach ends, to the attaches that wait for it.
     pub(super) detached: Arc<tokio::sync::Notify>,
     /// Port forwards' own state (`forwards`).
@@ -110,6 +114,7 @@ impl Daemon {
             networks: BTreeMap::new(),
             interfaces: BTreeMap::new(),
             detaching: BTreeMap::new(),
+            unhooked: BTreeSet::new(),
             detached: Arc::default(),
             forwards: Forwards::default(),
             guard: Guard::default(),
@@ -344,6 +349,17 @@ impl Daemon {
         if let Err(e) = self.host.tables.unhook_guard_ports(&guarded) {
             warn!("removing the hooks of detached macvtaps failed: {e}");
         }
+        // Whether or not that worked: a look at the tables before the
+        // detach ends must not take a hook missing for damage.
+        let hooked: Vec<InterfaceId> = (teardown.ids.iter())
+            .filter(|id| {
+                (self.detaching.get(id))
+                    .and_then(|i| self.guard_of(i))
+                    .is_some_and(|p| p.hook == Hook::Egress)
+            })
+            .copied()
+            .collect();
+        self.unhooked.extend(hooked);
     }
 
     fn detaching_guards(&self, teardown: &Teardown) -> Vec<PortGuard> {
@@ -359,6 +375,9 @@ impl Daemon {
         let gone: Vec<(InterfaceId, Interface)> = (teardown.ids.iter())
             .filter_map(|id| self.detaching.remove(id).map(|i| (*id, i)))
             .collect();
+        for (id, _) in &gone {
+            self.unhooked.remove(id);
+        }
         let Teardown { deleted, .. } = teardown;
         // A TAP that could not be deleted keeps its guard: its client may
         // still hold the fd.
@@ -537,9 +556,12 @@ impl Daemon {
             }
         }
     }
-    /// The guard of every guarded interface.
+    /// The guard of every guarded interface, as linnet's tables should
+    /// have it now: without the detaching macvtaps already unhooked (taken
+    /// down, their links about to go).
     pub(super) fn guarded_ports(&self) -> Vec<PortGuard> {
-        (self.interfaces.values().chain(self.detaching.values()))
+        let detaching = (self.detaching.iter()).filter(|(id, _)| !self.unhooked.contains(id));
+        (self.interfaces.values().chain(detaching.map(|(_, i)| i)))
             .filter_map(|i| self.guard_of(i))
             .collect()
     }
