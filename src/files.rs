@@ -55,6 +55,18 @@ fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<()
     Ok(())
 }
 
+/// Removes a file linnet made that should go now (a socket, a lock, a
+/// temporary): one that is gone already is fine; any other failure is
+/// logged with the file, as it may be in the way of a next daemon.
+pub fn remove_left(path: &Path) {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            tracing::warn!("cannot remove {}: {e}", path.display());
+        }
+        _ => {}
+    }
+}
+
 /// Moves a file that cannot be read as it should aside, to
 /// `NAME.broken-UNIXTIME`, where an operator can look at it; returns where.
 pub fn move_aside(path: &Path) -> io::Result<PathBuf> {

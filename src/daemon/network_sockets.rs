@@ -186,7 +186,7 @@ impl NetworkSockets {
     pub fn close(self) {
         for (path, task) in self.listeners {
             task.abort();
-            let _ = std::fs::remove_file(&path);
+            crate::files::remove_left(&path);
         }
     }
 }
@@ -309,7 +309,7 @@ fn bind(path: &Path, access: SocketAccess) -> anyhow::Result<AsyncFd<OwnedFd>> {
         Ok(register(fd)?)
     })();
     if ready.is_err() {
-        let _ = std::fs::remove_file(path);
+        crate::files::remove_left(path);
     }
     ready
 }

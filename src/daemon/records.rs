@@ -165,7 +165,7 @@ impl Records {
             let name = path.file_name().unwrap_or_default().to_string_lossy();
             if name.contains(".tmp.") {
                 // A temporary a killed daemon left.
-                let _ = std::fs::remove_file(&path);
+                crate::files::remove_left(&path);
                 continue;
             }
             if path.extension().is_none_or(|e| e != "json") {

@@ -153,7 +153,7 @@ fn inside(mut opts: Options, channel: Channel, supervisor: Pid) -> anyhow::Resul
     let pid_file = opts.run_dir.join(PID_FILE);
     let served = super::server::run(opts);
     // The supervisor wrote it, and may be gone.
-    let _ = std::fs::remove_file(pid_file);
+    crate::files::remove_left(&pid_file);
     // The egress tool joined our namespaces, which clears the parent-death
     // signal it was started with: were the supervisor killed, the tool
     // would outlive us. Our group is the supervisor's, the tool's and ours.
@@ -221,7 +221,7 @@ fn supervise(daemon: Pid, channel: Channel, egress: Egress, run_dir: &Path) -> a
     let _ = requests.join();
     // A daemon that was killed could not remove these.
     for file in [SOCKET_NAME, PID_FILE, super::server::LOCK_FILE] {
-        let _ = std::fs::remove_file(run_dir.join(file));
+        crate::files::remove_left(&run_dir.join(file));
     }
     match status {
         0 => Ok(()),

@@ -87,7 +87,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     };
     let remove_socket = || {
         if !activated {
-            let _ = std::fs::remove_file(&socket_path);
+            crate::files::remove_left(&socket_path);
         }
     };
 
@@ -226,7 +226,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         .await;
     remove_socket();
     // Still held: a daemon starting meanwhile finds it locked, or a new one.
-    let _ = std::fs::remove_file(opts.run_dir.join(LOCK_FILE));
+    crate::files::remove_left(&opts.run_dir.join(LOCK_FILE));
     info!("stopped");
     Ok(())
 }
