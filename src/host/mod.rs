@@ -11,6 +11,7 @@ pub mod firewall;
 pub mod guard;
 pub mod kernel;
 pub mod legacy;
+mod link_deletes;
 pub mod listeners;
 pub mod macvtap;
 pub mod netlink;

@@ -26,6 +26,7 @@ use rtnetlink::{
 use thiserror::Error;
 use tracing::warn;
 
+use super::link_deletes::{Delete, Deletes};
 use crate::config::MacvtapMode as Mode;
 use crate::types::MacAddr;
 
@@ -63,18 +64,12 @@ pub struct Link {
     pub tx_bytes: u64,
 }
 
-/// A connection to rtnetlink in the daemon's network namespace.
-///
-/// Links are deleted over a second connection, driven by a thread of its
-/// own (`deletes`): the kernel answers a delete only after an RCU grace
-/// period (about 20 ms for a TAP), inside the sendmsg that asks for it,
-/// and on the daemon's one thread that would stall every client's request
-/// and every service behind it. rtnl is not held through that wait, so
-/// other changes to links go on meanwhile, over the first connection.
+/// A connection to rtnetlink in the daemon's network namespace; links are
+/// deleted on a thread of their own (`link_deletes`).
 #[derive(Clone)]
 pub struct Netlink {
     handle: Handle,
-    deletes: Handle,
+    deletes: Deletes,
 }
 
 /// Where `delete_links` starts looking for a free device group ("ln\0\0"),
@@ -86,48 +81,6 @@ fn to_io(e: rtnetlink::Error) -> io::Error {
         rtnetlink::Error::NetlinkError(msg) => msg.to_io(),
         other => io::Error::other(other.to_string()),
     }
-}
-
-/// A connection to rtnetlink whose socket a thread of its own reads and
-/// writes (in the calling thread's network namespace, which a new thread
-/// starts in); the thread ends with the connection, once every handle to
-/// it is dropped.
-fn connect_on_own_thread() -> io::Result<(Handle, std::thread::JoinHandle<()>)> {
-    let (sender, connected) = std::sync::mpsc::sync_channel(1);
-    let thread = std::thread::Builder::new()
-        .name("linnet-rtnl".into())
-        .spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_io()
-                .build();
-            let runtime = match runtime {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    // The receiver is waiting below: nothing else to tell.
-                    sender.send(Err(e)).ok();
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let (connection, handle, unsolicited) = match rtnetlink::new_connection() {
-                    Ok(connected) => connected,
-                    Err(e) => {
-                        sender.send(Err(e)).ok();
-                        return;
-                    }
-                };
-                // The connection ends once nobody can send it a request
-                // nor read what it was not asked.
-                drop(unsolicited);
-                if sender.send(Ok(handle)).is_ok() {
-                    connection.await;
-                }
-            });
-        })?;
-    let handle = connected
-        .recv()
-        .map_err(|_| io::Error::other("the rtnetlink thread ended before it connected"))??;
-    Ok((handle, thread))
 }
 
 fn op(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
@@ -144,7 +97,7 @@ impl Netlink {
     pub fn connect() -> io::Result<Netlink> {
         let (connection, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(connection);
-        let (deletes, _thread) = connect_on_own_thread()?;
+        let (deletes, _thread) = Deletes::start()?;
         Ok(Netlink { handle, deletes })
     }
 
@@ -203,13 +156,10 @@ impl Netlink {
                 source: io::Error::other(format!("{} joined it too", other.name)),
             });
         }
-        let mut del = self.deletes.link().del(0);
-        del.message_mut()
-            .attributes
-            .push(LinkAttribute::Group(group));
-        del.execute()
-            .await
-            .map_err(op(format!("delete the links of device group {group}")))
+        (self.deletes.delete(Delete::Group(group)).await).map_err(|source| NetlinkError {
+            what: format!("delete the links of device group {group}"),
+            source,
+        })
     }
 
     /// Creates a veth pair, down: `name` here, `peer` in the namespace of
@@ -557,17 +507,12 @@ impl Links for Netlink {
 
     /// Deletes a link; a link already gone is not an error.
     async fn delete_link(&self, index: u32) -> Result<(), NetlinkError> {
-        match self.deletes.link().del(index).execute().await {
-            Err(e) => {
-                let e = to_io(e);
-                if e.raw_os_error() == Some(libc::ENODEV) {
-                    return Ok(());
-                }
-                Err(NetlinkError {
-                    what: format!("delete link {index}"),
-                    source: e,
-                })
-            }
+        match self.deletes.delete(Delete::Link(index)).await {
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
+            Err(source) => Err(NetlinkError {
+                what: format!("delete link {index}"),
+                source,
+            }),
             Ok(()) => Ok(()),
         }
     }
@@ -819,40 +764,4 @@ fn parse_link(msg: LinkMessage) -> Link {
         }
     }
     link
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The deletes' connection answers from its own thread, and the thread
-    /// ends once its handles are dropped (a clone's short-lived connection
-    /// in its namespace must not leave a thread behind).
-    #[test]
-    fn the_deletes_thread_serves_and_ends_with_its_handles() {
-        let (handle, thread) = connect_on_own_thread().expect("an rtnetlink socket");
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("a runtime");
-        let links = runtime.block_on(async {
-            let mut stream = handle.link().get().execute();
-            let mut n = 0;
-            while stream.try_next().await.expect("a dump of links").is_some() {
-                n += 1;
-            }
-            n
-        });
-        assert!(links >= 1, "every namespace has its loopback");
-        assert!(!thread.is_finished(), "serving while a handle is held");
-        drop(handle);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !thread.is_finished() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the thread outlived its handles"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        thread.join().expect("the thread ended cleanly");
-    }
 }

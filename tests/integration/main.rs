@@ -323,6 +323,12 @@ fn a_client_that_goes_away_takes_all_its_interfaces_with_it_at_once() {
     });
     let listing = must(&mut world.linnet(&["ls", "--json"]));
     assert!(listing.contains("\"interfaces\": []"), "{listing}");
+    // The links vanish before the kernel answers their delete, and the
+    // daemon serves requests meanwhile: the detach ends after that.
+    wait_for("the detach to end", Duration::from_secs(5), || {
+        let log = world.daemon_log_text();
+        (log.matches("detached").count() >= taps.len()).then_some(())
+    });
     let log = world.daemon_log_text();
     assert_eq!(log.matches("detached").count(), taps.len(), "{log}");
     drop(attached);
