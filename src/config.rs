@@ -12,6 +12,10 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+mod evpn;
+
+pub use evpn::{Evpn, VXLAN_OVERHEAD};
+
 use crate::addr6;
 use crate::forward::PortForward;
 use crate::policy::{Policy, PolicySpecError};
@@ -82,6 +86,9 @@ pub struct NetworkConfig {
 }
 
 /// A network's kind, as `mode:` says it.
+// A handful per daemon, made once and cloned rarely: boxing `Own` would
+// cost every reader a level of indirection for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
@@ -118,6 +125,8 @@ pub struct Own {
     /// Where clones (`--clone-of`) get the unique addresses the host and
     /// other VMs reach them at.
     pub clone_subnet: Option<Ipv4Net>,
+    /// The network spans hosts over VXLAN, with FRR's BGP EVPN (`evpn:`).
+    pub evpn: Option<Evpn>,
 }
 
 /// The policy of a network that has none (a LAN's): open.
@@ -438,6 +447,8 @@ struct NetworkSpec {
     /// `true`, `false` or an absolute path.
     socket: Option<serde_norway::Value>,
     clone_subnet: Option<String>,
+    /// The network across hosts (`config::evpn`).
+    evpn: Option<evpn::EvpnSpec>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -545,6 +556,7 @@ impl Config {
         }
         assign_clone_subnets(&mut networks);
         check_no_overlaps(&networks, file)?;
+        evpn::check_across(&networks, file)?;
         Ok(Config {
             networks,
             firewall: FirewallConfig {
@@ -589,6 +601,12 @@ impl Config {
                     ),
                 ));
             };
+            if own.evpn.is_some() {
+                return Err(refuse(
+                    "evpn",
+                    "a network across hosts sends VXLAN from the host's own address and runs BGP there, which a rootless daemon's namespaces cannot; run it on the system daemon".into(),
+                ));
+            }
             if own.dns.upstream.is_empty() {
                 own.dns.upstream = vec![SocketAddr::new(host_dns.into(), 53)];
             }
@@ -828,7 +846,12 @@ impl Validator<'_> {
             ));
         }
 
-        let mtu = spec.mtu.unwrap_or(DEFAULT_MTU);
+        // Across hosts, VXLAN's wrapping must fit the usual underlay.
+        let default_mtu = match spec.evpn {
+            Some(_) => DEFAULT_MTU - VXLAN_OVERHEAD,
+            None => DEFAULT_MTU,
+        };
+        let mtu = spec.mtu.unwrap_or(default_mtu);
         if !(576..=65535).contains(&mtu) {
             return Err(self.err(
                 "mtu",
@@ -866,6 +889,9 @@ impl Validator<'_> {
             .as_deref()
             .map(|text| self.clone_subnet(text))
             .transpose()?;
+        let evpn = (spec.evpn.take())
+            .map(|e| self.evpn(e, subnet))
+            .transpose()?;
 
         let nat44 = spec.nat44.unwrap_or(mode == Mode::Shared);
         if nat44 && mode == Mode::Host {
@@ -890,6 +916,7 @@ impl Validator<'_> {
                 forwards,
                 policy,
                 clone_subnet,
+                evpn,
             }),
             anti_spoofing,
             persistent: spec.persistent.unwrap_or(false),
@@ -1111,6 +1138,7 @@ impl Validator<'_> {
             ("forwards", !spec.forwards.is_empty()),
             ("policy", spec.policy.is_some()),
             ("clone_subnet", spec.clone_subnet.is_some()),
+            ("evpn", spec.evpn.is_some()),
         ];
         if let Some((key, _)) = linnets_own.iter().find(|(_, set)| *set) {
             return Err(self.err(

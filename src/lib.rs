@@ -17,6 +17,7 @@ mod daemon;
 mod datapath;
 mod files;
 mod forward;
+mod frr;
 mod host;
 mod leases;
 mod policy;

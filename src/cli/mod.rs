@@ -5,6 +5,7 @@ mod connect;
 mod daemon;
 mod doctor;
 mod forward;
+mod frr_config;
 mod helper;
 mod kept;
 pub mod lifeline;
@@ -184,6 +185,9 @@ pub enum CommandArgs {
     /// nft tables) and routes do to each network's traffic, and how to fix
     /// what blocks it. Exits 1 when something is blocked.
     Doctor(doctor::DoctorArgs),
+    /// Print FRR's configuration (zebra and bgpd) for this host's networks
+    /// across hosts (those with an evpn: section).
+    FrrConfig(frr_config::FrrConfigArgs),
 }
 
 /// `linnet`'s main.
@@ -296,6 +300,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         CommandArgs::Forward(cmd) => forward::main(&cli, cmd).map(|()| 0),
         CommandArgs::Policy(cmd) => policy::main(&cli, cmd).map(|()| 0),
         CommandArgs::Doctor(args) => doctor::main(&cli, args),
+        CommandArgs::FrrConfig(args) => frr_config::main(&cli, args).map(|()| 0),
     }
 }
 
@@ -309,7 +314,8 @@ impl Cli {
         let env = |var: &str| std::env::var(var).ok();
         let root = nix::unistd::geteuid().is_root();
         let rootless = match &self.command {
-            CommandArgs::Daemon(_) => self.rootless,
+            // The system's networks file, unless told otherwise.
+            CommandArgs::Daemon(_) | CommandArgs::FrrConfig(_) => self.rootless,
             _ if self.rootless => true,
             _ if root || self.run_dir.is_some() => false,
             _ => Channel::connect(&Path::new(SYSTEM_RUN_DIR).join(SOCKET_NAME)).is_err(),

@@ -263,6 +263,13 @@ pub enum DaemonError {
         uplink: String,
         vm: std::net::Ipv4Addr,
     },
+    /// `evpn:`: the network's kernel side (VXLAN on its bridge) is not
+    /// made yet, so it is refused rather than brought up as a network of
+    /// this host alone.
+    #[error(
+        "network \"{network}\" spans hosts (evpn:), and this linnet does not make its VXLAN side yet: it would be a network of this host alone. `linnet frr-config` prints FRR's part; remove evpn: to run it on this host only"
+    )]
+    AcrossHostsNotYet { network: String },
     /// A link linnet made is gone before it was set up.
     #[error("{what} {link} vanished after creation")]
     Vanished { what: &'static str, link: String },
@@ -340,6 +347,7 @@ impl DaemonError {
             | DaemonError::LanLink { .. }
             | DaemonError::HostStep { .. }
             | DaemonError::NoBrNetfilter
+            | DaemonError::AcrossHostsNotYet { .. }
             | DaemonError::NoUplinkAddress { .. }
             | DaemonError::Vanished { .. }
             | DaemonError::CloneNamespace(_) => ErrorKind::HostSetup,

@@ -318,6 +318,33 @@ async fn a_bring_up_that_fails_half_way_leaves_nothing() {
     assert!(s.daemon.networks.is_empty());
 }
 
+/// A network across hosts is refused as such, changing nothing, until
+/// linnet makes its VXLAN side: it must not come up as a network of this
+/// host alone. The file's other networks come up as before.
+#[tokio::test]
+async fn a_network_across_hosts_is_refused_before_anything_is_made() {
+    let yaml = "networks:
+  fabric:
+    mode: shared
+    subnet: 10.77.0.0/24
+    allow: { users: [root, '1000'] }
+    evpn: { vni: 7700, vtep: 192.0.2.11, asn: 65000, peers: [192.0.2.12] }
+";
+    let mut s = Scene::new(yaml).await;
+    let refused = s.attach(&user(1000, 1), on("fabric", 1)).await.err();
+    assert!(
+        matches!(&refused, Some(DaemonError::AcrossHostsNotYet { network }) if network == "fabric"),
+        "{refused:?}"
+    );
+    assert!(s.fake.steps().is_empty(), "{:#?}", s.fake.steps());
+    assert!(s.daemon.networks.is_empty());
+    let vm = s.attach(&user(0, 2), on("shared", 2)).await.unwrap();
+    assert!(
+        s.fake.link(&vm.info.tap).is_some(),
+        "the built-in shared one comes up"
+    );
+}
+
 #[tokio::test]
 async fn a_firewall_that_cannot_be_made_takes_the_network_down_again() {
     let mut s = Scene::new(USERS).await;

@@ -5,6 +5,7 @@ mod clients;
 mod clones;
 mod coexist;
 mod forwarding;
+mod frr;
 mod guard;
 mod harness;
 mod ipv6;

@@ -48,6 +48,11 @@ impl NetworkKind for Own {
         services: &dyn Starter,
         lease_dir: &Path,
     ) -> Result<Box<dyn NetworkDriver>, DaemonError> {
+        if self.evpn.is_some() {
+            return Err(DaemonError::AcrossHostsNotYet {
+                network: cfg.name.clone(),
+            });
+        }
         let bridge = LinnetBridge::bring_up(cfg, self, host, services, lease_dir).await?;
         Ok(Box::new(bridge))
     }
