@@ -91,17 +91,7 @@ pub fn config(cfg: &Config) -> Result<String, FrrError> {
 mod tests {
     use super::*;
 
-    const TWO: &str = "networks:
-  fabric:
-    mode: shared
-    subnet: 10.77.0.0/24
-    dhcp: { range: 10.77.0.10-10.77.0.29 }
-    evpn: { vni: 7700, vtep: 192.0.2.11, asn: 65000, peers: [192.0.2.12, 192.0.2.13] }
-  lab:
-    mode: host
-    subnet: 10.78.0.0/24
-    evpn: { vni: 7800, vtep: 192.0.2.11, asn: 65000, peers: [192.0.2.14, 192.0.2.12] }
-";
+    const TWO: &str = include_str!("../tests/networks/across-hosts.yaml");
 
     #[test]
     fn one_bgp_speaker_carries_every_network_with_their_peers_combined() {

@@ -6,17 +6,7 @@ use std::process::Command;
 
 use crate::harness::linnet_bin;
 
-const FABRIC: &str = "networks:
-  fabric:
-    mode: shared
-    subnet: 10.77.0.0/24
-    dhcp: { range: 10.77.0.10-10.77.0.29 }
-    evpn: { vni: 7700, vtep: 192.0.2.11, asn: 65000, peers: [192.0.2.12, 192.0.2.13] }
-  lab:
-    mode: host
-    subnet: 10.78.0.0/24
-    evpn: { vni: 7800, vtep: 192.0.2.11, asn: 65000, peers: [192.0.2.14] }
-";
+const FABRIC: &str = include_str!("../networks/across-hosts.yaml");
 
 /// vtysh's dry run of `conf`: whether it accepted it, and what it said.
 fn vtysh_accepts(dir: &std::path::Path, conf: &str) -> (bool, String) {
@@ -35,17 +25,22 @@ fn vtysh_accepts(dir: &std::path::Path, conf: &str) -> (bool, String) {
     )
 }
 
+/// `linnet --config FILE frr-config` with `yaml` in FILE, in `dir`.
+fn frr_config(dir: &std::path::Path, yaml: &str) -> std::process::Output {
+    let file = dir.join("networks.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    Command::new(linnet_bin())
+        .arg("--config")
+        .arg(&file)
+        .arg("frr-config")
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn vtysh_accepts_every_line_of_the_frr_config_linnet_prints() {
     let dir = tempfile::tempdir().unwrap();
-    let yaml = dir.path().join("networks.yaml");
-    std::fs::write(&yaml, FABRIC).unwrap();
-    let out = Command::new(linnet_bin())
-        .arg("--config")
-        .arg(&yaml)
-        .arg("frr-config")
-        .output()
-        .unwrap();
+    let out = frr_config(dir.path(), FABRIC);
     assert!(out.status.success(), "{out:?}");
     let conf = String::from_utf8(out.stdout).unwrap();
     assert!(conf.contains("router bgp 65000"), "{conf}");
@@ -64,14 +59,7 @@ fn vtysh_accepts_every_line_of_the_frr_config_linnet_prints() {
 #[test]
 fn frr_config_without_a_network_across_hosts_says_what_to_add() {
     let dir = tempfile::tempdir().unwrap();
-    let yaml = dir.path().join("networks.yaml");
-    std::fs::write(&yaml, "networks: {}\n").unwrap();
-    let out = Command::new(linnet_bin())
-        .arg("--config")
-        .arg(&yaml)
-        .arg("frr-config")
-        .output()
-        .unwrap();
+    let out = frr_config(dir.path(), "networks: {}\n");
     assert!(!out.status.success());
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("no network has an evpn: section"), "{said}");
