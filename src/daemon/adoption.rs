@@ -83,7 +83,7 @@ impl Daemon {
                 {
                     !ports.contains(&link.index)
                 }
-                (LinkKind::Bridge | LinkKind::Macvlan, a) => a
+                (LinkKind::Bridge | LinkKind::Macvlan | LinkKind::Vxlan, a) => a
                     .strip_prefix(ALIAS_NETWORK)
                     .is_some_and(|net| !wanted.contains(net)),
                 _ => false,
@@ -334,11 +334,12 @@ impl Daemon {
             Some(_) => {}
             None => self.tap_addresses.record(r.port_index, r.port_mac),
         }
-        // On a LAN, the host's route to the address linnet had learned.
+        // What the network does with a VM's address: on a LAN, the host's
+        // route to the address linnet had learned; across hosts, the
+        // neighbour entry FRR advertises.
         let net = &self.networks[&r.network];
-        if net.config.own().is_none()
-            && r.ip.is_some()
-            && let Err(e) = net.vm_address(&self.host, None, r.ip).await
+        if r.ip.is_some()
+            && let Err(e) = net.vm_address(&self.host, r.mac, None, r.ip).await
         {
             warn!(network = %r.network, interface = %id, "{e}");
         }

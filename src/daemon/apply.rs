@@ -139,6 +139,11 @@ impl Apply<'_> {
                     let settings = plan.link(bridge, self.guard.held(), &alias);
                     self.host.links.configure(port.index, settings).await?;
                 }
+                Step::Advertise { ip } => {
+                    let (host, mac) = (&*self.host, plan.mac);
+                    self.network.vm_address(host, mac, None, Some(*ip)).await?;
+                    done.push(Done::Advertised(mac, *ip));
+                }
                 Step::Persist => {
                     let port = made_before(port.as_ref(), step)?;
                     let tap = made_before(tap.as_ref(), step)?;
@@ -201,6 +206,10 @@ impl Apply<'_> {
                     if let Some(leases) = leases {
                         leases.lock().expect("lease lock").give_back(&taken);
                     }
+                }
+                Done::Advertised(mac, ip) => {
+                    let taken = (self.network.vm_address(self.host, mac, Some(ip), None)).await;
+                    left.note(format_args!("take {ip} out of the neighbour table"), taken);
                 }
                 Done::Mount(path) => {
                     let unmounted = self.host.devices.unmount_namespace(&path);

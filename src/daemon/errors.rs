@@ -263,13 +263,30 @@ pub enum DaemonError {
         uplink: String,
         vm: std::net::Ipv4Addr,
     },
-    /// `evpn:`: the network's kernel side (VXLAN on its bridge) is not
-    /// made yet, so it is refused rather than brought up as a network of
-    /// this host alone.
+    /// A network across hosts names a VTEP that is none of this host's
+    /// addresses (`have`: those it has, with their links).
     #[error(
-        "network \"{network}\" spans hosts (evpn:), and this linnet does not make its VXLAN side yet: it would be a network of this host alone. `linnet frr-config` prints FRR's part; remove evpn: to run it on this host only"
+        "network \"{network}\": evpn.vtep {vtep} is no address of this host ({have}); set networks.{network}.evpn.vtep to this host's address on the underlay, the one the other hosts reach"
     )]
-    AcrossHostsNotYet { network: String },
+    VtepNotHere {
+        network: String,
+        vtep: std::net::Ipv4Addr,
+        have: String,
+    },
+    /// A network across hosts whose MTU, with VXLAN's 50 bytes, is more
+    /// than the underlay link carries.
+    #[error(
+        "network \"{network}\": mtu {mtu} does not fit the underlay: {link} carries {link_mtu} bytes and VXLAN takes {overhead}; set networks.{network}.mtu to {} or less, or raise {link}'s MTU to {} or more",
+        link_mtu.saturating_sub(*overhead),
+        mtu + overhead
+    )]
+    UnderlayMtu {
+        network: String,
+        mtu: u32,
+        link: String,
+        link_mtu: u32,
+        overhead: u32,
+    },
     /// A link linnet made is gone before it was set up.
     #[error("{what} {link} vanished after creation")]
     Vanished { what: &'static str, link: String },
@@ -347,7 +364,8 @@ impl DaemonError {
             | DaemonError::LanLink { .. }
             | DaemonError::HostStep { .. }
             | DaemonError::NoBrNetfilter
-            | DaemonError::AcrossHostsNotYet { .. }
+            | DaemonError::VtepNotHere { .. }
+            | DaemonError::UnderlayMtu { .. }
             | DaemonError::NoUplinkAddress { .. }
             | DaemonError::Vanished { .. }
             | DaemonError::CloneNamespace(_) => ErrorKind::HostSetup,

@@ -105,7 +105,10 @@ impl Daemon {
             &self.interfaces[&id].network,
             &self.networks[&self.interfaces[&id].network],
         );
-        if let Err(e) = net.vm_address(&self.host, was, Some(acked.ip)).await {
+        if let Err(e) = net
+            .vm_address(&self.host, acked.mac, was, Some(acked.ip))
+            .await
+        {
             warn!(%network, interface = %id, "{e}");
         }
         self.learned.send_modify(|n| *n += 1);

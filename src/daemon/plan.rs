@@ -70,6 +70,9 @@ pub(super) enum Step {
     /// The port's MTU, alias, place on its bridge and state
     /// (`AttachPlan::link`).
     Link,
+    /// The VM's address and MAC in the bridge's neighbour table, which
+    /// FRR advertises to the other hosts of a network across hosts.
+    Advertise { ip: Ipv4Addr },
     /// The VMM's TAP made to outlive its fd, for `--datapath tap-name`:
     /// last, so that a failure before drops a TAP that goes with its fd.
     Persist,
@@ -280,6 +283,12 @@ pub(super) fn plan(
         (leases.attach_without_address(id, req.mac, now)?, None)
     };
     let datapath = req.datapath.unwrap_or_default();
+    let mut steps = port_steps(vec![Step::Port], guarded(cfg), None, datapath);
+    if let (Some(_), Some(ip)) = (&own.evpn, ip) {
+        // Before making a TAP persistent, the last step that can fail.
+        let at = (steps.iter().position(|s| *s == Step::Persist)).unwrap_or(steps.len());
+        steps.insert(at, Step::Advertise { ip });
+    }
     Ok(AttachPlan {
         id,
         mac,
@@ -289,7 +298,7 @@ pub(super) fn plan(
         policy,
         guarded: guarded(cfg),
         mtu: own.mtu,
-        steps: port_steps(vec![Step::Port], guarded(cfg), None, datapath),
+        steps,
     })
 }
 
@@ -392,6 +401,9 @@ pub(super) enum Done {
     TookOver(TakenOver),
     /// The port's guard entries were added (undo: remove them).
     Guard(PortGuard),
+    /// The VM's address went into the network's neighbour table (undo:
+    /// take it out).
+    Advertised(MacAddr, Ipv4Addr),
     /// A clone's namespace was given this name (undo: take it away).
     Mount(std::path::PathBuf),
 }

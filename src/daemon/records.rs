@@ -232,6 +232,7 @@ mod tests {
             mtu: 1500,
             rx_bytes: 0,
             tx_bytes: 0,
+            vxlan: None,
         }
     }
 

@@ -175,6 +175,7 @@ fn linnet_links(fake: &FakeHost) -> Vec<String> {
         host::MACVTAP_PREFIX,
         host::CLONE_PORT_PREFIX,
         host::HOST_ACCESS_PREFIX,
+        host::VXLAN_PREFIX,
     ];
     fake.link_names()
         .into_iter()
@@ -318,31 +319,111 @@ async fn a_bring_up_that_fails_half_way_leaves_nothing() {
     assert!(s.daemon.networks.is_empty());
 }
 
-/// A network across hosts is refused as such, changing nothing, until
-/// linnet makes its VXLAN side: it must not come up as a network of this
-/// host alone. The file's other networks come up as before.
-#[tokio::test]
-async fn a_network_across_hosts_is_refused_before_anything_is_made() {
-    let yaml = "networks:
+/// A network across hosts on the fake host, whose uplink eth0 has
+/// 192.0.2.2 (its VTEP) and MTU 1500.
+const ACROSS_HOSTS: &str = "networks:
   fabric:
     mode: shared
     subnet: 10.77.0.0/24
     allow: { users: [root, '1000'] }
-    evpn: { vni: 7700, vtep: 192.0.2.11, asn: 65000, peers: [192.0.2.12] }
+    evpn: { vni: 7700, vtep: 192.0.2.2, asn: 65000, peers: [192.0.2.12] }
 ";
-    let mut s = Scene::new(yaml).await;
-    let refused = s.attach(&user(1000, 1), on("fabric", 1)).await.err();
+
+/// A network across hosts comes up with its VXLAN device as a fabric port
+/// of its bridge; each VM's address goes into the bridge's neighbour
+/// table (for FRR to advertise) and out at detach; the firewall knows the
+/// fabric port; and the device goes with the network.
+#[tokio::test]
+async fn a_network_across_hosts_joins_the_fabric_and_advertises_its_vms() {
+    let mut s = Scene::new(ACROSS_HOSTS).await;
+    let vm = s.attach(&user(1000, 1), on("fabric", 1)).await.unwrap();
+    let vxlan = s.fake.link("lx-fabric").expect("the VXLAN device");
+    let bridge = s.fake.link("ln-fabric").expect("the bridge");
+    assert_eq!(vxlan.kind, LinkKind::Vxlan);
+    assert_eq!(vxlan.master, Some(bridge.index));
+    assert_eq!(
+        vxlan.vxlan,
+        Some(crate::host::netlink::VxlanId {
+            vni: 7700,
+            local: Some("192.0.2.2".parse().unwrap())
+        })
+    );
+    assert_eq!(
+        (vxlan.mtu, bridge.mtu),
+        (1450, 1450),
+        "1500 less VXLAN's 50"
+    );
+    assert!(s.fake.is_fabric_port("lx-fabric") && s.fake.is_up("lx-fabric"));
+    let ip = vm.info.ip_address.expect("an address");
+    assert_eq!(s.fake.neighbours("ln-fabric"), [(ip, vm.info.mac_address)]);
+    let firewall = s.fake.firewall().expect("the firewall");
+    let port = firewall[0].fabric.as_ref().expect("the fabric port");
+    assert_eq!(port.port, "lx-fabric");
+    assert_eq!(port.gateway_mac, host::bridge_mac("fabric"));
+    s.daemon.handle_detach(&user(1000, 1), id(1)).await.unwrap();
     assert!(
-        matches!(&refused, Some(DaemonError::AcrossHostsNotYet { network }) if network == "fabric"),
+        s.fake.neighbours("ln-fabric").is_empty(),
+        "taken out at detach"
+    );
+    drop(vm);
+    assert!(s.fake.link("lx-fabric").is_none(), "gone with the network");
+    s.assert_nothing_left();
+}
+
+/// An attach whose neighbour entry cannot be made is undone, the network
+/// with it.
+#[tokio::test]
+async fn an_attach_across_hosts_that_cannot_advertise_is_undone() {
+    let mut s = Scene::new(ACROSS_HOSTS).await;
+    let neighbour = |st: &Step| matches!(st, Step::Neighbour(_, _, Some(_)));
+    let refused = s
+        .refused_when(neighbour, &user(1000, 1), on("fabric", 1))
+        .await;
+    assert!(matches!(refused, DaemonError::Netlink(_)), "{refused:?}");
+    s.assert_nothing_left();
+}
+
+/// A VTEP that is no address of the host, and an MTU that with VXLAN's 50
+/// bytes does not fit the underlay, are refused with the reason and the
+/// fitting value; nothing is left of the network.
+#[tokio::test]
+async fn a_network_across_hosts_is_refused_with_a_vtep_elsewhere_or_too_large_an_mtu() {
+    let elsewhere = ACROSS_HOSTS.replace("vtep: 192.0.2.2", "vtep: 192.0.2.99");
+    let mut s = Scene::new(&elsewhere).await;
+    let refused = s
+        .attach(&user(1000, 1), on("fabric", 1))
+        .await
+        .err()
+        .unwrap();
+    let message = refused.to_string();
+    assert!(
+        matches!(refused, DaemonError::VtepNotHere { .. }),
         "{refused:?}"
     );
-    assert!(s.fake.steps().is_empty(), "{:#?}", s.fake.steps());
-    assert!(s.daemon.networks.is_empty());
-    let vm = s.attach(&user(0, 2), on("shared", 2)).await.unwrap();
-    assert!(
-        s.fake.link(&vm.info.tap).is_some(),
-        "the built-in shared one comes up"
+    assert!(message.contains("192.0.2.2 on eth0"), "{message}");
+    s.assert_nothing_left();
+
+    let large = ACROSS_HOSTS.replace(
+        "subnet: 10.77.0.0/24",
+        "subnet: 10.77.0.0/24\n    mtu: 1480",
     );
+    let mut s = Scene::new(&large).await;
+    let refused = s
+        .attach(&user(1000, 1), on("fabric", 1))
+        .await
+        .err()
+        .unwrap();
+    let message = refused.to_string();
+    assert!(
+        matches!(refused, DaemonError::UnderlayMtu { .. }),
+        "{refused:?}"
+    );
+    assert!(
+        message.contains("set networks.fabric.mtu to 1450"),
+        "{message}"
+    );
+    assert!(message.contains("raise eth0's MTU to 1530"), "{message}");
+    s.assert_nothing_left();
 }
 
 #[tokio::test]

@@ -401,7 +401,8 @@ impl Daemon {
             };
             if let Some(leases) = net.leases() {
                 leases.lock().expect("lease lock").detach(*id, now);
-            } else if let Err(e) = net.vm_address(&self.host, iface.ip, None).await {
+            }
+            if let Err(e) = net.vm_address(&self.host, iface.mac, iface.ip, None).await {
                 warn!(network = %iface.network, interface = %id, "{e}");
             }
             info!(network = %iface.network, interface = %id, tap = %iface.tap, "detached");

@@ -24,7 +24,7 @@ use super::docker_user::{Changes, Wanted};
 use super::firewall::{self, FirewallNetwork};
 use super::guard::PortGuard;
 use super::legacy::LegacyChain;
-use super::netlink::{Link, LinkKind, LinkSettings, NetlinkError, Route};
+use super::netlink::{Link, LinkKind, LinkSettings, NetlinkError, Route, VxlanId};
 use super::netns::NetNs;
 use super::nft::NftError;
 use super::ruleset::{Ruleset, Shape};
@@ -41,6 +41,11 @@ pub enum Step {
     CreateMacvtap(String),
     CreateMacvlan(String),
     CreateTap(String),
+    CreateVxlan(String),
+    /// Neighbour suppression on, learning off, on this bridge port.
+    FabricPort(String),
+    /// `ip` at `mac` on this link (`None`: the entry removed).
+    Neighbour(String, Ipv4Addr, Option<MacAddr>),
     /// A link's settings; `master` and `up` as asked (None: unchanged).
     Configure {
         link: String,
@@ -95,6 +100,10 @@ struct Model {
     /// br_netfilter is not loaded (`without_bridge_netfilter`).
     no_bridge_netfilter: bool,
     firewall: Option<Vec<FirewallNetwork>>,
+    /// Neighbour entries linnet made: (link, address) -> MAC.
+    neighbours: BTreeMap<(u32, Ipv4Addr), MacAddr>,
+    /// Bridge ports made fabric ports.
+    fabric_ports: BTreeSet<u32>,
     guard: Option<BTreeMap<String, PortGuard>>,
     steps: Vec<Step>,
     failures: Vec<Failure>,
@@ -204,6 +213,24 @@ impl FakeHost {
         if let Some(index) = m.index_of(name) {
             m.links.get_mut(&index).expect("found").address = Some(mac);
         }
+    }
+
+    /// The neighbour entries linnet made on link `name`: address, MAC.
+    pub fn neighbours(&self, name: &str) -> Vec<(Ipv4Addr, MacAddr)> {
+        let m = self.model();
+        let index = m.index_of(name);
+        m.neighbours
+            .iter()
+            .filter(|((i, _), _)| Some(*i) == index)
+            .map(|((_, ip), mac)| (*ip, *mac))
+            .collect()
+    }
+
+    /// Whether link `name` is a fabric port (`make_fabric_port`).
+    pub fn is_fabric_port(&self, name: &str) -> bool {
+        let m = self.model();
+        m.index_of(name)
+            .is_some_and(|i| m.fabric_ports.contains(&i))
     }
 
     pub fn is_up(&self, name: &str) -> bool {
@@ -324,6 +351,7 @@ impl Model {
                 mtu: 1500,
                 rx_bytes: 0,
                 tx_bytes: 0,
+                vxlan: None,
             },
         );
         index
@@ -342,6 +370,8 @@ impl Model {
         self.held.remove(&index);
         self.persistent.remove(&index);
         self.addresses.retain(|(i, _)| *i != index);
+        self.neighbours.retain(|(i, _), _| *i != index);
+        self.fabric_ports.remove(&index);
         self.routes.retain(|(_, i)| *i != Some(index));
         for link in self.links.values_mut() {
             if link.master == Some(index) {
@@ -441,6 +471,42 @@ impl Links for FakeHost {
         let mut m = self.model();
         m.exists(uplink)?;
         Ok(m.add(name, LinkKind::Macvlan, Some(mac)))
+    }
+
+    async fn create_vxlan(&self, name: &str, id: VxlanId, mtu: u32) -> Result<u32, NetlinkError> {
+        self.netlink(Step::CreateVxlan(name.into()))?;
+        let mut m = self.model();
+        let index = m.add(name, LinkKind::Vxlan, None);
+        let link = m.links.get_mut(&index).expect("just added");
+        (link.mtu, link.vxlan) = (mtu, Some(id));
+        Ok(index)
+    }
+
+    async fn make_fabric_port(&self, index: u32) -> Result<(), NetlinkError> {
+        self.netlink(Step::FabricPort(self.name_of(index)))?;
+        let mut m = self.model();
+        m.exists(index)?;
+        m.fabric_ports.insert(index);
+        Ok(())
+    }
+
+    async fn set_neighbour(
+        &self,
+        index: u32,
+        ip: Ipv4Addr,
+        mac: MacAddr,
+    ) -> Result<(), NetlinkError> {
+        self.netlink(Step::Neighbour(self.name_of(index), ip, Some(mac)))?;
+        let mut m = self.model();
+        m.exists(index)?;
+        m.neighbours.insert((index, ip), mac);
+        Ok(())
+    }
+
+    async fn delete_neighbour(&self, index: u32, ip: Ipv4Addr) -> Result<(), NetlinkError> {
+        self.netlink(Step::Neighbour(self.name_of(index), ip, None))?;
+        self.model().neighbours.remove(&(index, ip));
+        Ok(())
     }
 
     async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError> {

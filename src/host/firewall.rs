@@ -4,6 +4,8 @@
 //! never duplicates a rule. Driven through nft's JSON API with typed values;
 //! no user text is ever spliced into an nft command.
 
+mod fabric;
+
 use std::borrow::Cow;
 
 use std::collections::HashSet;
@@ -14,6 +16,7 @@ use super::nft::{Nft, NftError};
 use super::ruleset::Shape;
 use crate::forward::{PortForward, Protocol};
 use crate::policy::{ConnectRule, ListenRule, Policy, Ports};
+use crate::types::MacAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use nftables::batch::Batch;
 use nftables::expr::{
@@ -56,6 +59,16 @@ pub struct FirewallNetwork {
     /// Where the network's clones are reached (routed to its bridge), once
     /// it has had one: NATed like the subnet.
     pub clone_subnet: Option<Ipv4Net>,
+    /// A network across hosts' VXLAN port (`fabric`).
+    pub fabric: Option<FabricPort>,
+}
+
+/// A network across hosts' VXLAN port, and its gateway's MAC (the same on
+/// every host).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FabricPort {
+    pub port: String,
+    pub gateway_mac: MacAddr,
 }
 
 /// One interface's policy and the addresses that identify its VM (its own
@@ -107,16 +120,16 @@ pub fn apply(nft: &mut Nft, networks: &[FirewallNetwork]) -> Result<(), NftError
     nft.apply(&ruleset(networks))
 }
 
-/// The chains of the table `ruleset(networks)` makes and how many rules
-/// each gets.
+/// The chains of the table `inet linnet` that `ruleset(networks)` makes
+/// and how many rules each gets.
 pub fn shape(networks: &[FirewallNetwork]) -> Shape {
     let mut shape = Shape::new();
     for object in ruleset(networks).objects.iter() {
         match object {
-            NfObject::CmdObject(NfCmd::Add(NfListObject::Chain(c))) => {
+            NfObject::CmdObject(NfCmd::Add(NfListObject::Chain(c))) if c.family == FAMILY => {
                 shape.entry(c.name.to_string()).or_default();
             }
-            NfObject::CmdObject(NfCmd::Add(NfListObject::Rule(r))) => {
+            NfObject::CmdObject(NfCmd::Add(NfListObject::Rule(r))) if r.family == FAMILY => {
                 *shape.entry(r.chain.to_string()).or_default() += 1;
             }
             _ => {}
@@ -129,10 +142,17 @@ pub fn shape(networks: &[FirewallNetwork]) -> Shape {
 /// first makes the delete valid whether or not the table exists.
 pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
     let mut batch = Batch::new();
+    add_inet(&mut batch, networks);
+    fabric::add(&mut batch, networks);
+    batch.to_nftables()
+}
+
+/// `inet linnet`, emptied, and its chains and rules if there are networks.
+fn add_inet(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
     batch.add(table());
     batch.delete(table());
     if networks.is_empty() {
-        return batch.to_nftables();
+        return;
     }
     batch.add(table());
     batch.add(base_chain(
@@ -183,7 +203,7 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
         }
     }
 
-    add_policies(&mut batch, networks);
+    add_policies(batch, networks);
 
     // Published ports: connections DNATed to a VM pass into its network
     // (whatever its mode), and only their replies come out.
@@ -288,9 +308,8 @@ pub fn ruleset(networks: &[FirewallNetwork]) -> Nftables<'static> {
         }
     }
     for net in networks {
-        add_forwards(&mut batch, net);
+        add_forwards(batch, net);
     }
-    batch.to_nftables()
 }
 
 /// DNAT for each published port, in prerouting (from outside) and output
@@ -747,6 +766,7 @@ mod tests {
                 gateways: Vec::new(),
                 policies: Vec::new(),
                 clone_subnet: None,
+                fabric: None,
             },
             FirewallNetwork {
                 bridge: "ln-host".into(),
@@ -760,6 +780,7 @@ mod tests {
                 gateways: Vec::new(),
                 policies: Vec::new(),
                 clone_subnet: None,
+                fabric: None,
             },
         ]
     }
@@ -791,12 +812,45 @@ mod tests {
             .collect()
     }
 
+    /// A fabric port: the host neither sends by it nor takes from it,
+    /// another host's gateway reaches no VM, and DHCP and router
+    /// discovery cross it in neither direction; none of it is in `inet
+    /// linnet`'s shape.
+    #[test]
+    fn a_fabric_port_keeps_gateway_dhcp_and_router_discovery_on_their_host() {
+        let mut with = nets();
+        with[0].fabric = Some(FabricPort {
+            port: "lx-shared".into(),
+            gateway_mac: "02:aa:bb:cc:dd:ee".parse().unwrap(),
+        });
+        let doc = ruleset(&with);
+        let port = json!({"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "lx-shared"}});
+        let input = rules(&doc, "fabric_in");
+        assert_eq!(input, [json!([port, {"drop": null}])]);
+        assert_eq!(rules(&doc, "fabric_out").len(), 1);
+        let forward = rules(&doc, "fabric_forward");
+        let text = serde_json::to_string(&forward).unwrap();
+        assert_eq!(forward.len(), 5, "{text}");
+        assert!(text.contains("02:aa:bb:cc:dd:ee") && text.contains("546") && text.contains("134"));
+        assert_eq!(shape(&with), shape(&nets()));
+        let fabric_tables = commands(&ruleset(&nets()))
+            .iter()
+            .filter(|c| c["add"]["table"]["name"] == "linnet_fabric")
+            .count();
+        assert_eq!(
+            fabric_tables, 1,
+            "without a fabric port, the table only goes"
+        );
+    }
+
     #[test]
     fn empty_ruleset_only_removes_the_table() {
         let cmds = commands(&ruleset(&[]));
-        assert_eq!(cmds.len(), 2);
+        assert_eq!(cmds.len(), 4);
         assert_eq!(cmds[0]["add"]["table"]["name"], "linnet");
         assert_eq!(cmds[1]["delete"]["table"]["family"], "inet");
+        assert_eq!(cmds[3]["delete"]["table"]["family"], "bridge");
+        assert_eq!(cmds[3]["delete"]["table"]["name"], "linnet_fabric");
     }
 
     #[test]

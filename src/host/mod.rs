@@ -39,6 +39,9 @@ pub const MACVTAP_PREFIX: &str = "lnv";
 /// A clone's port on its network's bridge: `lnc` + a number from the same
 /// counter (the other end is in the clone's namespace, `clone_ns`).
 pub const CLONE_PORT_PREFIX: &str = "lnc";
+/// A network across hosts' VXLAN device, a port of its bridge:
+/// `lx-<network>`.
+pub const VXLAN_PREFIX: &str = "lx-";
 /// A bridged network's macvlan for the host (`host_access: true`).
 pub const HOST_ACCESS_PREFIX: &str = "lh-";
 /// The alias (IFLA_IFALIAS) marks links linnet made, so reconcile never
@@ -51,6 +54,10 @@ pub const TUN_DEVICE: &str = "/dev/net/tun";
 
 pub fn bridge_name(network: &str) -> String {
     format!("{BRIDGE_PREFIX}{network}")
+}
+
+pub fn vxlan_name(network: &str) -> String {
+    format!("{VXLAN_PREFIX}{network}")
 }
 
 /// The bridge's own MAC, which is the gateway's: stable per network name

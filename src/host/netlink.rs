@@ -14,14 +14,18 @@ use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
 use rtnetlink::packet_route::link::InfoVeth;
 use rtnetlink::packet_route::link::{
-    BridgeBooleanOptionFlags, InfoBridge, InfoKind, LinkAttribute, LinkInfo, LinkLayerType,
-    LinkMessage, MacVlanMode, MacVtapMode,
+    BridgeBooleanOptionFlags, InfoBridge, InfoBridgePort, InfoData, InfoKind, InfoVxlan,
+    LinkAttribute, LinkInfo, LinkLayerType, LinkMessage, MacVlanMode, MacVtapMode,
+};
+use rtnetlink::packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope,
 };
 use rtnetlink::{
-    Handle, LinkBridge, LinkMacVlan, LinkMacVtap, LinkUnspec, LinkVeth, RouteMessageBuilder,
+    Handle, LinkBridge, LinkBridgePort, LinkMacVlan, LinkMacVtap, LinkUnspec, LinkVeth, LinkVxlan,
+    RouteMessageBuilder,
 };
 use thiserror::Error;
 use tracing::warn;
@@ -44,8 +48,17 @@ pub enum LinkKind {
     Macvtap,
     Macvlan,
     Veth,
+    Vxlan,
     Loopback,
     Other,
+}
+
+/// What makes a VXLAN device the one a network across hosts needs: its
+/// VNI and its local (VTEP) address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VxlanId {
+    pub vni: u32,
+    pub local: Option<Ipv4Addr>,
 }
 
 #[derive(Debug, Clone)]
@@ -62,6 +75,8 @@ pub struct Link {
     pub mtu: u32,
     pub rx_bytes: u64,
     pub tx_bytes: u64,
+    /// A VXLAN device's VNI and VTEP.
+    pub vxlan: Option<VxlanId>,
 }
 
 /// A connection to rtnetlink in the daemon's network namespace; links are
@@ -71,6 +86,9 @@ pub struct Netlink {
     handle: Handle,
     deletes: Deletes,
 }
+
+/// VXLAN's IANA port (RFC 7348), which FRR and every VTEP use.
+pub const VXLAN_PORT: u16 = 4789;
 
 /// Where `delete_links` starts looking for a free device group ("ln\0\0"),
 /// well away from the small numbers people give groups.
@@ -217,7 +235,7 @@ impl Netlink {
         self.handle
             .neighbours()
             .add(index, IpAddr::V4(ip))
-            .flags(rtnetlink::packet_route::neighbour::NeighbourFlags::Proxy)
+            .flags(NeighbourFlags::Proxy)
             .execute()
             .await
             .map_err(op(format!("answer ARP for {ip} on link {index}")))
@@ -290,6 +308,22 @@ pub trait Links: Send + Sync {
         uplink: u32,
         mac: MacAddr,
     ) -> Result<u32, NetlinkError>;
+    /// A VXLAN device (down) for a network across hosts: VNI and VTEP as
+    /// `id` says, UDP port 4789, no learning (FRR's EVPN fills its FDB).
+    async fn create_vxlan(&self, name: &str, id: VxlanId, mtu: u32) -> Result<u32, NetlinkError>;
+    /// Makes bridge port `index` the network's way to the other hosts:
+    /// the bridge answers ARP and ND for what is behind it from its
+    /// neighbour table (`neigh_suppress`) and learns no MAC from it.
+    async fn make_fabric_port(&self, index: u32) -> Result<(), NetlinkError>;
+    /// `ip` is at `mac` on link `index`, for good (replacing what was).
+    async fn set_neighbour(
+        &self,
+        index: u32,
+        ip: Ipv4Addr,
+        mac: MacAddr,
+    ) -> Result<(), NetlinkError>;
+    /// Removes link `index`'s neighbour entry for `ip`; none is no error.
+    async fn delete_neighbour(&self, index: u32, ip: Ipv4Addr) -> Result<(), NetlinkError>;
     async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError>;
     /// Takes a link off its bridge and down.
     async fn cut_off(&self, index: u32) -> Result<(), NetlinkError>;
@@ -421,6 +455,70 @@ impl Links for Netlink {
             .address(mac.0.to_vec())
             .build();
         self.add(msg, format!("create macvlan {name}"), name).await
+    }
+
+    async fn create_vxlan(&self, name: &str, id: VxlanId, mtu: u32) -> Result<u32, NetlinkError> {
+        let mut msg = LinkVxlan::new(name, id.vni)
+            .port(VXLAN_PORT)
+            .learning(false)
+            .mtu(mtu)
+            .down();
+        if let Some(local) = id.local {
+            msg = msg.local(local);
+        }
+        self.add(msg.build(), format!("create VXLAN device {name}"), name)
+            .await
+    }
+
+    async fn make_fabric_port(&self, index: u32) -> Result<(), NetlinkError> {
+        let msg = LinkBridgePort::new(index)
+            .append_info_data(InfoBridgePort::NeighSupress(true))
+            .append_info_data(InfoBridgePort::Learning(false))
+            .build();
+        self.set(
+            msg,
+            format!("turn on neighbour suppression and off learning on bridge port {index}"),
+        )
+        .await
+    }
+
+    async fn set_neighbour(
+        &self,
+        index: u32,
+        ip: Ipv4Addr,
+        mac: MacAddr,
+    ) -> Result<(), NetlinkError> {
+        self.handle
+            .neighbours()
+            .add(index, IpAddr::V4(ip))
+            .link_layer_address(&mac.0)
+            .state(NeighbourState::Permanent)
+            .replace()
+            .execute()
+            .await
+            .map_err(op(format!("set neighbour {ip} at {mac} on link {index}")))
+    }
+
+    async fn delete_neighbour(&self, index: u32, ip: Ipv4Addr) -> Result<(), NetlinkError> {
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = AddressFamily::Inet;
+        msg.header.ifindex = index;
+        msg.attributes
+            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+        match self.handle.neighbours().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let e = to_io(e);
+                if e.raw_os_error() == Some(libc::ENOENT) {
+                    Ok(())
+                } else {
+                    Err(NetlinkError {
+                        what: format!("delete neighbour {ip} on link {index}"),
+                        source: e,
+                    })
+                }
+            }
+        }
     }
 
     /// Sets the attributes given; `up` brings the link up.
@@ -733,6 +831,7 @@ fn parse_link(msg: LinkMessage) -> Link {
         mtu: 0,
         rx_bytes: 0,
         tx_bytes: 0,
+        vxlan: None,
     };
     if msg.header.link_layer_type == LinkLayerType::Loopback {
         link.kind = LinkKind::Loopback;
@@ -748,15 +847,33 @@ fn parse_link(msg: LinkMessage) -> Link {
             LinkAttribute::Stats64(s) => (link.rx_bytes, link.tx_bytes) = (s.rx_bytes, s.tx_bytes),
             LinkAttribute::LinkInfo(infos) => {
                 for info in infos {
-                    if let LinkInfo::Kind(kind) = info {
-                        link.kind = match kind {
-                            InfoKind::Bridge => LinkKind::Bridge,
-                            InfoKind::Tun => LinkKind::Tun,
-                            InfoKind::MacVtap => LinkKind::Macvtap,
-                            InfoKind::MacVlan => LinkKind::Macvlan,
-                            InfoKind::Veth => LinkKind::Veth,
-                            _ => LinkKind::Other,
-                        };
+                    match info {
+                        LinkInfo::Kind(kind) => {
+                            link.kind = match kind {
+                                InfoKind::Bridge => LinkKind::Bridge,
+                                InfoKind::Tun => LinkKind::Tun,
+                                InfoKind::MacVtap => LinkKind::Macvtap,
+                                InfoKind::MacVlan => LinkKind::Macvlan,
+                                InfoKind::Veth => LinkKind::Veth,
+                                InfoKind::Vxlan => LinkKind::Vxlan,
+                                _ => LinkKind::Other,
+                            }
+                        }
+                        LinkInfo::Data(InfoData::Vxlan(data)) => {
+                            let mut id = VxlanId {
+                                vni: 0,
+                                local: None,
+                            };
+                            for d in data {
+                                match d {
+                                    InfoVxlan::Id(vni) => id.vni = vni,
+                                    InfoVxlan::Local(ip) => id.local = Some(ip),
+                                    _ => {}
+                                }
+                            }
+                            link.vxlan = Some(id);
+                        }
+                        _ => {}
                     }
                 }
             }

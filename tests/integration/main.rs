@@ -1,6 +1,7 @@
 //! Integration scenarios for the core: real kernel, real clients, each in
 //! throwaway namespaces (see harness.rs). Run with `make test`.
 
+mod across_hosts;
 mod clients;
 mod clones;
 mod coexist;

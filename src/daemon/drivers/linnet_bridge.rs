@@ -4,7 +4,7 @@
 //! the bridge, each network's NAT, forwards and policies in linnet's
 //! firewall table.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -12,18 +12,20 @@ use async_trait::async_trait;
 use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
+use super::fabric::{self, Fabric};
 use super::{Features, NetworkDriver, NetworkKind, TowardVm};
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::{NetworkConfig, Own};
 use crate::daemon::errors::DaemonError;
 use crate::daemon::leftovers::Leftovers;
-use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
+use crate::host::firewall::{FabricPort, FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::guard::Hook;
 use crate::host::netlink::{LinkKind, LinkSettings};
 use crate::host::seam::{Host, Links};
 use crate::host::{self, ALIAS_NETWORK};
 use crate::leases::{LeaseTable, SharedLeases};
 use crate::services::{NetworkContext, Services, Starter, unix_now};
+use crate::types::MacAddr;
 
 #[async_trait]
 impl NetworkKind for Own {
@@ -48,11 +50,6 @@ impl NetworkKind for Own {
         services: &dyn Starter,
         lease_dir: &Path,
     ) -> Result<Box<dyn NetworkDriver>, DaemonError> {
-        if self.evpn.is_some() {
-            return Err(DaemonError::AcrossHostsNotYet {
-                network: cfg.name.clone(),
-            });
-        }
         let bridge = LinnetBridge::bring_up(cfg, self, host, services, lease_dir).await?;
         Ok(Box::new(bridge))
     }
@@ -68,6 +65,8 @@ pub(in crate::daemon) struct LinnetBridge {
     /// Whether the host routes the network's `clone_subnet` to the bridge
     /// (from the first clone on, while the bridge lives).
     clones_routed: bool,
+    /// A network across hosts' VXLAN port (`evpn:`).
+    fabric: Option<Fabric>,
     saver: tokio::task::JoinHandle<()>,
     _services: Services,
 }
@@ -156,6 +155,10 @@ impl LinnetBridge {
                     },
                 )
                 .await?;
+            let fabric = match &own.evpn {
+                Some(evpn) => Some(Fabric::join(&cfg.name, evpn, own.mtu, host, index).await?),
+                None => None,
+            };
             let path = lease_dir.join(format!("{}.json", cfg.name));
             let table = LeaseTable::open(&cfg.name, own, &path, unix_now()).map_err(|source| {
                 DaemonError::StateFile {
@@ -173,12 +176,23 @@ impl LinnetBridge {
                     ))
                 })?;
             let ctx = Arc::new(ctx);
-            let services = services.start(ctx).await?;
-            Ok::<_, DaemonError>((leases, services))
+            let started = match services.start(ctx).await {
+                Ok(started) => started,
+                Err(e) => {
+                    if let Some(fabric) = fabric {
+                        let mut left = Leftovers::default();
+                        let left_fabric = fabric.leave(&cfg.name, host).await;
+                        left.note("leave the fabric", left_fabric);
+                        left.log(&format!("network \"{}\": undoing a bring-up", cfg.name));
+                    }
+                    return Err(e.into());
+                }
+            };
+            Ok::<_, DaemonError>((leases, started, fabric))
         }
         .await;
         match result {
-            Ok((leases, services)) => {
+            Ok((leases, services, fabric)) => {
                 let saver = leases.spawn_saver(cfg.name.clone());
                 info!(network = %cfg.name, %bridge, subnet = %own.subnet, adopted = adopted.is_some(), "network up");
                 Ok(LinnetBridge {
@@ -187,6 +201,7 @@ impl LinnetBridge {
                     bridge_index: index,
                     leases,
                     clones_routed: false,
+                    fabric,
                     saver,
                     _services: services,
                 })
@@ -220,6 +235,21 @@ impl NetworkDriver for LinnetBridge {
         TowardVm::Sent
     }
 
+    /// Across hosts, the VM's address goes into the bridge's neighbour
+    /// table, for FRR to advertise with its MAC.
+    async fn vm_address(
+        &self,
+        host: &Host,
+        mac: MacAddr,
+        was: Option<Ipv4Addr>,
+        now: Option<Ipv4Addr>,
+    ) -> Result<(), DaemonError> {
+        if self.fabric.is_none() {
+            return Ok(());
+        }
+        fabric::advertise(host, self.bridge_index, mac, was, now).await
+    }
+
     fn firewall(
         &self,
         forwards: Vec<ForwardRule>,
@@ -239,6 +269,10 @@ impl NetworkDriver for LinnetBridge {
             gateways: dns_servers(own),
             policies,
             clone_subnet: own.clone_subnet.filter(|_| self.clones_routed),
+            fabric: self.fabric.as_ref().map(|f| FabricPort {
+                port: f.port.clone(),
+                gateway_mac: f.gateway_mac,
+            }),
         })
     }
 
@@ -288,6 +322,7 @@ impl NetworkDriver for LinnetBridge {
             bridge,
             bridge_index,
             leases,
+            fabric,
             saver,
             _services,
             ..
@@ -299,6 +334,9 @@ impl NetworkDriver for LinnetBridge {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(network = %cfg.name, "cannot save leases: {e}"),
             Err(e) => tracing::warn!(network = %cfg.name, "saving leases failed: {e}"),
+        }
+        if let Some(fabric) = fabric {
+            fabric.leave(&cfg.name, host).await?;
         }
         host.links.delete_link(bridge_index).await?;
         info!(network = %cfg.name, %bridge, "network down");

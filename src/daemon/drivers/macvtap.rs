@@ -24,6 +24,7 @@ use crate::host::netlink::{LinkKind, LinkSettings};
 use crate::host::seam::Host;
 use crate::host::{self, ALIAS_INTERFACE, ALIAS_NETWORK};
 use crate::services::Starter;
+use crate::types::MacAddr;
 
 #[async_trait]
 impl NetworkKind for MacvtapLan {
@@ -247,6 +248,7 @@ impl NetworkDriver for Macvtap {
     async fn vm_address(
         &self,
         host: &Host,
+        _mac: MacAddr,
         was: Option<Ipv4Addr>,
         now: Option<Ipv4Addr>,
     ) -> Result<(), DaemonError> {

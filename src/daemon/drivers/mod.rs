@@ -21,6 +21,7 @@
 //! type and parsing, and one driver file implementing `NetworkKind` and
 //! `NetworkDriver`; `kind` below is the one `match` that names each kind.
 
+mod fabric;
 mod lan_bridge;
 mod linnet_bridge;
 mod macvtap;
@@ -113,14 +114,16 @@ impl ActiveNetwork {
         self.driver.toward_vm()
     }
 
-    /// A VM's address changed (learned, replaced, or gone at detach).
+    /// A VM's address changed: known at attach, learned, replaced, or
+    /// gone at detach.
     pub async fn vm_address(
         &self,
         host: &Host,
+        mac: MacAddr,
         was: Option<Ipv4Addr>,
         now: Option<Ipv4Addr>,
     ) -> Result<(), DaemonError> {
-        self.driver.vm_address(host, was, now).await
+        self.driver.vm_address(host, mac, was, now).await
     }
 
     /// Whether a VMM may open the network's ports by name (tap-name).
@@ -229,11 +232,12 @@ pub(super) trait NetworkDriver: Send + Sync {
     /// the port sees it.
     fn toward_vm(&self) -> TowardVm;
 
-    /// A VM's address changed: learned (`now`), replaced, or gone with
-    /// its interface (`now` None).
+    /// The address of the VM with MAC `mac` changed: known at attach or
+    /// learned (`now`), replaced, or gone with its interface (`now` None).
     async fn vm_address(
         &self,
         _host: &Host,
+        _mac: MacAddr,
         _was: Option<Ipv4Addr>,
         _now: Option<Ipv4Addr>,
     ) -> Result<(), DaemonError> {
