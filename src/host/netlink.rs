@@ -475,11 +475,16 @@ impl Links for Netlink {
             .append_info_data(InfoBridgePort::NeighSupress(true))
             .append_info_data(InfoBridgePort::Learning(false))
             .build();
-        self.set(
-            msg,
-            format!("turn on neighbour suppression and off learning on bridge port {index}"),
-        )
-        .await
+        // A port's settings go in RTM_NEWLINK (`set_port`): RTM_SETLINK
+        // ignores them without a word.
+        self.handle
+            .link()
+            .set_port(msg)
+            .execute()
+            .await
+            .map_err(op(format!(
+                "turn on neighbour suppression and off learning on bridge port {index}"
+            )))
     }
 
     async fn set_neighbour(

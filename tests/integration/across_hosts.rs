@@ -30,34 +30,58 @@ pub struct Fabric {
     _underlay: Netns,
 }
 
-/// Host `i`'s config: `fabric` with VNI `vni` and its own slice of the
-/// subnet for DHCP.
-fn site_config(i: usize, hosts: usize, vni: u32, subnet: &str) -> String {
+/// One network across hosts: its name, VNI and /24 (as "10.77.0").
+#[derive(Clone, Copy)]
+struct Net {
+    name: &'static str,
+    vni: u32,
+    subnet: &'static str,
+}
+
+const FABRIC: Net = Net {
+    name: "fabric",
+    vni: VNI,
+    subnet: "10.77.0",
+};
+
+/// Host `i`'s config of `nets` among `hosts` hosts: each network with the
+/// host's own slice of its subnet for DHCP, and `extra` lines (indented
+/// as the network's keys) in each.
+fn site_config(i: usize, hosts: usize, nets: &[Net], extra: &str) -> String {
     let vtep = format!("{UNDERLAY}.1{i}");
     let peers: Vec<String> = (1..=hosts)
         .filter(|&j| j != i)
         .map(|j| format!("{UNDERLAY}.1{j}"))
         .collect();
     let first = 10 * (i + 1);
-    format!(
-        "networks:
-  fabric:
+    let mut yaml = String::from("networks:\n");
+    for net in nets {
+        let Net { name, vni, subnet } = net;
+        yaml += &format!(
+            "  {name}:
     mode: shared
     subnet: {subnet}.0/24
-    dhcp: {{ range: {subnet}.{first}-{subnet}.{} }}
+    dhcp: {{ range: {subnet}.{first}-{subnet}.{}{extra} }}
     evpn: {{ vni: {vni}, vtep: {vtep}, asn: 65000, peers: [{}] }}
 ",
-        first + 9,
-        peers.join(", ")
-    )
+            first + 9,
+            peers.join(", ")
+        );
+    }
+    yaml
 }
 
 impl Fabric {
     /// `hosts` hosts on one underlay, each with its daemon and FRR up.
     pub fn new(hosts: usize) -> Fabric {
+        Fabric::of(hosts, &[FABRIC], "")
+    }
+
+    /// `hosts` hosts, each with `nets` (and `dhcp` keys `extra`).
+    fn of(hosts: usize, nets: &[Net], extra: &str) -> Fabric {
         Fabric::with_configs(
             (1..=hosts)
-                .map(|i| site_config(i, hosts, VNI, "10.77.0"))
+                .map(|i| site_config(i, hosts, nets, extra))
                 .collect(),
         )
     }
@@ -198,7 +222,13 @@ impl Site {
 
 /// A guest on `site`'s `fabric` with its address from DHCP.
 fn guest_on(site: &Site) -> (Guest, String) {
-    let guest = site.world.guest("fabric", &[]);
+    guest_of(site, "fabric", &[])
+}
+
+/// A guest on `site`'s network `network` (`linnet run` options `extra`)
+/// with its address from DHCP.
+fn guest_of(site: &Site, network: &str, extra: &[&str]) -> (Guest, String) {
+    let guest = site.world.guest(network, extra);
     let ip = guest.udhcpc().to_string();
     (guest, ip)
 }
@@ -267,6 +297,35 @@ fn guests_on_three_hosts_reach_one_another_and_go_out_through_their_own_host() {
         assert!(routes.contains(&mac), "no route for {mac}:\n{routes}");
         assert!(routes.contains(ip.as_str()), "no route for {ip}:\n{routes}");
     }
+    // The VXLAN port as linnet set it: the kernel's own word.
+    for site in &fabric.sites {
+        let port =
+            must(
+                &mut site
+                    .world
+                    .host
+                    .cmd(&["bridge", "-d", "link", "show", "dev", "lx-fabric"]),
+            );
+        assert!(
+            port.contains("learning off")
+                && port.contains("neigh_suppress on")
+                && port.contains("master ln-fabric"),
+            "{port}"
+        );
+        let vxlan = must(
+            &mut site
+                .world
+                .host
+                .cmd(&["ip", "-d", "link", "show", "lx-fabric"]),
+        );
+        let wanted = format!("vxlan id {VNI} local {} ", site.vtep);
+        assert!(
+            vxlan.contains(&wanted)
+                && vxlan.contains("dstport 4789")
+                && vxlan.contains("nolearning"),
+            "{vxlan}"
+        );
+    }
     // Each host's bridge is the same gateway: the guests' gateway is the
     // same address and MAC everywhere, and each answers locally.
     let gateway = guests[0].0.gateway();
@@ -274,4 +333,303 @@ fn guests_on_three_hosts_reach_one_another_and_go_out_through_their_own_host() {
         assert_eq!(guest.gateway(), gateway);
         assert!(guest.ping(&gateway));
     }
+}
+
+/// A counter, in `ns`'s own table `bridge probe`, of the broadcast ARP
+/// frames the bridge sends into the VXLAN port `port`: what crosses the
+/// underlay to every other host.
+fn count_broadcast_arp(ns: &Netns, port: &str) -> impl Fn() -> u64 {
+    let rules = format!(
+        "table bridge probe {{\n  set asked {{ type ipv4_addr; flags dynamic; }}\n  \
+         chain out {{\n    type filter hook forward priority -200;\n    \
+         oifname \"{port}\" ether daddr ff:ff:ff:ff:ff:ff ether type arp \
+         add @asked {{ arp daddr ip }} counter\n  }}\n}}\n"
+    );
+    let file = std::env::temp_dir().join(format!("{}-probe.nft", ns.name));
+    std::fs::write(&file, rules).unwrap();
+    must(&mut ns.cmd(&["nft", "-f", file.to_str().unwrap()]));
+    let name = ns.name.clone();
+    move || {
+        let text = must(Command::new("ip").args([
+            "netns", "exec", &name, "nft", "list", "table", "bridge", "probe",
+        ]));
+        let at = text.find("counter packets ").expect("the counter") + "counter packets ".len();
+        text[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+}
+
+#[test]
+fn once_warm_no_broadcast_arp_for_a_remote_guest_crosses_the_underlay() {
+    let fabric = Fabric::new(2);
+    let (a, _) = guest_on(&fabric.sites[0]);
+    let (_b, b_ip) = guest_on(&fabric.sites[1]);
+    assert!(
+        reaches(&a, &b_ip, Duration::from_secs(30)),
+        "{}",
+        dump(&fabric)
+    );
+    let crossed = count_broadcast_arp(&fabric.sites[0].world.host, "lx-fabric");
+    must(&mut a.ns.cmd(&["ip", "neigh", "flush", "all"]));
+    assert!(a.ping(&b_ip), "after the flush");
+    let host1 = &fabric.sites[0].world.host;
+    assert_eq!(
+        crossed(),
+        0,
+        "host 1's bridge answered the ARP from what EVPN told it\n{}\n{}\n{}\n{}\n{}",
+        must(&mut host1.cmd(&["ip", "neigh", "show", "dev", "ln-fabric"])),
+        must(&mut host1.cmd(&["bridge", "fdb", "show", "br", "ln-fabric"])),
+        must(&mut a.ns.cmd(&["ip", "neigh"])),
+        must(&mut host1.cmd(&["nft", "list", "set", "bridge", "probe", "asked"])),
+        must(&mut host1.cmd(&["bridge", "-d", "link", "show", "dev", "lx-fabric"])),
+    );
+    // The same probe counts an ARP that EVPN cannot answer: an address
+    // no guest has.
+    assert!(!a.ping("10.77.0.99"));
+    assert!(
+        crossed() > 0,
+        "an unanswerable ARP crossed, and was counted"
+    );
+}
+
+#[test]
+fn full_size_frames_cross_unfragmented_and_an_mtu_that_does_not_fit_is_refused() {
+    let fabric = Fabric::new(2);
+    let (a, _) = guest_on(&fabric.sites[0]);
+    let (_b, b_ip) = guest_on(&fabric.sites[1]);
+    assert!(
+        reaches(&a, &b_ip, Duration::from_secs(30)),
+        "{}",
+        dump(&fabric)
+    );
+    let mtu = must(&mut a.ns.cmd(&["cat", "/sys/class/net/eth0/mtu"]));
+    assert_eq!(mtu.trim(), "1450", "1500 on the underlay less VXLAN's 50");
+    let frag_creates = |site: &Site| -> u64 {
+        let snmp = must(&mut site.world.host.cmd(&["cat", "/proc/net/snmp"]));
+        let mut ip = snmp.lines().filter(|l| l.starts_with("Ip:"));
+        let (names, values) = (ip.next().unwrap(), ip.next().unwrap());
+        let at = names
+            .split_whitespace()
+            .position(|n| n == "FragCreates")
+            .unwrap();
+        values.split_whitespace().nth(at).unwrap().parse().unwrap()
+    };
+    let before: Vec<u64> = fabric.sites.iter().map(frag_creates).collect();
+    // 1422 bytes of ICMP data: a 1450-byte packet, the guest's MTU.
+    let out = run(&mut a
+        .ns
+        .cmd(&["busybox", "ping", "-c", "3", "-W", "2", "-s", "1422", &b_ip]));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("3 packets received"), "{said}");
+    let after: Vec<u64> = fabric.sites.iter().map(frag_creates).collect();
+    assert_eq!(before, after, "no host fragmented a VXLAN packet");
+
+    // A host whose config asks more than its underlay carries refuses the
+    // network with the MTU that fits.
+    let yaml =
+        site_config(1, 2, &[FABRIC], "").replace("mode: shared", "mode: shared\n    mtu: 1480");
+    let mut world = World::with_config(&yaml);
+    must(
+        &mut world
+            .host
+            .cmd(&["ip", "addr", "add", "192.0.2.11/32", "dev", "lo"]),
+    );
+    world.start_daemon();
+    let refused = world
+        .try_guest_via("fabric", Via::Tap, &[])
+        .err()
+        .expect("refused");
+    assert!(
+        refused.contains("mtu 1480 does not fit the underlay")
+            && refused.contains("set networks.fabric.mtu to"),
+        "{refused}"
+    );
+    // A VTEP that is none of the host's addresses.
+    let mut world = World::with_config(&site_config(1, 2, &[FABRIC], ""));
+    world.start_daemon();
+    let refused = world
+        .try_guest_via("fabric", Via::Tap, &[])
+        .err()
+        .expect("refused");
+    assert!(
+        refused.contains("evpn.vtep 192.0.2.11 is no address of this host"),
+        "{refused}"
+    );
+    assert!(
+        refused.contains("203.0.113.1 on"),
+        "names what the host has: {refused}"
+    );
+}
+
+#[test]
+fn two_networks_across_hosts_do_not_reach_each_other_routed_or_on_link() {
+    let other = Net {
+        name: "other",
+        vni: 7800,
+        subnet: "10.78.0",
+    };
+    // Without anti-spoofing, so that only the VNI keeps a guest with an
+    // address of the other subnet off the other network.
+    let configs = (1..=2)
+        .map(|i| {
+            site_config(i, 2, &[FABRIC, other], "")
+                .replace("mode: shared", "mode: shared\n    anti_spoofing: false")
+        })
+        .collect();
+    let fabric = Fabric::with_configs(configs);
+    let (a1, _) = guest_of(&fabric.sites[0], "fabric", &[]);
+    let (_a2, a2_ip) = guest_of(&fabric.sites[1], "fabric", &[]);
+    let (b1, _) = guest_of(&fabric.sites[0], "other", &[]);
+    let (_b2, b2_ip) = guest_of(&fabric.sites[1], "other", &[]);
+    // Each network works between its hosts.
+    assert!(
+        reaches(&a1, &a2_ip, Duration::from_secs(30)),
+        "{}",
+        dump(&fabric)
+    );
+    assert!(
+        reaches(&b1, &b2_ip, Duration::from_secs(30)),
+        "{}",
+        dump(&fabric)
+    );
+    // Not through the gateways...
+    assert!(
+        !a1.ping(&b2_ip),
+        "fabric reached other's guest through the gateway"
+    );
+    // ...nor on-link, with an address from the other's subnet: another
+    // VNI is another wire.
+    must(
+        &mut a1
+            .ns
+            .cmd(&["ip", "addr", "add", "10.78.0.200/24", "dev", "eth0"]),
+    );
+    assert!(!a1.ping(&b2_ip), "fabric reached other's guest on-link");
+    // The same on-link probe works where the wire is shared: b1 with an
+    // address of its own subnet.
+    must(
+        &mut b1
+            .ns
+            .cmd(&["ip", "addr", "add", "10.78.0.201/24", "dev", "eth0"]),
+    );
+    let out = run(&mut b1.ns.cmd(&[
+        "busybox",
+        "ping",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "-I",
+        "10.78.0.201",
+        &b2_ip,
+    ]));
+    assert!(out.status.success(), "the on-link control");
+}
+
+#[test]
+fn a_guest_that_moves_hosts_with_its_mac_is_reachable_again_within_seconds_and_nothing_stale_is_left()
+ {
+    const MAC: &str = "02:77:00:00:00:05";
+    const IP: &str = "10.77.0.5";
+    let reservation = format!(", static: [{{ ip: {IP}, mac: \"{MAC}\" }}]");
+    let fabric = Fabric::of(3, &[FABRIC], &reservation);
+    let (watcher, _) = guest_on(&fabric.sites[0]);
+    // A guest that stays keeps the network up on host 2.
+    let (_stays, _) = guest_on(&fabric.sites[1]);
+    let (mut moving, ip) = guest_of(&fabric.sites[1], "fabric", &["--mac", MAC]);
+    assert_eq!(ip, IP, "the reservation on host 2");
+    assert!(
+        reaches(&watcher, IP, Duration::from_secs(30)),
+        "{}",
+        dump(&fabric)
+    );
+    moving.stop();
+    let ns = moving.into_ns();
+    let start = std::time::Instant::now();
+    let moved = fabric.sites[2]
+        .world
+        .guest_in(ns, "fabric", &["--mac", MAC]);
+    assert_eq!(moved.udhcpc().to_string(), IP, "the reservation on host 3");
+    assert!(
+        reaches(&watcher, IP, Duration::from_secs(5)),
+        "not reachable on host 3 within 5 s\n{}",
+        dump(&fabric)
+    );
+    eprintln!("reachable on host 3 {:?} after its attach", start.elapsed());
+    // Host 2 keeps nothing of it as its own: no neighbour entry of
+    // linnet's, and its MAC is behind the VXLAN port, at host 3.
+    let host2 = &fabric.sites[1].world.host;
+    let neigh = must(&mut host2.cmd(&["ip", "neigh", "show", IP, "dev", "ln-fabric"]));
+    assert!(!neigh.contains("PERMANENT"), "{neigh}");
+    let fdb = must(&mut host2.cmd(&["bridge", "fdb", "show", "br", "ln-fabric"]));
+    let entries: Vec<&str> = fdb.lines().filter(|l| l.contains(MAC)).collect();
+    assert!(
+        !entries.is_empty() && entries.iter().all(|l| l.contains("lx-fabric")),
+        "{fdb}"
+    );
+}
+
+#[test]
+fn a_daemon_restart_on_one_host_loses_at_most_two_of_twenty_pings_to_its_guest() {
+    let mut fabric = Fabric::new(2);
+    let (a, _) = guest_on(&fabric.sites[0]);
+    let (_b, b_ip) = guest_on(&fabric.sites[1]);
+    assert!(
+        reaches(&a, &b_ip, Duration::from_secs(30)),
+        "{}",
+        dump(&fabric)
+    );
+    let ping =
+        a.ns.cmd(&["busybox", "ping", "-c", "20", "-i", "0.2", "-W", "1", &b_ip])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let world = &mut fabric.sites[1].world;
+    world.stop_daemon();
+    world.start_daemon();
+    let out = ping.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    let received: u32 = said
+        .split(" packets received")
+        .next()
+        .and_then(|s| s.rsplit(", ").next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        received >= 18,
+        "{received} of 20 answered across the restart:\n{said}"
+    );
+    assert!(a.ping(&b_ip), "and after it");
+}
+
+#[test]
+fn a_qemu_guest_on_one_host_and_a_stand_in_on_another_reach_each_other() {
+    let fabric = Fabric::new(2);
+    let (standin, standin_ip) = guest_on(&fabric.sites[1]);
+    let vm = crate::qemu::Vm::start(
+        &fabric.sites[0].world,
+        "fabric",
+        &format!(
+            "i=0; while [ $i -lt 30 ] && ! ping -c 1 -W 1 {standin_ip} >/dev/null; do i=$((i+1)); done\n\
+             ping -c 3 -W 2 {standin_ip} && echo RESULT-PING-OK\n\
+             sleep 10\n"
+        ),
+        &[],
+    );
+    let console = vm.wait_console("RESULT-PING");
+    assert!(
+        console.contains("RESULT-PING-OK"),
+        "{console}\n{}",
+        dump(&fabric)
+    );
+    assert!(
+        standin.ping(&vm.ip()),
+        "the stand-in reaches the VM on host 1"
+    );
+    vm.finish();
 }
