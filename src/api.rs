@@ -460,6 +460,9 @@ pub struct NetworkDoctor {
     /// Other things worth knowing (no default route, DHCP off, ...).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// A network across hosts: what FRR says of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<crate::frr::health::FabricHealth>,
 }
 
 // ---- transport ------------------------------------------------------------------

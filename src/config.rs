@@ -14,7 +14,7 @@ use thiserror::Error;
 
 mod evpn;
 
-pub use evpn::{Evpn, VXLAN_OVERHEAD};
+pub use evpn::{Evpn, FrrConfig, VXLAN_OVERHEAD};
 
 use crate::addr6;
 use crate::forward::PortForward;
@@ -375,6 +375,8 @@ pub struct FirewallConfig {
 pub struct Config {
     pub networks: BTreeMap<String, NetworkConfig>,
     pub firewall: FirewallConfig,
+    /// Where FRR (which carries the networks across hosts) answers.
+    pub frr: FrrConfig,
     /// Where the networks came from, for messages.
     pub source: Option<PathBuf>,
 }
@@ -406,6 +408,8 @@ struct FileSpec {
     networks: BTreeMap<String, NetworkSpec>,
     #[serde(default)]
     firewall: FirewallSpec,
+    #[serde(default)]
+    frr: evpn::FrrSpec,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -557,12 +561,14 @@ impl Config {
         assign_clone_subnets(&mut networks);
         check_no_overlaps(&networks, file)?;
         evpn::check_across(&networks, file)?;
+        let frr = FrrConfig::from_spec(spec.frr, file)?;
         Ok(Config {
             networks,
             firewall: FirewallConfig {
                 docker_user: spec.firewall.docker_user.unwrap_or(true),
                 docker_user_asked: spec.firewall.docker_user == Some(true),
             },
+            frr,
             source: None,
         })
     }

@@ -11,6 +11,8 @@
 //! distinguishers and targets are FRR's automatic ones (AS:VNI), the same
 //! on every host.
 
+pub mod health;
+
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 

@@ -6,6 +6,7 @@ use clap::Args;
 
 use crate::api::{DoctorReport, Request, Response};
 use crate::coexist::{Family, Status};
+use crate::frr::health::FabricHealth;
 
 use super::Cli;
 
@@ -19,7 +20,8 @@ pub struct DoctorArgs {
     pub json: bool,
 }
 
-/// Exit status 1 when some traffic of a network is blocked.
+/// Exit status 1 when some traffic of a network is blocked, or FRR
+/// reports a problem with a network across hosts.
 pub fn main(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<u8> {
     let request = Request::Doctor {
         network: args.network.clone(),
@@ -40,7 +42,12 @@ pub fn main(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<u8> {
         .iter()
         .flat_map(|n| &n.checks)
         .any(|c| c.status == Status::Blocked);
-    Ok(u8::from(blocked))
+    let fabric_problems = report
+        .networks
+        .iter()
+        .filter_map(|n| n.fabric.as_ref())
+        .any(|f| !f.problems.is_empty());
+    Ok(u8::from(blocked || fabric_problems))
 }
 
 fn print(r: &DoctorReport) {
@@ -109,8 +116,43 @@ fn print(r: &DoctorReport) {
                 );
             }
         }
+        if let Some(f) = &n.fabric {
+            print_fabric(f);
+        }
         for note in &n.notes {
             println!("  note: {note}");
         }
+    }
+}
+
+/// A network across hosts as FRR sees it.
+fn print_fabric(f: &FabricHealth) {
+    let vteps: Vec<String> = f.remote_vteps.iter().map(|v| v.to_string()).collect();
+    println!(
+        "  across hosts: VNI {} from VTEP {}; zebra {}; {} remote MACs; other hosts: {}",
+        f.vni,
+        f.vtep,
+        if f.vni_known {
+            "knows it"
+        } else {
+            "does NOT know it"
+        },
+        f.remote_macs,
+        if vteps.is_empty() {
+            "none".into()
+        } else {
+            vteps.join(", ")
+        }
+    );
+    for s in &f.sessions {
+        let state = if s.established() {
+            "Established".into()
+        } else {
+            s.state.to_uppercase()
+        };
+        println!("    BGP with {}: {state}", s.peer);
+    }
+    for p in &f.problems {
+        println!("    PROBLEM: {p}");
     }
 }

@@ -183,7 +183,9 @@ pub enum CommandArgs {
     Policy(policy::PolicyCommand),
     /// Check what the host's other firewalls (Docker, firewalld, iptables,
     /// nft tables) and routes do to each network's traffic, and how to fix
-    /// what blocks it. Exits 1 when something is blocked.
+    /// what blocks it; for a network across hosts, its BGP sessions, its
+    /// VNI in zebra and its remote MACs (FRR asked at frr.vty_socket).
+    /// Exits 1 when something is blocked or missing.
     Doctor(doctor::DoctorArgs),
     /// Print FRR's configuration (zebra and bgpd) for this host's networks
     /// across hosts (those with an evpn: section).

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,42 @@ pub struct Evpn {
     pub asn: u32,
     /// The other hosts' VTEPs, its iBGP neighbours.
     pub peers: Vec<Ipv4Addr>,
+}
+
+/// FRR's vty socket directory when FRR runs with `-N NAME` or
+/// `--vty_socket`; FRR's own default otherwise.
+const FRR_VTY_SOCKET: &str = "/var/run/frr";
+
+/// Where the FRR that carries this host's networks across hosts answers
+/// (`frr:`), for `linnet doctor`. FRR is the admin's: linnet prints its
+/// configuration (`linnet frr-config`) and asks it how it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrrConfig {
+    /// The directory of FRR's vty sockets (vtysh --vty_socket).
+    pub vty_socket: PathBuf,
+}
+
+/// `frr:` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FrrSpec {
+    vty_socket: Option<PathBuf>,
+}
+
+impl FrrConfig {
+    pub(super) fn from_spec(spec: FrrSpec, file: &str) -> Result<FrrConfig, ConfigError> {
+        let vty_socket = spec.vty_socket.unwrap_or_else(|| FRR_VTY_SOCKET.into());
+        if !vty_socket.is_absolute() {
+            return Err(ConfigError::Syntax {
+                file: file.into(),
+                message: format!(
+                    "frr.vty_socket: {} is not an absolute path; give the directory of FRR's vty sockets (default {FRR_VTY_SOCKET})",
+                    vty_socket.display()
+                ),
+            });
+        }
+        Ok(FrrConfig { vty_socket })
+    }
 }
 
 /// `evpn:` as written.
@@ -226,6 +263,21 @@ mod tests {
             }) => (network, key, message),
             other => panic!("refused as invalid: {other:?}"),
         }
+    }
+
+    #[test]
+    fn frr_answers_at_its_default_sockets_or_where_the_file_says() {
+        let cfg = Config::from_yaml(FABRIC, "networks.yaml").unwrap();
+        assert_eq!(cfg.frr.vty_socket, std::path::Path::new("/var/run/frr"));
+        let named = format!("{FABRIC}frr:\n  vty_socket: /var/run/frr/lab\n");
+        let cfg = Config::from_yaml(&named, "networks.yaml").unwrap();
+        assert_eq!(cfg.frr.vty_socket, std::path::Path::new("/var/run/frr/lab"));
+        let relative = format!("{FABRIC}frr:\n  vty_socket: frr\n");
+        let refused = Config::from_yaml(&relative, "networks.yaml").unwrap_err();
+        assert!(
+            refused.to_string().contains("frr.vty_socket: frr is not an absolute path"),
+            "{refused}"
+        );
     }
 
     #[test]

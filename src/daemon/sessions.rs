@@ -319,7 +319,14 @@ async fn handle(
             Ok(r) => (r, None),
             Err(e) => (e.into_response(), None),
         },
-        Request::Doctor { network } => (daemon.doctor(network.as_deref()), None),
+        Request::Doctor { network } => {
+            let mut report = daemon.doctor(network.as_deref());
+            let across = daemon.across_hosts(network.as_deref());
+            let vty_socket = daemon.config.frr.vty_socket.clone();
+            drop(daemon);
+            super::requests::add_fabric_health(&mut report, across, &vty_socket).await;
+            (report, None)
+        }
     }
 }
 

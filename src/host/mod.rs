@@ -8,6 +8,7 @@ pub mod egress;
 #[cfg(test)]
 pub mod fake;
 pub mod firewall;
+pub mod frr_vty;
 pub mod guard;
 pub mod kernel;
 pub mod legacy;

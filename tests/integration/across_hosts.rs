@@ -94,7 +94,7 @@ impl Fabric {
         let mut sites = Vec::new();
         for (n, yaml) in configs.into_iter().enumerate() {
             let i = n + 1;
-            let mut world = World::with_config(&yaml);
+            let world = World::with_config(&yaml);
             let port = format!("u{i}");
             must(Command::new("ip").args([
                 "link",
@@ -122,14 +122,20 @@ impl Fabric {
                 "underlay",
             ]));
             must(&mut host.cmd(&["ip", "link", "set", "underlay", "up"]));
-            world.start_daemon();
+            // linnet's doctor asks this site's FRR, at its sockets.
+            let frr_dir = world.dir.path().join("frr");
+            let config = world.config.clone().expect("a config");
+            let yaml = std::fs::read_to_string(&config).unwrap();
+            let yaml = format!("{yaml}frr:\n  vty_socket: {}\n", frr_dir.display());
+            std::fs::write(&config, yaml).unwrap();
             let mut site = Site {
                 world,
                 vtep,
-                frr_dir: PathBuf::new(),
+                frr_dir,
                 frr: Vec::new(),
             };
             site.start_frr();
+            site.world.start_daemon();
             sites.push(site);
         }
         Fabric {
@@ -143,7 +149,7 @@ impl Site {
     /// zebra and bgpd in the host's namespace with `linnet frr-config`'s
     /// configuration; their sockets in a directory of this site's.
     pub fn start_frr(&mut self) {
-        let dir = self.world.dir.path().join("frr");
+        let dir = self.frr_dir.clone();
         std::fs::create_dir_all(&dir).unwrap();
         let out = must(&mut self.world.linnet(&["frr-config"]));
         let conf = dir.join("frr.conf");
@@ -194,7 +200,30 @@ impl Site {
                 });
             }
         }
-        self.frr_dir = dir;
+    }
+
+    /// Kills this site's FRR (zebra and bgpd), as a crash would.
+    pub fn kill_frr(&mut self) {
+        for mut daemon in self.frr.drain(..) {
+            daemon.kill().unwrap();
+            daemon.wait().unwrap();
+        }
+    }
+
+    /// `linnet doctor --json` here: its exit status and the report of
+    /// network `fabric`'s FRR part.
+    pub fn doctor(&self) -> (bool, serde_json::Value) {
+        let out = run(&mut self.world.linnet(&["doctor", "--json"]));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let fabric = report["networks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == "fabric")
+            .expect("network fabric in the report")["fabric"]
+            .clone();
+        (out.status.success(), fabric)
     }
 
     /// What vtysh says to `command` of this site's FRR.
@@ -632,4 +661,53 @@ fn a_qemu_guest_on_one_host_and_a_stand_in_on_another_reach_each_other() {
         "the stand-in reaches the VM on host 1"
     );
     vm.finish();
+}
+
+#[test]
+fn doctor_reports_sessions_vni_and_remote_macs_and_a_dead_frr_cuts_only_its_host() {
+    let mut fabric = Fabric::new(3);
+    let guests: Vec<(Guest, String)> = fabric.sites.iter().map(guest_on).collect();
+    let (first, _) = &guests[0];
+    for (_, ip) in &guests[1..] {
+        assert!(
+            reaches(first, ip, Duration::from_secs(30)),
+            "{}",
+            dump(&fabric)
+        );
+    }
+    let (healthy, report) = fabric.sites[0].doctor();
+    assert!(healthy, "{report:#}");
+    assert_eq!(report["problems"], serde_json::json!([]), "{report:#}");
+    assert_eq!(report["vni_known"], true);
+    assert!(report["remote_macs"].as_u64().unwrap() >= 2, "{report:#}");
+    let sessions = report["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 2);
+    assert!(
+        sessions.iter().all(|s| s["state"] == "Established"),
+        "{report:#}"
+    );
+
+    // Host 3's FRR dies: its own doctor says so...
+    fabric.sites[2].kill_frr();
+    let (healthy, report) = fabric.sites[2].doctor();
+    assert!(!healthy);
+    let problems = report["problems"].to_string();
+    assert!(problems.contains("FRR does not answer"), "{report:#}");
+    // ...host 1's sees the session with it down...
+    let problem = wait_for(
+        "host 1 to see host 3's session down",
+        Duration::from_secs(20),
+        || {
+            let (healthy, report) = fabric.sites[0].doctor();
+            let problems = report["problems"].to_string();
+            (!healthy && problems.contains("192.0.2.13 is")).then_some(problems)
+        },
+    );
+    assert!(problem.contains("is FRR running there"), "{problem}");
+    // ...and only host 3's guest is cut off: host 2's is still reached.
+    assert!(first.ping(&guests[1].1), "host 2's guest, still");
+    assert!(
+        !reaches(first, &guests[2].1, Duration::from_secs(3)),
+        "host 3's guest is out of the fabric without its FRR"
+    );
 }

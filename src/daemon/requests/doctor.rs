@@ -1,10 +1,16 @@
 //! `linnet doctor`: per network, what blocks its traffic, its uplinks, and
-//! what its kind says of itself.
+//! what its kind says of itself; for a network across hosts, what FRR
+//! says of it.
+
+use std::path::Path;
 
 use crate::api::{DoctorReport, NetworkDoctor, Response};
+use crate::config::Evpn;
 use crate::daemon::coexist::Uplinks;
 use crate::daemon::drivers;
 use crate::daemon::state::Daemon;
+use crate::frr::health;
+use crate::host::frr_vty;
 
 impl Daemon {
     pub fn doctor(&self, network: Option<&str>) -> Response {
@@ -69,6 +75,7 @@ impl Daemon {
                     docker_user_rules: self.view.docker_rules.contains(&cfg.name),
                     checks,
                     notes,
+                    fabric: None,
                 }
             })
             .collect();
@@ -84,6 +91,50 @@ impl Daemon {
                 errors: self.view.errors.clone(),
                 networks,
             }),
+        }
+    }
+}
+
+/// A network across hosts `linnet doctor` asks FRR about: its name, its
+/// `evpn:`, and whether it is up here.
+pub struct AcrossHosts {
+    pub network: String,
+    pub evpn: Evpn,
+    pub up: bool,
+}
+
+impl Daemon {
+    /// The networks across hosts a doctor's report covers.
+    pub fn across_hosts(&self, network: Option<&str>) -> Vec<AcrossHosts> {
+        self.config
+            .networks
+            .values()
+            .filter(|c| network.is_none_or(|n| n == c.name))
+            .filter_map(|c| {
+                Some(AcrossHosts {
+                    network: c.name.clone(),
+                    evpn: c.own()?.evpn.clone()?,
+                    up: self.networks.contains_key(&c.name),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Adds what FRR (at `vty_socket`) says of each network across hosts to a
+/// doctor's report. Run without the daemon's lock: FRR may take seconds.
+pub async fn add_fabric_health(
+    response: &mut Response,
+    across: Vec<AcrossHosts>,
+    vty_socket: &Path,
+) {
+    let Response::Doctor { report } = response else {
+        return;
+    };
+    for a in across {
+        let answers = frr_vty::ask(vty_socket, &health::commands(a.evpn.vni)).await;
+        if let Some(n) = report.networks.iter_mut().find(|n| n.name == a.network) {
+            n.fabric = Some(health::health(&a.evpn, a.up, answers));
         }
     }
 }

@@ -10,3 +10,4 @@ mod list;
 mod policy;
 
 pub(super) use attach::{finish_unlocked, lock_for_attach, lock_when_detached};
+pub(super) use doctor::add_fabric_health;
