@@ -275,7 +275,9 @@ mod tests {
         let relative = format!("{FABRIC}frr:\n  vty_socket: frr\n");
         let refused = Config::from_yaml(&relative, "networks.yaml").unwrap_err();
         assert!(
-            refused.to_string().contains("frr.vty_socket: frr is not an absolute path"),
+            refused
+                .to_string()
+                .contains("frr.vty_socket: frr is not an absolute path"),
             "{refused}"
         );
     }

@@ -273,6 +273,17 @@ pub enum DaemonError {
         vtep: std::net::Ipv4Addr,
         have: String,
     },
+    /// A network across hosts: the address an attach would take is held
+    /// by a VM with another MAC on another host (advertised over EVPN).
+    #[error(
+        "network \"{network}\": {ip} is taken on another host by the VM with MAC {other} (FRR learned it over EVPN), and this VM's MAC is {mac}; give one of them another address (dhcp.static), and give each host a DHCP range of its own in the subnet"
+    )]
+    AddressElsewhere {
+        network: String,
+        ip: std::net::Ipv4Addr,
+        mac: MacAddr,
+        other: MacAddr,
+    },
     /// A network across hosts whose MTU, with VXLAN's 50 bytes, is more
     /// than the underlay link carries.
     #[error(
@@ -354,6 +365,7 @@ impl DaemonError {
             | DaemonError::PortForwarded { .. }
             | DaemonError::PortBound { .. }
             | DaemonError::ForeignLink { .. }
+            | DaemonError::AddressElsewhere { .. }
             | DaemonError::Overlap { .. }
             | DaemonError::LinnetsBridge { .. }
             | DaemonError::Lease(_) => ErrorKind::Conflict,

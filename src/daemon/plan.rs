@@ -302,6 +302,25 @@ pub(super) fn plan(
     })
 }
 
+/// Refuses a plan whose address a VM with another MAC holds on another
+/// host (`elsewhere`: address to MAC, as FRR learned them). The same MAC
+/// there is the same VM, moving here.
+pub(super) fn check_elsewhere(
+    network: &str,
+    plan: &AttachPlan,
+    elsewhere: &BTreeMap<Ipv4Addr, MacAddr>,
+) -> Result<(), DaemonError> {
+    match plan.ip.and_then(|ip| Some((ip, *elsewhere.get(&ip)?))) {
+        Some((ip, other)) if other != plan.mac => Err(DaemonError::AddressElsewhere {
+            network: network.into(),
+            ip,
+            mac: plan.mac,
+            other,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A clone as decided (`requests::clone`): the guest it is, its unique
 /// address in `subnet`, and whether it carries on as the guest (it took
 /// over the stopped VM's lease, and so holds the guest's address).

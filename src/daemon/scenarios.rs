@@ -370,6 +370,52 @@ async fn a_network_across_hosts_joins_the_fabric_and_advertises_its_vms() {
     s.assert_nothing_left();
 }
 
+/// An address that FRR learned is another host's VM's, with another MAC,
+/// is refused with both MACs; with the same MAC (the VM moving here) it
+/// is taken.
+#[tokio::test]
+async fn an_address_another_host_advertises_for_another_mac_is_refused() {
+    let yaml = ACROSS_HOSTS.replace(
+        "subnet: 10.77.0.0/24",
+        "subnet: 10.77.0.0/24\n    dhcp: { static: [{ ip: 10.77.0.5, mac: '02:77:00:00:00:05' }] }",
+    );
+    let mut s = Scene::new(&yaml).await;
+    let _first = s.attach(&user(1000, 1), on("fabric", 1)).await.unwrap();
+    let ip: Ipv4Addr = "10.77.0.5".parse().unwrap();
+    let (ours, theirs) = (
+        "02:77:00:00:00:05".parse().unwrap(),
+        "02:99:00:00:00:05".parse().unwrap(),
+    );
+    s.fake.learn_neighbour("ln-fabric", ip, theirs);
+    let moving = AttachRequest {
+        mac: Some(ours),
+        ..on("fabric", 2)
+    };
+    let refused = s
+        .attach(&user(1000, 1), moving.clone())
+        .await
+        .err()
+        .unwrap();
+    let message = refused.to_string();
+    assert!(
+        matches!(refused, DaemonError::AddressElsewhere { .. }),
+        "{refused:?}"
+    );
+    assert!(
+        message.contains("10.77.0.5 is taken on another host by the VM with MAC 02:99:00:00:00:05"),
+        "{message}"
+    );
+    assert_eq!(
+        s.fake.neighbours("ln-fabric").len(),
+        1,
+        "only the first VM's"
+    );
+    // The same MAC there: the VM itself, which moves here.
+    s.fake.learn_neighbour("ln-fabric", ip, ours);
+    let moved = s.attach(&user(1000, 1), moving).await.unwrap();
+    assert_eq!(moved.info.ip_address, Some(ip));
+}
+
 /// An attach whose neighbour entry cannot be made is undone, the network
 /// with it.
 #[tokio::test]

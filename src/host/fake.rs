@@ -102,6 +102,8 @@ struct Model {
     firewall: Option<Vec<FirewallNetwork>>,
     /// Neighbour entries linnet made: (link, address) -> MAC.
     neighbours: BTreeMap<(u32, Ipv4Addr), MacAddr>,
+    /// Neighbour entries FRR made (`learn_neighbour`).
+    learned: BTreeMap<(u32, Ipv4Addr), MacAddr>,
     /// Bridge ports made fabric ports.
     fabric_ports: BTreeSet<u32>,
     guard: Option<BTreeMap<String, PortGuard>>,
@@ -224,6 +226,14 @@ impl FakeHost {
             .filter(|((i, _), _)| Some(*i) == index)
             .map(|((_, ip), mac)| (*ip, *mac))
             .collect()
+    }
+
+    /// FRR puts another host's VM, `ip` at `mac`, in link `name`'s
+    /// neighbour table (from an EVPN route).
+    pub fn learn_neighbour(&self, name: &str, ip: Ipv4Addr, mac: MacAddr) {
+        let mut m = self.model();
+        let index = m.index_of(name).expect("the link");
+        m.learned.insert((index, ip), mac);
     }
 
     /// Whether link `name` is a fabric port (`make_fabric_port`).
@@ -371,6 +381,7 @@ impl Model {
         self.persistent.remove(&index);
         self.addresses.retain(|(i, _)| *i != index);
         self.neighbours.retain(|(i, _), _| *i != index);
+        self.learned.retain(|(i, _), _| *i != index);
         self.fabric_ports.remove(&index);
         self.routes.retain(|(_, i)| *i != Some(index));
         for link in self.links.values_mut() {
@@ -507,6 +518,18 @@ impl Links for FakeHost {
         self.netlink(Step::Neighbour(self.name_of(index), ip, None))?;
         self.model().neighbours.remove(&(index, ip));
         Ok(())
+    }
+
+    async fn learned_neighbours(
+        &self,
+        index: u32,
+    ) -> Result<Vec<(Ipv4Addr, MacAddr)>, NetlinkError> {
+        let m = self.model();
+        Ok(m.learned
+            .iter()
+            .filter(|((i, _), _)| *i == index)
+            .map(|((_, ip), mac)| (*ip, *mac))
+            .collect())
     }
 
     async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError> {

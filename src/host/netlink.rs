@@ -324,6 +324,13 @@ pub trait Links: Send + Sync {
     ) -> Result<(), NetlinkError>;
     /// Removes link `index`'s neighbour entry for `ip`; none is no error.
     async fn delete_neighbour(&self, index: u32, ip: Ipv4Addr) -> Result<(), NetlinkError>;
+    /// The IPv4 neighbours of link `index` that something outside the
+    /// kernel put there (`extern_learn`: FRR's, from EVPN routes), with
+    /// their MACs.
+    async fn learned_neighbours(
+        &self,
+        index: u32,
+    ) -> Result<Vec<(Ipv4Addr, MacAddr)>, NetlinkError>;
     async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError>;
     /// Takes a link off its bridge and down.
     async fn cut_off(&self, index: u32) -> Result<(), NetlinkError>;
@@ -524,6 +531,37 @@ impl Links for Netlink {
                 }
             }
         }
+    }
+
+    async fn learned_neighbours(
+        &self,
+        index: u32,
+    ) -> Result<Vec<(Ipv4Addr, MacAddr)>, NetlinkError> {
+        let mut stream = (self.handle.neighbours().get())
+            .set_address_family(AddressFamily::Inet)
+            .execute();
+        let mut out = Vec::new();
+        let what = || format!("list the neighbours of link {index}");
+        while let Some(msg) = stream.try_next().await.map_err(op(what()))? {
+            if msg.header.ifindex != index || !msg.header.flags.contains(NeighbourFlags::ExtLearned)
+            {
+                continue;
+            }
+            let (mut ip, mut mac) = (None, None);
+            for attr in &msg.attributes {
+                match attr {
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => ip = Some(*a),
+                    NeighbourAttribute::LinkLayerAddress(a) => {
+                        mac = <[u8; 6]>::try_from(a.as_slice()).ok().map(MacAddr)
+                    }
+                    _ => {}
+                }
+            }
+            if let (Some(ip), Some(mac)) = (ip, mac) {
+                out.push((ip, mac));
+            }
+        }
+        Ok(out)
     }
 
     /// Sets the attributes given; `up` brings the link up.

@@ -711,3 +711,44 @@ fn doctor_reports_sessions_vni_and_remote_macs_and_a_dead_frr_cuts_only_its_host
         "host 3's guest is out of the fabric without its FRR"
     );
 }
+
+#[test]
+fn an_address_a_vm_on_another_host_holds_is_refused_with_the_reason() {
+    const IP: &str = "10.77.0.5";
+    let (mac1, mac2) = ("02:77:00:00:00:01", "02:77:00:00:00:02");
+    // Each host reserves the same address, for a MAC of its own: a mistake.
+    let configs = [(1, mac1), (2, mac2)]
+        .iter()
+        .map(|(i, mac)| {
+            site_config(
+                *i,
+                2,
+                &[FABRIC],
+                &format!(", static: [{{ ip: {IP}, mac: \"{mac}\" }}]"),
+            )
+        })
+        .collect();
+    let fabric = Fabric::with_configs(configs);
+    let (_holder, ip) = guest_of(&fabric.sites[0], "fabric", &["--mac", mac1]);
+    assert_eq!(ip, IP);
+    // Host 2's network is up, and has learned host 1's VM.
+    let (other, _) = guest_on(&fabric.sites[1]);
+    assert!(
+        reaches(&other, IP, Duration::from_secs(30)),
+        "{}",
+        dump(&fabric)
+    );
+    let refused = fabric.sites[1]
+        .world
+        .try_guest_via("fabric", Via::Tap, &["--mac", mac2])
+        .err()
+        .expect("refused");
+    assert!(
+        refused.contains(&format!(
+            "{IP} is taken on another host by the VM with MAC {mac1}"
+        )),
+        "{refused}"
+    );
+    // Still host 1's VM there.
+    assert!(other.ping(IP));
+}

@@ -4,6 +4,7 @@
 //! the bridge, each network's NAT, forwards and policies in linnet's
 //! firewall table.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::sync::Arc;
@@ -233,6 +234,19 @@ impl NetworkDriver for LinnetBridge {
 
     fn toward_vm(&self) -> TowardVm {
         TowardVm::Sent
+    }
+
+    /// Across hosts: the other hosts' VMs in the bridge's neighbour table,
+    /// as FRR put them there.
+    async fn addresses_elsewhere(
+        &self,
+        host: &Host,
+    ) -> Result<BTreeMap<Ipv4Addr, MacAddr>, DaemonError> {
+        if self.fabric.is_none() {
+            return Ok(BTreeMap::new());
+        }
+        let learned = host.links.learned_neighbours(self.bridge_index).await?;
+        Ok(learned.into_iter().collect())
     }
 
     /// Across hosts, the VM's address goes into the bridge's neighbour

@@ -26,6 +26,7 @@ mod lan_bridge;
 mod linnet_bridge;
 mod macvtap;
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -129,6 +130,14 @@ impl ActiveNetwork {
     /// Whether a VMM may open the network's ports by name (tap-name).
     pub fn ports_open_by_name(&self) -> bool {
         self.driver.ports_open_by_name()
+    }
+
+    /// The addresses VMs on other hosts hold, with their MACs.
+    pub async fn addresses_elsewhere(
+        &self,
+        host: &Host,
+    ) -> Result<BTreeMap<Ipv4Addr, MacAddr>, DaemonError> {
+        self.driver.addresses_elsewhere(host).await
     }
 
     pub fn firewall(
@@ -242,6 +251,15 @@ pub(super) trait NetworkDriver: Send + Sync {
         _now: Option<Ipv4Addr>,
     ) -> Result<(), DaemonError> {
         Ok(())
+    }
+
+    /// The addresses VMs on other hosts hold (a network across hosts: as
+    /// FRR learned them from EVPN), with their MACs; none elsewhere.
+    async fn addresses_elsewhere(
+        &self,
+        _host: &Host,
+    ) -> Result<BTreeMap<Ipv4Addr, MacAddr>, DaemonError> {
+        Ok(BTreeMap::new())
     }
 
     /// Whether a VMM may open a port by its name (`--datapath tap-name`):

@@ -109,11 +109,16 @@ impl Daemon {
             });
         }
         let mut done = Vec::new();
+        let elsewhere = net.addresses_elsewhere(&self.host).await?;
         let plan = match (net.config.own(), net.leases()) {
             (Some(own), Some(leases)) => {
                 let mut leases = leases.lock().expect("lease lock");
                 let cfg = (&net.config, own);
                 let plan = plan::plan(cfg, &mut leases, client.claimant(), id, req, now)?;
+                if let Err(e) = plan::check_elsewhere(network, &plan, &elsewhere) {
+                    leases.detach(id, now);
+                    return Err(e);
+                }
                 done.push(Done::Lease);
                 plan
             }
