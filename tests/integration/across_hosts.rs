@@ -27,7 +27,7 @@ pub struct Site {
 /// The hosts and the namespace of their underlay bridge.
 pub struct Fabric {
     pub sites: Vec<Site>,
-    _underlay: Netns,
+    pub _underlay: Netns,
 }
 
 /// One network across hosts: its name, VNI and /24 (as "10.77.0").
@@ -751,4 +751,77 @@ fn an_address_a_vm_on_another_host_holds_is_refused_with_the_reason() {
     );
     // Still host 1's VM there.
     assert!(other.ping(IP));
+}
+
+/// Counters, on the underlay bridge, of the VXLAN packets whose inner
+/// frame is IPv4 UDP to port 67 or 68 (DHCP) and of those that carry
+/// ICMP: (dhcp, icmp). The inner headers' offsets assume no IPv4 options,
+/// as DHCP's and ping's have none.
+fn count_inner(underlay: &Netns) -> impl Fn() -> (u64, u64) {
+    // From the outer UDP header: UDP (8) + VXLAN (8) + Ethernet (14),
+    // then IPv4's protocol at 9 and (after its 20 bytes) UDP's dport at 2.
+    let (proto, dport) = ((8 + 8 + 14 + 9) * 8, (8 + 8 + 14 + 20 + 2) * 8);
+    let rules = format!(
+        "table bridge probe {{\n  chain watch {{\n    type filter hook forward priority 0;\n    \
+         udp dport 4789 @th,{proto},8 17 @th,{dport},16 {{ 67, 68 }} counter\n    \
+         udp dport 4789 @th,{proto},8 1 counter\n  }}\n}}\n"
+    );
+    let file = std::env::temp_dir().join(format!("{}-inner.nft", underlay.name));
+    std::fs::write(&file, rules).unwrap();
+    must(&mut underlay.cmd(&["nft", "-f", file.to_str().unwrap()]));
+    let name = underlay.name.clone();
+    move || {
+        let text = must(Command::new("ip").args([
+            "netns", "exec", &name, "nft", "list", "table", "bridge", "probe",
+        ]));
+        let counts: Vec<u64> = text
+            .split("counter packets ")
+            .skip(1)
+            .map(|c| c.split_whitespace().next().unwrap().parse().unwrap())
+            .collect();
+        (counts[0], counts[1])
+    }
+}
+
+#[test]
+fn dhcp_stays_on_its_host_and_anti_spoofing_holds_on_local_ports() {
+    let fabric = Fabric::new(2);
+    let counted = count_inner(&fabric._underlay);
+    let (a, a_ip) = guest_on(&fabric.sites[0]);
+    let (b, b_ip) = guest_on(&fabric.sites[1]);
+    assert!(in_slice(&a_ip, 1) && in_slice(&b_ip, 2), "{a_ip} {b_ip}");
+    assert!(
+        reaches(&a, &b_ip, Duration::from_secs(30)),
+        "{}",
+        dump(&fabric)
+    );
+    // Renewals broadcast too: ask again.
+    a.udhcpc();
+    b.udhcpc();
+    let (dhcp, icmp) = counted();
+    assert!(
+        icmp > 0,
+        "the probe sees inside the VXLAN packets that cross"
+    );
+    assert_eq!(dhcp, 0, "no DHCP crossed the underlay");
+    // A guest that sends from an address not its own is stopped at its
+    // port; from its own, it passes (above).
+    must(
+        &mut a
+            .ns
+            .cmd(&["ip", "addr", "add", "10.77.0.201/24", "dev", "eth0"]),
+    );
+    let out = run(&mut a.ns.cmd(&[
+        "busybox",
+        "ping",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "-I",
+        "10.77.0.201",
+        &b_ip,
+    ]));
+    assert!(!out.status.success(), "a spoofed source crossed the fabric");
+    assert!(a.ping(&b_ip), "its own address still does");
 }
