@@ -14,15 +14,15 @@ import re
 import statistics
 import sys
 
-from .report import (ANTI_SPOOFING, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM, STATUS,
-                     cell, clone_rows, target_counts)
+from .report import (ANTI_SPOOFING, FABRIC, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM,
+                     STATUS, cell, clone_rows, fabric_rows, target_counts)
 from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VM_TO_HOST, VM_TO_VM
 
 # The results' layout this module reads (bench/linnet_bench/__main__.py).
 FORMAT = 2
 
 DOCS = ("README.md", "docs/security.md", "docs/vmms.md", "docs/lima.md", "docs/rootless.md",
-        "docs/clones.md")
+        "docs/clones.md", "docs/multihost.md")
 BLOCK = re.compile(r"(<!-- bench:([a-z-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 
 
@@ -134,6 +134,18 @@ def clones(results):
     return lines
 
 
+def across_hosts(results):
+    """The figures across hosts and their targets."""
+    lines = fabric_rows(results.get("fabric"))
+    found = [t for t in results["targets"] if t["family"] == FABRIC]
+    if found:
+        lines.append("")
+    for t in found:
+        where = f" at inner MTU {t['mtu']}" if t.get("mtu") else ""
+        lines.append(f"- {t['target']}{where} (goal {t['goal']}): {t['detail']}, {STATUS[t['status']]}.")
+    return lines
+
+
 def targets(results):
     lines = [f"Targets: {target_counts(results)}. Missed:", ""]
     for t in results["targets"]:
@@ -146,7 +158,8 @@ def targets(results):
 
 
 RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "targets": targets,
-          "network-socket": network_socket, "rootless": rootless, "clones": clones}
+          "network-socket": network_socket, "rootless": rootless, "clones": clones,
+          "across-hosts": across_hosts}
 
 
 def render(name, results, doc):

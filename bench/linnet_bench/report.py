@@ -94,8 +94,8 @@ def missing_peer_target(results, family, name, ours, peer, mtu, direction, goal)
             "status": "not measured", "detail": why}
 
 
-def bound_target(name, value, limit, unit, detail=None):
-    return {"family": "control plane", "target": name, "kind": "bound", "goal": f"<= {limit} {unit}",
+def bound_target(name, value, limit, unit, detail=None, family="control plane"):
+    return {"family": family, "target": name, "kind": "bound", "goal": f"<= {limit} {unit}",
             "measured": value,
             "detail": detail or (f"{value} {unit}" if value is not None else "not measured"),
             "status": "not measured" if value is None else "met" if value <= limit else "missed"}
@@ -176,6 +176,7 @@ def targets(results):
                                 mtu, VM_TO_VM, 0.9))
         args = (results, "rootless", ROOTLESS_UPSTREAM, ROOTLESS, "pasta", mtu, VM_TO_HOST, 1.0)
         out.append(ratio_target(*args) or missing_peer_target(*args))
+    out += fabric_targets(results.get("fabric"))
     if not (results.get("control") or results.get("control_error")):
         return [t for t in out if t is not None]  # --no-control
     c = results.get("control") or {}
@@ -207,6 +208,68 @@ def targets(results):
     out.append(bound_target("helper RSS", get(c.get("helper") or {}, "rss_mib"), 4, "MiB"))
     out += clone_targets(c.get("clones"))
     return [t for t in out if t is not None]
+
+
+# What the figures across hosts are judged by (docs/multihost.md).
+FABRIC = "across hosts"
+FABRIC_VS_PLAIN = "linnet across hosts vs plain VXLAN"
+FABRIC_GOAL = 0.8
+ATTACH_TO_REACHABLE = "attach on one host to reachable from another, p50"
+
+
+def fabric_targets(f):
+    """linnet's fabric against a plain kernel VXLAN, VM to VM across two
+    hosts, round by round (goal >= 0.8x); attach to reachable (<= 1 s)."""
+    if not f or f.get("error"):
+        return []
+    out = []
+    for e in f["throughput"]:
+        t = {"family": FABRIC, "target": FABRIC_VS_PLAIN, "kind": "ratio", "mtu": e["mtu"],
+             "direction": VM_TO_VM, "goal": f">= {FABRIC_GOAL}x", "measured": None}
+        a, b = e["linnet"], e["plain"]
+        unstable = [f"{name} is unstable: {x['unstable']}" for name, x in (("linnet", a), ("plain", b))
+                    if x.get("unstable")]
+        paired = paired_ratios(a, b) if a.get("gbps") and b.get("gbps") else []
+        if unstable:
+            out.append({**t, "status": "unstable", "detail": "; ".join(unstable)})
+        elif not paired:
+            out.append({**t, "status": "not measured", "detail": "no round measured both"})
+        else:
+            measured = round(statistics.median(paired), 2)
+            lo, hi = round(min(paired), 2), round(max(paired), 2)
+            out.append({**t, "measured": measured, "rounds": [lo, hi], "noise": lo < FABRIC_GOAL <= hi,
+                        "detail": f"{a['gbps']} / {b['gbps']} Gbit/s, rounds {lo}–{hi}x",
+                        "status": "met" if measured >= FABRIC_GOAL else "missed"})
+    reach = (f.get("attach_to_reachable_ms") or {}).get("p50")
+    out.append(bound_target(ATTACH_TO_REACHABLE, reach, 1000, "ms", family=FABRIC))
+    return out
+
+
+def fabric_rows(f):
+    """The figures across hosts as a markdown table, or why there are none."""
+    if not f:
+        return ["Not measured in this run."]
+    if f.get("error"):
+        return [f"Not measured: {f['error']}."]
+    lines = ["| inner MTU (underlay) | linnet, Gbit/s | plain VXLAN, Gbit/s | round trip, linnet / plain |",
+             "|---:|---:|---:|---:|"]
+    for e in f["throughput"]:
+        a, b = e["linnet"], e["plain"]
+        speed = lambda x: f"{x['gbps']:.2f}" + (" ¹" if x.get("unstable") else "") if x.get("gbps") else "—"
+        rtt = lambda x: f"{x['rtt_ms']:.3f}" if x.get("rtt_ms") is not None else "—"
+        lines.append(f"| {e['mtu']} ({e['underlay_mtu']}) | {speed(a)} | {speed(b)} | "
+                     f"{rtt(a)} / {rtt(b)} ms |")
+    if f.get("timings_error"):
+        lines += ["", f"The timings failed: {f['timings_error']}"]
+    elif f.get("attach_to_reachable_ms"):
+        r, m = f["attach_to_reachable_ms"], f["mac_move_ms"]
+        lines += ["", f"Attach on one host until a guest on another has its first answer "
+                  f"(p50 / max of {f['count']}): {r['p50']} / {r['max']} ms. A VM moving hosts "
+                  f"with its MAC, address and interface id, from the start of its attach on the "
+                  f"new host until the first answer from there: {m['p50']} / {m['max']} ms. "
+                  "The watching guest asks again for an unanswered address every 100 ms "
+                  "(the kernel's default is 1 s)."]
+    return lines
 
 
 # Below this, a lot's RSS growth is allocator noise: compared as this much.
@@ -462,6 +525,12 @@ def markdown(results):
         if c.get("relay_peak_rss_mib") is not None:
             lines.append(f"| `linnet run` relay peak RSS under iperf3 | {c['relay_peak_rss_mib']} MiB |")
         lines += clone_rows(c.get("clones"))
+    lines += ["", "## Across hosts", "",
+              "A network across hosts (docs/multihost.md): VM to VM across two hosts, one iperf3 "
+              "stream per round, through linnet's VXLAN and FRR's EVPN against a plain kernel "
+              "VXLAN between the same kind of namespaces (a bridge and a VXLAN device per host, "
+              "the far end set by hand, the same stand-in relaying each guest's TAP).", ""]
+    lines += fabric_rows(results.get("fabric"))
     lines += ["", "## Targets", "",
               f"{target_counts(results)}. A ratio is the median of the rounds' ratios (each round "
               "measured both setups); the range of the rounds follows.", "",
@@ -490,6 +559,11 @@ def markdown(results):
     lines += target_table(results, "mixed")
     lines += ["", "### Control plane", ""]
     lines += target_table(results, "control plane")
+    lines += ["", "### Across hosts", "",
+              "Two hosts as namespaces on an underlay bridge, each with its daemon and FRR "
+              "(bench/linnet_bench/fabric.py), VM to VM, against the same guests on a kernel "
+              "VXLAN set up by hand.", ""]
+    lines += target_table(results, FABRIC)
     lines += ["", "![throughput per setup](latest.svg)", ""]
     return "\n".join(lines)
 

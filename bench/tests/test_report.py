@@ -155,5 +155,27 @@ class DocBlocks(unittest.TestCase):
             self.assertNotIn("9.99x", text)
 
 
+class AcrossHosts(unittest.TestCase):
+    def fabric(self, linnet, plain, reach_ms):
+        entry = {"mtu": 1500, "underlay_mtu": 1550, "linnet": summarize(rounds(*linnet)),
+                 "plain": summarize(rounds(*plain))}
+        return {"throughput": [entry], "count": 3, "attach_to_reachable_ms": {"p50": reach_ms, "max": reach_ms},
+                "mac_move_ms": {"p50": 40, "max": 50}}
+
+    def test_linnet_against_plain_vxlan_round_by_round_and_attach_to_reachable(self):
+        found = report.fabric_targets(self.fabric((8.5, 9.0, 8.8), (10, 10, 10), 300))
+        ratio, reach = found
+        self.assertEqual((ratio["target"], ratio["measured"], ratio["status"]),
+                         (report.FABRIC_VS_PLAIN, 0.88, "met"))
+        self.assertEqual((reach["measured"], reach["status"]), (300, "met"))
+        ratio, reach = report.fabric_targets(self.fabric((7, 7, 7), (10, 10, 10), 1500))
+        self.assertEqual((ratio["status"], reach["status"]), ("missed", "missed"))
+
+    def test_a_run_without_frr_has_no_targets_and_says_why(self):
+        self.assertEqual(report.fabric_targets({"error": "FRR is not installed"}), [])
+        self.assertEqual(report.fabric_rows({"error": "FRR is not installed"}),
+                         ["Not measured: FRR is not installed."])
+
+
 if __name__ == "__main__":
     unittest.main()
