@@ -21,6 +21,13 @@ pub fn ula_prefix(network: &str) -> Ipv6Net {
     ula_prefix_for(network, host_id())
 }
 
+/// The ULA /64 of a network across hosts (`evpn:`), the same on every
+/// host: its global id a hash of the network's name and VNI, which every
+/// host's config gives alike, and not of any one host's machine id.
+pub fn ula_prefix_across_hosts(network: &str, vni: u32) -> Ipv6Net {
+    ula_prefix_for(network, &format!("across hosts, VNI {vni}"))
+}
+
 /// /etc/machine-id (systemd, dbus), read once; empty on a host without one.
 fn host_id() -> &'static str {
     static ID: OnceLock<String> = OnceLock::new();
@@ -86,6 +93,16 @@ mod tests {
             o[15] = 1;
             Ipv6Addr::from(o)
         });
+    }
+
+    #[test]
+    fn a_network_across_hosts_has_one_prefix_on_every_host() {
+        let across = ula_prefix_across_hosts("fabric", 7700);
+        assert_eq!(across, ula_prefix_across_hosts("fabric", 7700));
+        assert_eq!(across.addr().octets()[0], 0xfd);
+        assert_ne!(across, ula_prefix_across_hosts("fabric", 7800));
+        assert_ne!(across, ula_prefix_across_hosts("lab", 7700));
+        assert_ne!(across, ula_prefix_for("fabric", "a host's machine id"));
     }
 
     #[test]

@@ -876,7 +876,10 @@ impl Validator<'_> {
         if !policy.is_open() && !anti_spoofing {
             return Err(self.err("policy", NO_POLICY_WITHOUT_ANTI_SPOOFING));
         }
-        let ipv6 = self.ipv6(name, mode, mtu, &spec)?;
+        let evpn = (spec.evpn.take())
+            .map(|e| self.evpn(e, subnet))
+            .transpose()?;
+        let ipv6 = self.ipv6(name, mode, mtu, evpn.as_ref(), &spec)?;
         let forwards = self.forwards(&spec.forwards)?;
         let dhcp_spec = match spec.dhcp {
             None => DhcpSpec::default(),
@@ -894,9 +897,6 @@ impl Validator<'_> {
             .clone_subnet
             .as_deref()
             .map(|text| self.clone_subnet(text))
-            .transpose()?;
-        let evpn = (spec.evpn.take())
-            .map(|e| self.evpn(e, subnet))
             .transpose()?;
 
         let nat44 = spec.nat44.unwrap_or(mode == Mode::Shared);
@@ -1005,6 +1005,7 @@ impl Validator<'_> {
         name: &str,
         mode: Mode,
         mtu: u32,
+        evpn: Option<&Evpn>,
         spec: &NetworkSpec,
     ) -> Result<Option<Ipv6Config>, ConfigError> {
         if !spec.ipv6.unwrap_or(true) {
@@ -1027,9 +1028,11 @@ impl Validator<'_> {
                 format!("{mtu} is below 1280, the least IPv6 allows; raise mtu or set ipv6: false"),
             ));
         }
-        let prefix = match &spec.ipv6_prefix {
-            None => addr6::ula_prefix(name),
-            Some(text) => self.ipv6_prefix(text)?,
+        let prefix = match (&spec.ipv6_prefix, evpn) {
+            (Some(text), _) => self.ipv6_prefix(text)?,
+            // Every host's bridge is the same router for the same prefix.
+            (None, Some(evpn)) => addr6::ula_prefix_across_hosts(name, evpn.vni),
+            (None, None) => addr6::ula_prefix(name),
         };
         let nat66 = spec.nat66.unwrap_or(mode == Mode::Shared);
         if nat66 && mode == Mode::Host {

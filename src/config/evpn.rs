@@ -265,6 +265,28 @@ mod tests {
         }
     }
 
+    /// Two hosts' configs of one network across hosts give it the same
+    /// IPv6 prefix (not one per machine), so each host's bridge is the
+    /// same router for it.
+    #[test]
+    fn a_network_across_hosts_has_the_same_ipv6_prefix_on_every_host() {
+        let host2 = FABRIC
+            .replace("vtep: 192.0.2.11", "vtep: 192.0.2.12")
+            .replace(
+                "peers: [192.0.2.12, 192.0.2.13]",
+                "peers: [192.0.2.11, 192.0.2.13]",
+            );
+        let prefix = |yaml: &str| {
+            let cfg = Config::from_yaml(yaml, "networks.yaml").unwrap();
+            cfg.network("fabric").unwrap().ipv6().unwrap().prefix
+        };
+        assert_eq!(prefix(FABRIC), prefix(&host2));
+        assert_eq!(
+            prefix(FABRIC),
+            crate::addr6::ula_prefix_across_hosts("fabric", 7700)
+        );
+    }
+
     #[test]
     fn frr_answers_at_its_default_sockets_or_where_the_file_says() {
         let cfg = Config::from_yaml(FABRIC, "networks.yaml").unwrap();

@@ -416,6 +416,27 @@ async fn an_address_another_host_advertises_for_another_mac_is_refused() {
     assert_eq!(moved.info.ip_address, Some(ip));
 }
 
+/// A restart adopts the VXLAN device with the VMs; a config that gives
+/// the network another VNI makes it anew.
+#[tokio::test]
+async fn a_restart_adopts_the_vxlan_device_and_another_vni_makes_it_anew() {
+    let mut s = Scene::new(ACROSS_HOSTS).await;
+    let vm = s.attach(&user(1000, 1), on("fabric", 1)).await.unwrap();
+    let before = s.fake.link("lx-fabric").expect("the VXLAN device").index;
+    s.restart().await;
+    s.fake.clear_steps();
+    let vxlan = s.fake.link("lx-fabric").expect("kept across the restart");
+    assert_eq!(vxlan.index, before, "adopted, not made anew");
+    assert!(s.fake.is_fabric_port("lx-fabric"));
+    s.yaml = s.yaml.replace("vni: 7700", "vni: 7701");
+    s.restart().await;
+    let vxlan = s.fake.link("lx-fabric").expect("made anew");
+    assert_ne!(vxlan.index, before);
+    assert_eq!(vxlan.vxlan.map(|v| v.vni), Some(7701));
+    assert!(s.fake.steps().contains(&Step::CreateVxlan("lx-fabric".into())));
+    drop(vm);
+}
+
 /// An attach whose neighbour entry cannot be made is undone, the network
 /// with it.
 #[tokio::test]

@@ -753,18 +753,33 @@ fn an_address_a_vm_on_another_host_holds_is_refused_with_the_reason() {
     assert!(other.ping(IP));
 }
 
-/// Counters, on the underlay bridge, of the VXLAN packets whose inner
-/// frame is IPv4 UDP to port 67 or 68 (DHCP) and of those that carry
-/// ICMP: (dhcp, icmp). The inner headers' offsets assume no IPv4 options,
-/// as DHCP's and ping's have none.
-fn count_inner(underlay: &Netns) -> impl Fn() -> (u64, u64) {
-    // From the outer UDP header: UDP (8) + VXLAN (8) + Ethernet (14),
-    // then IPv4's protocol at 9 and (after its 20 bytes) UDP's dport at 2.
-    let (proto, dport) = ((8 + 8 + 14 + 9) * 8, (8 + 8 + 14 + 20 + 2) * 8);
+/// What crossed the underlay inside VXLAN packets, as counted on its
+/// bridge: DHCP (IPv4 UDP to port 67 or 68), IPv6 router solicitations and
+/// advertisements; and ICMP and ICMPv6 echoes (the controls: the probe
+/// sees inside, at both families' offsets).
+struct Crossed {
+    dhcp: u64,
+    router_discovery: u64,
+    icmp: u64,
+    icmp6_echo: u64,
+}
+
+/// Counters on the underlay bridge of what crosses inside VXLAN packets.
+/// The inner headers' offsets, from the outer UDP header: UDP (8) + VXLAN
+/// (8) + Ethernet (14), then IPv4's protocol at 9 and (with no options, as
+/// DHCP's and ping's have none) UDP's port at 22; IPv6's next header at
+/// 6 and ICMPv6's type at 40.
+fn count_inner(underlay: &Netns) -> impl Fn() -> Crossed {
+    let inner = 8 + 8 + 14;
+    let bits = |bytes: u32| bytes * 8;
+    let (proto, dport) = (bits(inner + 9), bits(inner + 22));
+    let (next, icmp6) = (bits(inner + 6), bits(inner + 40));
     let rules = format!(
         "table bridge probe {{\n  chain watch {{\n    type filter hook forward priority 0;\n    \
          udp dport 4789 @th,{proto},8 17 @th,{dport},16 {{ 67, 68 }} counter\n    \
-         udp dport 4789 @th,{proto},8 1 counter\n  }}\n}}\n"
+         udp dport 4789 @th,{next},8 58 @th,{icmp6},8 {{ 133, 134 }} counter\n    \
+         udp dport 4789 @th,{proto},8 1 counter\n    \
+         udp dport 4789 @th,{next},8 58 @th,{icmp6},8 {{ 128, 129 }} counter\n  }}\n}}\n"
     );
     let file = std::env::temp_dir().join(format!("{}-inner.nft", underlay.name));
     std::fs::write(&file, rules).unwrap();
@@ -779,12 +794,17 @@ fn count_inner(underlay: &Netns) -> impl Fn() -> (u64, u64) {
             .skip(1)
             .map(|c| c.split_whitespace().next().unwrap().parse().unwrap())
             .collect();
-        (counts[0], counts[1])
+        Crossed {
+            dhcp: counts[0],
+            router_discovery: counts[1],
+            icmp: counts[2],
+            icmp6_echo: counts[3],
+        }
     }
 }
 
 #[test]
-fn dhcp_stays_on_its_host_and_anti_spoofing_holds_on_local_ports() {
+fn dhcp_and_router_discovery_stay_on_their_host_ipv6_crosses_and_anti_spoofing_holds() {
     let fabric = Fabric::new(2);
     let counted = count_inner(&fabric._underlay);
     let (a, a_ip) = guest_on(&fabric.sites[0]);
@@ -798,12 +818,27 @@ fn dhcp_stays_on_its_host_and_anti_spoofing_holds_on_local_ports() {
     // Renewals broadcast too: ask again.
     a.udhcpc();
     b.udhcpc();
-    let (dhcp, icmp) = counted();
-    assert!(
-        icmp > 0,
-        "the probe sees inside the VXLAN packets that cross"
+    // IPv6: one prefix on every host, each guest's router its own host.
+    assert_eq!(
+        a.info["ipv6_prefix"], b.info["ipv6_prefix"],
+        "one prefix across hosts"
     );
-    assert_eq!(dhcp, 0, "no DHCP crossed the underlay");
+    assert_eq!(a.slaac_addresses(), vec![a.ipv6()]);
+    assert_eq!(b.slaac_addresses(), vec![b.ipv6()]);
+    assert!(
+        reaches(&a, &b.ipv6(), Duration::from_secs(10)),
+        "VM to VM over IPv6 across hosts"
+    );
+    let crossed = counted();
+    assert!(
+        crossed.icmp > 0 && crossed.icmp6_echo > 0,
+        "the probe sees inside what crosses, IPv4 and IPv6"
+    );
+    assert_eq!(crossed.dhcp, 0, "no DHCP crossed the underlay");
+    assert_eq!(
+        crossed.router_discovery, 0,
+        "no router solicitation or advertisement crossed"
+    );
     // A guest that sends from an address not its own is stopped at its
     // port; from its own, it passes (above).
     must(
