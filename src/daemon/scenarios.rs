@@ -433,7 +433,11 @@ async fn a_restart_adopts_the_vxlan_device_and_another_vni_makes_it_anew() {
     let vxlan = s.fake.link("lx-fabric").expect("made anew");
     assert_ne!(vxlan.index, before);
     assert_eq!(vxlan.vxlan.map(|v| v.vni), Some(7701));
-    assert!(s.fake.steps().contains(&Step::CreateVxlan("lx-fabric".into())));
+    assert!(
+        s.fake
+            .steps()
+            .contains(&Step::CreateVxlan("lx-fabric".into()))
+    );
     drop(vm);
 }
 
