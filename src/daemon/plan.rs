@@ -721,6 +721,45 @@ mod tests {
         );
     }
 
+    /// Across hosts, the VM's address is advertised once its port is on
+    /// the bridge, and before a TAP is made persistent; an address another
+    /// host's VM holds with another MAC is refused, with the same MAC not.
+    #[test]
+    fn across_hosts_the_address_is_advertised_after_the_link_and_one_held_elsewhere_refused() {
+        let yaml = "networks:\n  shared:\n    subnet: 10.77.0.0/24\n    evpn: { vni: 7700, vtep: 192.0.2.11, asn: 65000, peers: [192.0.2.12] }\n";
+        let cfg = network(yaml);
+        let mut leases = LeaseTable::new(&cfg.name, cfg.own().unwrap());
+        let mut req = request(None);
+        req.datapath = Some(Datapath::TapName);
+        let plan = plan(
+            (&cfg, cfg.own().unwrap()),
+            &mut leases,
+            0.into(),
+            id(1),
+            &req,
+            0,
+        )
+        .unwrap();
+        let ip = plan.ip.expect("an address");
+        assert_eq!(
+            plan.steps,
+            [
+                Step::Port,
+                Step::Guard { guest: None },
+                Step::Link,
+                Step::Advertise { ip },
+                Step::Persist
+            ]
+        );
+        let other: MacAddr = "02:99:00:00:00:01".parse().unwrap();
+        let held = BTreeMap::from([(ip, other)]);
+        let refused = check_elsewhere("shared", &plan, &held).unwrap_err();
+        assert!(matches!(refused, DaemonError::AddressElsewhere { other: o, .. } if o == other));
+        let moving = BTreeMap::from([(ip, plan.mac)]);
+        assert!(check_elsewhere("shared", &plan, &moving).is_ok());
+        assert!(check_elsewhere("shared", &plan, &BTreeMap::new()).is_ok());
+    }
+
     #[test]
     fn steps_are_undone_newest_first() {
         let (cfg, _, plan) = planned("");

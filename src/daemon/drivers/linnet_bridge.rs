@@ -156,10 +156,6 @@ impl LinnetBridge {
                     },
                 )
                 .await?;
-            let fabric = match &own.evpn {
-                Some(evpn) => Some(Fabric::join(&cfg.name, evpn, own.mtu, host, index).await?),
-                None => None,
-            };
             let path = lease_dir.join(format!("{}.json", cfg.name));
             let table = LeaseTable::open(&cfg.name, own, &path, unix_now()).map_err(|source| {
                 DaemonError::StateFile {
@@ -177,19 +173,15 @@ impl LinnetBridge {
                     ))
                 })?;
             let ctx = Arc::new(ctx);
-            let started = match services.start(ctx).await {
-                Ok(started) => started,
-                Err(e) => {
-                    if let Some(fabric) = fabric {
-                        let mut left = Leftovers::default();
-                        let left_fabric = fabric.leave(&cfg.name, host).await;
-                        left.note("leave the fabric", left_fabric);
-                        left.log(&format!("network \"{}\": undoing a bring-up", cfg.name));
-                    }
-                    return Err(e.into());
-                }
+            let services = services.start(ctx).await?;
+            // Last: nothing after it can fail, so nothing undoes it here
+            // (on its own error it leaves nothing; the services stop and
+            // the bridge goes below).
+            let fabric = match &own.evpn {
+                Some(evpn) => Some(Fabric::join(&cfg.name, evpn, own.mtu, host, index).await?),
+                None => None,
             };
-            Ok::<_, DaemonError>((leases, started, fabric))
+            Ok::<_, DaemonError>((leases, services, fabric))
         }
         .await;
         match result {
@@ -349,12 +341,13 @@ impl NetworkDriver for LinnetBridge {
             Ok(Err(e)) => tracing::warn!(network = %cfg.name, "cannot save leases: {e}"),
             Err(e) => tracing::warn!(network = %cfg.name, "saving leases failed: {e}"),
         }
-        if let Some(fabric) = fabric {
-            fabric.leave(&cfg.name, host).await?;
-        }
+        let left = match fabric {
+            Some(fabric) => fabric.leave(&cfg.name, host).await,
+            None => Ok(()),
+        };
         host.links.delete_link(bridge_index).await?;
         info!(network = %cfg.name, %bridge, "network down");
-        Ok(())
+        left
     }
 }
 
