@@ -860,3 +860,25 @@ fn dhcp_and_router_discovery_stay_on_their_host_ipv6_crosses_and_anti_spoofing_h
     assert!(!out.status.success(), "a spoofed source crossed the fabric");
     assert!(a.ping(&b_ip), "its own address still does");
 }
+
+#[test]
+fn a_port_published_on_the_host_that_runs_the_vm_reaches_it_there() {
+    let fabric = Fabric::new(2);
+    let (web, _) = guest_of(&fabric.sites[0], "fabric", &["--publish", "8080:80"]);
+    let _server = echo_serve(&web.ns, "web", 80);
+    let (other, _) = guest_on(&fabric.sites[1]);
+    assert!(
+        reaches(&other, &web.ip().to_string(), Duration::from_secs(30)),
+        "{}",
+        dump(&fabric)
+    );
+    // From host 1's upstream, through host 1's published port.
+    let up = &fabric.sites[0].world.upstream;
+    assert_eq!(
+        echo_ask(up, UPSTREAM_HOST_SIDE, 8080, "tcp"),
+        Some(format!("web from {UPSTREAM_IP}"))
+    );
+    // Host 2 runs no such VM and publishes nothing for it.
+    let up2 = &fabric.sites[1].world.upstream;
+    assert_eq!(echo_ask(up2, UPSTREAM_HOST_SIDE, 8080, "tcp"), None);
+}
