@@ -441,6 +441,39 @@ async fn a_restart_adopts_the_vxlan_device_and_another_vni_makes_it_anew() {
     drop(vm);
 }
 
+/// A VXLAN device a daemon made but died before marking (no alias) is
+/// linnet's if it has the network's VNI and VTEP, and adopted; one with
+/// another VNI is someone else's, and refused by name.
+#[tokio::test]
+async fn an_unmarked_vxlan_device_is_adopted_only_with_the_networks_vni_and_vtep() {
+    let mut s = Scene::new(ACROSS_HOSTS).await;
+    let index = s.fake.add_link("lx-fabric", LinkKind::Vxlan);
+    let id = |vni| crate::host::netlink::VxlanId {
+        vni,
+        local: Some("192.0.2.2".parse().unwrap()),
+    };
+    s.fake.set_vxlan("lx-fabric", id(7700));
+    let _vm = s.attach(&user(1000, 1), on("fabric", 1)).await.unwrap();
+    assert_eq!(s.fake.link("lx-fabric").unwrap().index, index, "adopted");
+
+    let mut s = Scene::new(ACROSS_HOSTS).await;
+    s.fake.add_link("lx-fabric", LinkKind::Vxlan);
+    s.fake.set_vxlan("lx-fabric", id(4242));
+    let refused = s
+        .attach(&user(1000, 1), on("fabric", 1))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&refused, DaemonError::ForeignLink { link, .. } if link == "lx-fabric"),
+        "{refused:?}"
+    );
+    assert!(
+        s.fake.link("ln-fabric").is_none(),
+        "nothing of the network is left"
+    );
+}
+
 /// An attach whose neighbour entry cannot be made is undone, the network
 /// with it.
 #[tokio::test]

@@ -209,6 +209,14 @@ impl FakeHost {
         m.index_of(name).map(|i| m.links[&i].clone())
     }
 
+    /// Gives link `name` a VXLAN device's VNI and VTEP, as the kernel
+    /// reports them.
+    pub fn set_vxlan(&self, name: &str, id: VxlanId) {
+        let mut m = self.model();
+        let index = m.index_of(name).expect("the link");
+        m.links.get_mut(&index).expect("found").vxlan = Some(id);
+    }
+
     /// Changes a link's MAC behind linnet's back (as a VMM may).
     pub fn set_mac(&self, name: &str, mac: MacAddr) {
         let mut m = self.model();

@@ -84,7 +84,8 @@ fn a_socket_activated_daemon_starts_on_the_first_connection_says_it_is_ready_and
         assert_eq!(
             said(Duration::from_secs(10)).as_deref(),
             Some("STOPPING=1"),
-            "{start} stop"
+            "{start} stop; the daemon's log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
         );
     }
     // Lines for the journal: a priority, no time, no colours.

@@ -52,7 +52,14 @@ impl Fabric {
             local: Some(evpn.vtep),
         };
         let adopted = match links.link(&port).await? {
-            Some(link) if link.kind == LinkKind::Vxlan && link.alias.as_deref() == Some(&alias) => {
+            // Ours: marked with our alias, or — a daemon that died between
+            // making it and marking it — unmarked with the VNI and VTEP
+            // linnet gives it.
+            Some(link)
+                if link.kind == LinkKind::Vxlan
+                    && (link.alias.as_deref() == Some(&alias)
+                        || (link.alias.is_none() && link.vxlan == Some(id))) =>
+            {
                 if link.vxlan == Some(id) {
                     Some(link.index)
                 } else {
