@@ -80,9 +80,12 @@ fn a_socket_activated_daemon_starts_on_the_first_connection_says_it_is_ready_and
             Some("READY=1"),
             "{start} start"
         );
-        // Idle (no interface, no client, no network up) for a second: it exits.
+        // Idle (no interface, no client, no network up) for a second: it
+        // exits. Twice in six full suites on this 2-core machine nothing
+        // came within 10 s (and never when run alone): 30 s, and the log
+        // if even that is not enough.
         assert_eq!(
-            said(Duration::from_secs(10)).as_deref(),
+            said(Duration::from_secs(30)).as_deref(),
             Some("STOPPING=1"),
             "{start} stop; the daemon's log:\n{}",
             std::fs::read_to_string(&log).unwrap_or_default()
