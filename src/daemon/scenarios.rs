@@ -1009,6 +1009,27 @@ async fn a_flushed_ruleset_is_put_back_with_every_guarded_port() {
     assert!(s.fake.firewall().is_some());
 }
 
+/// `bridge linnet_fabric` deleted alone (DHCP would cross hosts) is seen
+/// and put back with the firewall.
+#[tokio::test]
+async fn a_deleted_fabric_table_is_put_back() {
+    let mut s = Scene::new(ACROSS_HOSTS).await;
+    let _vm = s.attach(&user(1000, 1), on("fabric", 1)).await.unwrap();
+    assert!(!s.daemon.own_tables_damaged(), "as linnet made them");
+    s.fake.delete_fabric_table();
+    assert!(s.daemon.own_tables_damaged());
+    s.fake.clear_steps();
+    s.daemon.check_host();
+    assert!(
+        s.fake
+            .steps()
+            .contains(&Step::Firewall(vec!["ln-fabric".into()])),
+        "{:#?}",
+        s.fake.steps()
+    );
+    assert!(!s.daemon.own_tables_damaged(), "back");
+}
+
 #[tokio::test]
 async fn a_vmm_that_changes_its_taps_mac_is_cut_off() {
     let mut s = Scene::new(USERS).await;

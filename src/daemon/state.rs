@@ -720,6 +720,7 @@ impl Daemon {
         let expected = guard::expected_shape().filter(|_| !unreliable);
         inet || (self.guard.ready() && damaged("bridge", expected))
             || self.egress_damage().is_some()
+            || self.fabric_damage().is_some()
     }
     /// Puts back `inet linnet` and `bridge linnet` (with every guarded
     /// port) if they are gone. Returns whether it did.
@@ -728,15 +729,21 @@ impl Daemon {
         if self.has_firewall() {
             let expected = firewall::shape(&self.firewall_networks());
             let expected = (!self.view.shapes_unreliable).then_some(&expected);
-            if let Some(damage) = self.damage("inet", expected) {
-                warn!("linnet's table inet linnet {damage}: putting it back");
+            let damage = (self.damage("inet", expected).map(|d| ("inet linnet", d)))
+                .or_else(|| self.fabric_damage().map(|d| ("bridge linnet_fabric", d)));
+            if let Some((table, damage)) = damage {
+                warn!("linnet's table {table} {damage}: putting it back");
                 match self.sync_host() {
                     Ok(()) => {
-                        info!("restored table inet linnet");
+                        info!("restored table {table}");
                         restored = true;
-                        self.check_rebuilt("inet", expected);
+                        self.check_rebuilt("inet", "linnet", expected);
+                        let fabric = firewall::fabric_shape(&self.firewall_networks());
+                        if !fabric.is_empty() {
+                            self.check_rebuilt("bridge", "linnet_fabric", Some(&fabric));
+                        }
                     }
-                    Err(e) => warn!("cannot restore table inet linnet: {e}"),
+                    Err(e) => warn!("cannot restore table {table}: {e}"),
                 }
             }
         }
@@ -761,7 +768,7 @@ impl Daemon {
                 Ok(()) => {
                     info!(interfaces = ports.len(), "restored table bridge linnet");
                     restored = true;
-                    self.check_rebuilt("bridge", expected);
+                    self.check_rebuilt("bridge", "linnet", expected);
                 }
                 Err(e) => {
                     warn!(
@@ -778,12 +785,12 @@ impl Daemon {
     /// rebuild for ever (each rebuild wakes the watch), so from then on only
     /// a table that is gone is put back. (A table deleted again meanwhile
     /// says nothing about that.)
-    fn check_rebuilt(&mut self, family: &str, expected: Option<&Shape>) {
-        if let Ok(Some(actual)) = self.host.tables.linnet_shape(family)
+    fn check_rebuilt(&mut self, family: &str, table: &str, expected: Option<&Shape>) {
+        if let Ok(Some(actual)) = self.host.tables.table_shape(family, table)
             && expected.is_some_and(|e| *e != actual)
         {
             warn!(
-                "table {family} linnet lists otherwise than linnet made it; from now on linnet puts back only tables that are gone, not lost rules"
+                "table {family} {table} lists otherwise than linnet made it; from now on linnet puts back only tables that are gone, not lost rules"
             );
             self.view.shapes_unreliable = true;
         }
@@ -802,6 +809,27 @@ impl Daemon {
         let expected =
             guard::expected_egress_shape(&ports).filter(|_| !self.view.shapes_unreliable);
         self.damage("netdev", expected.as_ref())
+    }
+    /// What happened to `bridge linnet_fabric`, while a network has a
+    /// fabric port, if it is not as linnet made it. (It is made and put
+    /// back with `inet linnet`, in one transaction.)
+    fn fabric_damage(&mut self) -> Option<&'static str> {
+        let expected = firewall::fabric_shape(&self.firewall_networks());
+        if expected.is_empty() {
+            return None;
+        }
+        let shape = (!self.view.shapes_unreliable).then_some(&expected);
+        match self.host.tables.table_shape("bridge", "linnet_fabric") {
+            Ok(None) => Some("is gone (nft flush ruleset, or a firewall reload?)"),
+            Ok(Some(actual)) if shape.is_some_and(|e| *e != actual) => {
+                Some("lost rules or chains (nft flush table or delete rule?)")
+            }
+            Ok(Some(_)) => None,
+            Err(e) => {
+                warn!("cannot read table bridge linnet_fabric: {e}");
+                None
+            }
+        }
     }
     /// What happened to linnet's table `family linnet`, if it is not as
     /// linnet made it (`expected`; None: only whether it is there).

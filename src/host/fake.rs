@@ -99,6 +99,9 @@ struct Model {
     forwarding: [bool; 2],
     /// br_netfilter is not loaded (`without_bridge_netfilter`).
     no_bridge_netfilter: bool,
+    /// `bridge linnet_fabric` was deleted behind linnet's back, until the
+    /// firewall is applied again (`delete_fabric_table`).
+    no_fabric_table: bool,
     firewall: Option<Vec<FirewallNetwork>>,
     /// Neighbour entries linnet made: (link, address) -> MAC.
     neighbours: BTreeMap<(u32, Ipv4Addr), MacAddr>,
@@ -286,6 +289,11 @@ impl FakeHost {
     }
 
     /// Drops linnet's tables behind its back (`nft flush ruleset`).
+    /// Deletes `bridge linnet_fabric` alone, as `nft delete table` would.
+    pub fn delete_fabric_table(&self) {
+        self.model().no_fabric_table = true;
+    }
+
     pub fn flush_tables(&self) {
         let mut m = self.model();
         m.firewall = None;
@@ -716,7 +724,9 @@ impl Tables for FakeHost {
         self.nft(Step::Firewall(
             networks.iter().map(|n| n.bridge.clone()).collect(),
         ))?;
-        self.model().firewall = (!networks.is_empty()).then(|| networks.to_vec());
+        let mut m = self.model();
+        m.firewall = (!networks.is_empty()).then(|| networks.to_vec());
+        m.no_fabric_table = false;
         Ok(())
     }
 
@@ -777,11 +787,13 @@ impl Tables for FakeHost {
         Ok(Ruleset::default())
     }
 
-    fn linnet_shape(&mut self, family: &str) -> Result<Option<Shape>, NftError> {
+    fn table_shape(&mut self, family: &str, table: &str) -> Result<Option<Shape>, NftError> {
         let m = self.model();
-        Ok(match family {
-            "inet" => m.firewall.as_deref().map(firewall::shape),
-            "bridge" => m.guard.as_ref().map(|_| Shape::default()),
+        let fabric = m.firewall.as_deref().map(firewall::fabric_shape);
+        Ok(match (family, table) {
+            ("inet", "linnet") => m.firewall.as_deref().map(firewall::shape),
+            ("bridge", "linnet") => m.guard.as_ref().map(|_| Shape::default()),
+            ("bridge", "linnet_fabric") if !m.no_fabric_table => fabric.filter(|s| !s.is_empty()),
             _ => None,
         })
     }

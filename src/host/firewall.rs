@@ -123,13 +123,27 @@ pub fn apply(nft: &mut Nft, networks: &[FirewallNetwork]) -> Result<(), NftError
 /// The chains of the table `inet linnet` that `ruleset(networks)` makes
 /// and how many rules each gets.
 pub fn shape(networks: &[FirewallNetwork]) -> Shape {
+    shape_of(networks, FAMILY, NFT_TABLE)
+}
+
+/// The same of `bridge linnet_fabric`: empty when no network has a
+/// fabric port (and the table is not made).
+pub fn fabric_shape(networks: &[FirewallNetwork]) -> Shape {
+    shape_of(networks, NfFamily::Bridge, fabric::TABLE)
+}
+
+fn shape_of(networks: &[FirewallNetwork], family: NfFamily, table: &str) -> Shape {
     let mut shape = Shape::new();
     for object in ruleset(networks).objects.iter() {
         match object {
-            NfObject::CmdObject(NfCmd::Add(NfListObject::Chain(c))) if c.family == FAMILY => {
+            NfObject::CmdObject(NfCmd::Add(NfListObject::Chain(c)))
+                if c.family == family && c.table == table =>
+            {
                 shape.entry(c.name.to_string()).or_default();
             }
-            NfObject::CmdObject(NfCmd::Add(NfListObject::Rule(r))) if r.family == FAMILY => {
+            NfObject::CmdObject(NfCmd::Add(NfListObject::Rule(r)))
+                if r.family == family && r.table == table =>
+            {
                 *shape.entry(r.chain.to_string()).or_default() += 1;
             }
             _ => {}

@@ -70,8 +70,8 @@ impl Tables for KernelTables {
     fn ruleset(&mut self) -> Result<Ruleset, NftError> {
         Ruleset::read(&mut self.nft)
     }
-    fn linnet_shape(&mut self, family: &str) -> Result<Option<Shape>, NftError> {
-        ruleset::linnet_shape(&mut self.nft, family)
+    fn table_shape(&mut self, family: &str, table: &str) -> Result<Option<Shape>, NftError> {
+        ruleset::table_shape(&mut self.nft, family, table)
     }
     fn sync_docker_user(&mut self, rs: &Ruleset, wanted: &[Wanted]) -> Result<Changes, NftError> {
         docker_user::sync(&mut self.nft, rs, wanted)

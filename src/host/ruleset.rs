@@ -12,7 +12,8 @@ use super::nft::{Nft, NftError};
 /// Who made a table, as far as its names tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner {
-    /// linnet's own tables (`inet linnet`, `bridge linnet`).
+    /// linnet's own tables (`inet linnet`, `bridge linnet`, `bridge
+    /// linnet_fabric`).
     Linnet,
     /// iptables-nft's `filter` table with Docker's `DOCKER-USER` chain.
     Docker,
@@ -52,21 +53,27 @@ pub type Shape = BTreeMap<String, usize>;
 /// The shape of linnet's own table `family linnet` as it is now (None: there
 /// is no such table).
 pub fn linnet_shape(nft: &mut Nft, family: &str) -> Result<Option<Shape>, NftError> {
+    table_shape(nft, family, "linnet")
+}
+
+/// The shape of the table `family table` as it is now (None: there is no
+/// such table).
+pub fn table_shape(nft: &mut Nft, family: &str, table: &str) -> Result<Option<Shape>, NftError> {
     let tables = nft.list_terse("list tables")?;
     let present = table_names(&tables)
         .map_err(NftError::Refused)?
         .iter()
-        .any(|t| t.family == family && t.name == "linnet");
+        .any(|t| t.family == family && t.name == table);
     if !present {
         return Ok(None);
     }
-    let json = nft.list_terse(&format!("list table {family} linnet"))?;
+    let json = nft.list_terse(&format!("list table {family} {table}"))?;
     let mut rs = Ruleset::default();
     rs.add(&json).map_err(NftError::Refused)?;
     Ok(Some(
         rs.chains
             .iter()
-            .map(|c| (c.name.clone(), rs.rules(family, "linnet", &c.name).len()))
+            .map(|c| (c.name.clone(), rs.rules(family, table, &c.name).len()))
             .collect(),
     ))
 }
@@ -166,7 +173,9 @@ impl Ruleset {
 
     /// Who made the table `family table`.
     pub fn owner(&self, family: &str, table: &str) -> Owner {
-        if table == "linnet" && matches!(family, "inet" | "bridge") {
+        if (table == "linnet" && matches!(family, "inet" | "bridge"))
+            || (table == "linnet_fabric" && family == "bridge")
+        {
             Owner::Linnet
         } else if table == "firewalld" {
             Owner::Firewalld

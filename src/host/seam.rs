@@ -52,9 +52,13 @@ pub trait Tables: Send + Sync {
     fn guard_drops(&mut self) -> Result<BTreeMap<String, u64>, NftError>;
     /// Every table of the namespace, as linnet reads the others'.
     fn ruleset(&mut self) -> Result<Ruleset, NftError>;
-    /// The chains and rule counts of linnet's table in `family`; None:
-    /// the table is not there.
-    fn linnet_shape(&mut self, family: &str) -> Result<Option<Shape>, NftError>;
+    /// The chains and rule counts of the table `family table`; None: the
+    /// table is not there.
+    fn table_shape(&mut self, family: &str, table: &str) -> Result<Option<Shape>, NftError>;
+    /// The same of linnet's table in `family` (`family linnet`).
+    fn linnet_shape(&mut self, family: &str) -> Result<Option<Shape>, NftError> {
+        self.table_shape(family, super::NFT_TABLE)
+    }
     /// Makes linnet's rules in Docker's DOCKER-USER chains `wanted`.
     fn sync_docker_user(&mut self, rs: &Ruleset, wanted: &[Wanted]) -> Result<Changes, NftError>;
     /// The chains of legacy iptables (not nftables) that hold rules.

@@ -882,3 +882,42 @@ fn a_port_published_on_the_host_that_runs_the_vm_reaches_it_there() {
     let up2 = &fabric.sites[1].world.upstream;
     assert_eq!(echo_ask(up2, UPSTREAM_HOST_SIDE, 8080, "tcp"), None);
 }
+
+#[test]
+fn a_deleted_fabric_table_is_put_back_and_a_kept_one_left_alone() {
+    let fabric = Fabric::new(2);
+    let (_a, _) = guest_on(&fabric.sites[0]);
+    let world = &fabric.sites[0].world;
+    let listed = || {
+        run(&mut world
+            .host
+            .cmd(&["nft", "list", "table", "bridge", "linnet_fabric"]))
+    };
+    assert!(listed().status.success(), "made with the network");
+    // As linnet made it, the watch leaves it be (its listing matches
+    // what linnet counts).
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !world.daemon_log_text().contains("linnet_fabric lost rules"),
+        "{}",
+        world.daemon_log_text()
+    );
+    must(
+        &mut world
+            .host
+            .cmd(&["nft", "delete", "table", "bridge", "linnet_fabric"]),
+    );
+    wait_for("the fabric table back", Duration::from_secs(10), || {
+        listed().status.success().then_some(())
+    });
+    assert!(
+        world
+            .daemon_log_text()
+            .contains("linnet's table bridge linnet_fabric is gone")
+    );
+    assert!(
+        !world
+            .daemon_log_text()
+            .contains("lists otherwise than linnet made it")
+    );
+}

@@ -22,7 +22,8 @@ use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 use super::{FirewallNetwork, drop, eq, meta, payload, string};
 
-pub(super) const TABLE: &str = "linnet_fabric";
+/// The table: `bridge linnet_fabric`.
+pub const TABLE: &str = "linnet_fabric";
 const FAMILY: NfFamily = NfFamily::Bridge;
 const INPUT: &str = "fabric_in";
 const FORWARD: &str = "fabric_forward";
