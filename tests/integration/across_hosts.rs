@@ -27,7 +27,7 @@ pub struct Site {
 /// The hosts and the namespace of their underlay bridge.
 pub struct Fabric {
     pub sites: Vec<Site>,
-    pub _underlay: Netns,
+    pub underlay: Netns,
 }
 
 /// One network across hosts: its name, VNI and /24 (as "10.77.0").
@@ -140,7 +140,7 @@ impl Fabric {
         }
         Fabric {
             sites,
-            _underlay: underlay,
+            underlay,
         }
     }
 }
@@ -806,7 +806,7 @@ fn count_inner(underlay: &Netns) -> impl Fn() -> Crossed {
 #[test]
 fn dhcp_and_router_discovery_stay_on_their_host_ipv6_crosses_and_anti_spoofing_holds() {
     let fabric = Fabric::new(2);
-    let counted = count_inner(&fabric._underlay);
+    let counted = count_inner(&fabric.underlay);
     let (a, a_ip) = guest_on(&fabric.sites[0]);
     let (b, b_ip) = guest_on(&fabric.sites[1]);
     assert!(in_slice(&a_ip, 1) && in_slice(&b_ip, 2), "{a_ip} {b_ip}");
