@@ -138,10 +138,7 @@ impl Fabric {
             site.world.start_daemon();
             sites.push(site);
         }
-        Fabric {
-            sites,
-            underlay,
-        }
+        Fabric { sites, underlay }
     }
 }
 
