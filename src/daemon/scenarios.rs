@@ -97,6 +97,14 @@ impl Scene {
         }
     }
 
+    /// An attach that must be refused: the refusal.
+    async fn refused(&mut self, client: &Client, req: AttachRequest) -> DaemonError {
+        self.attach(client, req)
+            .await
+            .err()
+            .expect("the attach is refused")
+    }
+
     /// Attaches with the next step `which` matches failing: the refusal.
     async fn refused_when(
         &mut self,
@@ -391,11 +399,7 @@ async fn an_address_another_host_advertises_for_another_mac_is_refused() {
         mac: Some(ours),
         ..on("fabric", 2)
     };
-    let refused = s
-        .attach(&user(1000, 1), moving.clone())
-        .await
-        .err()
-        .unwrap();
+    let refused = s.refused(&user(1000, 1), moving.clone()).await;
     let message = refused.to_string();
     assert!(
         matches!(refused, DaemonError::AddressElsewhere { .. }),
@@ -459,11 +463,7 @@ async fn an_unmarked_vxlan_device_is_adopted_only_with_the_networks_vni_and_vtep
     let mut s = Scene::new(ACROSS_HOSTS).await;
     s.fake.add_link("lx-fabric", LinkKind::Vxlan);
     s.fake.set_vxlan("lx-fabric", id(4242));
-    let refused = s
-        .attach(&user(1000, 1), on("fabric", 1))
-        .await
-        .err()
-        .unwrap();
+    let refused = s.refused(&user(1000, 1), on("fabric", 1)).await;
     assert!(
         matches!(&refused, DaemonError::ForeignLink { link, .. } if link == "lx-fabric"),
         "{refused:?}"
@@ -494,11 +494,7 @@ async fn an_attach_across_hosts_that_cannot_advertise_is_undone() {
 async fn a_network_across_hosts_is_refused_with_a_vtep_elsewhere_or_too_large_an_mtu() {
     let elsewhere = ACROSS_HOSTS.replace("vtep: 192.0.2.2", "vtep: 192.0.2.99");
     let mut s = Scene::new(&elsewhere).await;
-    let refused = s
-        .attach(&user(1000, 1), on("fabric", 1))
-        .await
-        .err()
-        .unwrap();
+    let refused = s.refused(&user(1000, 1), on("fabric", 1)).await;
     let message = refused.to_string();
     assert!(
         matches!(refused, DaemonError::VtepNotHere { .. }),
@@ -512,11 +508,7 @@ async fn a_network_across_hosts_is_refused_with_a_vtep_elsewhere_or_too_large_an
         "subnet: 10.77.0.0/24\n    mtu: 1480",
     );
     let mut s = Scene::new(&large).await;
-    let refused = s
-        .attach(&user(1000, 1), on("fabric", 1))
-        .await
-        .err()
-        .unwrap();
+    let refused = s.refused(&user(1000, 1), on("fabric", 1)).await;
     let message = refused.to_string();
     assert!(
         matches!(refused, DaemonError::UnderlayMtu { .. }),
@@ -544,11 +536,7 @@ async fn another_user_cannot_take_a_held_name_while_attached_or_after() {
     let mut s = Scene::new(USERS).await;
     let web = s.attach(&user(1000, 1), named(1, "web")).await.unwrap();
     let taps = s.linnet_links();
-    let refused = s
-        .attach(&user(1001, 2), named(2, "WEB"))
-        .await
-        .err()
-        .unwrap();
+    let refused = s.refused(&user(1001, 2), named(2, "WEB")).await;
     assert!(
         matches!(&refused, DaemonError::NameHeld { network, holder, uid: 1000, .. } if network == "shared" && *holder == id(1)),
         "{refused:?}"
@@ -557,11 +545,7 @@ async fn another_user_cannot_take_a_held_name_while_attached_or_after() {
     // After a detach the name is still its user's, with the lease.
     s.daemon.handle_detach(&user(1000, 1), id(1)).await.unwrap();
     drop(web);
-    let refused = s
-        .attach(&user(1001, 2), named(2, "web"))
-        .await
-        .err()
-        .unwrap();
+    let refused = s.refused(&user(1001, 2), named(2, "web")).await;
     assert!(
         matches!(refused, DaemonError::Lease(LeaseError::NameTaken { .. })),
         "{refused:?}"

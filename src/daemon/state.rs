@@ -43,7 +43,7 @@ use crate::config::Config;
 use crate::host::guard::{self, Hook, PortGuard};
 use crate::host::ruleset::{Ruleset, Shape};
 use crate::host::seam::{Host, Links};
-use crate::host::{docker_user, firewall};
+use crate::host::{FABRIC_TABLE, NFT_TABLE, docker_user, firewall};
 use crate::services::{Starter, unix_now};
 use crate::types::{self, InterfaceId, MacAddr};
 
@@ -737,10 +737,10 @@ impl Daemon {
                     Ok(()) => {
                         info!("restored table {table}");
                         restored = true;
-                        self.check_rebuilt("inet", "linnet", expected);
+                        self.check_rebuilt("inet", NFT_TABLE, expected);
                         let fabric = firewall::fabric_shape(&self.firewall_networks());
                         if !fabric.is_empty() {
-                            self.check_rebuilt("bridge", "linnet_fabric", Some(&fabric));
+                            self.check_rebuilt("bridge", FABRIC_TABLE, Some(&fabric));
                         }
                     }
                     Err(e) => warn!("cannot restore table {table}: {e}"),
@@ -768,7 +768,7 @@ impl Daemon {
                 Ok(()) => {
                     info!(interfaces = ports.len(), "restored table bridge linnet");
                     restored = true;
-                    self.check_rebuilt("bridge", "linnet", expected);
+                    self.check_rebuilt("bridge", NFT_TABLE, expected);
                 }
                 Err(e) => {
                     warn!(
@@ -818,30 +818,29 @@ impl Daemon {
         if expected.is_empty() {
             return None;
         }
-        let shape = (!self.view.shapes_unreliable).then_some(&expected);
-        match self.host.tables.table_shape("bridge", "linnet_fabric") {
-            Ok(None) => Some("is gone (nft flush ruleset, or a firewall reload?)"),
-            Ok(Some(actual)) if shape.is_some_and(|e| *e != actual) => {
-                Some("lost rules or chains (nft flush table or delete rule?)")
-            }
-            Ok(Some(_)) => None,
-            Err(e) => {
-                warn!("cannot read table bridge linnet_fabric: {e}");
-                None
-            }
-        }
+        let expected = (!self.view.shapes_unreliable).then_some(&expected);
+        self.table_damage("bridge", FABRIC_TABLE, expected)
     }
     /// What happened to linnet's table `family linnet`, if it is not as
     /// linnet made it (`expected`; None: only whether it is there).
     fn damage(&mut self, family: &str, expected: Option<&Shape>) -> Option<&'static str> {
-        match self.host.tables.linnet_shape(family) {
+        self.table_damage(family, NFT_TABLE, expected)
+    }
+    /// The same of the table `family table`.
+    fn table_damage(
+        &mut self,
+        family: &str,
+        table: &str,
+        expected: Option<&Shape>,
+    ) -> Option<&'static str> {
+        match self.host.tables.table_shape(family, table) {
             Ok(None) => Some("is gone (nft flush ruleset, or a firewall reload?)"),
             Ok(Some(actual)) if expected.is_some_and(|e| *e != actual) => {
                 Some("lost rules or chains (nft flush table or delete rule?)")
             }
             Ok(Some(_)) => None,
             Err(e) => {
-                warn!("cannot read table {family} linnet: {e}");
+                warn!("cannot read table {family} {table}: {e}");
                 None
             }
         }

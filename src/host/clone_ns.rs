@@ -294,7 +294,7 @@ async fn configure_inside(inner: &Netlink, net: &CloneNetwork) -> Result<(), Clo
         .await?;
     inner.add_default_route_onlink(net.gateway, uplink).await?;
     inner
-        .add_permanent_neighbour(tap, net.guest_ip, net.guest_mac)
+        .set_neighbour(tap, net.guest_ip, net.guest_mac)
         .await?;
     if net.holds_guest_address {
         inner.add_proxy_neighbour(uplink, net.guest_ip).await?;

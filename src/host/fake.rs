@@ -793,7 +793,9 @@ impl Tables for FakeHost {
         Ok(match (family, table) {
             ("inet", "linnet") => m.firewall.as_deref().map(firewall::shape),
             ("bridge", "linnet") => m.guard.as_ref().map(|_| Shape::default()),
-            ("bridge", "linnet_fabric") if !m.no_fabric_table => fabric.filter(|s| !s.is_empty()),
+            ("bridge", super::FABRIC_TABLE) if !m.no_fabric_table => {
+                fabric.filter(|s| !s.is_empty())
+            }
             _ => None,
         })
     }

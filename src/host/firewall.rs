@@ -129,7 +129,7 @@ pub fn shape(networks: &[FirewallNetwork]) -> Shape {
 /// The same of `bridge linnet_fabric`: empty when no network has a
 /// fabric port (and the table is not made).
 pub fn fabric_shape(networks: &[FirewallNetwork]) -> Shape {
-    shape_of(networks, NfFamily::Bridge, fabric::TABLE)
+    shape_of(networks, NfFamily::Bridge, super::FABRIC_TABLE)
 }
 
 fn shape_of(networks: &[FirewallNetwork], family: NfFamily, table: &str) -> Shape {

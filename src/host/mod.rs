@@ -51,6 +51,9 @@ pub const ALIAS_NETWORK: &str = "linnet:network:";
 pub const ALIAS_INTERFACE: &str = "linnet:interface:";
 /// linnet's own nftables table (family inet); it never edits another.
 pub const NFT_TABLE: &str = "linnet";
+/// The table (family bridge) that keeps a network across hosts' gateway,
+/// DHCP and router discovery off its VXLAN port (`firewall::fabric`).
+pub const FABRIC_TABLE: &str = "linnet_fabric";
 pub const TUN_DEVICE: &str = "/dev/net/tun";
 
 pub fn bridge_name(network: &str) -> String {

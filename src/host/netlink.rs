@@ -241,22 +241,6 @@ impl Netlink {
             .map_err(op(format!("answer ARP for {ip} on link {index}")))
     }
 
-    /// A permanent IPv4 neighbour entry: `ip` is at `mac` on `index`.
-    pub async fn add_permanent_neighbour(
-        &self,
-        index: u32,
-        ip: Ipv4Addr,
-        mac: MacAddr,
-    ) -> Result<(), NetlinkError> {
-        self.handle
-            .neighbours()
-            .add(index, IpAddr::V4(ip))
-            .link_layer_address(&mac.0)
-            .execute()
-            .await
-            .map_err(op(format!("add neighbour {ip} at {mac}")))
-    }
-
     async fn routes(&self, req: RouteMessage) -> Result<Vec<Route>, NetlinkError> {
         let v6 = req.header.address_family == AddressFamily::Inet6;
         let mut stream = self.handle.route().get(req).execute();

@@ -174,7 +174,7 @@ impl Ruleset {
     /// Who made the table `family table`.
     pub fn owner(&self, family: &str, table: &str) -> Owner {
         if (table == "linnet" && matches!(family, "inet" | "bridge"))
-            || (table == "linnet_fabric" && family == "bridge")
+            || (table == super::FABRIC_TABLE && family == "bridge")
         {
             Owner::Linnet
         } else if table == "firewalld" {

@@ -517,6 +517,14 @@ impl World {
             .unwrap_or_else(|e| panic!("attach failed: {e}\n{}", self.daemon_log_text()))
     }
 
+    /// The refusal of an attach to `network` (`linnet run` options
+    /// `extra`) that must be refused.
+    pub fn attach_refused(&self, network: &str, extra: &[&str]) -> String {
+        self.try_guest_via(network, Via::Tap, extra)
+            .err()
+            .unwrap_or_else(|| panic!("an attach to {network} with {extra:?} was not refused"))
+    }
+
     pub fn try_guest_via(&self, network: &str, via: Via, extra: &[&str]) -> Result<Guest, String> {
         self.try_guest_in(Netns::new("guest"), network, via, extra)
     }
@@ -823,6 +831,18 @@ impl Guest {
             .skip_while(|w| *w != "inet")
             .nth(1)
             .map(|a| a.split('/').next().unwrap().parse().unwrap())
+    }
+
+    /// Gives eth0 the address `cidr` as well and pings `target` from it
+    /// (one echo, 2 s): whether it answered.
+    pub fn ping_from(&self, cidr: &str, target: &str) -> bool {
+        must(&mut self.ns.cmd(&["ip", "addr", "add", cidr, "dev", "eth0"]));
+        let source = cidr.split('/').next().unwrap();
+        run(&mut self.ns.cmd(&[
+            "busybox", "ping", "-c", "1", "-W", "2", "-I", source, target,
+        ]))
+        .status
+        .success()
     }
 
     pub fn ping(&self, target: &str) -> bool {

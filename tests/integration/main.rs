@@ -157,10 +157,7 @@ fn same_interface_id_keeps_mac_and_ip_across_detach_attach_and_daemon_restart() 
     );
     // The squatter took the last address never handed out: a second
     // newcomer could only have the reserved one, and is refused.
-    let refused = world
-        .try_guest_via("shared", Via::Tap, &[])
-        .err()
-        .expect("no address is left for a newcomer");
+    let refused = world.attach_refused("shared", &[]);
     assert!(
         refused.contains("no free address left in 192.168.105.2-192.168.105.4"),
         "{refused}"
@@ -178,10 +175,7 @@ fn same_interface_id_keeps_mac_and_ip_across_detach_attach_and_daemon_restart() 
     world.start_daemon();
     // The reservations outlive the daemon: all three addresses are still
     // held for the interfaces that left, so a newcomer is refused again.
-    let refused = world
-        .try_guest_via("shared", Via::Tap, &[])
-        .err()
-        .expect("the reservations survive a restart");
+    let refused = world.attach_refused("shared", &[]);
     assert!(refused.contains("no free address left"), "{refused}");
     let after_restart = world.guest("shared", &["--interface-id", id]);
     assert_eq!(

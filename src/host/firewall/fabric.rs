@@ -21,9 +21,8 @@ use nftables::stmt::Statement;
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 use super::{FirewallNetwork, drop, eq, meta, payload, string};
+use crate::host::FABRIC_TABLE as TABLE;
 
-/// The table: `bridge linnet_fabric`.
-pub const TABLE: &str = "linnet_fabric";
 const FAMILY: NfFamily = NfFamily::Bridge;
 const INPUT: &str = "fabric_in";
 const FORWARD: &str = "fabric_forward";
