@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::Mode;
 use crate::datapath::{Datapath, RelayCounters};
 use crate::forward::PortForward;
+use crate::learned::LearnedAddress;
 use crate::policy::Policy;
 use crate::types::{InterfaceId, MacAddr};
 
@@ -254,6 +255,9 @@ pub enum Response {
     Policy {
         interface_id: InterfaceId,
         policy: Policy,
+        /// The addresses it learned for its policy's names, now.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        learned: Vec<LearnedAddress>,
     },
     Doctor {
         report: Box<DoctorReport>,
@@ -408,6 +412,10 @@ pub struct InterfaceStatus {
     /// Frames from the VM that anti-spoofing dropped (None: not guarded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spoofed_drops: Option<u64>,
+    /// DNS queries for names its policy does not allow, answered REFUSED
+    /// (None: no names in its policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_queries: Option<u64>,
     /// Why its TAP is off the network (its VMM misbehaved); it stays so
     /// until detached.
     #[serde(default, skip_serializing_if = "Option::is_none")]

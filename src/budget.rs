@@ -26,14 +26,14 @@ struct State<K> {
 
 /// Refusals counted, and when they were last reported.
 #[derive(Default)]
-struct Refusals {
+pub struct Refusals {
     count: u64,
     reported_at: Option<Instant>,
 }
 
 impl Refusals {
     /// Counts one; the count to report now, if a report is due.
-    fn one_more(&mut self, now: Instant) -> Option<u64> {
+    pub fn one_more(&mut self, now: Instant) -> Option<u64> {
         self.count += 1;
         let due = self
             .reported_at

@@ -18,6 +18,7 @@ pub use evpn::{Evpn, FrrConfig, VXLAN_OVERHEAD};
 
 use crate::addr6;
 use crate::forward::PortForward;
+use crate::learned::{DEFAULT_TTL, TtlBounds};
 use crate::policy::{Policy, PolicySpecError};
 use crate::types::{self, InterfaceId, MacAddr};
 
@@ -30,6 +31,12 @@ pub const DEFAULT_NETWORK: &str = "shared";
 const DEFAULT_LEASE_TIME: u32 = 3600;
 pub const DEFAULT_MTU: u32 = 1500;
 const DEFAULT_ALLOW_GROUP: &str = "linnet";
+/// Why a policy with names is refused on a network without linnet's DNS.
+pub const NO_NAMES_WITHOUT_DNS: &str = "names in a connect policy need linnet's DNS (dns.enabled: true): a VM reaches a name's addresses after asking linnet's DNS for it";
+
+/// The longest `dns.learned_ttl.ceiling`: a week.
+const MAX_LEARNED_TTL: u32 = 7 * 24 * 3600;
+
 /// Why a connect/listen policy is refused on a network without anti-spoofing.
 pub const NO_POLICY_WITHOUT_ANTI_SPOOFING: &str =
     "needs anti_spoofing: a policy knows a VM by its addresses, which without it any VM can take";
@@ -332,6 +339,9 @@ pub struct DnsConfig {
     pub upstream: Vec<SocketAddr>,
     /// VMs are answered as `<name>.<domain>`; defaults to `<network>.linnet`.
     pub domain: String,
+    /// How long an address a VM with names in its policy learned from an
+    /// answer stays its own.
+    pub learned_ttl: TtlBounds,
 }
 
 /// Who may attach to a network. Names are resolved when the config is loaded.
@@ -500,6 +510,14 @@ struct DnsSpec {
     enabled: Option<bool>,
     upstream: Option<Vec<String>>,
     domain: Option<String>,
+    learned_ttl: Option<LearnedTtlSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LearnedTtlSpec {
+    floor: Option<u32>,
+    ceiling: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -891,6 +909,9 @@ impl Validator<'_> {
         };
         let dhcp = self.dhcp(dhcp_spec, subnet, gateway, hosts)?;
         let dns = self.dns(name, spec.dns.unwrap_or_default())?;
+        if policy.has_names() && !dns.enabled {
+            return Err(self.err("policy", NO_NAMES_WITHOUT_DNS));
+        }
         let socket = self.socket(name, spec.socket.take())?;
 
         let clone_subnet = spec
@@ -1426,10 +1447,40 @@ impl Validator<'_> {
         for label in domain.split('.') {
             types::validate_hostname(label).map_err(|e| self.err("dns.domain", e.to_string()))?;
         }
+        let ttl = spec.learned_ttl.unwrap_or_default();
+        let learned_ttl = TtlBounds {
+            floor: ttl.floor.unwrap_or(DEFAULT_TTL.floor),
+            ceiling: ttl.ceiling.unwrap_or(DEFAULT_TTL.ceiling),
+        };
+        if learned_ttl.floor == 0 {
+            return Err(self.err(
+                "dns.learned_ttl.floor",
+                "must be at least 1 second: an address learned for 0 seconds is gone before the VM connects",
+            ));
+        }
+        if learned_ttl.ceiling < learned_ttl.floor {
+            return Err(self.err(
+                "dns.learned_ttl.ceiling",
+                format!(
+                    "{} is below the floor ({}): make the ceiling at least the floor",
+                    learned_ttl.ceiling, learned_ttl.floor
+                ),
+            ));
+        }
+        if learned_ttl.ceiling > MAX_LEARNED_TTL {
+            return Err(self.err(
+                "dns.learned_ttl.ceiling",
+                format!(
+                    "{} is over a week ({MAX_LEARNED_TTL} seconds)",
+                    learned_ttl.ceiling
+                ),
+            ));
+        }
         Ok(DnsConfig {
             enabled: spec.enabled.unwrap_or(true),
             upstream,
             domain,
+            learned_ttl,
         })
     }
 

@@ -1,17 +1,21 @@
 //! Per-interface connect/listen policy as users write it (kvmserver's
 //! `--allow-connect` / `--allow-listen`): what a VM may connect to, and on
 //! which of its ports others may connect to it. No rule of a kind means
-//! that kind is not restricted.
+//! that kind is not restricted. A connect rule names addresses (a CIDR) or
+//! a DNS name (`names`): a VM with names in its policy reaches what
+//! linnet's DNS told it those names are, and asks no other resolver.
 
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
+use hickory_proto::rr::Name;
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
 use crate::forward::{Protocol, port_number, split_protocol};
+use crate::names::NamePattern;
 
 #[derive(Debug, Error, PartialEq)]
 #[error("\"{spec}\": {problem} (expected {expected})")]
@@ -21,8 +25,7 @@ pub struct PolicySpecError {
     expected: &'static str,
 }
 
-const CONNECT_FORM: &str =
-    "CIDR[:PORT[-PORT]][/tcp|/udp], e.g. 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443";
+const CONNECT_FORM: &str = "CIDR|NAME[:PORT[-PORT]][/tcp|/udp], e.g. 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443, api.example.com:443, *.cdn.example.net:443/tcp";
 const LISTEN_FORM: &str = "PORT[-PORT][/tcp|/udp], e.g. 8000/tcp or 5000-5010";
 
 /// An inclusive range of ports, 1 to 65535.
@@ -32,14 +35,41 @@ pub struct Ports {
     pub last: u16,
 }
 
-/// `--allow-connect`: the VM may open connections to `net`, on `ports`
+/// Where a connect rule lets a VM go.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Destination {
+    /// These addresses.
+    Net(IpNet),
+    /// The addresses linnet's DNS answers the VM for a name the pattern
+    /// allows, while the answer lives.
+    Name(NamePattern),
+}
+
+/// `--allow-connect`: the VM may open connections to `to`, on `ports`
 /// (any when None), over `protocol` (TCP and UDP when None; with neither
 /// ports nor protocol, any traffic, ICMP included).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ConnectRule {
-    pub net: IpNet,
+    pub to: Destination,
     pub ports: Option<Ports>,
     pub protocol: Option<Protocol>,
+}
+
+/// The ports and protocol of a connect rule: which connections to its
+/// destination it allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Reach {
+    pub ports: Option<Ports>,
+    pub protocol: Option<Protocol>,
+}
+
+impl ConnectRule {
+    pub fn reach(&self) -> Reach {
+        Reach {
+            ports: self.ports,
+            protocol: self.protocol,
+        }
+    }
 }
 
 /// `--allow-listen`: others may connect to the VM on `ports` over
@@ -62,6 +92,43 @@ pub struct Policy {
 impl Policy {
     pub fn is_open(&self) -> bool {
         self.egress.is_empty() && self.ingress.is_empty()
+    }
+
+    /// Whether it names DNS names: then linnet's DNS answers the VM only
+    /// for those, and no other resolver answers it at all.
+    pub fn has_names(&self) -> bool {
+        self.egress
+            .iter()
+            .any(|r| matches!(r.to, Destination::Name(_)))
+    }
+
+    /// The distinct ports and protocols of its name rules, in order: the
+    /// firewall keeps one set of learned addresses for each.
+    pub fn name_reaches(&self) -> Vec<Reach> {
+        let mut out: Vec<Reach> = Vec::new();
+        for rule in &self.egress {
+            if matches!(rule.to, Destination::Name(_)) && !out.contains(&rule.reach()) {
+                out.push(rule.reach());
+            }
+        }
+        out
+    }
+
+    /// Which of `name_reaches` a query for `name` opens (by index); empty
+    /// when no name rule allows it.
+    pub fn reaches_of(&self, name: &Name) -> Vec<usize> {
+        let name = crate::names::normalise(name);
+        let name = &name;
+        let reaches = self.name_reaches();
+        let mut out: Vec<usize> = self
+            .egress
+            .iter()
+            .filter(|r| matches!(&r.to, Destination::Name(p) if p.allows(name)))
+            .filter_map(|r| reaches.iter().position(|x| *x == r.reach()))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 }
 
@@ -109,26 +176,39 @@ impl FromStr for ConnectRule {
         } else {
             (rest, None)
         };
-        let net =
-            match net_text.parse::<IpNet>() {
-                Ok(net) => net,
-                Err(_) => IpNet::from(net_text.parse::<IpAddr>().map_err(|_| {
-                    fail(format!("\"{net_text}\" is not an IP address or network"))
-                })?),
-            };
-        if net != net.trunc() {
-            return Err(fail(format!(
-                "\"{net_text}\" has host bits set; did you mean {}?",
-                net.trunc()
-            )));
-        }
+        let to = destination(net_text).map_err(fail)?;
         let ports = ports_text.map(|p| parse_ports(p, &fail)).transpose()?;
         Ok(ConnectRule {
-            net,
+            to,
             ports,
             protocol,
         })
     }
+}
+
+/// An address, a network or a name.
+fn destination(text: &str) -> Result<Destination, String> {
+    let net = match (text.parse::<IpNet>(), text.parse::<IpAddr>()) {
+        (Ok(net), _) => net,
+        (_, Ok(addr)) => IpNet::from(addr),
+        _ if text.contains('/') => {
+            return Err(format!("\"{text}\" is not an IP address or network"));
+        }
+        _ => {
+            return NamePattern::parse(text)
+                .map(Destination::Name)
+                .map_err(|why| {
+                    format!("\"{text}\" is neither an IP address or network nor a name: {why}")
+                });
+        }
+    };
+    if net != net.trunc() {
+        return Err(format!(
+            "\"{text}\" has host bits set; did you mean {}?",
+            net.trunc()
+        ));
+    }
+    Ok(Destination::Net(net))
 }
 
 impl FromStr for ListenRule {
@@ -165,18 +245,24 @@ fn write_protocol(f: &mut fmt::Formatter<'_>, protocol: Option<Protocol>) -> fmt
     }
 }
 
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Destination::Net(net) if net.prefix_len() == net.max_prefix_len() => {
+                write!(f, "{}", net.addr())
+            }
+            Destination::Net(net) => write!(f, "{net}"),
+            Destination::Name(name) => write!(f, "{name}"),
+        }
+    }
+}
+
 impl fmt::Display for ConnectRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let single = self.net.prefix_len() == self.net.max_prefix_len();
-        let net = if single {
-            self.net.addr().to_string()
-        } else {
-            self.net.to_string()
-        };
-        match (self.net, self.ports) {
-            (IpNet::V6(_), Some(ports)) => write!(f, "[{net}]:{ports}")?,
-            (_, Some(ports)) => write!(f, "{net}:{ports}")?,
-            (_, None) => write!(f, "{net}")?,
+        match (&self.to, self.ports) {
+            (Destination::Net(IpNet::V6(_)), Some(ports)) => write!(f, "[{}]:{ports}", self.to)?,
+            (_, Some(ports)) => write!(f, "{}:{ports}", self.to)?,
+            (_, None) => write!(f, "{}", self.to)?,
         }
         write_protocol(f, self.protocol)
     }
@@ -225,7 +311,7 @@ mod tests {
     #[test]
     fn connect_rules_parse_and_print_canonically() {
         let r = connect("198.51.100.1:8080/tcp");
-        assert_eq!(r.net.to_string(), "198.51.100.1/32");
+        assert_eq!(r.to, Destination::Net("198.51.100.1/32".parse().unwrap()));
         assert_eq!(
             r.ports,
             Some(Ports {
@@ -242,6 +328,10 @@ mod tests {
             "2001:db8::1",
             "[2001:db8::1]:53",
             "192.0.2.0/24/udp",
+            "api.example.com:443/tcp",
+            "*.cdn.example.net:443",
+            "xn--bcher-kva.example",
+            "localhost:8000-8010/udp",
         ] {
             assert_eq!(connect(canonical).to_string(), canonical);
         }
@@ -268,13 +358,15 @@ mod tests {
     #[test]
     fn bad_rules_say_what_is_wrong() {
         let bad = |s: &str| s.parse::<ConnectRule>().unwrap_err().to_string();
-        assert!(bad("banana").contains("\"banana\" is not an IP address or network"));
+        assert!(bad("10.0.0.0/33").contains("\"10.0.0.0/33\" is not an IP address or network"));
+        assert!(bad("exa mple.com:80").contains("is neither an IP address or network nor a name"));
+        assert!(bad("www.*.example.com").contains("a wildcard is a whole first label"));
         assert!(bad("10.0.0.1/8").contains("has host bits set; did you mean 10.0.0.0/8?"));
         assert!(bad("10.0.0.1:0").contains("port 0 is out of range"));
         assert!(bad("10.0.0.1:90-80").contains("port range 90-80 is backwards"));
         assert!(bad("10.0.0.1:80/sctp").contains("unknown protocol \"sctp\""));
         assert!(bad("[2001:db8::1:80").contains("a '[' without its ']'"));
-        assert!(bad("10.0.0.1:http").contains("expected CIDR[:PORT[-PORT]]"));
+        assert!(bad("10.0.0.1:http").contains("expected CIDR|NAME[:PORT[-PORT]]"));
         let bad = |s: &str| s.parse::<ListenRule>().unwrap_err().to_string();
         assert!(bad("70000").contains("port 70000 is out of range"));
         assert!(bad("ssh").contains("port \"ssh\" is not a number"));
@@ -294,5 +386,31 @@ mod tests {
         );
         assert_eq!(serde_json::from_str::<Policy>(&text).unwrap(), p);
         assert!(Policy::default().is_open());
+    }
+
+    #[test]
+    fn name_rules_are_grouped_by_what_they_reach() {
+        let p = Policy {
+            egress: vec![
+                connect("api.example.com:443/tcp"),
+                connect("10.0.0.0/8"),
+                connect("*.cdn.example.net:443/tcp"),
+                connect("*.example.com:8080"),
+            ],
+            ingress: vec![],
+        };
+        assert!(p.has_names());
+        assert_eq!(p.name_reaches().len(), 2, "443/tcp once, 8080 once");
+        let name = |s: &str| Name::from_utf8(s).unwrap();
+        assert_eq!(p.reaches_of(&name("API.example.com")), vec![0, 1]);
+        assert_eq!(p.reaches_of(&name("a.cdn.example.net")), vec![0]);
+        assert_eq!(p.reaches_of(&name("www.example.com")), vec![1]);
+        assert!(p.reaches_of(&name("example.com")).is_empty());
+        let cidr_only = Policy {
+            egress: vec![connect("10.0.0.0/8")],
+            ingress: vec![],
+        };
+        assert!(!cidr_only.has_names());
+        assert!(cidr_only.name_reaches().is_empty());
     }
 }

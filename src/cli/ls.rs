@@ -133,7 +133,7 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             i.spoofed_drops
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
-            policy_summary(&i.policy),
+            policy_summary(&i.policy, i.refused_queries),
         ]);
     }
     if interfaces.is_empty() {
@@ -184,14 +184,18 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-/// "connect 2, listen 1" or "-" when nothing is restricted.
-fn policy_summary(p: &crate::policy::Policy) -> String {
+/// "connect 2, listen 1" or "-" when nothing is restricted; with names,
+/// the DNS queries refused too.
+fn policy_summary(p: &crate::policy::Policy, refused_queries: Option<u64>) -> String {
     if p.is_open() {
         return "-".into();
     }
     let mut parts = Vec::new();
     if !p.egress.is_empty() {
         parts.push(format!("connect {}", p.egress.len()));
+    }
+    if let Some(n) = refused_queries {
+        parts.push(format!("{n} names refused"));
     }
     if !p.ingress.is_empty() {
         parts.push(format!("listen {}", p.ingress.len()));

@@ -485,12 +485,15 @@ pub struct AttachArgs {
     pub publish: Vec<PortForward>,
     /// Let the VM open connections only to these destinations (repeatable;
     /// replies pass, and DHCP and DNS to its gateway always do): e.g.
-    /// 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443. Note: the
-    /// gateway's DNS resolves any name through the host's resolvers, a way
-    /// out this list does not close (set dns: { enabled: false } on the
-    /// network to close it). Connections opened before a `policy set` carry
+    /// 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443, or names:
+    /// api.example.com:443, "*.cdn.example.net:443" (any name one label or
+    /// more below). With a name, the VM reaches what linnet's DNS answered
+    /// it for an allowed name, for the answer's TTL (at least a minute), and
+    /// no other resolver: linnet's DNS refuses every other name. With
+    /// addresses only, the gateway's DNS resolves any name, a way out the
+    /// list does not close. Connections opened before a `policy set` carry
     /// on; new ones meet the new policy.
-    #[arg(long, value_name = "CIDR[:PORT[-PORT]][/tcp|/udp]")]
+    #[arg(long, value_name = "CIDR|NAME[:PORT[-PORT]][/tcp|/udp]")]
     pub allow_connect: Vec<ConnectRule>,
     /// Accept connections to the VM only on these ports (repeatable), from
     /// the host, other VMs and port forwards, and broadcast and multicast

@@ -29,8 +29,10 @@ pub struct Which {
 pub struct SetArgs {
     #[command(flatten)]
     which: Which,
-    /// Let the VM connect only to these destinations (repeatable).
-    #[arg(long, value_name = "CIDR[:PORT[-PORT]][/tcp|/udp]")]
+    /// Let the VM connect only to these destinations (repeatable): an
+    /// address or network, or a DNS name (`*.SUFFIX`: any name one label
+    /// or more below SUFFIX) whose addresses the VM gets from linnet's DNS.
+    #[arg(long, value_name = "CIDR|NAME[:PORT[-PORT]][/tcp|/udp]")]
     allow_connect: Vec<ConnectRule>,
     /// Accept connections to the VM only on these ports (repeatable).
     #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
@@ -59,14 +61,30 @@ pub fn main(cli: &Cli, cmd: &PolicyCommand) -> anyhow::Result<()> {
         Response::Policy {
             interface_id,
             policy,
+            learned,
         } => {
             if which.json {
-                let doc = serde_json::json!({"interface_id": interface_id, "policy": policy});
+                let doc = serde_json::json!({"interface_id": interface_id, "policy": policy, "learned": learned});
                 println!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
                 println!("interface {interface_id}");
                 println!("  connect: {}", describe(&policy.egress, "anywhere"));
                 println!("  listen:  {}", describe(&policy.ingress, "any port"));
+                if policy.has_names() {
+                    println!("  DNS:     only linnet's, and only for the names above");
+                    if learned.is_empty() {
+                        println!(
+                            "  learned: nothing yet (the VM reaches a name's addresses once it has asked for it)"
+                        );
+                    }
+                    for l in &learned {
+                        let name = l.name.as_deref().unwrap_or("(before the daemon restarted)");
+                        println!(
+                            "  learned: {} for {name}, {} s left",
+                            l.address, l.expires_in
+                        );
+                    }
+                }
             }
             Ok(())
         }

@@ -50,6 +50,8 @@ impl Daemon {
             source: e,
         })?;
         self.remove_clone_mounts();
+        // Before the first rebuild of the firewall, which would empty them.
+        self.names.recover();
         let path = self.state_dir.join(FORWARDS_FILE);
         self.forwards
             .open(&path)

@@ -11,6 +11,7 @@ use super::interface::Interface;
 use crate::config::NetworkConfig;
 use crate::host::firewall::InterfacePolicy;
 use crate::policy::Policy;
+use crate::services::name_gate::{NameGate, NamedVm};
 
 /// A policy is enforced by the VM's addresses; without DHCP and a static
 /// lease linnet does not know its IPv4 one.
@@ -44,6 +45,16 @@ pub(super) fn check_policy_possible(
             ),
         });
     }
+    if policy.has_names() && cfg.own().is_some_and(|own| !own.dns.enabled) {
+        return Err(DaemonError::PolicyImpossible {
+            network: cfg.name.clone(),
+            why: format!(
+                "network \"{}\": {}",
+                cfg.name,
+                crate::config::NO_NAMES_WITHOUT_DNS
+            ),
+        });
+    }
     if !cfg.anti_spoofing {
         return Err(DaemonError::PolicyImpossible {
             network: cfg.name.clone(),
@@ -61,28 +72,57 @@ pub(super) fn check_policy_possible(
 }
 
 /// The connect/listen policies of `cfg`'s network's interfaces, with the
-/// addresses that identify their VMs.
+/// addresses that identify their VMs and what they learned by name.
 pub(super) fn interface_policies<'a>(
     cfg: &NetworkConfig,
     interfaces: impl Iterator<Item = &'a Interface>,
+    names: &NameGate,
 ) -> Vec<InterfacePolicy> {
     interfaces
         .filter(|i| i.network == cfg.name && !i.policy.is_open())
         .map(|i| InterfacePolicy {
             tap: i.tap.clone(),
-            addrs: port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy)
-                .ipv6
-                .into_iter()
-                .map(IpAddr::V6)
-                .chain(i.ip.map(IpAddr::V4))
-                .chain(
-                    i.as_clone
-                        .as_ref()
-                        .and_then(|c| c.held_address())
-                        .map(IpAddr::V4),
-                )
-                .collect(),
+            addrs: vm_addresses(cfg, i),
             policy: i.policy.clone(),
+            learned: names.elements(&i.tap),
         })
+        .collect()
+}
+
+/// The interfaces of `cfg`'s network with names in their policy, as the
+/// name gate knows them.
+pub(super) fn named_vms<'a>(
+    cfg: &NetworkConfig,
+    interfaces: impl Iterator<Item = &'a Interface>,
+) -> Vec<NamedVm> {
+    let Some(own) = cfg.own() else {
+        return Vec::new();
+    };
+    interfaces
+        .filter(|i| i.network == cfg.name && i.policy.has_names())
+        .map(|i| NamedVm {
+            network: cfg.name.clone(),
+            tap: i.tap.clone(),
+            addrs: vm_addresses(cfg, i),
+            policy: i.policy.clone(),
+            bounds: own.dns.learned_ttl,
+        })
+        .collect()
+}
+
+/// The addresses a VM's packets come from, which anti-spoofing keeps its
+/// own: its IPv4 and IPv6 addresses, and a clone's on the network.
+fn vm_addresses(cfg: &NetworkConfig, i: &Interface) -> Vec<IpAddr> {
+    port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy)
+        .ipv6
+        .into_iter()
+        .map(IpAddr::V6)
+        .chain(i.ip.map(IpAddr::V4))
+        .chain(
+            i.as_clone
+                .as_ref()
+                .and_then(|c| c.held_address())
+                .map(IpAddr::V4),
+        )
         .collect()
 }

@@ -26,6 +26,7 @@ use crate::host::netlink::LinkKind;
 use crate::host::netns::NetNs;
 use crate::host::process::Process;
 use crate::leases::{LeaseError, Owner};
+use crate::services::name_gate::NameGate;
 use crate::services::{NetworkContext, ServiceError, Services, Starter};
 use crate::types::InterfaceId;
 
@@ -197,12 +198,15 @@ async fn start(fake: &FakeHost, dir: &Path, yaml: &str) -> Daemon {
     for made in ["state", "run"] {
         std::fs::create_dir_all(dir.join(made)).expect("a directory");
     }
+    let host = fake.host();
+    let names = Arc::new(NameGate::new(host.tables.learned_sets()));
     let mut daemon = Daemon::new(
         config,
         dir.join("state"),
         dir.join("run"),
-        fake.host(),
+        host,
         Arc::new(NoServices),
+        names,
     );
     daemon.reconcile().await.expect("start-up");
     daemon

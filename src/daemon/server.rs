@@ -29,6 +29,7 @@ use crate::host::netlink::{LinkSettings, Links, Netlink};
 use crate::host::seam::Host;
 use crate::host::{egress, systemd};
 use crate::services;
+use crate::services::name_gate::NameGate;
 
 /// A network namespace's loopback is always its first link.
 const LOOPBACK_INDEX: u32 = 1;
@@ -105,12 +106,17 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             .await
             .context("cannot bring up the namespace's loopback")?;
     }
+    let host = Host::kernel(netlink);
+    let names = Arc::new(NameGate::new(host.tables.learned_sets()));
     let mut daemon = Daemon::new(
         opts.config,
         opts.state_dir.clone(),
         opts.run_dir.clone(),
-        Host::kernel(netlink),
-        Arc::new(services::OnHost),
+        host,
+        Arc::new(services::OnHost {
+            names: names.clone(),
+        }),
+        names,
     );
     if let Placement::Rootless(side) = opts.placement {
         daemon.host_ports = Some(HostPorts::new(side));

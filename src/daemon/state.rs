@@ -44,6 +44,7 @@ use crate::host::guard::{self, Hook, PortGuard};
 use crate::host::ruleset::{Ruleset, Shape};
 use crate::host::seam::{Host, Links};
 use crate::host::{FABRIC_TABLE, NFT_TABLE, docker_user, firewall};
+use crate::services::name_gate::{NameGate, NamedVm};
 use crate::services::{Starter, unix_now};
 use crate::types::{self, InterfaceId, MacAddr};
 
@@ -59,6 +60,9 @@ pub struct Daemon {
     pub(super) host: Host,
     /// Starts the networks' services (DHCP, DNS, RA).
     pub(super) services: Arc<dyn Starter>,
+    /// What VMs with names in their policy may ask linnet's DNS, and
+    /// what they learned (shared with the DNS services).
+    pub(super) names: Arc<NameGate>,
     pub(super) networks: BTreeMap<String, ActiveNetwork>,
     pub(super) interfaces: BTreeMap<InterfaceId, Interface>,
     /// Interfaces whose links are being deleted outside the lock
@@ -100,6 +104,7 @@ impl Daemon {
         run_dir: PathBuf,
         host: Host,
         services: Arc<dyn Starter>,
+        names: Arc<NameGate>,
     ) -> Daemon {
         Daemon {
             config,
@@ -111,6 +116,7 @@ impl Daemon {
             state_dir,
             host,
             services,
+            names,
             networks: BTreeMap::new(),
             interfaces: BTreeMap::new(),
             detaching: BTreeMap::new(),
@@ -494,6 +500,7 @@ impl Daemon {
     /// Makes the firewall table and the forwarding sysctls match the active
     /// networks and their interfaces' forwards.
     pub(super) fn sync_host(&mut self) -> Result<(), DaemonError> {
+        self.names.follow(self.named_vms());
         let rules = self.firewall_networks();
         let (needs4, needs6) = forwarding_needs(&rules);
         self.forwarding
@@ -532,9 +539,16 @@ impl Daemon {
             .filter_map(|n| {
                 n.firewall(
                     forwards::rules(&n.config, self.interfaces.values()),
-                    policies::interface_policies(&n.config, self.interfaces.values()),
+                    policies::interface_policies(&n.config, self.interfaces.values(), &self.names),
                 )
             })
+            .collect()
+    }
+
+    /// The VMs with names in their policy, for the name gate.
+    pub(super) fn named_vms(&self) -> Vec<NamedVm> {
+        (self.networks.values())
+            .flat_map(|n| policies::named_vms(&n.config, self.interfaces.values()))
             .collect()
     }
 

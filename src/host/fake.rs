@@ -28,10 +28,11 @@ use super::netlink::{Link, LinkKind, LinkSettings, NetlinkError, Route, VxlanId}
 use super::netns::NetNs;
 use super::nft::NftError;
 use super::ruleset::{Ruleset, Shape};
-use super::seam::{Devices, Host, Links, Tables};
+use super::seam::{Devices, Host, LearnedSets, Links, Tables};
 use super::sysctl::Ipv6Forwarding;
 use super::tap::TapError;
 use crate::config::MacvtapMode;
+use crate::learned::Element;
 use crate::types::MacAddr;
 
 /// One effect on the host, as the fake saw it.
@@ -103,6 +104,9 @@ struct Model {
     /// firewall is applied again (`delete_fabric_table`).
     no_fabric_table: bool,
     firewall: Option<Vec<FirewallNetwork>>,
+    /// The learned sets' elements, by TAP: as the last firewall had them
+    /// and as put since.
+    learned_sets: Vec<(String, Element)>,
     /// Neighbour entries linnet made: (link, address) -> MAC.
     neighbours: BTreeMap<(u32, Ipv4Addr), MacAddr>,
     /// Neighbour entries FRR made (`learn_neighbour`).
@@ -719,6 +723,21 @@ fn names(ports: &[PortGuard]) -> Vec<String> {
     ports.iter().map(|p| p.tap.clone()).collect()
 }
 
+impl LearnedSets for FakeHost {
+    fn put(&self, tap: &str, elements: &[Element]) -> Result<(), NftError> {
+        let mut m = self.model();
+        for e in elements {
+            m.learned_sets
+                .retain(|(t, old)| !(t == tap && old.reach == e.reach && old.addr == e.addr));
+            m.learned_sets.push((tap.to_string(), *e));
+        }
+        Ok(())
+    }
+    fn read(&self) -> Result<Vec<(String, Element)>, NftError> {
+        Ok(self.model().learned_sets.clone())
+    }
+}
+
 impl Tables for FakeHost {
     fn apply_firewall(&mut self, networks: &[FirewallNetwork]) -> Result<(), NftError> {
         self.nft(Step::Firewall(
@@ -726,8 +745,15 @@ impl Tables for FakeHost {
         ))?;
         let mut m = self.model();
         m.firewall = (!networks.is_empty()).then(|| networks.to_vec());
+        m.learned_sets = (networks.iter().flat_map(|n| &n.policies))
+            .flat_map(|p| p.learned.iter().map(|e| (p.tap.clone(), *e)))
+            .collect();
         m.no_fabric_table = false;
         Ok(())
+    }
+
+    fn learned_sets(&self) -> Arc<dyn LearnedSets> {
+        Arc::new(self.clone())
     }
 
     fn create_guard(&mut self, ports: &[PortGuard]) -> Result<(), NftError> {

@@ -5,6 +5,7 @@
 //! no user text is ever spliced into an nft command.
 
 mod fabric;
+pub mod names;
 
 use std::borrow::Cow;
 
@@ -15,7 +16,8 @@ use super::NFT_TABLE;
 use super::nft::{Nft, NftError};
 use super::ruleset::Shape;
 use crate::forward::{PortForward, Protocol};
-use crate::policy::{ConnectRule, ListenRule, Policy, Ports};
+use crate::learned::Element;
+use crate::policy::{ConnectRule, Destination, ListenRule, Policy, Ports, Reach};
 use crate::types::MacAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use nftables::batch::Batch;
@@ -78,6 +80,9 @@ pub struct InterfacePolicy {
     pub tap: String,
     pub addrs: Vec<IpAddr>,
     pub policy: Policy,
+    /// The addresses the VM learned from linnet's DNS for its policy's
+    /// names, with the seconds each has left (`names`).
+    pub learned: Vec<Element>,
 }
 
 /// A published port and where it goes.
@@ -464,7 +469,9 @@ fn add_policies(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
                     accept(),
                 ]);
             }
-            allowed.extend(iface.policy.egress.iter().map(connect_match));
+            allowed.extend(names::rules(iface));
+            allowed.extend(iface.policy.egress.iter().filter_map(connect_match));
+            names::add_sets(batch, iface);
             let chain = format!("out-{}", iface.tap);
             add_policy_chain(batch, iface, &chain, allowed, [FORWARD, INPUT], "saddr");
         }
@@ -581,20 +588,25 @@ fn ports_match(ports: Ports) -> Statement<'static> {
     eq(payload("th", "dport"), right)
 }
 
-/// `ip daddr NET [meta l4proto P th dport PORTS] accept`.
-fn connect_match(r: &ConnectRule) -> Vec<Statement<'static>> {
-    let family = ip_family(r.net.addr());
-    let mut out = vec![eq(payload(family, "daddr"), prefix(r.net))];
-    match (r.ports, r.protocol) {
-        (None, None) => {}
-        (None, Some(p)) => out.push(protocol_match(Some(p))),
-        (Some(ports), p) => {
-            out.push(protocol_match(p));
-            out.push(ports_match(ports));
-        }
-    }
+/// `ip daddr NET [meta l4proto P th dport PORTS] accept`; None for a
+/// rule by name (`names::rules`).
+fn connect_match(r: &ConnectRule) -> Option<Vec<Statement<'static>>> {
+    let Destination::Net(net) = r.to else {
+        return None;
+    };
+    let mut out = vec![eq(payload(ip_family(net.addr()), "daddr"), prefix(net))];
+    out.extend(reach_match(r.reach()));
     out.push(accept());
-    out
+    Some(out)
+}
+
+/// `[meta l4proto P] [th dport PORTS]`: nothing for any traffic.
+fn reach_match(reach: Reach) -> Vec<Statement<'static>> {
+    match (reach.ports, reach.protocol) {
+        (None, None) => vec![],
+        (None, Some(p)) => vec![protocol_match(Some(p))],
+        (Some(ports), p) => vec![protocol_match(p), ports_match(ports)],
+    }
 }
 
 /// `meta l4proto P th dport PORTS accept`.
@@ -1093,6 +1105,7 @@ mod tests {
                 ],
                 ingress: vec!["8000-8010".parse().unwrap()],
             },
+            learned: vec![],
         }];
         let doc = ruleset(&nets);
         let fwd = rules(&doc, "forward");
@@ -1158,6 +1171,66 @@ mod tests {
         assert_eq!(inn[4], json!([{"reject": null}]));
         // Without policies there are no input/output filter chains at all.
         assert!(rules(&ruleset(&super::tests::nets()), "input").is_empty());
+    }
+
+    #[test]
+    fn names_refuse_other_resolvers_and_accept_their_sets_with_the_learned_elements() {
+        let mut nets = nets();
+        nets[0].gateways = vec!["192.168.105.1".parse().unwrap()];
+        nets[0].policies = vec![InterfacePolicy {
+            tap: "lnta".into(),
+            addrs: vec!["192.168.105.2".parse().unwrap()],
+            policy: Policy {
+                egress: vec![
+                    "api.example.com:443/tcp".parse().unwrap(),
+                    "10.0.0.0/8".parse().unwrap(),
+                    "*.cdn.example.net:443/tcp".parse().unwrap(),
+                ],
+                ingress: vec![],
+            },
+            learned: vec![Element {
+                reach: 0,
+                addr: "192.0.2.7".parse().unwrap(),
+                seconds: 42,
+            }],
+        }];
+        let doc = ruleset(&nets);
+        let out = rules(&doc, "out-lnta");
+        assert_eq!(
+            out[2][0]["match"]["right"], "192.168.105.1",
+            "DNS to the gateway first"
+        );
+        assert_eq!(
+            out[3],
+            json!([
+                {"match": {"left": {"meta": {"key": "l4proto"}}, "right": {"set": ["tcp", "udp"]}, "op": "=="}},
+                {"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": {"set": [53, 853]}, "op": "=="}},
+                {"reject": null}
+            ]),
+            "then no other resolver, before any rule that could allow one"
+        );
+        assert_eq!(
+            out[4],
+            json!([
+                {"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "@n4-lnta-0", "op": "=="}},
+                {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
+                {"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": 443, "op": "=="}},
+                {"accept": null}
+            ]),
+            "one set per family for both 443/tcp names"
+        );
+        assert_eq!(out[5][0]["match"]["right"], "@n6-lnta-0");
+        assert_eq!(out.len(), 9, "two set rules, the network, ND, reject");
+        let sets: Vec<Value> = commands(&doc)
+            .into_iter()
+            .filter_map(|c| c["add"].get("set").cloned())
+            .collect();
+        assert_eq!(sets.len(), 2);
+        assert_eq!(sets[0]["name"], "n4-lnta-0");
+        assert_eq!(sets[0]["flags"], json!(["timeout"]));
+        assert_eq!(sets[0]["elem"][0]["elem"]["val"], "192.0.2.7");
+        assert_eq!(sets[0]["elem"][0]["elem"]["timeout"], 42);
+        assert!(sets[1].get("elem").is_none(), "no IPv6 address learned");
     }
 
     #[test]

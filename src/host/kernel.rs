@@ -21,9 +21,10 @@ use super::netlink::Netlink;
 use super::netns::{self, NetNs};
 use super::nft::{Nft, NftError};
 use super::ruleset::{self, Ruleset, Shape};
-use super::seam::{Devices, Host, Tables};
+use super::seam::{Devices, Host, LearnedSets, Tables};
 use super::sysctl::{self, Ipv6Forwarding};
 use super::tap::{self, TapError};
+use crate::learned::Element;
 
 impl Host {
     /// The kernel's, through `netlink` (connected in the daemon's
@@ -40,6 +41,20 @@ impl Host {
 /// linnet's tables through libnftables (or the nft command).
 struct KernelTables {
     nft: Nft,
+}
+
+/// The learned sets through the tables' own libnftables context.
+struct KernelLearnedSets {
+    nft: Nft,
+}
+
+impl LearnedSets for KernelLearnedSets {
+    fn put(&self, tap: &str, elements: &[Element]) -> Result<(), NftError> {
+        firewall::names::put(&self.nft, tap, elements)
+    }
+    fn read(&self) -> Result<Vec<(String, Element)>, NftError> {
+        firewall::names::read(&self.nft)
+    }
 }
 
 impl Tables for KernelTables {
@@ -72,6 +87,11 @@ impl Tables for KernelTables {
     }
     fn table_shape(&mut self, family: &str, table: &str) -> Result<Option<Shape>, NftError> {
         ruleset::table_shape(&mut self.nft, family, table)
+    }
+    fn learned_sets(&self) -> Arc<dyn LearnedSets> {
+        Arc::new(KernelLearnedSets {
+            nft: self.nft.clone(),
+        })
     }
     fn sync_docker_user(&mut self, rs: &Ruleset, wanted: &[Wanted]) -> Result<Changes, NftError> {
         docker_user::sync(&mut self.nft, rs, wanted)

@@ -7,7 +7,7 @@
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::io::Write;
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use libloading::Library;
 use nftables::schema::Nftables;
@@ -49,7 +49,7 @@ struct Context {
 
 // SAFETY: a context may move between threads as long as one call runs at a
 // time, which the Mutex in `Nft` ensures. (libnftables also has process-wide
-// state, so the daemon keeps a single `Nft`.)
+// state, so the daemon keeps a single `Nft`, whose clones share it.)
 unsafe impl Send for Context {}
 
 impl Context {
@@ -142,14 +142,17 @@ enum ContextError {
 }
 
 /// The way to nftables: the library when it loads, else the command.
+/// Clones share one context (the DNS forwarder's learned addresses and
+/// the daemon's tables go through the same).
+#[derive(Clone)]
 pub struct Nft {
-    context: Option<Mutex<Context>>,
+    context: Option<Arc<Mutex<Context>>>,
 }
 
 impl Nft {
     pub fn open() -> Nft {
         let context = match Context::open() {
-            Ok(c) => Some(Mutex::new(c)),
+            Ok(c) => Some(Arc::new(Mutex::new(c))),
             Err(e) => {
                 debug!("{LIBRARY} not usable ({e}); running the nft command instead");
                 None
@@ -159,24 +162,24 @@ impl Nft {
     }
 
     /// Applies a batch of commands as one transaction.
-    pub fn apply(&mut self, doc: &Nftables) -> Result<(), NftError> {
+    pub fn apply(&self, doc: &Nftables) -> Result<(), NftError> {
         let json = serde_json::to_string(doc).map_err(|e| NftError::Refused(e.to_string()))?;
         self.run(&json).map(|_| ())
     }
 
     /// Runs one command (JSON or nft syntax) and returns its JSON output.
-    pub fn run(&mut self, command: &str) -> Result<String, NftError> {
-        match &mut self.context {
-            Some(context) => context.get_mut().expect("not poisoned").run(command),
+    pub fn run(&self, command: &str) -> Result<String, NftError> {
+        match &self.context {
+            Some(context) => context.lock().expect("not poisoned").run(command),
             None => run_command(command, false),
         }
     }
 
     /// A listing without set elements (which can be large: others' block
     /// lists, linnet's own guard sets).
-    pub fn list_terse(&mut self, command: &str) -> Result<String, NftError> {
-        match &mut self.context {
-            Some(context) => context.get_mut().expect("not poisoned").run_terse(command),
+    pub fn list_terse(&self, command: &str) -> Result<String, NftError> {
+        match &self.context {
+            Some(context) => context.lock().expect("not poisoned").run_terse(command),
             None => run_command(command, true),
         }
     }

@@ -6,7 +6,8 @@
 //! - `Links`: links, addresses and routes (defined beside `Netlink`, the
 //!   kernel's, in `netlink`);
 //! - `Tables`: linnet's nftables tables — the firewall's batch, the guard
-//!   and its elements, and what linnet reads of the other firewalls;
+//!   and its elements, and what linnet reads of the other firewalls; and
+//!   `LearnedSets`, its handle for the DNS forwarder's learned addresses;
 //! - `Devices`: TAP and macvtap devices, sysctls, IP forwarding, and a
 //!   clone's namespace.
 //!
@@ -32,6 +33,7 @@ use super::nft::NftError;
 use super::ruleset::{Ruleset, Shape};
 use super::sysctl::Ipv6Forwarding;
 use super::tap::TapError;
+use crate::learned::Element;
 
 /// linnet's nftables tables, and what it reads of the others'.
 pub trait Tables: Send + Sync {
@@ -52,6 +54,9 @@ pub trait Tables: Send + Sync {
     fn guard_drops(&mut self) -> Result<BTreeMap<String, u64>, NftError>;
     /// Every table of the namespace, as linnet reads the others'.
     fn ruleset(&mut self) -> Result<Ruleset, NftError>;
+    /// The way to the sets of addresses VMs learn through linnet's DNS,
+    /// which the DNS forwarder uses without the daemon's lock.
+    fn learned_sets(&self) -> Arc<dyn LearnedSets>;
     /// The chains and rule counts of the table `family table`; None: the
     /// table is not there.
     fn table_shape(&mut self, family: &str, table: &str) -> Result<Option<Shape>, NftError>;
@@ -63,6 +68,15 @@ pub trait Tables: Send + Sync {
     fn sync_docker_user(&mut self, rs: &Ruleset, wanted: &[Wanted]) -> Result<Changes, NftError>;
     /// The chains of legacy iptables (not nftables) that hold rules.
     fn legacy_chains(&mut self) -> io::Result<Vec<LegacyChain>>;
+}
+
+/// Puts addresses a VM learned for its policy's names into its sets in
+/// linnet's firewall table (`firewall::names`).
+pub trait LearnedSets: Send + Sync {
+    /// Puts `elements` into `tap`'s sets, each with the lifetime given.
+    fn put(&self, tap: &str, elements: &[Element]) -> Result<(), NftError>;
+    /// What the sets hold now, by TAP: a starting daemon's predecessor's.
+    fn read(&self) -> Result<Vec<(String, Element)>, NftError>;
 }
 
 /// Devices, sysctls and namespaces.

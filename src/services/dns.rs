@@ -7,13 +7,22 @@
 //! unchanged to the upstream resolvers (dns.upstream, or /etc/resolv.conf at
 //! network start) and the upstream's answer is returned unchanged, whatever
 //! its type or code.
+//!
+//! Except for a VM whose policy names DNS names (`name_gate`): its query
+//! goes upstream only when its name is one the policy allows, and is
+//! answered REFUSED here otherwise. REFUSED rather than NXDOMAIN: the name
+//! may well exist, and a resolver in the VM caches an NXDOMAIN (RFC 2308)
+//! past a `policy set` that allows the name, but not a refusal. The
+//! addresses of an allowed answer (A and AAAA, the queried name's and
+//! those its CNAMEs lead to) are in the VM's firewall sets before the
+//! answer is sent; its TTLs are cut to what the rule lives at most.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::{RData, Record, RecordType, rdata::A, rdata::AAAA};
+use hickory_proto::rr::{Name, RData, Record, RecordType, rdata::A, rdata::AAAA};
 use ipnet::Ipv6Net;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -23,6 +32,7 @@ use tracing::{debug, warn};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
+use super::name_gate::{NameGate, Verdict};
 use super::{NetworkContext, ServiceError, unix_now};
 use crate::addr6;
 use crate::budget::{Budget, Refused};
@@ -45,7 +55,13 @@ const TCP_IN_ALL: usize = 64;
 /// How long accepting pauses after a failure (out of descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceError> {
+/// How many CNAMEs an answer's chain may have for its addresses to count.
+const MAX_CHAIN: usize = 16;
+
+pub fn start(
+    ctx: Arc<NetworkContext>,
+    names: Arc<NameGate>,
+) -> Result<Vec<JoinHandle<()>>, ServiceError> {
     let mut addrs = vec![IpAddr::V4(ctx.own().gateway)];
     addrs.extend(ctx.own().ipv6.as_ref().map(|v6| IpAddr::V6(v6.gateway)));
     let upstream = Arc::new(upstreams(&ctx));
@@ -61,16 +77,27 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<Vec<JoinHandle<()>>, ServiceErr
             "DNS",
             ctx.name(),
             serve_udp(
-                ctx.clone(),
+                Resolver {
+                    ctx: ctx.clone(),
+                    names: names.clone(),
+                    upstream: upstream.clone(),
+                },
                 Arc::new(udp),
-                upstream.clone(),
                 queries.clone(),
             ),
         ));
         tasks.push(super::spawn_service(
             "DNS",
             ctx.name(),
-            serve_tcp(ctx.clone(), tcp, upstream.clone(), streams.clone()),
+            serve_tcp(
+                Resolver {
+                    ctx: ctx.clone(),
+                    names: names.clone(),
+                    upstream: upstream.clone(),
+                },
+                tcp,
+                streams.clone(),
+            ),
         ));
     }
     Ok(tasks)
@@ -138,58 +165,56 @@ pub fn resolv_conf_servers(text: &str) -> Vec<SocketAddr> {
         .collect()
 }
 
-async fn serve_udp(
+/// What a network's DNS answers with: its zone, the gate, the upstreams.
+#[derive(Clone)]
+struct Resolver {
     ctx: Arc<NetworkContext>,
-    socket: Arc<UdpSocket>,
+    names: Arc<NameGate>,
     upstream: Arc<Vec<SocketAddr>>,
-    budget: Arc<Budget<IpAddr>>,
-) {
+}
+
+async fn serve_udp(resolver: Resolver, socket: Arc<UdpSocket>, budget: Arc<Budget<IpAddr>>) {
     let mut buf = vec![0u8; MAX_UDP];
     loop {
         let Ok((len, client)) = socket.recv_from(&mut buf).await else {
             continue;
         };
-        // The network's own names are answered at once, budget or not:
-        // only what waits for an upstream counts.
-        let msg = match local_answer(&ctx, &buf[..len]) {
-            Local::Answer(answer) => {
+        // The network's own names, and refusals, are answered at once,
+        // budget or not: only what waits for an upstream counts.
+        let forward = match resolver.plan(client.ip(), &buf[..len]) {
+            Plan::Answer(answer) => {
                 let _ = socket.send_to(&answer, client).await;
                 continue;
             }
-            Local::NotAQuery => continue,
-            Local::Forward(msg) => msg,
+            Plan::Nothing => continue,
+            Plan::Forward(forward) => forward,
         };
         let permit = match budget.try_take(client.ip()) {
             Ok(permit) => permit,
             Err(refusal) => {
-                refused(&ctx, "queries", client.ip(), &refusal);
+                refused(&resolver.ctx, "queries", client.ip(), &refusal);
                 continue;
             }
         };
         let query = buf[..len].to_vec();
-        let (socket, upstream) = (socket.clone(), upstream.clone());
+        let (socket, resolver) = (socket.clone(), resolver.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            if let Some(answer) = forward(&msg, &query, &upstream, Transport::Udp).await {
+            if let Some(answer) = resolver.forward(forward, &query, Transport::Udp).await {
                 let _ = socket.send_to(&answer, client).await;
             }
         });
     }
 }
 
-async fn serve_tcp(
-    ctx: Arc<NetworkContext>,
-    listener: TcpListener,
-    upstream: Arc<Vec<SocketAddr>>,
-    budget: Arc<Budget<IpAddr>>,
-) {
+async fn serve_tcp(resolver: Resolver, listener: TcpListener, budget: Arc<Budget<IpAddr>>) {
     loop {
         let (mut stream, client) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of descriptors, say: the connection waits in the
                 // backlog, and spinning on it would starve the daemon.
-                debug!(network = %ctx.name(), "DNS over TCP: accept failed: {e}");
+                debug!(network = %resolver.ctx.name(), "DNS over TCP: accept failed: {e}");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
@@ -197,15 +222,20 @@ async fn serve_tcp(
         let permit = match budget.try_take(client.ip()) {
             Ok(permit) => permit,
             Err(refusal) => {
-                refused(&ctx, "TCP connections", client.ip(), &refusal);
+                refused(&resolver.ctx, "TCP connections", client.ip(), &refusal);
                 continue;
             }
         };
-        let (ctx, upstream) = (ctx.clone(), upstream.clone());
+        let resolver = resolver.clone();
         tokio::spawn(async move {
             let _permit = permit;
             while let Ok(Ok(query)) = timeout(TCP_IDLE, read_framed(&mut stream)).await {
-                let Some(answer) = resolve(&ctx, &query, &upstream, Transport::Tcp).await else {
+                let answer = match resolver.plan(client.ip(), &query) {
+                    Plan::Answer(answer) => Some(answer),
+                    Plan::Nothing => None,
+                    Plan::Forward(f) => resolver.forward(f, &query, Transport::Tcp).await,
+                };
+                let Some(answer) = answer else {
                     break;
                 };
                 if write_framed(&mut stream, &answer).await.is_err() {
@@ -214,6 +244,138 @@ async fn serve_tcp(
             }
         });
     }
+}
+
+/// What to do with a packet from a VM.
+enum Plan {
+    /// Answered here: a name of the network's, or a refusal.
+    Answer(Vec<u8>),
+    /// Not a DNS query at all: no answer.
+    Nothing,
+    Forward(Forward),
+}
+
+/// A query for the upstream resolvers.
+struct Forward {
+    msg: Box<Message>,
+    /// A VM with names in its policy (its TAP) and the name it asked:
+    /// the answer's addresses become its own before it is released.
+    learn: Option<(String, Name)>,
+}
+
+impl Resolver {
+    fn plan(&self, client: IpAddr, query: &[u8]) -> Plan {
+        let msg = match local_answer(&self.ctx, query) {
+            Local::Answer(answer) => return Plan::Answer(answer),
+            Local::NotAQuery => return Plan::Nothing,
+            Local::Forward(msg) => msg,
+        };
+        // A query of any other count of questions is no name to judge.
+        let verdict = match msg.queries.as_slice() {
+            [q] => self.names.ask(self.ctx.name(), client, q.name()),
+            _ => match self.names.ask(self.ctx.name(), client, &Name::root()) {
+                Verdict::Open => Verdict::Open,
+                _ => Verdict::Refused,
+            },
+        };
+        match verdict {
+            Verdict::Open => Plan::Forward(Forward { msg, learn: None }),
+            Verdict::Allowed(tap) => {
+                let name = msg.queries[0].name().clone();
+                Plan::Forward(Forward {
+                    msg,
+                    learn: Some((tap, name)),
+                })
+            }
+            Verdict::Refused => match error_answer(&msg, ResponseCode::Refused) {
+                Some(answer) => Plan::Answer(answer),
+                None => Plan::Nothing,
+            },
+        }
+    }
+
+    /// The upstream's answer, released once what it gives a gated VM is
+    /// in its sets; SERVFAIL when no upstream answered or the sets could
+    /// not take it.
+    async fn forward(&self, f: Forward, query: &[u8], transport: Transport) -> Option<Vec<u8>> {
+        let answer = forward(&f.msg, query, &self.upstream, transport).await?;
+        let Some((tap, name)) = f.learn else {
+            return Some(answer);
+        };
+        let Ok(mut parsed) = Message::from_vec(&answer) else {
+            return error_answer(&f.msg, ResponseCode::ServFail);
+        };
+        let addrs = answered_addresses(&parsed, &name);
+        if addrs.is_empty() {
+            return Some(answer);
+        }
+        match self.names.learn(&tap, &name, &addrs) {
+            Ok(ceiling) if cap_ttls(&mut parsed, ceiling) => parsed.to_vec().ok(),
+            Ok(_) => Some(answer),
+            Err(e) => {
+                warn!(network = %self.ctx.name(), tap, "DNS: cannot let the VM reach what its answer gives ({e}); answering SERVFAIL");
+                error_answer(&f.msg, ResponseCode::ServFail)
+            }
+        }
+    }
+}
+
+/// The addresses an answer gives for `name`: its A and AAAA records, and
+/// those of the names its CNAME chain leads to, each with its TTL.
+pub fn answered_addresses(answer: &Message, name: &Name) -> Vec<(IpAddr, u32)> {
+    if answer.metadata.response_code != ResponseCode::NoError {
+        return Vec::new();
+    }
+    let mut chain = vec![crate::names::normalise(name)];
+    for _ in 0..MAX_CHAIN {
+        let next = answer.answers.iter().find_map(|r| match &r.data {
+            RData::CNAME(target)
+                if chain.contains(&crate::names::normalise(&r.name))
+                    && !chain.contains(&crate::names::normalise(&target.0)) =>
+            {
+                Some(crate::names::normalise(&target.0))
+            }
+            _ => None,
+        });
+        match next {
+            Some(target) => chain.push(target),
+            None => break,
+        }
+    }
+    answer
+        .answers
+        .iter()
+        .filter(|r| chain.contains(&crate::names::normalise(&r.name)))
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some((IpAddr::V4(a.0), r.ttl)),
+            RData::AAAA(a) => Some((IpAddr::V6(a.0), r.ttl)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Cuts every TTL above `ceiling` to it; whether any was.
+fn cap_ttls(msg: &mut Message, ceiling: u32) -> bool {
+    let mut cut = false;
+    for r in (msg.answers.iter_mut())
+        .chain(msg.authorities.iter_mut())
+        .chain(msg.additionals.iter_mut())
+    {
+        if r.ttl > ceiling && r.record_type() != RecordType::OPT {
+            r.ttl = ceiling;
+            cut = true;
+        }
+    }
+    cut
+}
+
+/// An answer to `msg` with `code` and no records.
+fn error_answer(msg: &Message, code: ResponseCode) -> Option<Vec<u8>> {
+    let mut reply = Message::error_msg(msg.metadata.id, msg.metadata.op_code, code);
+    reply.queries = msg.queries.clone();
+    reply.metadata.recursion_desired = msg.metadata.recursion_desired;
+    reply.metadata.recursion_available = true;
+    reply.to_vec().ok()
 }
 
 #[derive(Clone, Copy)]
@@ -250,21 +412,6 @@ fn local_answer(ctx: &NetworkContext, query: &[u8]) -> Local {
     }
 }
 
-/// The answer to one query: local, forwarded, or SERVFAIL when no upstream
-/// answered. None for bytes that are not a DNS query at all.
-async fn resolve(
-    ctx: &NetworkContext,
-    query: &[u8],
-    upstream: &[SocketAddr],
-    transport: Transport,
-) -> Option<Vec<u8>> {
-    match local_answer(ctx, query) {
-        Local::Answer(answer) => Some(answer),
-        Local::NotAQuery => None,
-        Local::Forward(msg) => forward(&msg, query, upstream, transport).await,
-    }
-}
-
 /// The upstream's answer to `query` (parsed: `msg`), or SERVFAIL when no
 /// upstream answered.
 async fn forward(
@@ -286,14 +433,7 @@ async fn forward(
             _ => debug!(%server, "upstream DNS did not answer in time"),
         }
     }
-    let mut fail = Message::error_msg(
-        msg.metadata.id,
-        msg.metadata.op_code,
-        ResponseCode::ServFail,
-    );
-    fail.queries = msg.queries.clone();
-    fail.metadata.recursion_desired = msg.metadata.recursion_desired;
-    fail.to_vec().ok()
+    error_answer(msg, ResponseCode::ServFail)
 }
 
 async fn forward_udp(server: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
@@ -404,7 +544,7 @@ mod tests {
     use crate::config::Config;
     use crate::types::InterfaceId;
     use hickory_proto::op::Query;
-    use hickory_proto::rr::Name;
+    use hickory_proto::rr::rdata::CNAME;
 
     fn zone(prefix: Option<&str>) -> Zone<'static> {
         Zone {
@@ -511,5 +651,63 @@ mod tests {
                 "[fe80::1]:53".parse().unwrap()
             ]
         );
+    }
+
+    #[test]
+    fn an_answers_addresses_are_the_names_and_its_cname_chains_only() {
+        let name = |s: &str| Name::from_utf8(s).unwrap();
+        let mut answer = Message::response(7, OpCode::Query);
+        let rec = |owner: &str, ttl, data| Record::from_rdata(name(owner), ttl, data);
+        answer.answers = vec![
+            rec(
+                "WWW.example.com.",
+                300,
+                RData::CNAME(CNAME(name("edge.cdn.test."))),
+            ),
+            rec(
+                "edge.cdn.test.",
+                20,
+                RData::CNAME(CNAME(name("e1.cdn.test."))),
+            ),
+            rec("e1.cdn.test.", 5, RData::A(A("192.0.2.1".parse().unwrap()))),
+            rec(
+                "e1.cdn.test.",
+                7,
+                RData::AAAA(AAAA("2001:db8::1".parse().unwrap())),
+            ),
+            // Not on the chain: an upstream's extra, never learned.
+            rec(
+                "elsewhere.test.",
+                60,
+                RData::A(A("198.51.100.9".parse().unwrap())),
+            ),
+        ];
+        let got = answered_addresses(&answer, &name("www.EXAMPLE.com"));
+        assert_eq!(
+            got,
+            vec![
+                ("192.0.2.1".parse().unwrap(), 5),
+                ("2001:db8::1".parse().unwrap(), 7)
+            ]
+        );
+        answer.metadata.response_code = ResponseCode::ServFail;
+        assert!(answered_addresses(&answer, &name("www.example.com")).is_empty());
+    }
+
+    #[test]
+    fn ttls_over_the_ceiling_are_cut() {
+        let mut answer = Message::response(7, OpCode::Query);
+        let a = |ttl| {
+            Record::from_rdata(
+                Name::from_utf8("a.test.").unwrap(),
+                ttl,
+                RData::A(A("192.0.2.1".parse().unwrap())),
+            )
+        };
+        answer.answers = vec![a(30), a(7200)];
+        assert!(cap_ttls(&mut answer, 3600));
+        assert_eq!(answer.answers[1].ttl, 3600);
+        assert_eq!(answer.answers[0].ttl, 30);
+        assert!(!cap_ttls(&mut answer, 3600), "nothing more to cut");
     }
 }

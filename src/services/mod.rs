@@ -6,6 +6,7 @@
 
 pub mod dhcp;
 pub mod dns;
+pub mod name_gate;
 pub mod ra;
 pub mod snoop;
 
@@ -20,6 +21,7 @@ use tokio::task::JoinHandle;
 use crate::config::{NetworkConfig, Own};
 use crate::host::netns::NetNs;
 use crate::leases::SharedLeases;
+use name_gate::NameGate;
 
 /// Starts services on the host: the daemon's seam to them, which unit
 /// tests replace (the real ones bind sockets to the network's bridge).
@@ -31,13 +33,16 @@ pub trait Starter: Send + Sync {
     fn clone_dhcp_socket(&self, ns: &NetNs, tap: &str) -> std::io::Result<UdpSocket>;
 }
 
-/// The services as they run, on the host's sockets.
-pub struct OnHost;
+/// The services as they run, on the host's sockets; their DNS asks
+/// `names` about VMs with names in their policy.
+pub struct OnHost {
+    pub names: Arc<NameGate>,
+}
 
 #[async_trait]
 impl Starter for OnHost {
     async fn start(&self, ctx: Arc<NetworkContext>) -> Result<Services, ServiceError> {
-        Services::start(ctx).await
+        Services::start(ctx, self.names.clone()).await
     }
 
     fn clone_dhcp_socket(&self, ns: &NetNs, tap: &str) -> std::io::Result<UdpSocket> {
@@ -106,14 +111,17 @@ pub struct Services {
 }
 
 impl Services {
-    pub async fn start(ctx: Arc<NetworkContext>) -> Result<Services, ServiceError> {
+    pub async fn start(
+        ctx: Arc<NetworkContext>,
+        names: Arc<NameGate>,
+    ) -> Result<Services, ServiceError> {
         let mut tasks = Vec::new();
         let mut farewells = Vec::new();
         if ctx.own().dhcp.enabled {
             tasks.push(dhcp::start(ctx.clone())?);
         }
         if ctx.own().dns.enabled {
-            tasks.extend(dns::start(ctx.clone())?);
+            tasks.extend(dns::start(ctx.clone(), names)?);
         }
         let advertise = ctx.config.ipv6().is_some_and(|v6| v6.router_advertisement);
         if advertise && let Some((task, farewell)) = ra::start(ctx.clone())? {

@@ -42,6 +42,7 @@ impl Daemon {
                 warnings: self.network_warnings(&cfg.name),
             })
             .collect();
+        let refused = self.names.refused_queries();
         let interfaces = self
             .interfaces
             .iter()
@@ -71,6 +72,10 @@ impl Daemon {
                     } else {
                         None
                     },
+                    refused_queries: i
+                        .policy
+                        .has_names()
+                        .then(|| refused.get(&i.tap).copied().unwrap_or(0)),
                     cut_off: i.cut_off.clone(),
                     clone_address: i.ip.filter(|_| guest.is_some()),
                     netns: i.as_clone.as_ref().and_then(|c| c.netns_path()),

@@ -1,5 +1,6 @@
 //! `policy show` and `policy set`: an interface's connect/listen policy,
-//! changed for new connections at once, its guard and the firewall with it.
+//! changed for new connections at once, its guard and the firewall with it
+//! (and what it learned by name, of names the new policy still allows).
 
 use tracing::info;
 
@@ -20,9 +21,11 @@ impl Daemon {
         let id = self
             .interface_named(client, which, "change its policy")?
             .ok_or_else(|| Self::no_such_interface(which))?;
+        let iface = &self.interfaces[&id];
         Ok(Response::Policy {
             interface_id: id,
-            policy: self.interfaces[&id].policy.clone(),
+            policy: iface.policy.clone(),
+            learned: self.names.shown(&iface.tap),
         })
     }
 
@@ -72,6 +75,7 @@ impl Daemon {
         Ok(Response::Policy {
             interface_id: id,
             policy: req.policy,
+            learned: self.names.shown(&self.interfaces[&id].tap),
         })
     }
 }
