@@ -11,7 +11,7 @@ use crate::harness::*;
 
 /// Sets up a guest as its snapshot left it: the address it had, the
 /// network's gateway as its default route, no DHCP client.
-fn restore(guest: &Guest, ip: Ipv4Addr, gateway: &str) {
+pub(crate) fn restore(guest: &Guest, ip: Ipv4Addr, gateway: &str) {
     must(&mut guest.ns.cmd(&["ip", "link", "set", "eth0", "up"]));
     must(
         &mut guest

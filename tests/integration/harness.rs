@@ -27,6 +27,20 @@ pub const UPSTREAM_IP6: &str = "2001:db8:113::fe";
 pub const UPSTREAM_HOST_SIDE6: &str = "2001:db8:113::1";
 pub const UPSTREAM_NAME: &str = "web.upstream.test";
 pub const UPSTREAM_PAGE: &str = "hello from upstream";
+/// Names the upstream's DNS answers beside UPSTREAM_NAME, with a TTL of
+/// 3 s, on addresses a test puts on the upstream when it needs them.
+pub const TEST_NAMES: [(&str, &str); 4] = [
+    ("allowed.test", "198.51.100.1"),
+    ("a.svc.test", "198.51.100.2"),
+    ("other.test", "198.51.100.4"),
+    ("edge.cdn.test", "198.51.100.5"),
+];
+/// CNAMEs the upstream's DNS answers: www.alias.test leads to
+/// edge.cdn.test, sneaky.test to allowed.test.
+pub const TEST_CNAMES: [(&str, &str); 2] = [
+    ("www.alias.test", "edge.cdn.test"),
+    ("sneaky.test", "allowed.test"),
+];
 
 /// Run a wrapped command as nobody (see `World::linnet_wrapped`).
 pub const AS_NOBODY: &[&str] = &[
@@ -329,16 +343,26 @@ impl World {
                 www.to_str().unwrap(),
             ]));
         }
-        must(&mut upstream.cmd(&[
+        let mut dnsmasq: Vec<String> = [
             "dnsmasq",
             "--no-resolv",
             "--no-hosts",
             "--bind-interfaces",
             "--user=root",
-            &format!("--listen-address={UPSTREAM_IP}"),
-            &format!("--address=/{UPSTREAM_NAME}/{UPSTREAM_IP}"),
-            &format!("--pid-file={}", dir.path().join("dnsmasq.pid").display()),
-        ]));
+            "--local-ttl=3",
+        ]
+        .map(String::from)
+        .to_vec();
+        dnsmasq.push(format!("--listen-address={UPSTREAM_IP}"));
+        dnsmasq.push(format!("--address=/{UPSTREAM_NAME}/{UPSTREAM_IP}"));
+        dnsmasq.extend(TEST_NAMES.map(|(name, ip)| format!("--host-record={name},{ip}")));
+        dnsmasq.extend(TEST_CNAMES.map(|(name, to)| format!("--cname={name},{to}")));
+        dnsmasq.push(format!(
+            "--pid-file={}",
+            dir.path().join("dnsmasq.pid").display()
+        ));
+        let dnsmasq: Vec<&str> = dnsmasq.iter().map(String::as_str).collect();
+        must(&mut upstream.cmd(&dnsmasq));
         host.set_resolv_conf(&format!("nameserver {UPSTREAM_IP}\n"));
         World {
             host,

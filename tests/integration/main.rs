@@ -11,6 +11,7 @@ mod guard;
 mod harness;
 mod ipv6;
 mod lan;
+mod names;
 mod network_sockets;
 mod policy;
 mod qemu;
