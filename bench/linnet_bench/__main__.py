@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from . import control, docs, fabric, profile, report
+from . import control, docs, fabric, names, profile, report
 from .env import Env
 from .host import BenchError, debian_version, memory_kib, wait_for
 from .setups import DIRECTIONS, VM_TO_VM, Lan, all_setups, deepen_guest_queues, upstream
@@ -38,6 +38,8 @@ def parse_args():
     p.add_argument("--no-control", action="store_true", help="skip the control-plane figures")
     p.add_argument("--no-fabric", action="store_true",
                    help="skip the figures across hosts (linnet_bench/fabric.py)")
+    p.add_argument("--no-names", action="store_true",
+                   help="skip the egress-by-name figures (linnet_bench/names.py)")
     p.add_argument("--moves", type=int, default=10,
                    help="attaches and moves across hosts for those timings (default 10)")
     p.add_argument("--interfaces", type=int, default=1000, help="interfaces for the scale figure (default 1000)")
@@ -271,14 +273,15 @@ def main():
                      "write it): run it in scripts/sandbox, which mounts a copy over it")
     started = time.monotonic()
     commit = linnet_commit()
-    whole = not (args.only or args.mtu or args.no_control or args.no_fabric) and args.runs >= 3
+    whole = not (args.only or args.mtu or args.no_control or args.no_fabric or args.no_names) \
+        and args.runs >= 3
     out = args.out or (RESULTS if whole else PARTIAL)
     results = {
         "format": docs.FORMAT,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(commit),
         "settings": {"seconds": args.seconds, "runs": args.runs, "only": args.only, "mtu": args.mtu},
-        "throughput": [], "not_run": [], "control": None, "fabric": None,
+        "throughput": [], "not_run": [], "control": None, "fabric": None, "names": None,
     }
     with tempfile.TemporaryDirectory(prefix="linnet-bench.") as workdir:
         env = Env(workdir, args.bin, find_gvproxy(args.gvproxy), commit)
@@ -301,6 +304,15 @@ def main():
                     log(f"  the control-plane figures failed: {results['control_error']}")
             env.lasting.start("iperf3-server-host", ["iperf3", "--server"])
             throughput(env, args, results)
+            if not args.no_names and args.mtu is None and (
+                    not args.only or re.search(args.only, names.SETUP)):
+                log("egress by name")
+                try:
+                    results["names"] = names.measure_all(env, args.seconds, args.runs, log)
+                    log(f"  {json.dumps({k: v for k, v in results['names'].items() if 'throughput' not in k})}")
+                except BenchError as e:
+                    results["names"] = {"error": str(e)}
+                    log(f"  the egress-by-name figures failed: {e}")
             if not args.no_fabric and args.mtu is None and (
                     not args.only or re.search(args.only, fabric.SETUP)):
                 log("across hosts")
@@ -334,6 +346,8 @@ def main():
                  if x["failed_runs"]]
     if results.get("control_error"):
         problems.append("the control-plane figures failed")
+    if (results.get("names") or {}).get("error"):
+        problems.append(f"the egress-by-name figures failed: {results['names']['error']}")
     f = results.get("fabric") or {}
     if f.get("error") or f.get("timings_error"):
         problems.append(f"the figures across hosts failed: {f.get('error') or f.get('timings_error')}")

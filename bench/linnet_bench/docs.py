@@ -15,7 +15,7 @@ import statistics
 import sys
 
 from .report import (ANTI_SPOOFING, FABRIC, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM,
-                     STATUS, cell, clone_rows, fabric_rows, target_counts)
+                     NAMES, STATUS, cell, clone_rows, fabric_rows, names_rows, target_counts)
 from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VM_TO_HOST, VM_TO_VM
 
 # The results' layout this module reads (bench/linnet_bench/__main__.py).
@@ -146,6 +146,17 @@ def across_hosts(results):
     return lines
 
 
+def egress_by_name(results):
+    """The egress-by-name figures and their targets."""
+    lines = names_rows(results.get("names"))
+    found = [t for t in results["targets"] if t["family"] == NAMES]
+    if found:
+        lines.append("")
+    for t in found:
+        lines.append(f"- {t['target']} (goal {t['goal']}): {t['detail']}, {STATUS[t['status']]}.")
+    return lines
+
+
 def targets(results):
     lines = [f"Targets: {target_counts(results)}. Missed:", ""]
     for t in results["targets"]:
@@ -159,7 +170,7 @@ def targets(results):
 
 RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "targets": targets,
           "network-socket": network_socket, "rootless": rootless, "clones": clones,
-          "across-hosts": across_hosts}
+          "across-hosts": across_hosts, "egress-by-name": egress_by_name}
 
 
 def render(name, results, doc):

@@ -14,7 +14,8 @@ from .host import BenchError, Processes, ip, link_exists, run, wait_for
 # iperf3 through, to measure what they cost. `shared` and `jumbo` have
 # their network socket (NETWORK.sock in the run directory). `clones` has
 # 100 clones of one VM measured against 100 interfaces, on a pool no other
-# figure uses. `lan` and
+# figure uses. `named` is for egress by name (names.py): its DNS asks a
+# dnsmasq of the benchmark's on 127.0.0.1:5353. `lan` and
 # `lanbr` are on a LAN (setups.Lan) whose links exist only while a setup
 # or a latency figure uses them.
 NETWORKS_YAML = """\
@@ -50,6 +51,10 @@ networks:
   clones:
     mode: shared
     subnet: 10.81.0.0/24
+  named:
+    mode: shared
+    subnet: 192.168.125.0/24
+    dns: { upstream: ["127.0.0.1:5353"] }
   lan:
     mode: bridged
     uplink: blanup

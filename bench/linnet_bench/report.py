@@ -177,6 +177,7 @@ def targets(results):
         args = (results, "rootless", ROOTLESS_UPSTREAM, ROOTLESS, "pasta", mtu, VM_TO_HOST, 1.0)
         out.append(ratio_target(*args) or missing_peer_target(*args))
     out += fabric_targets(results.get("fabric"))
+    out += names_targets(results.get("names"))
     if not (results.get("control") or results.get("control_error")):
         return [t for t in out if t is not None]  # --no-control
     c = results.get("control") or {}
@@ -270,6 +271,63 @@ def fabric_rows(f):
                   "The watching guest asks again for an unanswered address every 100 ms "
                   "(the kernel's default is 1 s)."]
     return lines
+
+
+# What egress by name is judged by (docs/security.md, names.py).
+NAMES = "egress by name"
+NAMES_GOAL = 0.95
+
+
+def names_targets(n):
+    """Throughput with a 1000-name policy against none (goal >= 0.95x,
+    round by round); the extra wait for an allowed name's answer (goal <=
+    1 ms at the median); every first connection right after its answer
+    through (the rule precedes the answer)."""
+    if not n or n.get("error"):
+        return []
+    a, b = n["throughput_with"], n["throughput_without"]
+    t = {"family": NAMES, "target": f"throughput with {n['names']} names vs no policy", "kind": "ratio",
+         "mtu": 1500, "direction": VM_TO_HOST, "goal": f">= {NAMES_GOAL}x", "measured": None}
+    paired = paired_ratios(a, b) if a.get("gbps") and b.get("gbps") else []
+    if a.get("unstable") or b.get("unstable"):
+        out = [{**t, "status": "unstable", "detail": a.get("unstable") or b.get("unstable")}]
+    elif not paired:
+        out = [{**t, "status": "not measured", "detail": "no round measured both"}]
+    else:
+        measured = round(statistics.median(paired), 2)
+        lo, hi = round(min(paired), 2), round(max(paired), 2)
+        out = [{**t, "measured": measured, "rounds": [lo, hi], "noise": lo < NAMES_GOAL <= hi,
+                "detail": f"{a['gbps']} / {b['gbps']} Gbit/s, rounds {lo}–{hi}x",
+                "status": "met" if measured >= NAMES_GOAL else "missed"}]
+    out.append(bound_target("extra wait for an allowed name's answer, p50",
+                            round(n["dns_extra_ms_p50"], 3), 1, "ms", family=NAMES))
+    missed = n["races"] - n["first_connection_ok"]
+    out.append(bound_target("first connections refused right after their answer", missed, 0, "",
+                            family=NAMES, detail=f"{missed} of {n['races']}"))
+    return out
+
+
+def names_rows(n):
+    """The egress-by-name figures as a markdown table, or why there are none."""
+    if not n:
+        return ["Not measured in this run."]
+    if n.get("error"):
+        return [f"Not measured: {n['error']}."]
+    speed = lambda x: f"{x['gbps']:.2f}" + (" ¹" if x.get("unstable") else "") if x.get("gbps") else "—"
+    return [
+        "| figure | with the policy | without |", "|---|---:|---:|",
+        f"| VM to host, Gbit/s (iperf3, MTU 1500) | {speed(n['throughput_with'])} | "
+        f"{speed(n['throughput_without'])} |",
+        f"| a lookup through linnet's DNS, p50 / p99 | {n['dns_ms_p50_with']:.3f} / "
+        f"{n['dns_ms_p99_with']:.3f} ms | {n['dns_ms_p50_without']:.3f} / {n['dns_ms_p99_without']:.3f} ms |",
+        "",
+        f"The policy names {n['names']} names, and the VM has learned {n['learned_addresses']} "
+        f"addresses when throughput is measured. Of {n['races']} connections opened the moment "
+        f"their answer arrived, to an address no earlier answer gave, {n['first_connection_ok']} "
+        "went through at the first attempt: the forwarder puts the address into the VM's set "
+        "before it releases the answer, so the difference between the two lookup times is the "
+        "whole cost of the rule, check and insert.",
+    ]
 
 
 # Below this, a lot's RSS growth is allocator noise: compared as this much.
@@ -531,6 +589,11 @@ def markdown(results):
               "VXLAN between the same kind of namespaces (a bridge and a VXLAN device per host, "
               "the far end set by hand, the same stand-in relaying each guest's TAP).", ""]
     lines += fabric_rows(results.get("fabric"))
+    lines += ["", "## Egress by name", "",
+              "A guest whose policy names 1000 names (bench/linnet_bench/names.py) against a guest "
+              "with no policy on the same network: throughput to the host, and the time each of "
+              "1000 lookups through linnet's DNS waits.", ""]
+    lines += names_rows(results.get("names"))
     lines += ["", "## Targets", "",
               f"{target_counts(results)}. A ratio is the median of the rounds' ratios (each round "
               "measured both setups); the range of the rounds follows.", "",
@@ -564,6 +627,8 @@ def markdown(results):
               "(bench/linnet_bench/fabric.py), VM to VM, against the same guests on a kernel "
               "VXLAN set up by hand.", ""]
     lines += target_table(results, FABRIC)
+    lines += ["", "### Egress by name", ""]
+    lines += target_table(results, NAMES)
     lines += ["", "![throughput per setup](latest.svg)", ""]
     return "\n".join(lines)
 
