@@ -416,6 +416,10 @@ pub struct InterfaceStatus {
     /// (None: no names in its policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused_queries: Option<u64>,
+    /// Connections (each attempt's packet) its egress policy refused
+    /// (None: no egress policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_connections: Option<u64>,
     /// Why its TAP is off the network (its VMM misbehaved); it stays so
     /// until detached.
     #[serde(default, skip_serializing_if = "Option::is_none")]

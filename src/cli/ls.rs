@@ -133,7 +133,7 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             i.spoofed_drops
                 .map(|n| n.to_string())
                 .unwrap_or_else(|| "-".into()),
-            policy_summary(&i.policy, i.refused_queries),
+            policy_summary(&i.policy, i.refused_queries, i.refused_connections),
         ]);
     }
     if interfaces.is_empty() {
@@ -184,15 +184,20 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-/// "connect 2, listen 1" or "-" when nothing is restricted; with names,
-/// the DNS queries refused too.
-fn policy_summary(p: &crate::policy::Policy, refused_queries: Option<u64>) -> String {
+/// "connect 2 (3 refused), listen 1" or "-" when nothing is restricted;
+/// with names, the DNS queries refused too.
+fn policy_summary(
+    p: &crate::policy::Policy,
+    refused_queries: Option<u64>,
+    refused_connections: Option<u64>,
+) -> String {
     if p.is_open() {
         return "-".into();
     }
     let mut parts = Vec::new();
     if !p.egress.is_empty() {
-        parts.push(format!("connect {}", p.egress.len()));
+        let refused = refused_connections.map_or(String::new(), |n| format!(" ({n} refused)"));
+        parts.push(format!("connect {}{refused}", p.egress.len()));
     }
     if let Some(n) = refused_queries {
         parts.push(format!("{n} names refused"));

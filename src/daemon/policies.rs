@@ -3,6 +3,7 @@
 //! each interface's policy as the firewall takes it. The rules are made by
 //! `host::firewall`; `requests::policy` shows and sets them.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::errors::DaemonError;
@@ -77,6 +78,7 @@ pub(super) fn interface_policies<'a>(
     cfg: &NetworkConfig,
     interfaces: impl Iterator<Item = &'a Interface>,
     names: &NameGate,
+    refused: &BTreeMap<String, u64>,
 ) -> Vec<InterfacePolicy> {
     interfaces
         .filter(|i| i.network == cfg.name && !i.policy.is_open())
@@ -85,6 +87,7 @@ pub(super) fn interface_policies<'a>(
             addrs: vm_addresses(cfg, i),
             policy: i.policy.clone(),
             learned: names.elements(&i.tap),
+            refused: refused.get(&i.tap).copied().unwrap_or(0),
         })
         .collect()
 }

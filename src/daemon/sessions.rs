@@ -306,6 +306,7 @@ async fn handle(
             let stats = super::state::link_stats(&*links).await;
             let mut daemon = lock.lock().await;
             let drops = daemon.guard_drops();
+            daemon.policy_refusals();
             (daemon.list(&stats, &drops), None)
         }
         Request::ForwardAdd(req) => reply(daemon.handle_forward_add(client, req)),

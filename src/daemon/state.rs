@@ -20,7 +20,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::apply::{Apply, Carried, Making};
 use super::client::Client;
@@ -63,6 +63,9 @@ pub struct Daemon {
     /// What VMs with names in their policy may ask linnet's DNS, and
     /// what they learned (shared with the DNS services).
     pub(super) names: Arc<NameGate>,
+    /// Connections each VM's egress policy refused, by TAP, as last read:
+    /// the firewall's counters start there when the table is made anew.
+    pub(super) refused: BTreeMap<String, u64>,
     pub(super) networks: BTreeMap<String, ActiveNetwork>,
     pub(super) interfaces: BTreeMap<InterfaceId, Interface>,
     /// Interfaces whose links are being deleted outside the lock
@@ -117,6 +120,7 @@ impl Daemon {
             host,
             services,
             names,
+            refused: BTreeMap::new(),
             networks: BTreeMap::new(),
             interfaces: BTreeMap::new(),
             detaching: BTreeMap::new(),
@@ -501,6 +505,7 @@ impl Daemon {
     /// networks and their interfaces' forwards.
     pub(super) fn sync_host(&mut self) -> Result<(), DaemonError> {
         self.names.follow(self.named_vms());
+        self.policy_refusals();
         let rules = self.firewall_networks();
         let (needs4, needs6) = forwarding_needs(&rules);
         self.forwarding
@@ -539,10 +544,38 @@ impl Daemon {
             .filter_map(|n| {
                 n.firewall(
                     forwards::rules(&n.config, self.interfaces.values()),
-                    policies::interface_policies(&n.config, self.interfaces.values(), &self.names),
+                    policies::interface_policies(
+                        &n.config,
+                        self.interfaces.values(),
+                        &self.names,
+                        &self.refused,
+                    ),
                 )
             })
             .collect()
+    }
+
+    /// Connections each VM's egress policy refused so far, by TAP: read
+    /// from the firewall's counters (kept when they cannot be read, as
+    /// after `nft flush ruleset`), for VMs attached with one.
+    pub(super) fn policy_refusals(&mut self) -> &BTreeMap<String, u64> {
+        let policed: BTreeSet<&str> = (self.interfaces.values())
+            .filter(|i| !i.policy.egress.is_empty())
+            .map(|i| i.tap.as_str())
+            .collect();
+        if !policed.is_empty() {
+            match self.host.tables.policy_refusals() {
+                Ok(now) => {
+                    for (tap, n) in now {
+                        let kept = self.refused.entry(tap).or_default();
+                        *kept = (*kept).max(n);
+                    }
+                }
+                Err(e) => debug!("cannot read the policies' counters: {e}"),
+            }
+        }
+        self.refused.retain(|tap, _| policed.contains(tap.as_str()));
+        &self.refused
     }
 
     /// The VMs with names in their policy, for the name gate.

@@ -809,6 +809,14 @@ impl Tables for FakeHost {
         Ok(BTreeMap::new())
     }
 
+    fn policy_refusals(&mut self) -> Result<BTreeMap<String, u64>, NftError> {
+        let m = self.model();
+        Ok((m.firewall.iter().flatten().flat_map(|n| &n.policies))
+            .filter(|p| !p.policy.egress.is_empty())
+            .map(|p| (p.tap.clone(), p.refused))
+            .collect())
+    }
+
     fn ruleset(&mut self) -> Result<Ruleset, NftError> {
         Ok(Ruleset::default())
     }

@@ -9,7 +9,7 @@ pub mod names;
 
 use std::borrow::Cow;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::NFT_TABLE;
@@ -25,8 +25,8 @@ use nftables::expr::{
     CT, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, Payload, PayloadField,
     Prefix, SetItem,
 };
-use nftables::schema::{Chain, NfCmd, NfListObject, NfObject, Nftables, Rule, Table};
-use nftables::stmt::{Match, NAT, NATFamily, Operator, Statement};
+use nftables::schema::{Chain, Counter, NfCmd, NfListObject, NfObject, Nftables, Rule, Table};
+use nftables::stmt::{Counter as StmtCounter, Match, NAT, NATFamily, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 const FAMILY: NfFamily = NfFamily::INet;
@@ -83,6 +83,9 @@ pub struct InterfacePolicy {
     /// The addresses the VM learned from linnet's DNS for its policy's
     /// names, with the seconds each has left (`names`).
     pub learned: Vec<Element>,
+    /// Connections its egress policy refused so far: its counter starts
+    /// there when the table is made anew.
+    pub refused: u64,
 }
 
 /// A published port and where it goes.
@@ -472,8 +475,26 @@ fn add_policies(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
             allowed.extend(names::rules(iface));
             allowed.extend(iface.policy.egress.iter().filter_map(connect_match));
             names::add_sets(batch, iface);
+            let counter = refused_counter(&iface.tap);
+            batch.add(NfListObject::Counter(Counter {
+                family: FAMILY,
+                table: Cow::Borrowed(NFT_TABLE),
+                name: Cow::Owned(counter.clone()),
+                handle: None,
+                packets: Some(u32::try_from(iface.refused).unwrap_or(u32::MAX)),
+                bytes: Some(0),
+            }));
             let chain = format!("out-{}", iface.tap);
-            add_policy_chain(batch, iface, &chain, allowed, [FORWARD, INPUT], "saddr");
+            let reject = Some(counter.as_str());
+            add_policy_chain(
+                batch,
+                iface,
+                &chain,
+                allowed,
+                [FORWARD, INPUT],
+                "saddr",
+                reject,
+            );
         }
         if !iface.policy.ingress.is_empty() {
             let mut allowed: Vec<_> = [("icmp", "echo-request"), ("icmpv6", "echo-request")]
@@ -482,14 +503,23 @@ fn add_policies(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
                 .collect();
             allowed.extend(iface.policy.ingress.iter().map(listen_match));
             let chain = format!("in-{}", iface.tap);
-            add_policy_chain(batch, iface, &chain, allowed, [FORWARD, LOCAL_OUT], "daddr");
+            add_policy_chain(
+                batch,
+                iface,
+                &chain,
+                allowed,
+                [FORWARD, LOCAL_OUT],
+                "daddr",
+                None,
+            );
         }
     }
 }
 
-/// One interface's policy chain: the `allowed` rules, then a reject; new
-/// connections whose `field` (saddr: from the VM, daddr: to it) is one of
-/// the VM's addresses jump to it from `hooks`.
+/// One interface's policy chain: the `allowed` rules, then a reject
+/// (counted by the named counter `counted`, if given); new connections
+/// whose `field` (saddr: from the VM, daddr: to it) is one of the VM's
+/// addresses jump to it from `hooks`.
 fn add_policy_chain(
     batch: &mut Batch<'static>,
     iface: &InterfacePolicy,
@@ -497,6 +527,7 @@ fn add_policy_chain(
     allowed: Vec<Vec<Statement<'static>>>,
     hooks: [&'static str; 2],
     field: &'static str,
+    counted: Option<&str>,
 ) {
     batch.add(chain_object(chain));
     for statements in allowed {
@@ -520,7 +551,12 @@ fn add_policy_chain(
         chain.to_string(),
         vec![eq(payload("icmpv6", "type"), set(&link)), accept()],
     ));
-    batch.add(rule(chain.to_string(), vec![Statement::Reject(None)]));
+    let mut reject: Vec<Statement<'static>> = counted
+        .map(|name| Statement::Counter(StmtCounter::Named(Cow::Owned(name.to_string()))))
+        .into_iter()
+        .collect();
+    reject.push(Statement::Reject(None));
+    batch.add(rule(chain.to_string(), reject));
     let state = |which: &[&str]| {
         let which: Vec<String> = which.iter().map(|s| s.to_string()).collect();
         Statement::Match(Match {
@@ -565,6 +601,35 @@ fn add_policy_chain(
             ));
         }
     }
+}
+
+/// The counter of the connections `tap`'s egress policy refused.
+fn refused_counter(tap: &str) -> String {
+    format!("refused-{tap}")
+}
+
+/// The connections each VM's egress policy refused so far, by TAP (the
+/// counters of `inet linnet`; none when the table is not there).
+pub fn refusals(nft: &Nft) -> Result<BTreeMap<String, u64>, NftError> {
+    let listing = match nft.run(&format!("list counters table inet {NFT_TABLE}")) {
+        Ok(text) => text,
+        Err(NftError::Refused(_)) => return Ok(BTreeMap::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(refusals_in(&listing))
+}
+
+fn refusals_in(listing: &str) -> BTreeMap<String, u64> {
+    let doc: serde_json::Value = serde_json::from_str(listing).unwrap_or_default();
+    let objects = doc["nftables"].as_array().cloned().unwrap_or_default();
+    objects
+        .iter()
+        .filter_map(|o| o.get("counter"))
+        .filter_map(|c| {
+            let tap = c["name"].as_str()?.strip_prefix("refused-")?;
+            Some((tap.to_string(), c["packets"].as_u64()?))
+        })
+        .collect()
 }
 
 fn protocol_match(protocol: Option<Protocol>) -> Statement<'static> {
@@ -1106,6 +1171,7 @@ mod tests {
                 ingress: vec!["8000-8010".parse().unwrap()],
             },
             learned: vec![],
+            refused: 7,
         }];
         let doc = ruleset(&nets);
         let fwd = rules(&doc, "forward");
@@ -1162,7 +1228,20 @@ mod tests {
             out[5][0]["match"]["left"]["payload"]["protocol"], "icmpv6",
             "ND and MLD"
         );
-        assert_eq!(out[6], json!([{"reject": null}]));
+        assert_eq!(
+            out[6],
+            json!([{"counter": "refused-lnta"}, {"reject": null}]),
+            "refusals counted"
+        );
+        let counter = commands(&doc)
+            .into_iter()
+            .find_map(|c| c["add"].get("counter").cloned())
+            .unwrap();
+        assert_eq!(
+            (counter["name"].clone(), counter["packets"].clone()),
+            (json!("refused-lnta"), json!(7)),
+            "the count carried over"
+        );
         let inn = rules(&doc, "in-lnta");
         assert_eq!(
             inn[2][1],
@@ -1171,6 +1250,17 @@ mod tests {
         assert_eq!(inn[4], json!([{"reject": null}]));
         // Without policies there are no input/output filter chains at all.
         assert!(rules(&ruleset(&super::tests::nets()), "input").is_empty());
+    }
+
+    #[test]
+    fn refusals_are_read_from_the_counters() {
+        let listing = r#"{"nftables": [{"metainfo": {}},
+            {"counter": {"family": "inet", "name": "refused-lnt4", "table": "linnet", "handle": 3, "packets": 12, "bytes": 720}},
+            {"counter": {"family": "inet", "name": "other", "table": "linnet", "handle": 4, "packets": 1, "bytes": 60}}]}"#;
+        assert_eq!(
+            refusals_in(listing),
+            BTreeMap::from([("lnt4".to_string(), 12)])
+        );
     }
 
     #[test]
@@ -1193,6 +1283,7 @@ mod tests {
                 addr: "192.0.2.7".parse().unwrap(),
                 seconds: 42,
             }],
+            refused: 0,
         }];
         let doc = ruleset(&nets);
         let out = rules(&doc, "out-lnta");
@@ -1205,6 +1296,7 @@ mod tests {
             json!([
                 {"match": {"left": {"meta": {"key": "l4proto"}}, "right": {"set": ["tcp", "udp"]}, "op": "=="}},
                 {"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": {"set": [53, 853]}, "op": "=="}},
+                {"counter": "refused-lnta"},
                 {"reject": null}
             ]),
             "then no other resolver, before any rule that could allow one"

@@ -82,6 +82,9 @@ impl Tables for KernelTables {
     fn guard_drops(&mut self) -> Result<BTreeMap<String, u64>, NftError> {
         guard::drops(&mut self.nft)
     }
+    fn policy_refusals(&mut self) -> Result<BTreeMap<String, u64>, NftError> {
+        firewall::refusals(&self.nft)
+    }
     fn ruleset(&mut self) -> Result<Ruleset, NftError> {
         Ruleset::read(&mut self.nft)
     }

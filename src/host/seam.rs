@@ -52,6 +52,8 @@ pub trait Tables: Send + Sync {
     fn remove_guard_ports(&mut self, ports: &[PortGuard]) -> Result<(), NftError>;
     /// Frames each guarded port's rules dropped so far, by port name.
     fn guard_drops(&mut self) -> Result<BTreeMap<String, u64>, NftError>;
+    /// Connections each VM's egress policy refused so far, by TAP.
+    fn policy_refusals(&mut self) -> Result<BTreeMap<String, u64>, NftError>;
     /// Every table of the namespace, as linnet reads the others'.
     fn ruleset(&mut self) -> Result<Ruleset, NftError>;
     /// The way to the sets of addresses VMs learn through linnet's DNS,

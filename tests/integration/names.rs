@@ -207,7 +207,14 @@ fn a_guest_reaches_only_the_names_it_may_and_asks_no_other_resolver() {
     // What it shows.
     let row = listed(&world, "gated");
     assert_eq!(row["refused_queries"], 3, "{row}");
-    assert!(listed(&world, "open").get("refused_queries").is_none());
+    // At least one packet of each refused attempt above: the address
+    // before it was resolved, 8081, other.test's, 53 over UDP and TCP,
+    // 853 over TCP and UDP.
+    assert!(row["refused_connections"].as_u64().unwrap() >= 7, "{row}");
+    let open_row = listed(&world, "open");
+    assert!(
+        open_row.get("refused_queries").is_none() && open_row.get("refused_connections").is_none()
+    );
     let shown = policy_show(&world, "gated");
     let learned: Vec<(String, String)> = shown["learned"]
         .as_array()
@@ -415,6 +422,55 @@ fn a_query_flood_stays_within_the_budgets_and_the_log_budget() {
         web(&g.ns, ALLOWED).is_some(),
         "the allowed name was learned"
     );
+}
+
+#[test]
+fn a_flushed_ruleset_comes_back_with_what_the_vm_learned() {
+    let (world, _servers) = world_with_names(None);
+    let g = world.guest(
+        "shared",
+        &[
+            "--name",
+            "agent",
+            "--allow-connect",
+            "allowed.test:8080/tcp",
+        ],
+    );
+    assert_eq!(g.udhcpc(), g.ip());
+    assert_eq!(resolve(&g, "allowed.test"), Some(vec![ALLOWED.to_string()]));
+    assert_eq!(web(&g.ns, OTHER), None);
+    let refused_before = listed(&world, "agent")["refused_connections"]
+        .as_u64()
+        .unwrap();
+    assert!(refused_before >= 1);
+    must(&mut world.host.cmd(&["nft", "flush", "ruleset"]));
+    wait_for(
+        "the policy and its learned address back",
+        Duration::from_secs(10),
+        || web(&g.ns, ALLOWED).map(|_| ()),
+    );
+    assert_eq!(web(&g.ns, OTHER), None, "the policy is back too");
+    assert_eq!(resolve(&g, "other.test"), None);
+    let refused_after = listed(&world, "agent")["refused_connections"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        refused_after > refused_before,
+        "the count carried on: {refused_before} -> {refused_after}"
+    );
+}
+
+#[test]
+fn every_datapath_is_gated_alike() {
+    let (world, _servers) = world_with_names(None);
+    for via in [Via::RunDgram, Via::RunStream, Via::HelperStream] {
+        let g = world.guest_via("shared", via, &["--allow-connect", "allowed.test:8080/tcp"]);
+        assert_eq!(g.udhcpc(), g.ip());
+        assert_eq!(web(&g.ns, ALLOWED), None, "{via:?}: not before it asks");
+        assert_eq!(resolve(&g, "allowed.test"), Some(vec![ALLOWED.to_string()]));
+        assert!(web(&g.ns, ALLOWED).is_some(), "{via:?}: the allowed name");
+        assert_eq!(resolve(&g, "other.test"), None, "{via:?}: another name");
+    }
 }
 
 #[test]

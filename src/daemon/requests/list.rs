@@ -43,6 +43,7 @@ impl Daemon {
             })
             .collect();
         let refused = self.names.refused_queries();
+        let refused_connections = self.refused.clone();
         let interfaces = self
             .interfaces
             .iter()
@@ -76,6 +77,8 @@ impl Daemon {
                         .policy
                         .has_names()
                         .then(|| refused.get(&i.tap).copied().unwrap_or(0)),
+                    refused_connections: (!i.policy.egress.is_empty())
+                        .then(|| refused_connections.get(&i.tap).copied().unwrap_or(0)),
                     cut_off: i.cut_off.clone(),
                     clone_address: i.ip.filter(|_| guest.is_some()),
                     netns: i.as_clone.as_ref().and_then(|c| c.netns_path()),

@@ -17,10 +17,13 @@ use std::net::IpAddr;
 use nftables::batch::Batch;
 use nftables::expr::{Elem, Expression, NamedExpression, SetItem};
 use nftables::schema::{NfListObject, Set, SetFlag, SetType, SetTypeValue};
-use nftables::stmt::Statement;
+use nftables::stmt::{Counter as StmtCounter, Statement};
 use serde_json::Value;
 
-use super::{FAMILY, InterfacePolicy, accept, eq, payload, protocol_match, reach_match, string};
+use super::{
+    FAMILY, InterfacePolicy, accept, eq, payload, protocol_match, reach_match, refused_counter,
+    string,
+};
 use crate::host::NFT_TABLE;
 use crate::host::nft::{Nft, NftError};
 use crate::learned::Element;
@@ -72,8 +75,9 @@ pub(super) fn add_sets(batch: &mut Batch<'static>, iface: &InterfacePolicy) {
     }
 }
 
-/// The VM's policy chain's rules for names: other resolvers refused, then
-/// each reach's sets accepted. Nothing for a policy without names.
+/// The VM's policy chain's rules for names: other resolvers refused (and
+/// counted with the chain's other refusals), then each reach's sets
+/// accepted. Nothing for a policy without names.
 pub(super) fn rules(iface: &InterfacePolicy) -> Vec<Vec<Statement<'static>>> {
     let reaches = iface.policy.name_reaches();
     if reaches.is_empty() {
@@ -90,6 +94,7 @@ pub(super) fn rules(iface: &InterfacePolicy) -> Vec<Vec<Statement<'static>>> {
                     .collect(),
             )),
         ),
+        Statement::Counter(StmtCounter::Named(Cow::Owned(refused_counter(&iface.tap)))),
         Statement::Reject(None),
     ]];
     for (k, reach) in reaches.iter().enumerate() {
