@@ -1997,6 +1997,42 @@ mod tests {
     }
 
     #[test]
+    fn names_in_a_default_policy_need_dns_and_learned_ttls_are_bounded() {
+        let cfg = load(
+            "networks:\n  shared:\n    policy: { egress: ['*.Example.com:443/tcp'] }\n    dns: { learned_ttl: { floor: 5 } }\n",
+        )
+        .unwrap();
+        let shared = cfg.network("shared").unwrap();
+        assert_eq!(
+            shared.policy().egress[0].to_string(),
+            "*.example.com:443/tcp"
+        );
+        let ttl = shared.own().unwrap().dns.learned_ttl;
+        assert_eq!((ttl.floor, ttl.ceiling), (5, DEFAULT_TTL.ceiling));
+        let host = cfg.network("host").unwrap().own().unwrap().dns.learned_ttl;
+        assert_eq!(host, DEFAULT_TTL);
+        let m = message(
+            "networks:\n  shared:\n    policy: { egress: ['api.example.com'] }\n    dns: { enabled: false }\n",
+        );
+        assert!(
+            m.contains("names in a connect policy need linnet's DNS"),
+            "{m}"
+        );
+        let m = message("networks:\n  shared:\n    policy: { egress: ['a..b'] }\n");
+        assert!(m.contains("policy.egress[0]: \"a..b\""), "{m}");
+        let m = message("networks:\n  shared:\n    dns: { learned_ttl: { floor: 0 } }\n");
+        assert!(
+            m.contains("dns.learned_ttl.floor: must be at least 1 second"),
+            "{m}"
+        );
+        let m =
+            message("networks:\n  shared:\n    dns: { learned_ttl: { floor: 90, ceiling: 60 } }\n");
+        assert!(m.contains("60 is below the floor (90)"), "{m}");
+        let m = message("networks:\n  shared:\n    dns: { learned_ttl: { ceiling: 9999999 } }\n");
+        assert!(m.contains("is over a week"), "{m}");
+    }
+
+    #[test]
     fn static_forwards_are_parsed_and_checked() {
         let cfg = load(
             "networks:

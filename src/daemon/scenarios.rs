@@ -1336,3 +1336,114 @@ async fn a_policy_is_refused_before_anything_is_made_on_a_host_without_br_netfil
     assert_eq!(without.fake.steps(), Vec::new(), "nothing made");
     without.assert_nothing_left();
 }
+
+#[tokio::test]
+async fn names_in_a_policy_gate_the_vms_dns_and_what_it_learned_follows_the_policy_and_a_restart() {
+    use crate::api::PolicySetRequest;
+    use crate::policy::Policy;
+    use crate::services::name_gate::Verdict;
+    use hickory_proto::rr::Name;
+    let policy = |rules: &[&str]| Policy {
+        egress: rules.iter().map(|r| r.parse().unwrap()).collect(),
+        ingress: vec![],
+    };
+    let name = |s: &str| Name::from_utf8(s).unwrap();
+    let mut scene = Scene::new(USERS).await;
+    let root = user(0, 1);
+    let vm = scene
+        .attach(
+            &root,
+            AttachRequest {
+                policy: Some(policy(&["api.example.com:443/tcp"])),
+                ..named(1, "agent")
+            },
+        )
+        .await
+        .expect("attached");
+    let (tap, addr) = (
+        vm.info.tap.clone(),
+        std::net::IpAddr::V4(vm.info.ip_address.unwrap()),
+    );
+    let names = scene.daemon.names.clone();
+    assert_eq!(
+        names.ask("shared", addr, &name("api.example.com")),
+        Verdict::Allowed(tap.clone())
+    );
+    assert_eq!(
+        names.ask("shared", addr, &name("evil.test")),
+        Verdict::Refused
+    );
+    names
+        .learn(
+            &tap,
+            &name("api.example.com"),
+            &[("192.0.2.7".parse().unwrap(), 300)],
+        )
+        .unwrap();
+    // A rebuild (another VM attaching with a policy) keeps it.
+    let _other = scene
+        .attach(
+            &root,
+            AttachRequest {
+                policy: Some(policy(&["10.0.0.0/8"])),
+                ..request(2)
+            },
+        )
+        .await
+        .expect("attached");
+    let policed = |fake: &FakeHost| -> Vec<crate::learned::Element> {
+        (fake
+            .firewall()
+            .unwrap()
+            .iter()
+            .flat_map(|n| n.policies.clone()))
+        .flat_map(|p| p.learned)
+        .collect()
+    };
+    assert_eq!(
+        policed(&scene.fake).len(),
+        1,
+        "rebuilt with what it learned"
+    );
+    // The next daemon finds it in the kernel's sets and gives it back.
+    scene.restart().await;
+    let names = scene.daemon.names.clone();
+    let shown = names.shown(&tap);
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert_eq!(shown[0].address.to_string(), "192.0.2.7");
+    assert_eq!(policed(&scene.fake).len(), 1);
+    // A new policy drops it.
+    let vm_id = vm.info.interface_id;
+    scene
+        .daemon
+        .policy_set(
+            &root,
+            PolicySetRequest {
+                network: "shared".into(),
+                interface_id: Some(vm_id),
+                name: None,
+                policy: policy(&["*.other.test:443"]),
+            },
+        )
+        .expect("policy set");
+    assert!(names.shown(&tap).is_empty());
+    assert!(policed(&scene.fake).is_empty());
+    assert_eq!(
+        names.ask("shared", addr, &name("api.example.com")),
+        Verdict::Refused
+    );
+    // Without names the VM is not gated at all.
+    scene
+        .daemon
+        .policy_set(
+            &root,
+            PolicySetRequest {
+                network: "shared".into(),
+                interface_id: Some(vm_id),
+                name: None,
+                policy: policy(&["10.0.0.0/8"]),
+            },
+        )
+        .expect("policy set");
+    assert_eq!(names.ask("shared", addr, &name("evil.test")), Verdict::Open);
+}

@@ -3,7 +3,8 @@
 // Package linnet is a client for the linnet daemon's socket API
 // (docs/api.md): attach an interface to a network and receive its TAP file
 // descriptor and addresses, detach it, list what is attached, and manage
-// port forwards. It is for Go VM managers (lima, minikube, …) that want a
+// port forwards and connect/listen policies (by address or by DNS name).
+// It is for Go VM managers (lima, minikube, …) that want a
 // TAP fd and the VM's IP from linnet natively, as they get them from
 // vmnet-helper or socket_vmnet on macOS.
 //
@@ -122,6 +123,75 @@ type AttachRequest struct {
 	// CloneOf attaches a clone of a VM restored from a snapshot
 	// (docs/clones.md): the name of a VM of the network, or a *CloneGuest.
 	CloneOf any `json:"clone_of,omitempty"`
+	// Policy limits what the VM may connect to and be connected on; nil:
+	// the network's (`policy:` in networks.yaml).
+	Policy *Policy `json:"policy,omitempty"`
+}
+
+// Policy is an interface's connect/listen policy (docs/policy.md). Egress
+// rules are "CIDR|NAME[:PORT[-PORT]][/tcp|/udp]": an address or network
+// ("198.51.100.1:8080/tcp", "10.0.0.0/8"), or a DNS name
+// ("api.example.com:443", "*.cdn.example.net:443/tcp": any name one label
+// or more below), whose addresses the VM may reach once linnet's DNS has
+// answered it for the name; a VM with names asks no other resolver.
+// Ingress rules are "PORT[-PORT][/tcp|/udp]". An empty list restricts
+// nothing.
+type Policy struct {
+	Egress  []string `json:"egress,omitempty"`
+	Ingress []string `json:"ingress,omitempty"`
+}
+
+// LearnedAddress is an address a VM may reach because linnet's DNS
+// answered it for a name of its policy, until it expires.
+type LearnedAddress struct {
+	// Name is the name asked; empty for an address the daemon found in
+	// its firewall after a restart.
+	Name      string `json:"name,omitempty"`
+	Address   string `json:"address"`
+	ExpiresIn uint64 `json:"expires_in"` // seconds
+}
+
+// PolicyInfo is an interface's policy and what it learned by name.
+type PolicyInfo struct {
+	InterfaceID string           `json:"interface_id"`
+	Policy      Policy           `json:"policy"`
+	Learned     []LearnedAddress `json:"learned,omitempty"`
+}
+
+// InterfaceRef names an interface on a network by exactly one of its id
+// and its name.
+type InterfaceRef struct {
+	Network     string `json:"network"`
+	InterfaceID string `json:"interface_id,omitempty"`
+	Name        string `json:"name,omitempty"`
+}
+
+// PolicyShow returns an interface's policy and the addresses it learned.
+func (c *Client) PolicyShow(ref InterfaceRef) (*PolicyInfo, error) {
+	body := struct {
+		Op string `json:"op"`
+		InterfaceRef
+	}{"policy_show", ref}
+	var info PolicyInfo
+	if _, err := c.call(body, "policy", &info); err != nil {
+		return nil, err
+	}
+	return &info, nil
+}
+
+// PolicySet replaces an interface's policy: new connections follow it at
+// once, and addresses learned for names it no longer allows are dropped.
+func (c *Client) PolicySet(ref InterfaceRef, p Policy) (*PolicyInfo, error) {
+	body := struct {
+		Op string `json:"op"`
+		InterfaceRef
+		Policy Policy `json:"policy"`
+	}{"policy_set", ref, p}
+	var info PolicyInfo
+	if _, err := c.call(body, "policy", &info); err != nil {
+		return nil, err
+	}
+	return &info, nil
 }
 
 // CloneGuest is the snapshotted VM as recorded (its interface JSON): what a
@@ -285,6 +355,12 @@ type Listed struct {
 	Datapath    string   `json:"datapath"`
 	VMRxBytes   uint64   `json:"vm_rx_bytes"`
 	VMTxBytes   uint64   `json:"vm_tx_bytes"`
+	Policy      *Policy  `json:"policy,omitempty"`
+	// RefusedQueries counts DNS queries for names its policy does not
+	// allow (nil: no names in its policy); RefusedConnections the
+	// connection attempts its egress policy refused (nil: none).
+	RefusedQueries     *uint64 `json:"refused_queries,omitempty"`
+	RefusedConnections *uint64 `json:"refused_connections,omitempty"`
 }
 
 // Listing is the reply to List.

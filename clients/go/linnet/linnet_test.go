@@ -279,6 +279,39 @@ func TestForwardRequestsNameTheirFields(t *testing.T) {
 	}
 }
 
+func TestPoliciesByNameAreSetShownAndListed(t *testing.T) {
+	client, daemon := pair(t)
+	got := daemon.serve("policy_set", nil, `{"reply":"policy","interface_id":"x",
+		"policy":{"egress":["api.example.com:443/tcp"]},
+		"learned":[{"name":"api.example.com","address":"192.0.2.7","expires_in":59}]}`)
+	info, err := client.PolicySet(InterfaceRef{Network: "shared", Name: "agent"},
+		Policy{Egress: []string{"api.example.com:443/tcp"}})
+	if err != nil || info.Policy.Egress[0] != "api.example.com:443/tcp" ||
+		len(info.Learned) != 1 || info.Learned[0].Address != "192.0.2.7" || info.Learned[0].ExpiresIn != 59 {
+		t.Fatalf("got %+v, %v", info, err)
+	}
+	req := <-got
+	policy, _ := req["policy"].(map[string]interface{})
+	if req["network"] != "shared" || req["name"] != "agent" || req["interface_id"] != nil ||
+		policy["egress"].([]interface{})[0] != "api.example.com:443/tcp" || policy["ingress"] != nil {
+		t.Errorf("the request: %v", req)
+	}
+	daemon.serve("policy_show", nil, `{"reply":"policy","interface_id":"x","policy":{}}`)
+	if info, err := client.PolicyShow(InterfaceRef{Network: "shared", InterfaceID: "x"}); err != nil ||
+		len(info.Policy.Egress) != 0 || info.Learned != nil {
+		t.Fatalf("got %+v, %v", info, err)
+	}
+	daemon.serve("list", nil, `{"reply":"listing","networks":[],"interfaces":[{"interface_id":"x",
+		"network":"shared","mac_address":"02:00:00:00:00:01","tap":"lnt0","forwards":[],"client_pid":1,
+		"client_uid":0,"datapath":"tap","vm_rx_bytes":0,"vm_tx_bytes":0,
+		"policy":{"egress":["api.example.com:443/tcp"]},"refused_queries":4,"refused_connections":2}]}`)
+	l, err := client.List()
+	if err != nil || *l.Interfaces[0].RefusedQueries != 4 || *l.Interfaces[0].RefusedConnections != 2 ||
+		l.Interfaces[0].Policy.Egress[0] != "api.example.com:443/tcp" {
+		t.Fatalf("got %+v, %v", l, err)
+	}
+}
+
 func itoa(n int) string {
 	b, _ := json.Marshal(n)
 	return string(b)

@@ -105,6 +105,27 @@ func TestLive(t *testing.T) {
 		t.Errorf("removing it twice: %v", err)
 	}
 
+	// A policy by name: set, shown, listed, and a bad name refused.
+	pref := InterfaceRef{Network: "shared", Name: "gotest"}
+	info, err := client.PolicySet(pref, Policy{Egress: []string{"API.example.com:443/tcp", "10.0.0.0/8"}})
+	if err != nil || len(info.Policy.Egress) != 2 || info.Policy.Egress[0] != "api.example.com:443/tcp" {
+		t.Fatalf("setting a policy by name: %+v, %v", info, err)
+	}
+	if info, err := client.PolicyShow(pref); err != nil || info.InterfaceID != iface.InterfaceID || len(info.Learned) != 0 {
+		t.Errorf("showing it: %+v, %v", info, err)
+	}
+	if l := find(t, client, iface.InterfaceID); l == nil || l.RefusedQueries == nil || *l.RefusedQueries != 0 ||
+		l.RefusedConnections == nil {
+		t.Errorf("listed with a policy by name: %+v", l)
+	}
+	if _, err := client.PolicySet(pref, Policy{Egress: []string{"www.*.example.com"}}); !errors.As(err, &e) ||
+		!strings.Contains(e.Message, "a wildcard is a whole first label") {
+		t.Errorf("a bad name: %v", err)
+	}
+	if _, err := client.PolicySet(pref, Policy{}); err != nil {
+		t.Fatal(err)
+	}
+
 	if _, _, err := client.Attach(AttachRequest{Network: "nosuch"}); !errors.As(err, &e) || e.Kind != "unknown_network" ||
 		!strings.Contains(e.Message, "nosuch") {
 		t.Errorf("an unknown network: %v", err)
