@@ -104,7 +104,8 @@ impl Learned {
             return Vec::new();
         }
         let name = names::normalise(name);
-        let mut changed = Vec::new();
+        self.expire(now);
+        let mut out = Vec::new();
         for &(addr, ttl) in answers {
             let expires = now + u64::from(bounds.clamp(ttl));
             let entry = self
@@ -115,13 +116,31 @@ impl Learned {
                     reaches: reaches.clone(),
                 });
             entry.expires = entry.expires.max(expires);
-            changed.push(addr);
+            for &reach in &reaches {
+                if let Some(seconds) = self.left(reach, addr, now) {
+                    out.push(Element {
+                        reach,
+                        addr,
+                        seconds,
+                    });
+                }
+            }
         }
-        self.expire(now);
-        let all = self.elements(now);
-        all.into_iter()
-            .filter(|e| changed.contains(&e.addr) && reaches.contains(&e.reach))
-            .collect()
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The seconds `addr` has left in reach `reach`'s set: as long as its
+    /// longest-lived name there (or what came back after a restart).
+    fn left(&self, reach: usize, addr: IpAddr, now: u64) -> Option<u32> {
+        let named = (self.entries.iter())
+            .filter(|((_, a), e)| *a == addr && e.reaches.contains(&reach))
+            .map(|(_, e)| e.expires);
+        let expires = named
+            .chain(self.restored.get(&(reach, addr)).copied())
+            .max()?;
+        (expires > now).then(|| u32::try_from(expires - now).unwrap_or(u32::MAX))
     }
 
     /// Forgets what expired by `now`.

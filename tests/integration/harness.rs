@@ -35,6 +35,8 @@ pub const TEST_NAMES: [(&str, &str); 4] = [
     ("other.test", "198.51.100.4"),
     ("edge.cdn.test", "198.51.100.5"),
 ];
+/// The IPv6 address the upstream's DNS gives the first of TEST_NAMES too.
+pub const TEST_NAME6: &str = "2001:db8:100::1";
 /// CNAMEs the upstream's DNS answers: www.alias.test leads to
 /// edge.cdn.test, sneaky.test to allowed.test.
 pub const TEST_CNAMES: [(&str, &str); 2] = [
@@ -355,7 +357,14 @@ impl World {
         .to_vec();
         dnsmasq.push(format!("--listen-address={UPSTREAM_IP}"));
         dnsmasq.push(format!("--address=/{UPSTREAM_NAME}/{UPSTREAM_IP}"));
-        dnsmasq.extend(TEST_NAMES.map(|(name, ip)| format!("--host-record={name},{ip}")));
+        dnsmasq.extend(TEST_NAMES.iter().enumerate().map(|(i, (name, ip))| {
+            let six = if i == 0 {
+                format!(",{TEST_NAME6}")
+            } else {
+                String::new()
+            };
+            format!("--host-record={name},{ip}{six}")
+        }));
         dnsmasq.extend(TEST_CNAMES.map(|(name, to)| format!("--cname={name},{to}")));
         dnsmasq.push(format!(
             "--pid-file={}",

@@ -26,6 +26,15 @@ fn upstream_with_names(world: &World) -> Vec<Reaped> {
                 .cmd(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]),
         );
     }
+    must(&mut world.upstream.cmd(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{TEST_NAME6}/128"),
+        "dev",
+        "eth0",
+        "nodad",
+    ]));
     let script = repo_file("tests/echo_peer.py");
     let (lines, ready) =
         spawn_until_first_line(
@@ -184,6 +193,34 @@ fn a_guest_reaches_only_the_names_it_may_and_asks_no_other_resolver() {
         "an unlisted name whose chain leads to an allowed one"
     );
     assert_eq!(web(&g.ns, OTHER), None);
+    // Over TCP alike.
+    let (_, out) = dig(&g.ns, &g.gateway(), "a.svc.test", &["+tcp"]);
+    assert!(
+        out.contains("status: NOERROR") && out.contains(SVC),
+        "{out}"
+    );
+    let (_, out) = dig(&g.ns, &g.gateway(), "other.test", &["+tcp"]);
+    assert!(out.contains("status: REFUSED"), "{out}");
+    // IPv6: an AAAA answer opens the address in the VM's IPv6 set; the A
+    // answer before did not.
+    g.slaac_addresses();
+    open.slaac_addresses();
+    assert_eq!(
+        echo_ask(&open.ns, TEST_NAME6, 8080, "tcp"),
+        Some(web_from(&open).replace(UPSTREAM_HOST_SIDE, UPSTREAM_HOST_SIDE6)),
+        "the positive control over IPv6"
+    );
+    assert_eq!(
+        echo_ask(&g.ns, TEST_NAME6, 8080, "tcp"),
+        None,
+        "not before its AAAA"
+    );
+    let (_, out) = dig(&g.ns, &g.gateway(), "allowed.test", &["AAAA"]);
+    assert!(out.contains(TEST_NAME6), "{out}");
+    assert!(
+        echo_ask(&g.ns, TEST_NAME6, 8080, "tcp").is_some(),
+        "once asked"
+    );
     // No other resolver, even one its policy allows on every port.
     assert_eq!(
         g.fetch(&format!("http://{UPSTREAM_IP}/")).as_deref(),
@@ -206,7 +243,7 @@ fn a_guest_reaches_only_the_names_it_may_and_asks_no_other_resolver() {
     );
     // What it shows.
     let row = listed(&world, "gated");
-    assert_eq!(row["refused_queries"], 3, "{row}");
+    assert_eq!(row["refused_queries"], 4, "{row}");
     // At least one packet of each refused attempt above: the address
     // before it was resolved, 8081, other.test's, 53 over UDP and TCP,
     // 853 over TCP and UDP.
