@@ -304,7 +304,7 @@ def main():
                     log(f"  the control-plane figures failed: {results['control_error']}")
             env.lasting.start("iperf3-server-host", ["iperf3", "--server"])
             throughput(env, args, results)
-            if not args.no_names and args.mtu is None and (
+            if not args.no_names and args.mtu in (None, 1500) and (
                     not args.only or re.search(args.only, names.SETUP)):
                 log("egress by name")
                 try:
