@@ -46,6 +46,12 @@ impl TtlBounds {
     }
 }
 
+/// The most (name, address) pairs one VM holds: past them an answer's new
+/// addresses are not learned (and not reachable) until others expire, so
+/// a zone that answers with ever new addresses cannot grow a VM's sets,
+/// and the table every rebuild carries, without bound.
+pub const MAX_LEARNED: usize = 4096;
+
 /// One address in one of the firewall's sets of a VM, with the seconds it
 /// has left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -83,6 +89,8 @@ pub struct Learned {
     entries: BTreeMap<(Name, IpAddr), Entry>,
     /// Found in the kernel after a restart: (reach, address) → expiry.
     restored: BTreeMap<(usize, IpAddr), u64>,
+    /// Addresses not learned because the VM held MAX_LEARNED.
+    pub over_limit: u64,
 }
 
 impl Learned {
@@ -108,13 +116,15 @@ impl Learned {
         let mut out = Vec::new();
         for &(addr, ttl) in answers {
             let expires = now + u64::from(bounds.clamp(ttl));
-            let entry = self
-                .entries
-                .entry((name.clone(), addr))
-                .or_insert_with(|| Entry {
-                    expires,
-                    reaches: reaches.clone(),
-                });
+            let key = (name.clone(), addr);
+            if !self.entries.contains_key(&key) && self.entries.len() >= MAX_LEARNED {
+                self.over_limit += 1;
+                continue;
+            }
+            let entry = self.entries.entry(key).or_insert_with(|| Entry {
+                expires,
+                reaches: reaches.clone(),
+            });
             entry.expires = entry.expires.max(expires);
             for &reach in &reaches {
                 if let Some(seconds) = self.left(reach, addr, now) {
@@ -349,6 +359,36 @@ mod tests {
             l.elements(0)[0].reach,
             1,
             "a.test now opens 8443, the second reach"
+        );
+    }
+
+    #[test]
+    fn a_vm_holds_at_most_max_learned_and_asking_again_still_extends() {
+        let p = policy(&["*.test:443"]);
+        let mut l = Learned::default();
+        let many: Vec<(IpAddr, u32)> = (0..MAX_LEARNED as u32 + 10)
+            .map(|i| (IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i)), 60))
+            .collect();
+        let got = l.learn(&p, &name("big.test"), &many, BOUNDS, 0);
+        assert_eq!(got.len(), MAX_LEARNED);
+        assert_eq!(l.over_limit, 10);
+        let again = l.learn(
+            &p,
+            &name("big.test"),
+            &many[..1],
+            TtlBounds {
+                floor: 90,
+                ceiling: 100,
+            },
+            0,
+        );
+        assert_eq!(again[0].seconds, 90, "one it holds is still extended");
+        l.expire(100);
+        assert_eq!(
+            l.learn(&p, &name("new.test"), &many[..1], BOUNDS, 100)
+                .len(),
+            1,
+            "room again"
         );
     }
 

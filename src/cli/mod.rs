@@ -488,7 +488,7 @@ pub struct AttachArgs {
     /// 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443, or names:
     /// api.example.com:443, "*.cdn.example.net:443" (any name one label or
     /// more below). With a name, the VM reaches what linnet's DNS answered
-    /// it for an allowed name, for the answer's TTL (at least a minute), and
+    /// it for an allowed name, for the answer's TTL (at least the network's dns.learned_ttl.floor, a minute by default), and
     /// no other resolver: linnet's DNS refuses every other name. With
     /// addresses only, the gateway's DNS resolves any name, a way out the
     /// list does not close. Connections opened before a `policy set` carry

@@ -22,7 +22,7 @@ use super::unix_now;
 use crate::budget::Refusals;
 use crate::host::nft::NftError;
 use crate::host::seam::LearnedSets;
-use crate::learned::{Element, Learned, LearnedAddress, TtlBounds};
+use crate::learned::{Element, Learned, LearnedAddress, MAX_LEARNED, TtlBounds};
 use crate::names;
 use crate::policy::Policy;
 
@@ -174,9 +174,13 @@ impl NameGate {
             return Ok(u32::MAX);
         };
         let bounds = vm.spec.bounds;
-        let elements = vm
-            .learned
-            .learn(&vm.spec.policy, name, answers, bounds, unix_now());
+        let over = vm.learned.over_limit;
+        let elements = (vm.learned).learn(&vm.spec.policy, name, answers, bounds, unix_now());
+        if vm.learned.over_limit > over
+            && let Some(count) = vm.logged.one_more(Instant::now())
+        {
+            warn!(tap, name = %names::shown(name), refused = count, "DNS: the VM holds its most addresses learned by name ({MAX_LEARNED}); the answer's new ones are not reachable until others expire");
+        }
         self.sets.put(tap, &elements)?;
         Ok(bounds.ceiling)
     }
