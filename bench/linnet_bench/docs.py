@@ -134,27 +134,24 @@ def clones(results):
     return lines
 
 
-def across_hosts(results):
-    """The figures across hosts and their targets."""
-    lines = fabric_rows(results.get("fabric"))
-    found = [t for t in results["targets"] if t["family"] == FABRIC]
-    if found:
-        lines.append("")
+def rows_and_targets(rows, results, family, mtu_label):
+    """A family's figures (`rows`), then its targets as a list."""
+    found = [t for t in results["targets"] if t["family"] == family]
+    lines = rows + ([""] if found else [])
     for t in found:
-        where = f" at inner MTU {t['mtu']}" if t.get("mtu") else ""
+        where = f" at {mtu_label} {t['mtu']}" if mtu_label and t.get("mtu") else ""
         lines.append(f"- {t['target']}{where} (goal {t['goal']}): {t['detail']}, {STATUS[t['status']]}.")
     return lines
 
 
+def across_hosts(results):
+    """The figures across hosts and their targets."""
+    return rows_and_targets(fabric_rows(results.get("fabric")), results, FABRIC, "inner MTU")
+
+
 def egress_by_name(results):
     """The egress-by-name figures and their targets."""
-    lines = names_rows(results.get("names"))
-    found = [t for t in results["targets"] if t["family"] == NAMES]
-    if found:
-        lines.append("")
-    for t in found:
-        lines.append(f"- {t['target']} (goal {t['goal']}): {t['detail']}, {STATUS[t['status']]}.")
-    return lines
+    return rows_and_targets(names_rows(results.get("names")), results, NAMES, None)
 
 
 def targets(results):

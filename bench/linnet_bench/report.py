@@ -218,6 +218,24 @@ FABRIC_GOAL = 0.8
 ATTACH_TO_REACHABLE = "attach on one host to reachable from another, p50"
 
 
+def judge_pair(t, ours, theirs, goal):
+    """Target `t` judged on two summaries measured round by round, each
+    (label, summary): the median of the rounds' ratios against `goal`."""
+    (a_name, a), (b_name, b) = ours, theirs
+    unstable = [f"{name} is unstable: {x['unstable']}" for name, x in (ours, theirs)
+                if x.get("unstable")]
+    paired = paired_ratios(a, b) if a.get("gbps") and b.get("gbps") else []
+    if unstable:
+        return {**t, "status": "unstable", "detail": "; ".join(unstable)}
+    if not paired:
+        return {**t, "status": "not measured", "detail": "no round measured both"}
+    measured = round(statistics.median(paired), 2)
+    lo, hi = round(min(paired), 2), round(max(paired), 2)
+    return {**t, "measured": measured, "rounds": [lo, hi], "noise": lo < goal <= hi,
+            "detail": f"{a['gbps']} / {b['gbps']} Gbit/s, rounds {lo}–{hi}x",
+            "status": "met" if measured >= goal else "missed"}
+
+
 def fabric_targets(f):
     """linnet's fabric against a plain kernel VXLAN, VM to VM across two
     hosts, round by round (goal >= 0.8x); attach to reachable (<= 1 s)."""
@@ -227,31 +245,23 @@ def fabric_targets(f):
     for e in f["throughput"]:
         t = {"family": FABRIC, "target": FABRIC_VS_PLAIN, "kind": "ratio", "mtu": e["mtu"],
              "direction": VM_TO_VM, "goal": f">= {FABRIC_GOAL}x", "measured": None}
-        a, b = e["linnet"], e["plain"]
-        unstable = [f"{name} is unstable: {x['unstable']}" for name, x in (("linnet", a), ("plain", b))
-                    if x.get("unstable")]
-        paired = paired_ratios(a, b) if a.get("gbps") and b.get("gbps") else []
-        if unstable:
-            out.append({**t, "status": "unstable", "detail": "; ".join(unstable)})
-        elif not paired:
-            out.append({**t, "status": "not measured", "detail": "no round measured both"})
-        else:
-            measured = round(statistics.median(paired), 2)
-            lo, hi = round(min(paired), 2), round(max(paired), 2)
-            out.append({**t, "measured": measured, "rounds": [lo, hi], "noise": lo < FABRIC_GOAL <= hi,
-                        "detail": f"{a['gbps']} / {b['gbps']} Gbit/s, rounds {lo}–{hi}x",
-                        "status": "met" if measured >= FABRIC_GOAL else "missed"})
+        out.append(judge_pair(t, ("linnet", e["linnet"]), ("plain", e["plain"]), FABRIC_GOAL))
     reach = (f.get("attach_to_reachable_ms") or {}).get("p50")
     out.append(bound_target(ATTACH_TO_REACHABLE, reach, 1000, "ms", family=FABRIC))
     return out
 
 
+def not_measured(figures):
+    """Why a family of figures has none: not run, or its error."""
+    if figures and figures.get("error"):
+        return [f"Not measured: {figures['error']}."]
+    return ["Not measured in this run."]
+
+
 def fabric_rows(f):
     """The figures across hosts as a markdown table, or why there are none."""
-    if not f:
-        return ["Not measured in this run."]
-    if f.get("error"):
-        return [f"Not measured: {f['error']}."]
+    if not f or f.get("error"):
+        return not_measured(f)
     lines = ["| inner MTU (underlay) | linnet, Gbit/s | plain VXLAN, Gbit/s | round trip, linnet / plain |",
              "|---:|---:|---:|---:|"]
     for e in f["throughput"]:
@@ -285,20 +295,10 @@ def names_targets(n):
     through (the rule precedes the answer)."""
     if not n or n.get("error"):
         return []
-    a, b = n["throughput_with"], n["throughput_without"]
     t = {"family": NAMES, "target": f"throughput with {n['names']} names vs no policy", "kind": "ratio",
          "mtu": 1500, "direction": VM_TO_HOST, "goal": f">= {NAMES_GOAL}x", "measured": None}
-    paired = paired_ratios(a, b) if a.get("gbps") and b.get("gbps") else []
-    if a.get("unstable") or b.get("unstable"):
-        out = [{**t, "status": "unstable", "detail": a.get("unstable") or b.get("unstable")}]
-    elif not paired:
-        out = [{**t, "status": "not measured", "detail": "no round measured both"}]
-    else:
-        measured = round(statistics.median(paired), 2)
-        lo, hi = round(min(paired), 2), round(max(paired), 2)
-        out = [{**t, "measured": measured, "rounds": [lo, hi], "noise": lo < NAMES_GOAL <= hi,
-                "detail": f"{a['gbps']} / {b['gbps']} Gbit/s, rounds {lo}–{hi}x",
-                "status": "met" if measured >= NAMES_GOAL else "missed"}]
+    out = [judge_pair(t, ("with the policy", n["throughput_with"]),
+                      ("without", n["throughput_without"]), NAMES_GOAL)]
     out.append(bound_target("extra wait for an allowed name's answer, p50",
                             round(n["dns_extra_ms_p50"], 3), 1, "ms", family=NAMES))
     missed = n["races"] - n["first_connection_ok"]
@@ -309,10 +309,8 @@ def names_targets(n):
 
 def names_rows(n):
     """The egress-by-name figures as a markdown table, or why there are none."""
-    if not n:
-        return ["Not measured in this run."]
-    if n.get("error"):
-        return [f"Not measured: {n['error']}."]
+    if not n or n.get("error"):
+        return not_measured(n)
     speed = lambda x: f"{x['gbps']:.2f}" + (" ¹" if x.get("unstable") else "") if x.get("gbps") else "—"
     return [
         "| figure | with the policy | without |", "|---|---:|---:|",

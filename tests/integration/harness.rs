@@ -11,7 +11,7 @@
 //! Everything runs inside `scripts/sandbox` (its own network, mount and PID
 //! namespaces), so even a bug here cannot touch the machine's network.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
@@ -1004,6 +1004,41 @@ impl Capture {
             .args(["-TERM", &self.child.id().to_string()])
             .status();
         self.finish()
+    }
+}
+
+/// One TCP connection from `ns` to a line server at HOST:PORT
+/// (tests/echo_peer.py chat), kept open: each `ask` sends a line over it
+/// and returns the answer.
+pub struct Chat {
+    child: Reaped,
+    said: BufReader<ChildStdout>,
+}
+
+impl Chat {
+    pub fn open(ns: &Netns, host: &str, port: u16) -> Chat {
+        let script = repo_file("tests/echo_peer.py");
+        let mut child = Reaped(
+            ns.cmd(&["python3", &script, "chat", host, &port.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut said = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        said.read_line(&mut first).unwrap();
+        assert_eq!(first.trim(), "connected");
+        Chat { child, said }
+    }
+
+    pub fn ask(&mut self, text: &str) -> String {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{text}").unwrap();
+        stdin.flush().unwrap();
+        let mut answer = String::new();
+        self.said.read_line(&mut answer).unwrap();
+        answer.trim().to_string()
     }
 }
 

@@ -3,7 +3,6 @@
 //! answer lives, and no resolver but linnet's answers it. The upstream's
 //! dnsmasq answers TEST_NAMES with a TTL of 3 s (harness).
 
-use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -113,6 +112,23 @@ fn listed(world: &World, name: &str) -> Value {
 fn policy_show(world: &World, name: &str) -> Value {
     let out = must(&mut world.linnet(&["policy", "show", "--name", name, "--json"]));
     serde_json::from_str(&out).unwrap()
+}
+
+/// A guest named agent that may reach allowed.test:8080/tcp, once it has
+/// resolved it.
+fn agent(world: &World) -> Guest {
+    let g = world.guest(
+        "shared",
+        &[
+            "--name",
+            "agent",
+            "--allow-connect",
+            "allowed.test:8080/tcp",
+        ],
+    );
+    assert_eq!(g.udhcpc(), g.ip());
+    assert_eq!(resolve(&g, "allowed.test"), Some(vec![ALLOWED.to_string()]));
+    g
 }
 
 const GATED: &[&str] = &[
@@ -303,26 +319,8 @@ fn a_learned_address_expires_unless_asked_again_and_an_open_connection_carries_o
         "the answer's own TTL, under the ceiling:\n{out}"
     );
     let resolved = Instant::now();
-    let script = repo_file("tests/echo_peer.py");
-    let mut chat = Reaped(
-        g.ns.cmd(&["python3", &script, "chat", ALLOWED, "7000"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut said = std::io::BufReader::new(chat.stdout.take().unwrap());
-    let mut first = String::new();
-    said.read_line(&mut first).unwrap();
-    assert_eq!(first.trim(), "connected");
-    let mut ask = |text: &str| {
-        let stdin = chat.stdin.as_mut().unwrap();
-        writeln!(stdin, "{text}").unwrap();
-        stdin.flush().unwrap();
-        let mut answer = String::new();
-        said.read_line(&mut answer).unwrap();
-        answer.trim().to_string()
-    };
+    let mut chat = Chat::open(&g.ns, ALLOWED, 7000);
+    let mut ask = |text: &str| chat.ask(text);
     assert_eq!(ask("one"), "echo one");
     assert!(web(&g.ns, ALLOWED).is_some(), "within the TTL");
     // The TTL (3 s) passes with no new query.
@@ -345,27 +343,13 @@ fn a_learned_address_expires_unless_asked_again_and_an_open_connection_carries_o
 #[test]
 fn policy_set_replaces_the_names_and_drops_what_the_old_ones_taught() {
     let (world, _servers) = world_with_names(None);
-    let g = world.guest(
-        "shared",
-        &[
-            "--name",
-            "agent",
-            "--allow-connect",
-            "allowed.test:8080/tcp",
-        ],
-    );
-    assert_eq!(g.udhcpc(), g.ip());
-    assert_eq!(resolve(&g, "allowed.test"), Some(vec![ALLOWED.to_string()]));
+    let g = agent(&world);
     assert!(web(&g.ns, ALLOWED).is_some());
     assert_eq!(resolve(&g, "a.svc.test"), None);
-    must(&mut world.linnet(&[
-        "policy",
-        "set",
-        "--name",
-        "agent",
-        "--allow-connect",
-        "*.svc.test:8080/tcp",
-    ]));
+    let set = |rule: &str| {
+        must(&mut world.linnet(&["policy", "set", "--name", "agent", "--allow-connect", rule]))
+    };
+    set("*.svc.test:8080/tcp");
     assert_eq!(resolve(&g, "allowed.test"), None, "the old name is refused");
     assert_eq!(
         web(&g.ns, ALLOWED),
@@ -375,14 +359,7 @@ fn policy_set_replaces_the_names_and_drops_what_the_old_ones_taught() {
     assert_eq!(resolve(&g, "a.svc.test"), Some(vec![SVC.to_string()]));
     assert!(web(&g.ns, SVC).is_some(), "the new name works");
     // Back to a policy of addresses only: the forwarder is open again.
-    must(&mut world.linnet(&[
-        "policy",
-        "set",
-        "--name",
-        "agent",
-        "--allow-connect",
-        &format!("{OTHER}:8080/tcp"),
-    ]));
+    set(&format!("{OTHER}:8080/tcp"));
     assert_eq!(resolve(&g, "other.test"), Some(vec![OTHER.to_string()]));
     assert_eq!(resolve(&g, "allowed.test"), Some(vec![ALLOWED.to_string()]));
     assert!(web(&g.ns, OTHER).is_some());
@@ -392,17 +369,7 @@ fn policy_set_replaces_the_names_and_drops_what_the_old_ones_taught() {
 #[test]
 fn learned_addresses_come_back_after_a_daemon_restart() {
     let (mut world, _servers) = world_with_names(None);
-    let g = world.guest(
-        "shared",
-        &[
-            "--name",
-            "agent",
-            "--allow-connect",
-            "allowed.test:8080/tcp",
-        ],
-    );
-    assert_eq!(g.udhcpc(), g.ip());
-    assert_eq!(resolve(&g, "allowed.test"), Some(vec![ALLOWED.to_string()]));
+    let g = agent(&world);
     world.kill_daemon();
     world.start_daemon();
     assert!(
@@ -464,17 +431,7 @@ fn a_query_flood_stays_within_the_budgets_and_the_log_budget() {
 #[test]
 fn a_flushed_ruleset_comes_back_with_what_the_vm_learned() {
     let (world, _servers) = world_with_names(None);
-    let g = world.guest(
-        "shared",
-        &[
-            "--name",
-            "agent",
-            "--allow-connect",
-            "allowed.test:8080/tcp",
-        ],
-    );
-    assert_eq!(g.udhcpc(), g.ip());
-    assert_eq!(resolve(&g, "allowed.test"), Some(vec![ALLOWED.to_string()]));
+    let g = agent(&world);
     assert_eq!(web(&g.ns, OTHER), None);
     let refused_before = listed(&world, "agent")["refused_connections"]
         .as_u64()

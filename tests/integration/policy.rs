@@ -274,7 +274,6 @@ fn allow_listen_holds_for_broadcast_and_multicast_too() {
 
 #[test]
 fn a_policy_applies_to_new_connections_and_one_opened_before_carries_on() {
-    use std::io::{BufRead, Write};
     let (world, _servers) = world_with_allowed_host();
     let script = repo_file("tests/echo_peer.py");
     let (_server, ready) =
@@ -286,25 +285,8 @@ fn a_policy_applies_to_new_connections_and_one_opened_before_carries_on() {
     assert_eq!(ready, "serving");
     let g = world.guest("shared", &["--name", "early"]);
     assert_eq!(g.udhcpc(), g.ip());
-    let mut chat = Reaped(
-        g.ns.cmd(&["python3", &script, "chat", UPSTREAM_IP, "7000"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut said = std::io::BufReader::new(chat.stdout.take().unwrap());
-    let mut first = String::new();
-    said.read_line(&mut first).unwrap();
-    assert_eq!(first.trim(), "connected");
-    let mut ask = |text: &str| {
-        let stdin = chat.stdin.as_mut().unwrap();
-        writeln!(stdin, "{text}").unwrap();
-        stdin.flush().unwrap();
-        let mut answer = String::new();
-        said.read_line(&mut answer).unwrap();
-        answer.trim().to_string()
-    };
+    let mut chat = Chat::open(&g.ns, UPSTREAM_IP, 7000);
+    let mut ask = |text: &str| chat.ask(text);
     assert_eq!(ask("one"), "echo one");
     must(&mut world.linnet(&[
         "policy",
