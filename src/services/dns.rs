@@ -11,8 +11,10 @@
 //! Except for a VM whose policy names DNS names (`name_gate`): its query
 //! goes upstream only when its name is one the policy allows, and is
 //! answered REFUSED here otherwise. REFUSED rather than NXDOMAIN: the name
-//! may well exist, and a resolver in the VM caches an NXDOMAIN (RFC 2308)
-//! past a `policy set` that allows the name, but not a refusal. The
+//! may well exist, and a resolver in the VM caches an NXDOMAIN for the
+//! zone's negative TTL (RFC 2308), often minutes, past a `policy set` that
+//! allows the name; a refusal says nothing of the name, and a resolver
+//! holds it briefly if at all (RFC 9520: seconds). The
 //! addresses of an allowed answer (A and AAAA, the queried name's and
 //! those its CNAMEs lead to) are in the VM's firewall sets before the
 //! answer is sent; its TTLs are cut to what the rule lives at most.

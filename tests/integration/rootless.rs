@@ -217,7 +217,17 @@ impl Tenant {
 impl Drop for Tenant {
     fn drop(&mut self) {
         let pid = std::fs::read_to_string(self.run_dir().join("daemon.pid")).unwrap_or_default();
-        if !pid.trim().is_empty() {
+        // Only if it is still the user's: a daemon that exited on its own
+        // leaves its pid file, and the sandbox's PIDs (at most 32768) come
+        // round again within a suite, so the number may be another test's
+        // process by now.
+        let owner = std::fs::read_to_string(format!("/proc/{}/status", pid.trim()))
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("Uid:"))?.to_string();
+                line.split_whitespace().nth(1)?.parse::<u32>().ok()
+            });
+        if !pid.trim().is_empty() && owner == Some(self.uid) {
             let _ = Command::new("kill").args(["-TERM", pid.trim()]).status();
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);

@@ -4,7 +4,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixDatagram;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::harness::*;
@@ -27,7 +27,7 @@ fn a_socket_activated_daemon_starts_on_the_first_connection_says_it_is_ready_and
     let script = format!(
         "while :; do rm -f {socket}; systemd-socket-activate --seqpacket -l {socket} \
          -E LINNET_RUN_DIR={run} -E LINNET_STATE_DIR={state} -E NOTIFY_SOCKET={notify} \
-         -E JOURNAL_STREAM={stream} {linnet} daemon --idle-exit 1 2>>{log}; done",
+         -E JOURNAL_STREAM={stream} -E LINNET_LOG=debug {linnet} daemon --idle-exit 1 2>>{log}; done",
         socket = socket.display(),
         run = world.run_dir().display(),
         state = world.state_dir().display(),
@@ -87,8 +87,9 @@ fn a_socket_activated_daemon_starts_on_the_first_connection_says_it_is_ready_and
         assert_eq!(
             said(Duration::from_secs(30)).as_deref(),
             Some("STOPPING=1"),
-            "{start} stop; the daemon's log:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
+            "{start} stop; the daemon's log:\n{}\nthe processes in its namespace:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default(),
+            processes_in(&world.host)
         );
     }
     // Lines for the journal: a priority, no time, no colours.
@@ -100,6 +101,30 @@ fn a_socket_activated_daemon_starts_on_the_first_connection_says_it_is_ready_and
     assert!(ready.starts_with("<6>linnet daemon ready"), "{ready}");
     assert!(ready.contains("activated=true"), "{ready}");
     assert!(!text.contains('\u{1b}'), "no colours:\n{text}");
+}
+
+/// Each process in `ns`: its command line, state and where it waits (for
+/// a failure's message).
+fn processes_in(ns: &Netns) -> String {
+    let pids = run(Command::new("ip").args(["netns", "pids", &ns.name]));
+    String::from_utf8_lossy(&pids.stdout)
+        .split_whitespace()
+        .map(|pid| {
+            let read = |what: &str| std::fs::read_to_string(format!("/proc/{pid}/{what}"));
+            let cmdline = read("cmdline").unwrap_or_default().replace('\0', " ");
+            let state = read("status")
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("State:"))
+                .unwrap_or("")
+                .to_string();
+            format!(
+                "{pid} {cmdline} [{state}; wchan {}]",
+                read("wchan").unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The units, with `linnet` where this build has it.
