@@ -302,8 +302,8 @@ def names_targets(n):
     out.append(bound_target("extra wait for an allowed name's answer, p50",
                             round(n["dns_extra_ms_p50"], 3), 1, "ms", family=NAMES))
     missed = n["races"] - n["first_connection_ok"]
-    out.append(bound_target("first connections refused right after their answer", missed, 0, "",
-                            family=NAMES, detail=f"{missed} of {n['races']}"))
+    out.append(bound_target("first connections refused right after their answer", missed, 0,
+                            "connections", family=NAMES, detail=f"{missed} of {n['races']}"))
     return out
 
 
