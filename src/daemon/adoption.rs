@@ -308,6 +308,7 @@ impl Daemon {
                 cut_off: cut_off.clone(),
                 holder,
                 uid: r.uid,
+                account: crate::host::accounts::account_of(r.uid, r.client.map(|p| p.pid)),
                 datapath: r.datapath,
                 relay: None,
                 forwards: Vec::new(),

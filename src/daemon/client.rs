@@ -4,7 +4,7 @@
 
 use super::holder::Holder;
 use crate::api::{AttachRequest, Request};
-use crate::config::DEFAULT_NETWORK;
+use crate::config::{Allow, DEFAULT_NETWORK};
 use crate::datapath::Datapath;
 use crate::host::process::Process;
 use crate::leases::Claimant;
@@ -17,6 +17,12 @@ pub struct Client {
     pub pid: Option<i32>,
     pub uid: u32,
     pub gid: u32,
+    /// The account its budgets are charged to, and whose groups it has
+    /// (`host::accounts`): its uid's, a subordinate uid's owner's, or its
+    /// user namespace's owner's.
+    pub account: u32,
+    /// The groups the group database gives `account` (not the process's
+    /// inherited supplementary groups).
     pub groups: Vec<u32>,
     /// Its process as it was when it connected (pid and start time), which
     /// a next daemon checks is still there.
@@ -28,6 +34,12 @@ pub struct Client {
 }
 
 impl Client {
+    /// Whether `allow` lets it on a network: its uid or its account named
+    /// there, or its account a member of a group named there.
+    pub fn allowed_by(&self, allow: &Allow) -> bool {
+        allow.permits(self.uid, &self.groups) || allow.permits(self.account, &[])
+    }
+
     /// Who the client claims leases and kept forwards as. Root's say over
     /// other users' interface ids, names and forwards is not for a network
     /// socket's relay, even one of root's: its interface id follows from

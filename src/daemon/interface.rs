@@ -40,6 +40,8 @@ pub(super) struct Interface {
     /// The user it was attached for (a kept one's attacher has gone by
     /// design, and it is still theirs).
     pub(super) uid: u32,
+    /// The account its budgets are charged to (`Client::account`).
+    pub(super) account: u32,
     pub(super) datapath: Datapath,
     pub(super) relay: Option<RelayCounters>,
     pub(super) forwards: Vec<Published>,

@@ -413,22 +413,22 @@ fn admit(
     // A refused user is told nothing (the protocol has no word for it) and
     // logged once a period, however often they try.
     let mut refuse = |why: String| {
-        if limits.refusals_logged.allow(&client.uid, now).is_ok() {
+        if limits.refusals_logged.allow(&client.account, now).is_ok() {
             warn!(network = %name, uid = client.uid, pid = ?client.pid, "refused a connection to the network socket: {why} (more from uid {} in the next {} s are not logged)", client.uid, REFUSAL_LOG_PERIOD.as_secs());
         }
         Ok(())
     };
-    if !network.allow.permits(client.uid, &client.groups) {
+    if !client.allowed_by(&network.allow) {
         return refuse(format!(
             "uid {} is not allowed on network \"{name}\" (it allows {}); add the user to networks.{name}.allow or to one of those groups",
             client.uid,
             network.allow.describe()
         ));
     }
-    if client.uid != 0 && limits.starts.allow(&client.uid, now).is_err() {
+    if client.uid != 0 && limits.starts.allow(&client.account, now).is_err() {
         return refuse(format!(
-            "uid {} connected more than {RELAYS_PER_UID_PER_SECOND} times in a second",
-            client.uid
+            "uid {} (account {}) connected more than {RELAYS_PER_UID_PER_SECOND} times in a second",
+            client.uid, client.account
         ));
     }
     let permit = match sessions.admit(&client) {

@@ -121,7 +121,7 @@ pub(super) fn admit(
     let cfg = config
         .network(network)
         .ok_or_else(|| DaemonError::unknown_network(config, network))?;
-    if !cfg.allow.permits(client.uid, &client.groups) {
+    if !client.allowed_by(&cfg.allow) {
         return Err(DaemonError::NotAllowed {
             uid: client.uid,
             network: network.into(),
@@ -159,7 +159,7 @@ pub(super) fn admit(
             });
         }
     }
-    check_limits(cfg, interfaces, client.uid)?;
+    check_limits(cfg, interfaces, client)?;
     let policy = req.policy.as_ref().unwrap_or(cfg.policy());
     check_policy_possible(policy, cfg, bridge_netfilter)?;
     let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
@@ -174,8 +174,13 @@ pub(super) fn admit(
 }
 
 /// Refuses an attach past the network's `max_interfaces` or
-/// `max_interfaces_per_uid`.
-fn check_limits(cfg: &NetworkConfig, interfaces: &Interfaces, uid: u32) -> Result<(), DaemonError> {
+/// `max_interfaces_per_uid` (counted by account: a user's subordinate
+/// uids are the user's).
+fn check_limits(
+    cfg: &NetworkConfig,
+    interfaces: &Interfaces,
+    client: &Client,
+) -> Result<(), DaemonError> {
     let on_network = || interfaces.values().filter(|i| i.network == cfg.name);
     if let Some(max) = cfg.max_interfaces
         && on_network().count() >= max as usize
@@ -187,12 +192,12 @@ fn check_limits(cfg: &NetworkConfig, interfaces: &Interfaces, uid: u32) -> Resul
         });
     }
     if let Some(max) = cfg.max_interfaces_per_uid
-        && on_network().filter(|i| i.uid == uid).count() >= max as usize
+        && on_network().filter(|i| i.account == client.account).count() >= max as usize
     {
         return Err(DaemonError::Limit {
             network: cfg.name.clone(),
             limit: max,
-            per_uid: Some(uid),
+            per_uid: Some(client.account),
         });
     }
     Ok(())
@@ -784,6 +789,7 @@ mod tests {
                 process: None,
             },
             uid,
+            account: uid,
             datapath: Datapath::Tap,
             relay: None,
             forwards: Vec::new(),
@@ -801,6 +807,7 @@ mod tests {
             pid: Some(4242),
             uid,
             gid: uid,
+            account: uid,
             groups: vec![uid],
             process: None,
             network_socket: None,
@@ -925,6 +932,50 @@ mod tests {
             ),
             "{full:?}"
         );
+    }
+
+    #[test]
+    fn a_users_subordinate_uids_share_its_limit_and_are_allowed_only_as_its_account() {
+        // uid 1000's subordinate uids 200000 and 200001 (host::accounts
+        // charges them to 1000).
+        let sub = |uid, connection| Client {
+            account: 1000,
+            ..client(uid, connection)
+        };
+        let mut interfaces = Interfaces::new();
+        let mut one = attached("shared", 200000, None, 1);
+        one.account = 1000;
+        interfaces.insert(id(1), one);
+        assert!(admitted(&interfaces, &sub(200001, 2), &request(None)).is_ok());
+        let mut two = attached("shared", 200001, None, 2);
+        two.account = 1000;
+        interfaces.insert(id(2), two);
+        let refused = admitted(&interfaces, &sub(200002, 3), &request(None));
+        assert!(
+            matches!(
+                refused,
+                Err(DaemonError::Limit {
+                    limit: 2,
+                    per_uid: Some(1000),
+                    ..
+                })
+            ),
+            "a third uid of the same user: {refused:?}"
+        );
+        assert!(
+            admitted(&interfaces, &client(1000, 3), &request(None)).is_err(),
+            "and the user itself"
+        );
+        // A uid that is no account, whatever groups its process carries,
+        // is allowed by nothing (groups come from the group database).
+        let stray = Client {
+            groups: vec![],
+            ..client(300000, 4)
+        };
+        assert!(matches!(
+            admitted(&Interfaces::new(), &stray, &request(None)),
+            Err(DaemonError::NotAllowed { uid: 300000, .. })
+        ));
     }
 
     #[test]

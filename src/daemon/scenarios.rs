@@ -220,6 +220,7 @@ fn user(uid: u32, connection: u64) -> Client {
         pid: Some(pid),
         uid,
         gid: uid,
+        account: uid,
         groups: vec![uid],
         process: Process::of(pid),
         network_socket: None,

@@ -79,13 +79,18 @@ impl Sessions {
         if client.uid == 0 {
             return Ok(None);
         }
-        let uid = client.uid;
-        self.per_uid.try_take(uid).map(Some).map_err(|refused| {
+        let (uid, account) = (client.uid, client.account);
+        let whose = if account == uid {
+            format!("uid {uid}")
+        } else {
+            format!("uid {uid}'s account {account} (whose subordinate or namespaced uid it is)")
+        };
+        self.per_uid.try_take(account).map(Some).map_err(|refused| {
             let limit = self.per_uid.per_key();
             if let Some(count) = refused.report {
-                warn!(uid, pid = ?client.pid, refused = count, "uid {uid} holds {limit} connections to the daemon, its limit (linnet daemon --max-connections-per-uid): refusing more");
+                warn!(uid, account, pid = ?client.pid, refused = count, "{whose} holds {limit} connections to the daemon, its limit (linnet daemon --max-connections-per-uid): refusing more");
             }
-            format!("uid {uid} holds {limit} connections to the linnet daemon, its limit; close some (each `linnet run`, `helper` and VM on a network's socket holds one) or ask the administrator to raise --max-connections-per-uid")
+            format!("{whose} holds {limit} connections to the linnet daemon, its limit; close some (each `linnet run`, `helper` and VM on a network's socket holds one) or ask the administrator to raise --max-connections-per-uid")
         })
     }
 

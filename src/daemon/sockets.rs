@@ -13,6 +13,7 @@ use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
 use super::client::Client;
+use crate::host::accounts;
 use crate::host::process::Process;
 
 /// How long accepting pauses when the daemon is out of file descriptors.
@@ -101,34 +102,16 @@ pub(super) fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
 /// SO_PEERGROUPS): what they connected as, whatever they do since.
 pub(super) fn identify(conn: &AsyncFd<OwnedFd>, id: u64) -> io::Result<Client> {
     let cred = socket::getsockopt(conn.get_ref(), sockopt::PeerCredentials)?;
+    let pid = (cred.pid() > 0).then_some(cred.pid());
+    let account = accounts::account_of(cred.uid(), pid);
     Ok(Client {
         id,
-        pid: (cred.pid() > 0).then_some(cred.pid()),
+        pid,
         uid: cred.uid(),
         gid: cred.gid(),
-        groups: peer_groups(conn.get_ref()).unwrap_or_else(|_| vec![cred.gid()]),
+        account,
+        groups: accounts::member_groups(account),
         process: (cred.pid() > 0).then(|| Process::of(cred.pid())).flatten(),
         network_socket: None,
     })
-}
-
-/// The peer's supplementary groups (SO_PEERGROUPS, Linux 4.13+).
-fn peer_groups(fd: &OwnedFd) -> io::Result<Vec<u32>> {
-    let mut groups = vec![0u32; 256];
-    let mut len = (groups.len() * 4) as libc::socklen_t;
-    // SAFETY: the buffer is `len` bytes long and outlives the call.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERGROUPS,
-            groups.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    groups.truncate(len as usize / 4);
-    Ok(groups)
 }

@@ -260,6 +260,7 @@ impl Daemon {
                 cut_off: None,
                 holder: client.holder(req.keep),
                 uid: client.uid,
+                account: client.account,
                 datapath: plan.datapath,
                 relay: None,
                 forwards: Vec::new(),

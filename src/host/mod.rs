@@ -2,6 +2,7 @@
 //! devices (ioctl), the nftables table, sysctls. The daemon decides; this
 //! module carries out. Kernel-visible names are defined here, in one place.
 
+pub mod accounts;
 pub mod clone_ns;
 pub mod docker_user;
 pub mod egress;

@@ -1,7 +1,7 @@
 //! Tenant safety: what a hostile VMM (through the fd linnet gave it) or a
 //! local user (through the daemon's socket) can do to other tenants.
 
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -680,5 +680,121 @@ fn a_daemon_out_of_descriptors_still_lists_hundreds_of_interfaces_to_their_conne
         reply["interfaces"].as_array().unwrap().len(),
         attached.len(),
         "the connection kept every interface"
+    );
+}
+
+/// A daemon whose /etc (in its own mount namespace) knows `alice` (4401),
+/// a member of `lnt-people` (4501) with subordinate uids 200000-265535,
+/// on `shared` allowed to that group with `yaml_extra`, and `daemon_args`.
+fn world_with_alice(yaml_extra: &str, daemon_args: &[&str]) -> World {
+    let yaml = format!("networks:\n  shared:\n    allow: {{ groups: [lnt-people] }}\n{yaml_extra}");
+    let mut world = World::with_config(&yaml);
+    let etc = world.dir.path().join("etc");
+    must(Command::new("cp").args(["-a", "/etc", etc.to_str().unwrap()]));
+    let append = |file: &str, line: &str| {
+        let path = etc.join(file);
+        let mut text = std::fs::read_to_string(&path).unwrap_or_default();
+        text.push_str(line);
+        std::fs::write(path, text).unwrap();
+    };
+    append("passwd", "alice:x:4401:4401::/nonexistent:/bin/sh\n");
+    append("group", "alice:x:4401:\nlnt-people:x:4501:alice\n");
+    append("subuid", "alice:200000:65536\n");
+    let setup = format!(
+        "cp /etc/resolv.conf {0}/resolv.conf && mount --bind {0} /etc && exec \"$0\" \"$@\"",
+        etc.display()
+    );
+    world.start_daemon_with(
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &setup,
+        ],
+        daemon_args,
+    );
+    world
+}
+
+/// As `uid`, with the group lnt-people among its supplementary groups
+/// (as a process in a user namespace keeps its creator's).
+fn as_uid_in_the_group(uid: u32) -> Vec<String> {
+    let uid = uid.to_string();
+    [
+        "setpriv", "--reuid", &uid, "--regid", &uid, "--groups", "4501",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[test]
+fn a_users_subordinate_uids_share_its_budgets_and_a_stray_uid_is_no_member() {
+    let world = world_with_alice(
+        "    max_interfaces_per_uid: 2\n",
+        &["--max-connections-per-uid", "8"],
+    );
+    // Connections: five of alice's subordinate uids try four each.
+    let mut answered = 0;
+    let mut held = Vec::new();
+    for uid in 200000..200005 {
+        let wrapper = as_uid_in_the_group(uid);
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        let (summary, child) = flood(&world, &wrapper, 4, "3");
+        answered += summary
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u32>()
+            .unwrap();
+        held.push(child);
+    }
+    assert_eq!(
+        answered, 8,
+        "the limit is alice's, not each uid's (20 answered before)"
+    );
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains("uid 200002's account 4401 (whose subordinate or namespaced uid it is) holds 8 connections"),
+        "{log}"
+    );
+    drop(held);
+    // Interfaces: two of alice's uids hold one each, a third is refused.
+    let run_as = |uid: u32, args: &[&str]| {
+        let wrapper = as_uid_in_the_group(uid);
+        let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        world.linnet_wrapped(&wrapper, args)
+    };
+    // A positive control first: a subordinate uid of alice is allowed as
+    // alice, a member of the group.
+    must(&mut run_as(200010, &["run", "--", "true"]));
+    let _vms: Vec<Reaped> = [200011, 200012]
+        .into_iter()
+        .map(|uid| {
+            Reaped(
+                run_as(uid, &["run", "--", "sleep", "30"])
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    wait_for("alice's two interfaces", Duration::from_secs(10), || {
+        let ls = must(&mut world.linnet(&["ls", "--json"]));
+        (ls.matches("\"client_uid\": 2000").count() == 2).then_some(())
+    });
+    let err = failure(&mut run_as(200013, &["run", "--", "true"]));
+    assert!(
+        err.contains("uid 4401 has 2 interfaces on network \"shared\", its limit"),
+        "{err}"
+    );
+    // A uid that is no account and no one's subordinate, with the group
+    // among its supplementary groups, is no member of it.
+    let err = failure(&mut run_as(300000, &["run", "--", "true"]));
+    assert!(
+        err.contains("uid 300000 may not attach to network \"shared\": it allows group lnt-people"),
+        "{err}"
     );
 }
