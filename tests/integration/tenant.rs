@@ -798,3 +798,45 @@ fn a_users_subordinate_uids_share_its_budgets_and_a_stray_uid_is_no_member() {
         "{err}"
     );
 }
+
+#[test]
+fn a_users_subordinate_uids_share_its_relays_per_second_on_a_network_socket() {
+    let world = world_with_alice("    socket: true\n", &[]);
+    let socket = world.run_dir().join("shared.sock");
+    wait_for("the network's socket", Duration::from_secs(5), || {
+        socket.exists().then_some(())
+    });
+    // Thirty of alice's subordinate uids connect at once and hold on.
+    let hold = "import socket, sys, time\n\
+                s = socket.socket(socket.AF_UNIX)\n\
+                s.connect(sys.argv[1])\n\
+                time.sleep(10)\n";
+    let _held: Vec<Reaped> = (200000..200030)
+        .map(|uid| {
+            let mut argv = as_uid_in_the_group(uid);
+            argv.extend(
+                ["/usr/bin/python3", "-c", hold, socket.to_str().unwrap()].map(String::from),
+            );
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            Reaped(world.host.cmd(&argv).stderr(Stdio::null()).spawn().unwrap())
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(2));
+    let relays = run(Command::new("pgrep").args([
+        "-P",
+        &world.daemon_pid().to_string(),
+        "-f",
+        "attach-on-first-frame",
+    ]));
+    let relays = String::from_utf8_lossy(&relays.stdout)
+        .split_whitespace()
+        .count();
+    // Ten a second for alice in all (the spawning may span a second
+    // boundary): 30 before, one per uid.
+    assert!((10..=20).contains(&relays), "{relays} relays started");
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains("(account 4401) connected more than 10 times in a second"),
+        "{log}"
+    );
+}
