@@ -20,6 +20,11 @@ pub struct DaemonArgs {
     /// (each `linnet run` and `linnet helper` holds one while its VM runs).
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_connections_per_uid: usize,
+    /// Connections all users other than root may hold at once together
+    /// (root's are always served): what no set of users, however many
+    /// uids they hold, can take from the daemon.
+    #[arg(long, value_name = "N", default_value_t = 4096)]
+    pub max_connections: usize,
     /// With --rootless: what carries the namespace's traffic out to the
     /// host [default: pasta if installed, else slirp4netns].
     #[arg(long, value_name = "TOOL")]
@@ -64,6 +69,7 @@ pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
         config,
         idle_exit: args.idle_exit.map(Duration::from_secs),
         max_connections_per_uid: args.max_connections_per_uid,
+        max_connections: args.max_connections,
         placement: Placement::System,
         passed_socket,
     };

@@ -431,6 +431,11 @@ fn admit(
             client.uid, client.account
         ));
     }
+    if client.uid != 0 && !sessions.may_start_relay() {
+        return refuse(
+            "users other than root started the most relays in all this second; it may connect again in a moment".into(),
+        );
+    }
     let permit = match sessions.admit(&client) {
         Ok(permit) => permit,
         Err(refusal) => return refuse(refusal),

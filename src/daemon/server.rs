@@ -46,6 +46,8 @@ pub struct Options {
     pub idle_exit: Option<Duration>,
     /// Connections one uid other than root may hold open at once.
     pub max_connections_per_uid: usize,
+    /// ...and all of them together (root's always served).
+    pub max_connections: usize,
     /// Where the daemon runs.
     pub placement: Placement,
     /// The API socket, listening, when the service manager passed it
@@ -132,7 +134,11 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         warn!("cannot tell the service manager the daemon is ready: {e}");
     }
 
-    let sessions = Sessions::new(daemon.clone(), opts.max_connections_per_uid, rootless);
+    let sessions = Sessions::new(
+        daemon.clone(),
+        (opts.max_connections_per_uid, opts.max_connections),
+        rootless,
+    );
     let mut out_of_fds = 0u64;
     let network_sockets = match super::network_sockets::open(&sessions, &opts.run_dir).await {
         Ok(sockets) => sockets,

@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::socket;
 use tokio::io::Interest;
@@ -19,12 +19,15 @@ use super::errors::DaemonError;
 use super::requests::{finish_unlocked, lock_for_attach};
 use super::state::Daemon;
 use crate::api::{self, MAX_MESSAGE, Request, Response};
-use crate::budget::{Budget, Permit};
+use crate::budget::{Budget, Permit, RateLimit};
 use crate::types::InterfaceId;
 
 /// Large replies (over one packet) one uid other than root may have
 /// waiting to be read, across its connections.
 const LARGE_REPLIES_PER_UID: usize = 4;
+/// Relays started a second for users other than root on all network
+/// sockets together (each user has its own ten a second on each).
+const RELAYS_PER_SECOND_IN_ALL: u32 = 50;
 
 type LargeReplies = Budget<u32>;
 
@@ -34,7 +37,10 @@ type LargeReplies = Budget<u32>;
 pub(super) struct Sessions {
     pub(super) daemon: Arc<Mutex<Daemon>>,
     connections: Arc<AtomicUsize>,
+    /// Connections per account (`Client::account`), and in all.
     per_uid: Arc<Budget<u32>>,
+    /// Relays started for users other than root, on every network socket.
+    relay_starts: Arc<std::sync::Mutex<RateLimit<()>>>,
     large: Arc<LargeReplies>,
     next_client: Arc<AtomicU64>,
     /// A user's own daemon serves that user alone (root inside).
@@ -42,13 +48,22 @@ pub(super) struct Sessions {
 }
 
 impl Sessions {
-    /// For `daemon`: at most `per_uid` connections for a uid other than
-    /// root; a rootless daemon serves its user alone.
-    pub(super) fn new(daemon: Arc<Mutex<Daemon>>, per_uid: usize, rootless: bool) -> Sessions {
+    /// For `daemon`: at most `per_account` connections for an account
+    /// other than root's, and `in_all` for all of them together; a
+    /// rootless daemon serves its user alone.
+    pub(super) fn new(
+        daemon: Arc<Mutex<Daemon>>,
+        (per_account, in_all): (usize, usize),
+        rootless: bool,
+    ) -> Sessions {
         Sessions {
             daemon,
             connections: Arc::new(AtomicUsize::new(0)),
-            per_uid: Arc::new(Budget::new(per_uid, usize::MAX)),
+            per_uid: Arc::new(Budget::new(per_account, in_all)),
+            relay_starts: Arc::new(std::sync::Mutex::new(RateLimit::new(
+                RELAYS_PER_SECOND_IN_ALL,
+                Duration::from_secs(1),
+            ))),
             large: Arc::new(LargeReplies::new(LARGE_REPLIES_PER_UID, usize::MAX)),
             next_client: Arc::new(AtomicU64::new(1)),
             rootless,
@@ -86,12 +101,26 @@ impl Sessions {
             format!("uid {uid}'s account {account} (whose subordinate or namespaced uid it is)")
         };
         self.per_uid.try_take(account).map(Some).map_err(|refused| {
+            if !refused.per_key {
+                if let Some(count) = refused.report {
+                    warn!(uid, account, pid = ?client.pid, refused = count, "users other than root hold the daemon's most connections in all (linnet daemon --max-connections): refusing more; root's are still served");
+                }
+                return "the linnet daemon holds its most connections from users other than root (--max-connections); try again later, or ask the administrator to raise it".to_string();
+            }
             let limit = self.per_uid.per_key();
             if let Some(count) = refused.report {
                 warn!(uid, account, pid = ?client.pid, refused = count, "{whose} holds {limit} connections to the daemon, its limit (linnet daemon --max-connections-per-uid): refusing more");
             }
             format!("{whose} holds {limit} connections to the linnet daemon, its limit; close some (each `linnet run`, `helper` and VM on a network's socket holds one) or ask the administrator to raise --max-connections-per-uid")
         })
+    }
+
+    /// Whether another relay may start now for a user other than root:
+    /// at most RELAYS_PER_SECOND_IN_ALL a second on all network sockets
+    /// together, whoever asks (each is a fork).
+    pub(super) fn may_start_relay(&self) -> bool {
+        let mut starts = self.relay_starts.lock().expect("relay starts lock");
+        starts.allow(&(), Instant::now()).is_ok()
     }
 
     /// Serves `conn` as `client`'s until it closes; then what the client

@@ -400,6 +400,27 @@ fn a_connection_flood_from_one_user_leaves_another_users_attach_working() {
 }
 
 #[test]
+fn no_set_of_users_holds_more_than_max_connections_and_root_is_still_served() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody, daemon] }\n");
+    world.start_daemon_with(
+        &[],
+        &["--max-connections-per-uid", "8", "--max-connections", "10"],
+    );
+    let (first, _held) = flood(&world, AS_NOBODY, 8, "5");
+    assert_eq!(first, "answered 8 refused 0 silent 0", "within both limits");
+    let (second, _held_too) = flood(&world, AS_DAEMON_USER, 8, "5");
+    assert_eq!(second, "answered 2 refused 6 silent 0", "ten in all");
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains("users other than root hold the daemon's most connections in all"),
+        "{log}"
+    );
+    let g = world.guest("shared", &[]);
+    assert_eq!(g.udhcpc(), g.ip(), "root's VM is served");
+}
+
+#[test]
 fn out_of_file_descriptors_the_daemon_waits_instead_of_spinning_and_recovers() {
     let mut world = World::new();
     world.start_daemon_with(&["prlimit", "--nofile=64:64", "--"], &[]);
