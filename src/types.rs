@@ -105,23 +105,38 @@ impl<'de> Deserialize<'de> for MacAddr {
     }
 }
 
-/// The interface id of the VM with `mac` on `network`'s socket: the same for
-/// every connection it makes, so a VM that reconnects (restarted, or the
-/// daemon restarted) takes up its lease again, and its address with it,
-/// where a new id would find the MAC held by the last one's reservation.
-/// A UUID of version 8 (custom) from stable hashes of both.
-pub fn socket_interface_id(network: &str, mac: MacAddr) -> InterfaceId {
+/// The first bytes of every id `socket_interface_id` makes ("lnsk"): what
+/// tells them from ids the ordinary API may be given.
+const SOCKET_ID_MARK: [u8; 4] = *b"lnsk";
+
+/// The interface id of `owner`'s VM with `mac` on `network`'s socket: the
+/// same for every connection it makes, so a VM that reconnects (restarted,
+/// or the daemon restarted) takes up its lease again, and its address with
+/// it, where a new id would find the MAC held by the last one's
+/// reservation. With the owner in it, two users' VMs with one MAC never
+/// meet on one id. A UUID of version 8 (custom): SOCKET_ID_MARK, then
+/// stable hashes of the three.
+pub fn socket_interface_id(network: &str, mac: MacAddr, owner: u32) -> InterfaceId {
     let mut seed = b"linnet network socket\0".to_vec();
     seed.extend_from_slice(network.as_bytes());
     seed.push(0);
     seed.extend_from_slice(&mac.0);
+    seed.extend_from_slice(&owner.to_be_bytes());
     let first = stable_hash(&seed);
     seed.extend_from_slice(&first.to_be_bytes());
     let second = stable_hash(&seed);
     let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&first.to_be_bytes());
+    bytes[..4].copy_from_slice(&SOCKET_ID_MARK);
+    bytes[4..8].copy_from_slice(&first.to_be_bytes()[4..]);
     bytes[8..].copy_from_slice(&second.to_be_bytes());
     uuid::Builder::from_custom_bytes(bytes).into_uuid()
+}
+
+/// Whether `id` is of the kind `socket_interface_id` makes, which only a
+/// network socket's relay attaches (the ordinary API refuses it: nobody
+/// takes a socket VM's id before it comes).
+pub fn is_socket_interface_id(id: InterfaceId) -> bool {
+    id.get_version_num() == 8 && id.as_bytes()[..4] == SOCKET_ID_MARK
 }
 
 /// FNV-1a, 64 bit: a hash that never changes between releases, for names and
@@ -204,13 +219,22 @@ mod tests {
     fn a_socket_vm_keeps_its_interface_id_per_network_and_mac() {
         let mac: MacAddr = "52:55:55:12:34:56".parse().unwrap();
         let other: MacAddr = "52:55:55:12:34:57".parse().unwrap();
-        let id = socket_interface_id("shared", mac);
-        assert_eq!(id, socket_interface_id("shared", mac), "stable");
-        assert_ne!(id, socket_interface_id("shared", other));
-        assert_ne!(id, socket_interface_id("host", mac));
+        let id = socket_interface_id("shared", mac, 1000);
+        assert_eq!(id, socket_interface_id("shared", mac, 1000), "stable");
+        assert_ne!(id, socket_interface_id("shared", other, 1000));
+        assert_ne!(id, socket_interface_id("host", mac, 1000));
+        assert_ne!(
+            id,
+            socket_interface_id("shared", mac, 1001),
+            "two users' VMs with one MAC never meet on one id"
+        );
         assert_eq!(id.get_version_num(), 8);
-        // Fixed for good: leases on disk are kept under it across upgrades.
-        assert_eq!(id.to_string(), "1270c371-4d0a-8301-909a-7cd59cd94940");
+        assert!(is_socket_interface_id(id));
+        assert!(!is_socket_interface_id(InterfaceId::new_v4()));
+        // Fixed from now on: leases on disk are kept under it across
+        // upgrades. (It gained the owner and the mark in issue 33: a socket
+        // VM's lease under the id before is given up at its lease time.)
+        assert_eq!(id.to_string(), "6c6e736b-f218-8842-9f69-523db934d97d");
     }
 
     #[test]

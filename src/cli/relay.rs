@@ -41,7 +41,7 @@ use crate::datapath::port::Endpoint;
 use crate::datapath::relay::{FRAME_OVERHEAD, Relay};
 use crate::datapath::vnet::ClientHeader;
 use crate::datapath::{Counters, Datapath, RelayCounters};
-use crate::types::{self, InterfaceId, MacAddr};
+use crate::types::{InterfaceId, MacAddr};
 
 /// The executable's name; `linnet` finds it in its own directory.
 pub const EXECUTABLE: &str = "linnet-relay";
@@ -543,7 +543,8 @@ fn attach_on_first_frame(
 ) -> anyhow::Result<Option<(InterfaceInfo, OwnedFd)>> {
     let request = AttachRequest {
         network: Some(network.into()),
-        interface_id: Some(types::socket_interface_id(network, mac)),
+        // The daemon gives it, from the MAC and the VM's owner.
+        interface_id: None,
         mac: Some(mac),
         datapath: Some(Datapath::Stream),
         ..AttachRequest::default()

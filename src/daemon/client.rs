@@ -8,7 +8,6 @@ use crate::config::{Allow, DEFAULT_NETWORK};
 use crate::datapath::Datapath;
 use crate::host::process::Process;
 use crate::leases::Claimant;
-use crate::types;
 
 /// A connected client, as the kernel identified it (SO_PEERCRED).
 #[derive(Debug, Clone)]
@@ -100,15 +99,14 @@ pub fn attach_refusal(bound: &str, req: &AttachRequest) -> Option<String> {
                 .into(),
         );
     }
-    let Some(mac) = req.mac else {
+    if req.mac.is_none() {
         return Some("attaches with its VM's MAC".into());
-    };
-    // The id follows from the MAC: a VM coming back takes up its lease, and
-    // no relay picks another's id.
-    if req.interface_id != Some(types::socket_interface_id(bound, mac)) {
-        return Some(format!(
-            "attaches with the interface id of MAC {mac} on network \"{bound}\""
-        ));
+    }
+    // The daemon gives the id, from the MAC and the owner
+    // (`types::socket_interface_id`): a VM coming back takes up its lease,
+    // and no relay picks another's id.
+    if req.interface_id.is_some() {
+        return Some("attaches with the id the daemon gives it, not one of its own".into());
     }
     None
 }
@@ -143,11 +141,11 @@ mod tests {
     }
 
     #[test]
-    fn a_relay_attaches_its_vm_with_the_id_of_its_mac_and_nothing_more() {
+    fn a_relay_attaches_its_vm_by_its_mac_and_nothing_more() {
         let mac: crate::types::MacAddr = "52:55:55:00:00:01".parse().unwrap();
         let good = AttachRequest {
             network: Some("shared".into()),
-            interface_id: Some(types::socket_interface_id("shared", mac)),
+            interface_id: None,
             mac: Some(mac),
             datapath: Some(Datapath::Stream),
             ..AttachRequest::default()
@@ -199,19 +197,18 @@ mod tests {
             }),
             "attaches with its VM's MAC"
         );
-        // Another user's VM's id, or a made-up one.
+        // Any id of its own: another VM's, or a made-up one.
         let other: crate::types::MacAddr = "52:55:55:00:00:02".parse().unwrap();
         for id in [
-            Some(types::socket_interface_id("shared", other)),
-            Some(crate::types::InterfaceId::new_v4()),
-            None,
+            crate::types::socket_interface_id("shared", other, 1000),
+            crate::types::InterfaceId::new_v4(),
         ] {
             assert!(
                 refusal(AttachRequest {
-                    interface_id: id,
+                    interface_id: Some(id),
                     ..good.clone()
                 })
-                .starts_with("attaches with the interface id of MAC 52:55:55:00:00:01")
+                .starts_with("attaches with the id the daemon gives it")
             );
         }
     }

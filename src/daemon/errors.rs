@@ -87,6 +87,12 @@ pub enum DaemonError {
         limit: u32,
         per_uid: Option<u32>,
     },
+    /// An id of the kind linnet derives for a network socket's VM, asked
+    /// for through the ordinary API.
+    #[error(
+        "interface id {id} is of the kind linnet derives for a VM on a network's socket (it begins 6c6e736b); only that socket's relay attaches it: choose another --interface-id, or none"
+    )]
+    SocketInterfaceId { id: InterfaceId },
     /// The MAC is another interface's on the network.
     #[error("network \"{network}\": MAC {mac} is another interface's; choose another --mac")]
     MacTaken { network: String, mac: MacAddr },
@@ -350,6 +356,7 @@ impl DaemonError {
             | DaemonError::NotReclaimable { .. }
             | DaemonError::PrivilegedPort { .. }
             | DaemonError::RelayRefused { .. }
+            | DaemonError::SocketInterfaceId { .. }
             | DaemonError::Forbidden(_)
             | DaemonError::Lease(LeaseError::NotYours { .. }) => ErrorKind::NotAllowed,
             DaemonError::Attached { .. }

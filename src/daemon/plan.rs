@@ -141,6 +141,10 @@ pub(super) fn admit(
         if interfaces.values().any(|i| i.holder.is(client.id)) {
             return refuse("has attached its interface already");
         }
+    } else if let Some(id) = req.interface_id
+        && types::is_socket_interface_id(id)
+    {
+        return Err(DaemonError::SocketInterfaceId { id });
     }
     if req.keep && req.datapath != Some(Datapath::TapName) {
         return Err(DaemonError::KeepNeedsTapName);
@@ -162,7 +166,10 @@ pub(super) fn admit(
     check_limits(cfg, interfaces, client)?;
     let policy = req.policy.as_ref().unwrap_or(cfg.policy());
     check_policy_possible(policy, cfg, bridge_netfilter)?;
-    let id = req.interface_id.unwrap_or_else(InterfaceId::new_v4);
+    let id = match (&client.network_socket, req.mac) {
+        (Some(bound), Some(mac)) => types::socket_interface_id(bound, mac, client.uid),
+        _ => req.interface_id.unwrap_or_else(InterfaceId::new_v4),
+    };
     if let Some(other) = interfaces.get(&id) {
         return Err(DaemonError::Attached {
             id,
@@ -1031,13 +1038,30 @@ mod tests {
         };
         let its_vm = AttachRequest {
             network: Some("shared".into()),
-            interface_id: Some(types::socket_interface_id("shared", mac)),
+            interface_id: None,
             mac: Some(mac),
             datapath: Some(Datapath::Stream),
             ..AttachRequest::default()
         };
         let mut interfaces = Interfaces::new();
-        assert!(admitted(&interfaces, &relay, &its_vm).is_ok());
+        assert_eq!(
+            admitted(&interfaces, &relay, &its_vm).ok(),
+            Some(types::socket_interface_id("shared", mac, 1000)),
+            "the id the daemon gives: the network's, the MAC's and the owner's"
+        );
+        // Nobody takes it through the ordinary API before the VM comes.
+        let squat = AttachRequest {
+            interface_id: Some(types::socket_interface_id("shared", mac, 1000)),
+            ..request(None)
+        };
+        assert!(matches!(
+            admitted(&interfaces, &client(1001, 8), &squat),
+            Err(DaemonError::SocketInterfaceId { .. })
+        ));
+        assert!(
+            admitted(&interfaces, &client(0, 8), &squat).is_err(),
+            "not even root"
+        );
         let named = AttachRequest {
             name: Some("web".into()),
             ..its_vm.clone()

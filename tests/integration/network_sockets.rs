@@ -466,34 +466,31 @@ fn a_vm_that_reconnects_at_once_gets_its_address_back_and_another_users_vm_canno
     let mac = "52:54:00:00:03:01";
     let mut first = socket_guest(&world, mac);
     let ip = first.udhcpc();
-    // Another user's connection sending from that MAC waits while the VM
-    // holds it...
-    let (mut twin, _) = connect_as(65534, &socket_path(&world)).unwrap();
-    twin.write_all(&framed_from([0x52, 0x54, 0, 0, 3, 1]))
-        .unwrap();
-    wait_for("the wait in the log", Duration::from_secs(5), || {
-        world
-            .daemon_log_text()
-            .contains(&format!("MAC {mac} is another connection's (interface"))
+    // Another user's connection sending from that MAC gets another id
+    // (the owner is in it) and is refused at once, with advice a socket's
+    // client can act on...
+    let refused = |twin: &mut std::os::unix::net::UnixStream, times: usize| {
+        twin.write_all(&framed_from([0x52, 0x54, 0, 0, 3, 1]))
+            .unwrap();
+        assert!(
+            closed_by_peer(twin, Duration::from_secs(5)),
+            "the other user's connection is closed"
+        );
+        wait_for("the refusal in the log", Duration::from_secs(5), || {
+            let log = world.daemon_log_text();
+            (log.matches(&format!("cannot attach the VM with MAC {mac}: the relay of a connection to network \"shared\"'s socket may not use MAC {mac}: it is already used by interface")).count() >= times
+                && log.contains("give this VM another MAC in its VMM's settings"))
             .then_some(())
-    });
+        });
+    };
+    let (mut twin, _) = connect_as(65534, &socket_path(&world)).unwrap();
+    refused(&mut twin, 1);
     assert_eq!(interfaces(&world).len(), 1);
-    // ...and once the VM is gone, is refused: the address is the first
-    // user's while its reservation lasts.
+    // ...and so while the first user's reservation of it lasts.
     first.vmm.take().unwrap().kill().unwrap();
     drop(first);
-    assert!(
-        closed_by_peer(&mut twin, Duration::from_secs(5)),
-        "the other user's connection is closed"
-    );
-    wait_for("the refusal in the log", Duration::from_secs(5), || {
-        world
-            .daemon_log_text()
-            .contains(&format!(
-                "cannot attach the VM with MAC {mac}: network \"shared\": interface"
-            ))
-            .then_some(())
-    });
+    let (mut twin, _) = connect_as(65534, &socket_path(&world)).unwrap();
+    refused(&mut twin, 2);
     // The VM comes back at once, its old connection maybe still closing:
     // same interface, same address.
     let again = socket_guest(&world, mac);
@@ -504,4 +501,44 @@ fn a_vm_that_reconnects_at_once_gets_its_address_back_and_another_users_vm_canno
     let quick = socket_guest(&world, "52:54:00:00:03:02");
     assert_eq!(quick.udhcpc(), quick.ip());
     assert_eq!(interfaces(&world).len(), 2);
+}
+
+#[test]
+fn a_socket_vms_id_cannot_be_taken_through_the_ordinary_api() {
+    let mut world = World::with_config(CONFIG);
+    world.start_daemon();
+    let mac = "52:54:00:00:04:01";
+    let mut vm = socket_guest(&world, mac);
+    let ip = vm.udhcpc();
+    let id = vm.info["interface_id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("6c6e736b"), "a socket VM's id: {id}");
+    vm.vmm.take().unwrap().kill().unwrap();
+    drop(vm);
+    wait_gone(&world, mac);
+    // While its reservation lasts, another user, and root too, try its id
+    // through the ordinary API; a positive control attaches with an id of
+    // its own.
+    for wrapper in [AS_NOBODY, &[]] {
+        let err = failure(
+            &mut world.linnet_wrapped(wrapper, &["run", "--interface-id", &id, "--", "true"]),
+        );
+        assert!(
+            err.contains("is of the kind linnet derives for a VM on a network's socket"),
+            "{err}"
+        );
+    }
+    must(&mut world.linnet_wrapped(
+        AS_NOBODY,
+        &[
+            "run",
+            "--interface-id",
+            "6b1c6b70-1111-4c4c-9c9c-000000000401",
+            "--",
+            "true",
+        ],
+    ));
+    // The VM comes back to its interface and its address.
+    let again = socket_guest(&world, mac);
+    assert_eq!(again.info["interface_id"], id.as_str());
+    assert_eq!(again.udhcpc(), ip);
 }

@@ -21,6 +21,7 @@ use crate::daemon::plan::{self, Done};
 use crate::daemon::state::Daemon;
 use crate::daemon::teardown::Teardown;
 use crate::datapath::{Datapath, RelayCounters};
+use crate::leases::LeaseError;
 use crate::services::unix_now;
 use crate::types::InterfaceId;
 
@@ -114,7 +115,8 @@ impl Daemon {
             (Some(own), Some(leases)) => {
                 let mut leases = leases.lock().expect("lease lock");
                 let cfg = (&net.config, own);
-                let plan = plan::plan(cfg, &mut leases, client.claimant(), id, req, now)?;
+                let plan = plan::plan(cfg, &mut leases, client.claimant(), id, req, now)
+                    .map_err(|e| for_a_socket_client(client, e))?;
                 if let Err(e) = plan::check_elsewhere(network, &plan, &elsewhere) {
                     leases.detach(id, now);
                     return Err(e);
@@ -306,4 +308,20 @@ async fn lock_after_detaches(
         daemon = lock.lock().await;
     }
     daemon
+}
+
+/// A refusal said as a network socket's client can act on it: it chooses
+/// no `--mac`, its VMM does.
+fn for_a_socket_client(client: &Client, e: DaemonError) -> DaemonError {
+    match (&client.network_socket, e) {
+        (Some(network), DaemonError::Lease(LeaseError::MacInUse { mac, other, .. })) => {
+            DaemonError::RelayRefused {
+                network: network.clone(),
+                why: format!(
+                    "may not use MAC {mac}: it is already used by interface {other}, maybe another user's VM; give this VM another MAC in its VMM's settings (a lima VM's follows from its instance's name)"
+                ),
+            }
+        }
+        (_, e) => e,
+    }
 }
