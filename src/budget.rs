@@ -4,7 +4,8 @@
 //! `RateLimit` is the same over time: at most so many per key in each
 //! window. Refusals are counted, and the first one in each `REPORT_EVERY`
 //! is marked for the caller to log, so a flood costs one log line per
-//! period.
+//! period. `LogBudget` bounds the lines logged about what one account (and
+//! all of them) makes the daemon say, counting what it holds back.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -177,9 +178,89 @@ impl<K: Ord + Clone> RateLimit<K> {
     }
 }
 
+/// Log lines about what clients cause: at most `per_key` a window for one
+/// account and `in_all` for all of them, the rest counted and said with
+/// the next line that goes out, so a user who makes the daemon complain in
+/// a loop cannot grow its log without bound.
+pub struct LogBudget {
+    per_key: RateLimit<u32>,
+    in_all: RateLimit<()>,
+    held_back: BTreeMap<u32, u64>,
+    held_back_in_all: u64,
+}
+
+/// Whether to log a line now, and how many were held back before it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LogTurn {
+    /// Lines of this account's held back since its last one.
+    pub suppressed: u64,
+    /// Lines of all accounts' held back since the last line went out.
+    pub suppressed_in_all: u64,
+}
+
+impl LogBudget {
+    pub fn new(per_key: u32, in_all: u32, window: Duration) -> LogBudget {
+        LogBudget {
+            per_key: RateLimit::new(per_key, window),
+            in_all: RateLimit::new(in_all, window),
+            held_back: BTreeMap::new(),
+            held_back_in_all: 0,
+        }
+    }
+
+    /// A line about `key` at `now`: Some to log it (saying what was held
+    /// back), None to hold it back.
+    pub fn turn(&mut self, key: u32, now: Instant) -> Option<LogTurn> {
+        if self.per_key.allow(&key, now).is_err() || self.in_all.allow(&(), now).is_err() {
+            // Counted for a bounded set of keys; the total counts all.
+            if self.held_back.len() < MAX_KEYS || self.held_back.contains_key(&key) {
+                *self.held_back.entry(key).or_default() += 1;
+            }
+            self.held_back_in_all += 1;
+            return None;
+        }
+        Some(LogTurn {
+            suppressed: self.held_back.remove(&key).unwrap_or(0),
+            suppressed_in_all: std::mem::take(&mut self.held_back_in_all),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_lines_are_bounded_per_account_and_in_all_and_say_what_was_held_back() {
+        let mut logs = LogBudget::new(2, 3, Duration::from_secs(10));
+        let t0 = Instant::now();
+        let fresh = Some(LogTurn {
+            suppressed: 0,
+            suppressed_in_all: 0,
+        });
+        assert_eq!(logs.turn(1000, t0), fresh);
+        assert_eq!(logs.turn(1000, t0), fresh);
+        for _ in 0..50 {
+            assert_eq!(logs.turn(1000, t0), None, "its two are used");
+        }
+        assert_eq!(
+            logs.turn(1001, t0),
+            Some(LogTurn {
+                suppressed: 0,
+                suppressed_in_all: 50
+            }),
+            "another account's line says what all held back"
+        );
+        assert_eq!(logs.turn(1002, t0), None, "three in all");
+        let later = t0 + Duration::from_secs(10);
+        assert_eq!(
+            logs.turn(1000, later),
+            Some(LogTurn {
+                suppressed: 50,
+                suppressed_in_all: 1
+            })
+        );
+    }
 
     #[test]
     fn a_rate_limit_allows_so_many_per_window_per_key() {

@@ -35,7 +35,7 @@ use tracing::{debug, info, warn};
 
 use super::sessions::Sessions;
 use super::sockets::{accept_next, bind_unix, identify, register};
-use crate::budget::RateLimit;
+use crate::budget::{LogBudget, RateLimit};
 use crate::config::{Allow, DEFAULT_MTU, NetworkConfig};
 use crate::host::privileges;
 
@@ -468,8 +468,9 @@ fn admit(
         tokio::spawn(log_relay_output(
             stderr,
             name.clone(),
-            client.uid,
+            (client.uid, client.account),
             client.pid,
+            sessions.logs.clone(),
         ));
     }
     client.network_socket = Some(name.clone());
@@ -488,8 +489,9 @@ fn admit(
 async fn log_relay_output(
     stderr: tokio::process::ChildStderr,
     network: String,
-    uid: u32,
+    (uid, account): (u32, u32),
     pid: Option<i32>,
+    logs: Arc<std::sync::Mutex<LogBudget>>,
 ) {
     let mut reader = tokio::io::BufReader::new(stderr);
     let mut line = Vec::with_capacity(RELAY_LINE);
@@ -500,7 +502,16 @@ async fn log_relay_output(
             Ok(_) => {}
         }
         let text = String::from_utf8_lossy(&line);
-        warn!(%network, uid, ?pid, "relay: {}", text.trim_end());
+        // Within the account's log budget: a user's many relays together
+        // say no more than it may.
+        let turn = logs
+            .lock()
+            .expect("log budget lock")
+            .turn(account, Instant::now());
+        if let Some(turn) = turn {
+            let more = super::sessions::held_back(&turn);
+            warn!(%network, uid, account, ?pid, "relay: {}{more}", text.trim_end());
+        }
     }
     // Dropping the pipe: the relay's further lines go nowhere.
     use tokio::io::AsyncBufReadExt;

@@ -19,12 +19,17 @@ use super::errors::DaemonError;
 use super::requests::{finish_unlocked, lock_for_attach};
 use super::state::Daemon;
 use crate::api::{self, MAX_MESSAGE, Request, Response};
-use crate::budget::{Budget, Permit, RateLimit};
+use crate::budget::{Budget, LogBudget, LogTurn, Permit, RateLimit};
 use crate::types::InterfaceId;
 
 /// Large replies (over one packet) one uid other than root may have
 /// waiting to be read, across its connections.
 const LARGE_REPLIES_PER_UID: usize = 4;
+/// Lines logged about what one account's clients cause (refused attaches,
+/// what its relays say), and all accounts', in each LOG_WINDOW.
+const LOG_LINES_PER_ACCOUNT: u32 = 20;
+const LOG_LINES_IN_ALL: u32 = 200;
+const LOG_WINDOW: Duration = Duration::from_secs(10);
 /// Relays started a second for users other than root on all network
 /// sockets together (each user has its own ten a second on each).
 const RELAYS_PER_SECOND_IN_ALL: u32 = 50;
@@ -41,6 +46,8 @@ pub(super) struct Sessions {
     per_uid: Arc<Budget<u32>>,
     /// Relays started for users other than root, on every network socket.
     relay_starts: Arc<std::sync::Mutex<RateLimit<()>>>,
+    /// Lines logged about what clients cause, per account and in all.
+    pub(super) logs: Arc<std::sync::Mutex<LogBudget>>,
     large: Arc<LargeReplies>,
     next_client: Arc<AtomicU64>,
     /// A user's own daemon serves that user alone (root inside).
@@ -63,6 +70,11 @@ impl Sessions {
             relay_starts: Arc::new(std::sync::Mutex::new(RateLimit::new(
                 RELAYS_PER_SECOND_IN_ALL,
                 Duration::from_secs(1),
+            ))),
+            logs: Arc::new(std::sync::Mutex::new(LogBudget::new(
+                LOG_LINES_PER_ACCOUNT,
+                LOG_LINES_IN_ALL,
+                LOG_WINDOW,
             ))),
             large: Arc::new(LargeReplies::new(LARGE_REPLIES_PER_UID, usize::MAX)),
             next_client: Arc::new(AtomicU64::new(1)),
@@ -132,7 +144,7 @@ impl Sessions {
         permit: Option<Permit<u32>>,
     ) {
         self.connections.fetch_add(1, Ordering::SeqCst);
-        serve_client(&self.daemon, conn, &client, &self.large).await;
+        serve_client(&self.daemon, conn, &client, &self.large, &self.logs).await;
         let teardown = self.daemon.lock().await.client_going(client.id);
         if let Err(e) = finish_unlocked(&self.daemon, teardown).await {
             warn!(client = client.id, "detaching its interfaces failed: {e}");
@@ -165,6 +177,7 @@ async fn serve_client(
     conn: AsyncFd<OwnedFd>,
     client: &Client,
     large: &LargeReplies,
+    logs: &std::sync::Mutex<LogBudget>,
 ) {
     debug!(client = client.id, pid = ?client.pid, uid = client.uid, "connected");
     let mut buf = vec![0u8; MAX_MESSAGE];
@@ -180,7 +193,7 @@ async fn serve_client(
         let (response, fd) = match received {
             Ok(Some(len)) => match serde_json::from_slice::<Request>(&buf[..len]) {
                 Err(e) => (bad_request(format!("cannot parse request: {e}")), None),
-                Ok(request) => handle(daemon, client, request).await,
+                Ok(request) => handle(daemon, client, request, logs).await,
             },
             Ok(None) => break,
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -250,6 +263,7 @@ async fn handle(
     lock: &Mutex<Daemon>,
     client: &Client,
     request: Request,
+    logs: &std::sync::Mutex<LogBudget>,
 ) -> (Response, Option<OwnedFd>) {
     if let Some(network) = &client.network_socket
         && !super::client::relay_may(&request)
@@ -296,7 +310,13 @@ async fn handle(
                 Some(fd),
             ),
             Err(e) => {
-                error!(uid = client.uid, pid = ?client.pid, "attach refused: {e}");
+                let turn = logs
+                    .lock()
+                    .expect("log budget lock")
+                    .turn(client.account, Instant::now());
+                if let Some(turn) = turn {
+                    error!(uid = client.uid, account = client.account, pid = ?client.pid, suppressed = turn.suppressed, suppressed_in_all = turn.suppressed_in_all, "attach refused: {e}{}", held_back(&turn));
+                }
                 (e.into_response(), None)
             }
         },
@@ -465,5 +485,16 @@ fn bad_request(message: String) -> Response {
     Response::Error {
         kind: api::ErrorKind::BadRequest,
         message,
+    }
+}
+
+/// What a log line adds about the lines held back before it.
+pub(super) fn held_back(turn: &LogTurn) -> String {
+    match (turn.suppressed, turn.suppressed_in_all) {
+        (0, 0) => String::new(),
+        (0, all) => format!(" ({all} messages about clients suppressed before this)"),
+        (mine, all) => format!(
+            " ({mine} messages about this account's clients suppressed before this, {all} in all)"
+        ),
     }
 }

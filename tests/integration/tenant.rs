@@ -861,3 +861,42 @@ fn a_users_subordinate_uids_share_its_relays_per_second_on_a_network_socket() {
         "{log}"
     );
 }
+
+#[test]
+fn a_user_who_makes_the_daemon_complain_in_a_loop_cannot_grow_its_log() {
+    let mut world = World::new();
+    world.start_daemon();
+    let socket = world.run_dir().join("linnet.sock");
+    // Nobody may not attach: 2000 attaches on one connection, each refused
+    // (and each answered).
+    let script = "import json, socket, sys\n\
+                  s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+                  s.connect(sys.argv[1])\n\
+                  answered = 0\n\
+                  for _ in range(2000):\n\
+                  \x20   s.send(b'{\"op\": \"attach\", \"network\": \"shared\"}')\n\
+                  \x20   answered += json.loads(s.recv(65536))['reply'] == 'error'\n\
+                  print(answered)\n";
+    let mut argv: Vec<&str> = AS_NOBODY.to_vec();
+    argv.extend(["/usr/bin/python3", "-c", script, socket.to_str().unwrap()]);
+    assert_eq!(
+        must(&mut world.host.cmd(&argv)).trim(),
+        "2000",
+        "every one answered"
+    );
+    let refusals = |log: &str| log.matches("attach refused").count();
+    let log = world.daemon_log_text();
+    assert!(
+        (1..=40).contains(&refusals(&log)),
+        "{} lines for 2000 refusals",
+        refusals(&log)
+    );
+    // Root's next refusal says how many were held back.
+    let _ = failure(&mut world.linnet(&["run", "--network", "nope", "--", "true"]));
+    let log = world.daemon_log_text();
+    let last = log.lines().rfind(|l| l.contains("attach refused")).unwrap();
+    assert!(
+        last.contains("messages about clients suppressed before this"),
+        "{last}"
+    );
+}
