@@ -58,8 +58,16 @@ pub fn passed_socket() -> io::Result<Option<OwnedFd>> {
             )));
         }
     }
-    // SAFETY: sd_listen_fds(3): fd 3 is ours, passed open; nothing else
-    // in the process owns it.
+    // A starter that said LISTEN_FDS=1 but let fd 3 close on exec: an
+    // OwnedFd of a closed descriptor would abort the daemon when dropped.
+    // SAFETY: F_GETFD only asks about the descriptor number.
+    if unsafe { libc::fcntl(LISTEN_FDS_START, libc::F_GETFD) } < 0 {
+        return Err(io::Error::other(
+            "the service manager said it passed a socket (LISTEN_FDS=1), but fd 3 is not open: was it closed on exec?",
+        ));
+    }
+    // SAFETY: sd_listen_fds(3): fd 3 is ours, passed open (checked just
+    // above); nothing else in the process owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(LISTEN_FDS_START) };
     let kind = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::SockType)
         .map_err(|e| io::Error::other(format!("the passed fd 3 is not a socket: {e}")))?;

@@ -206,13 +206,21 @@ fn the_debian_package_holds_the_binaries_units_man_pages_and_completions_and_unp
     must(std::process::Command::new("dpkg-deb").args(["-e", deb, control.to_str().unwrap()]));
     let postinst = std::fs::read_to_string(control.join("postinst")).unwrap();
     assert!(postinst.contains("addgroup --system linnet"), "{postinst}");
+    // The daemon starts at boot (so the networks' sockets are there), not
+    // only when a client first comes to linnet.sock.
+    assert!(
+        postinst.contains("systemctl enable linnet.service"),
+        "{postinst}"
+    );
     for script in ["postinst", "prerm"] {
         must(std::process::Command::new("sh").args(["-n", control.join(script).to_str().unwrap()]));
     }
     let fields =
         must(std::process::Command::new("dpkg-deb").args(["-f", deb, "Package", "Depends"]));
     assert!(
-        fields.contains("Package: linnet") && fields.contains("nftables"),
+        fields.contains("Package: linnet")
+            && fields.contains("nftables")
+            && fields.contains("adduser"),
         "{fields}"
     );
     // What was packed works: the binary, its man page, its completions.
@@ -238,4 +246,74 @@ fn the_debian_package_holds_the_binaries_units_man_pages_and_completions_and_unp
         bash.contains("--clone-of"),
         "the completions know the options"
     );
+}
+
+#[test]
+fn a_daemon_started_at_boot_has_the_networks_sockets_before_any_client_comes() {
+    // As systemd starts the enabled service at boot: the API socket
+    // listening and handed over (LISTEN_FDS), and nobody connected to it.
+    let world = World::with_config("networks:\n  shared:\n    socket: true\n");
+    std::fs::create_dir_all(world.run_dir()).unwrap();
+    let api = world.run_dir().join("linnet.sock");
+    let network = world.run_dir().join("shared.sock");
+    let launcher = "import os, socket, sys\n\
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+                    s.bind(sys.argv[1])\n\
+                    s.listen(16)\n\
+                    os.dup2(s.fileno(), 3)\n\
+                    os.set_inheritable(3, True)\n\
+                    os.environ.update(LISTEN_FDS='1', LISTEN_PID=str(os.getpid()))\n\
+                    os.execv(sys.argv[2], sys.argv[2:])\n";
+    let log = world.dir.path().join("boot.log");
+    let linnet = linnet_bin();
+    let mut daemon = Reaped(
+        world
+            .host
+            .cmd(&[
+                "env",
+                &format!("LINNET_RUN_DIR={}", world.run_dir().display()),
+                &format!("LINNET_STATE_DIR={}", world.state_dir().display()),
+                &format!("LINNET_CONFIG={}", world.config.as_ref().unwrap().display()),
+                "python3",
+                "-c",
+                launcher,
+                api.to_str().unwrap(),
+                linnet.to_str().unwrap(),
+                "daemon",
+                "--idle-exit",
+                "60",
+            ])
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let there = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        network.exists()
+    });
+    assert!(
+        there,
+        "no network socket; the daemon's log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // A socket_vmnet-style client connects there (the positive control of
+    // "there": a stream connection is accepted).
+    assert!(
+        std::os::unix::net::UnixStream::connect(&network).is_ok(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("activated=true"), "{text}");
+    terminate(&mut daemon);
+    // A starter that says it passed a socket but let it close: a clear
+    // error, not an abort.
+    let script = format!(
+        "exec 3>&-; LISTEN_PID=$$ LISTEN_FDS=1 LINNET_RUN_DIR={} exec {} daemon",
+        world.dir.path().join("other-run").display(),
+        linnet.display()
+    );
+    let err = failure(&mut world.host.cmd(&["sh", "-c", &script]));
+    assert!(err.contains("fd 3 is not open"), "{err}");
 }
