@@ -1,4 +1,4 @@
-//go:build linux
+//go:build unix
 
 // Package linnet is a client for the linnet daemon's socket API
 // (docs/api.md): attach an interface to a network and receive its TAP file
@@ -14,7 +14,9 @@
 // File. A Client serves one request at a time; it is safe for use by
 // several goroutines.
 //
-// Linux only: the daemon and the TAP devices it hands out are Linux's.
+// The daemon and the TAP devices it hands out are Linux's. The package
+// builds on other Unix systems too (lima imports it on macOS), where Dial
+// says the daemon is not there to be had.
 package linnet
 
 import (
@@ -25,6 +27,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -60,9 +63,28 @@ func RootlessSocketPath() string {
 	return filepath.Join(dir, "linnet", "linnet.sock")
 }
 
-// Error is the daemon's refusal of a request. Kind is for programs
-// (bad_request, unknown_network, not_allowed, busy, conflict, host_setup,
-// internal); Message is for people and names the fix.
+// The kinds of the daemon's refusals (Error.Kind).
+const (
+	// KindBadRequest: the request itself is wrong (a bad name, MAC, rule).
+	KindBadRequest = "bad_request"
+	// KindUnknownNetwork: no such network in the daemon's networks.yaml.
+	KindUnknownNetwork = "unknown_network"
+	// KindNotAllowed: the network's allow list, or another user's interface.
+	KindNotAllowed = "not_allowed"
+	// KindBusy: a limit, or an interface held by another connection; try
+	// again later.
+	KindBusy = "busy"
+	// KindConflict: something on the host or another attach is in the way.
+	KindConflict = "conflict"
+	// KindHostSetup: the host lacks what the request needs (a module, a
+	// tool).
+	KindHostSetup = "host_setup"
+	// KindInternal: the daemon failed; its log says why.
+	KindInternal = "internal"
+)
+
+// Error is the daemon's refusal of a request. Kind (one of the Kind
+// constants) is for programs; Message is for people and names the fix.
 type Error struct {
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
@@ -87,6 +109,9 @@ type Client struct {
 
 // Dial connects to the daemon's socket at path ("" for SocketPath()).
 func Dial(path string) (*Client, error) {
+	if runtime.GOOS != "linux" {
+		return nil, fmt.Errorf("linnet: the linnet daemon runs on Linux, not %s: there is no daemon to connect to here", runtime.GOOS)
+	}
 	if path == "" {
 		path = SocketPath()
 	}
@@ -241,10 +266,20 @@ type Interface struct {
 	Raw json.RawMessage `json:"-"`
 }
 
-// Attach attaches an interface. The returned file is its TAP, opened with
-// IFF_TAP|IFF_NO_PI|IFF_VNET_HDR (a 10-byte virtio-net header unless the
-// VMM sets TUNSETVNETHDRSZ): hand it to the VMM, and close it once the VMM
-// holds it. The interface lives until Detach or Close.
+// Attach attaches an interface. The interface lives until Detach or Close.
+// The returned file, by req.Datapath:
+//   - "tap" (the default): the TAP, opened with IFF_TAP|IFF_NO_PI|IFF_VNET_HDR
+//     (a 10-byte virtio-net header unless the VMM sets TUNSETVNETHDRSZ):
+//     hand it to the VMM (QEMU's -netdev tap,fd=, Cloud Hypervisor,
+//     crosvm) and close yours once the VMM holds it;
+//   - "tap-name": the persistent TAP named Interface.TAP: close the file
+//     at once, and let the VMM (Firecracker) open the TAP by that name, as
+//     the attaching user;
+//   - "dgram" and "stream": the TAP too, which the caller relays to its
+//     VMM's unix socket itself (as `linnet helper` does), with the framing
+//     that datapath names;
+//   - on a network in mode "bridged": a macvtap's character device,
+//     used as a TAP fd.
 func (c *Client) Attach(req AttachRequest) (*Interface, *os.File, error) {
 	body := struct {
 		Op string `json:"op"`

@@ -139,7 +139,7 @@ func TestAnErrorReplyIsAnError(t *testing.T) {
 	daemon.serve("attach", nil, `{"reply":"error","kind":"unknown_network","message":"unknown network \"lab\""}`)
 	_, _, err := client.Attach(AttachRequest{Network: "lab"})
 	var e *Error
-	if !errors.As(err, &e) || e.Kind != "unknown_network" || !strings.Contains(e.Error(), `"lab"`) {
+	if !errors.As(err, &e) || e.Kind != KindUnknownNetwork || !strings.Contains(e.Error(), `"lab"`) {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -231,7 +231,7 @@ func TestABusyRefusalIsReadAfterAFailedWrite(t *testing.T) {
 	daemon.conn.Write([]byte(`{"reply":"error","kind":"busy","message":"uid 1000 has 256 connections"}`))
 	daemon.conn.Close()
 	var e *Error
-	if _, err := client.List(); !errors.As(err, &e) || e.Kind != "busy" {
+	if _, err := client.List(); !errors.As(err, &e) || e.Kind != KindBusy {
 		t.Fatalf("got %v", err)
 	}
 }

@@ -76,7 +76,7 @@ func TestLive(t *testing.T) {
 	if err := other.Reclaim(iface.InterfaceID, "wrong"); !errors.As(err, &e) || e.Kind != "not_allowed" {
 		t.Errorf("a wrong token: %v", err)
 	}
-	if err := other.Reclaim(iface.InterfaceID, iface.ReclaimToken); !errors.As(err, &e) || e.Kind != "busy" {
+	if err := other.Reclaim(iface.InterfaceID, iface.ReclaimToken); !errors.As(err, &e) || e.Kind != KindBusy {
 		t.Errorf("re-claiming a held interface: %v", err)
 	}
 	other.Close()
@@ -126,7 +126,7 @@ func TestLive(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, _, err := client.Attach(AttachRequest{Network: "nosuch"}); !errors.As(err, &e) || e.Kind != "unknown_network" ||
+	if _, _, err := client.Attach(AttachRequest{Network: "nosuch"}); !errors.As(err, &e) || e.Kind != KindUnknownNetwork ||
 		!strings.Contains(e.Message, "nosuch") {
 		t.Errorf("an unknown network: %v", err)
 	}
