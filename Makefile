@@ -84,6 +84,9 @@ PREFIX ?= /usr/local
 UNITDIR ?= $(PREFIX)/lib/systemd/system
 install: build
 	scripts/install-files target/release "$(DESTDIR)" "$(PREFIX)" "$(UNITDIR)"
+	@echo "linnet: installed. Make the group whose members may attach (the networks' default allow) and start the daemon:"
+	@echo "  groupadd --system linnet    # or: addgroup --system linnet"
+	@echo "  systemctl daemon-reload && systemctl enable --now linnet.socket && systemctl enable linnet.service"
 
 # The Debian package, in target/deb (scripts/build-deb says why dpkg-deb).
 deb: build

@@ -193,6 +193,7 @@ fn the_debian_package_holds_the_binaries_units_man_pages_and_completions_and_unp
         "./usr/share/bash-completion/completions/linnet",
         "./usr/share/zsh/vendor-completions/_linnet",
         "./usr/share/fish/vendor_completions.d/linnet.fish",
+        "./usr/share/zsh/site-functions/_linnet",
     ] {
         assert!(
             listing.lines().any(|l| l.ends_with(file)),
@@ -225,6 +226,16 @@ fn the_debian_package_holds_the_binaries_units_man_pages_and_completions_and_unp
     );
     // What was packed works: the binary, its man page, its completions.
     let linnet = root.join("usr/bin/linnet");
+    // ...without its debug info (its symbols stay).
+    for bin in ["usr/bin/linnet", "usr/bin/linnet-relay"] {
+        let sections = must(std::process::Command::new("readelf").args([
+            "-S",
+            "-W",
+            root.join(bin).to_str().unwrap(),
+        ]));
+        assert!(!sections.contains(".debug_info"), "{bin} is not stripped");
+        assert!(sections.contains(".symtab"), "{bin} keeps its symbols");
+    }
     let checked = must(std::process::Command::new(&linnet).args(["daemon", "--check-config"]));
     assert!(checked.contains("valid"), "{checked}");
     let page = root.join("usr/share/man/man8/linnet-run.8.gz");
