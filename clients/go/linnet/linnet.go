@@ -8,6 +8,10 @@
 // TAP fd and the VM's IP from linnet natively, as they get them from
 // vmnet-helper or socket_vmnet on macOS.
 //
+// Every call takes a context: cancelling it, or its deadline, ends the
+// wait for the reply (which the next call reads and drops), as
+// Client.Timeout does.
+//
 // A Client is one connection, and the connection is the lifeline of every
 // interface attached on it: closing the Client (or the process exiting)
 // detaches them. Keep it open as long as the VMs run, or hand it on with
@@ -20,6 +24,7 @@
 package linnet
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -192,13 +197,13 @@ type InterfaceRef struct {
 }
 
 // PolicyShow returns an interface's policy and the addresses it learned.
-func (c *Client) PolicyShow(ref InterfaceRef) (*PolicyInfo, error) {
+func (c *Client) PolicyShow(ctx context.Context, ref InterfaceRef) (*PolicyInfo, error) {
 	body := struct {
 		Op string `json:"op"`
 		InterfaceRef
 	}{"policy_show", ref}
 	var info PolicyInfo
-	if _, err := c.call(body, "policy", &info); err != nil {
+	if _, err := c.call(ctx, body, "policy", &info); err != nil {
 		return nil, err
 	}
 	return &info, nil
@@ -206,14 +211,14 @@ func (c *Client) PolicyShow(ref InterfaceRef) (*PolicyInfo, error) {
 
 // PolicySet replaces an interface's policy: new connections follow it at
 // once, and addresses learned for names it no longer allows are dropped.
-func (c *Client) PolicySet(ref InterfaceRef, p Policy) (*PolicyInfo, error) {
+func (c *Client) PolicySet(ctx context.Context, ref InterfaceRef, p Policy) (*PolicyInfo, error) {
 	body := struct {
 		Op string `json:"op"`
 		InterfaceRef
 		Policy Policy `json:"policy"`
 	}{"policy_set", ref, p}
 	var info PolicyInfo
-	if _, err := c.call(body, "policy", &info); err != nil {
+	if _, err := c.call(ctx, body, "policy", &info); err != nil {
 		return nil, err
 	}
 	return &info, nil
@@ -280,7 +285,7 @@ type Interface struct {
 //     that datapath names;
 //   - on a network in mode "bridged": a macvtap's character device,
 //     used as a TAP fd.
-func (c *Client) Attach(req AttachRequest) (*Interface, *os.File, error) {
+func (c *Client) Attach(ctx context.Context, req AttachRequest) (*Interface, *os.File, error) {
 	body := struct {
 		Op string `json:"op"`
 		AttachRequest
@@ -289,7 +294,7 @@ func (c *Client) Attach(req AttachRequest) (*Interface, *os.File, error) {
 		Interface    json.RawMessage `json:"interface"`
 		ReclaimToken string          `json:"reclaim_token"`
 	}
-	fds, err := c.call(body, "attached", &reply)
+	fds, err := c.call(ctx, body, "attached", &reply)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -316,13 +321,14 @@ func (c *Client) abandon(raw json.RawMessage) {
 		InterfaceID string `json:"interface_id"`
 	}
 	if json.Unmarshal(raw, &id) == nil && id.InterfaceID != "" {
-		_ = c.Detach(id.InterfaceID)
+		// Whatever became of the attach's context.
+		_ = c.Detach(context.Background(), id.InterfaceID)
 	}
 }
 
 // Detach detaches an interface this connection attached.
-func (c *Client) Detach(interfaceID string) error {
-	_, err := c.call(map[string]string{"op": "detach", "interface_id": interfaceID}, "detached", nil)
+func (c *Client) Detach(ctx context.Context, interfaceID string) error {
+	_, err := c.call(ctx, map[string]string{"op": "detach", "interface_id": interfaceID}, "detached", nil)
 	return err
 }
 
@@ -332,15 +338,15 @@ func (c *Client) Detach(interfaceID string) error {
 // and re-claim them with the attach reply's token. From then on the
 // interface lives until Detach or Close on this connection. An error of
 // kind bad_request means the new daemon did not keep it.
-func (c *Client) Reclaim(interfaceID, token string) error {
-	_, err := c.call(map[string]string{"op": "reclaim", "interface_id": interfaceID, "token": token}, "reclaimed", nil)
+func (c *Client) Reclaim(ctx context.Context, interfaceID, token string) error {
+	_, err := c.call(ctx, map[string]string{"op": "reclaim", "interface_id": interfaceID, "token": token}, "reclaimed", nil)
 	return err
 }
 
 // WaitAddress waits up to timeout for an interface's IPv4 address: at once
 // on linnet's own networks, on a LAN once linnet has seen the LAN's DHCP
 // server give it. The connection waits with it: use one of its own.
-func (c *Client) WaitAddress(network, interfaceID string, timeout time.Duration) (string, error) {
+func (c *Client) WaitAddress(ctx context.Context, network, interfaceID string, timeout time.Duration) (string, error) {
 	body := struct {
 		Op          string `json:"op"`
 		Network     string `json:"network"`
@@ -350,7 +356,7 @@ func (c *Client) WaitAddress(network, interfaceID string, timeout time.Duration)
 	var reply struct {
 		IPAddress string `json:"ip_address"`
 	}
-	if _, err := c.callWithin(body, "address", &reply, timeout); err != nil {
+	if _, err := c.callWithin(ctx, body, "address", &reply, timeout); err != nil {
 		return "", err
 	}
 	return reply.IPAddress, nil
@@ -405,9 +411,9 @@ type Listing struct {
 }
 
 // List lists every configured network and every attached interface.
-func (c *Client) List() (*Listing, error) {
+func (c *Client) List(ctx context.Context) (*Listing, error) {
 	var l Listing
-	if _, err := c.call(map[string]string{"op": "list"}, "listing", &l); err != nil {
+	if _, err := c.call(ctx, map[string]string{"op": "list"}, "listing", &l); err != nil {
 		return nil, err
 	}
 	return &l, nil
@@ -434,31 +440,31 @@ type ForwardRef struct {
 }
 
 // ForwardAdd publishes a port of an interface on the host.
-func (c *Client) ForwardAdd(f ForwardRef) error {
-	return c.forward("forward_add", f)
+func (c *Client) ForwardAdd(ctx context.Context, f ForwardRef) error {
+	return c.forward(ctx, "forward_add", f)
 }
 
 // ForwardRemove removes a forward that ForwardAdd (or an attach's Publish)
 // made.
-func (c *Client) ForwardRemove(f ForwardRef) error {
-	return c.forward("forward_remove", f)
+func (c *Client) ForwardRemove(ctx context.Context, f ForwardRef) error {
+	return c.forward(ctx, "forward_remove", f)
 }
 
-func (c *Client) forward(op string, f ForwardRef) error {
+func (c *Client) forward(ctx context.Context, op string, f ForwardRef) error {
 	body := struct {
 		Op string `json:"op"`
 		ForwardRef
 	}{op, f}
-	_, err := c.call(body, "ok", nil)
+	_, err := c.call(ctx, body, "ok", nil)
 	return err
 }
 
 // ForwardList lists every forward.
-func (c *Client) ForwardList() ([]Forward, error) {
+func (c *Client) ForwardList(ctx context.Context) ([]Forward, error) {
 	var reply struct {
 		Forwards []Forward `json:"forwards"`
 	}
-	if _, err := c.call(map[string]string{"op": "forward_list"}, "forwards", &reply); err != nil {
+	if _, err := c.call(ctx, map[string]string{"op": "forward_list"}, "forwards", &reply); err != nil {
 		return nil, err
 	}
 	return reply.Forwards, nil
@@ -467,13 +473,13 @@ func (c *Client) ForwardList() ([]Forward, error) {
 // call sends one request and reads its reply: `want` is the reply's kind,
 // `out` (if not nil) takes its fields. It returns the file descriptors that
 // came with the reply.
-func (c *Client) call(request interface{}, want string, out interface{}) ([]int, error) {
-	return c.callWithin(request, want, out, 0)
+func (c *Client) call(ctx context.Context, request interface{}, want string, out interface{}) ([]int, error) {
+	return c.callWithin(ctx, request, want, out, 0)
 }
 
 // callWithin is call for a request the daemon answers only after `waits`
 // (wait_address): the call's Timeout comes on top of it.
-func (c *Client) callWithin(request interface{}, want string, out interface{}, waits time.Duration) ([]int, error) {
+func (c *Client) callWithin(ctx context.Context, request interface{}, want string, out interface{}, waits time.Duration) ([]int, error) {
 	msg, err := json.Marshal(request)
 	if err != nil {
 		return nil, err
@@ -486,12 +492,31 @@ func (c *Client) callWithin(request interface{}, want string, out interface{}, w
 	if c.broken != nil {
 		return nil, c.broken
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("linnet: %w", err)
+	}
 	var deadline time.Time
 	if c.Timeout > 0 {
 		deadline = time.Now().Add(c.Timeout + waits)
 	}
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
+	}
 	if err := c.conn.SetDeadline(deadline); err != nil {
 		return nil, err
+	}
+	// Cancelled: the read in progress ends at once, as at a timeout (the
+	// reply is owed, and read and dropped by the next call).
+	if done := ctx.Done(); done != nil {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			select {
+			case <-done:
+				_ = c.conn.SetDeadline(time.Now())
+			case <-stop:
+			}
+		}()
 	}
 	for c.owed > 0 {
 		_, fds, err := c.receive()
@@ -506,7 +531,11 @@ func (c *Client) callWithin(request interface{}, want string, out interface{}, w
 	}
 	body, fds, err := c.exchange(msg)
 	if err != nil {
-		return nil, c.fail(err)
+		err = c.fail(err)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("linnet: the call was given up (%w); the next call reads and drops its reply", ctx.Err())
+		}
+		return nil, err
 	}
 	var head struct {
 		Reply string `json:"reply"`

@@ -3,6 +3,7 @@
 package linnet
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -13,6 +14,9 @@ import (
 	"testing"
 	"time"
 )
+
+// ctx is every call's context in the tests.
+var ctx = context.Background()
 
 // fakeDaemon is the other end of a SOCK_SEQPACKET pair: it reads a
 // request and answers with the packets (and file descriptors) it is given.
@@ -90,7 +94,7 @@ func TestAttachReturnsTheInterfaceAndItsFileDescriptor(t *testing.T) {
 		"dns":["192.168.105.1"],"domain":"shared.linnet","tap":"lnt7","mtu":1500,"forwards":["8080:80/tcp"],
 		"vmnet_mac_address":"52:54:00:12:34:56"},"reclaim_token":"0f1e2d"}`
 	got := daemon.serve("attach", []int{int(r.Fd())}, reply)
-	iface, tap, err := client.Attach(AttachRequest{Network: "shared", Name: "web", Publish: []string{"8080:80/tcp"}})
+	iface, tap, err := client.Attach(ctx, AttachRequest{Network: "shared", Name: "web", Publish: []string{"8080:80/tcp"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +125,7 @@ func TestAttachReturnsTheInterfaceAndItsFileDescriptor(t *testing.T) {
 func TestReclaimSendsTheTokenAndTakesTheReply(t *testing.T) {
 	client, daemon := pair(t)
 	got := daemon.serve("reclaim", nil, `{"reply":"reclaimed","interface_id":"x"}`)
-	if err := client.Reclaim("x", "0f1e2d"); err != nil {
+	if err := client.Reclaim(ctx, "x", "0f1e2d"); err != nil {
 		t.Fatal(err)
 	}
 	if req := <-got; req["interface_id"] != "x" || req["token"] != "0f1e2d" {
@@ -129,7 +133,7 @@ func TestReclaimSendsTheTokenAndTakesTheReply(t *testing.T) {
 	}
 	daemon.serve("reclaim", nil, `{"reply":"error","kind":"bad_request","message":"interface x is not attached"}`)
 	var e *Error
-	if err := client.Reclaim("x", "0f1e2d"); !errors.As(err, &e) || e.Kind != "bad_request" {
+	if err := client.Reclaim(ctx, "x", "0f1e2d"); !errors.As(err, &e) || e.Kind != "bad_request" {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -137,7 +141,7 @@ func TestReclaimSendsTheTokenAndTakesTheReply(t *testing.T) {
 func TestAnErrorReplyIsAnError(t *testing.T) {
 	client, daemon := pair(t)
 	daemon.serve("attach", nil, `{"reply":"error","kind":"unknown_network","message":"unknown network \"lab\""}`)
-	_, _, err := client.Attach(AttachRequest{Network: "lab"})
+	_, _, err := client.Attach(ctx, AttachRequest{Network: "lab"})
 	var e *Error
 	if !errors.As(err, &e) || e.Kind != KindUnknownNetwork || !strings.Contains(e.Error(), `"lab"`) {
 		t.Fatalf("got %v", err)
@@ -151,7 +155,7 @@ func TestAnAttachWithoutADescriptorIsRefusedAndUndone(t *testing.T) {
 		<-daemon.serve("attach", nil, `{"reply":"attached","interface":{"interface_id":"x"}}`)
 		detached <- (<-daemon.serve("detach", nil, `{"reply":"detached","interface_id":"x"}`))["interface_id"]
 	}()
-	if _, _, err := client.Attach(AttachRequest{}); err == nil || !strings.Contains(err.Error(), "0 file descriptors") {
+	if _, _, err := client.Attach(ctx, AttachRequest{}); err == nil || !strings.Contains(err.Error(), "0 file descriptors") {
 		t.Fatalf("got %v", err)
 	}
 	if id := <-detached; id != "x" {
@@ -179,7 +183,7 @@ func TestALargeReplyComesInPieces(t *testing.T) {
 		t.Fatalf("the reply should need several packets, has %d", len(packets))
 	}
 	daemon.serve("list", nil, packets...)
-	l, err := client.List()
+	l, err := client.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,11 +198,11 @@ func TestAnOversizedReplyIsDroppedAndTheConnectionGoesOn(t *testing.T) {
 	maxLargeReply = 1000
 	body := `{"reply":"listing","networks":[],"interfaces":[]}` + strings.Repeat(" ", 2000)
 	daemon.serve("list", nil, `{"large_message":`+itoa(len(body))+`}`, body[:1500], body[1500:])
-	if _, err := client.List(); err == nil || !strings.Contains(err.Error(), "more than 1000; dropped") {
+	if _, err := client.List(ctx); err == nil || !strings.Contains(err.Error(), "more than 1000; dropped") {
 		t.Fatalf("got %v", err)
 	}
 	daemon.serve("detach", nil, `{"reply":"detached","interface_id":"x"}`)
-	if err := client.Detach("x"); err != nil {
+	if err := client.Detach(ctx, "x"); err != nil {
 		t.Fatalf("the next call: %v", err)
 	}
 }
@@ -215,13 +219,39 @@ func TestATimedOutCallsReplyIsTakenByTheNext(t *testing.T) {
 		daemon.conn.Read(buf)
 		daemon.conn.Write([]byte(`{"reply":"error","kind":"bad_request","message":"second"}`))
 	}()
-	if err := client.Detach("first"); err == nil || !strings.Contains(err.Error(), "no reply within") {
+	if err := client.Detach(ctx, "first"); err == nil || !strings.Contains(err.Error(), "no reply within") {
 		t.Fatalf("the first call: %v", err)
 	}
 	client.Timeout = 5 * time.Second
 	var e *Error
-	if err := client.Detach("second"); !errors.As(err, &e) || e.Message != "second" {
+	if err := client.Detach(ctx, "second"); !errors.As(err, &e) || e.Message != "second" {
 		t.Fatalf("the second call got %v, not its own reply", err)
+	}
+}
+
+func TestACancelledCallEndsAtOnceAndItsReplyIsTakenByTheNext(t *testing.T) {
+	client, daemon := pair(t)
+	go func() {
+		buf := make([]byte, maxPacket)
+		daemon.conn.Read(buf)
+		time.Sleep(300 * time.Millisecond)
+		daemon.conn.Write([]byte(`{"reply":"detached","interface_id":"first"}`))
+		daemon.conn.Read(buf)
+		daemon.conn.Write([]byte(`{"reply":"error","kind":"bad_request","message":"second"}`))
+	}()
+	cancelled, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	start := time.Now()
+	err := client.Detach(cancelled, "first")
+	if !errors.Is(err, context.Canceled) || time.Since(start) > 250*time.Millisecond {
+		t.Fatalf("the cancelled call: %v after %v", err, time.Since(start))
+	}
+	if err := client.Detach(cancelled, "again"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a call on a cancelled context: %v", err)
+	}
+	var e *Error
+	if err := client.Detach(ctx, "second"); !errors.As(err, &e) || e.Message != "second" {
+		t.Fatalf("the next call got %v, not its own reply", err)
 	}
 }
 
@@ -231,7 +261,7 @@ func TestABusyRefusalIsReadAfterAFailedWrite(t *testing.T) {
 	daemon.conn.Write([]byte(`{"reply":"error","kind":"busy","message":"uid 1000 has 256 connections"}`))
 	daemon.conn.Close()
 	var e *Error
-	if _, err := client.List(); !errors.As(err, &e) || e.Kind != KindBusy {
+	if _, err := client.List(ctx); !errors.As(err, &e) || e.Kind != KindBusy {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -241,10 +271,10 @@ func TestAPacketCutShortBreaksTheConnection(t *testing.T) {
 	body := `{"reply":"listing","networks":[],"interfaces":[]}`
 	daemon.serve("list", nil, `{"large_message":`+itoa(len(body)+10)+`}`, body)
 	go func() { time.Sleep(100 * time.Millisecond); daemon.conn.Close() }()
-	if _, err := client.List(); err == nil {
+	if _, err := client.List(ctx); err == nil {
 		t.Fatal("no error")
 	}
-	if _, err := client.List(); err == nil || !strings.Contains(err.Error(), "out of step") {
+	if _, err := client.List(ctx); err == nil || !strings.Contains(err.Error(), "out of step") {
 		t.Fatalf("the next call: %v", err)
 	}
 }
@@ -256,7 +286,7 @@ func TestADaemonThatHangsUpIsAnError(t *testing.T) {
 		daemon.conn.Read(buf)
 		daemon.conn.Close()
 	}()
-	if err := client.Detach("x"); err == nil {
+	if err := client.Detach(ctx, "x"); err == nil {
 		t.Fatal("no error")
 	}
 }
@@ -264,7 +294,7 @@ func TestADaemonThatHangsUpIsAnError(t *testing.T) {
 func TestForwardRequestsNameTheirFields(t *testing.T) {
 	client, daemon := pair(t)
 	got := daemon.serve("forward_add", nil, `{"reply":"ok"}`)
-	if err := client.ForwardAdd(ForwardRef{Network: "shared", Name: "web", Forward: "9090:80/tcp"}); err != nil {
+	if err := client.ForwardAdd(ctx, ForwardRef{Network: "shared", Name: "web", Forward: "9090:80/tcp"}); err != nil {
 		t.Fatal(err)
 	}
 	req := <-got
@@ -273,7 +303,7 @@ func TestForwardRequestsNameTheirFields(t *testing.T) {
 	}
 	daemon.serve("forward_list", nil, `{"reply":"forwards","forwards":[{"network":"shared","interface_id":"x",
 		"name":"web","forward":"9090:80/tcp","guest":"192.168.105.2:80","origin":"runtime"}]}`)
-	forwards, err := client.ForwardList()
+	forwards, err := client.ForwardList(ctx)
 	if err != nil || len(forwards) != 1 || forwards[0].Guest != "192.168.105.2:80" || forwards[0].Origin != "runtime" {
 		t.Fatalf("got %+v, %v", forwards, err)
 	}
@@ -284,7 +314,7 @@ func TestPoliciesByNameAreSetShownAndListed(t *testing.T) {
 	got := daemon.serve("policy_set", nil, `{"reply":"policy","interface_id":"x",
 		"policy":{"egress":["api.example.com:443/tcp"]},
 		"learned":[{"name":"api.example.com","address":"192.0.2.7","expires_in":59}]}`)
-	info, err := client.PolicySet(InterfaceRef{Network: "shared", Name: "agent"},
+	info, err := client.PolicySet(ctx, InterfaceRef{Network: "shared", Name: "agent"},
 		Policy{Egress: []string{"api.example.com:443/tcp"}})
 	if err != nil || info.Policy.Egress[0] != "api.example.com:443/tcp" ||
 		len(info.Learned) != 1 || info.Learned[0].Address != "192.0.2.7" || info.Learned[0].ExpiresIn != 59 {
@@ -297,7 +327,7 @@ func TestPoliciesByNameAreSetShownAndListed(t *testing.T) {
 		t.Errorf("the request: %v", req)
 	}
 	daemon.serve("policy_show", nil, `{"reply":"policy","interface_id":"x","policy":{}}`)
-	if info, err := client.PolicyShow(InterfaceRef{Network: "shared", InterfaceID: "x"}); err != nil ||
+	if info, err := client.PolicyShow(ctx, InterfaceRef{Network: "shared", InterfaceID: "x"}); err != nil ||
 		len(info.Policy.Egress) != 0 || info.Learned != nil {
 		t.Fatalf("got %+v, %v", info, err)
 	}
@@ -305,7 +335,7 @@ func TestPoliciesByNameAreSetShownAndListed(t *testing.T) {
 		"network":"shared","mac_address":"02:00:00:00:00:01","tap":"lnt0","forwards":[],"client_pid":1,
 		"client_uid":0,"datapath":"tap","vm_rx_bytes":0,"vm_tx_bytes":0,
 		"policy":{"egress":["api.example.com:443/tcp"]},"refused_queries":4,"refused_connections":2}]}`)
-	l, err := client.List()
+	l, err := client.List(ctx)
 	if err != nil || *l.Interfaces[0].RefusedQueries != 4 || *l.Interfaces[0].RefusedConnections != 2 ||
 		l.Interfaces[0].Policy.Egress[0] != "api.example.com:443/tcp" {
 		t.Fatalf("got %+v, %v", l, err)
@@ -322,7 +352,7 @@ func TestWaitAddressAsksTheDaemonAndWaitsBeyondTheCallTimeout(t *testing.T) {
 	client.Timeout = 50 * time.Millisecond
 	got := daemon.serveAfter("wait_address", 200*time.Millisecond,
 		`{"reply":"address","interface_id":"x","ip_address":"10.77.0.117"}`)
-	ip, err := client.WaitAddress("lan", "x", time.Second)
+	ip, err := client.WaitAddress(ctx, "lan", "x", time.Second)
 	if err != nil || ip != "10.77.0.117" {
 		t.Fatalf("got %q, %v", ip, err)
 	}
@@ -340,7 +370,7 @@ func TestACloneIsAskedForByNameOrByItsRecordedGuest(t *testing.T) {
 		"clone_address":"198.18.105.1","dns":[],"domain":"shared.linnet","tap":"tap0","mtu":1500,"forwards":[]}}`
 	for _, of := range []any{"web", &CloneGuest{MACAddress: "52:54:00:12:34:56", IPAddress: "192.168.105.2"}} {
 		got := daemon.serve("attach", []int{int(r.Fd())}, reply)
-		iface, tap, err := client.Attach(AttachRequest{CloneOf: of})
+		iface, tap, err := client.Attach(ctx, AttachRequest{CloneOf: of})
 		if err != nil {
 			t.Fatal(err)
 		}

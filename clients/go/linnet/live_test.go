@@ -33,7 +33,7 @@ func TestLive(t *testing.T) {
 	}
 	defer client.Close()
 
-	iface, tap, err := client.Attach(AttachRequest{Network: "shared", Name: "gotest", Publish: []string{"18080:80/tcp"}})
+	iface, tap, err := client.Attach(ctx, AttachRequest{Network: "shared", Name: "gotest", Publish: []string{"18080:80/tcp"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestLive(t *testing.T) {
 	tap.Close() // a VMM would hold it; the interface lives on the connection
 
 	if want := os.Getenv("LINNET_TEST_NETWORK_SOCKET"); want != "" {
-		l, err := client.List()
+		l, err := client.List(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,19 +73,19 @@ func TestLive(t *testing.T) {
 	if iface.ReclaimToken == "" {
 		t.Errorf("no reclaim token in the attach reply")
 	}
-	if err := other.Reclaim(iface.InterfaceID, "wrong"); !errors.As(err, &e) || e.Kind != "not_allowed" {
+	if err := other.Reclaim(ctx, iface.InterfaceID, "wrong"); !errors.As(err, &e) || e.Kind != "not_allowed" {
 		t.Errorf("a wrong token: %v", err)
 	}
-	if err := other.Reclaim(iface.InterfaceID, iface.ReclaimToken); !errors.As(err, &e) || e.Kind != KindBusy {
+	if err := other.Reclaim(ctx, iface.InterfaceID, iface.ReclaimToken); !errors.As(err, &e) || e.Kind != KindBusy {
 		t.Errorf("re-claiming a held interface: %v", err)
 	}
 	other.Close()
 
 	ref := ForwardRef{Network: "shared", Name: "gotest", Forward: "18081:81/tcp"}
-	if err := client.ForwardAdd(ref); err != nil {
+	if err := client.ForwardAdd(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
-	forwards, err := client.ForwardList()
+	forwards, err := client.ForwardList(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,40 +98,40 @@ func TestLive(t *testing.T) {
 	if origins["18080:80/tcp"] != "publish" || origins["18081:81/tcp"] != "runtime" {
 		t.Errorf("forwards of the interface: %v", origins)
 	}
-	if err := client.ForwardRemove(ref); err != nil {
+	if err := client.ForwardRemove(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
-	if err := client.ForwardRemove(ref); !errors.As(err, &e) || e.Kind != "bad_request" {
+	if err := client.ForwardRemove(ctx, ref); !errors.As(err, &e) || e.Kind != "bad_request" {
 		t.Errorf("removing it twice: %v", err)
 	}
 
 	// A policy by name: set, shown, listed, and a bad name refused.
 	pref := InterfaceRef{Network: "shared", Name: "gotest"}
-	info, err := client.PolicySet(pref, Policy{Egress: []string{"API.example.com:443/tcp", "10.0.0.0/8"}})
+	info, err := client.PolicySet(ctx, pref, Policy{Egress: []string{"API.example.com:443/tcp", "10.0.0.0/8"}})
 	if err != nil || len(info.Policy.Egress) != 2 || info.Policy.Egress[0] != "api.example.com:443/tcp" {
 		t.Fatalf("setting a policy by name: %+v, %v", info, err)
 	}
-	if info, err := client.PolicyShow(pref); err != nil || info.InterfaceID != iface.InterfaceID || len(info.Learned) != 0 {
+	if info, err := client.PolicyShow(ctx, pref); err != nil || info.InterfaceID != iface.InterfaceID || len(info.Learned) != 0 {
 		t.Errorf("showing it: %+v, %v", info, err)
 	}
 	if l := find(t, client, iface.InterfaceID); l == nil || l.RefusedQueries == nil || *l.RefusedQueries != 0 ||
 		l.RefusedConnections == nil {
 		t.Errorf("listed with a policy by name: %+v", l)
 	}
-	if _, err := client.PolicySet(pref, Policy{Egress: []string{"www.*.example.com"}}); !errors.As(err, &e) ||
+	if _, err := client.PolicySet(ctx, pref, Policy{Egress: []string{"www.*.example.com"}}); !errors.As(err, &e) ||
 		!strings.Contains(e.Message, "a wildcard is a whole first label") {
 		t.Errorf("a bad name: %v", err)
 	}
-	if _, err := client.PolicySet(pref, Policy{}); err != nil {
+	if _, err := client.PolicySet(ctx, pref, Policy{}); err != nil {
 		t.Fatal(err)
 	}
 
-	if _, _, err := client.Attach(AttachRequest{Network: "nosuch"}); !errors.As(err, &e) || e.Kind != KindUnknownNetwork ||
+	if _, _, err := client.Attach(ctx, AttachRequest{Network: "nosuch"}); !errors.As(err, &e) || e.Kind != KindUnknownNetwork ||
 		!strings.Contains(e.Message, "nosuch") {
 		t.Errorf("an unknown network: %v", err)
 	}
 
-	if err := client.Detach(iface.InterfaceID); err != nil {
+	if err := client.Detach(ctx, iface.InterfaceID); err != nil {
 		t.Fatal(err)
 	}
 	if find(t, client, iface.InterfaceID) != nil {
@@ -141,7 +141,7 @@ func TestLive(t *testing.T) {
 	driveWithStandin(t, client)
 
 	// The connection is the lifeline: closing it detaches what it holds.
-	second, tap2, err := client.Attach(AttachRequest{Network: "shared"})
+	second, tap2, err := client.Attach(ctx, AttachRequest{Network: "shared"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func driveWithStandin(t *testing.T, client *Client) {
 	if standin == "" || netns == "" || script == "" {
 		t.Fatal("LINNET_TEST_STANDIN, LINNET_TEST_NETNS and LINNET_TEST_UDHCPC_SCRIPT must be set with LINNET_TEST_SOCKET")
 	}
-	iface, tap, err := client.Attach(AttachRequest{Network: "shared"})
+	iface, tap, err := client.Attach(ctx, AttachRequest{Network: "shared"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +206,7 @@ func driveWithStandin(t *testing.T, client *Client) {
 	if want := "linnet-guest: lease ip=" + iface.IPAddress + " "; !strings.Contains(string(out), want) {
 		t.Errorf("the guest did not lease %s, the address Attach reported:\n%s", iface.IPAddress, out)
 	}
-	if err := client.Detach(iface.InterfaceID); err != nil {
+	if err := client.Detach(ctx, iface.InterfaceID); err != nil {
 		t.Fatal(err)
 	}
 	if find(t, client, iface.InterfaceID) != nil {
@@ -223,7 +223,7 @@ func driveWithStandin(t *testing.T, client *Client) {
 
 func find(t *testing.T, c *Client, id string) *Listed {
 	t.Helper()
-	l, err := c.List()
+	l, err := c.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
