@@ -1195,8 +1195,17 @@ pub fn with_own_dev_net(ns: &Netns, tun: bool, argv: &[&str]) -> Command {
 
 /// `setup && exec argv…` in `ns`, in a mount namespace of its own.
 pub fn in_own_mounts(ns: &Netns, setup: &str, argv: &[&str]) -> Command {
+    let mut full = own_mounts(setup);
+    full.extend(argv.iter().map(|a| a.to_string()));
+    let full: Vec<&str> = full.iter().map(String::as_str).collect();
+    ns.cmd(&full)
+}
+
+/// The wrapper that runs what follows it after `setup`, in a mount
+/// namespace of its own (for `World::start_daemon_with`).
+pub fn own_mounts(setup: &str) -> Vec<String> {
     let script = format!("{setup} && exec \"$0\" \"$@\"");
-    let mut full = vec![
+    [
         "unshare",
         "--mount",
         "--propagation",
@@ -1204,9 +1213,28 @@ pub fn in_own_mounts(ns: &Netns, setup: &str, argv: &[&str]) -> Command {
         "sh",
         "-c",
         &script,
-    ];
-    full.extend_from_slice(argv);
-    ns.cmd(&full)
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// A copy of the machine's /etc in `dir`, with `lines` appended to its
+/// files (file, text), and the setup that puts it over /etc in a mount
+/// namespace of one's own (`in_own_mounts`, `own_mounts`). The resolv.conf
+/// `ip netns exec` put in place comes along.
+pub fn etc_with(dir: &Path, lines: &[(&str, &str)]) -> String {
+    let etc = dir.join("etc");
+    must(Command::new("cp").args(["-a", "/etc", etc.to_str().unwrap()]));
+    for (file, line) in lines {
+        let path = etc.join(file);
+        let mut text = std::fs::read_to_string(&path).unwrap_or_default();
+        text.push_str(line);
+        std::fs::write(path, text).unwrap();
+    }
+    format!(
+        "cp /etc/resolv.conf {0}/resolv.conf && mount --bind {0} /etc",
+        etc.display()
+    )
 }
 
 /// An empty /dev/net, and with OWN_TUN a tun node in it anyone may open.

@@ -740,23 +740,16 @@ fn the_users_subordinate_ids_are_mapped_when_etc_subuid_gives_some() {
     let user = Tenant::new(&world, 4312);
     // An /etc of the daemon's own (in its mount namespace) that knows the
     // user and gives it ranges; the machine's has neither.
-    let etc = world.dir.path().join("etc");
-    must(Command::new("cp").args(["-a", "/etc", etc.to_str().unwrap()]));
-    let append = |file: &str, line: &str| {
-        let path = etc.join(file);
-        let mut text = std::fs::read_to_string(&path).unwrap_or_default();
-        text.push_str(line);
-        std::fs::write(path, text).unwrap();
-    };
-    append("passwd", "tenant:x:4312:4312::/nonexistent:/bin/sh\n");
-    append("group", "tenant:x:4312:\n");
-    append("subuid", "tenant:200000:65536\n");
-    append("subgid", "4312:300000:65536\n");
-    // (The resolv.conf `ip netns exec` put in place comes along.)
-    let setup = format!(
-        "cp /etc/resolv.conf {0}/resolv.conf && mount --bind {0} /etc && {OWN_TUN}",
-        etc.display()
+    let etc = etc_with(
+        world.dir.path(),
+        &[
+            ("passwd", "tenant:x:4312:4312::/nonexistent:/bin/sh\n"),
+            ("group", "tenant:x:4312:\n"),
+            ("subuid", "tenant:200000:65536\n"),
+            ("subgid", "4312:300000:65536\n"),
+        ],
     );
+    let setup = format!("{etc} && {OWN_TUN}");
     let bin = linnet_bin();
     let daemon = user.as_user(&[bin.to_str().unwrap(), "daemon", "--rootless"]);
     let daemon: Vec<&str> = daemon.iter().map(String::as_str).collect();

@@ -710,33 +710,17 @@ fn a_daemon_out_of_descriptors_still_lists_hundreds_of_interfaces_to_their_conne
 fn world_with_alice(yaml_extra: &str, daemon_args: &[&str]) -> World {
     let yaml = format!("networks:\n  shared:\n    allow: {{ groups: [lnt-people] }}\n{yaml_extra}");
     let mut world = World::with_config(&yaml);
-    let etc = world.dir.path().join("etc");
-    must(Command::new("cp").args(["-a", "/etc", etc.to_str().unwrap()]));
-    let append = |file: &str, line: &str| {
-        let path = etc.join(file);
-        let mut text = std::fs::read_to_string(&path).unwrap_or_default();
-        text.push_str(line);
-        std::fs::write(path, text).unwrap();
-    };
-    append("passwd", "alice:x:4401:4401::/nonexistent:/bin/sh\n");
-    append("group", "alice:x:4401:\nlnt-people:x:4501:alice\n");
-    append("subuid", "alice:200000:65536\n");
-    let setup = format!(
-        "cp /etc/resolv.conf {0}/resolv.conf && mount --bind {0} /etc && exec \"$0\" \"$@\"",
-        etc.display()
-    );
-    world.start_daemon_with(
+    let setup = etc_with(
+        world.dir.path(),
         &[
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &setup,
+            ("passwd", "alice:x:4401:4401::/nonexistent:/bin/sh\n"),
+            ("group", "alice:x:4401:\nlnt-people:x:4501:alice\n"),
+            ("subuid", "alice:200000:65536\n"),
         ],
-        daemon_args,
     );
+    let wrapper = own_mounts(&setup);
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    world.start_daemon_with(&wrapper, daemon_args);
     world
 }
 
