@@ -12,7 +12,9 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use nix::unistd::{Gid, Uid, User, getgrouplist};
 
@@ -106,9 +108,36 @@ impl Accounts {
     }
 }
 
+/// How long a looked-up account's groups are reused: the group database
+/// may be a directory (NSS over LDAP) that answers slowly, and the daemon
+/// asks at every connection, on its one thread.
+const GROUPS_FOR: Duration = Duration::from_secs(30);
+/// The accounts whose groups are kept at once.
+const GROUPS_KEPT: usize = 1024;
+
 /// The groups `account` is a member of in the group database (its
-/// primary group among them); none for a uid that is no account.
+/// primary group among them); none for a uid that is no account. Reused
+/// for GROUPS_FOR.
 pub fn member_groups(account: u32) -> Vec<u32> {
+    static KEPT: Mutex<BTreeMap<u32, (Instant, Vec<u32>)>> = Mutex::new(BTreeMap::new());
+    let now = Instant::now();
+    if let Some((at, groups)) = KEPT.lock().expect("groups lock").get(&account)
+        && now.duration_since(*at) < GROUPS_FOR
+    {
+        return groups.clone();
+    }
+    let groups = look_up_groups(account);
+    let mut kept = KEPT.lock().expect("groups lock");
+    if kept.len() >= GROUPS_KEPT {
+        kept.retain(|_, (at, _)| now.duration_since(*at) < GROUPS_FOR);
+    }
+    if kept.len() < GROUPS_KEPT {
+        kept.insert(account, (now, groups.clone()));
+    }
+    groups
+}
+
+fn look_up_groups(account: u32) -> Vec<u32> {
     let Ok(Some(user)) = User::from_uid(Uid::from_raw(account)) else {
         return Vec::new();
     };
