@@ -9,10 +9,10 @@
 //! supplementary groups a process inherited (a subordinate uid keeps its
 //! creator's, though it is no member of anything).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
