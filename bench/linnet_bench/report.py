@@ -67,20 +67,7 @@ def ratio_target(results, family, name, ours, theirs, mtu, direction, goal):
     if not (runs_at(results, ours, mtu, direction) and runs_at(results, theirs, mtu, direction)):
         return None  # left out of this run (--only, --mtu) or not possible for that setup
     a, b = cell(results, ours, mtu, direction), cell(results, theirs, mtu, direction)
-    unstable = [f"{setup} is unstable: {c['unstable']}" for setup, c in ((ours, a), (theirs, b))
-                if c and c.get("unstable")]
-    if unstable:
-        return {**t, "status": "unstable", "detail": "; ".join(unstable)}
-    if not (a and a.get("gbps") and b and b.get("gbps")):
-        return {**t, "status": "not measured", "detail": "not measured"}
-    paired = paired_ratios(a, b)
-    if not paired:
-        return {**t, "status": "not measured", "detail": "no round measured both"}
-    measured = round(statistics.median(paired), 2)
-    lo, hi = round(min(paired), 2), round(max(paired), 2)
-    return {**t, "measured": measured, "rounds": [lo, hi], "noise": lo < goal <= hi,
-            "detail": f"{a['gbps']} / {b['gbps']} Gbit/s, rounds {lo}–{hi}x",
-            "status": "met" if measured >= goal else "missed"}
+    return judge_pair(t, (ours, a or {}), (theirs, b or {}), goal)
 
 
 def missing_peer_target(results, family, name, ours, peer, mtu, direction, goal):
@@ -221,12 +208,14 @@ ATTACH_TO_REACHABLE = "attach on one host to reachable from another, p50"
 def judge_pair(t, ours, theirs, goal):
     """Target `t` judged on two summaries measured round by round, each
     (label, summary): the median of the rounds' ratios against `goal`."""
-    (a_name, a), (b_name, b) = ours, theirs
+    (_, a), (_, b) = ours, theirs
     unstable = [f"{name} is unstable: {x['unstable']}" for name, x in (ours, theirs)
                 if x.get("unstable")]
-    paired = paired_ratios(a, b) if a.get("gbps") and b.get("gbps") else []
     if unstable:
         return {**t, "status": "unstable", "detail": "; ".join(unstable)}
+    if not (a.get("gbps") and b.get("gbps")):
+        return {**t, "status": "not measured", "detail": "not measured"}
+    paired = paired_ratios(a, b)
     if not paired:
         return {**t, "status": "not measured", "detail": "no round measured both"}
     measured = round(statistics.median(paired), 2)

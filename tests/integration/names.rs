@@ -432,6 +432,12 @@ fn a_query_flood_stays_within_the_budgets_and_the_log_budget() {
 fn a_flushed_ruleset_comes_back_with_what_the_vm_learned() {
     let (world, _servers) = world_with_names(None);
     let g = agent(&world);
+    let open = world.guest("shared", &[]);
+    assert_eq!(open.udhcpc(), open.ip());
+    assert!(
+        web(&open.ns, OTHER).is_some(),
+        "the control: OTHER is there"
+    );
     assert_eq!(web(&g.ns, OTHER), None);
     let refused_before = listed(&world, "agent")["refused_connections"]
         .as_u64()
@@ -494,6 +500,10 @@ fn rootless_and_a_clone_pass_the_basic_case() {
         &["--allow-connect", "allowed.test:8080/tcp"],
     );
     assert_eq!(r.udhcpc(), r.ip());
+    // The control: a rootless guest without a policy reaches OTHER.
+    let open = user.guest(&world, "shared", &[]);
+    assert_eq!(open.udhcpc(), open.ip());
+    assert!(web(&open.ns, OTHER).is_some(), "rootless: the control");
     assert_eq!(web(&r.ns, ALLOWED), None, "rootless: not before it asks");
     assert_eq!(resolve(&r, "allowed.test"), Some(vec![ALLOWED.to_string()]));
     assert!(web(&r.ns, ALLOWED).is_some(), "rootless: the allowed name");
