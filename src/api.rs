@@ -102,6 +102,20 @@ pub struct PolicySetRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     pub policy: Policy,
+    /// Change only this part of the policy and keep the other (absent:
+    /// the whole policy is replaced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub only: Option<PolicyPart>,
+}
+
+/// A part of a policy that `policy set` can change alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyPart {
+    /// The connect and listen rules.
+    Rules,
+    /// The rate limits.
+    RateLimit,
 }
 
 impl PolicySetRequest {
@@ -407,7 +421,7 @@ pub struct InterfaceStatus {
     /// Bytes the VM received and sent (the TAP's tx and rx).
     pub vm_rx_bytes: u64,
     pub vm_tx_bytes: u64,
-    #[serde(default, skip_serializing_if = "Policy::is_open")]
+    #[serde(default, skip_serializing_if = "Policy::is_empty")]
     pub policy: Policy,
     /// Frames from the VM that anti-spoofing dropped (None: not guarded).
     #[serde(default, skip_serializing_if = "Option::is_none")]

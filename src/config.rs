@@ -20,6 +20,7 @@ use crate::addr6;
 use crate::forward::PortForward;
 use crate::learned::{DEFAULT_TTL, TtlBounds};
 use crate::policy::{Policy, PolicySpecError};
+use crate::rate::{Rate, RateLimits};
 use crate::types::{self, InterfaceId, MacAddr};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/linnet/networks.yaml";
@@ -90,6 +91,8 @@ pub struct NetworkConfig {
     pub max_interfaces_per_uid: Option<u32>,
     /// A socket_vmnet-compatible stream socket for the network, if any.
     pub socket: Option<NetworkSocket>,
+    /// Each interface's rate limits when its attach sets none.
+    pub rate_limit: RateLimits,
 }
 
 /// A network's kind, as `mode:` says it.
@@ -458,6 +461,8 @@ struct NetworkSpec {
     #[serde(default)]
     forwards: Vec<ForwardSpec>,
     policy: Option<PolicySpec>,
+    /// `RATE[/BURST]` for both ways, or `{ in: …, out: … }`.
+    rate_limit: Option<serde_norway::Value>,
     /// `true`, `false` or an absolute path.
     socket: Option<serde_norway::Value>,
     clone_subnet: Option<String>,
@@ -952,6 +957,7 @@ impl Validator<'_> {
             max_interfaces_per_uid: self
                 .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
             socket,
+            rate_limit: self.rate_limit(spec.rate_limit.take())?,
         })
     }
 
@@ -1002,6 +1008,44 @@ impl Validator<'_> {
             ));
         }
         Ok(Some(NetworkSocket::Path(path)))
+    }
+
+    /// `rate_limit: 100mbit` (each way) or `rate_limit: { in: 1gbit, out:
+    /// 100mbit }`.
+    fn rate_limit(&self, spec: Option<serde_norway::Value>) -> Result<RateLimits, ConfigError> {
+        let rate = |key: &str, v: serde_norway::Value| match v {
+            serde_norway::Value::String(text) => text
+                .parse::<Rate>()
+                .map_err(|e| self.err(key, e.to_string())),
+            // A bare number: refused for its missing unit.
+            serde_norway::Value::Number(n) => (n.to_string())
+                .parse::<Rate>()
+                .map_err(|e| self.err(key, e.to_string())),
+            other => Err(self.err(
+                key,
+                format!("{other:?} is not a rate: write it as text, e.g. 100mbit"),
+            )),
+        };
+        match spec {
+            None => Ok(RateLimits::default()),
+            Some(serde_norway::Value::Mapping(map)) => {
+                let mut limits = RateLimits::default();
+                for (k, v) in map {
+                    match k.as_str() {
+                        Some("in") => limits.received = Some(rate("rate_limit.in", v)?),
+                        Some("out") => limits.sent = Some(rate("rate_limit.out", v)?),
+                        _ => {
+                            return Err(self.err(
+                                "rate_limit",
+                                format!("unknown key {k:?}: expected in (what a VM receives) and out (what it sends)"),
+                            ));
+                        }
+                    }
+                }
+                Ok(limits)
+            }
+            Some(v) => Ok(RateLimits::both(rate("rate_limit", v)?)),
+        }
     }
 
     fn policy(&self, spec: PolicySpec) -> Result<Policy, ConfigError> {
@@ -1258,6 +1302,7 @@ impl Validator<'_> {
             max_interfaces_per_uid: self
                 .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
             socket: self.socket(name, spec.socket.take())?,
+            rate_limit: self.rate_limit(spec.rate_limit.take())?,
         })
     }
 
@@ -1963,6 +2008,46 @@ mod tests {
             "networks:\n  host:\n    ipv6_prefix: fd00:1::/64\n  shared:\n    ipv6_prefix: fd00:1::/64\n",
         );
         assert!(m.contains("is also the prefix of network"), "{m}");
+    }
+
+    #[test]
+    fn a_networks_rate_limit_is_one_rate_each_way_or_one_per_way() {
+        let cfg = load("networks:\n  shared:\n    rate_limit: 100mbit/1mb\n").unwrap();
+        let both = cfg.network("shared").unwrap().rate_limit;
+        assert_eq!(both, RateLimits::both("100mbit/1mb".parse().unwrap()));
+        let cfg = load("networks:\n  shared:\n    rate_limit: { out: 1gbit }\n").unwrap();
+        let out = cfg.network("shared").unwrap().rate_limit;
+        assert_eq!(
+            (out.received, out.sent),
+            (None, Some("1gbit".parse().unwrap()))
+        );
+        assert!(
+            load("networks:\n  shared: {}\n")
+                .unwrap()
+                .network("shared")
+                .unwrap()
+                .rate_limit
+                .is_none()
+        );
+        for (yaml, says) in [
+            (
+                "rate_limit: 100",
+                "rate_limit: \"100\": rate \"100\" needs a unit",
+            ),
+            (
+                "rate_limit: { in: 5 }",
+                "rate_limit.in: \"5\": rate \"5\" needs a unit",
+            ),
+            ("rate_limit: { in: [1] }", "rate_limit.in: Sequence"),
+            (
+                "rate_limit: { in: 1kbit }",
+                "rate_limit.in: \"1kbit\": the rate must be",
+            ),
+            ("rate_limit: { up: 1mbit }", "rate_limit: unknown key"),
+        ] {
+            let m = message(&format!("networks:\n  shared:\n    {yaml}\n"));
+            assert!(m.contains(says), "{yaml}: {m}");
+        }
     }
 
     #[test]

@@ -241,6 +241,7 @@ mod tests {
         Policy {
             egress: rules.iter().map(|r| r.parse().unwrap()).collect(),
             ingress: vec![],
+            ..Default::default()
         }
     }
 

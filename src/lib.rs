@@ -23,6 +23,7 @@ mod learned;
 mod leases;
 mod names;
 mod policy;
+mod rate;
 mod services;
 mod types;
 

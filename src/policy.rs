@@ -16,6 +16,7 @@ use thiserror::Error;
 
 use crate::forward::{Protocol, port_number, split_protocol};
 use crate::names::NamePattern;
+use crate::rate::RateLimits;
 
 #[derive(Debug, Error, PartialEq)]
 #[error("\"{spec}\": {problem} (expected {expected})")]
@@ -80,18 +81,28 @@ pub struct ListenRule {
     pub protocol: Option<Protocol>,
 }
 
-/// An interface's policy. Empty lists: nothing restricted.
+/// An interface's policy. Empty lists: nothing restricted. Its rate
+/// limits ride along (they change with `policy set`, and show with the
+/// rules) but restrict no destination: a policy with limits alone is open.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress: Vec<ConnectRule>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ingress: Vec<ListenRule>,
+    #[serde(default, skip_serializing_if = "RateLimits::is_none")]
+    pub rate_limit: RateLimits,
 }
 
 impl Policy {
+    /// No connect or listen rule (whatever its rate limits).
     pub fn is_open(&self) -> bool {
         self.egress.is_empty() && self.ingress.is_empty()
+    }
+
+    /// No rule and no rate limit.
+    pub fn is_empty(&self) -> bool {
+        self.is_open() && self.rate_limit.is_none()
     }
 
     /// Whether it names DNS names: then linnet's DNS answers the VM only
@@ -378,6 +389,7 @@ mod tests {
         let p = Policy {
             egress: vec![connect("198.51.100.1:8080/tcp")],
             ingress: vec![listen("8000/tcp")],
+            ..Default::default()
         };
         let text = serde_json::to_string(&p).unwrap();
         assert_eq!(
@@ -398,6 +410,7 @@ mod tests {
                 connect("*.example.com:8080"),
             ],
             ingress: vec![],
+            ..Default::default()
         };
         assert!(p.has_names());
         assert_eq!(p.name_reaches().len(), 2, "443/tcp once, 8080 once");
@@ -409,6 +422,7 @@ mod tests {
         let cidr_only = Policy {
             egress: vec![connect("10.0.0.0/8")],
             ingress: vec![],
+            ..Default::default()
         };
         assert!(!cidr_only.has_names());
         assert!(cidr_only.name_reaches().is_empty());

@@ -184,14 +184,14 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-/// "connect 2 (3 refused), listen 1" or "-" when nothing is restricted;
-/// with names, the DNS queries refused too.
+/// "connect 2 (3 refused), listen 1, rate 100mbit each way" or "-" when
+/// nothing is restricted; with names, the DNS queries refused too.
 fn policy_summary(
     p: &crate::policy::Policy,
     refused_queries: Option<u64>,
     refused_connections: Option<u64>,
 ) -> String {
-    if p.is_open() {
+    if p.is_empty() {
         return "-".into();
     }
     let mut parts = Vec::new();
@@ -204,6 +204,9 @@ fn policy_summary(
     }
     if !p.ingress.is_empty() {
         parts.push(format!("listen {}", p.ingress.len()));
+    }
+    if !p.rate_limit.is_none() {
+        parts.push(format!("rate {}", p.rate_limit));
     }
     parts.join(", ")
 }

@@ -34,6 +34,7 @@ use crate::datapath::{Counters, Datapath, RelayCounters};
 use crate::forward::PortForward;
 use crate::host::privileges;
 use crate::policy::{ConnectRule, ListenRule, Policy};
+use crate::rate::{Rate, RateLimits};
 use crate::types::{InterfaceId, MacAddr};
 
 /// linnet's own failures (as opposed to the command `linnet run` started),
@@ -501,6 +502,8 @@ pub struct AttachArgs {
     /// arrive): e.g. 8000/tcp, 5000-5010.
     #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
     pub allow_listen: Vec<ListenRule>,
+    #[command(flatten)]
+    pub rate: RateArgs,
     /// As root: attach for USER, and run the VMM or relay as USER, with no
     /// capabilities (default under sudo: the invoking user, SUDO_UID/SUDO_GID).
     #[arg(long, value_name = "USER[:GROUP]")]
@@ -597,6 +600,32 @@ impl InterfaceArgs {
 }
 
 /// An attached interface as its client holds it.
+/// `--rate-limit` and its one-way forms, on run, attach, helper and
+/// policy set.
+#[derive(Args, Clone, Default)]
+pub struct RateArgs {
+    /// Limit what the VM sends and what it receives, each way, to RATE in
+    /// bits per second (bit, kbit, mbit, gbit), with an optional BURST in
+    /// bytes (b, kb, mb, kib, mib; default 20 ms of the rate, at least
+    /// 128kib) that may pass above it: e.g. 100mbit or 20mbit/512kib. The
+    /// kernel drops what exceeds it; TCP slows to it. Default: the
+    /// network's rate_limit, if it has one.
+    #[arg(long, value_name = "RATE[/BURST]")]
+    pub rate_limit: Option<Rate>,
+    /// Limit only what the VM receives (over --rate-limit).
+    #[arg(long, value_name = "RATE[/BURST]")]
+    pub rate_limit_in: Option<Rate>,
+    /// Limit only what the VM sends (over --rate-limit).
+    #[arg(long, value_name = "RATE[/BURST]")]
+    pub rate_limit_out: Option<Rate>,
+}
+
+impl RateArgs {
+    pub fn limits(&self) -> RateLimits {
+        RateLimits::from_options(self.rate_limit, self.rate_limit_in, self.rate_limit_out)
+    }
+}
+
 pub struct Attached {
     /// What the VMM needs to know.
     pub info: InterfaceInfo,
@@ -624,9 +653,13 @@ pub fn attach(
         name: args.name.clone(),
         datapath: Some(datapath),
         publish: args.publish.clone(),
-        policy: (!args.allow_connect.is_empty() || !args.allow_listen.is_empty()).then(|| Policy {
+        policy: (!args.allow_connect.is_empty()
+            || !args.allow_listen.is_empty()
+            || !args.rate.limits().is_none())
+        .then(|| Policy {
             egress: args.allow_connect.clone(),
             ingress: args.allow_listen.clone(),
+            rate_limit: args.rate.limits(),
         }),
         keep,
         clone_of: args.clone_of()?,

@@ -1,18 +1,23 @@
-//! `linnet policy show|set`: an attached VM's connect/listen policy.
+//! `linnet policy show|set`: an attached VM's connect/listen policy and
+//! rate limits.
 
 use anyhow::bail;
 use clap::{Args, Subcommand};
 
-use super::{Cli, InterfaceArgs};
-use crate::api::{PolicySetRequest, Request, Response};
+use super::{Cli, InterfaceArgs, RateArgs};
+use crate::api::{PolicyPart, PolicySetRequest, Request, Response};
 use crate::policy::{ConnectRule, ListenRule, Policy};
+use crate::rate::{Rate, RateLimits};
 
 #[derive(Subcommand)]
 pub enum PolicyCommand {
-    /// Show what a VM may connect to and be connected on.
+    /// Show what a VM may connect to and be connected on, and its rate
+    /// limits.
     Show(Which),
-    /// Replace a VM's policy; new connections follow it at once. With
-    /// neither option, nothing is restricted.
+    /// Replace a VM's rules (--allow-*), its rate limits (--rate-limit*),
+    /// or both: what is not given is kept, unless nothing is, which lifts
+    /// every restriction. New connections follow the rules at once; a new
+    /// rate holds for every frame from then on.
     Set(SetArgs),
 }
 
@@ -37,6 +42,21 @@ pub struct SetArgs {
     /// Accept connections to the VM only on these ports (repeatable).
     #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
     allow_listen: Vec<ListenRule>,
+    #[command(flatten)]
+    rate: RateArgs,
+}
+
+impl SetArgs {
+    /// Which part the options change: the rules, the rate limits, or
+    /// (both or neither given) the whole policy.
+    fn only(&self) -> Option<PolicyPart> {
+        let rules = !self.allow_connect.is_empty() || !self.allow_listen.is_empty();
+        match (rules, self.rate.limits().is_none()) {
+            (true, true) => Some(PolicyPart::Rules),
+            (false, false) => Some(PolicyPart::RateLimit),
+            _ => None,
+        }
+    }
 }
 
 pub fn main(cli: &Cli, cmd: &PolicyCommand) -> anyhow::Result<()> {
@@ -51,7 +71,9 @@ pub fn main(cli: &Cli, cmd: &PolicyCommand) -> anyhow::Result<()> {
                 policy: Policy {
                     egress: a.allow_connect.clone(),
                     ingress: a.allow_listen.clone(),
+                    rate_limit: a.rate.limits(),
                 },
+                only: a.only(),
             };
             (Request::PolicySet(req), &a.which)
         }
@@ -70,6 +92,7 @@ pub fn main(cli: &Cli, cmd: &PolicyCommand) -> anyhow::Result<()> {
                 println!("interface {interface_id}");
                 println!("  connect: {}", describe(&policy.egress, "anywhere"));
                 println!("  listen:  {}", describe(&policy.ingress, "any port"));
+                println!("  rate:    {}", shown_rate(&policy.rate_limit));
                 if policy.has_names() {
                     println!("  DNS:     only linnet's, and only for the names above");
                     if learned.is_empty() {
@@ -91,6 +114,16 @@ pub fn main(cli: &Cli, cmd: &PolicyCommand) -> anyhow::Result<()> {
         Response::Error { message, .. } => bail!(message),
         other => bail!("unexpected reply from the daemon: {other:?}"),
     }
+}
+
+/// Rate limits as `policy show` and `ls` print them.
+pub fn shown_rate(limits: &RateLimits) -> String {
+    let way = |r: Option<Rate>| {
+        r.map_or("unlimited".to_string(), |r| {
+            format!("{r} (burst {} bytes)", r.burst_bytes())
+        })
+    };
+    format!("in {}, out {}", way(limits.received), way(limits.sent))
 }
 
 fn describe<T: ToString>(rules: &[T], open: &str) -> String {

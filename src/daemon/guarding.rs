@@ -164,6 +164,7 @@ pub(super) fn port_guard(
         // A LAN has its own DHCP server: a VM's would be a rogue one.
         dhcp_server: cfg.own().is_some_and(|own| !own.dhcp.enabled),
         listen: (!policy.ingress.is_empty()).then(|| policy.ingress.clone()),
+        rate_limit: policy.rate_limit,
     }
 }
 
@@ -200,9 +201,10 @@ pub(super) fn clone_guard(mut guard: PortGuard, guest: Option<Ipv4Addr>) -> Port
     guard
 }
 
-/// An interface's guard on `cfg`'s network, if it has one.
+/// An interface's guard on `cfg`'s network, if it has one: its network
+/// guards its ports, or it has a rate limit.
 pub(super) fn guard_of(cfg: &NetworkConfig, i: &Interface) -> Option<PortGuard> {
-    if !i.guarded {
+    if !i.guarded && i.policy.rate_limit.is_none() {
         return None;
     }
     let guard = port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy);

@@ -243,16 +243,17 @@ pub(super) fn plan_on_lan(
         });
     }
     let datapath = req.datapath.unwrap_or_default();
+    let policy = attach_policy(req.policy.as_ref(), cfg);
     Ok(AttachPlan {
         id,
         mac,
         ip: None,
         name: req.name.clone(),
         datapath,
-        policy: Policy::default(),
+        steps: port_steps(vec![Step::Port], has_guard(cfg, &policy), None, datapath),
+        policy,
         guarded: guarded(cfg),
         mtu,
-        steps: port_steps(vec![Step::Port], guarded(cfg), None, datapath),
     })
 }
 
@@ -260,6 +261,28 @@ pub(super) fn plan_on_lan(
 /// (on linnet's own networks) isolation.
 pub(super) fn guarded(cfg: &NetworkConfig) -> bool {
     cfg.anti_spoofing || cfg.isolation()
+}
+
+/// Whether a port gets guard entries: its network's are guarded, or its
+/// policy limits its rate (the limits are the guard tables').
+fn has_guard(cfg: &NetworkConfig, policy: &Policy) -> bool {
+    guarded(cfg) || !policy.rate_limit.is_none()
+}
+
+/// The policy an attach gets: the request's rules, or the network's when
+/// it gives none (a request with rate limits alone keeps them); the
+/// request's rate limit each way, or else the network's `rate_limit`.
+pub(super) fn attach_policy(asked: Option<&Policy>, cfg: &NetworkConfig) -> Policy {
+    let mut policy = match asked {
+        Some(p) if !p.is_open() || p.rate_limit.is_none() => p.clone(),
+        Some(p) => Policy {
+            rate_limit: p.rate_limit,
+            ..cfg.policy().clone()
+        },
+        None => cfg.policy().clone(),
+    };
+    policy.rate_limit = policy.rate_limit.or(cfg.rate_limit);
+    policy
 }
 
 /// The MAC of a LAN network's VM that asked for none: stable per id.
@@ -281,7 +304,7 @@ pub(super) fn plan(
     req: &AttachRequest,
     now: u64,
 ) -> Result<AttachPlan, DaemonError> {
-    let policy = req.policy.clone().unwrap_or_else(|| cfg.policy().clone());
+    let policy = attach_policy(req.policy.as_ref(), cfg);
     // Without DHCP only a static lease gives an address linnet knows.
     let addressed = own.dhcp.enabled || leases.has_static(id, req.mac);
     if !addressed && !policy.is_open() {
@@ -295,7 +318,7 @@ pub(super) fn plan(
         (leases.attach_without_address(id, req.mac, now)?, None)
     };
     let datapath = req.datapath.unwrap_or_default();
-    let mut steps = port_steps(vec![Step::Port], guarded(cfg), None, datapath);
+    let mut steps = port_steps(vec![Step::Port], has_guard(cfg, &policy), None, datapath);
     if let (Some(_), Some(ip)) = (&own.evpn, ip) {
         // Before making a TAP persistent, the last step that can fail.
         let at = (steps.iter().position(|s| *s == Step::Persist)).unwrap_or(steps.len());
@@ -373,7 +396,8 @@ pub(super) fn plan_clone(
         made.push(Step::NameNamespace(namespaces.join(id.to_string())));
     }
     let guest = Some(clone.guest.ip).filter(|_| clone.holds_guest_address);
-    let mut steps = port_steps(made, guarded(cfg), guest, datapath);
+    let policy = attach_policy(req.policy.as_ref(), cfg);
+    let mut steps = port_steps(made, has_guard(cfg, &policy), guest, datapath);
     if clone.holds_guest_address {
         steps.push(Step::Announce);
     }
@@ -383,7 +407,7 @@ pub(super) fn plan_clone(
         ip: Some(clone.unique),
         name: req.name.clone(),
         datapath,
-        policy: req.policy.clone().unwrap_or_else(|| cfg.policy().clone()),
+        policy,
         guarded: guarded(cfg),
         mtu: own.mtu,
         steps,
@@ -449,6 +473,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::leases::LeaseError;
+    use crate::rate::RateLimits;
 
     fn network(yaml: &str) -> NetworkConfig {
         network_named(yaml, "shared")
@@ -539,6 +564,7 @@ mod tests {
         policed.policy = Some(Policy {
             egress: vec!["10.0.0.0/8".parse().unwrap()],
             ingress: vec![],
+            ..Default::default()
         });
         let refused = plan(
             (&cfg, cfg.own().unwrap()),
@@ -698,6 +724,60 @@ mod tests {
                 Step::Persist,
                 Step::Announce,
             ]
+        );
+    }
+
+    #[test]
+    fn an_attach_takes_the_networks_rules_and_rate_where_it_gives_none() {
+        let cfg = network(
+            "networks:\n  shared:\n    rate_limit: { in: 50mbit }\n    policy: { egress: ['10.0.0.0/8'] }\n",
+        );
+        let rate = |t: &str| Some(t.parse().unwrap());
+        let none = attach_policy(None, &cfg);
+        assert_eq!(none.egress, cfg.policy().egress);
+        assert_eq!(
+            (none.rate_limit.received, none.rate_limit.sent),
+            (rate("50mbit"), None)
+        );
+        // A rate alone keeps the network's rules; the network's fills the
+        // way it leaves out.
+        let asked = Policy {
+            rate_limit: RateLimits {
+                received: None,
+                sent: rate("5mbit"),
+            },
+            ..Policy::default()
+        };
+        let got = attach_policy(Some(&asked), &cfg);
+        assert_eq!(got.egress, cfg.policy().egress);
+        assert_eq!(
+            (got.rate_limit.received, got.rate_limit.sent),
+            (rate("50mbit"), rate("5mbit"))
+        );
+        // Rules of its own replace the network's.
+        let own = Policy {
+            ingress: vec!["22/tcp".parse().unwrap()],
+            ..Policy::default()
+        };
+        let got = attach_policy(Some(&own), &cfg);
+        assert!(got.egress.is_empty() && got.ingress.len() == 1);
+        // A port with a rate is guarded even where its network guards none.
+        let (open_cfg, mut leases, _) = planned("networks:\n  shared:\n    anti_spoofing: false\n");
+        let mut req = request(None);
+        req.policy = Some(asked);
+        let limited = plan(
+            (&open_cfg, open_cfg.own().unwrap()),
+            &mut leases,
+            0.into(),
+            id(2),
+            &req,
+            0,
+        )
+        .unwrap();
+        assert!(!limited.guarded, "its link is never held");
+        assert_eq!(
+            limited.steps,
+            [Step::Port, Step::Guard { guest: None }, Step::Link]
         );
     }
 
@@ -1006,6 +1086,7 @@ mod tests {
             policy: Some(Policy {
                 egress: vec!["10.0.0.0/8".parse().unwrap()],
                 ingress: vec![],
+                ..Default::default()
             }),
             ..request(None)
         };

@@ -1321,6 +1321,7 @@ async fn a_policy_is_refused_before_anything_is_made_on_a_host_without_br_netfil
         policy: Some(crate::policy::Policy {
             egress: vec!["10.0.0.0/8".parse().unwrap()],
             ingress: vec![],
+            ..Default::default()
         }),
         ..request(1)
     };
@@ -1347,6 +1348,7 @@ async fn names_in_a_policy_gate_the_vms_dns_and_what_it_learned_follows_the_poli
     let policy = |rules: &[&str]| Policy {
         egress: rules.iter().map(|r| r.parse().unwrap()).collect(),
         ingress: vec![],
+        ..Default::default()
     };
     let name = |s: &str| Name::from_utf8(s).unwrap();
     let mut scene = Scene::new(USERS).await;
@@ -1421,6 +1423,7 @@ async fn names_in_a_policy_gate_the_vms_dns_and_what_it_learned_follows_the_poli
             interface_id: Some(vm_id),
             name: None,
             policy: policy(rules),
+            only: None,
         };
         scene.daemon.policy_set(&root, req).expect("policy set");
     };

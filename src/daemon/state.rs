@@ -455,7 +455,8 @@ impl Daemon {
 
     /// Whether any interface, attached or detaching, is guarded.
     pub(super) fn any_guarded(&self) -> bool {
-        (self.interfaces.values().chain(self.detaching.values())).any(|i| i.guarded)
+        (self.interfaces.values().chain(self.detaching.values()))
+            .any(|i| i.guarded || !i.policy.rate_limit.is_none())
     }
 
     pub(super) async fn ensure_network(&mut self, name: &str) -> Result<(), DaemonError> {
@@ -849,7 +850,7 @@ impl Daemon {
         let ports: Vec<PortGuard> = self
             .guarded_ports()
             .into_iter()
-            .filter(|p| p.hook == Hook::Egress && p.anti_spoofing)
+            .filter(|p| p.hooked())
             .collect();
         if ports.is_empty() || !self.guard.ready() {
             return None;

@@ -1169,6 +1169,7 @@ mod tests {
                     "10.0.0.0/8".parse().unwrap(),
                 ],
                 ingress: vec!["8000-8010".parse().unwrap()],
+                ..Default::default()
             },
             learned: vec![],
             refused: 7,
@@ -1277,6 +1278,7 @@ mod tests {
                     "*.cdn.example.net:443/tcp".parse().unwrap(),
                 ],
                 ingress: vec![],
+                ..Default::default()
             },
             learned: vec![Element {
                 reach: 0,

@@ -33,11 +33,15 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+use self::limits::{EGRESS_PREFIX, HookChain, INGRESS_PREFIX, Limit, hook_chains, limits};
 use super::nft::{Nft, NftError};
 use super::ruleset::{Shape, linnet_shape};
 use crate::forward::Protocol;
 use crate::policy::ListenRule;
+use crate::rate::RateLimits;
 use crate::types::MacAddr;
+
+mod limits;
 
 const BRIDGE: &str = "bridge";
 const NETDEV: &str = "netdev";
@@ -71,19 +75,26 @@ fn sets(hook: Hook) -> String {
     set listen {{ type ifname . inet_proto . inet_service; flags interval; }}
     # Frames dropped, per TAP.
     set drops {{ type ifname; flags dynamic; counter; size 65535; }}
-
-"#
+{maps}
+"#,
+        maps = limits::MAPS
     )
 }
 
 /// Frames a guarded TAP's VM sends enter here.
-const PREROUTING: &str = r#"
-    chain prerouting {
+fn prerouting() -> String {
+    format!(
+        r#"
+    chain prerouting {{
         type filter hook prerouting priority filter; policy accept;
+        {}
         iifname @guarded jump guard
-    }
+    }}
 
-"#;
+"#,
+        limits::BRIDGE_SENT_RULE
+    )
+}
 
 /// What a VM may send: the same chains for a TAP (checked as its frames
 /// enter the bridge: the port is `iifname`) and a macvtap (as they leave
@@ -225,7 +236,8 @@ const BRIDGE_CHAINS: &str = r#"
 /// The bridge table, in nft's own syntax.
 fn ruleset() -> String {
     let (sets, sender) = (sets(Hook::Bridge), sender_chains(Hook::Bridge));
-    format!("table {BRIDGE} {TABLE} {{\n{sets}{PREROUTING}{sender}{BRIDGE_CHAINS}}}\n")
+    let (prerouting, postrouting) = (prerouting(), limits::BRIDGE_RECEIVED_CHAIN);
+    format!("table {BRIDGE} {TABLE} {{\n{sets}{prerouting}{sender}{BRIDGE_CHAINS}{postrouting}}}\n")
 }
 
 /// The netdev table of macvtaps (`mode: bridged`): the same sets and
@@ -292,13 +304,15 @@ pub struct PortGuard {
     /// With a listen policy: the only ports its VM gets broadcast and
     /// multicast on (beyond what its network needs).
     pub listen: Option<Vec<ListenRule>>,
+    /// Its rate limits (`limits`).
+    pub rate_limit: RateLimits,
 }
 
 impl PortGuard {
-    /// A macvtap with anti-spoofing has a base chain of its own, hooked
-    /// at its egress.
-    fn hooked(&self) -> bool {
-        self.hook == Hook::Egress && self.anti_spoofing
+    /// A macvtap with anti-spoofing or a rate limit has base chains of
+    /// its own, hooked on its device.
+    pub fn hooked(&self) -> bool {
+        !hook_chains(self).is_empty()
     }
 }
 
@@ -320,7 +334,9 @@ pub fn create_with(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
         && EGRESS_SHAPE.get().is_none()
         && let Ok(Some(mut shape)) = linnet_shape(nft, NETDEV)
     {
-        shape.retain(|chain, _| !chain.starts_with(HOOK_CHAIN_PREFIX));
+        shape.retain(|chain, _| {
+            !chain.starts_with(EGRESS_PREFIX) && !chain.starts_with(INGRESS_PREFIX)
+        });
         let _ = EGRESS_SHAPE.set(shape);
     }
     if SHAPE.get().is_none()
@@ -341,15 +357,15 @@ pub fn expected_shape() -> Option<&'static Shape> {
 }
 
 /// The macvtaps' table's fixed chains as it was first made, to which each
-/// guarded macvtap adds its chain of one rule.
+/// guarded or limited macvtap adds its hook chains.
 static EGRESS_SHAPE: OnceLock<Shape> = OnceLock::new();
 
 /// The macvtaps' table's shape with `ports` guarded (known once the
 /// table was made).
 pub fn expected_egress_shape(ports: &[PortGuard]) -> Option<Shape> {
     let mut shape = EGRESS_SHAPE.get()?.clone();
-    for port in ports.iter().filter(|p| p.hooked()) {
-        shape.insert(hook_chain(&port.tap), 1);
+    for chain in ports.iter().flat_map(hook_chains) {
+        shape.insert(chain.name, chain.rules.len());
     }
     Some(shape)
 }
@@ -401,11 +417,8 @@ fn egress_table_exists(nft: &mut Nft) -> bool {
 pub fn unhook(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> {
     check_names(ports)?;
     let mut script = Script::default();
-    for port in ports.iter().filter(|p| p.hooked()) {
-        script.line(format_args!(
-            "delete chain {NETDEV} {TABLE} {}",
-            hook_chain(&port.tap)
-        ));
+    for chain in ports.iter().flat_map(hook_chains) {
+        script.unhook(&chain);
     }
     if script.0.is_empty() {
         return Ok(());
@@ -424,6 +437,20 @@ pub fn update_port(nft: &mut Nft, old: &PortGuard, new: &PortGuard) -> Result<()
     }
     for elem in after.iter().filter(|e| !before.contains(e)) {
         script.add(elem);
+    }
+    let (limits_before, limits_after) = (limits(old), limits(new));
+    for limit in limits_before.iter().filter(|l| !limits_after.contains(l)) {
+        script.delete_limit(limit);
+    }
+    for limit in limits_after.iter().filter(|l| !limits_before.contains(l)) {
+        script.add_limit(limit);
+    }
+    let (hooks_before, hooks_after) = (hook_chains(old), hook_chains(new));
+    for chain in hooks_before.iter().filter(|c| !hooks_after.contains(c)) {
+        script.unhook(chain);
+    }
+    for chain in hooks_after.iter().filter(|c| !hooks_before.contains(c)) {
+        script.hook(chain);
     }
     if script.0.is_empty() {
         return Ok(());
@@ -450,6 +477,10 @@ pub fn remove_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> 
             all.push(Element::of(port, Set::Drops, Key::Port));
             for elem in &all {
                 script.delete(elem);
+            }
+            for limit in limits(port) {
+                script.add_limit(&limit);
+                script.delete_limit(&limit);
             }
         }
         nft.run(&script.0)?;
@@ -509,15 +540,6 @@ fn check_names<'a>(ports: impl IntoIterator<Item = &'a PortGuard>) -> Result<(),
     }
 }
 
-/// A macvtap's base chain, hooked at its egress, that sends what it
-/// carries through the checks: made with its guard, deleted (`unhook`)
-/// before the macvtap is.
-fn hook_chain(port: &str) -> String {
-    format!("{HOOK_CHAIN_PREFIX}{port}")
-}
-
-const HOOK_CHAIN_PREFIX: &str = "port_";
-
 /// One transaction in nft's syntax, made only of linnet's fixed text and
 /// typed values (port names checked by `check_names`, addresses, MACs,
 /// numbers).
@@ -542,7 +564,7 @@ impl Script {
     }
 
     fn add(&mut self, elem: &Element) {
-        self.line(format_args!("add element {elem}"));
+        self.add_element_raw(elem);
     }
 
     /// Added first, so the delete is valid whether or not it was there.
@@ -551,19 +573,53 @@ impl Script {
         self.line(format_args!("delete element {elem}"));
     }
 
-    /// Its elements, then a macvtap's hook: no moment with a macvtap's
-    /// frames sent through the checks before its elements are there.
+    /// Its elements and limits, then a macvtap's hooks: no moment with a
+    /// macvtap's frames sent through the checks before its elements are
+    /// there.
     fn add_port(&mut self, port: &PortGuard) {
         for elem in elements(port) {
             self.add(&elem);
         }
-        if port.hooked() {
-            let (device, chain) = (&port.tap, hook_chain(&port.tap));
-            self.line(format_args!(
-                "add chain {NETDEV} {TABLE} {chain} {{ type filter hook egress device \"{device}\" priority filter; policy accept; }}"
-            ));
-            self.line(format_args!("add rule {NETDEV} {TABLE} {chain} jump guard"));
+        for limit in limits(port) {
+            self.add_limit(&limit);
         }
+        for chain in hook_chains(port) {
+            self.hook(&chain);
+        }
+    }
+
+    /// The limit's object, then its element (which names the object).
+    fn add_limit(&mut self, limit: &Limit) {
+        self.line(format_args!("{}", limit.add_object()));
+        self.add_element_raw(limit);
+    }
+
+    /// Its element, then its object (no longer named by any).
+    fn delete_limit(&mut self, limit: &Limit) {
+        self.line(format_args!("delete element {limit}"));
+        self.line(format_args!("{}", limit.delete_object()));
+    }
+
+    fn add_element_raw(&mut self, elem: &dyn fmt::Display) {
+        self.line(format_args!("add element {elem}"));
+    }
+
+    /// A macvtap's base chain (its device checked by `check_names`: a
+    /// port's name is its device's).
+    fn hook(&mut self, chain: &HookChain) {
+        let HookChain {
+            name, hook, device, ..
+        } = chain;
+        self.line(format_args!(
+            "add chain {NETDEV} {TABLE} {name} {{ type filter hook {hook} device \"{device}\" priority filter; policy accept; }}"
+        ));
+        for rule in &chain.rules {
+            self.line(format_args!("add rule {NETDEV} {TABLE} {name} {rule}"));
+        }
+    }
+
+    fn unhook(&mut self, chain: &HookChain) {
+        self.line(format_args!("delete chain {NETDEV} {TABLE} {}", chain.name));
     }
 }
 
@@ -744,10 +800,10 @@ fn elements(port: &PortGuard) -> Vec<Element<'_>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn port() -> PortGuard {
+    pub(in crate::host::guard) fn port() -> PortGuard {
         PortGuard {
             tap: "lnt0123456789ab".into(),
             hook: Hook::Bridge,
@@ -761,6 +817,7 @@ mod tests {
             isolated: false,
             dhcp_server: false,
             listen: None,
+            rate_limit: RateLimits::default(),
         }
     }
 
@@ -911,6 +968,7 @@ mod tests {
             &lines[hook..],
             [
                 "add chain netdev linnet port_lnv7 { type filter hook egress device \"lnv7\" priority filter; policy accept; }",
+                "add rule netdev linnet port_lnv7 limit name oifname map @sent drop",
                 "add rule netdev linnet port_lnv7 jump guard",
             ],
             "hooked last, once its elements are there"

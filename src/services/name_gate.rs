@@ -228,6 +228,7 @@ mod tests {
             policy: Policy {
                 egress: rules.iter().map(|r| r.parse().unwrap()).collect(),
                 ingress: vec![],
+                ..Default::default()
             },
             bounds: TtlBounds {
                 floor: 5,

@@ -88,6 +88,30 @@ impl Lan {
     }
 }
 
+/// A macvtap's VM is limited at the macvtap's own hooks: what it sends at
+/// egress, what reaches it at ingress; beside a VM without a limit on the
+/// same LAN.
+#[test]
+fn a_macvtap_vm_holds_to_its_rate_each_way() {
+    use crate::rate_limits::{holds, iperf_server, mbits};
+    let mut world = World::with_config(CONFIG);
+    let lan = Lan::new(&world);
+    world.start_daemon();
+    let limited = world.guest(
+        "lan",
+        &["--rate-limit-out", "20mbit", "--rate-limit-in", "40mbit"],
+    );
+    let open = world.guest("lan", &[]);
+    assert!(in_lan_pool(limited.udhcpc()) && in_lan_pool(open.udhcpc()));
+    let _server = iperf_server(&lan.ns, 5305);
+    let control = mbits(&open.ns, LAN_ROUTER, 5305, false);
+    assert!(control > 200.0, "an unlimited VM: {control} Mbit/s");
+    let out = mbits(&limited.ns, LAN_ROUTER, 5305, false);
+    assert!(holds(out, 20.0), "what the VM sends: {out} Mbit/s");
+    let into = mbits(&limited.ns, LAN_ROUTER, 5305, true);
+    assert!(holds(into, 40.0), "what it receives: {into} Mbit/s");
+}
+
 fn in_lan_pool(ip: Ipv4Addr) -> bool {
     ip.octets()[..3] == [10, 77, 0] && (100..=150).contains(&ip.octets()[3])
 }

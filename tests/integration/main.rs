@@ -15,6 +15,7 @@ mod names;
 mod network_sockets;
 mod policy;
 mod qemu;
+mod rate_limits;
 mod restart;
 mod rootless;
 mod service;

@@ -165,11 +165,30 @@ type AttachRequest struct {
 // or more below), whose addresses the VM may reach once linnet's DNS has
 // answered it for the name; a VM with names asks no other resolver.
 // Ingress rules are "PORT[-PORT][/tcp|/udp]". An empty list restricts
-// nothing.
+// nothing. RateLimit caps the VM's traffic each way.
 type Policy struct {
-	Egress  []string `json:"egress,omitempty"`
-	Ingress []string `json:"ingress,omitempty"`
+	Egress    []string   `json:"egress,omitempty"`
+	Ingress   []string   `json:"ingress,omitempty"`
+	RateLimit *RateLimit `json:"rate_limit,omitempty"`
 }
+
+// RateLimit is an interface's rate limits, each "RATE[/BURST]" in bits per
+// second with an optional burst in bytes ("100mbit", "20mbit/512kib");
+// empty: that way is not limited. In is what the VM receives, Out what it
+// sends. In an attach, an empty way takes the network's rate_limit.
+type RateLimit struct {
+	In  string `json:"in,omitempty"`
+	Out string `json:"out,omitempty"`
+}
+
+// PolicyPart names the part of a policy PolicySetPart changes.
+type PolicyPart string
+
+// The parts of a policy.
+const (
+	PartRules     PolicyPart = "rules"
+	PartRateLimit PolicyPart = "rate_limit"
+)
 
 // LearnedAddress is an address a VM may reach because linnet's DNS
 // answered it for a name of its policy, until it expires.
@@ -212,11 +231,19 @@ func (c *Client) PolicyShow(ctx context.Context, ref InterfaceRef) (*PolicyInfo,
 // PolicySet replaces an interface's policy: new connections follow it at
 // once, and addresses learned for names it no longer allows are dropped.
 func (c *Client) PolicySet(ctx context.Context, ref InterfaceRef, p Policy) (*PolicyInfo, error) {
+	return c.PolicySetPart(ctx, ref, p, "")
+}
+
+// PolicySetPart changes only one part of an interface's policy, its rules
+// (PartRules) or its rate limits (PartRateLimit), from p, and keeps the
+// other; "" replaces the whole policy, as PolicySet does.
+func (c *Client) PolicySetPart(ctx context.Context, ref InterfaceRef, p Policy, only PolicyPart) (*PolicyInfo, error) {
 	body := struct {
 		Op string `json:"op"`
 		InterfaceRef
-		Policy Policy `json:"policy"`
-	}{"policy_set", ref, p}
+		Policy Policy     `json:"policy"`
+		Only   PolicyPart `json:"only,omitempty"`
+	}{"policy_set", ref, p, only}
 	var info PolicyInfo
 	if _, err := c.call(ctx, body, "policy", &info); err != nil {
 		return nil, err

@@ -342,6 +342,31 @@ func TestPoliciesByNameAreSetShownAndListed(t *testing.T) {
 	}
 }
 
+func TestRateLimitsAreSetAloneAndShown(t *testing.T) {
+	client, daemon := pair(t)
+	got := daemon.serve("policy_set", nil, `{"reply":"policy","interface_id":"x",
+		"policy":{"egress":["10.0.0.0/8"],"rate_limit":{"in":"100mbit","out":"10mbit"}}}`)
+	info, err := client.PolicySetPart(ctx, InterfaceRef{Network: "shared", Name: "vm"},
+		Policy{RateLimit: &RateLimit{In: "100mbit", Out: "10mbit"}}, PartRateLimit)
+	if err != nil || info.Policy.RateLimit == nil || info.Policy.RateLimit.Out != "10mbit" ||
+		info.Policy.Egress[0] != "10.0.0.0/8" {
+		t.Fatalf("got %+v, %v", info, err)
+	}
+	req := <-got
+	policy, _ := req["policy"].(map[string]interface{})
+	rate, _ := policy["rate_limit"].(map[string]interface{})
+	if req["only"] != "rate_limit" || rate["in"] != "100mbit" || rate["out"] != "10mbit" || policy["egress"] != nil {
+		t.Errorf("the request: %v", req)
+	}
+	got = daemon.serve("policy_set", nil, `{"reply":"policy","interface_id":"x","policy":{}}`)
+	if _, err := client.PolicySet(ctx, InterfaceRef{Network: "shared", Name: "vm"}, Policy{}); err != nil {
+		t.Fatal(err)
+	}
+	if req := <-got; req["only"] != nil {
+		t.Errorf("a whole policy names no part: %v", req)
+	}
+}
+
 func itoa(n int) string {
 	b, _ := json.Marshal(n)
 	return string(b)
