@@ -299,6 +299,21 @@ pub enum ErrorKind {
     Internal,
 }
 
+impl ErrorKind {
+    /// As the API writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::UnknownNetwork => "unknown_network",
+            ErrorKind::NotAllowed => "not_allowed",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::HostSetup => "host_setup",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
 /// One interface as the VMM's side sees it. Carries vmnet-helper's keys so
 /// tools that parse vmnet-helper output work unchanged, and linnet's own.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -290,6 +290,12 @@ impl LeaseTable {
         Some((path, bytes))
     }
 
+    /// How many leases hold an address now: attached interfaces', and
+    /// those of interfaces gone but not yet for the lease time.
+    pub fn live(&self, now: u64) -> usize {
+        self.leases.values().filter(|l| l.is_live(now)).count()
+    }
+
     #[cfg(test)]
     pub fn leases(&self) -> impl Iterator<Item = &Lease> {
         self.leases.values()

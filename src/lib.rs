@@ -21,6 +21,7 @@ mod frr;
 mod host;
 mod learned;
 mod leases;
+mod metrics;
 mod names;
 mod policy;
 mod rate;

@@ -29,6 +29,15 @@ pub struct DaemonArgs {
     /// host [default: pasta if installed, else slirp4netns].
     #[arg(long, value_name = "TOOL")]
     pub egress: Option<Egress>,
+    /// Serve Prometheus' text format at http://ADDR:PORT/metrics: every
+    /// interface's traffic and drops, every network's leases and DNS, the
+    /// daemon's connections, attach latency and errors (docs/operations.md).
+    /// A PORT alone binds 127.0.0.1; another address shows every VM's id
+    /// and name to whoever reaches it. A daemon that serves metrics does
+    /// not exit when idle (--idle-exit is ignored), so the numbers stay.
+    /// The service reads it from LINNET_METRICS in /etc/default/linnet.
+    #[arg(long, value_name = "[ADDR:]PORT", value_parser = metrics_address, env = "LINNET_METRICS")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Only check the networks file (--config, or the default one) and say
     /// which networks it gives; start nothing. Exits 0 when it is valid
     /// (for a unit's ExecStartPre, or before a restart).
@@ -51,6 +60,11 @@ pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
             "the system daemon needs root (CAP_NET_ADMIN) to create bridges and TAPs: run it with sudo, or run `linnet daemon --rootless` for networks of your own (`linnet run` starts that one by itself)"
         );
     }
+    if args.metrics.is_some() && place.rootless {
+        bail!(
+            "--metrics is for the system daemon: a rootless daemon runs in a network namespace of its own, where no scraper reaches it"
+        );
+    }
     if args.egress.is_some() && !place.rootless {
         bail!(
             "--egress is for a rootless daemon (--rootless); the system daemon NATs through the host's own routes"
@@ -67,11 +81,15 @@ pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
         run_dir: place.run_dir.clone(),
         state_dir: place.state_dir.clone(),
         config,
-        idle_exit: args.idle_exit.map(Duration::from_secs),
+        // A scraper is no client: served metrics keep the daemon up.
+        idle_exit: (args.idle_exit)
+            .filter(|_| args.metrics.is_none())
+            .map(Duration::from_secs),
         max_connections_per_uid: args.max_connections_per_uid,
         max_connections: args.max_connections,
         placement: Placement::System,
         passed_socket,
+        metrics: args.metrics,
     };
     if !place.rootless {
         return daemon::run(opts);
@@ -83,6 +101,16 @@ pub fn main(cli: &Cli, args: &DaemonArgs) -> anyhow::Result<()> {
         )?,
     };
     daemon::rootless::run(opts, egress)
+}
+
+/// `--metrics`: `PORT` (on loopback) or `ADDR:PORT`.
+fn metrics_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok((std::net::Ipv4Addr::LOCALHOST, port).into());
+    }
+    text.parse().map_err(|_| {
+        format!("\"{text}\" is not PORT or ADDR:PORT (e.g. 9464, 127.0.0.1:9464 or [::1]:9464)")
+    })
 }
 
 /// `--check-config`: the file as the daemon would read it (as a rootless

@@ -11,7 +11,7 @@ use tracing::warn;
 use super::interface::Interface;
 use crate::addr6;
 use crate::config::NetworkConfig;
-use crate::host::guard::{Ipv4Source, PortGuard};
+use crate::host::guard::{Ipv4Source, PortGuard, RateDrops};
 use crate::host::nft::NftError;
 use crate::host::seam::Tables;
 use crate::policy::Policy;
@@ -96,6 +96,17 @@ impl Guard {
         tables.guard_drops().unwrap_or_else(|e| {
             warn!("cannot read the guard's counters: {e}");
             BTreeMap::new()
+        })
+    }
+
+    /// Frames each rate-limited port's limits dropped so far.
+    pub fn rate_drops(&self, tables: &mut dyn Tables) -> RateDrops {
+        if !self.ready {
+            return RateDrops::default();
+        }
+        tables.guard_rate_drops().unwrap_or_else(|e| {
+            warn!("cannot read the rate limits' counters: {e}");
+            RateDrops::default()
         })
     }
 

@@ -17,8 +17,9 @@
 //!   (a VMM changed its TAP's MAC), `learning` (a LAN VM's DHCP);
 //! - connections: `sessions` (the socket protocol), `sockets`,
 //!   `network_sockets` (VMs on the networks' socket_vmnet-compatible
-//!   sockets, each through a relay), `server` (the event loop), `rootless`
-//!   (a user's own daemon's supervisor).
+//!   sockets, each through a relay), `metrics` (Prometheus' scrapes),
+//!   `server` (the event loop), `rootless` (a user's own daemon's
+//!   supervisor).
 //!
 //! `scenarios` runs the daemon over the fake host (`host::fake`).
 
@@ -36,6 +37,7 @@ mod host_ports;
 mod interface;
 mod learning;
 mod leftovers;
+mod metrics;
 mod network_sockets;
 mod plan;
 mod policies;

@@ -232,6 +232,8 @@ mod tests {
             mtu: 1500,
             rx_bytes: 0,
             tx_bytes: 0,
+            rx_packets: 0,
+            tx_packets: 0,
             vxlan: None,
         }
     }

@@ -53,6 +53,8 @@ pub struct Options {
     /// The API socket, listening, when the service manager passed it
     /// (socket activation: linnet.socket); else the daemon binds its own.
     pub passed_socket: Option<OwnedFd>,
+    /// Where to serve Prometheus' scrapes (`--metrics`).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// The system's daemon, or a user's own in its namespaces (`rootless`).
@@ -149,6 +151,18 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             return Err(e);
         }
     };
+    let metrics = match opts.metrics {
+        Some(addr) => match super::metrics::spawn(addr, sessions.clone()).await {
+            Ok(task) => Some(task),
+            Err(e) => {
+                network_sockets.close();
+                daemon.lock().await.stop().await;
+                remove_socket();
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut idle_ticks = tokio::time::interval(Duration::from_millis(500));
@@ -231,6 +245,9 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         learning.abort();
     }
     tap_watch.abort();
+    if let Some(metrics) = metrics {
+        metrics.abort();
+    }
     network_sockets.close();
     lock_when_detached(&daemon, Duration::from_secs(5))
         .await

@@ -20,6 +20,7 @@ use super::requests::{finish_unlocked, lock_for_attach};
 use super::state::Daemon;
 use crate::api::{self, MAX_MESSAGE, Request, Response};
 use crate::budget::{Budget, LogBudget, LogTurn, Permit, RateLimit};
+use crate::metrics::Histogram;
 use crate::types::InterfaceId;
 
 /// Large replies (over one packet) one uid other than root may have
@@ -36,6 +37,41 @@ const RELAYS_PER_SECOND_IN_ALL: u32 = 50;
 
 type LargeReplies = Budget<u32>;
 
+/// Upper bounds of the attach latency histogram's buckets, in seconds.
+const ATTACH_SECONDS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+/// What the daemon's requests came to, for its metrics: how long attaches
+/// that succeeded took, and the errors it answered, by kind.
+#[derive(Debug)]
+pub(super) struct RequestStats {
+    pub attach_seconds: Histogram,
+    pub errors: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl RequestStats {
+    fn new() -> RequestStats {
+        RequestStats {
+            attach_seconds: Histogram::new(&ATTACH_SECONDS),
+            errors: Default::default(),
+        }
+    }
+
+    /// A request's reply; `attach`: the time an attach took.
+    fn note(&mut self, response: &Response, attach: Option<Duration>) {
+        match response {
+            Response::Error { kind, .. } => *self.errors.entry(kind.as_str()).or_default() += 1,
+            Response::Attached { .. } => {
+                if let Some(took) = attach {
+                    self.attach_seconds.observe_duration(took);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// What every client connection shares: the daemon, the count of open
 /// connections (for the idle exit), and the budgets per uid.
 #[derive(Clone)]
@@ -49,6 +85,7 @@ pub(super) struct Sessions {
     /// Lines logged about what clients cause, per account and in all.
     pub(super) logs: Arc<std::sync::Mutex<LogBudget>>,
     large: Arc<LargeReplies>,
+    pub(super) requests: Arc<std::sync::Mutex<RequestStats>>,
     next_client: Arc<AtomicU64>,
     /// A user's own daemon serves that user alone (root inside).
     rootless: bool,
@@ -77,6 +114,7 @@ impl Sessions {
                 LOG_WINDOW,
             ))),
             large: Arc::new(LargeReplies::new(LARGE_REPLIES_PER_UID, usize::MAX)),
+            requests: Arc::new(std::sync::Mutex::new(RequestStats::new())),
             next_client: Arc::new(AtomicU64::new(1)),
             rootless,
         }
@@ -144,7 +182,7 @@ impl Sessions {
         permit: Option<Permit<u32>>,
     ) {
         self.connections.fetch_add(1, Ordering::SeqCst);
-        serve_client(&self.daemon, conn, &client, &self.large, &self.logs).await;
+        serve_client(self, conn, &client).await;
         let teardown = self.daemon.lock().await.client_going(client.id);
         if let Err(e) = finish_unlocked(&self.daemon, teardown).await {
             warn!(client = client.id, "detaching its interfaces failed: {e}");
@@ -172,13 +210,8 @@ pub(super) fn refuse(conn: &AsyncFd<OwnedFd>, message: String) {
     );
 }
 
-async fn serve_client(
-    daemon: &Mutex<Daemon>,
-    conn: AsyncFd<OwnedFd>,
-    client: &Client,
-    large: &LargeReplies,
-    logs: &std::sync::Mutex<LogBudget>,
-) {
+async fn serve_client(sessions: &Sessions, conn: AsyncFd<OwnedFd>, client: &Client) {
+    let (daemon, large, logs) = (&*sessions.daemon, &*sessions.large, &*sessions.logs);
     debug!(client = client.id, pid = ?client.pid, uid = client.uid, "connected");
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
@@ -187,13 +220,20 @@ async fn serve_client(
                 api::recv_request(fd.as_fd(), &mut buf)
             })
             .await;
+        let mut took = None;
         // Whatever a client sends, it gets an answer and the daemon carries
         // on: an oversized packet (its rest already discarded by the
         // kernel) or one that is not a request is refused, not fatal.
         let (response, fd) = match received {
             Ok(Some(len)) => match serde_json::from_slice::<Request>(&buf[..len]) {
                 Err(e) => (bad_request(format!("cannot parse request: {e}")), None),
-                Ok(request) => handle(daemon, client, request, logs).await,
+                Ok(request) => {
+                    let attach = matches!(request, Request::Attach(_));
+                    let started = Instant::now();
+                    let answered = handle(daemon, client, request, logs).await;
+                    took = attach.then(|| started.elapsed());
+                    answered
+                }
             },
             Ok(None) => break,
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -205,6 +245,9 @@ async fn serve_client(
                 break;
             }
         };
+        (sessions.requests.lock())
+            .expect("request stats lock")
+            .note(&response, took);
         let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
         let attached = match &response {
             Response::Attached { interface, .. } => Some(interface.interface_id),

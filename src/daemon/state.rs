@@ -591,6 +591,11 @@ impl Daemon {
     pub fn guard_drops(&mut self) -> BTreeMap<String, u64> {
         self.guard.drops(&mut *self.host.tables)
     }
+
+    /// Frames each rate-limited port's limits dropped so far.
+    pub(super) fn rate_drops(&mut self) -> crate::host::guard::RateDrops {
+        self.guard.rate_drops(&mut *self.host.tables)
+    }
     /// Logs, per interface, the frames its VM had dropped since the last
     /// report: called every few seconds, so a flood is one line per period.
     pub fn report_drops(&mut self) {

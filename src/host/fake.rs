@@ -22,7 +22,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use super::clone_ns::{CloneNetwork, CloneNsError, MadeClone};
 use super::docker_user::{Changes, Wanted};
 use super::firewall::{self, FirewallNetwork};
-use super::guard::PortGuard;
+use super::guard::{PortGuard, RateDrops};
 use super::legacy::LegacyChain;
 use super::netlink::{Link, LinkKind, LinkSettings, NetlinkError, Route, VxlanId};
 use super::netns::NetNs;
@@ -381,6 +381,8 @@ impl Model {
                 mtu: 1500,
                 rx_bytes: 0,
                 tx_bytes: 0,
+                rx_packets: 0,
+                tx_packets: 0,
                 vxlan: None,
             },
         );
@@ -807,6 +809,10 @@ impl Tables for FakeHost {
 
     fn guard_drops(&mut self) -> Result<BTreeMap<String, u64>, NftError> {
         Ok(BTreeMap::new())
+    }
+
+    fn guard_rate_drops(&mut self) -> Result<RateDrops, NftError> {
+        Ok(RateDrops::default())
     }
 
     fn policy_refusals(&mut self) -> Result<BTreeMap<String, u64>, NftError> {

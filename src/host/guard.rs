@@ -236,7 +236,7 @@ const BRIDGE_CHAINS: &str = r#"
 /// The bridge table, in nft's own syntax.
 fn ruleset() -> String {
     let (sets, sender) = (sets(Hook::Bridge), sender_chains(Hook::Bridge));
-    let (prerouting, postrouting) = (prerouting(), limits::BRIDGE_RECEIVED_CHAIN);
+    let (prerouting, postrouting) = (prerouting(), limits::bridge_received_chain());
     format!("table {BRIDGE} {TABLE} {{\n{sets}{prerouting}{sender}{BRIDGE_CHAINS}{postrouting}}}\n")
 }
 
@@ -474,7 +474,9 @@ pub fn remove_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> 
                 ..port.clone()
             };
             let mut all = elements(&every);
-            all.push(Element::of(port, Set::Drops, Key::Port));
+            for counts in [Set::Drops, Set::LimitedSent, Set::LimitedReceived] {
+                all.push(Element::of(port, counts, Key::Port));
+            }
             for elem in &all {
                 script.delete(elem);
             }
@@ -493,13 +495,35 @@ const REMOVE_BATCH: usize = 100;
 
 /// Frames dropped so far, by TAP or macvtap.
 pub fn drops(nft: &mut Nft) -> Result<BTreeMap<String, u64>, NftError> {
-    let out = nft.run(&format!("list set {BRIDGE} {TABLE} drops"))?;
-    let mut drops = parse_drops(&out);
+    counted(nft, Set::Drops)
+}
+
+/// Frames past their rate dropped so far, by TAP or macvtap: what they
+/// sent, and what was on its way to them.
+pub fn rate_drops(nft: &mut Nft) -> Result<RateDrops, NftError> {
+    Ok(RateDrops {
+        sent: counted(nft, Set::LimitedSent)?,
+        received: counted(nft, Set::LimitedReceived)?,
+    })
+}
+
+/// Frames a port's rate limits dropped, by port and way.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RateDrops {
+    pub sent: BTreeMap<String, u64>,
+    pub received: BTreeMap<String, u64>,
+}
+
+/// The counts of one of the counting sets, from both tables.
+fn counted(nft: &mut Nft, set: Set) -> Result<BTreeMap<String, u64>, NftError> {
+    let name = set.name();
+    let out = nft.run(&format!("list set {BRIDGE} {TABLE} {name}"))?;
+    let mut counts = parse_drops(&out);
     // Only while a macvtap is guarded.
-    if let Ok(out) = nft.run(&format!("list set {NETDEV} {TABLE} drops")) {
-        drops.extend(parse_drops(&out));
+    if let Ok(out) = nft.run(&format!("list set {NETDEV} {TABLE} {name}")) {
+        counts.extend(parse_drops(&out));
     }
-    Ok(drops)
+    Ok(counts)
 }
 
 /// The `drops` set as nft lists it: elements with their counters.
@@ -638,11 +662,13 @@ enum Set {
     ListenPoliced,
     Listen,
     Drops,
+    LimitedSent,
+    LimitedReceived,
 }
 
 impl Set {
     #[cfg(test)]
-    const ALL: [Set; 12] = [
+    const ALL: [Set; 14] = [
         Set::Guarded,
         Set::Isolated,
         Set::DhcpServers,
@@ -655,6 +681,8 @@ impl Set {
         Set::ListenPoliced,
         Set::Listen,
         Set::Drops,
+        Set::LimitedSent,
+        Set::LimitedReceived,
     ];
 
     fn name(self) -> &'static str {
@@ -671,6 +699,8 @@ impl Set {
             Set::ListenPoliced => "listen_policed",
             Set::Listen => "listen",
             Set::Drops => "drops",
+            Set::LimitedSent => "limited_sent",
+            Set::LimitedReceived => "limited_received",
         }
     }
 }
@@ -968,7 +998,7 @@ pub(super) mod tests {
             &lines[hook..],
             [
                 "add chain netdev linnet port_lnv7 { type filter hook egress device \"lnv7\" priority filter; policy accept; }",
-                "add rule netdev linnet port_lnv7 limit name oifname map @sent drop",
+                "add rule netdev linnet port_lnv7 limit name oifname map @sent update @limited_sent { oifname } drop",
                 "add rule netdev linnet port_lnv7 jump guard",
             ],
             "hooked last, once its elements are there"

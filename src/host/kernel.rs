@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use super::clone_ns::{self, CloneNetwork, CloneNsError, MadeClone};
 use super::docker_user::{self, Changes, Wanted};
 use super::firewall::{self, FirewallNetwork};
-use super::guard::{self, PortGuard};
+use super::guard::{self, PortGuard, RateDrops};
 use super::legacy::{self, LegacyChain};
 use super::macvtap;
 use super::netlink::Netlink;
@@ -81,6 +81,9 @@ impl Tables for KernelTables {
     }
     fn guard_drops(&mut self) -> Result<BTreeMap<String, u64>, NftError> {
         guard::drops(&mut self.nft)
+    }
+    fn guard_rate_drops(&mut self) -> Result<RateDrops, NftError> {
+        guard::rate_drops(&mut self.nft)
     }
     fn policy_refusals(&mut self) -> Result<BTreeMap<String, u64>, NftError> {
         firewall::refusals(&self.nft)

@@ -75,6 +75,8 @@ pub struct Link {
     pub mtu: u32,
     pub rx_bytes: u64,
     pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub tx_packets: u64,
     /// A VXLAN device's VNI and VTEP.
     pub vxlan: Option<VxlanId>,
 }
@@ -858,6 +860,8 @@ fn parse_link(msg: LinkMessage) -> Link {
         mtu: 0,
         rx_bytes: 0,
         tx_bytes: 0,
+        rx_packets: 0,
+        tx_packets: 0,
         vxlan: None,
     };
     if msg.header.link_layer_type == LinkLayerType::Loopback {
@@ -871,7 +875,10 @@ fn parse_link(msg: LinkMessage) -> Link {
             LinkAttribute::Controller(m) => link.master = Some(m),
             LinkAttribute::Mtu(m) => link.mtu = m,
             LinkAttribute::Address(a) => link.address = <[u8; 6]>::try_from(a).ok().map(MacAddr),
-            LinkAttribute::Stats64(s) => (link.rx_bytes, link.tx_bytes) = (s.rx_bytes, s.tx_bytes),
+            LinkAttribute::Stats64(s) => {
+                (link.rx_bytes, link.tx_bytes) = (s.rx_bytes, s.tx_bytes);
+                (link.rx_packets, link.tx_packets) = (s.rx_packets, s.tx_packets);
+            }
             LinkAttribute::LinkInfo(infos) => {
                 for info in infos {
                     match info {

@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use super::clone_ns::{CloneNetwork, CloneNsError, MadeClone};
 use super::docker_user::{Changes, Wanted};
 use super::firewall::FirewallNetwork;
-use super::guard::PortGuard;
+use super::guard::{PortGuard, RateDrops};
 use super::legacy::LegacyChain;
 pub use super::netlink::Links;
 use super::netns::NetNs;
@@ -52,6 +52,8 @@ pub trait Tables: Send + Sync {
     fn remove_guard_ports(&mut self, ports: &[PortGuard]) -> Result<(), NftError>;
     /// Frames each guarded port's rules dropped so far, by port name.
     fn guard_drops(&mut self) -> Result<BTreeMap<String, u64>, NftError>;
+    /// Frames each rate-limited port's limits dropped so far, by way.
+    fn guard_rate_drops(&mut self) -> Result<RateDrops, NftError>;
     /// Connections each VM's egress policy refused so far, by TAP.
     fn policy_refusals(&mut self) -> Result<BTreeMap<String, u64>, NftError>;
     /// Every table of the namespace, as linnet reads the others'.

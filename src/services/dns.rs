@@ -35,7 +35,7 @@ use tracing::{debug, warn};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::name_gate::{NameGate, Verdict};
-use super::{NetworkContext, ServiceError, unix_now};
+use super::{NetworkContext, ServiceCounters, ServiceError, unix_now};
 use crate::addr6;
 use crate::budget::{Budget, Refused};
 use crate::leases::LeaseTable;
@@ -194,6 +194,7 @@ async fn serve_udp(resolver: Resolver, socket: Arc<UdpSocket>, budget: Arc<Budge
         let permit = match budget.try_take(client.ip()) {
             Ok(permit) => permit,
             Err(refusal) => {
+                ServiceCounters::count(&resolver.ctx.counters.dns_dropped);
                 refused(&resolver.ctx, "queries", client.ip(), &refusal);
                 continue;
             }
@@ -267,11 +268,16 @@ struct Forward {
 
 impl Resolver {
     fn plan(&self, client: IpAddr, query: &[u8]) -> Plan {
+        let counters = &self.ctx.counters;
         let msg = match local_answer(&self.ctx, query) {
-            Local::Answer(answer) => return Plan::Answer(answer),
             Local::NotAQuery => return Plan::Nothing,
+            Local::Answer(answer) => {
+                ServiceCounters::count(&counters.dns_queries);
+                return Plan::Answer(answer);
+            }
             Local::Forward(msg) => msg,
         };
+        ServiceCounters::count(&counters.dns_queries);
         // A query of any other count of questions is no name to judge.
         let verdict = match msg.queries.as_slice() {
             [q] => self.names.ask(self.ctx.name(), client, q.name()),
@@ -289,10 +295,13 @@ impl Resolver {
                     learn: Some((tap, name)),
                 })
             }
-            Verdict::Refused => match error_answer(&msg, ResponseCode::Refused) {
-                Some(answer) => Plan::Answer(answer),
-                None => Plan::Nothing,
-            },
+            Verdict::Refused => {
+                ServiceCounters::count(&counters.dns_refused);
+                match error_answer(&msg, ResponseCode::Refused) {
+                    Some(answer) => Plan::Answer(answer),
+                    None => Plan::Nothing,
+                }
+            }
         }
     }
 

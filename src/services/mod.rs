@@ -11,6 +11,7 @@ pub mod ra;
 pub mod snoop;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -57,6 +58,29 @@ pub struct NetworkContext {
     pub bridge: String,
     pub bridge_index: u32,
     pub leases: SharedLeases,
+    pub counters: Arc<ServiceCounters>,
+}
+
+/// What a network's services counted since it came up, for the daemon's
+/// metrics.
+#[derive(Debug, Default)]
+pub struct ServiceCounters {
+    /// DNS queries from its VMs (whatever became of them).
+    pub dns_queries: AtomicU64,
+    /// ...answered REFUSED: names a VM's policy does not allow.
+    pub dns_refused: AtomicU64,
+    /// ...dropped unanswered: over a VM's or the network's budget.
+    pub dns_dropped: AtomicU64,
+}
+
+impl ServiceCounters {
+    pub fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn read(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
 }
 
 impl NetworkContext {
@@ -66,6 +90,7 @@ impl NetworkContext {
         bridge: String,
         bridge_index: u32,
         leases: SharedLeases,
+        counters: Arc<ServiceCounters>,
     ) -> Option<NetworkContext> {
         config.own()?;
         Some(NetworkContext {
@@ -73,6 +98,7 @@ impl NetworkContext {
             bridge,
             bridge_index,
             leases,
+            counters,
         })
     }
 

@@ -11,6 +11,7 @@ mod guard;
 mod harness;
 mod ipv6;
 mod lan;
+mod metrics;
 mod names;
 mod network_sockets;
 mod policy;

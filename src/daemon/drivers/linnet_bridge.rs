@@ -25,7 +25,7 @@ use crate::host::netlink::{LinkKind, LinkSettings};
 use crate::host::seam::{Host, Links};
 use crate::host::{self, ALIAS_NETWORK};
 use crate::leases::{LeaseTable, SharedLeases};
-use crate::services::{NetworkContext, Services, Starter, unix_now};
+use crate::services::{NetworkContext, ServiceCounters, Services, Starter, unix_now};
 use crate::types::MacAddr;
 
 #[async_trait]
@@ -63,6 +63,7 @@ pub(in crate::daemon) struct LinnetBridge {
     pub bridge: String,
     pub bridge_index: u32,
     pub leases: SharedLeases,
+    counters: Arc<ServiceCounters>,
     /// Whether the host routes the network's `clone_subnet` to the bridge
     /// (from the first clone on, while the bridge lives).
     clones_routed: bool,
@@ -165,13 +166,20 @@ impl LinnetBridge {
                 }
             })?;
             let leases = SharedLeases::new(table);
-            let ctx = NetworkContext::new(cfg.clone(), bridge.clone(), index, leases.clone())
-                .ok_or_else(|| {
-                    DaemonError::Internal(format!(
-                        "network \"{}\" is not one of linnet's own: no services for it",
-                        cfg.name
-                    ))
-                })?;
+            let counters = Arc::new(ServiceCounters::default());
+            let ctx = NetworkContext::new(
+                cfg.clone(),
+                bridge.clone(),
+                index,
+                leases.clone(),
+                counters.clone(),
+            )
+            .ok_or_else(|| {
+                DaemonError::Internal(format!(
+                    "network \"{}\" is not one of linnet's own: no services for it",
+                    cfg.name
+                ))
+            })?;
             let ctx = Arc::new(ctx);
             let services = services.start(ctx).await?;
             // Last: nothing after it can fail, so nothing undoes it here
@@ -181,11 +189,11 @@ impl LinnetBridge {
                 Some(evpn) => Some(Fabric::join(&cfg.name, evpn, own.mtu, host, index).await?),
                 None => None,
             };
-            Ok::<_, DaemonError>((leases, services, fabric))
+            Ok::<_, DaemonError>((leases, counters, services, fabric))
         }
         .await;
         match result {
-            Ok((leases, services, fabric)) => {
+            Ok((leases, counters, services, fabric)) => {
                 let saver = leases.spawn_saver(cfg.name.clone());
                 info!(network = %cfg.name, %bridge, subnet = %own.subnet, adopted = adopted.is_some(), "network up");
                 Ok(LinnetBridge {
@@ -193,6 +201,7 @@ impl LinnetBridge {
                     bridge,
                     bridge_index: index,
                     leases,
+                    counters,
                     clones_routed: false,
                     fabric,
                     saver,
@@ -218,6 +227,10 @@ impl NetworkDriver for LinnetBridge {
 
     fn leases(&self) -> Option<&SharedLeases> {
         Some(&self.leases)
+    }
+
+    fn service_counters(&self) -> Option<&ServiceCounters> {
+        Some(&self.counters)
     }
 
     fn mtu(&self) -> u32 {

@@ -43,7 +43,7 @@ use crate::host::guard::Hook;
 use crate::host::seam::Host;
 use crate::host::{self};
 use crate::leases::SharedLeases;
-use crate::services::Starter;
+use crate::services::{ServiceCounters, Starter};
 use crate::types::MacAddr;
 
 /// A network that is up: its config and its driver.
@@ -105,6 +105,10 @@ impl ActiveNetwork {
 
     pub fn leases(&self) -> Option<&SharedLeases> {
         self.driver.leases()
+    }
+
+    pub fn service_counters(&self) -> Option<&ServiceCounters> {
+        self.driver.service_counters()
     }
 
     pub fn mtu(&self) -> u32 {
@@ -231,6 +235,11 @@ pub(super) trait NetworkDriver: Send + Sync {
     /// linnet's leases of the network's addresses; None: the LAN's DHCP
     /// server gives them, and linnet learns them.
     fn leases(&self) -> Option<&SharedLeases> {
+        None
+    }
+
+    /// What its DHCP and DNS counted; None: it has none of linnet's.
+    fn service_counters(&self) -> Option<&ServiceCounters> {
         None
     }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::api::{InterfaceStatus, NetworkStatus, Response};
-use crate::daemon::drivers;
+use crate::daemon::drivers::{self, TowardVm};
 use crate::daemon::state::Daemon;
 
 impl Daemon {
@@ -49,6 +49,12 @@ impl Daemon {
             .iter()
             .map(|(id, i)| {
                 let (rx, tx) = stats.get(&i.tap_index).copied().unwrap_or_default();
+                // A TAP sends what its VM receives; a macvtap receives it.
+                let toward = self.networks.get(&i.network).map(|n| n.toward_vm());
+                let (received, sent) = match toward {
+                    Some(TowardVm::Received) => (rx, tx),
+                    _ => (tx, rx),
+                };
                 let cfg = self.config.network(&i.network).expect("attached");
                 let guest = i.as_clone.as_ref().map(|c| &c.guest);
                 InterfaceStatus {
@@ -64,9 +70,8 @@ impl Daemon {
                     client_uid: i.uid,
                     datapath: i.datapath,
                     relay: i.relay,
-                    // The TAP's tx is what the VM received.
-                    vm_rx_bytes: tx,
-                    vm_tx_bytes: rx,
+                    vm_rx_bytes: received,
+                    vm_tx_bytes: sent,
                     policy: i.policy.clone(),
                     spoofed_drops: if i.guarded && cfg.anti_spoofing {
                         Some(drops.get(&i.tap).copied().unwrap_or(0))

@@ -44,22 +44,40 @@ impl Way {
     }
 }
 
-/// The maps from port name to its limit object, in either table.
+/// The maps from port name to its limit object, in either table, and
+/// the frames each port's limits dropped.
 pub(super) const MAPS: &str = r#"
     # Each rate-limited port's limit object, by way (`limits`).
     map sent { type ifname : limit; }
     map received { type ifname : limit; }
+    set limited_sent { type ifname; flags dynamic; counter; size 65535; }
+    set limited_received { type ifname; flags dynamic; counter; size 65535; }
 "#;
 
-/// The bridge table's rules: before anything else judges a frame.
-pub(super) const BRIDGE_SENT_RULE: &str = "limit name iifname map @sent drop";
-pub(super) const BRIDGE_RECEIVED_CHAIN: &str = r#"
+/// The rules that drop a port's frames past its rate, counting them.
+const SENT_BY_IN: &str = "limit name iifname map @sent update @limited_sent { iifname } drop";
+const SENT_BY_OUT: &str = "limit name oifname map @sent update @limited_sent { oifname } drop";
+const RECEIVED_BY_OUT: &str =
+    "limit name oifname map @received update @limited_received { oifname } drop";
+const RECEIVED_BY_IN: &str =
+    "limit name iifname map @received update @limited_received { iifname } drop";
+
+/// The bridge table's rule for what TAPs send: before anything else
+/// judges a frame.
+pub(super) const BRIDGE_SENT_RULE: &str = SENT_BY_IN;
+
+/// The bridge table's chain for what TAPs receive.
+pub(super) fn bridge_received_chain() -> String {
+    format!(
+        r#"
     # What leaves the bridge for a rate-limited TAP, past its rate.
-    chain postrouting {
+    chain postrouting {{
         type filter hook postrouting priority filter; policy accept;
-        limit name oifname map @received drop
-    }
-"#;
+        {RECEIVED_BY_OUT}
+    }}
+"#
+    )
+}
 
 /// One way's limit of one port: its object and its map element.
 #[derive(Debug, Clone, PartialEq)]
@@ -159,7 +177,7 @@ pub(super) fn hook_chains(port: &PortGuard) -> Vec<HookChain> {
     let limited = !port.rate_limit.is_none();
     let mut out = Vec::new();
     if port.anti_spoofing || limited {
-        let mut rules = vec!["limit name oifname map @sent drop"];
+        let mut rules = vec![SENT_BY_OUT];
         if port.anti_spoofing {
             rules.push("jump guard");
         }
@@ -175,7 +193,7 @@ pub(super) fn hook_chains(port: &PortGuard) -> Vec<HookChain> {
             name: format!("{INGRESS_PREFIX}{}", port.tap),
             hook: "ingress",
             device: port.tap.clone(),
-            rules: vec!["limit name iifname map @received drop"],
+            rules: vec![RECEIVED_BY_IN],
         });
     }
     out
@@ -219,10 +237,7 @@ mod tests {
         p.hook = Hook::Egress;
         let chains = hook_chains(&p);
         assert_eq!(chains.len(), 1);
-        assert_eq!(
-            chains[0].rules,
-            ["limit name oifname map @sent drop", "jump guard"]
-        );
+        assert_eq!(chains[0].rules, [SENT_BY_OUT, "jump guard"]);
         p.anti_spoofing = false;
         assert!(hook_chains(&p).is_empty());
         p.rate_limit.received = Some("5mbit".parse().unwrap());
