@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Mode;
 use crate::datapath::{Datapath, RelayCounters};
+use crate::events::Event;
 use crate::forward::PortForward;
 use crate::learned::LearnedAddress;
 use crate::policy::Policy;
@@ -90,6 +91,16 @@ pub enum Request {
     Doctor {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         network: Option<String>,
+    },
+    /// Follow what happens (of one network, or all): the reply is
+    /// `subscribed`, then an `event` per change for as long as the
+    /// connection lasts (it takes no other request). `recent`: first the
+    /// last events the daemon kept (those of its start included).
+    Events {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        recent: bool,
     },
 }
 
@@ -280,6 +291,10 @@ pub enum Response {
         interface_id: InterfaceId,
         ip_address: Ipv4Addr,
     },
+    /// Events follow (`Request::Events`).
+    Subscribed,
+    /// One change (docs/operations.md lists them).
+    Event(Event),
     Error {
         kind: ErrorKind,
         message: String,

@@ -15,6 +15,7 @@ mod coexist;
 mod config;
 mod daemon;
 mod datapath;
+mod events;
 mod files;
 mod forward;
 mod frr;

@@ -4,6 +4,7 @@
 mod connect;
 mod daemon;
 mod doctor;
+mod events;
 mod forward;
 mod frr_config;
 mod helper;
@@ -191,6 +192,9 @@ pub enum CommandArgs {
     /// Print FRR's configuration (zebra and bgpd) for this host's networks
     /// across hosts (those with an evpn: section).
     FrrConfig(frr_config::FrrConfigArgs),
+    /// Follow what happens: one JSON line per attach, detach, lease,
+    /// policy change, forward, cut-off, adoption; until the daemon stops.
+    Events(events::EventsArgs),
 }
 
 /// `linnet`'s main.
@@ -304,6 +308,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         CommandArgs::Policy(cmd) => policy::main(&cli, cmd).map(|()| 0),
         CommandArgs::Doctor(args) => doctor::main(&cli, args),
         CommandArgs::FrrConfig(args) => frr_config::main(&cli, args).map(|()| 0),
+        CommandArgs::Events(args) => events::main(&cli, args).map(|()| 0),
     }
 }
 

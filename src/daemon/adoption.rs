@@ -23,6 +23,7 @@ use super::policies::check_policy_possible;
 use super::records::{self, InterfaceRecord, Verdict};
 use super::state::Daemon;
 use crate::api::ForwardOrigin;
+use crate::events::What;
 use crate::host::netlink::{Link, LinkKind, LinkSettings};
 use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK};
 use crate::leases::{Claimant, Lease, Owner};
@@ -347,6 +348,11 @@ impl Daemon {
             warn!(network = %r.network, interface = %id, "{e}");
         }
         info!(network = %r.network, interface = %id, ip = ?r.ip, mac = %r.mac, tap = %r.port, pid = ?r.client.map(|p| p.pid), uid = r.uid, "adopted");
+        let what = What::Adopted {
+            interface_id: id,
+            tap: r.port.clone(),
+        };
+        self.events.emit(Some(&r.network), what);
         Ok(held)
     }
 
@@ -380,6 +386,7 @@ impl Daemon {
         }
         iface.holder = client.holder(false);
         info!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?client.pid, uid = client.uid, "re-claimed by its client");
+        (self.events).emit(Some(&iface.network), What::Reclaimed { interface_id: id });
         self.save_record(id);
         Ok(())
     }

@@ -18,6 +18,7 @@ use super::client::Client;
 use super::drivers::TowardVm;
 use super::errors::DaemonError;
 use super::state::Daemon;
+use crate::events::What;
 use crate::host::packet::{self, Seen};
 use crate::services::snoop::{self, Acked};
 use crate::types::InterfaceId;
@@ -101,6 +102,11 @@ impl Daemon {
         }
         let iface = &self.interfaces[&id];
         info!(network = %iface.network, interface = %id, name = ?iface.name, mac = %iface.mac, ip = %acked.ip, ?was, "learned the VM's address from the LAN's DHCP server");
+        let what = What::Learned {
+            interface_id: id,
+            ip_address: acked.ip,
+        };
+        self.events.emit(Some(&iface.network), what);
         let (network, net) = (
             &self.interfaces[&id].network,
             &self.networks[&self.interfaces[&id].network],

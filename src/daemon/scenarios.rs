@@ -207,6 +207,7 @@ async fn start(fake: &FakeHost, dir: &Path, yaml: &str) -> Daemon {
         host,
         Arc::new(NoServices),
         names,
+        crate::events::Bus::default(),
     );
     daemon.reconcile().await.expect("start-up");
     daemon

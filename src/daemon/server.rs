@@ -25,6 +25,7 @@ use super::sockets::{accept_next, bind_unix, identify, register};
 use super::state::Daemon;
 use crate::api::SOCKET_NAME;
 use crate::config::Config;
+use crate::events::Bus;
 use crate::host::netlink::{LinkSettings, Links, Netlink};
 use crate::host::seam::Host;
 use crate::host::{egress, systemd};
@@ -112,6 +113,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     }
     let host = Host::kernel(netlink);
     let names = Arc::new(NameGate::new(host.tables.learned_sets()));
+    let events = Bus::default();
     let mut daemon = Daemon::new(
         opts.config,
         opts.state_dir.clone(),
@@ -119,8 +121,10 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         host,
         Arc::new(services::OnHost {
             names: names.clone(),
+            events: events.clone(),
         }),
         names,
+        events,
     );
     if let Placement::Rootless(side) = opts.placement {
         daemon.host_ports = Some(HostPorts::new(side));

@@ -20,8 +20,10 @@ use super::requests::{finish_unlocked, lock_for_attach};
 use super::state::Daemon;
 use crate::api::{self, MAX_MESSAGE, Request, Response};
 use crate::budget::{Budget, LogBudget, LogTurn, Permit, RateLimit};
+use crate::events::{Event, What, wanted};
 use crate::metrics::Histogram;
 use crate::types::InterfaceId;
+use tokio::sync::broadcast::error::RecvError;
 
 /// Large replies (over one packet) one uid other than root may have
 /// waiting to be read, across its connections.
@@ -227,6 +229,11 @@ async fn serve_client(sessions: &Sessions, conn: AsyncFd<OwnedFd>, client: &Clie
         let (response, fd) = match received {
             Ok(Some(len)) => match serde_json::from_slice::<Request>(&buf[..len]) {
                 Err(e) => (bad_request(format!("cannot parse request: {e}")), None),
+                // The connection is the subscription's from now on.
+                Ok(Request::Events { network, recent }) if client.network_socket.is_none() => {
+                    follow_events(sessions, &conn, client, network, recent).await;
+                    break;
+                }
                 Ok(request) => {
                     let attach = matches!(request, Request::Attach(_));
                     let started = Instant::now();
@@ -302,6 +309,90 @@ async fn serve_client(sessions: &Sessions, conn: AsyncFd<OwnedFd>, client: &Clie
     debug!(client = client.id, "disconnected");
 }
 
+/// Sends `client` the events of `network` (all: None) until it goes: a
+/// task of its own, so a reader that does not keep up only misses events
+/// (it is told how many), never holds the daemon up.
+async fn follow_events(
+    sessions: &Sessions,
+    conn: &AsyncFd<OwnedFd>,
+    client: &Client,
+    network: Option<String>,
+    recent: bool,
+) {
+    let bus = {
+        let daemon = sessions.daemon.lock().await;
+        if let Some(name) = &network
+            && daemon.config.network(name).is_none()
+        {
+            let refused = daemon.unknown_network(name).into_response();
+            let _ = send_reply(conn, &refused, &[], &sessions.large, client.uid).await;
+            return;
+        }
+        daemon.events.clone()
+    };
+    let (first, mut events) = bus.subscribe(recent);
+    let send = |r: Response| async move { send_patiently(conn, &r).await.is_ok() };
+    if !send(Response::Subscribed).await {
+        return;
+    }
+    for event in first.into_iter().filter(|e| wanted(e, network.as_deref())) {
+        if !send(Response::Event(event)).await {
+            return;
+        }
+    }
+    debug!(client = client.id, ?network, "following events");
+    let mut scratch = vec![0u8; MAX_MESSAGE];
+    loop {
+        let event = tokio::select! {
+            received = events.recv() => match received {
+                Ok(event) if wanted(&event, network.as_deref()) => event,
+                Ok(_) => continue,
+                Err(RecvError::Lagged(count)) => Event::now(None, What::Dropped { count }),
+                Err(RecvError::Closed) => return,
+            },
+            // Anything the client sends now is ignored; its end is the end.
+            read = conn.async_io(Interest::READABLE, |fd| api::recv_request(fd.as_fd(), &mut scratch)) => match read {
+                Ok(Some(_)) => continue,
+                _ => return,
+            },
+        };
+        if !send(Response::Event(event)).await {
+            return;
+        }
+    }
+}
+
+/// How long an event waits at first, then at most, for room in a
+/// subscriber's socket.
+const EVENT_RETRY_FIRST: Duration = Duration::from_millis(5);
+const EVENT_RETRY_MOST: Duration = Duration::from_secs(1);
+
+/// Sends `response` once the peer has room, trying again after a pause
+/// that grows: the kernel does not always wake a writer to a unix
+/// datagram socket when its peer reads (so waiting for writability could
+/// wait for ever), and a subscriber that never reads costs a wake-up a
+/// second at most.
+async fn send_patiently(conn: &AsyncFd<OwnedFd>, response: &Response) -> io::Result<()> {
+    let reply = api::ReplyBytes::new(response)?;
+    let piece = api::piece_size(conn.get_ref().as_fd());
+    for packet in reply.packets(piece) {
+        let mut pause = EVENT_RETRY_FIRST;
+        loop {
+            match api::send_packet(conn.get_ref().as_fd(), packet, &[]) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(EVENT_RETRY_MOST);
+                }
+                other => {
+                    other?;
+                    break;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn handle(
     lock: &Mutex<Daemon>,
     client: &Client,
@@ -344,6 +435,7 @@ async fn handle(
     };
     match request {
         Request::WaitAddress { .. } => unreachable!("answered above"),
+        Request::Events { .. } => unreachable!("followed by serve_client, refused to relays above"),
         Request::Attach(req) => match daemon.handle_attach(client, req).await {
             Ok((interface, fd, reclaim_token)) => (
                 Response::Attached {

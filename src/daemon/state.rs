@@ -40,6 +40,7 @@ use super::records::{InterfaceRecord, Records};
 use super::teardown::Teardown;
 use crate::api::{AttachRequest, ForwardOrigin, InterfaceInfo, InterfaceRef};
 use crate::config::Config;
+use crate::events::{Bus, What};
 use crate::host::guard::{self, Hook, PortGuard};
 use crate::host::ruleset::{Ruleset, Shape};
 use crate::host::seam::{Host, Links};
@@ -63,6 +64,8 @@ pub struct Daemon {
     /// What VMs with names in their policy may ask linnet's DNS, and
     /// what they learned (shared with the DNS services).
     pub(super) names: Arc<NameGate>,
+    /// What happens, for `linnet events` (shared with the services).
+    pub(super) events: Bus,
     /// Connections each VM's egress policy refused, by TAP, as last read:
     /// the firewall's counters start there when the table is made anew.
     pub(super) refused: BTreeMap<String, u64>,
@@ -108,6 +111,7 @@ impl Daemon {
         host: Host,
         services: Arc<dyn Starter>,
         names: Arc<NameGate>,
+        events: Bus,
     ) -> Daemon {
         Daemon {
             config,
@@ -120,6 +124,7 @@ impl Daemon {
             host,
             services,
             names,
+            events,
             refused: BTreeMap::new(),
             networks: BTreeMap::new(),
             interfaces: BTreeMap::new(),
@@ -248,6 +253,18 @@ impl Daemon {
         } else {
             info!(network, interface = %id, ip = %shown_ip(plan.ip, &net.config), mac = %plan.mac, tap = %tap_name, datapath = %plan.datapath, pid = ?client.pid, uid = client.uid, "attached");
         }
+        self.events.emit(
+            Some(network),
+            What::Attached {
+                interface_id: id,
+                name: plan.name.clone(),
+                mac_address: info.mac_address,
+                ip_address: info.ip_address,
+                tap: info.tap.clone(),
+                datapath: plan.datapath,
+                uid: client.uid,
+            },
+        );
         self.interfaces.insert(
             id,
             Interface {
@@ -417,6 +434,14 @@ impl Daemon {
                 warn!(network = %iface.network, interface = %id, "{e}");
             }
             info!(network = %iface.network, interface = %id, tap = %iface.tap, "detached");
+            self.events.emit(
+                Some(&iface.network),
+                What::Detached {
+                    interface_id: *id,
+                    name: iface.name.clone(),
+                    tap: iface.tap.clone(),
+                },
+            );
         }
         for network in networks {
             if let Some(leases) = self.networks.get(network).and_then(|n| n.leases()) {
@@ -482,6 +507,7 @@ impl Daemon {
         }
         self.refresh_uplinks().await;
         self.check_host();
+        self.events.emit(Some(name), What::NetworkUp);
         Ok(())
     }
 
@@ -496,6 +522,7 @@ impl Daemon {
             if let Err(e) = net.bring_down(&self.host).await {
                 warn!(network = %name, "bring down failed: {e}");
             }
+            self.events.emit(Some(name), What::NetworkDown);
             if let Err(e) = self.sync_host() {
                 warn!("updating the firewall failed: {e}");
             }

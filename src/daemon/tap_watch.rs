@@ -22,6 +22,7 @@ use tracing::{error, warn};
 
 use super::interface::TapAddresses;
 use super::state::Daemon;
+use crate::events::What;
 use crate::types::MacAddr;
 
 /// The index and MAC a link message carries, if it has both.
@@ -126,9 +127,15 @@ impl Daemon {
         };
         warn!(network = %iface.network, interface = %id, tap = %iface.tap, pid = ?iface.pid(), uid = iface.uid, %was, %now,
             "the VMM changed its TAP's MAC, which could take another VM's traffic: the TAP is off the network until detached");
-        iface.cut_off = Some(format!(
+        let reason = format!(
             "its VMM changed the TAP's MAC from {was} to {now}; off the network until detached"
-        ));
+        );
+        iface.cut_off = Some(reason.clone());
+        let what = What::CutOff {
+            interface_id: *id,
+            reason,
+        };
+        self.events.emit(Some(&iface.network), what);
         if let Err(e) = self.host.links.cut_off(index).await {
             warn!(tap = %iface.tap, "cannot take the TAP off its bridge: {e}");
         }

@@ -19,13 +19,14 @@ use tracing::{debug, info, warn};
 use super::{NetworkContext, ServiceError, unix_now};
 use crate::budget::RateLimit;
 use crate::config::{NetworkConfig, Own};
+use crate::events::{Bus, What};
 use crate::leases::LeaseTable;
 use crate::types::MacAddr;
 
 const SERVER_PORT: u16 = 67;
 const CLIENT_PORT: u16 = 68;
 
-pub fn start(ctx: Arc<NetworkContext>) -> Result<JoinHandle<()>, ServiceError> {
+pub fn start(ctx: Arc<NetworkContext>, events: Bus) -> Result<JoinHandle<()>, ServiceError> {
     let addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, SERVER_PORT);
     let bind_err = |source| ServiceError::Bind {
         network: ctx.name().into(),
@@ -35,7 +36,11 @@ pub fn start(ctx: Arc<NetworkContext>) -> Result<JoinHandle<()>, ServiceError> {
     };
     let socket = bind(&ctx.bridge, addr).map_err(bind_err)?;
     let network = ctx.name().to_string();
-    Ok(super::spawn_service("DHCP", &network, serve(ctx, socket)))
+    Ok(super::spawn_service(
+        "DHCP",
+        &network,
+        serve(ctx, socket, events),
+    ))
 }
 
 /// One socket per bridge: bound to the device, so several networks can each
@@ -54,16 +59,35 @@ fn bind(bridge: &str, addr: SocketAddrV4) -> std::io::Result<UdpSocket> {
 /// client sends a few per lease; more is a VM hammering the server.
 const MESSAGES_PER_SECOND: u32 = 20;
 
-async fn serve(ctx: Arc<NetworkContext>, socket: UdpSocket) {
+async fn serve(ctx: Arc<NetworkContext>, socket: UdpSocket, events: Bus) {
     answer_each(&socket, ctx.name(), |request| {
         let mut leases = ctx.leases.lock().expect("lease table lock");
         let reply = respond(ctx.config(), &mut leases, request, unix_now());
-        if reply.is_some() {
+        if let Some(reply) = &reply {
             ctx.leases.changed();
+            if let Some(lease) = acked(request, reply) {
+                events.emit(Some(ctx.name()), lease);
+            }
         }
         reply
     })
     .await
+}
+
+/// The lease an ACK gives, as an event.
+fn acked(request: &Message, reply: &Message) -> Option<What> {
+    if reply.opts().msg_type()? != MessageType::Ack {
+        return None;
+    }
+    let hostname = match request.opts().get(OptionCode::Hostname) {
+        Some(DhcpOption::Hostname(h)) => Some(h.clone()),
+        _ => None,
+    };
+    Some(What::Lease {
+        mac_address: client_mac(request)?,
+        ip_address: reply.yiaddr(),
+        hostname,
+    })
 }
 
 /// Receives DHCP messages on `socket` for ever and sends what `respond`

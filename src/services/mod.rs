@@ -20,6 +20,7 @@ use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 
 use crate::config::{NetworkConfig, Own};
+use crate::events::Bus;
 use crate::host::netns::NetNs;
 use crate::leases::SharedLeases;
 use name_gate::NameGate;
@@ -38,12 +39,14 @@ pub trait Starter: Send + Sync {
 /// `names` about VMs with names in their policy.
 pub struct OnHost {
     pub names: Arc<NameGate>,
+    /// Where DHCP tells of the leases it gives.
+    pub events: Bus,
 }
 
 #[async_trait]
 impl Starter for OnHost {
     async fn start(&self, ctx: Arc<NetworkContext>) -> Result<Services, ServiceError> {
-        Services::start(ctx, self.names.clone()).await
+        Services::start(ctx, self.names.clone(), self.events.clone()).await
     }
 
     fn clone_dhcp_socket(&self, ns: &NetNs, tap: &str) -> std::io::Result<UdpSocket> {
@@ -140,11 +143,12 @@ impl Services {
     pub async fn start(
         ctx: Arc<NetworkContext>,
         names: Arc<NameGate>,
+        events: Bus,
     ) -> Result<Services, ServiceError> {
         let mut tasks = Vec::new();
         let mut farewells = Vec::new();
         if ctx.own().dhcp.enabled {
-            tasks.push(dhcp::start(ctx.clone())?);
+            tasks.push(dhcp::start(ctx.clone(), events)?);
         }
         if ctx.own().dns.enabled {
             tasks.extend(dns::start(ctx.clone(), names)?);

@@ -5,6 +5,7 @@ mod across_hosts;
 mod clients;
 mod clones;
 mod coexist;
+mod events;
 mod forwarding;
 mod frr;
 mod guard;
@@ -258,6 +259,11 @@ fn api_connect(world: &World) -> OwnedFd {
 /// packets that follow its announcement (docs/api.md).
 fn api_call(api: &OwnedFd, request: &str) -> (Value, Vec<OwnedFd>) {
     socket::send(api.as_raw_fd(), request.as_bytes(), MsgFlags::empty()).unwrap();
+    api_read(api)
+}
+
+/// Reads one reply (or event) from `api`, with the fds that came with it.
+fn api_read(api: &OwnedFd) -> (Value, Vec<OwnedFd>) {
     let mut buf = vec![0u8; 65536];
     let mut space = nix::cmsg_space!([RawFd; 1]);
     let mut iov = [IoSliceMut::new(&mut buf)];

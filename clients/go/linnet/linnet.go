@@ -722,3 +722,112 @@ func closeAll(fds []int) {
 		syscall.Close(fd)
 	}
 }
+
+// Event is one change the daemon tells of (docs/operations.md): Event names
+// its kind (the Event* constants), and the fields its kind has are set.
+type Event struct {
+	// TimeMs is when it happened, in Unix milliseconds.
+	TimeMs int64 `json:"time_ms"`
+	// Network is where; empty for the daemon's own (dropped).
+	Network     string `json:"network,omitempty"`
+	Event       string `json:"event"`
+	InterfaceID string `json:"interface_id,omitempty"`
+	Name        string `json:"name,omitempty"`
+	MACAddress  string `json:"mac_address,omitempty"`
+	IPAddress   string `json:"ip_address,omitempty"`
+	TAP         string `json:"tap,omitempty"`
+	Datapath    string `json:"datapath,omitempty"`
+	// UID is who attached (attached).
+	UID *uint32 `json:"uid,omitempty"`
+	// Hostname is what the guest sent in DHCP (lease).
+	Hostname string `json:"hostname,omitempty"`
+	// Reason says why the VM was cut off (cut_off).
+	Reason string  `json:"reason,omitempty"`
+	Policy *Policy `json:"policy,omitempty"`
+	// Forward and Added: a port published (true) or withdrawn (forward).
+	Forward string `json:"forward,omitempty"`
+	Added   bool   `json:"added,omitempty"`
+	// Count is how many events a slow reader missed (dropped).
+	Count uint64 `json:"count,omitempty"`
+}
+
+// The kinds of events.
+const (
+	EventAttached    = "attached"
+	EventDetached    = "detached"
+	EventLease       = "lease"
+	EventLearned     = "learned"
+	EventCutOff      = "cut_off"
+	EventPolicy      = "policy"
+	EventForward     = "forward"
+	EventAdopted     = "adopted"
+	EventReclaimed   = "reclaimed"
+	EventNetworkUp   = "network_up"
+	EventNetworkDown = "network_down"
+	EventDropped     = "dropped"
+)
+
+// Events follows what happens, on a connection given over to it.
+type Events struct {
+	c *Client
+}
+
+// Follow subscribes to the events of network (all: "") and gives the
+// connection over to them: c takes no other call afterwards, so use a
+// Client of its own (Dial), not one that holds interfaces. recent: first
+// the last events the daemon kept (up to 256), those of its start (the
+// interfaces it adopted) among them. A reader that falls behind misses
+// events and is told how many (EventDropped); it never holds the daemon up.
+func (c *Client) Follow(ctx context.Context, network string, recent bool) (*Events, error) {
+	body := struct {
+		Op      string `json:"op"`
+		Network string `json:"network,omitempty"`
+		Recent  bool   `json:"recent,omitempty"`
+	}{"events", network, recent}
+	if _, err := c.call(ctx, body, "subscribed", nil); err != nil {
+		return nil, err
+	}
+	return &Events{c: c}, nil
+}
+
+// Next waits for the next event, until ctx is done. An error from the
+// connection (the daemon stopped) ends the stream.
+func (e *Events) Next(ctx context.Context) (*Event, error) {
+	c := e.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	deadline, _ := ctx.Deadline()
+	if err := c.conn.SetReadDeadline(deadline); err != nil {
+		return nil, err
+	}
+	if done := ctx.Done(); done != nil {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			select {
+			case <-done:
+				_ = c.conn.SetReadDeadline(time.Now())
+			case <-stop:
+			}
+		}()
+	}
+	body, fds, err := c.receive()
+	closeAll(fds)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("linnet: %w", ctx.Err())
+		}
+		return nil, fmt.Errorf("linnet: the events ended: %w", err)
+	}
+	var event struct {
+		Reply string `json:"reply"`
+		Event
+	}
+	if err := json.Unmarshal(body, &event); err != nil || event.Reply != "event" {
+		return nil, fmt.Errorf("linnet: not an event: %s", body)
+	}
+	return &event.Event, nil
+}
+
+// Close ends the subscription and its connection.
+func (e *Events) Close() error { return e.c.Close() }

@@ -367,6 +367,34 @@ func TestRateLimitsAreSetAloneAndShown(t *testing.T) {
 	}
 }
 
+func TestEventsFollowUntilTheContextEnds(t *testing.T) {
+	client, daemon := pair(t)
+	got := daemon.serve("events", nil, `{"reply":"subscribed"}`,
+		`{"reply":"event","time_ms":5,"network":"shared","event":"attached","interface_id":"x","name":"vm",
+		  "mac_address":"02:00:00:00:00:01","ip_address":"192.168.105.2","tap":"lnt0","datapath":"tap","uid":1000}`,
+		`{"reply":"event","time_ms":6,"event":"dropped","count":12}`)
+	events, err := client.Follow(ctx, "shared", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req := <-got; req["network"] != "shared" || req["recent"] != true {
+		t.Errorf("the request: %v", req)
+	}
+	e, err := events.Next(ctx)
+	if err != nil || e.Event != EventAttached || e.Name != "vm" || e.IPAddress != "192.168.105.2" || *e.UID != 1000 {
+		t.Fatalf("got %+v, %v", e, err)
+	}
+	e, err = events.Next(ctx)
+	if err != nil || e.Event != EventDropped || e.Count != 12 || e.Network != "" {
+		t.Fatalf("got %+v, %v", e, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := events.Next(short); err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("no event: %v", err)
+	}
+}
+
 func itoa(n int) string {
 	b, _ := json.Marshal(n)
 	return string(b)

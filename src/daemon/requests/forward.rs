@@ -11,6 +11,7 @@ use crate::daemon::errors::DaemonError;
 use crate::daemon::forwards;
 use crate::daemon::leftovers::Leftovers;
 use crate::daemon::state::Daemon;
+use crate::events::What;
 use crate::forward::PortForward;
 use crate::leases::Claimant;
 use crate::types::InterfaceId;
@@ -119,6 +120,7 @@ impl Daemon {
             warn!(interface = %id, "cannot save forward {}: {e}; it lasts until detach", req.forward);
         }
         info!(network = %req.network, interface = %id, forward = %req.forward, "port published");
+        self.forward_event(&req, id, true);
         self.save_record(id);
         Ok(())
     }
@@ -179,8 +181,18 @@ impl Daemon {
             warn!(interface = %id, "cannot save forwards: {e}; {} may come back at the next attach", req.forward);
         }
         info!(network = %req.network, interface = %id, forward = %req.forward, "port unpublished");
+        self.forward_event(&req, id, false);
         self.save_record(id);
         Ok(())
+    }
+
+    fn forward_event(&self, req: &ForwardRequest, id: InterfaceId, added: bool) {
+        let what = What::Forward {
+            interface_id: id,
+            forward: req.forward,
+            added,
+        };
+        self.events.emit(Some(&req.network), what);
     }
 
     pub fn forward_list(&self) -> Response {

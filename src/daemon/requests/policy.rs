@@ -11,6 +11,7 @@ use crate::daemon::errors::DaemonError;
 use crate::daemon::leftovers::Leftovers;
 use crate::daemon::policies::{check_policy_possible, no_address_for_policy};
 use crate::daemon::state::Daemon;
+use crate::events::What;
 use crate::host::guard::PortGuard;
 use crate::policy::Policy;
 
@@ -68,6 +69,11 @@ impl Daemon {
             return Err(e);
         }
         info!(network = %req.network, interface = %id, policy = ?policy, "policy set");
+        let what = What::Policy {
+            interface_id: id,
+            policy: policy.clone(),
+        };
+        self.events.emit(Some(&req.network), what);
         self.save_record(id);
         Ok(Response::Policy {
             interface_id: id,

@@ -1,0 +1,247 @@
+//! What happens to networks and VMs, as `linnet events` follows it: one
+//! event per change (an attach, a lease, a policy set, ...), from the
+//! daemon and its services onto one bus. A subscriber that reads too slowly
+//! misses events rather than holding anyone up: the bus keeps the last
+//! `CAPACITY` for each, and tells it how many it missed (`Dropped`). The
+//! bus also keeps the last `RECENT` events for subscribers that ask for
+//! them first (`linnet events --recent`): what a daemon adopted at its
+//! start happened before anyone could subscribe.
+
+use std::collections::VecDeque;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+
+use crate::datapath::Datapath;
+use crate::forward::PortForward;
+use crate::policy::Policy;
+use crate::types::{InterfaceId, MacAddr};
+
+/// Events a subscriber may fall behind by before it misses some (besides
+/// those its socket holds): one ring for all subscribers.
+pub const CAPACITY: usize = 256;
+/// Events the bus keeps for `--recent`.
+pub const RECENT: usize = 256;
+
+/// One change, when it happened and on which network.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Unix time, milliseconds.
+    pub time_ms: u64,
+    /// The network it happened on (none for `dropped`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+    #[serde(flatten)]
+    pub what: What,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum What {
+    /// An interface was attached.
+    Attached {
+        interface_id: InterfaceId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        mac_address: MacAddr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ip_address: Option<Ipv4Addr>,
+        tap: String,
+        datapath: Datapath,
+        uid: u32,
+    },
+    /// An interface went (its client detached or went away).
+    Detached {
+        interface_id: InterfaceId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        tap: String,
+    },
+    /// linnet's DHCP gave (or renewed) a lease.
+    Lease {
+        mac_address: MacAddr,
+        ip_address: Ipv4Addr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hostname: Option<String>,
+    },
+    /// A LAN VM's address, as linnet saw the LAN's DHCP server give it.
+    Learned {
+        interface_id: InterfaceId,
+        ip_address: Ipv4Addr,
+    },
+    /// A VM's port was taken off its network (its VMM misbehaved).
+    CutOff {
+        interface_id: InterfaceId,
+        reason: String,
+    },
+    /// An interface's policy changed (`policy set`).
+    Policy {
+        interface_id: InterfaceId,
+        policy: Policy,
+    },
+    /// A port was published to a VM, or withdrawn.
+    Forward {
+        interface_id: InterfaceId,
+        forward: PortForward,
+        added: bool,
+    },
+    /// A starting daemon took over an interface its predecessor left.
+    Adopted {
+        interface_id: InterfaceId,
+        tap: String,
+    },
+    /// An adopted interface's client claimed it again.
+    Reclaimed {
+        interface_id: InterfaceId,
+    },
+    /// A network came up, or went down.
+    NetworkUp,
+    NetworkDown,
+    /// The subscriber fell behind and missed this many events.
+    Dropped {
+        count: u64,
+    },
+}
+
+impl Event {
+    pub fn now(network: Option<&str>, what: What) -> Event {
+        let time_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Event {
+            time_ms,
+            network: network.map(str::to_string),
+            what,
+        }
+    }
+}
+
+/// Where events go: to every subscriber, and the last `RECENT` kept.
+#[derive(Clone)]
+pub struct Bus {
+    sender: broadcast::Sender<Event>,
+    recent: Arc<Mutex<VecDeque<Event>>>,
+}
+
+impl Default for Bus {
+    fn default() -> Bus {
+        Bus {
+            sender: broadcast::channel(CAPACITY).0,
+            recent: Arc::new(Mutex::new(VecDeque::with_capacity(RECENT))),
+        }
+    }
+}
+
+impl Bus {
+    /// Sends `what` on `network` to whoever follows; never waits.
+    pub fn emit(&self, network: Option<&str>, what: What) {
+        let event = Event::now(network, what);
+        {
+            let mut recent = self.recent.lock().expect("recent events lock");
+            if recent.len() == RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(event.clone());
+        }
+        // None following is no error.
+        let _ = self.sender.send(event);
+    }
+
+    /// From now on, and (`recent`) what was kept first.
+    pub fn subscribe(&self, recent: bool) -> (Vec<Event>, broadcast::Receiver<Event>) {
+        // Under the lock: no event both in the kept ones and received.
+        let kept = self.recent.lock().expect("recent events lock");
+        let receiver = self.sender.subscribe();
+        let first = if recent {
+            kept.iter().cloned().collect()
+        } else {
+            Vec::new()
+        };
+        (first, receiver)
+    }
+}
+
+/// Whether a subscriber to `network` (all: None) gets `event`.
+pub fn wanted(event: &Event, network: Option<&str>) -> bool {
+    match (network, &event.network) {
+        (None, _) => true,
+        (Some(_), None) => true,
+        (Some(want), Some(got)) => want == got,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> InterfaceId {
+        "4f0e5c2a-3d6b-4c1e-9a7f-1b2c3d4e5f60".parse().unwrap()
+    }
+
+    #[test]
+    fn an_event_is_one_json_object_named_by_its_kind() {
+        let e = Event {
+            time_ms: 7,
+            network: Some("shared".into()),
+            what: What::Detached {
+                interface_id: id(),
+                name: None,
+                tap: "lnt0".into(),
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"time_ms": 7, "network": "shared", "event": "detached",
+                "interface_id": "4f0e5c2a-3d6b-4c1e-9a7f-1b2c3d4e5f60", "tap": "lnt0"})
+        );
+        let back: Event = serde_json::from_value(serde_json::to_value(&e).unwrap()).unwrap();
+        assert_eq!(back, e);
+        let dropped = Event::now(None, What::Dropped { count: 3 });
+        let v = serde_json::to_value(&dropped).unwrap();
+        assert_eq!(
+            (v["event"].as_str(), v["count"].as_u64()),
+            (Some("dropped"), Some(3))
+        );
+        assert!(v.get("network").is_none());
+    }
+
+    #[test]
+    fn a_slow_subscriber_misses_events_and_is_told_how_many() {
+        let bus = Bus::default();
+        let (_, mut slow) = bus.subscribe(false);
+        for _ in 0..CAPACITY + 10 {
+            bus.emit(Some("shared"), What::NetworkUp);
+        }
+        match slow.try_recv() {
+            Err(broadcast::error::TryRecvError::Lagged(n)) => assert_eq!(n, 10),
+            other => panic!("{other:?}"),
+        }
+        assert!(slow.try_recv().is_ok(), "then the events it still can have");
+    }
+
+    #[test]
+    fn the_recent_events_are_kept_for_those_who_ask() {
+        let bus = Bus::default();
+        for i in 0..RECENT + 5 {
+            bus.emit(Some(&format!("n{i}")), What::NetworkUp);
+        }
+        let (first, _) = bus.subscribe(true);
+        assert_eq!(first.len(), RECENT);
+        assert_eq!(first[0].network.as_deref(), Some("n5"));
+        assert!(bus.subscribe(false).0.is_empty());
+    }
+
+    #[test]
+    fn a_subscriber_to_one_network_gets_its_events_and_the_daemons() {
+        let on = |n: Option<&str>| Event::now(n, What::NetworkUp);
+        assert!(wanted(&on(Some("a")), Some("a")));
+        assert!(!wanted(&on(Some("b")), Some("a")));
+        assert!(wanted(&on(None), Some("a")));
+        assert!(wanted(&on(Some("b")), None));
+    }
+}
