@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from . import control, docs, fabric, names, profile, report
+from . import control, docs, fabric, names, operations, profile, report
 from .env import Env
 from .host import BenchError, debian_version, memory_kib, wait_for
 from .setups import DIRECTIONS, VM_TO_VM, Lan, all_setups, deepen_guest_queues, upstream
@@ -40,6 +40,8 @@ def parse_args():
                    help="skip the figures across hosts (linnet_bench/fabric.py)")
     p.add_argument("--no-names", action="store_true",
                    help="skip the egress-by-name figures (linnet_bench/names.py)")
+    p.add_argument("--no-operations", action="store_true",
+                   help="skip the operations figures: metrics, rate limits (linnet_bench/operations.py)")
     p.add_argument("--moves", type=int, default=10,
                    help="attaches and moves across hosts for those timings (default 10)")
     p.add_argument("--interfaces", type=int, default=1000, help="interfaces for the scale figure (default 1000)")
@@ -273,7 +275,8 @@ def main():
                      "write it): run it in scripts/sandbox, which mounts a copy over it")
     started = time.monotonic()
     commit = linnet_commit()
-    whole = not (args.only or args.mtu or args.no_control or args.no_fabric or args.no_names) \
+    whole = not (args.only or args.mtu or args.no_control or args.no_fabric or args.no_names
+                 or args.no_operations) \
         and args.runs >= 3
     out = args.out or (RESULTS if whole else PARTIAL)
     results = {
@@ -282,6 +285,7 @@ def main():
         "machine": machine(commit),
         "settings": {"seconds": args.seconds, "runs": args.runs, "only": args.only, "mtu": args.mtu},
         "throughput": [], "not_run": [], "control": None, "fabric": None, "names": None,
+        "operations": None,
     }
     with tempfile.TemporaryDirectory(prefix="linnet-bench.") as workdir:
         env = Env(workdir, args.bin, find_gvproxy(args.gvproxy), commit)
@@ -313,6 +317,14 @@ def main():
                 except BenchError as e:
                     results["names"] = {"error": str(e)}
                     log(f"  the egress-by-name figures failed: {e}")
+            if not args.no_operations and args.mtu in (None, 1500) and (
+                    not args.only or re.search(args.only, operations.SETUP)):
+                log("operations")
+                try:
+                    results["operations"] = operations.measure_all(env, args.seconds, args.runs, log)
+                except BenchError as e:
+                    results["operations"] = {"error": str(e)}
+                    log(f"  the operations figures failed: {e}")
             if not args.no_fabric and args.mtu is None and (
                     not args.only or re.search(args.only, fabric.SETUP)):
                 log("across hosts")
@@ -348,6 +360,8 @@ def main():
         problems.append("the control-plane figures failed")
     if (results.get("names") or {}).get("error"):
         problems.append(f"the egress-by-name figures failed: {results['names']['error']}")
+    if (results.get("operations") or {}).get("error"):
+        problems.append(f"the operations figures failed: {results['operations']['error']}")
     f = results.get("fabric") or {}
     if f.get("error") or f.get("timings_error"):
         problems.append(f"the figures across hosts failed: {f.get('error') or f.get('timings_error')}")

@@ -15,14 +15,15 @@ import statistics
 import sys
 
 from .report import (ANTI_SPOOFING, FABRIC, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM,
-                     NAMES, STATUS, cell, clone_rows, fabric_rows, names_rows, target_counts)
+                     NAMES, OPERATIONS, STATUS, cell, clone_rows, fabric_rows, names_rows,
+                     operations_rows, target_counts)
 from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VM_TO_HOST, VM_TO_VM
 
 # The results' layout this module reads (bench/linnet_bench/__main__.py).
 FORMAT = 2
 
 DOCS = ("README.md", "docs/security.md", "docs/vmms.md", "docs/lima.md", "docs/rootless.md",
-        "docs/clones.md", "docs/multihost.md")
+        "docs/clones.md", "docs/multihost.md", "docs/operations.md")
 BLOCK = re.compile(r"(<!-- bench:([a-z-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 
 
@@ -154,6 +155,11 @@ def egress_by_name(results):
     return rows_and_targets(names_rows(results.get("names")), results, NAMES, None)
 
 
+def operations(results):
+    """The operations figures and their targets."""
+    return rows_and_targets(operations_rows(results.get("operations")), results, OPERATIONS, None)
+
+
 def targets(results):
     lines = [f"Targets: {target_counts(results)}. Missed:", ""]
     for t in results["targets"]:
@@ -167,7 +173,7 @@ def targets(results):
 
 RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "targets": targets,
           "network-socket": network_socket, "rootless": rootless, "clones": clones,
-          "across-hosts": across_hosts, "egress-by-name": egress_by_name}
+          "across-hosts": across_hosts, "egress-by-name": egress_by_name, "operations": operations}
 
 
 def render(name, results, doc):

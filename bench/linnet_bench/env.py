@@ -79,7 +79,8 @@ class LinnetDaemon:
         }
         self.socket = os.path.join(self.env["LINNET_RUN_DIR"], "linnet.sock")
         self.run_dir = self.env["LINNET_RUN_DIR"]
-        self.daemon = procs.start("linnet-daemon", [self.bin, "daemon"], env=self.env)
+        # Metrics served all along (operations.py scrapes them).
+        self.daemon = procs.start("linnet-daemon", [self.bin, "daemon", "--metrics", "9464"], env=self.env)
         wait_for(lambda: procs.check_alive() or os.path.exists(self.socket), "the linnet daemon's socket")
 
     def network_socket(self, network):

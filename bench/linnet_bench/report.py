@@ -165,6 +165,7 @@ def targets(results):
         out.append(ratio_target(*args) or missing_peer_target(*args))
     out += fabric_targets(results.get("fabric"))
     out += names_targets(results.get("names"))
+    out += operations_targets(results.get("operations"))
     if not (results.get("control") or results.get("control_error")):
         return [t for t in out if t is not None]  # --no-control
     c = results.get("control") or {}
@@ -315,6 +316,61 @@ def names_rows(n):
         "before it releases the answer, so the difference between the two lookup times is the "
         "whole cost of the rule, check and insert.",
     ]
+
+
+# What operations are judged by (docs/operations.md, operations.py).
+OPERATIONS = "operations"
+OPERATIONS_GOAL = 0.97
+# A limited VM's TCP throughput within this share of its limit, each way.
+ACCURACY = 0.10
+
+
+def operations_targets(o):
+    """Throughput while scraped every second against unscraped, and with a
+    limit never reached against none (goal >= 0.97x each, round by round);
+    TCP through each limit within 10% of it, each way."""
+    if not o or o.get("error"):
+        return []
+    pair = lambda target, ours, theirs: judge_pair(
+        {"family": OPERATIONS, "target": target, "kind": "ratio", "mtu": 1500,
+         "direction": VM_TO_HOST, "goal": f">= {OPERATIONS_GOAL}x", "measured": None},
+        ours, theirs, OPERATIONS_GOAL)
+    out = [pair(f"throughput scraped every {o['scrape_every_s']:g} s vs not scraped",
+                ("scraped", o["throughput_scraped"]), ("not scraped", o["throughput_unscraped"])),
+           pair(f"throughput under a {o['unreached_limit']} limit vs none",
+                ("limited", o["throughput_unreached"]), ("open", o["throughput_open"]))]
+    for a in o["accuracy"]:
+        for way, w in a["ways"].items():
+            off = abs(w["share"] - 1)
+            out.append({"family": OPERATIONS, "kind": "bound", "direction": way,
+                        "target": f"TCP through a {a['limit_mbit']} Mbit/s limit, {LABEL[way]}",
+                        "goal": f"within {ACCURACY:.0%}", "measured": w["share"],
+                        "detail": f"{w['mbit']} Mbit/s, {w['share']:.1%} of the limit",
+                        "status": "met" if off <= ACCURACY else "missed"})
+    return out
+
+
+def operations_rows(o):
+    """The operations figures as markdown, or why there are none."""
+    if not o or o.get("error"):
+        return not_measured(o)
+    speed = lambda x: f"{x['gbps']:.2f}" + (" ¹" if x.get("unstable") else "") if x.get("gbps") else "—"
+    lines = ["| VM to host, Gbit/s (iperf3, MTU 1500) | with | without |", "|---|---:|---:|",
+             f"| /metrics scraped every {o['scrape_every_s']:g} s | {speed(o['throughput_scraped'])} | "
+             f"{speed(o['throughput_unscraped'])} |",
+             f"| a {o['unreached_limit']} rate limit each way | {speed(o['throughput_unreached'])} | "
+             f"{speed(o['throughput_open'])} |",
+             "",
+             "| limit each way | VM sends, Mbit/s | VM receives, Mbit/s | `policy set` to the new limit |",
+             "|---:|---:|---:|---:|"]
+    for a in o["accuracy"]:
+        out, into = a["ways"][VM_TO_HOST], a["ways"][HOST_TO_VM]
+        lines.append(f"| {a['limit_mbit']} Mbit/s | {out['mbit']} ({out['share']:.1%}) | "
+                     f"{into['mbit']} ({into['share']:.1%}) | {a['policy_set_ms']} ms |")
+    lines += ["", "One TCP stream for 4 s, its first second left out (the burst, 20 ms of the "
+              "rate, and TCP's start); the `policy set` time is the command's, from start to exit, "
+              "which the daemon answers once the kernel holds the new limit."]
+    return lines
 
 
 # Below this, a lot's RSS growth is allocator noise: compared as this much.
@@ -581,6 +637,10 @@ def markdown(results):
               "with no policy on the same network: throughput to the host, and the time each of "
               "1000 lookups through linnet's DNS waits.", ""]
     lines += names_rows(results.get("names"))
+    lines += ["", "## Operations", "",
+              "What metrics and a rate limit that is never reached cost, and how closely rate "
+              "limits hold (bench/linnet_bench/operations.py).", ""]
+    lines += operations_rows(results.get("operations"))
     lines += ["", "## Targets", "",
               f"{target_counts(results)}. A ratio is the median of the rounds' ratios (each round "
               "measured both setups); the range of the rounds follows.", "",
@@ -616,6 +676,8 @@ def markdown(results):
     lines += target_table(results, FABRIC)
     lines += ["", "### Egress by name", ""]
     lines += target_table(results, NAMES)
+    lines += ["", "### Operations", ""]
+    lines += target_table(results, OPERATIONS)
     lines += ["", "![throughput per setup](latest.svg)", ""]
     return "\n".join(lines)
 

@@ -179,3 +179,31 @@ class AcrossHosts(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Operations(unittest.TestCase):
+    def figures(self, out_share, in_share):
+        way = lambda share, limit: {"mbit": share * limit, "runs_mbit": [share * limit],
+                                    "share": share}
+        return {"scrape_every_s": 1.0, "scrapes": 12, "unreached_limit": "100gbit",
+                "throughput_scraped": summarize(rounds(9.8, 9.9, 10.0)),
+                "throughput_unscraped": summarize(rounds(10.0, 10.0, 10.0)),
+                "throughput_unreached": summarize(rounds(9.0, 9.1, 9.2)),
+                "throughput_open": summarize(rounds(10.0, 10.0, 10.0)),
+                "accuracy": [{"limit_mbit": 100, "policy_set_ms": 12.0,
+                              "ways": {VM_TO_HOST: way(out_share, 100), HOST_TO_VM: way(in_share, 100)}}]}
+
+    def test_costs_are_judged_round_by_round_and_limits_within_ten_percent(self):
+        scraped, unreached, out, into = report.operations_targets(self.figures(0.95, 1.12))
+        self.assertEqual((scraped["measured"], scraped["status"]), (0.99, "met"))
+        self.assertEqual((unreached["measured"], unreached["status"]), (0.91, "missed"))
+        self.assertEqual((out["status"], out["direction"]), ("met", VM_TO_HOST))
+        self.assertEqual((into["status"], into["direction"]), ("missed", HOST_TO_VM))
+        self.assertIn("100 Mbit/s limit, host→VM", into["target"])
+
+    def test_a_failed_run_has_no_targets_and_says_why(self):
+        self.assertEqual(report.operations_targets({"error": "the scraper failed"}), [])
+        self.assertEqual(report.operations_rows({"error": "the scraper failed"}),
+                         ["Not measured: the scraper failed."])
+        rows = report.operations_rows(self.figures(1.0, 0.98))
+        self.assertIn("| 100 Mbit/s | 100.0 (100.0%) | 98.0 (98.0%) | 12.0 ms |", rows)

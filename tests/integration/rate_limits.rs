@@ -1,7 +1,8 @@
 //! Rate limits (`--rate-limit`, `--rate-limit-in`/`-out`, `policy set`,
 //! a network's `rate_limit`): TCP through a limited VM holds to its rate
 //! each way, measured with iperf3 beside an unlimited VM on the same
-//! network; on every datapath; changed and lifted at runtime.
+//! network; on every datapath; changed and lifted at runtime, and kept
+//! across a daemon restart.
 
 use std::time::Duration;
 
@@ -146,6 +147,11 @@ fn policy_set_changes_a_rate_at_runtime_keeping_the_rules_and_lifts_it() {
     let ruleset = world.host.nft_ruleset();
     assert_eq!(ruleset.matches("limit sent_").count(), 1, "{ruleset}");
     assert_eq!(ruleset.matches("limit received_").count(), 1, "{ruleset}");
+    // A restarted daemon adopts the VM with its limit.
+    world.stop_daemon();
+    world.start_daemon();
+    let adopted = mbits(&g.ns, &gateway, 5303, false);
+    assert!(holds(adopted, 10.0), "after a restart: {adopted} Mbit/s");
 
     // Nothing given: every restriction lifted, the rate too.
     must(&mut world.linnet(&["policy", "set", "--network", "shared", "--name", "rl"]));

@@ -817,6 +817,11 @@ func (e *Events) Next(ctx context.Context) (*Event, error) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("linnet: %w", ctx.Err())
 		}
+		// The read's deadline is the context's, and may pass a moment
+		// before the context says so.
+		if _, ok := ctx.Deadline(); ok && isTimeout(err) {
+			return nil, fmt.Errorf("linnet: %w", context.DeadlineExceeded)
+		}
 		return nil, fmt.Errorf("linnet: the events ended: %w", err)
 	}
 	var event struct {
