@@ -23,8 +23,8 @@ import statistics
 import subprocess
 import threading
 
-from .host import BenchError, children, ip, run, wait_for
-from .setups import VM_TO_HOST, Topology, configure, read_json
+from .host import BenchError, ip, run, wait_for
+from .setups import VM_TO_HOST, Topology, run_guest
 from .throughput import measure, summarize
 
 SETUP = "linnet egress by name"
@@ -119,20 +119,10 @@ class Named:
 
     def attach(self, policy):
         """A guest on `named`, its address configured: (namespace, ip)."""
-        env = self.env
-        ns = env.guest_ns()
-        out = env.fresh_path(f"{ns}.json")
-        args = [env.linnet.bin, "run", "--network", NETWORK, "--datapath", "tap", "--json", out]
-        for rule in policy:
-            args += ["--allow-connect", rule]
-        proc = env.procs.start(f"run-{ns}", args + ["--", env.standin_bin, "--fd", "{fd}",
-                                                     "--netns", f"/run/netns/{ns}"], env=env.linnet.env)
-        info = wait_for(lambda: env.procs.check_alive() or read_json(out), f"`linnet run` for {ns}")
-        env.wait_link("eth0", ns)
-        prefix = info["subnet"].split("/")[1]
-        configure(ns, "eth0", f"{info['ip_address']}/{prefix}", gateway=info["gateway"])
-        self.topo.net_pids.append(proc.pid)
-        self.topo.standin_pids += wait_for(lambda: children(proc.pid), f"the stand-in for {ns}")
+        flags = [f for rule in policy for f in ("--allow-connect", rule)]
+        ns, info, run_pid, standins = run_guest(self.env, NETWORK, flags)
+        self.topo.net_pids.append(run_pid)
+        self.topo.standin_pids += standins
         self.gateway = info["gateway"]
         return ns, info["ip_address"]
 

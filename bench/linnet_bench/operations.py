@@ -19,8 +19,8 @@ import threading
 import time
 import urllib.request
 
-from .host import BenchError, children, wait_for
-from .setups import HOST_TO_VM, VM_TO_HOST, Topology, configure, read_json
+from .host import BenchError
+from .setups import HOST_TO_VM, VM_TO_HOST, Topology, run_guest
 from .throughput import measure, summarize
 
 SETUP = "linnet operations"
@@ -42,19 +42,8 @@ class Guests:
 
     def attach(self, name, extra=()):
         """A guest on `shared` called `name`, its address configured: its namespace."""
-        env = self.env
-        ns = env.guest_ns()
-        out = env.fresh_path(f"{ns}.json")
-        args = [env.linnet.bin, "run", "--network", NETWORK, "--datapath", "tap", "--name", name,
-                "--json", out, *extra]
-        proc = env.procs.start(f"run-{ns}", args + ["--", env.standin_bin, "--fd", "{fd}",
-                                                     "--netns", f"/run/netns/{ns}"], env=env.linnet.env)
-        info = wait_for(lambda: env.procs.check_alive() or read_json(out), f"`linnet run` for {ns}")
-        env.wait_link("eth0", ns)
-        prefix = info["subnet"].split("/")[1]
-        configure(ns, "eth0", f"{info['ip_address']}/{prefix}", gateway=info["gateway"])
-        standins = wait_for(lambda: children(proc.pid), f"the stand-in for {ns}")
-        self.pids[ns] = ([proc.pid], standins)
+        ns, info, run_pid, standins = run_guest(self.env, NETWORK, ["--name", name, *extra])
+        self.pids[ns] = ([run_pid], standins)
         self.gateway = info["gateway"]
         return ns
 

@@ -398,6 +398,22 @@ def relays_on(daemon, network, count):
     return mine if len(mine) == count else None
 
 
+def run_guest(env, network, flags):
+    """`linnet run --datapath tap FLAGS` on `network` with the stand-in as
+    VMM in a new guest namespace, its address configured: (namespace, the
+    attach JSON, run's pid, the stand-in's pids)."""
+    ns = env.guest_ns()
+    out = env.fresh_path(f"{ns}.json")
+    args = [env.linnet.bin, "run", "--network", network, "--datapath", "tap", "--json", out, *flags]
+    proc = env.procs.start(f"run-{ns}", args + ["--", env.standin_bin, "--fd", "{fd}",
+                                                 "--netns", f"/run/netns/{ns}"], env=env.linnet.env)
+    info = wait_for(lambda: env.procs.check_alive() or read_json(out), f"`linnet run` for {ns}")
+    env.wait_link("eth0", ns)
+    prefix = info["subnet"].split("/")[1]
+    configure(ns, "eth0", f"{info['ip_address']}/{prefix}", gateway=info["gateway"])
+    return ns, info, proc.pid, wait_for(lambda: children(proc.pid), f"the stand-in for {ns}")
+
+
 def read_json(path):
     try:
         with open(path) as f:

@@ -534,17 +534,7 @@ func (c *Client) callWithin(ctx context.Context, request interface{}, want strin
 	}
 	// Cancelled: the read in progress ends at once, as at a timeout (the
 	// reply is owed, and read and dropped by the next call).
-	if done := ctx.Done(); done != nil {
-		stop := make(chan struct{})
-		defer close(stop)
-		go func() {
-			select {
-			case <-done:
-				_ = c.conn.SetDeadline(time.Now())
-			case <-stop:
-			}
-		}()
-	}
+	defer c.endOnCancel(ctx)()
 	for c.owed > 0 {
 		_, fds, err := c.receive()
 		if isTimeout(err) {
@@ -588,6 +578,24 @@ func (c *Client) callWithin(ctx context.Context, request interface{}, want strin
 		}
 	}
 	return fds, nil
+}
+
+// endOnCancel ends the connection's read or write in progress (as at a
+// timeout) once ctx is cancelled; the function it returns stops watching.
+func (c *Client) endOnCancel(ctx context.Context) func() {
+	done := ctx.Done()
+	if done == nil {
+		return func() {}
+	}
+	stop := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+			_ = c.conn.SetDeadline(time.Now())
+		case <-stop:
+		}
+	}()
+	return func() { close(stop) }
 }
 
 // exchange sends a request and receives its reply. A daemon that refused
@@ -797,20 +805,10 @@ func (e *Events) Next(ctx context.Context) (*Event, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	deadline, _ := ctx.Deadline()
-	if err := c.conn.SetReadDeadline(deadline); err != nil {
+	if err := c.conn.SetDeadline(deadline); err != nil {
 		return nil, err
 	}
-	if done := ctx.Done(); done != nil {
-		stop := make(chan struct{})
-		defer close(stop)
-		go func() {
-			select {
-			case <-done:
-				_ = c.conn.SetReadDeadline(time.Now())
-			case <-stop:
-			}
-		}()
-	}
+	defer c.endOnCancel(ctx)()
 	body, fds, err := c.receive()
 	closeAll(fds)
 	if err != nil {
