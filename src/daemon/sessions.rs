@@ -368,10 +368,10 @@ const EVENT_RETRY_FIRST: Duration = Duration::from_millis(5);
 const EVENT_RETRY_MOST: Duration = Duration::from_secs(1);
 
 /// Sends `response` once the peer has room, trying again after a pause
-/// that grows: the kernel does not always wake a writer to a unix
-/// datagram socket when its peer reads (so waiting for writability could
-/// wait for ever), and a subscriber that never reads costs a wake-up a
-/// second at most.
+/// that grows, rather than waiting for writability: a connected unix
+/// datagram socket reports itself writable by its own buffer while its
+/// peer's queue is full (the send then fails again), so waiting could
+/// spin. A subscriber that never reads costs a wake-up a second at most.
 async fn send_patiently(conn: &AsyncFd<OwnedFd>, response: &Response) -> io::Result<()> {
     let reply = api::ReplyBytes::new(response)?;
     let piece = api::piece_size(conn.get_ref().as_fd());

@@ -11,13 +11,13 @@ use serde_json::Value;
 use crate::harness::*;
 
 /// `linnet events ARGS…`, running, and its lines.
-struct Follower {
+pub struct Follower {
     _child: Reaped,
     lines: std::sync::mpsc::Receiver<Value>,
 }
 
 impl Follower {
-    fn start(world: &World, args: &[&str]) -> Follower {
+    pub fn start(world: &World, args: &[&str]) -> Follower {
         let before = world.daemon_log_text().matches("following events").count();
         let mut argv = vec!["events"];
         argv.extend_from_slice(args);
@@ -51,7 +51,7 @@ impl Follower {
     }
 
     /// The next event of kind `kind`, the ones before it skipped.
-    fn next(&self, kind: &str) -> Value {
+    pub fn next(&self, kind: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());

@@ -511,8 +511,15 @@ fn a_vmm_that_changes_its_macvtaps_mac_is_cut_off() {
     let mut world = World::with_config(CONFIG);
     let lan = Lan::new(&world);
     world.start_daemon();
+    let events = crate::events::Follower::start(&world, &["--network", "lan"]);
     let honest = world.guest("lan", &[]);
-    honest.udhcpc();
+    let ip = honest.udhcpc();
+    let learned = events.next("learned");
+    assert_eq!(
+        (&learned["interface_id"], &learned["ip_address"]),
+        (&honest.info["interface_id"], &Value::from(ip.to_string())),
+        "the address the LAN's server gave, as an event"
+    );
     // The LAN router's MAC: frames for it that the uplink sees (flooded)
     // would go to a macvtap that took it.
     let router_mac = must(&mut lan.ns.cmd(&["cat", "/sys/class/net/br0/address"]));
@@ -540,6 +547,9 @@ fn a_vmm_that_changes_its_macvtaps_mac_is_cut_off() {
             .and_then(|i| i["cut_off"].as_str().map(String::from))
     });
     assert!(why.contains("changed the TAP's MAC"), "{why}");
+    let cut = events.next("cut_off");
+    assert_eq!(cut["interface_id"], info["interface_id"]);
+    assert_eq!(cut["reason"].as_str(), Some(why.as_str()));
     let tap = info["tap"].as_str().unwrap();
     let link = must(&mut world.host.cmd(&["ip", "-o", "link", "show", tap]));
     assert!(!link.contains(",UP"), "{link}");
