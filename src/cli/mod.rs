@@ -613,8 +613,9 @@ pub struct RateArgs {
     /// bits per second (bit, kbit, mbit, gbit), with an optional BURST in
     /// bytes (b, kb, mb, kib, mib; default 20 ms of the rate, at least
     /// 128kib) that may pass above it: e.g. 100mbit or 20mbit/512kib. The
-    /// kernel drops what exceeds it; TCP slows to it. Default: the
-    /// network's rate_limit, if it has one.
+    /// kernel drops what exceeds it; TCP slows to it. An attach without
+    /// it gets the network's rate_limit, if it has one; `policy set`
+    /// replaces both ways (a way not given is then unlimited).
     #[arg(long, value_name = "RATE[/BURST]")]
     pub rate_limit: Option<Rate>,
     /// Limit only what the VM receives (over --rate-limit).
