@@ -120,12 +120,56 @@ struct UidPool {
     /// Where the search for a free one starts: after the last one given,
     /// so a uid is not given again soon after its relay ended.
     next: u32,
+    /// Taken by relays an earlier daemon started, still running at start.
+    left_over: BTreeSet<u32>,
+}
+
+/// The real uids of the processes running now.
+fn uids_running() -> BTreeSet<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return BTreeSet::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        e.file_name().to_str()?.parse::<u32>().ok()?;
+        let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    })
+    .collect()
 }
 
 impl RelayUids {
+    /// The pool of a starting daemon: relays of an earlier one may still
+    /// run for a moment (they end once they see it gone), so the search
+    /// starts after the highest of their uids (`running`), never at one of
+    /// them, and they are held until their processes are gone.
+    fn after(running: &BTreeSet<u32>) -> RelayUids {
+        let ours = ROOT_RELAY_UIDS..ROOT_RELAY_UIDS + ROOT_RELAY_COUNT;
+        let mut pool = UidPool::default();
+        pool.taken = running
+            .iter()
+            .copied()
+            .filter(|u| ours.contains(u))
+            .collect();
+        pool.next =
+            (pool.taken.last()).map_or(0, |last| (last - ROOT_RELAY_UIDS + 1) % ROOT_RELAY_COUNT);
+        pool.left_over = pool.taken.clone();
+        RelayUids(Arc::new(Mutex::new(pool)))
+    }
+
     /// A free one, held until the returned guard drops.
     fn take(&self) -> Option<RelayUid> {
         let mut pool = self.0.lock().expect("relay uid lock");
+        // An earlier daemon's relays, once gone, free their uids.
+        if !pool.left_over.is_empty() {
+            let running = uids_running();
+            let gone: Vec<u32> = pool.left_over.difference(&running).copied().collect();
+            for uid in gone {
+                pool.left_over.remove(&uid);
+                pool.taken.remove(&uid);
+            }
+        }
         let start = pool.next;
         let offset = (0..ROOT_RELAY_COUNT)
             .map(|i| (start + i) % ROOT_RELAY_COUNT)
@@ -212,7 +256,7 @@ pub async fn open(sessions: &Sessions, run_dir: &Path) -> anyhow::Result<Network
             );
         }
     }
-    let root_uids = RelayUids::default();
+    let root_uids = RelayUids::after(&uids_running());
     let paths: Vec<PathBuf> = (networks.iter())
         .map(|n| n.socket.as_ref().expect("filtered").path(&n.name, run_dir))
         .collect();
@@ -643,6 +687,19 @@ mod tests {
         let freed = held.swap_remove(1000).uid;
         assert_eq!(uids.take().unwrap().uid, freed, "free again");
         drop(b);
+    }
+
+    #[test]
+    fn a_restarted_daemon_gives_root_relays_uids_after_those_still_running() {
+        let running = BTreeSet::from([1000, ROOT_RELAY_UIDS, ROOT_RELAY_UIDS + 7]);
+        let uids = RelayUids::after(&running);
+        // (Processes of the test's own uid run; the earlier relays' do not
+        // here, so they are free again once looked for.)
+        assert_eq!(uids.take().unwrap().uid, ROOT_RELAY_UIDS + 8);
+        let last = BTreeSet::from([ROOT_RELAY_UIDS + ROOT_RELAY_COUNT - 1]);
+        assert_eq!(RelayUids::after(&last).0.lock().unwrap().next, 0, "wraps");
+        let none = RelayUids::after(&BTreeSet::from([0, 1000]));
+        assert_eq!(none.take().unwrap().uid, ROOT_RELAY_UIDS);
     }
 
     #[test]
