@@ -12,7 +12,7 @@ export GO
 GO_CLIENT := clients/go/linnet
 SANDBOX := scripts/sandbox
 
-.PHONY: all build guest deps test unit integration lint demo bench bench-smoke clean install deb
+.PHONY: all build guest deps test unit integration lint demo bench bench-smoke fuzz fuzz-smoke clean install deb
 
 all: build
 
@@ -66,7 +66,18 @@ bench-smoke: deps
 	$(SANDBOX) bench/run --bin target/debug --only '^veth$$|^linnet (tap|dgram|rootless)( \+ vnet)?$$|mixed: the bare|^linnet egress by name$$' --mtu 1500 \
 		--runs 1 --seconds 1 --attaches 20 --interfaces 100 --clones 10 --out target/bench-smoke --strict >/dev/null
 
-test: deps lint unit integration bench-smoke
+test: deps lint unit integration bench-smoke fuzz-smoke
+
+# Every fuzz target (fuzz/targets, src/fuzzing.rs) for FUZZ_SECONDS each,
+# coverage-guided on the stable toolchain; fails on any finding, which
+# lands in fuzz/artifacts/ (scripts/fuzz says what to do with it).
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	scripts/fuzz $(FUZZ_SECONDS)
+
+# ...and briefly, within `make test`.
+fuzz-smoke: deps
+	scripts/fuzz 10
 
 demo: deps build guest
 	$(SANDBOX) scripts/demo

@@ -19,6 +19,9 @@ mod events;
 mod files;
 mod forward;
 mod frr;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod host;
 mod learned;
 mod leases;

@@ -108,7 +108,7 @@ async fn answer_each(
                 continue;
             }
         };
-        let Ok(request) = Message::decode(&mut Decoder::new(&buf[..len])) else {
+        let Some(request) = decode(&buf[..len]) else {
             debug!(network, "ignored a packet that is not DHCP");
             continue;
         };
@@ -220,6 +220,57 @@ fn destination(request: &Message, reply: &Message) -> SocketAddrV4 {
     } else {
         SocketAddrV4::new(Ipv4Addr::BROADCAST, CLIENT_PORT)
     }
+}
+
+/// A DHCP message from the wire, or None for one that is not, or whose
+/// options are cut short or of a length their kind never has. (dhcproto
+/// reads some fixed-size options by their size, not their length, and
+/// asserts the length only in debug builds, where a guest's message made
+/// it panic: found by fuzzing, `fuzz/corpus/dhcp_request/fqdn_short`.)
+pub fn decode(bytes: &[u8]) -> Option<Message> {
+    if !options_well_formed(bytes) {
+        return None;
+    }
+    Message::decode(&mut Decoder::new(bytes)).ok()
+}
+
+/// Where a BOOTP message's options begin: after its fixed part (236
+/// bytes) and the magic cookie.
+const OPTIONS_AT: usize = 240;
+
+/// Whether every option after the magic cookie fits in the message and
+/// has a length its kind allows. Options overloaded into `sname`/`file`
+/// are not read by dhcproto, so not looked at here.
+fn options_well_formed(bytes: &[u8]) -> bool {
+    let mut at = OPTIONS_AT;
+    while let Some(&code) = bytes.get(at) {
+        match code {
+            0 => at += 1,
+            255 => return true,
+            _ => {
+                let Some(&len) = bytes.get(at + 1) else {
+                    return false;
+                };
+                let len = usize::from(len);
+                let allowed = match code {
+                    // Rapid commit: empty.
+                    80 => len == 0,
+                    // Client FQDN: flags, two rcodes, then the name.
+                    81 => len >= 3,
+                    // Client network interface: type, major, minor.
+                    94 => len == 3,
+                    // Bulk lease query times: a u32 each.
+                    152..=155 => len == 4,
+                    _ => true,
+                };
+                if !allowed || at + 2 + len > bytes.len() {
+                    return false;
+                }
+                at += 2 + len;
+            }
+        }
+    }
+    true
 }
 
 /// The client's MAC: the first 6 bytes of chaddr, when `hlen` says they
@@ -383,6 +434,45 @@ mod tests {
             msg.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
         }
         msg
+    }
+
+    /// A discover with these options after its type.
+    fn discover_with(options: &[u8]) -> Vec<u8> {
+        let req = client(
+            MessageType::Discover,
+            "52:54:00:12:34:56".parse().unwrap(),
+            None,
+        );
+        let mut bytes = Vec::new();
+        req.encode(&mut Encoder::new(&mut bytes)).unwrap();
+        // Its options end with 255: these go before it.
+        let end = bytes.iter().rposition(|b| *b == 255).unwrap();
+        bytes.splice(end..end, options.iter().copied());
+        bytes
+    }
+
+    #[test]
+    fn options_of_a_length_their_kind_never_has_are_refused_before_dhcproto_reads_them() {
+        // Found by fuzzing: a client FQDN shorter than its fixed part
+        // panicked dhcproto (a debug assertion) in a debug build.
+        for bad in [
+            &[81, 1, 0][..],
+            &[80, 1, 0],
+            &[94, 2, 1, 2],
+            &[152, 2, 0, 0],
+            &[12, 40, 97],
+        ] {
+            assert!(decode(&discover_with(bad)).is_none(), "{bad:?}");
+        }
+        for good in [
+            &[81, 5, 0, 0, 0, 1, 97][..],
+            &[80, 0],
+            &[94, 3, 1, 2, 0],
+            &[12, 2, 118, 109],
+        ] {
+            assert!(decode(&discover_with(good)).is_some(), "{good:?}");
+        }
+        assert!(decode(&[1, 2, 3]).is_none());
     }
 
     fn encode_decode(msg: &Message) -> Message {

@@ -11,8 +11,7 @@
 
 use std::net::Ipv4Addr;
 
-use dhcproto::v4::{DhcpOption, HType, Message, MessageType, Opcode};
-use dhcproto::{Decodable, Decoder};
+use dhcproto::v4::{DhcpOption, HType, MessageType, Opcode};
 
 use crate::types::MacAddr;
 
@@ -57,7 +56,7 @@ pub fn dhcp_ack(frame: &[u8]) -> Option<Acked> {
         return None;
     }
     let sender = Ipv4Addr::from(<[u8; 4]>::try_from(ip.get(12..16)?).ok()?);
-    let msg = Message::decode(&mut Decoder::new(udp.get(UDP_HEADER..)?)).ok()?;
+    let msg = super::dhcp::decode(udp.get(UDP_HEADER..)?)?;
     let acked = matches!(
         msg.opts().get(dhcproto::v4::OptionCode::MessageType),
         Some(DhcpOption::MessageType(MessageType::Ack))
@@ -93,6 +92,7 @@ pub fn dhcp_ack(frame: &[u8]) -> Option<Acked> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dhcproto::v4::Message;
     use dhcproto::{Encodable, Encoder};
 
     const MAC: [u8; 6] = [0x52, 0x54, 0, 1, 2, 3];

@@ -1,0 +1,191 @@
+//! What the fuzz targets (fuzz/) run: each parser of untrusted bytes fed
+//! with the fuzzer's input, and what must hold of its result checked, not
+//! only that it does not panic. Compiled with the `fuzzing` feature only;
+//! the regression tests in this module run the same checks on the inputs
+//! that once failed them and on the corpora's seeds.
+
+use std::net::Ipv4Addr;
+use std::sync::OnceLock;
+
+use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+use hickory_proto::op::{Message, MessageType};
+
+use crate::config::{Config, NetworkConfig};
+use crate::datapath::framing::{Deframer, LENGTH_BYTES};
+use crate::leases::LeaseTable;
+use crate::services::{dhcp, dns};
+use crate::types::MacAddr;
+
+/// The network every target serves: the default `shared`, with a VM
+/// attached (so there is a lease, a name and a static entry to find).
+fn network() -> &'static NetworkConfig {
+    static NET: OnceLock<NetworkConfig> = OnceLock::new();
+    NET.get_or_init(|| {
+        let yaml = "networks:\n  shared:\n    dhcp: { static: [{ ip: 192.168.105.9, mac: '52:54:00:00:00:09' }] }\n";
+        let cfg = Config::from_yaml(yaml, "fuzz.yaml").expect("a valid config");
+        cfg.network("shared").expect("shared").clone()
+    })
+}
+
+fn leases() -> LeaseTable {
+    let net = network();
+    let mut table = LeaseTable::new(&net.name, net.own().expect("own"));
+    let mac: MacAddr = "52:54:00:12:34:56".parse().expect("a MAC");
+    let id = "4f0e5c2a-3d6b-4c1e-9a7f-1b2c3d4e5f60"
+        .parse()
+        .expect("an id");
+    table
+        .attach_for(0u32, id, Some(mac), Some("vm".into()), 0)
+        .expect("a lease");
+    table
+}
+
+/// A DHCP message from a VM: the server's reply, if any, is a BOOTREPLY
+/// for the same transaction and client hardware address, that encodes and
+/// decodes again, with an address of the network (or none).
+pub fn dhcp_request(bytes: &[u8]) {
+    let Some(request) = dhcp::decode(bytes) else {
+        return;
+    };
+    let net = network();
+    let mut table = leases();
+    for now in [0, 1_000_000] {
+        let Some(reply) = dhcp::respond(net, &mut table, &request, now) else {
+            continue;
+        };
+        assert_eq!(reply.opcode(), dhcproto::v4::Opcode::BootReply);
+        assert_eq!(reply.xid(), request.xid());
+        assert_eq!(reply.chaddr(), request.chaddr());
+        let own = net.own().expect("own");
+        let yiaddr = reply.yiaddr();
+        assert!(
+            yiaddr == Ipv4Addr::UNSPECIFIED || own.subnet.contains(&yiaddr),
+            "an address outside the network: {yiaddr}"
+        );
+        let mut out = Vec::new();
+        reply
+            .encode(&mut Encoder::new(&mut out))
+            .expect("a reply encodes");
+        let again = dhcproto::v4::Message::decode(&mut Decoder::new(&out)).expect("and decodes");
+        assert_eq!(again.xid(), request.xid());
+    }
+}
+
+/// A DNS query from a VM about the network's names: an answer, if the
+/// zone gives one, is a response to this query (its id, its question)
+/// that encodes.
+pub fn dns_query(bytes: &[u8]) {
+    let Ok(query) = Message::from_vec(bytes) else {
+        return;
+    };
+    if query.metadata.message_type != MessageType::Query {
+        return;
+    }
+    let own = network().own().expect("own");
+    let zone = dns::Zone {
+        domain: &own.dns.domain,
+        prefix: own.ipv6.as_ref().map(|v6| v6.prefix),
+    };
+    let Some(answer) = zone.answer(&leases(), &query, 0) else {
+        return;
+    };
+    assert_eq!(answer.metadata.id, query.metadata.id);
+    assert_eq!(answer.metadata.message_type, MessageType::Response);
+    assert_eq!(answer.queries, query.queries, "answers only what was asked");
+    let wire = answer.to_vec().expect("an answer encodes");
+    Message::from_vec(&wire).expect("and decodes");
+}
+
+/// A VMM's stream in the 4-byte length framing, read in pieces whose
+/// sizes the input's first byte picks: every frame handed out is within
+/// the buffer and at most the largest frame; an error ends the stream.
+pub fn stream_framing(bytes: &[u8]) {
+    const MAX_FRAME: usize = 1518;
+    let Some((&step, stream)) = bytes.split_first() else {
+        return;
+    };
+    let step = usize::from(step).max(1);
+    let mut d = Deframer::new(MAX_FRAME, 4096);
+    let mut delivered = 0;
+    for piece in stream.chunks(step) {
+        let spare = d.spare();
+        assert!(spare.len() >= piece.len().min(LENGTH_BYTES + MAX_FRAME));
+        let n = piece.len().min(spare.len());
+        spare[..n].copy_from_slice(&piece[..n]);
+        d.filled(n);
+        loop {
+            match d.next_frame() {
+                None => break,
+                Some(Ok(frame)) => {
+                    assert!(!frame.is_empty() && frame.len() <= MAX_FRAME);
+                    assert!(frame.end <= d.buffer().len());
+                    delivered += frame.len() + LENGTH_BYTES;
+                }
+                Some(Err(_)) => return,
+            }
+        }
+    }
+    assert!(delivered <= stream.len());
+}
+
+/// A request on the API socket: what parses serialises and parses to the
+/// same request again.
+pub fn api_request(bytes: &[u8]) {
+    let Ok(request) = serde_json::from_slice::<crate::api::Request>(bytes) else {
+        return;
+    };
+    let text = serde_json::to_vec(&request).expect("a request serialises");
+    let again: crate::api::Request = serde_json::from_slice(&text).expect("and parses again");
+    assert_eq!(
+        serde_json::to_value(&again).expect("serialises"),
+        serde_json::to_value(&request).expect("serialises")
+    );
+}
+
+/// A networks.yaml: valid or refused with a message, never a panic; a
+/// valid one names every network it gives.
+pub fn networks_yaml(bytes: &[u8]) {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return;
+    };
+    match Config::from_yaml(text, "fuzz.yaml") {
+        Ok(cfg) => {
+            for (name, net) in &cfg.networks {
+                assert_eq!(name, &net.name);
+            }
+        }
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fuzz target: its name (its corpus's folder) and its entry point.
+    type Target = (&'static str, fn(&[u8]));
+
+    /// Every target on every seed of its corpus (fuzz/corpus/TARGET).
+    #[test]
+    fn every_target_holds_on_its_corpus() {
+        let targets: [Target; 5] = [
+            ("dhcp_request", dhcp_request),
+            ("dns_query", dns_query),
+            ("stream_framing", stream_framing),
+            ("api_request", api_request),
+            ("networks_yaml", networks_yaml),
+        ];
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+        for (name, target) in targets {
+            let dir = root.join(name);
+            let seeds: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .map(|e| e.unwrap().path())
+                .collect();
+            assert!(!seeds.is_empty(), "{name} has seeds");
+            for seed in seeds {
+                target(&std::fs::read(&seed).unwrap());
+            }
+        }
+    }
+}
