@@ -11,9 +11,12 @@ use dhcproto::{Decodable, Decoder, Encodable, Encoder};
 use hickory_proto::op::{Message, MessageType};
 
 use crate::config::{Config, NetworkConfig};
+use crate::datapath::coalesce::{Coalescer, Run};
 use crate::datapath::framing::{Deframer, LENGTH_BYTES};
+use crate::datapath::segment::Splitter;
+use crate::datapath::vnet;
 use crate::leases::LeaseTable;
-use crate::services::{dhcp, dns};
+use crate::services::{dhcp, dns, snoop};
 use crate::types::MacAddr;
 
 /// The network every target serves: the default `shared`, with a VM
@@ -158,6 +161,106 @@ pub fn networks_yaml(bytes: &[u8]) {
     }
 }
 
+/// A frame on a LAN network's uplink, as the snooper sees it: a DHCPACK
+/// it believes is one from a server to an Ethernet client, with a unicast
+/// address to use.
+pub fn lan_snoop(bytes: &[u8]) {
+    let Some(acked) = snoop::dhcp_ack(bytes) else {
+        return;
+    };
+    let ip = acked.ip;
+    assert!(
+        !(ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback()),
+        "a unicast address: {ip}"
+    );
+    assert_eq!(acked.mac.0[0] & 1, 0, "a unicast MAC: {}", acked.mac);
+}
+
+/// A frame the TAP gives the relay, with its virtio-net header, for a VMM
+/// that takes bare frames of at most 1514 bytes: every frame handed on is
+/// at most that, and a TCP frame cut into segments loses no payload.
+pub fn tap_segmentation(bytes: &[u8]) {
+    const MAX_FRAME: usize = 1514;
+    let mut splitter = Splitter::new(vnet::VIRTIO1_LEN);
+    let buf = splitter.buffer();
+    let n = bytes.len().min(buf.len());
+    if n < vnet::VIRTIO1_LEN {
+        return;
+    }
+    buf[..n].copy_from_slice(&bytes[..n]);
+    if splitter.load(n, MAX_FRAME).is_err() {
+        assert!(
+            !splitter.pending(),
+            "a refused frame leaves nothing to pass on"
+        );
+        return;
+    }
+    let mut out = vec![0u8; MAX_FRAME];
+    let mut frames = 0;
+    while let Some(len) = splitter.next(&mut out) {
+        assert!(len <= MAX_FRAME, "a frame of {len} bytes");
+        frames += 1;
+        assert!(frames <= vnet::GSO_MAX_FRAME, "it ends");
+    }
+    assert!(!splitter.pending());
+}
+
+/// Frames from a VMM that sends bare frames, cut from the input at the
+/// sizes its first bytes give, coalesced into runs for the TAP: a run is
+/// at most a GSO frame behind its header, and stands for the frames and
+/// bytes that went into it.
+pub fn coalescing(bytes: &[u8]) {
+    let mut coalescer = Coalescer::new(vnet::VIRTIO1_LEN);
+    let Some((&count, rest)) = bytes.split_first() else {
+        return;
+    };
+    let count = usize::from(count % 8) + 1;
+    let size = rest.len() / count;
+    if size == 0 {
+        return;
+    }
+    let frames: Vec<&[u8]> = rest.chunks(size).take(count).collect();
+    let mut sent = (0u64, 0u64);
+    let mut check = |run: Run| {
+        assert!(run.data.len() <= vnet::VIRTIO1_LEN + vnet::GSO_MAX_FRAME + 64);
+        assert!(run.frames >= 1);
+        sent = (sent.0 + run.frames, sent.1 + run.bytes);
+    };
+    let mut running = false;
+    for frame in &frames {
+        if running && coalescer.append(frame) {
+            continue;
+        }
+        if running {
+            check(coalescer.finish().expect("a run"));
+        }
+        running = coalescer.start(frame);
+    }
+    if running {
+        check(coalescer.finish().expect("a run"));
+    }
+    let taken: u64 = frames.len() as u64;
+    assert!(sent.0 <= taken);
+}
+
+/// A lease file a crash or an editor left: read, or set aside, and only
+/// the network's own addresses (never its gateway's) kept.
+pub fn lease_file(bytes: &[u8]) {
+    let net = network();
+    let own = net.own().expect("own");
+    let dir = std::env::temp_dir().join(format!("linnet-fuzz-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join("shared.json");
+    if std::fs::write(&path, bytes).is_err() {
+        return;
+    }
+    let table = LeaseTable::open(&net.name, own, &path, 0).expect("read or set aside");
+    for ip in table.leases().map(|l| l.ip) {
+        assert!(own.subnet.contains(&ip) && ip != own.gateway, "{ip}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,12 +271,16 @@ mod tests {
     /// Every target on every seed of its corpus (fuzz/corpus/TARGET).
     #[test]
     fn every_target_holds_on_its_corpus() {
-        let targets: [Target; 5] = [
+        let targets: [Target; 9] = [
             ("dhcp_request", dhcp_request),
             ("dns_query", dns_query),
             ("stream_framing", stream_framing),
             ("api_request", api_request),
             ("networks_yaml", networks_yaml),
+            ("lan_snoop", lan_snoop),
+            ("tap_segmentation", tap_segmentation),
+            ("coalescing", coalescing),
+            ("lease_file", lease_file),
         ];
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
         for (name, target) in targets {

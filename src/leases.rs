@@ -296,7 +296,7 @@ impl LeaseTable {
         self.leases.values().filter(|l| l.is_live(now)).count()
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn leases(&self) -> impl Iterator<Item = &Lease> {
         self.leases.values()
     }

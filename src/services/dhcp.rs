@@ -276,7 +276,7 @@ fn options_well_formed(bytes: &[u8]) -> bool {
 /// The client's MAC: the first 6 bytes of chaddr, when `hlen` says they
 /// are there. (`hlen` comes from the wire, and dhcproto's `chaddr()` slices
 /// by it: a value above 16 would panic.)
-fn client_mac(req: &Message) -> Option<MacAddr> {
+pub(super) fn client_mac(req: &Message) -> Option<MacAddr> {
     if !(6..=16).contains(&req.hlen()) {
         return None;
     }

@@ -82,11 +82,10 @@ pub fn dhcp_ack(frame: &[u8]) -> Option<Acked> {
     if !on_link {
         return None;
     }
-    let mac = <[u8; 6]>::try_from(msg.chaddr().get(..6)?).ok()?;
-    Some(Acked {
-        mac: MacAddr(mac),
-        ip: yiaddr,
-    })
+    // A client's own MAC, never a group's (found by fuzzing: an ACK for a
+    // multicast chaddr was believed; it could match no VM, but is no lease).
+    let mac = super::dhcp::client_mac(&msg).filter(|m| m.0[0] & 1 == 0)?;
+    Some(Acked { mac, ip: yiaddr })
 }
 
 #[cfg(test)]
@@ -153,6 +152,15 @@ mod tests {
                 ip
             })
         );
+    }
+
+    #[test]
+    fn an_ack_for_a_group_mac_teaches_nothing() {
+        // Found by fuzzing (fuzz/corpus/lan_snoop/multicast_chaddr).
+        let ip = Ipv4Addr::new(10, 0, 0, 50);
+        let mut group = reply(MessageType::Ack, ip);
+        group[ETHERNET + 20 + UDP_HEADER + 28] |= 1;
+        assert_eq!(dhcp_ack(&group), None);
     }
 
     #[test]
