@@ -11,6 +11,7 @@ use dhcproto::{Decodable, Decoder, Encodable, Encoder};
 use hickory_proto::op::{Message, MessageType};
 
 use crate::config::{Config, NetworkConfig};
+use crate::daemon::InterfaceRecord;
 use crate::datapath::coalesce::{Coalescer, Run};
 use crate::datapath::framing::{Deframer, LENGTH_BYTES};
 use crate::datapath::segment::Splitter;
@@ -145,6 +146,17 @@ pub fn api_request(bytes: &[u8]) {
     );
 }
 
+/// An interface record a killed daemon left (or someone edited): read or
+/// refused; what reads writes and reads back as the same record.
+pub fn interface_record(bytes: &[u8]) {
+    let Ok(record) = serde_json::from_slice::<InterfaceRecord>(bytes) else {
+        return;
+    };
+    let text = serde_json::to_vec(&record).expect("a record serialises");
+    let again: InterfaceRecord = serde_json::from_slice(&text).expect("and reads back");
+    assert_eq!(again, record);
+}
+
 /// A networks.yaml: valid or refused with a message, never a panic; a
 /// valid one names every network it gives.
 pub fn networks_yaml(bytes: &[u8]) {
@@ -271,7 +283,7 @@ mod tests {
     /// Every target on every seed of its corpus (fuzz/corpus/TARGET).
     #[test]
     fn every_target_holds_on_its_corpus() {
-        let targets: [Target; 9] = [
+        let targets: [Target; 10] = [
             ("dhcp_request", dhcp_request),
             ("dns_query", dns_query),
             ("stream_framing", stream_framing),
@@ -281,6 +293,7 @@ mod tests {
             ("tap_segmentation", tap_segmentation),
             ("coalescing", coalescing),
             ("lease_file", lease_file),
+            ("interface_record", interface_record),
         ];
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
         for (name, target) in targets {

@@ -42,6 +42,8 @@ mod network_sockets;
 mod plan;
 mod policies;
 mod records;
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use records::InterfaceRecord;
 mod requests;
 pub mod rootless;
 #[cfg(test)]
