@@ -193,18 +193,12 @@ impl Daemon {
                 ("name", i.name.as_deref().unwrap_or("")),
             ];
             if let Some(link) = links.get(&i.tap_index) {
-                let toward = self.networks.get(&i.network).map(|n| n.toward_vm());
-                // A TAP sends what its VM receives; a macvtap receives it.
-                let (received, sent) = match toward {
-                    Some(TowardVm::Received) => (
-                        (link.rx_bytes, link.rx_packets),
-                        (link.tx_bytes, link.tx_packets),
-                    ),
-                    _ => (
-                        (link.tx_bytes, link.tx_packets),
-                        (link.rx_bytes, link.rx_packets),
-                    ),
-                };
+                let toward =
+                    (self.networks.get(&i.network)).map_or(TowardVm::Sent, |n| n.toward_vm());
+                let (received, sent) = toward.vm_ways((
+                    (link.rx_bytes, link.rx_packets),
+                    (link.tx_bytes, link.tx_packets),
+                ));
                 f.received_bytes.add(&labels, received.0 as f64);
                 f.received_packets.add(&labels, received.1 as f64);
                 f.sent_bytes.add(&labels, sent.0 as f64);

@@ -587,8 +587,9 @@ impl Script {
         }
     }
 
-    fn add(&mut self, elem: &Element) {
-        self.add_element_raw(elem);
+    /// An element of a set or map, in nft's syntax.
+    fn add(&mut self, elem: &dyn fmt::Display) {
+        self.line(format_args!("add element {elem}"));
     }
 
     /// Added first, so the delete is valid whether or not it was there.
@@ -615,17 +616,13 @@ impl Script {
     /// The limit's object, then its element (which names the object).
     fn add_limit(&mut self, limit: &Limit) {
         self.line(format_args!("{}", limit.add_object()));
-        self.add_element_raw(limit);
+        self.add(limit);
     }
 
     /// Its element, then its object (no longer named by any).
     fn delete_limit(&mut self, limit: &Limit) {
         self.line(format_args!("delete element {limit}"));
         self.line(format_args!("{}", limit.delete_object()));
-    }
-
-    fn add_element_raw(&mut self, elem: &dyn fmt::Display) {
-        self.line(format_args!("add element {elem}"));
     }
 
     /// A macvtap's base chain (its device checked by `check_names`: a

@@ -335,6 +335,17 @@ pub enum TowardVm {
     Received,
 }
 
+impl TowardVm {
+    /// A port's counters, `(rx, tx)` as the kernel keeps them, as what its
+    /// VM received and what it sent.
+    pub fn vm_ways<T>(self, (rx, tx): (T, T)) -> (T, T) {
+        match self {
+            TowardVm::Sent => (tx, rx),
+            TowardVm::Received => (rx, tx),
+        }
+    }
+}
+
 /// A TAP for a VM, owned by its user, with a MAC of linnet's choosing on
 /// the host's side: what ports on bridges are.
 async fn tap_port(host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {

@@ -48,13 +48,10 @@ impl Daemon {
             .interfaces
             .iter()
             .map(|(id, i)| {
-                let (rx, tx) = stats.get(&i.tap_index).copied().unwrap_or_default();
-                // A TAP sends what its VM receives; a macvtap receives it.
-                let toward = self.networks.get(&i.network).map(|n| n.toward_vm());
-                let (received, sent) = match toward {
-                    Some(TowardVm::Received) => (rx, tx),
-                    _ => (tx, rx),
-                };
+                let counters = stats.get(&i.tap_index).copied().unwrap_or_default();
+                let toward =
+                    (self.networks.get(&i.network)).map_or(TowardVm::Sent, |n| n.toward_vm());
+                let (received, sent) = toward.vm_ways(counters);
                 let cfg = self.config.network(&i.network).expect("attached");
                 let guest = i.as_clone.as_ref().map(|c| &c.guest);
                 InterfaceStatus {
