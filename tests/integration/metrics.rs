@@ -99,12 +99,14 @@ fn a_scrape_counts_what_the_vms_did() {
         (value(&text, "linnet_vm_spoofed_drops_total", &labels) >= Some(1.0)).then_some(text)
     });
     let sent = must_value(&after, "linnet_vm_sent_bytes_total", &labels) - sent_before;
-    // What the server received crossed the TAP, with the headers of the
-    // (mostly 64 KiB) frames that carried it; a few percent at most.
-    let received = received as f64;
+    // What the server received crossed the TAP, and no more than what the
+    // client sent (-n) with the headers of the (mostly 64 KiB) frames that
+    // carried it and a few retransmits. (iperf3's server may count less
+    // than crossed: under load it read 16.5 MB of 18.1 MB.)
+    let (received, sent_at_most) = (received as f64, 20_000_000.0 * 1.08 + 100_000.0);
     assert!(
-        (received..=received * 1.08 + 100_000.0).contains(&sent),
-        "the server received {received} bytes of TCP payload; the metric grew by {sent}"
+        (received..=sent_at_most).contains(&sent),
+        "the server received {received} bytes of TCP payload, the client sent 20000000; the metric grew by {sent}"
     );
     assert!(must_value(&after, "linnet_vm_sent_packets_total", &labels) >= received / 65536.0);
     assert!(must_value(&after, "linnet_vm_received_bytes_total", &labels) > 0.0);
