@@ -55,6 +55,29 @@ fn replace(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> io::Result<()
     Ok(())
 }
 
+/// Makes `dir` (and what leads to it) if missing, and leaves it open to
+/// its owner alone (0700), also when an earlier daemon made it with
+/// looser permissions: for what other users must not see or hold open
+/// (interface records, clones' namespaces).
+pub fn private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(io::Error::other(format!(
+            "{} is not a directory",
+            dir.display()
+        )));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 /// Removes a file linnet made that should go now (a socket, a lock, a
 /// temporary): one that is gone already is fine; any other failure is
 /// logged with the file, as it may be in the way of a next daemon.
@@ -101,5 +124,23 @@ mod tests {
         assert!(!path.exists());
         assert_eq!(std::fs::read(&aside).unwrap(), b"two");
         assert!(aside.to_string_lossy().contains("shared.json.broken-"));
+    }
+
+    #[test]
+    fn a_private_directory_is_its_owners_alone_even_when_made_open_before() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let dir = tempfile::tempdir().unwrap();
+        let new = dir.path().join("a/netns");
+        private_dir(&new).unwrap();
+        assert_eq!(mode(&new), 0o700);
+        let old = dir.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o700, "tightened");
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        assert!(private_dir(&file).is_err(), "a file is no directory");
     }
 }

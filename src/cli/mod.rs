@@ -14,6 +14,7 @@ mod ls;
 mod policy;
 pub mod relay;
 mod run;
+mod seccomp;
 
 use std::io;
 use std::os::fd::OwnedFd;

@@ -34,6 +34,7 @@ use nix::sys::socket::{self, MsgFlags};
 use tracing::{info, warn};
 
 use super::lifeline::{self, Lifeline};
+use super::seccomp;
 use super::{DAEMON_GONE, EXIT_LINNET_FAILED, report, spawn_relay};
 use crate::api::{AttachRequest, Channel, ErrorKind, InterfaceInfo, Request, Response};
 use crate::datapath::framing::LENGTH_BYTES;
@@ -340,6 +341,8 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
                 bail!("--attach-on-first-frame takes the VM's stream as --stream-fd");
             };
             let vm = claim_fd(fd)?;
+            // Before the first of the VM's bytes is read.
+            confine(args)?;
             let max_frame = args.mtu as usize + FRAME_OVERHEAD;
             let attaching = channel.as_ref().expect("connected");
             let Some(mac) = first_frame_mac(&vm, attaching, &signals, network, max_frame)? else {
@@ -369,6 +372,10 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
             .write_all(&text)
             .and_then(|()| stdout.flush())
             .context("cannot write the interface JSON to stdout")?;
+    }
+    if matches!(args.interface, Interface::Attached { .. }) {
+        // Set up (the VMM's socket bound), and nothing of the VM's read.
+        confine(args)?;
     }
     let relay = spawn_relay(relay);
     info!(interface = %interface_id, %datapath, "relaying");
@@ -431,6 +438,19 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
             reap_children();
         }
     }
+}
+
+/// Gives up every system call relaying does not need (`seccomp`).
+fn confine(args: &RelayArgs) -> anyhow::Result<()> {
+    let needs = seccomp::Needs {
+        daemon_socket: args.reclaim.is_some(),
+        socket_file: matches!(
+            args.socket,
+            VmmSocket::DgramPath(_) | VmmSocket::StreamPath(_)
+        ),
+        ..seccomp::Needs::default()
+    };
+    seccomp::confine(EXECUTABLE, needs).context("cannot confine the relay")
 }
 
 /// Waits for the VM's first frame on `vm` and reads its source MAC without

@@ -212,10 +212,19 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
         std::thread::spawn(move || wait_ip(&cli_socket, info, seconds, json.as_deref()));
     }
     let interface_id = info.interface_id;
+    let needs = super::seccomp::Needs {
+        daemon_socket: lifeline.is_some() || args.wait_ip.is_some(),
+        json_file: args.wait_ip.is_some() && args.json.is_some(),
+        signals_to: Some(pid.as_raw()),
+        ..Default::default()
+    };
     std::thread::spawn(move || match counters {
         None => watch_daemon(channel, lifeline),
         Some(counters) => report_until_daemon_gone(channel, lifeline, interface_id, &counters),
     });
+    // The VMM runs (unconfined: it is a process of its own); from here on
+    // this process relays, holds the interface and passes signals on.
+    super::seccomp::confine("linnet run", needs).context("cannot confine linnet run")?;
 
     let status = child.wait().context("waiting for the command")?;
     // Exiting closes the connection, which detaches the interface.

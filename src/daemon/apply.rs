@@ -113,7 +113,9 @@ impl Apply<'_> {
                 }
                 Step::NameNamespace(path) => {
                     let (spec, ns) = made_before(clone.as_ref(), step)?;
-                    std::fs::create_dir_all(path.parent().expect("a file in a directory"))
+                    // Open to root alone: anyone who could open the name
+                    // could hold the namespace (and its TAP) past detach.
+                    crate::files::private_dir(path.parent().expect("a file in a directory"))
                         .and_then(|()| self.host.devices.mount_namespace(ns, path))
                         .map_err(|e| DaemonError::HostStep {
                             what: format!(

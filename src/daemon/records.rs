@@ -11,7 +11,6 @@
 
 use std::io;
 use std::net::Ipv4Addr;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -130,10 +129,7 @@ impl Records {
 
     /// Writes (or replaces) an interface's record.
     pub fn save(&self, record: &InterfaceRecord) -> io::Result<()> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)?;
+        crate::files::private_dir(&self.dir)?;
         let bytes = serde_json::to_vec_pretty(record).expect("records serialize");
         crate::files::replace_private(&self.path(record.interface_id), &bytes)
     }

@@ -3,6 +3,7 @@
 //! address of its own.
 
 use std::net::Ipv4Addr;
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -685,6 +686,30 @@ fn a_vmm_opens_a_clones_tap_by_name_in_the_clones_namespace() {
     assert_eq!(info["tap"], "tap0", "a stopped VM's TAP name is not kept");
     let netns = info["netns"].as_str().unwrap().to_string();
     assert!(std::path::Path::new(&netns).exists());
+    // Root's alone: a user who could open the name could hold the
+    // namespace, and the TAP in it, past detach.
+    let as_nobody = |path: &str| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "cat",
+                path,
+            ])
+            .output()
+            .unwrap()
+    };
+    let denied = as_nobody(&netns);
+    assert!(
+        !denied.status.success()
+            && String::from_utf8_lossy(&denied.stderr).contains("Permission denied"),
+        "another user opened the clone's namespace: {denied:?}"
+    );
+    assert!(
+        as_nobody("/proc/self/status").status.success(),
+        "the same user reads what it may"
+    );
     let mut second = vmm_in_clone_namespace(&world, &info);
     restore(&second, ip, &gateway);
     second.assert_reaches_upstream("a kept clone's VMM started on its own");

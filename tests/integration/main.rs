@@ -20,6 +20,7 @@ mod qemu;
 mod rate_limits;
 mod restart;
 mod rootless;
+mod seccomp;
 mod service;
 mod sockets;
 mod tap_name;

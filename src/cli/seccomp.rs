@@ -1,0 +1,487 @@
+//! Seccomp for linnet's per-VM processes: the relay (`linnet-relay`, which
+//! `linnet helper` becomes and the daemon starts for a network socket's
+//! connection) and `linnet run` once its VMM is started. Each reads what a
+//! guest sends, so each gives up, once set up, every system call relaying
+//! does not need. A call outside the list stops the process with a line on
+//! its stderr naming the call (the daemon logs a network socket relay's
+//! stderr); the call itself never runs.
+//!
+//! Two filters, stacked (the kernel applies the stricter answer):
+//!
+//! - `clone3` fails with ENOSYS, so threads are started with `clone`
+//!   (glibc falls back to it), whose flags a filter can see: clone3's are
+//!   behind a pointer;
+//! - the allow list (`allowed`): every call with why it is there, some
+//!   with their arguments held to what linnet passes; anything else traps.
+//!
+//! The list is in docs/security.md ("Relays under seccomp"), checked
+//! against this one by a unit test.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule,
+};
+
+/// What the process does besides relaying, each of which needs calls of
+/// its own.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    /// Reconnects to the daemon's socket (a lifeline across daemon
+    /// restarts; `linnet run --wait-ip`'s question).
+    pub daemon_socket: bool,
+    /// Removes the socket file it bound for the VMM when it stops.
+    pub socket_file: bool,
+    /// Writes the attach JSON again once the address is known
+    /// (`linnet run --wait-ip --json FILE`).
+    pub json_file: bool,
+    /// Passes signals on to its VMM, this process.
+    pub signals_to: Option<libc::pid_t>,
+}
+
+/// Allowed calls with why, for the docs and their test.
+#[cfg_attr(not(test), allow(dead_code))] // `name`: the docs test
+struct Allowed {
+    name: &'static str,
+    number: libc::c_long,
+    /// The conditions of each rule; none: any arguments.
+    rules: Vec<Vec<SeccompCondition>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("cannot build the seccomp filter: {0}")]
+    Build(#[from] seccompiler::BackendError),
+    #[error("cannot install the seccomp filter: {0}")]
+    Install(#[from] seccompiler::Error),
+    #[error("cannot install the handler of forbidden calls: {0}")]
+    Handler(std::io::Error),
+    #[error("cannot start a thread: {0}")]
+    FirstThread(std::io::Error),
+}
+
+/// Confines the calling process, all its threads, from here on. `who`
+/// names it in the line a forbidden call leaves on stderr.
+pub fn confine(who: &'static str, needs: Needs) -> Result<(), SeccompError> {
+    let clone3 = no_clone3()?;
+    let list = allow_list(needs)?;
+    install_handler(who)?;
+    // glibc sets its threads' signal handlers (SIGCANCEL, SIGSETXID) up
+    // as the process starts its first thread: one started here does that
+    // while sigaction is still allowed.
+    let _ = std::thread::Builder::new()
+        .spawn(|| {})
+        .map_err(SeccompError::FirstThread)?
+        .join();
+    seccompiler::apply_filter_all_threads(&clone3)?;
+    seccompiler::apply_filter_all_threads(&list)?;
+    forbidden_call_for_tests();
+    Ok(())
+}
+
+/// The environment variable that makes a debug build's confined process
+/// attempt a forbidden call right after confining itself: the tests'
+/// way to see one stopped. Release builds do not look at it.
+pub const TEST_FORBIDDEN_CALL: &str = "LINNET_TEST_FORBIDDEN_CALL";
+
+fn forbidden_call_for_tests() {
+    #[cfg(debug_assertions)]
+    if std::env::var_os(TEST_FORBIDDEN_CALL).is_some() {
+        // What a relay taken over through a guest's frames would want
+        // first: a socket to the world.
+        // SAFETY: socket(2) with integer arguments.
+        unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+    }
+}
+
+fn arch() -> seccompiler::TargetArch {
+    std::env::consts::ARCH
+        .try_into()
+        .expect("linnet builds for an architecture seccompiler knows")
+}
+
+fn no_clone3() -> Result<BpfProgram, SeccompError> {
+    let rules = BTreeMap::from([(libc::SYS_clone3, vec![])]);
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch(),
+    )?;
+    Ok(filter.try_into()?)
+}
+
+fn allow_list(needs: Needs) -> Result<BpfProgram, SeccompError> {
+    let mut rules = BTreeMap::new();
+    for call in allowed(needs)? {
+        let rules_of_call = call
+            .rules
+            .into_iter()
+            .map(SeccompRule::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        rules.insert(call.number, rules_of_call);
+    }
+    let filter = SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, arch())?;
+    Ok(filter.try_into()?)
+}
+
+/// Argument `index` equals `value`.
+fn eq(index: u8, value: u64) -> Result<SeccompCondition, seccompiler::BackendError> {
+    SeccompCondition::new(index, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, value)
+}
+
+/// Argument `index` (32 bits) has none of `bits`.
+fn without(index: u8, bits: u64) -> Result<SeccompCondition, seccompiler::BackendError> {
+    SeccompCondition::new(
+        index,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(bits),
+        0,
+    )
+}
+
+/// Argument `index` (32 bits) has all of `bits`.
+fn with(index: u8, bits: u64) -> Result<SeccompCondition, seccompiler::BackendError> {
+    SeccompCondition::new(
+        index,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(bits),
+        bits,
+    )
+}
+
+/// Argument `index` (32 bits) is one of `values`: a rule each.
+fn one_of(
+    index: u8,
+    values: &[u64],
+) -> Result<Vec<Vec<SeccompCondition>>, seccompiler::BackendError> {
+    values
+        .iter()
+        .map(|&v| {
+            SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v)
+                .map(|c| vec![c])
+        })
+        .collect()
+}
+
+/// An allowed call by its name, with the rules on its arguments.
+macro_rules! call {
+    ($name:ident) => {
+        call!($name, vec![])
+    };
+    ($name:ident, $rules:expr) => {
+        Allowed {
+            name: stringify!($name),
+            number: sys::$name,
+            rules: $rules,
+        }
+    };
+}
+
+/// The calls' numbers by their names (libc's `SYS_` constants).
+#[allow(non_upper_case_globals)]
+mod sys {
+    macro_rules! numbers {
+        ($($name:ident = $sys:ident),* $(,)?) => {
+            $(pub const $name: libc::c_long = libc::$sys;)*
+        };
+    }
+    numbers! {
+        read = SYS_read, write = SYS_write, readv = SYS_readv, writev = SYS_writev,
+        recvmsg = SYS_recvmsg, sendmsg = SYS_sendmsg, recvmmsg = SYS_recvmmsg,
+        sendmmsg = SYS_sendmmsg, recvfrom = SYS_recvfrom, sendto = SYS_sendto,
+        epoll_create1 = SYS_epoll_create1, epoll_ctl = SYS_epoll_ctl,
+        epoll_pwait = SYS_epoll_pwait, ppoll = SYS_ppoll, close = SYS_close,
+        fcntl = SYS_fcntl, accept4 = SYS_accept4, setsockopt = SYS_setsockopt,
+        getsockopt = SYS_getsockopt, ioctl = SYS_ioctl, mmap = SYS_mmap,
+        mprotect = SYS_mprotect, munmap = SYS_munmap, mremap = SYS_mremap,
+        brk = SYS_brk, madvise = SYS_madvise, futex = SYS_futex,
+        sched_yield = SYS_sched_yield, clone = SYS_clone, clone3 = SYS_clone3,
+        set_robust_list = SYS_set_robust_list, rseq = SYS_rseq,
+        sigaltstack = SYS_sigaltstack, rt_sigaction = SYS_rt_sigaction,
+        rt_sigprocmask = SYS_rt_sigprocmask,
+        rt_sigreturn = SYS_rt_sigreturn, rt_sigtimedwait = SYS_rt_sigtimedwait,
+        sched_getaffinity = SYS_sched_getaffinity, prctl = SYS_prctl,
+        getrandom = SYS_getrandom, getpid = SYS_getpid, gettid = SYS_gettid,
+        tgkill = SYS_tgkill, clock_gettime = SYS_clock_gettime,
+        clock_nanosleep = SYS_clock_nanosleep, nanosleep = SYS_nanosleep,
+        restart_syscall = SYS_restart_syscall, wait4 = SYS_wait4, exit = SYS_exit,
+        exit_group = SYS_exit_group, socket = SYS_socket, connect = SYS_connect,
+        unlinkat = SYS_unlinkat, openat = SYS_openat, renameat2 = SYS_renameat2,
+        kill = SYS_kill,
+    }
+    // The calls glibc makes on x86_64 where newer architectures have only
+    // the general one (`poll` is `ppoll` there, and so on).
+    #[cfg(target_arch = "x86_64")]
+    numbers! {
+        epoll_wait = SYS_epoll_wait, poll = SYS_poll, unlink = SYS_unlink,
+        rename = SYS_rename, renameat = SYS_renameat,
+    }
+}
+
+/// Every allowed call. Why each is there is in docs/security.md; the
+/// comments here say only what holds its arguments.
+fn allowed(needs: Needs) -> Result<Vec<Allowed>, seccompiler::BackendError> {
+    use linnet_tun::{TUNSETOFFLOAD, TUNSETVNETHDRSZ};
+    let pid = std::process::id() as u64;
+    let mut calls = vec![
+        // Frames, the daemon's messages, log lines.
+        call!(read),
+        call!(write),
+        call!(readv),
+        call!(writev),
+        call!(recvmsg),
+        call!(sendmsg),
+        call!(recvmmsg),
+        call!(sendmmsg),
+        call!(recvfrom),
+        call!(sendto),
+        call!(epoll_create1),
+        call!(epoll_ctl),
+        call!(epoll_pwait),
+        call!(ppoll),
+        call!(close),
+        call!(
+            fcntl,
+            one_of(
+                1,
+                &[
+                    libc::F_GETFD as u64,
+                    libc::F_SETFD as u64,
+                    libc::F_GETFL as u64,
+                    libc::F_SETFL as u64,
+                ],
+            )?
+        ),
+        // A VMM connecting again to the socket the relay bound.
+        call!(accept4),
+        call!(
+            setsockopt,
+            vec![
+                vec![
+                    eq(1, libc::SOL_SOCKET as u64)?,
+                    eq(2, libc::SO_SNDBUF as u64)?
+                ],
+                vec![
+                    eq(1, libc::SOL_SOCKET as u64)?,
+                    eq(2, libc::SO_RCVBUF as u64)?
+                ],
+            ]
+        ),
+        call!(
+            getsockopt,
+            vec![
+                vec![
+                    eq(1, libc::SOL_SOCKET as u64)?,
+                    eq(2, libc::SO_TYPE as u64)?
+                ],
+                vec![
+                    eq(1, libc::SOL_SOCKET as u64)?,
+                    eq(2, libc::SO_SNDBUF as u64)?
+                ],
+            ]
+        ),
+        // The TAP's offloads and header, for a network socket's VM.
+        call!(
+            ioctl,
+            one_of(1, &[TUNSETOFFLOAD, TUNSETVNETHDRSZ])?
+        ),
+        // Memory: never executable.
+        call!(mmap, vec![vec![without(2, libc::PROT_EXEC as u64)?]]),
+        call!(mprotect, vec![vec![without(2, libc::PROT_EXEC as u64)?]]),
+        call!(munmap),
+        call!(mremap),
+        call!(brk),
+        call!(madvise),
+        // Threads: only threads (no new process, no namespace).
+        call!(futex),
+        call!(sched_yield),
+        call!(
+            clone,
+            vec![vec![
+                with(0, libc::CLONE_THREAD as u64)?,
+                without(
+                    0,
+                    (libc::CLONE_NEWNS
+                        | libc::CLONE_NEWUSER
+                        | libc::CLONE_NEWNET
+                        | libc::CLONE_NEWPID
+                        | libc::CLONE_NEWIPC
+                        | libc::CLONE_NEWUTS
+                        | libc::CLONE_NEWCGROUP) as u64,
+                )?,
+            ]]
+        ),
+        // Refused by the first filter with ENOSYS; let through here so
+        // that answer stands.
+        call!(clone3),
+        call!(set_robust_list),
+        call!(rseq),
+        call!(sigaltstack),
+        // Asking only, never setting: a new thread asks std's stack
+        // overflow handler whether SIGSEGV's is in place.
+        call!(rt_sigaction, vec![vec![eq(1, 0)?]]),
+        call!(rt_sigprocmask),
+        call!(rt_sigreturn),
+        call!(rt_sigtimedwait),
+        call!(sched_getaffinity),
+        call!(prctl, vec![vec![eq(0, libc::PR_SET_NAME as u64)?]]),
+        call!(getrandom),
+        call!(getpid),
+        call!(gettid),
+        // A panic's abort, to itself only.
+        call!(tgkill, vec![vec![eq(0, pid)?]]),
+        call!(clock_gettime),
+        call!(clock_nanosleep),
+        call!(nanosleep),
+        call!(restart_syscall),
+        call!(wait4),
+        call!(exit),
+        call!(exit_group),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([call!(epoll_wait), call!(poll)]);
+    if needs.daemon_socket {
+        // A unix seqpacket socket (the daemon's API) only.
+        calls.push(call!(
+            socket,
+            vec![vec![
+                eq(0, libc::AF_UNIX as u64)?,
+                SeccompCondition::new(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::MaskedEq(0xf),
+                    libc::SOCK_SEQPACKET as u64,
+                )?,
+            ]]
+        ));
+        calls.push(call!(connect));
+    }
+    if needs.socket_file {
+        calls.push(call!(unlinkat));
+        #[cfg(target_arch = "x86_64")]
+        calls.push(call!(unlink));
+    }
+    if needs.json_file {
+        calls.push(call!(openat));
+        calls.push(call!(renameat2));
+        #[cfg(target_arch = "x86_64")]
+        calls.extend([call!(rename), call!(renameat)]);
+    }
+    if let Some(child) = needs.signals_to {
+        calls.push(call!(kill, vec![vec![eq(0, child as u64)?]]));
+    }
+    Ok(calls)
+}
+
+/// Who the handler speaks for, set once before the filter.
+static WHO: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Exit status after a forbidden call: as if killed by SIGSYS.
+const EXIT_FORBIDDEN: i32 = 128 + libc::SIGSYS;
+
+fn install_handler(who: &'static str) -> Result<(), SeccompError> {
+    let _ = WHO.set(who);
+    // SAFETY: a zeroed sigaction with a handler that makes only
+    // async-signal-safe calls (write, _exit).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_forbidden_call as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut action.sa_mask);
+        if libc::sigaction(libc::SIGSYS, &action, std::ptr::null_mut()) < 0 {
+            return Err(SeccompError::Handler(std::io::Error::last_os_error()));
+        }
+        // The relay blocks its stop signals; SIGSYS must never be.
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGSYS);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+    }
+    Ok(())
+}
+
+/// SIGSYS from the filter: says which call and stops the process. No
+/// allocation, no lock: a fixed buffer and write(2).
+extern "C" fn on_forbidden_call(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo; for SIGSYS its union
+    // holds the call's address, then its number (an int), at offset 16.
+    let number = unsafe { *((info as *const u8).add(16 + size_of::<usize>()) as *const i32) };
+    let mut line = [0u8; 256];
+    let mut cursor = std::io::Cursor::new(&mut line[..]);
+    let _ = writeln!(
+        cursor,
+        "{}: stopped: it made system call {number}, which its seccomp filter does not allow (docs/security.md, \"Relays under seccomp\"); the VM's interface goes with it",
+        WHO.get().copied().unwrap_or("linnet")
+    );
+    let len = cursor.position() as usize;
+    // SAFETY: write and _exit are async-signal-safe.
+    unsafe {
+        libc::write(libc::STDERR_FILENO, line.as_ptr().cast(), len);
+        libc::_exit(EXIT_FORBIDDEN);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_need() -> Needs {
+        Needs {
+            daemon_socket: true,
+            socket_file: true,
+            json_file: true,
+            signals_to: Some(42),
+        }
+    }
+
+    #[test]
+    fn both_filters_compile_for_every_need() {
+        for needs in [Needs::default(), every_need()] {
+            assert!(!allow_list(needs).unwrap().is_empty());
+        }
+        assert!(!no_clone3().unwrap().is_empty());
+    }
+
+    #[test]
+    fn what_a_process_needs_besides_relaying_is_allowed_only_when_it_needs_it() {
+        let names =
+            |needs| -> Vec<&str> { allowed(needs).unwrap().iter().map(|c| c.name).collect() };
+        let bare = names(Needs::default());
+        for call in [
+            "socket",
+            "connect",
+            "unlinkat",
+            "openat",
+            "renameat2",
+            "kill",
+        ] {
+            assert!(!bare.contains(&call), "{call} allowed with no need of it");
+            assert!(names(every_need()).contains(&call), "{call} never allowed");
+        }
+        for call in [
+            "execve", "ptrace", "bind", "listen", "setns", "unshare", "mount",
+        ] {
+            assert!(!names(every_need()).contains(&call), "{call} allowed");
+        }
+    }
+
+    #[test]
+    fn the_docs_list_every_allowed_call() {
+        let docs = include_str!("../../docs/security.md");
+        let section = docs
+            .split("## Relays under seccomp")
+            .nth(1)
+            .expect("docs/security.md has a section \"Relays under seccomp\"");
+        let section = section.split("\n## ").next().unwrap();
+        for call in allowed(every_need()).unwrap() {
+            let name = call.name;
+            assert!(
+                section.contains(&format!("`{name}`")),
+                "docs/security.md does not say why `{name}` is allowed"
+            );
+        }
+    }
+}
