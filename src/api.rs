@@ -711,8 +711,13 @@ pub fn send_packet(fd: BorrowedFd<'_>, bytes: &[u8], fds: &[RawFd]) -> io::Resul
     let iov = [io::IoSlice::new(bytes)];
     let cmsg = [ControlMessage::ScmRights(fds)];
     let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
-    socket::sendmsg::<()>(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
-    Ok(())
+    // Sent again when a signal's handler interrupted it (EINTR).
+    loop {
+        match socket::sendmsg::<()>(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            done => return done.map(drop).map_err(Into::into),
+        }
+    }
 }
 
 /// The daemon's side: receives one request into `buf`. No request carries
@@ -742,12 +747,19 @@ pub fn recv_packet(
     // a client sends is cut off, and all are closed when dropped.
     let mut cmsg_space = nix::cmsg_space!([RawFd; 253]);
     let mut iov = [io::IoSliceMut::new(buf)];
-    let msg = socket::recvmsg::<()>(
-        fd.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg_space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
+    // A signal's handler may interrupt it (EINTR): read on, or the rest
+    // of a large reply would be read as the next reply.
+    let msg = loop {
+        match socket::recvmsg::<()>(
+            fd.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg_space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            done => break done?,
+        }
+    };
     let mut fds = Vec::new();
     for cmsg in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(raw) = cmsg {
@@ -828,6 +840,52 @@ mod tests {
             Response::Ok
         ));
         sender.join().unwrap();
+    }
+
+    /// Fuzzing found it (fuzz/corpus/api_reply/interrupted): a signal
+    /// whose handler does not restart calls, arriving while a client
+    /// waited for the pieces of a large reply, ended the read with EINTR
+    /// half-way through.
+    #[test]
+    fn a_signal_in_the_middle_of_a_large_reply_does_not_cut_it() {
+        extern "C" fn nothing(_: libc::c_int) {}
+        // SAFETY: a handler that does nothing, without SA_RESTART, for a
+        // signal only this test sends (to its own thread).
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = nothing as *const () as usize;
+            libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut());
+        }
+        let (daemon, client) = seqpacket_pair();
+        let big = Response::Error {
+            kind: ErrorKind::Internal,
+            message: "y".repeat(3 * MAX_MESSAGE),
+        };
+        let (tell, reader) = std::sync::mpsc::channel();
+        let reading = std::thread::spawn(move || {
+            // SAFETY: the calling thread's own handle.
+            tell.send(unsafe { libc::pthread_self() }).unwrap();
+            Channel { fd: client }
+                .recv::<Response>()
+                .unwrap()
+                .unwrap()
+                .0
+        });
+        let thread = reader.recv().unwrap();
+        let reply = ReplyBytes::new(&big).unwrap();
+        for (n, packet) in reply.packets(4096).enumerate() {
+            send_packet(daemon.as_fd(), packet, &[]).unwrap();
+            if n % 8 == 1 {
+                // The reader waits for the next piece: interrupt it there.
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                // SAFETY: a live thread of ours, a signal it handles.
+                unsafe { libc::pthread_kill(thread, libc::SIGUSR2) };
+            }
+        }
+        match reading.join().unwrap() {
+            Response::Error { message, .. } => assert_eq!(message.len(), 3 * MAX_MESSAGE),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

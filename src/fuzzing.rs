@@ -79,25 +79,150 @@ pub fn dhcp_request(bytes: &[u8]) {
 /// zone gives one, is a response to this query (its id, its question)
 /// that encodes.
 pub fn dns_query(bytes: &[u8]) {
-    let Ok(query) = Message::from_vec(bytes) else {
-        return;
-    };
+    if let Some(answer) = zone_answer(bytes) {
+        Message::from_vec(&answer).expect("an answer decodes");
+    }
+}
+
+/// DNS over TCP: queries in the 2-byte length framing, answered in turn
+/// as the server does until one is not a query it answers; every answer
+/// goes out framed, and read back it is the answer to its query.
+pub fn dns_tcp(bytes: &[u8]) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    let (queries, out) = rt.block_on(async {
+        let mut stream = bytes;
+        let mut out = Vec::new();
+        let mut queries = Vec::new();
+        while let Ok(query) = dns::read_framed(&mut stream).await {
+            let Some(answer) = zone_answer(&query) else {
+                break;
+            };
+            dns::write_framed(&mut out, &answer)
+                .await
+                .expect("into memory");
+            queries.push(query);
+        }
+        (queries, out)
+    });
+    let mut answers = &out[..];
+    for query in queries {
+        let answer = rt
+            .block_on(dns::read_framed(&mut answers))
+            .expect("every answer framed whole");
+        let (query, answer) = (
+            Message::from_vec(&query).expect("answered, so it parsed"),
+            Message::from_vec(&answer).expect("an answer decodes"),
+        );
+        assert_eq!(answer.metadata.id, query.metadata.id);
+        assert_eq!(answer.queries, query.queries);
+    }
+    assert!(answers.is_empty(), "nothing but the answers");
+}
+
+/// The zone's answer to a query, encoded; None for anything it does not
+/// answer (not a query, not its name).
+fn zone_answer(bytes: &[u8]) -> Option<Vec<u8>> {
+    let query = Message::from_vec(bytes).ok()?;
     if query.metadata.message_type != MessageType::Query {
-        return;
+        return None;
     }
     let own = network().own().expect("own");
     let zone = dns::Zone {
         domain: &own.dns.domain,
         prefix: own.ipv6.as_ref().map(|v6| v6.prefix),
     };
-    let Some(answer) = zone.answer(&leases(), &query, 0) else {
-        return;
-    };
+    let answer = zone.answer(&leases(), &query, 0)?;
     assert_eq!(answer.metadata.id, query.metadata.id);
     assert_eq!(answer.metadata.message_type, MessageType::Response);
     assert_eq!(answer.queries, query.queries, "answers only what was asked");
-    let wire = answer.to_vec().expect("an answer encodes");
-    Message::from_vec(&wire).expect("and decodes");
+    Some(answer.to_vec().expect("an answer encodes"))
+}
+
+/// A reply in the API's packets, as the daemon sends it (one packet, or
+/// a large one announced and cut into pieces of the size the input's
+/// first two bytes give), read by a client: the client reads exactly
+/// what was sent. Then the same client on packets straight from the
+/// input (a daemon, or whatever sits on the socket, that lies about the
+/// size it announces, or stops half-way): an error, or the message the
+/// packets make, never a panic or more memory than a reply may take.
+pub fn api_reply(bytes: &[u8]) {
+    use std::os::fd::AsFd;
+    let Some((piece, rest)) = bytes.split_first_chunk::<2>() else {
+        return;
+    };
+    // At least what the daemon cuts (`api::piece_size`): smaller ones are
+    // read the same way, only more of them.
+    let piece = usize::from(u16::from_be_bytes(*piece)).max(1024);
+    // Repeated past one packet, so a large reply is made of the input.
+    let text = String::from_utf8_lossy(rest);
+    let times = (crate::api::MAX_MESSAGE / text.len().max(1) + 2).min(4096);
+    let sent = serde_json::Value::String(text.repeat(if rest.first() == Some(&b'L') {
+        times
+    } else {
+        1
+    }));
+    let reply = crate::api::ReplyBytes::new(&sent).expect("a string serialises");
+    let (ours, theirs) = packet_pair();
+    let writer = std::thread::scope(|scope| {
+        let reply = &reply;
+        let writer = scope.spawn(move || {
+            for packet in reply.packets(piece) {
+                crate::api::send_packet(theirs.as_fd(), packet, &[]).expect("sent");
+            }
+        });
+        let client = crate::api::Channel::from_fd(ours);
+        let (got, _) = client
+            .recv::<serde_json::Value>()
+            .expect("read whole")
+            .expect("not closed");
+        assert_eq!(got, sent);
+        writer.join()
+    });
+    writer.expect("the writer");
+
+    // Packets from the input: each a byte of length (times 256) and its
+    // bytes; a first that announces a large reply of any size.
+    let (ours, theirs) = packet_pair();
+    let mut input = rest;
+    let mut packets: Vec<Vec<u8>> = Vec::new();
+    if let Some((size, tail)) = input.split_first_chunk::<4>() {
+        let announced = u32::from_be_bytes(*size);
+        packets.push(format!("{{\"large_message\":{announced}}}").into_bytes());
+        input = tail;
+    }
+    while let Some((&len, tail)) = input.split_first() {
+        let len = (usize::from(len) * 256).min(crate::api::MAX_MESSAGE);
+        let (packet, tail) = tail.split_at(tail.len().min(len.max(1)));
+        packets.push(packet.to_vec());
+        input = tail;
+    }
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            for packet in &packets {
+                // A reader that gave up closes its end: the rest is moot.
+                if crate::api::send_packet(theirs.as_fd(), packet, &[]).is_err() {
+                    break;
+                }
+            }
+            drop(theirs);
+        });
+        let client = crate::api::Channel::from_fd(ours);
+        let _ = client.recv::<serde_json::Value>();
+    });
+}
+
+/// A connected pair of the API's kind of socket.
+fn packet_pair() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .expect("a socketpair")
 }
 
 /// A VMM's stream in the 4-byte length framing, read in pieces whose
@@ -283,9 +408,11 @@ mod tests {
     /// Every target on every seed of its corpus (fuzz/corpus/TARGET).
     #[test]
     fn every_target_holds_on_its_corpus() {
-        let targets: [Target; 10] = [
+        let targets: [Target; 12] = [
             ("dhcp_request", dhcp_request),
             ("dns_query", dns_query),
+            ("dns_tcp", dns_tcp),
+            ("api_reply", api_reply),
             ("stream_framing", stream_framing),
             ("api_request", api_request),
             ("networks_yaml", networks_yaml),

@@ -26,7 +26,7 @@ use std::time::Duration;
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::{Name, RData, Record, RecordType, rdata::A, rdata::AAAA};
 use ipnet::Ipv6Net;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
@@ -473,14 +473,20 @@ async fn forward_tcp(server: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8
     read_framed(&mut stream).await
 }
 
-async fn read_framed(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+/// One DNS message off a TCP stream: a 2-byte big-endian length, then
+/// that many bytes (RFC 1035 4.2.2; at most 64 KiB, so at most that is
+/// allocated, whatever a VM sends).
+pub(crate) async fn read_framed(stream: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Vec<u8>> {
     let len = stream.read_u16().await? as usize;
     let mut buf = vec![0u8; len];
     stream.read_exact(&mut buf).await?;
     Ok(buf)
 }
 
-async fn write_framed(stream: &mut TcpStream, msg: &[u8]) -> std::io::Result<()> {
+pub(crate) async fn write_framed(
+    stream: &mut (impl AsyncWrite + Unpin),
+    msg: &[u8],
+) -> std::io::Result<()> {
     let len =
         u16::try_from(msg.len()).map_err(|_| std::io::Error::other("DNS message over 64 KiB"))?;
     let mut out = Vec::with_capacity(2 + msg.len());
