@@ -167,6 +167,17 @@ fn one_of(
 }
 
 /// An allowed call by its name, with the rules on its arguments.
+/// `SOL_SOCKET`'s options `names` (arguments 1 and 2 of set/getsockopt):
+/// a rule each.
+fn socket_options(
+    names: &[libc::c_int],
+) -> Result<Vec<Vec<SeccompCondition>>, seccompiler::BackendError> {
+    names
+        .iter()
+        .map(|&name| Ok(vec![eq(1, libc::SOL_SOCKET as u64)?, eq(2, name as u64)?]))
+        .collect()
+}
+
 macro_rules! call {
     ($name:ident) => {
         call!($name, vec![])
@@ -259,35 +270,14 @@ fn allowed(needs: Needs) -> Result<Vec<Allowed>, seccompiler::BackendError> {
         call!(accept4),
         call!(
             setsockopt,
-            vec![
-                vec![
-                    eq(1, libc::SOL_SOCKET as u64)?,
-                    eq(2, libc::SO_SNDBUF as u64)?
-                ],
-                vec![
-                    eq(1, libc::SOL_SOCKET as u64)?,
-                    eq(2, libc::SO_RCVBUF as u64)?
-                ],
-            ]
+            socket_options(&[libc::SO_SNDBUF, libc::SO_RCVBUF])?
         ),
         call!(
             getsockopt,
-            vec![
-                vec![
-                    eq(1, libc::SOL_SOCKET as u64)?,
-                    eq(2, libc::SO_TYPE as u64)?
-                ],
-                vec![
-                    eq(1, libc::SOL_SOCKET as u64)?,
-                    eq(2, libc::SO_SNDBUF as u64)?
-                ],
-            ]
+            socket_options(&[libc::SO_TYPE, libc::SO_SNDBUF])?
         ),
         // The TAP's offloads and header, for a network socket's VM.
-        call!(
-            ioctl,
-            one_of(1, &[TUNSETOFFLOAD, TUNSETVNETHDRSZ])?
-        ),
+        call!(ioctl, one_of(1, &[TUNSETOFFLOAD, TUNSETVNETHDRSZ])?),
         // Memory: never executable.
         call!(mmap, vec![vec![without(2, libc::PROT_EXEC as u64)?]]),
         call!(mprotect, vec![vec![without(2, libc::PROT_EXEC as u64)?]]),
