@@ -75,6 +75,7 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
     let attached = super::attach(&channel, &args.attach, datapath, false)?;
     let lifeline = cli.lifeline(&attached);
     let super::Attached { info, tap, .. } = attached;
+    let tap = tap.expect("a TAP's fd for a socket datapath");
     let announce = relay::announcement(&serde_json::to_string(&info)?)
         .context("cannot keep the interface JSON for the relay")?;
     // The token crosses the exec in a file of its own, not in the command

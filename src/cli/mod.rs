@@ -636,7 +636,8 @@ impl RateArgs {
 pub struct Attached {
     /// What the VMM needs to know.
     pub info: InterfaceInfo,
-    pub tap: OwnedFd,
+    /// The TAP's fd; none with tap-name, where the VMM opens it by name.
+    pub tap: Option<OwnedFd>,
     /// What re-claims it after a daemon restart (none when kept past the
     /// connection, or a clone).
     pub reclaim_token: Option<String>,
@@ -691,10 +692,10 @@ pub fn attach(
     for w in &info.warnings {
         eprintln!("linnet: warning: network {}: {w}", info.network);
     }
-    let tap = fds
-        .into_iter()
-        .next()
-        .context("the daemon sent no TAP file descriptor")?;
+    let tap = fds.into_iter().next();
+    if tap.is_none() && datapath != Datapath::TapName {
+        bail!("the daemon sent no TAP file descriptor");
+    }
     Ok(Attached {
         info,
         tap,

@@ -118,13 +118,11 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
 
     // What CMD gets: the TAP itself, or its end of a socketpair we relay;
     // with tap-name nothing (it opens the TAP by name; ours closes here).
+    let tap = || tap.expect("a TAP's fd for every datapath but tap-name");
     let (vmm_fd, counters) = match args.datapath {
-        Datapath::Tap => (Some(tap), None),
-        Datapath::TapName => {
-            // A TAP takes one opener at a time: the VMM's, by name.
-            drop(tap);
-            (None, None)
-        }
+        Datapath::Tap => (Some(tap()), None),
+        // The VMM opens it by name.
+        Datapath::TapName => (None, None),
         datapath => {
             let kind = if datapath == Datapath::Dgram {
                 SockType::Datagram
@@ -139,7 +137,7 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
                 _ => Endpoint::StreamFd(ours),
             };
             let counters = Arc::new(Counters::default());
-            let relay = Relay::new(tap, endpoint, header, info.mtu, counters.clone())?;
+            let relay = Relay::new(tap(), endpoint, header, info.mtu, counters.clone())?;
             super::spawn_relay(relay);
             (Some(theirs), Some(counters))
         }

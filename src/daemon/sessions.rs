@@ -20,6 +20,7 @@ use super::requests::{finish_unlocked, lock_for_attach};
 use super::state::Daemon;
 use crate::api::{self, MAX_MESSAGE, Request, Response};
 use crate::budget::{Budget, LogBudget, LogTurn, Permit, RateLimit};
+use crate::datapath::Datapath;
 use crate::events::{Event, What, wanted};
 use crate::metrics::Histogram;
 use crate::types::InterfaceId;
@@ -437,13 +438,20 @@ async fn handle(
         Request::WaitAddress { .. } => unreachable!("answered above"),
         Request::Events { .. } => unreachable!("followed by serve_client, refused to relays above"),
         Request::Attach(req) => match daemon.handle_attach(client, req).await {
-            Ok((interface, fd, reclaim_token)) => (
-                Response::Attached {
-                    interface: Box::new(interface),
-                    reclaim_token,
-                },
-                Some(fd),
-            ),
+            Ok((interface, fd, reclaim_token)) => {
+                // A TAP opened by name takes one opener at a time: ours
+                // closes before the reply goes out, so the VMM the client
+                // starts on it finds it free (closed after the send, the
+                // VMM could come first: EBUSY). The client gets none.
+                let fd = (interface.datapath != Datapath::TapName).then_some(fd);
+                (
+                    Response::Attached {
+                        interface: Box::new(interface),
+                        reclaim_token,
+                    },
+                    fd,
+                )
+            }
             Err(e) => {
                 let turn = logs
                     .lock()

@@ -304,9 +304,10 @@ type Interface struct {
 //     (a 10-byte virtio-net header unless the VMM sets TUNSETVNETHDRSZ):
 //     hand it to the VMM (QEMU's -netdev tap,fd=, Cloud Hypervisor,
 //     crosvm) and close yours once the VMM holds it;
-//   - "tap-name": the persistent TAP named Interface.TAP: close the file
-//     at once, and let the VMM (Firecracker) open the TAP by that name, as
-//     the attaching user;
+//   - "tap-name": no file (nil): the persistent TAP named Interface.TAP,
+//     which the VMM (Firecracker) opens by that name, as the attaching
+//     user (the daemon closed its own before replying, so the TAP is
+//     free for it);
 //   - "dgram" and "stream": the TAP too, which the caller relays to its
 //     VMM's unix socket itself (as `linnet helper` does), with the framing
 //     that datapath names;
@@ -325,7 +326,12 @@ func (c *Client) Attach(ctx context.Context, req AttachRequest) (*Interface, *os
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(fds) != 1 {
+	tapName := req.Datapath == "tap-name"
+	if tapName {
+		// An earlier daemon sent one: closed, as the VMM must be its only opener.
+		closeAll(fds)
+		fds = nil
+	} else if len(fds) != 1 {
 		closeAll(fds)
 		c.abandon(reply.Interface)
 		return nil, nil, fmt.Errorf("linnet: the attach reply carried %d file descriptors, not the TAP's one", len(fds))
@@ -338,6 +344,9 @@ func (c *Client) Attach(ctx context.Context, req AttachRequest) (*Interface, *os
 	}
 	iface.Raw = reply.Interface
 	iface.ReclaimToken = reply.ReclaimToken
+	if tapName {
+		return &iface, nil, nil
+	}
 	return &iface, os.NewFile(uintptr(fds[0]), "linnet-tap-"+iface.TAP), nil
 }
 
