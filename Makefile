@@ -59,12 +59,13 @@ lint:
 
 # The benchmark's machinery, quickly: a kernel setup, linnet's tap and
 # dgram datapaths (with and without the virtio-net header, and the two on
-# one network), its rootless daemon and egress by name, one short run each, no figures kept. Fails if a setup
-# fails or leaves anything behind.
+# one network), its rootless daemon, egress by name and half a minute of
+# the churn soak (one daemon restart), one short run each, no figures
+# kept. Fails if a setup or a soak's attach fails, or anything is left behind.
 bench-smoke: deps
 	$(CARGO) build --workspace --bins
 	$(SANDBOX) bench/run --bin target/debug --only '^veth$$|^linnet (tap|dgram|rootless)( \+ vnet)?$$|mixed: the bare|^linnet egress by name$$' --mtu 1500 \
-		--runs 1 --seconds 1 --attaches 20 --interfaces 100 --clones 10 --out target/bench-smoke --strict >/dev/null
+		--runs 1 --seconds 1 --attaches 20 --interfaces 100 --clones 10 --soak 0.5 --out target/bench-smoke --strict >/dev/null
 
 test: deps lint unit integration bench-smoke fuzz-smoke
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from . import control, docs, fabric, names, operations, profile, report
+from . import control, docs, fabric, names, operations, profile, report, soak
 from .env import Env
 from .host import BenchError, debian_version, memory_kib, wait_for
 from .setups import DIRECTIONS, VM_TO_VM, Lan, all_setups, deepen_guest_queues, upstream
@@ -42,6 +42,9 @@ def parse_args():
                    help="skip the egress-by-name figures (linnet_bench/names.py)")
     p.add_argument("--no-operations", action="store_true",
                    help="skip the operations figures: metrics, rate limits (linnet_bench/operations.py)")
+    p.add_argument("--soak", type=float, metavar="MINUTES",
+                   help=f"minutes of the churn soak (linnet_bench/soak.py); 0 skips it (default "
+                        f"{soak.MINUTES} for a whole run, 0 for a narrowed one)")
     p.add_argument("--moves", type=int, default=10,
                    help="attaches and moves across hosts for those timings (default 10)")
     p.add_argument("--interfaces", type=int, default=1000, help="interfaces for the scale figure (default 1000)")
@@ -54,8 +57,8 @@ def parse_args():
                         "else gvproxy on PATH)")
     p.add_argument("--out", help=f"where latest.{{md,json,svg}} go (default: {RESULTS} for a "
                                  f"whole run, which also rewrites the docs' benchmark blocks; "
-                                 f"{PARTIAL} for one narrowed by --only, --mtu, --no-control or "
-                                 f"fewer than 3 --runs)")
+                                 f"{PARTIAL} for one narrowed by --only, --mtu, --no-control, "
+                                 f"fewer than 3 --runs or a --soak under {soak.MINUTES})")
     p.add_argument("--profile", metavar="SETUP",
                    help="measure nothing: sample the machine with perf while iperf3 runs through "
                         "this setup at --mtu (default 1500) in --direction, and print where the "
@@ -247,7 +250,12 @@ def write(results, out):
         f.write("\n")
     with open(os.path.join(out, "latest.svg"), "w") as f:
         f.write(report.svg(results))
-    log(f"bench: wrote {out}/latest.md, latest.json and latest.svg")
+    written = "latest.md, latest.json, latest.svg"
+    if (results.get("soak") or {}).get("series"):
+        with open(os.path.join(out, "latest-soak.svg"), "w") as f:
+            f.write(report.soak_svg(results))
+        written += ", latest-soak.svg"
+    log(f"bench: wrote {written} in {out}")
     return md
 
 
@@ -275,17 +283,20 @@ def main():
                      "write it): run it in scripts/sandbox, which mounts a copy over it")
     started = time.monotonic()
     commit = linnet_commit()
-    whole = not (args.only or args.mtu or args.no_control or args.no_fabric or args.no_names
-                 or args.no_operations) \
-        and args.runs >= 3
+    narrowed = bool(args.only or args.mtu or args.no_control or args.no_fabric or args.no_names
+                    or args.no_operations or args.runs < 3)
+    # A narrowed run soaks only when asked to.
+    soak_minutes = args.soak if args.soak is not None else 0 if narrowed else soak.MINUTES
+    whole = not narrowed and soak_minutes >= soak.MINUTES
     out = args.out or (RESULTS if whole else PARTIAL)
     results = {
         "format": docs.FORMAT,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(commit),
-        "settings": {"seconds": args.seconds, "runs": args.runs, "only": args.only, "mtu": args.mtu},
+        "settings": {"seconds": args.seconds, "runs": args.runs, "only": args.only, "mtu": args.mtu,
+                     "soak_minutes": soak_minutes},
         "throughput": [], "not_run": [], "control": None, "fabric": None, "names": None,
-        "operations": None,
+        "operations": None, "soak": None,
     }
     with tempfile.TemporaryDirectory(prefix="linnet-bench.") as workdir:
         env = Env(workdir, args.bin, find_gvproxy(args.gvproxy), commit)
@@ -330,6 +341,13 @@ def main():
                 log("across hosts")
                 results["fabric"] = fabric.measure_all(env, args.seconds, args.runs, args.moves, log)
                 results["machine"]["tools"]["frr"] = fabric.version()
+            if soak_minutes > 0:
+                log("soak")
+                try:
+                    results["soak"] = soak.measure(env, soak_minutes, log)
+                except Exception as e:  # noqa: BLE001 - after a long soak, the other figures still count
+                    results["soak"] = {"error": describe(e)}
+                    log(f"  the soak failed: {results['soak']['error']}")
         finally:
             env.close()
         left = env.leftovers()
@@ -362,6 +380,12 @@ def main():
         problems.append(f"the egress-by-name figures failed: {results['names']['error']}")
     if (results.get("operations") or {}).get("error"):
         problems.append(f"the operations figures failed: {results['operations']['error']}")
+    s = results.get("soak") or {}
+    if s.get("error"):
+        problems.append(f"the soak failed: {s['error']}")
+    elif s.get("failures", {}).get("count"):
+        problems.append(f"the soak had {s['failures']['count']} failures, the first: "
+                        f"{s['failures']['messages'][0]}")
     f = results.get("fabric") or {}
     if f.get("error") or f.get("timings_error"):
         problems.append(f"the figures across hosts failed: {f.get('error') or f.get('timings_error')}")

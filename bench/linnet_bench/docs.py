@@ -15,8 +15,8 @@ import statistics
 import sys
 
 from .report import (ANTI_SPOOFING, FABRIC, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM,
-                     NAMES, OPERATIONS, STATUS, cell, clone_rows, fabric_rows, names_rows,
-                     operations_rows, target_counts)
+                     NAMES, OPERATIONS, SOAK, STATUS, cell, clone_rows, fabric_rows, names_rows,
+                     operations_rows, soak_rows, target_counts)
 from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VM_TO_HOST, VM_TO_VM
 
 # The results' layout this module reads (bench/linnet_bench/__main__.py).
@@ -160,6 +160,11 @@ def operations(results):
     return rows_and_targets(operations_rows(results.get("operations")), results, OPERATIONS, None)
 
 
+def soak(results):
+    """The soak's start and end figures and their targets."""
+    return rows_and_targets(soak_rows(results.get("soak")), results, SOAK, None)
+
+
 def targets(results):
     lines = [f"Targets: {target_counts(results)}. Missed:", ""]
     for t in results["targets"]:
@@ -173,7 +178,8 @@ def targets(results):
 
 RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "targets": targets,
           "network-socket": network_socket, "rootless": rootless, "clones": clones,
-          "across-hosts": across_hosts, "egress-by-name": egress_by_name, "operations": operations}
+          "across-hosts": across_hosts, "egress-by-name": egress_by_name, "operations": operations,
+          "soak": soak}
 
 
 def render(name, results, doc):

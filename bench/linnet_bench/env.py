@@ -17,7 +17,9 @@ from .host import BenchError, Processes, ip, link_exists, run, wait_for
 # figure uses. `named` is for egress by name (names.py): its DNS asks a
 # dnsmasq of the benchmark's on 127.0.0.1:5353. `lan` and
 # `lanbr` are on a LAN (setups.Lan) whose links exist only while a setup
-# or a latency figure uses them.
+# or a latency figure uses them. `soak` (with its socket) and `soakhost`
+# are the churn soak's (soak.py), with leases short enough that its guests
+# renew all along and a churned interface's address is free again soon.
 NETWORKS_YAML = """\
 networks:
   shared:
@@ -61,6 +63,15 @@ networks:
   lanbr:
     mode: bridge
     bridge: bblan
+  soak:
+    mode: shared
+    subnet: 192.168.126.0/24
+    socket: true
+    dhcp: { lease_time: 6 }
+  soakhost:
+    mode: host
+    subnet: 10.84.0.0/24
+    dhcp: { lease_time: 6 }
 """
 
 
@@ -79,9 +90,22 @@ class LinnetDaemon:
         }
         self.socket = os.path.join(self.env["LINNET_RUN_DIR"], "linnet.sock")
         self.run_dir = self.env["LINNET_RUN_DIR"]
-        # Metrics served all along (operations.py scrapes them).
-        self.daemon = procs.start("linnet-daemon", [self.bin, "daemon", "--metrics", "9464"], env=self.env)
-        wait_for(lambda: procs.check_alive() or os.path.exists(self.socket), "the linnet daemon's socket")
+        self.procs = procs
+        self.start()
+
+    def start(self):
+        """Starts the daemon on the run and state directories: after a
+        stop, the next daemon adopts what the last one left."""
+        # Metrics served all along (operations.py and soak.py scrape them).
+        self.daemon = self.procs.start("linnet-daemon", [self.bin, "daemon", "--metrics", "9464"],
+                                       env=self.env)
+        wait_for(lambda: self.procs.check_alive() or os.path.exists(self.socket),
+                 "the linnet daemon's socket")
+
+    def stop(self):
+        """SIGTERM, as systemd stops it: with VMs attached it leaves their
+        ports and rules for the next daemon. Its socket goes with it."""
+        self.procs.stop(self.daemon, timeout=30)
 
     def network_socket(self, network):
         """The socket_vmnet-compatible socket of `network`."""

@@ -31,7 +31,7 @@ def ip(*args, ns=None):
     return run("ip", *(["-n", ns] if ns else []), *args)
 
 
-def wait_for(condition, what, timeout=10.0):
+def wait_for(condition, what, timeout=10.0, every=0.02):
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -39,7 +39,7 @@ def wait_for(condition, what, timeout=10.0):
             return value
         if time.monotonic() > deadline:
             raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(every)
 
 
 def link_exists(name, ns=None):
@@ -54,12 +54,14 @@ class Processes:
         self.logdir = logdir
         self.procs = []
 
-    def start(self, name, args, ns=None, env=None):
+    def start(self, name, args, ns=None, env=None, pipe_stdout=False):
+        """Starts a process logging to NAME.log (its stdout a pipe instead
+        with `pipe_stdout`, for a first line to read)."""
         cmd = (["ip", "netns", "exec", ns] if ns else []) + [str(a) for a in args]
         with open(os.path.join(self.logdir, f"{name}.log"), "ab") as log:
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                env=None if env is None else {**os.environ, **env})
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if pipe_stdout else log,
+                stderr=log, env=None if env is None else {**os.environ, **env})
         proc.bench_name = name
         self.procs.append(proc)
         return proc
@@ -73,6 +75,17 @@ class Processes:
 
     def log(self, proc):
         return os.path.join(self.logdir, f"{proc.bench_name}.log")
+
+    def stop(self, proc, timeout=5):
+        """Stops one process (SIGTERM, SIGKILL after `timeout` s) and forgets it."""
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.remove(proc)
 
     def stop_all(self):
         for p in reversed(self.procs):

@@ -7,6 +7,7 @@ from .throughput import UNSTABLE_SPREAD
 
 from .setups import (DIRECTIONS, GUEST_TXQUEUELEN, HOST_TO_VM, LAN_BRIDGE, LAN_BRIDGED, MIXED_BARE,
                      MIXED_VNET, NETWORK_SOCKET, ROOTLESS, VM_TO_HOST, VM_TO_VM)
+from .soak import HOLD_S, LONG_LIVED
 
 LABEL = {VM_TO_HOST: "VM→host", HOST_TO_VM: "host→VM", VM_TO_VM: "VM→VM"}
 COLOR = {VM_TO_HOST: "#3b75af", HOST_TO_VM: "#ef8636", VM_TO_VM: "#529e3e"}
@@ -166,6 +167,7 @@ def targets(results):
     out += fabric_targets(results.get("fabric"))
     out += names_targets(results.get("names"))
     out += operations_targets(results.get("operations"))
+    out += soak_targets(results.get("soak"))
     if not (results.get("control") or results.get("control_error")):
         return [t for t in out if t is not None]  # --no-control
     c = results.get("control") or {}
@@ -370,6 +372,137 @@ def operations_rows(o):
     lines += ["", "One TCP stream for 4 s, its first second left out (the burst, 20 ms of the "
               "rate, and TCP's start); the `policy set` time is the command's, from start to exit, "
               "which the daemon answers once the kernel holds the new limit."]
+    return lines
+
+
+# What the soak is judged by (soak.py, docs/operations.md): descriptors and
+# nftables back to their start, RSS within 10%, attach p99 flat: the last
+# third of the soak's attaches within 1.5x the first third's.
+SOAK = "soak"
+SOAK_RSS = 1.10
+SOAK_FLAT = 1.5
+# The quiet figures the report shows: name, field, what grew (soak.growth).
+SOAK_FIGURES = (("daemon descriptors", "fds", "fd_growth"), ("daemon RSS, MiB", "rss_mib", "rss_growth_ratio"),
+                ("nftables elements", "nft_elements", "nft_element_growth"),
+                ("nftables rules", "nft_rules", "nft_rule_growth"), ("links", "links", "link_growth"),
+                ("leases held", "leases", "lease_growth"), ("relays running", "relays", None),
+                ("daemon connections", "connections", None))
+# What a restart resets, so each daemon's life is judged on its own too.
+PER_DAEMON = ("fd_growth", "rss_growth_ratio")
+
+
+def worst_daemon(s, key):
+    """The daemon whose life grew `key` most: (its growth, its entry)."""
+    if not s["per_daemon"]:
+        return None, None
+    d = max(s["per_daemon"], key=lambda d: d[key])
+    return d[key], d
+
+
+def soak_targets(s):
+    """Descriptors and nftables' elements and rules back to their start
+    (<= 0 grown), RSS within 10% (<= 1.1x), over the whole soak and, for
+    descriptors and RSS, within each daemon's life (a restart resets
+    them); attach p99 flat; no failure."""
+    if not s or s.get("error"):
+        return []
+    start, end = s["start"], s["end"]
+    bound = lambda name, value, limit, unit, detail: bound_target(name, value, limit, unit, detail,
+                                                                  family=SOAK)
+    out = [bound("daemon descriptors, end vs start", s["fd_growth"], 0, "descriptors",
+                 f"{s['fd_growth']:+d} ({start['fds']} → {end['fds']})")]
+    grown, d = worst_daemon(s, "fd_growth")
+    out.append(bound("daemon descriptors over one daemon's life, the worst", grown, 0, "descriptors",
+                     d and f"{grown:+d} (daemon {d['daemon']}: {d['start']['fds']} → {d['end']['fds']})"))
+    for name, field, key in (("nftables elements", "nft_elements", "nft_element_growth"),
+                             ("nftables rules", "nft_rules", "nft_rule_growth")):
+        out.append(bound(f"{name}, end vs start", s[key], 0, name.split()[1],
+                         f"{s[key]:+d} ({start[field]} → {end[field]})"))
+    out.append(bound("daemon RSS, end / start", s["rss_growth_ratio"], SOAK_RSS, "x",
+                     f"{s['rss_growth_ratio']}x ({start['rss_mib']} → {end['rss_mib']} MiB)"))
+    grown, d = worst_daemon(s, "rss_growth_ratio")
+    out.append(bound("daemon RSS over one daemon's life, the worst", grown, SOAK_RSS, "x",
+                     d and f"{grown}x (daemon {d['daemon']}: {d['start']['rss_mib']} → "
+                           f"{d['end']['rss_mib']} MiB)"))
+    thirds = s["attach_ms"]["thirds"]
+    if thirds:
+        first, last = thirds["first"]["p99"], thirds["last"]["p99"]
+        flat = round(last / first, 2)
+        out.append(bound("attach p99, the last third of the soak / the first", flat, SOAK_FLAT, "x",
+                         f"{flat}x ({last} / {first} ms, {thirds['first']['count']} attaches each)"))
+    else:
+        out.append(bound("attach p99, the last third of the soak / the first", None, SOAK_FLAT, "x",
+                         "not measured: too few attaches for a p99 in each third"))
+    out.append(bound("churn failures", s["failures"]["count"], 0, "failures",
+                     f"{s['failures']['count']} in {s['attaches']} attaches"))
+    return out
+
+
+def soak_rows(s):
+    """The soak's start and end figures and what it did, as markdown, or
+    why there are none."""
+    if not s or s.get("error"):
+        return not_measured(s)
+    shown = lambda key, grown: "" if grown is None else f"{grown}x" if key == "rss_growth_ratio" \
+        else f"{grown:+d}"
+    lines = ["| figure | start | end | end vs start | the worst daemon's life |", "|---|---:|---:|---:|---:|"]
+    for name, field, key in SOAK_FIGURES:
+        worst = worst_daemon(s, key)[0] if key in PER_DAEMON else None
+        lines.append(f"| {name} | {s['start'][field]} | {s['end'][field]} | {shown(key, s.get(key))} | "
+                     f"{shown(key, worst)} |")
+    kinds = ", ".join(f"{k} {x['count']}" for k, x in s["attach_ms_by_kind"].items())
+    restarts = s["restart_figures"]
+    lines += ["", f"{s['minutes']:g} minutes of churn by {s['workers']} clients on two networks: "
+              f"{s['attaches']} attaches ({kinds}), each held {HOLD_S[0]:g}–{HOLD_S[1]:g} s; "
+              f"{s['changes']['forwards']} "
+              f"forward and {s['changes']['policies']} policy changes; restarts of the daemon under "
+              f"churn: {s['restarts']} (with {sum(r['churned_attached'] for r in restarts)} churned "
+              f"interfaces attached in all); clones and socket connections that ended with their "
+              f"daemon, as they do: {s['ended_by_restart']}; failures: {s['failures']['count']}. "
+              "Start and end are read in the same quiet state: "
+              f"churn stopped, only the {len(LONG_LIVED)} long-lived guests attached, the churned leases "
+              "run out "
+              "(bench/linnet_bench/soak.py)."]
+    return lines
+
+
+def soak_detail_rows(s):
+    """The report's rest of the soak: each daemon's life, attaches by way
+    in, restarts, the long-lived guests' traffic and the failures."""
+    if not s or s.get("error"):
+        return []
+    lines = ["", "| daemon | descriptors | RSS, MiB | nftables elements | nftables rules |",
+             "|---:|---:|---:|---:|---:|"]
+    for d in s["per_daemon"]:
+        a, b = d["start"], d["end"]
+        lines.append(f"| {d['daemon']} | {a['fds']} → {b['fds']} | {a['rss_mib']} → {b['rss_mib']} | "
+                     f"{a['nft_elements']} → {b['nft_elements']} | {a['nft_rules']} → {b['nft_rules']} |")
+    lines += ["", "| way in | attaches | p50, ms | p99, ms |", "|---|---:|---:|---:|"]
+    for kind, x in s["attach_ms_by_kind"].items():
+        lines.append(f"| {kind} | {x['count']} | {x['p50']} | {x['p99']} |")
+    thirds = s["attach_ms"]["thirds"]
+    lines += ["", "An attach is timed from the command's start (a process of the CLI's) to its interface "
+              "JSON; through the network's socket, from the stand-in's start to the interface listed "
+              "(its first frame attaches it), which the attach series leaves out."
+              + (f" p50 / p99 of the first third of the soak's attaches: {thirds['first']['p50']} / "
+                 f"{thirds['first']['p99']} ms; of the last: {thirds['last']['p50']} / "
+                 f"{thirds['last']['p99']} ms." if thirds else "")]
+    restarts = s["restart_figures"]
+    if restarts:
+        med = lambda key: statistics.median(r[key] for r in restarts)
+        lines += ["", f"Restarts (median of {len(restarts)}): the daemon stopped in {med('stop_ms')} ms; the "
+                  f"next answered {med('serving_ms')} ms later and had the long-lived guests re-claimed "
+                  f"{med('reclaimed_ms')} ms after the stop. CLI calls that waited for a restart to end "
+                  f"(run as root, a `linnet run` that finds no daemon starts one): "
+                  f"{s['calls_held_by_restarts']}."]
+    lines += ["", "| long-lived guest | network | pings sent | answered | lease renewals |",
+              "|---|---|---:|---:|---:|"]
+    for g in s["traffic"]:
+        lines.append(f"| {g['guest']} | {g['network']} | {g['pings_sent']} | {g['pings_received']} | "
+                     f"{g['lease_renewals']} |")
+    if s["failures"]["messages"]:
+        lines += ["", f"Failures ({s['failures']['count']}; the first {len(s['failures']['messages'])}):", ""]
+        lines += [f"- {m}" for m in s["failures"]["messages"]]
     return lines
 
 
@@ -641,6 +774,13 @@ def markdown(results):
               "What metrics and a rate limit that is never reached cost, and how closely rate "
               "limits hold (bench/linnet_bench/operations.py).", ""]
     lines += operations_rows(results.get("operations"))
+    lines += ["", "## Soak", "",
+              "Clients attach and detach interfaces without pause through every datapath, guests ping "
+              "and renew short leases, forwards and policies change, and the daemon restarts every few "
+              "minutes: whether descriptors, memory, nftables and attach times stay where they were.", ""]
+    lines += soak_rows(results.get("soak")) + soak_detail_rows(results.get("soak"))
+    if (results.get("soak") or {}).get("series"):
+        lines += ["", "![the soak over time](latest-soak.svg)"]
     lines += ["", "## Targets", "",
               f"{target_counts(results)}. A ratio is the median of the rounds' ratios (each round "
               "measured both setups); the range of the rounds follows.", "",
@@ -678,6 +818,8 @@ def markdown(results):
     lines += target_table(results, NAMES)
     lines += ["", "### Operations", ""]
     lines += target_table(results, OPERATIONS)
+    lines += ["", "### Soak", ""]
+    lines += target_table(results, SOAK)
     lines += ["", "![throughput per setup](latest.svg)", ""]
     return "\n".join(lines)
 
@@ -715,5 +857,77 @@ def svg(results):
     out.append(f'<text x="10" y="{height - 10}" font-size="10" fill="#555">{escape(results["date"])} · '
                f'linnet {escape(m["linnet_commit"])} · {m["cores"]} cores · kernel {escape(m["kernel"])} · '
                f'bench/results/latest.md has CPU per GB and the control plane</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def soak_panel(x, y, w, h, title, lines, restarts, t_max, marks=()):
+    """One small chart of the soak: `lines` [(label, colour, [(t, v)])]
+    over time, restarts as dashed lines, `marks` [(t, v)] (the quiet
+    figures) as circles."""
+    values = [v for _, _, points in lines for _, v in points] + [v for _, v in marks]
+    lo, hi = (min(values), max(values)) if values else (0, 1)
+    if hi == lo:
+        lo, hi = lo - 1, hi + 1
+    px = lambda t: x + t / t_max * w
+    py = lambda v: y + h - (v - lo) / (hi - lo) * h
+    out = [f'<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="none" stroke="#ccc"/>',
+           f'<text x="{x}" y="{y - 6}" font-size="12">{escape(title)}</text>',
+           f'<text x="{x - 4}" y="{y + 9}" font-size="9" text-anchor="end">{hi:g}</text>',
+           f'<text x="{x - 4}" y="{y + h}" font-size="9" text-anchor="end">{lo:g}</text>']
+    for t in restarts:
+        out.append(f'<line x1="{px(t):.1f}" y1="{y}" x2="{px(t):.1f}" y2="{y + h}" stroke="#999" '
+                   'stroke-dasharray="3,3"/>')
+    for i, (label, colour, points) in enumerate(lines):
+        if points:
+            path = " ".join(f"{px(t):.1f},{py(v):.1f}" for t, v in points)
+            out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.2"/>')
+        if len(lines) > 1:
+            out.append(f'<text x="{x + w - 4}" y="{y + 12 + i * 11}" font-size="9" text-anchor="end" '
+                       f'fill="{colour}">{escape(label)}</text>')
+    for t, v in marks:
+        out.append(f'<circle cx="{px(t):.1f}" cy="{py(v):.1f}" r="2.5" fill="#c0392b"/>')
+    return out
+
+
+def soak_svg(results):
+    """The soak's series: a small chart per figure, restarts dashed, the
+    quiet figures that are compared as red dots."""
+    s = results["soak"]
+    series, window = s["series"], s["attach_ms"]["windows"]
+    t_max = max([x["t"] for x in series] + [w["t"] + s["window_s"] for w in window] + [1])
+    quiets = [q for d in s["per_daemon"] for q in (d["start"], d["end"])]
+    restarts = [r["t"] for r in s["restart_figures"]]
+    line = lambda field, colour=COLOR[VM_TO_HOST]: (field, colour, [(x["t"], x[field]) for x in series])
+    mid = lambda w: w["t"] + s["window_s"] / 2
+    panels = [
+        ("daemon descriptors", [line("fds")], "fds"),
+        ("daemon RSS, MiB", [line("rss_mib")], "rss_mib"),
+        ("nftables elements", [line("nft_elements")], "nft_elements"),
+        ("nftables rules", [line("nft_rules")], "nft_rules"),
+        ("links, leases held, relays", [line("links"), line("leases", COLOR[HOST_TO_VM]),
+                                        line("relays", COLOR[VM_TO_VM])], None),
+        (f"attach, ms, per {s['window_s']:g} s window", [
+            ("p50", COLOR[VM_TO_HOST], [(mid(w), w["p50"]) for w in window]),
+            ("p99", COLOR[HOST_TO_VM], [(mid(w), w["p99"]) for w in window])], None),
+    ]
+    w, h, width = 380, 130, 960
+    height = 60 + 3 * (h + 50) + 20
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="10" y="20" font-size="15">Soak: {s["minutes"]:g} minutes of churn, '
+           f'{s["attaches"]} attaches, restarts dashed ({s["restarts"]}), the quiet figures compared '
+           f'in red</text>']
+    for i, (title, lines, field) in enumerate(panels):
+        x, y = 70 + (i % 2) * (w + 90), 60 + (i // 2) * (h + 50)
+        marks = [(q["t"], q[field]) for q in quiets] if field else []
+        out += soak_panel(x, y, w, h, title, lines, restarts, t_max, marks)
+        out.append(f'<text x="{x}" y="{y + h + 12}" font-size="9">0</text>'
+                   f'<text x="{x + w}" y="{y + h + 12}" font-size="9" text-anchor="end">'
+                   f'{t_max / 60:.1f} min since the start</text>')
+    m = results["machine"]
+    out.append(f'<text x="10" y="{height - 10}" font-size="10" fill="#555">{escape(results["date"])} · '
+               f'linnet {escape(m["linnet_commit"])} · {m["cores"]} cores · bench/linnet_bench/soak.py</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
