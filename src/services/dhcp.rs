@@ -239,11 +239,34 @@ pub fn decode(bytes: &[u8]) -> Option<Message> {
 const OPTIONS_AT: usize = 240;
 
 /// Whether every option after the magic cookie fits in the message and
-/// has a length its kind allows. Options overloaded into `sname`/`file`
-/// are not read by dhcproto, so not looked at here.
+/// has a length its kind allows. An option repeated back to back is one
+/// option of their lengths together (RFC 3396 long options, as dhcproto
+/// reads them), so the length checked is the run's. Options overloaded
+/// into `sname`/`file` are not read by dhcproto, so not looked at here.
 fn options_well_formed(bytes: &[u8]) -> bool {
+    let allowed = |code: u8, len: usize| match code {
+        // Rapid commit: empty.
+        80 => len == 0,
+        // Client FQDN: flags, two rcodes, then the name.
+        81 => len >= 3,
+        // Client network interface: type, major, minor.
+        94 => len == 3,
+        // Bulk lease query times: a u32 each.
+        152..=155 => len == 4,
+        _ => true,
+    };
+    // The option being read, and its length so far.
+    let mut run: Option<(u8, usize)> = None;
     let mut at = OPTIONS_AT;
     while let Some(&code) = bytes.get(at) {
+        if let Some((last, len)) = run
+            && last != code
+        {
+            if !allowed(last, len) {
+                return false;
+            }
+            run = None;
+        }
         match code {
             0 => at += 1,
             255 => return true,
@@ -252,25 +275,16 @@ fn options_well_formed(bytes: &[u8]) -> bool {
                     return false;
                 };
                 let len = usize::from(len);
-                let allowed = match code {
-                    // Rapid commit: empty.
-                    80 => len == 0,
-                    // Client FQDN: flags, two rcodes, then the name.
-                    81 => len >= 3,
-                    // Client network interface: type, major, minor.
-                    94 => len == 3,
-                    // Bulk lease query times: a u32 each.
-                    152..=155 => len == 4,
-                    _ => true,
-                };
-                if !allowed || at + 2 + len > bytes.len() {
+                if at + 2 + len > bytes.len() {
                     return false;
                 }
+                let so_far = run.map_or(0, |(_, l)| l);
+                run = Some((code, so_far + len));
                 at += 2 + len;
             }
         }
     }
-    true
+    run.is_none_or(|(code, len)| allowed(code, len))
 }
 
 /// The client's MAC: the first 6 bytes of chaddr, when `hlen` says they
@@ -461,6 +475,10 @@ mod tests {
             &[94, 2, 1, 2],
             &[152, 2, 0, 0],
             &[12, 40, 97],
+            // Found by fuzzing too: one repeated back to back is read as
+            // one of their lengths together (RFC 3396).
+            &[155, 4, 0, 0, 0, 0, 155, 4, 0, 0, 0, 0],
+            &[80, 0, 80, 1, 0],
         ] {
             assert!(decode(&discover_with(bad)).is_none(), "{bad:?}");
         }
@@ -469,6 +487,9 @@ mod tests {
             &[80, 0],
             &[94, 3, 1, 2, 0],
             &[12, 2, 118, 109],
+            &[81, 1, 0, 81, 2, 0, 97],
+            // A pad between them: two options (the last one kept).
+            &[155, 4, 0, 0, 0, 0, 0, 155, 4, 0, 0, 0, 0],
         ] {
             assert!(decode(&discover_with(good)).is_some(), "{good:?}");
         }
