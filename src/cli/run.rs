@@ -117,7 +117,8 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     publish(&info, args.json.as_deref())?;
 
     // What CMD gets: the TAP itself, or its end of a socketpair we relay;
-    // with tap-name nothing (it opens the TAP by name; ours closes here).
+    // with tap-name nothing (it opens the TAP by name; the daemon sent us
+    // no fd of it, so that it is free for the VMM).
     let tap = || tap.expect("a TAP's fd for every datapath but tap-name");
     let (vmm_fd, counters) = match args.datapath {
         Datapath::Tap => (Some(tap()), None),
