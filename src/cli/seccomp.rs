@@ -11,8 +11,8 @@
 //! - `clone3` fails with ENOSYS, so threads are started with `clone`
 //!   (glibc falls back to it), whose flags a filter can see: clone3's are
 //!   behind a pointer;
-//! - the allow list (`allowed`): every call with why it is there, some
-//!   with their arguments held to what linnet passes; anything else traps.
+//! - the allow list (`allowed`): the calls relaying makes, some with
+//!   their arguments held to what linnet passes; anything else traps.
 //!
 //! The list is in docs/security.md ("Relays under seccomp"), checked
 //! against this one by a unit test.
@@ -41,7 +41,7 @@ pub struct Needs {
     pub signals_to: Option<libc::pid_t>,
 }
 
-/// Allowed calls with why, for the docs and their test.
+/// An allowed call: its name (for the docs' test), number and rules.
 #[cfg_attr(not(test), allow(dead_code))] // `name`: the docs test
 struct Allowed {
     name: &'static str,
