@@ -24,7 +24,7 @@ fn socket_path(world: &World) -> PathBuf {
     world.run_dir().join("shared.sock")
 }
 
-fn interfaces(world: &World) -> Vec<Value> {
+pub(crate) fn interfaces(world: &World) -> Vec<Value> {
     let listing: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap();
     listing["interfaces"].as_array().unwrap().clone()
 }
@@ -52,7 +52,7 @@ fn wait_gone(world: &World, mac: &str) {
 
 /// A stand-in VM in a namespace of its own, connected to the network
 /// socket with `mac`, as QEMU's `-netdev stream` would be.
-fn socket_guest(world: &World, mac: &str) -> Guest {
+pub(crate) fn socket_guest(world: &World, mac: &str) -> Guest {
     let ns = Netns::new("guest");
     let log = world.dir.path().join(format!("{}.vmm", ns.name));
     let path = socket_path(world);
@@ -130,7 +130,7 @@ fn framed_from(mac: [u8; 6]) -> Vec<u8> {
 }
 
 /// The relays the daemon started, by pid.
-fn relay_pids(world: &World) -> Vec<String> {
+pub(crate) fn relay_pids(world: &World) -> Vec<String> {
     let out = run(Command::new("pgrep").args([
         "-P",
         &world.daemon_pid().to_string(),

@@ -4,12 +4,13 @@
 //! while confined, re-claiming its interface after a daemon restart; and
 //! a forbidden call stops the process, saying which.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::harness::*;
+use crate::network_sockets::{interfaces, relay_pids, socket_guest};
 
 const CONFIG: &str = "networks:\n  shared:\n    socket: true\n";
 
@@ -18,11 +19,6 @@ const FORBIDDEN_CALL: &str = "LINNET_TEST_FORBIDDEN_CALL";
 
 /// socket(2) on this machine, the call the hook makes.
 const SOCKET_CALL: i64 = libc::SYS_socket;
-
-fn interfaces(world: &World) -> Vec<Value> {
-    let listing: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap();
-    listing["interfaces"].as_array().unwrap().clone()
-}
 
 fn confined(pid: u32, what: &str) {
     assert_eq!(proc_status(pid, "Seccomp"), "2", "{what} is not confined");
@@ -67,38 +63,6 @@ fn tap_name_guest(world: &World) -> Guest {
     Guest::started(ns, run, None, info)
 }
 
-/// A stand-in VM on the network's socket; its relay's pid.
-fn socket_guest(world: &World, mac: &str) -> (Guest, u32) {
-    let ns = Netns::new("guest");
-    let log = world.dir.path().join(format!("{}.vmm", ns.name));
-    let socket = world.run_dir().join("shared.sock");
-    let mut guest = Guest::on_socket(
-        ns,
-        "--stream-socket",
-        socket.to_str().unwrap(),
-        serde_json::json!({ "mac_address": mac, "mtu": 1500 }),
-        &log,
-    );
-    let info = wait_for("the socket VM's interface", Duration::from_secs(10), || {
-        interfaces(world)
-            .into_iter()
-            .find(|i| i["mac_address"] == mac)
-    });
-    let out = run(Command::new("pgrep").args([
-        "-P",
-        &world.daemon_pid().to_string(),
-        "-f",
-        "attach-on-first-frame",
-    ]));
-    let pid = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("one relay");
-    guest.info = info;
-    guest.info["gateway"] = "192.168.105.1".into();
-    (guest, pid)
-}
-
 #[test]
 fn every_relay_and_linnet_run_relay_under_seccomp() {
     let mut world = World::with_config(CONFIG);
@@ -121,7 +85,8 @@ fn every_relay_and_linnet_run_relay_under_seccomp() {
         // `linnet run`, or the helper that became `linnet-relay`.
         confined(guest.run.as_ref().unwrap().id(), what);
     }
-    let (socket_vm, relay) = socket_guest(&world, "52:54:00:5e:cc:01");
+    let socket_vm = socket_guest(&world, "52:54:00:5e:cc:01");
+    let relay: u32 = relay_pids(&world)[0].parse().unwrap();
     socket_vm.udhcpc();
     assert!(socket_vm.ping("192.168.105.1"), "the socket VM relays");
     confined(relay, "a network socket's relay");
