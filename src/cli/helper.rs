@@ -20,7 +20,7 @@ use crate::host::privileges;
 
 #[derive(Args)]
 #[command(
-    group(ArgGroup::new("endpoint").required(true).args(["fd", "socket", "stream_fd", "stream_socket"])),
+    group(ArgGroup::new("endpoint").required(true).args(["fd", "socket", "stream_fd", "stream_socket", "vhost_user"])),
     after_help = "\
 Examples:
   # QEMU, a datagram socket at a path (QEMU binds its own end, linnet serves it):
@@ -29,9 +29,15 @@ Examples:
       remote.type=unix,remote.path=/tmp/vm1.sock -device virtio-net-pci,netdev=n0,mac=MAC
   # krunkit with offloads, on a socketpair end inherited as fd 3:
   linnet helper --fd 3 --vnet-hdr
+  # QEMU on vhost-user (guest memory shared, QEMU reconnects if the helper restarts):
+  linnet helper --vhost-user /tmp/vm1.vhost &
+  qemu-system-x86_64 -m 1G -object memory-backend-memfd,id=mem,size=1G,share=on \\
+      -machine memory-backend=mem -chardev socket,id=c0,path=/tmp/vm1.vhost,reconnect=1 \\
+      -netdev vhost-user,id=n0,chardev=c0 -device virtio-net-pci,netdev=n0,mac=MAC ...
 
 Stops on SIGTERM or SIGINT (the interface is detached), or when the VMM closes a
-socket given with --fd/--stream-fd. As root through sudo (or with --user) it becomes
+socket given with --fd/--stream-fd; on a socket at a path, a VMM that goes may connect
+again. As root through sudo (or with --user) it becomes
 SUDO_UID/SUDO_GID (or USER) before it attaches, so the interface is that user's; it keeps
 no capabilities either way.")]
 pub struct HelperArgs {
@@ -49,6 +55,11 @@ pub struct HelperArgs {
     /// Listen on a unix stream socket at PATH, one client at a time, with the same framing.
     #[arg(long, value_name = "PATH")]
     pub stream_socket: Option<PathBuf>,
+    /// Be the vhost-user-net back-end listening at PATH (QEMU -chardev socket,path=PATH
+    /// with -netdev vhost-user; the guest's memory shared): one VMM at a time, which may
+    /// connect again after it restarts.
+    #[arg(long, value_name = "PATH", conflicts_with = "vnet_hdr")]
+    pub vhost_user: Option<PathBuf>,
     #[command(flatten)]
     pub vnet: VnetArgs,
 }
@@ -64,7 +75,10 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
         (_, Some(path), ..) => (VmmSocket::DgramPath(path.clone()), None),
         (_, _, Some(fd), _) => (VmmSocket::StreamFd(fd), Some(claim_fd(fd)?)),
         (_, _, _, Some(path)) => (VmmSocket::StreamPath(path.clone()), None),
-        _ => unreachable!("clap requires one"),
+        _ => match &args.vhost_user {
+            Some(path) => (VmmSocket::VhostUserPath(path.clone()), None),
+            None => unreachable!("clap requires one"),
+        },
     };
     let datapath = socket.datapath();
     let relay = relay_executable()?;

@@ -12,6 +12,7 @@ mod kept;
 pub mod lifeline;
 mod ls;
 mod policy;
+mod qemu;
 pub mod relay;
 mod run;
 mod seccomp;
@@ -30,7 +31,7 @@ use crate::api::{
     AttachRequest, Channel, CloneOf, ErrorKind, InterfaceInfo, Request, Response, SOCKET_NAME,
 };
 use crate::config::{Config, DEFAULT_CONFIG_PATH};
-use crate::datapath::relay::{Relay, RelayError};
+use crate::datapath::relay::RelayError;
 use crate::datapath::vnet::{self, ClientHeader};
 use crate::datapath::{Counters, Datapath, RelayCounters};
 use crate::forward::PortForward;
@@ -799,11 +800,13 @@ impl VnetArgs {
 }
 
 /// Runs the relay on its own thread; failures are logged there too.
-pub fn spawn_relay(relay: Relay) -> JoinHandle<Result<(), RelayError>> {
+pub fn spawn_relay(
+    relay: impl FnOnce() -> Result<(), RelayError> + Send + 'static,
+) -> JoinHandle<Result<(), RelayError>> {
     std::thread::Builder::new()
         .name("relay".into())
         .spawn(move || {
-            let result = relay.run();
+            let result = relay();
             if let Err(e) = &result {
                 tracing::error!("relay stopped: {e}");
             }

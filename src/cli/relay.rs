@@ -38,8 +38,9 @@ use super::seccomp;
 use super::{DAEMON_GONE, EXIT_LINNET_FAILED, report, spawn_relay};
 use crate::api::{AttachRequest, Channel, ErrorKind, InterfaceInfo, Request, Response};
 use crate::datapath::framing::LENGTH_BYTES;
-use crate::datapath::port::Endpoint;
-use crate::datapath::relay::{FRAME_OVERHEAD, Relay};
+use crate::datapath::port::{self, Endpoint};
+use crate::datapath::relay::{FRAME_OVERHEAD, Relay, RelayError};
+use crate::datapath::vhost_user::{Frontend, VhostUserRelay};
 use crate::datapath::vnet::ClientHeader;
 use crate::datapath::{Counters, Datapath, RelayCounters};
 use crate::types::{InterfaceId, MacAddr};
@@ -54,7 +55,8 @@ const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 const USAGE: &str = "\
 usage: linnet-relay --tap FD --interface-id UUID --daemon FD --mtu N
-                    (--fd N | --socket PATH | --stream-fd N | --stream-socket PATH)
+                    (--fd N | --socket PATH | --stream-fd N | --stream-socket PATH
+                     | --vhost-user-socket PATH)
                     [--vnet-hdr-size BYTES] [--announce FD] [--log FILTER]
                     [--daemon-socket PATH --reclaim-token FD]
        linnet-relay --attach-on-first-frame NETWORK --daemon FD --mtu N --stream-fd N
@@ -109,6 +111,8 @@ pub enum VmmSocket {
     DgramPath(PathBuf),
     StreamFd(RawFd),
     StreamPath(PathBuf),
+    /// vhost-user's, listening at the path for the VMM to connect (again).
+    VhostUserPath(PathBuf),
 }
 
 impl VmmSocket {
@@ -116,6 +120,17 @@ impl VmmSocket {
         match self {
             VmmSocket::DgramFd(_) | VmmSocket::DgramPath(_) => Datapath::Dgram,
             VmmSocket::StreamFd(_) | VmmSocket::StreamPath(_) => Datapath::Stream,
+            VmmSocket::VhostUserPath(_) => Datapath::VhostUser,
+        }
+    }
+
+    /// The socket file the relay binds, if any.
+    fn path(&self) -> Option<&PathBuf> {
+        match self {
+            VmmSocket::DgramPath(path)
+            | VmmSocket::StreamPath(path)
+            | VmmSocket::VhostUserPath(path) => Some(path),
+            VmmSocket::DgramFd(_) | VmmSocket::StreamFd(_) => None,
         }
     }
 }
@@ -144,6 +159,7 @@ impl RelayArgs {
             VmmSocket::DgramPath(path) => add("--socket", path.into()),
             VmmSocket::StreamFd(fd) => add("--stream-fd", fd.to_string().into()),
             VmmSocket::StreamPath(path) => add("--stream-socket", path.into()),
+            VmmSocket::VhostUserPath(path) => add("--vhost-user-socket", path.into()),
         }
         if let ClientHeader::Virtio(len) = self.header {
             add("--vnet-hdr-size", len.to_string().into());
@@ -189,7 +205,9 @@ impl RelayArgs {
             };
             let mut set_socket = |s: VmmSocket| match socket.replace(s) {
                 None => Ok(()),
-                Some(_) => Err("give one of --fd, --socket, --stream-fd, --stream-socket"),
+                Some(_) => Err(
+                    "give one of --fd, --socket, --stream-fd, --stream-socket, --vhost-user-socket",
+                ),
             };
             match flag.as_str() {
                 "--tap" => tap = Some(fd()?),
@@ -207,6 +225,9 @@ impl RelayArgs {
                 "--socket" => set_socket(VmmSocket::DgramPath(value.clone().into()))?,
                 "--stream-fd" => set_socket(VmmSocket::StreamFd(fd()?))?,
                 "--stream-socket" => set_socket(VmmSocket::StreamPath(value.clone().into()))?,
+                "--vhost-user-socket" => {
+                    set_socket(VmmSocket::VhostUserPath(value.clone().into()))?
+                }
                 "--vnet-hdr-size" => {
                     header = ClientHeader::parse(number()? as usize)
                         .map_err(|e| format!("{flag}: {e}"))?
@@ -241,7 +262,7 @@ impl RelayArgs {
             daemon: daemon.ok_or_else(|| missing("--daemon"))?,
             mtu: mtu.ok_or_else(|| missing("--mtu"))?,
             socket: socket.ok_or_else(|| {
-                missing("the VMM's socket (--fd, --socket, --stream-fd or --stream-socket)")
+                missing("the VMM's socket (--fd, --socket, --stream-fd, --stream-socket or --vhost-user-socket)")
             })?,
             header,
             announce,
@@ -325,16 +346,17 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let (tap, interface_id, endpoint, mtu) = match &args.interface {
+    let (tap, interface_id, serves, mtu) = match &args.interface {
         Interface::Attached { tap, interface_id } => {
             let tap = claim_fd(*tap)?;
-            let endpoint = match &args.socket {
-                VmmSocket::DgramFd(fd) => Endpoint::DgramFd(claim_fd(*fd)?),
-                VmmSocket::DgramPath(path) => Endpoint::DgramPath(path.clone()),
-                VmmSocket::StreamFd(fd) => Endpoint::StreamFd(claim_fd(*fd)?),
-                VmmSocket::StreamPath(path) => Endpoint::StreamPath(path.clone()),
+            let serves = match &args.socket {
+                VmmSocket::DgramFd(fd) => Serves::Frames(Endpoint::DgramFd(claim_fd(*fd)?)),
+                VmmSocket::DgramPath(path) => Serves::Frames(Endpoint::DgramPath(path.clone())),
+                VmmSocket::StreamFd(fd) => Serves::Frames(Endpoint::StreamFd(claim_fd(*fd)?)),
+                VmmSocket::StreamPath(path) => Serves::Frames(Endpoint::StreamPath(path.clone())),
+                VmmSocket::VhostUserPath(path) => Serves::VhostUser(path.clone()),
             };
-            (tap, *interface_id, endpoint, args.mtu)
+            (tap, *interface_id, serves, args.mtu)
         }
         Interface::OnFirstFrame { network } => {
             let VmmSocket::StreamFd(fd) = args.socket else {
@@ -352,16 +374,29 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
             else {
                 return Ok(());
             };
-            (tap, info.interface_id, Endpoint::StreamFd(vm), info.mtu)
+            let serves = Serves::Frames(Endpoint::StreamFd(vm));
+            (tap, info.interface_id, serves, info.mtu)
         }
     };
     let datapath = args.socket.datapath();
     let counters = Arc::new(Counters::default());
-    let relay = Relay::new(tap, endpoint, args.header, mtu, counters.clone())?;
-    let _socket_file = SocketFile(match &args.socket {
-        VmmSocket::DgramPath(path) | VmmSocket::StreamPath(path) => Some(path.clone()),
-        _ => None,
-    });
+    // A vhost-user relay's private directory goes as this function
+    // returns, whichever way (`_leftovers`).
+    type Run = Box<dyn FnOnce() -> Result<(), RelayError> + Send>;
+    let (relay, _leftovers): (Run, _) = match serves {
+        Serves::Frames(endpoint) => {
+            let relay = Relay::new(tap, endpoint, args.header, mtu, counters.clone())?;
+            (Box::new(move || relay.run()), None)
+        }
+        Serves::VhostUser(path) => {
+            let listener = port::listen_at(&path)?;
+            let frontend = Frontend::Listening(listener);
+            let relay = VhostUserRelay::new(tap, frontend, mtu, counters.clone())?;
+            let leftovers = relay.leftovers();
+            (Box::new(move || Ok(relay.run()?)), Some(leftovers))
+        }
+    };
+    let _socket_file = SocketFile(args.socket.path().cloned());
     if let Some(fd) = args.announce {
         let mut text = Vec::new();
         File::from(claim_fd(fd)?)
@@ -440,14 +475,21 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
     }
 }
 
+/// What the relay serves the VMM on: frames on a socket, or vhost-user.
+enum Serves {
+    Frames(Endpoint),
+    VhostUser(PathBuf),
+}
+
 /// Gives up every system call relaying does not need (`seccomp`).
 fn confine(args: &RelayArgs) -> anyhow::Result<()> {
     let needs = seccomp::Needs {
         daemon_socket: args.reclaim.is_some(),
-        socket_file: matches!(
-            args.socket,
-            VmmSocket::DgramPath(_) | VmmSocket::StreamPath(_)
-        ),
+        socket_file: args.socket.path().is_some(),
+        vhost_user: match args.socket {
+            VmmSocket::VhostUserPath(_) => seccomp::VhostUserNeeds::EachConnection,
+            _ => seccomp::VhostUserNeeds::None,
+        },
         ..seccomp::Needs::default()
     };
     seccomp::confine(EXECUTABLE, needs).context("cannot confine the relay")

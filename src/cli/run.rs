@@ -17,10 +17,11 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType};
 
 use super::lifeline::{self, Lifeline};
-use super::{AttachArgs, Cli, DAEMON_GONE, VnetArgs};
+use super::{AttachArgs, Cli, DAEMON_GONE, VnetArgs, qemu};
 use crate::api::{Channel, InterfaceInfo, Request, Response};
 use crate::datapath::port::Endpoint;
 use crate::datapath::relay::Relay;
+use crate::datapath::vhost_user::{Frontend, VhostUserRelay};
 use crate::datapath::{Counters, Datapath};
 use crate::types::InterfaceId;
 
@@ -93,8 +94,18 @@ const FORWARDED: [Signal; 4] = [
 ];
 
 pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
-    if matches!(args.datapath, Datapath::Tap | Datapath::TapName) && args.vnet.vnet_hdr {
-        bail!("--vnet-hdr is for --datapath dgram or stream; a TAP fd always carries the header");
+    if matches!(
+        args.datapath,
+        Datapath::Tap | Datapath::TapName | Datapath::VhostUser
+    ) && args.vnet.vnet_hdr
+    {
+        bail!(
+            "--vnet-hdr is for --datapath dgram or stream; a TAP fd and vhost-user always carry the header"
+        );
+    }
+    // What QEMU needs for vhost-user, checked before anything is attached.
+    if args.datapath == Datapath::VhostUser && qemu::adds_nic(&args.command, args.datapath) {
+        qemu::shared_memory(&args.command).map_err(anyhow::Error::msg)?;
     }
     let header = args.vnet.header()?;
     // Blocked before any thread starts, so every thread leaves them to us.
@@ -120,10 +131,22 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     // with tap-name nothing (it opens the TAP by name; the daemon sent us
     // no fd of it, so that it is free for the VMM).
     let tap = || tap.expect("a TAP's fd for every datapath but tap-name");
+    let (mut vhost_user_socket, mut vhost_user_leftovers) = (None, None);
     let (vmm_fd, counters) = match args.datapath {
         Datapath::Tap => (Some(tap()), None),
         // The VMM opens it by name.
         Datapath::TapName => (None, None),
+        // The back-end listens before the VMM starts (QEMU connects to it
+        // at start and waits for its answers), on a socket in a directory
+        // of this user's: the VMM's only.
+        Datapath::VhostUser => {
+            let counters = Arc::new(Counters::default());
+            let relay = VhostUserRelay::new(tap(), Frontend::OneVmm, info.mtu, counters.clone())?;
+            vhost_user_socket = relay.vmm_socket();
+            vhost_user_leftovers = Some(relay.leftovers());
+            super::spawn_relay(move || Ok(relay.run()?));
+            (None, Some(counters))
+        }
         datapath => {
             let kind = if datapath == Datapath::Dgram {
                 SockType::Datagram
@@ -139,13 +162,14 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
             };
             let counters = Arc::new(Counters::default());
             let relay = Relay::new(tap(), endpoint, header, info.mtu, counters.clone())?;
-            super::spawn_relay(relay);
+            super::spawn_relay(move || relay.run());
             (Some(theirs), Some(counters))
         }
     };
 
     let fd = vmm_fd.as_ref().map(AsRawFd::as_raw_fd);
-    let mut command = build_command(&args.command, &info, fd, args.datapath);
+    let socket = vhost_user_socket.as_deref();
+    let mut command = build_command(&args.command, &info, fd, socket, args.datapath)?;
     // A TAP of a rootless daemon is in its network namespace, where a VMM
     // must be to open it by name.
     let namespaces = if args.datapath == Datapath::TapName && cli.place().rootless {
@@ -215,6 +239,11 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
         daemon_socket: lifeline.is_some() || args.wait_ip.is_some(),
         json_file: args.wait_ip.is_some() && args.json.is_some(),
         signals_to: Some(pid.as_raw()),
+        vhost_user: if args.datapath == Datapath::VhostUser {
+            super::seccomp::VhostUserNeeds::One
+        } else {
+            super::seccomp::VhostUserNeeds::None
+        },
         ..Default::default()
     };
     std::thread::spawn(move || match counters {
@@ -226,6 +255,7 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     super::seccomp::confine("linnet run", needs).context("cannot confine linnet run")?;
 
     let status = child.wait().context("waiting for the command")?;
+    drop(vhost_user_leftovers);
     // Exiting closes the connection, which detaches the interface.
     Ok(match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
@@ -275,15 +305,21 @@ fn publish(info: &InterfaceInfo, path: Option<&Path>) -> anyhow::Result<()> {
 }
 
 /// Replaces placeholders, sets LINNET_* and, for QEMU, adds the NIC. `fd`:
-/// none with tap-name (`{fd}` is then empty).
+/// none with tap-name and vhost-user (`{fd}` is then empty); `socket`:
+/// vhost-user's (`{socket}`).
 fn build_command(
     argv: &[String],
     info: &InterfaceInfo,
     fd: Option<RawFd>,
+    socket: Option<&Path>,
     datapath: Datapath,
-) -> Command {
+) -> anyhow::Result<Command> {
     let values = [
         ("{fd}", fd.map(|fd| fd.to_string()).unwrap_or_default()),
+        (
+            "{socket}",
+            socket.map(|s| s.display().to_string()).unwrap_or_default(),
+        ),
         ("{mac}", info.mac_address.to_string()),
         // Empty without an address linnet knows (no DHCP on the network).
         (
@@ -306,34 +342,15 @@ fn build_command(
             .fold(arg.to_string(), |a, (k, v)| a.replace(k, v))
     };
     let mut args: Vec<String> = argv[1..].iter().map(|a| substitute(a)).collect();
-    // The placeholder that says the command wires its own NIC.
-    let own_nic = if datapath == Datapath::TapName {
-        "{tap}"
-    } else {
-        "{fd}"
-    };
-    if is_qemu(&argv[0]) && !argv.iter().any(|a| a.contains(own_nic)) {
-        // QEMU reads IFF_VNET_HDR from the TAP itself (and refuses vnet_hdr= with fd=).
-        let fd = values[0].1.as_str();
-        let netdev = match datapath {
-            Datapath::Tap => format!("tap,id=lnet0,fd={fd}"),
-            Datapath::TapName => {
-                format!("tap,id=lnet0,ifname={},script=no,downscript=no", info.tap)
-            }
-            Datapath::Dgram => format!("dgram,id=lnet0,local.type=fd,local.str={fd}"),
-            Datapath::Stream => format!("stream,id=lnet0,server=off,addr.type=fd,addr.str={fd}"),
-        };
-        args.extend([
-            "-netdev".into(),
-            netdev,
-            "-device".into(),
-            format!("virtio-net-pci,netdev=lnet0,mac={}", info.mac_address),
-        ]);
+    if qemu::adds_nic(argv, datapath) {
+        let nic = qemu::nic_args(argv, info, &values[0].1, &values[1].1, datapath);
+        args.extend(nic.map_err(anyhow::Error::msg)?);
     }
     let mut cmd = Command::new(&argv[0]);
     cmd.args(args);
     for (key, (_, value)) in [
         "LINNET_FD",
+        "LINNET_SOCKET",
         "LINNET_MAC",
         "LINNET_IP",
         "LINNET_TAP",
@@ -347,14 +364,7 @@ fn build_command(
     {
         cmd.env(key, value);
     }
-    cmd
-}
-
-fn is_qemu(program: &str) -> bool {
-    Path::new(program)
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with("qemu-system-"))
+    Ok(cmd)
 }
 
 /// Passes on signals that someone sent to `linnet run`. Signals from the
@@ -470,8 +480,10 @@ mod tests {
             &["qemu-system-x86_64".into(), "-name".into(), "vm{fd}".into()],
             &info(),
             None,
+            None,
             Datapath::TapName,
-        );
+        )
+        .unwrap();
         assert_eq!(
             argv(&cmd),
             [
@@ -495,8 +507,10 @@ mod tests {
             ],
             &info(),
             Some(7),
+            None,
             Datapath::Tap,
-        );
+        )
+        .unwrap();
         assert_eq!(
             argv(&cmd),
             [
@@ -521,8 +535,10 @@ mod tests {
             ],
             &info(),
             Some(9),
+            None,
             Datapath::Tap,
-        );
+        )
+        .unwrap();
         assert_eq!(
             argv(&cmd),
             [
@@ -554,8 +570,10 @@ mod tests {
             ],
             &info(),
             Some(5),
+            None,
             Datapath::Tap,
-        );
+        )
+        .unwrap();
         assert_eq!(argv(&cmd), ["-netdev", "tap,id=n,fd=5"]);
     }
 }

@@ -39,6 +39,20 @@ pub struct Needs {
     pub json_file: bool,
     /// Passes signals on to its VMM, this process.
     pub signals_to: Option<libc::pid_t>,
+    /// Runs a vhost-user back-end (datapath/vhost_user/).
+    pub vhost_user: VhostUserNeeds,
+}
+
+/// What a vhost-user back-end needs besides relaying.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum VhostUserNeeds {
+    #[default]
+    None,
+    /// A back-end for one VMM connection, made before confining.
+    One,
+    /// A back-end for each connection to a socket at a path: each one
+    /// is reached through a unix stream socket of the relay's own.
+    EachConnection,
 }
 
 /// An allowed call: its name (for the docs' test), number and rules.
@@ -121,7 +135,21 @@ fn allow_list(needs: Needs) -> Result<BpfProgram, SeccompError> {
             .into_iter()
             .map(SeccompRule::new)
             .collect::<Result<Vec<_>, _>>()?;
-        rules.insert(call.number, rules_of_call);
+        // A call allowed twice (for two needs): either rule lets it
+        // through; one with no rule lets every call through.
+        match rules.entry(call.number) {
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert(rules_of_call);
+            }
+            std::collections::btree_map::Entry::Occupied(mut entry) => {
+                let known: &mut Vec<SeccompRule> = entry.get_mut();
+                if known.is_empty() || rules_of_call.is_empty() {
+                    known.clear();
+                } else {
+                    known.extend(rules_of_call);
+                }
+            }
+        }
     }
     let filter = SeccompFilter::new(rules, SeccompAction::Trap, SeccompAction::Allow, arch())?;
     Ok(filter.try_into()?)
@@ -220,6 +248,7 @@ mod sys {
         clock_nanosleep = SYS_clock_nanosleep, nanosleep = SYS_nanosleep,
         restart_syscall = SYS_restart_syscall, wait4 = SYS_wait4, exit = SYS_exit,
         exit_group = SYS_exit_group, socket = SYS_socket, connect = SYS_connect,
+        eventfd2 = SYS_eventfd2, shutdown = SYS_shutdown,
         unlinkat = SYS_unlinkat, openat = SYS_openat, renameat2 = SYS_renameat2,
         kill = SYS_kill,
     }
@@ -228,7 +257,7 @@ mod sys {
     #[cfg(target_arch = "x86_64")]
     numbers! {
         epoll_wait = SYS_epoll_wait, poll = SYS_poll, unlink = SYS_unlink,
-        rename = SYS_rename, renameat = SYS_renameat,
+        rename = SYS_rename, renameat = SYS_renameat, rmdir = SYS_rmdir,
     }
 }
 
@@ -360,6 +389,41 @@ fn allowed(needs: Needs) -> Result<Vec<Allowed>, seccompiler::BackendError> {
         #[cfg(target_arch = "x86_64")]
         calls.extend([call!(rename), call!(renameat)]);
     }
+    if needs.vhost_user != VhostUserNeeds::None {
+        // rust-vmm's back-end: its events, the descriptors it keeps a copy
+        // of, and the private directory of its socket, removed at the end.
+        calls.push(call!(eventfd2));
+        calls.push(call!(shutdown));
+        calls.push(call!(
+            fcntl,
+            vec![vec![eq(1, libc::F_DUPFD_CLOEXEC as u64)?]]
+        ));
+        if !needs.socket_file {
+            calls.push(call!(unlinkat));
+            #[cfg(target_arch = "x86_64")]
+            calls.push(call!(unlink));
+        }
+        #[cfg(target_arch = "x86_64")]
+        calls.push(call!(rmdir));
+    }
+    if needs.vhost_user == VhostUserNeeds::EachConnection {
+        // A unix stream socket to the back-end's own listener only.
+        calls.push(call!(
+            socket,
+            vec![vec![
+                eq(0, libc::AF_UNIX as u64)?,
+                SeccompCondition::new(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::MaskedEq(0xf),
+                    libc::SOCK_STREAM as u64,
+                )?,
+            ]]
+        ));
+        if !needs.daemon_socket {
+            calls.push(call!(connect));
+        }
+    }
     if let Some(child) = needs.signals_to {
         calls.push(call!(kill, vec![vec![eq(0, child as u64)?]]));
     }
@@ -424,12 +488,17 @@ mod tests {
             socket_file: true,
             json_file: true,
             signals_to: Some(42),
+            vhost_user: VhostUserNeeds::EachConnection,
         }
     }
 
     #[test]
     fn both_filters_compile_for_every_need() {
-        for needs in [Needs::default(), every_need()] {
+        let one_vhost_user = Needs {
+            vhost_user: VhostUserNeeds::One,
+            ..Needs::default()
+        };
+        for needs in [Needs::default(), one_vhost_user, every_need()] {
             assert!(!allow_list(needs).unwrap().is_empty());
         }
         assert!(!no_clone3().unwrap().is_empty());
@@ -447,6 +516,8 @@ mod tests {
             "openat",
             "renameat2",
             "kill",
+            "eventfd2",
+            "shutdown",
         ] {
             assert!(!bare.contains(&call), "{call} allowed with no need of it");
             assert!(names(every_need()).contains(&call), "{call} never allowed");

@@ -11,6 +11,7 @@ pub mod inet;
 pub mod port;
 pub mod relay;
 pub mod segment;
+pub mod vhost_user;
 pub mod vnet;
 
 use std::fmt;
@@ -34,6 +35,11 @@ pub enum Datapath {
     Dgram,
     /// A unix stream socket, 4-byte big-endian length before each frame (QEMU -netdev stream, passt, socket_vmnet).
     Stream,
+    /// vhost-user: the VMM shares the guest's memory and virtio-net rings
+    /// with linnet's back-end in the VM's relay (QEMU -netdev vhost-user).
+    #[serde(rename = "vhost-user")]
+    #[value(name = "vhost-user")]
+    VhostUser,
 }
 
 impl fmt::Display for Datapath {
@@ -43,6 +49,7 @@ impl fmt::Display for Datapath {
             Datapath::TapName => "tap-name",
             Datapath::Dgram => "dgram",
             Datapath::Stream => "stream",
+            Datapath::VhostUser => "vhost-user",
         })
     }
 }

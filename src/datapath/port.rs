@@ -137,20 +137,23 @@ pub(super) fn open(endpoint: Endpoint) -> Result<Port, SocketError> {
                 listener: None,
             }
         }
-        Endpoint::StreamPath(path) => {
-            let listener = bind(&path, SockType::Stream)?;
-            socket::listen(&listener, Backlog::new(8).expect("valid backlog")).map_err(|e| {
-                SocketError {
-                    what: path.display().to_string(),
-                    message: format!("cannot listen: {e}"),
-                }
-            })?;
-            Port::Stream {
-                conn: None,
-                listener: Some(prepare(listener)?),
-            }
-        }
+        Endpoint::StreamPath(path) => Port::Stream {
+            conn: None,
+            listener: Some(prepare(listen_at(&path)?.into())?),
+        },
     })
+}
+
+/// A unix stream socket listening at `path` (see `bind`).
+pub fn listen_at(path: &Path) -> Result<std::os::unix::net::UnixListener, SocketError> {
+    let listener = bind(path, SockType::Stream)?;
+    socket::listen(&listener, Backlog::new(8).expect("valid backlog")).map_err(|e| {
+        SocketError {
+            what: path.display().to_string(),
+            message: format!("cannot listen: {e}"),
+        }
+    })?;
+    Ok(listener.into())
 }
 
 /// A client socket: non-blocking, large buffers.

@@ -70,6 +70,8 @@ pub enum RelayError {
     Framing(FramingError),
     #[error("epoll: {0}")]
     Poll(io::Error),
+    #[error(transparent)]
+    VhostUser(#[from] super::vhost_user::VhostUserError),
 }
 
 /// Why the loop stops.

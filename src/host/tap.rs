@@ -12,7 +12,7 @@ use super::TUN_DEVICE;
 
 use linnet_tun::{IFF_NO_PI, IFF_TAP, IFF_TUN_EXCL, IFF_VNET_HDR, IfReq};
 /// The offloads a reader of a TAP may accept (`set_offload`).
-pub use linnet_tun::{OFFLOAD_CSUM, OFFLOAD_TSO4, OFFLOAD_TSO6};
+pub use linnet_tun::{OFFLOAD_CSUM, OFFLOAD_TSO_ECN, OFFLOAD_TSO4, OFFLOAD_TSO6};
 
 #[derive(Debug, Error)]
 pub enum TapError {

@@ -25,6 +25,7 @@ mod service;
 mod sockets;
 mod tap_name;
 mod tenant;
+mod vhost_user;
 
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -41,6 +41,8 @@ pub const OFFLOAD_CSUM: c_uint = 0x01;
 pub const OFFLOAD_TSO4: c_uint = 0x02;
 /// TCP segmentation over IPv6 may be left to the reader.
 pub const OFFLOAD_TSO6: c_uint = 0x04;
+/// TCP segments with ECN's congestion bit may be left to the reader too.
+pub const OFFLOAD_TSO_ECN: c_uint = 0x08;
 
 /// `struct ifreq` as TUNSETIFF reads it: a name and the flags.
 #[repr(C)]

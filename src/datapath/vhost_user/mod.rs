@@ -1,0 +1,284 @@
+//! The `vhost-user` datapath: the VMM shares the guest's memory and the
+//! virtio-net device's rings with a back-end in the VM's own relay process
+//! (`linnet run`, or `linnet-relay` under `linnet helper --vhost-user`),
+//! which moves frames between them and the interface's TAP (net.rs). No
+//! socket per frame: QEMU's fastest datapath for an unprivileged VMM.
+//!
+//! The protocol is rust-vmm's (`vhost`, `vhost-user-backend`). Each VMM
+//! connection gets a back-end of its own: it reaches it through
+//! early_enable.rs, which lets QEMU 7.2's early `SET_VRING_ENABLE` through,
+//! on a private socket the relay makes for that (rust-vmm's back-end takes
+//! a listener, not a connection). A VMM that goes leaves the relay
+//! listening, on a socket at a path, for it to connect again (QEMU's
+//! `reconnect=`); on a connection it was handed (`linnet run`), the relay
+//! ends.
+
+pub mod early_enable;
+pub mod net;
+
+use std::io;
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use thiserror::Error;
+use tracing::{info, warn};
+use vhost::vhost_user::{Error as ProtocolError, Listener};
+use vhost_user_backend::{Error as BackendError, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+
+use self::net::{Fault, Faults, Net, TAP_READABLE};
+use super::Counters;
+
+#[derive(Debug, Error)]
+pub enum VhostUserError {
+    #[error("cannot set up the vhost-user back-end: {0}")]
+    Setup(io::Error),
+    /// rust-vmm's error, as text (it may hold a thread's panic, which
+    /// cannot cross threads as an error).
+    #[error("the vhost-user back-end failed: {0}")]
+    Backend(String),
+    #[error("the VM's virtio-net device {0}; its relay stops")]
+    Guest(Fault),
+    #[error("the VMM's vhost-user socket failed: {0}")]
+    Frontend(io::Error),
+}
+
+/// Where the VMM (the vhost-user front-end) connects.
+pub enum Frontend {
+    /// A socket the relay makes in its private directory
+    /// (`VhostUserRelay::vmm_socket`), for one VMM of the same user
+    /// (`linnet run`'s): once it connects, the path goes, and the relay
+    /// ends with the connection. (QEMU takes a vhost-user chardev by
+    /// path only: on one given as a descriptor it cannot pass the guest's
+    /// memory.)
+    OneVmm,
+    /// A socket at a path it connects to, again after it restarts.
+    Listening(UnixListener),
+}
+
+/// A vhost-user-net back-end for one interface, serving its VMM.
+pub struct VhostUserRelay {
+    tap: Arc<OwnedFd>,
+    frontend: Option<Frontend>,
+    mtu: u32,
+    counters: Arc<Counters>,
+    inner: Inner,
+}
+
+impl VhostUserRelay {
+    /// Everything the relay needs but the VMM: after this, it only
+    /// accepts, connects to its own socket and maps the guest's memory.
+    pub fn new(
+        tap: OwnedFd,
+        frontend: Frontend,
+        mtu: u32,
+        counters: Arc<Counters>,
+    ) -> Result<VhostUserRelay, VhostUserError> {
+        super::port::set_nonblocking(tap.as_raw_fd()).map_err(VhostUserError::Setup)?;
+        let one_vmm = matches!(frontend, Frontend::OneVmm);
+        Ok(VhostUserRelay {
+            tap: Arc::new(tap),
+            frontend: Some(frontend),
+            mtu,
+            counters,
+            inner: Inner::new(one_vmm).map_err(VhostUserError::Setup)?,
+        })
+    }
+
+    /// The socket the VMM connects to, with `Frontend::OneVmm`.
+    pub fn vmm_socket(&self) -> Option<PathBuf> {
+        self.inner.vmm.as_ref().map(|_| self.inner.dir.vmm())
+    }
+
+    /// What removes the relay's private directory when dropped.
+    pub fn leftovers(&self) -> Leftovers {
+        Leftovers(self.inner.dir.clone())
+    }
+
+    /// Serves the VMM until its connection closes (`OneVmm`), or for good
+    /// (`Listening`): only a broken device or socket ends it then.
+    pub fn run(mut self) -> Result<(), VhostUserError> {
+        match self.frontend.take().expect("run once") {
+            Frontend::OneVmm => {
+                let listener = self.inner.vmm.take().expect("made with OneVmm");
+                let (vmm, _) = listener.accept().map_err(VhostUserError::Frontend)?;
+                // Connected both ways: nothing more to connect to.
+                self.inner.dir.remove();
+                drop(listener);
+                self.serve(vmm)
+            }
+            Frontend::Listening(listener) => loop {
+                let (vmm, _) = listener.accept().map_err(VhostUserError::Frontend)?;
+                info!("the VMM connected");
+                self.serve(vmm)?;
+                info!("the VMM closed its connection; waiting for it to connect again");
+            },
+        }
+    }
+
+    /// One VMM connection, on a back-end of its own.
+    fn serve(&mut self, vmm: UnixStream) -> Result<(), VhostUserError> {
+        let faults = Arc::new(Faults::default());
+        let net = Net::new(
+            self.tap.clone(),
+            self.mtu,
+            self.counters.clone(),
+            faults.clone(),
+        )
+        .map_err(VhostUserError::Setup)?;
+        let again = net.again_fd();
+        let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mut daemon =
+            VhostUserDaemon::new("vhost-user".into(), Arc::new(Mutex::new(net)), memory)
+                .map_err(|e| VhostUserError::Backend(e.to_string()))?;
+        let ours = self.inner.connect().map_err(VhostUserError::Setup)?;
+        daemon
+            .start(&mut self.inner.listener)
+            .map_err(|e| VhostUserError::Backend(e.to_string()))?;
+        let handler = &daemon.get_epoll_handlers()[0];
+        let tap_events = EventSet::IN | EventSet::EDGE_TRIGGERED;
+        handler
+            .register_listener(self.tap.as_raw_fd(), tap_events, TAP_READABLE.into())
+            .and_then(|()| handler.register_listener(again, EventSet::IN, Net::RX_AGAIN.into()))
+            .map_err(VhostUserError::Setup)?;
+        // A guest's fault ends the connection, which ends the back-end.
+        let stop = ours.try_clone().map_err(VhostUserError::Setup)?;
+        faults.on_fault(move || {
+            let _ = stop.shutdown(Shutdown::Both);
+        });
+        let forwarder = std::thread::Builder::new()
+            .name("vhost-user".into())
+            .spawn(move || {
+                let (a, b) = (vmm.try_clone(), ours.try_clone());
+                let result = early_enable::forward(vmm, ours);
+                for socket in [a, b].into_iter().flatten() {
+                    let _ = socket.shutdown(Shutdown::Both);
+                }
+                result
+            })
+            .map_err(VhostUserError::Setup)?;
+        let ended = daemon.wait();
+        for handler in daemon.get_epoll_handlers() {
+            handler.send_exit_event();
+        }
+        let forwarded = forwarder.join().unwrap_or_else(|_| {
+            Err(io::Error::other(
+                "the vhost-user forwarding thread panicked",
+            ))
+        });
+        if let Some(fault) = faults.first() {
+            return Err(VhostUserError::Guest(fault));
+        }
+        forwarded.map_err(VhostUserError::Frontend)?;
+        match ended {
+            Ok(())
+            | Err(BackendError::HandleRequest(
+                ProtocolError::Disconnected
+                | ProtocolError::PartialMessage
+                | ProtocolError::SocketBroken(_),
+            )) => Ok(()),
+            Err(e) => {
+                warn!("the vhost-user back-end stopped: {e}");
+                Err(VhostUserError::Backend(e.to_string()))
+            }
+        }
+    }
+}
+
+/// The relay's own socket to rust-vmm's back-end (and the VMM's, for one
+/// VMM): in a directory only its user may enter, so nobody else can
+/// connect first.
+struct Inner {
+    listener: Listener,
+    dir: Arc<PrivateDir>,
+    vmm: Option<UnixListener>,
+    /// The first connection to it, made in `new`: a relay that serves one
+    /// VMM connection makes no socket once set up.
+    first: Option<UnixStream>,
+}
+
+impl Inner {
+    fn new(one_vmm: bool) -> io::Result<Inner> {
+        let dir = Arc::new(PrivateDir::new(&std::env::temp_dir())?);
+        let listener = UnixListener::bind(dir.backend())?;
+        let first = UnixStream::connect(dir.backend())?;
+        let vmm = match one_vmm {
+            true => Some(UnixListener::bind(dir.vmm())?),
+            false => None,
+        };
+        Ok(Inner {
+            listener: Listener::from(listener),
+            dir,
+            vmm,
+            first: Some(first),
+        })
+    }
+
+    /// A connection to the back-end's socket, for `start` to accept.
+    fn connect(&mut self) -> io::Result<UnixStream> {
+        match self.first.take() {
+            Some(first) => Ok(first),
+            None => UnixStream::connect(self.dir.backend()),
+        }
+    }
+}
+
+/// The relay's private directory and the sockets in it.
+struct PrivateDir(PathBuf);
+
+impl PrivateDir {
+    /// A new directory in `parent` that only this user may enter (mkdtemp).
+    fn new(parent: &Path) -> io::Result<PrivateDir> {
+        use std::os::unix::ffi::OsStringExt;
+        let mut template = parent
+            .join("linnet-vhost-user-XXXXXX")
+            .into_os_string()
+            .into_vec();
+        template.push(0);
+        // SAFETY: a NUL-terminated template that mkdtemp fills in place.
+        let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+        if made.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        template.pop();
+        Ok(PrivateDir(PathBuf::from(std::ffi::OsString::from_vec(
+            template,
+        ))))
+    }
+
+    fn backend(&self) -> PathBuf {
+        self.0.join("backend")
+    }
+
+    fn vmm(&self) -> PathBuf {
+        self.0.join("vmm")
+    }
+
+    /// Removes the sockets and the directory (again: nothing).
+    fn remove(&self) {
+        let _ = std::fs::remove_file(self.backend());
+        let _ = std::fs::remove_file(self.vmm());
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// Removes a relay's private directory when dropped: held by the thread
+/// that outlives the relay's (a process ends without dropping what its
+/// other threads hold).
+pub struct Leftovers(Arc<PrivateDir>);
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        self.0.remove();
+    }
+}
