@@ -823,7 +823,10 @@ mod tests {
         line.extend(["--stream-fd".into(), "3".into()]);
         assert_eq!(
             RelayArgs::parse(line),
-            Err("give one of --fd, --socket, --stream-fd, --stream-socket".into())
+            Err(
+                "give one of --fd, --socket, --stream-fd, --stream-socket, --vhost-user-socket"
+                    .into()
+            )
         );
         assert_eq!(
             parse(&["--tap", "3", "--daemon", "4", "--mtu", "1500", "--fd", "5"]),
