@@ -586,10 +586,12 @@ impl World {
         let standin = standin.to_str().unwrap();
         let netns_path = ns.path();
         let mut args = match via {
-            Via::Tap | Via::RunDgram | Via::RunStream => {
+            Via::Tap | Via::RunDgram | Via::RunStream | Via::RunVhostUser => {
                 vec!["run", "--network", network, "--json", json_s]
             }
-            Via::HelperDgram | Via::HelperStream => vec!["helper", "--network", network],
+            Via::HelperDgram | Via::HelperStream | Via::HelperVhostUser => {
+                vec!["helper", "--network", network]
+            }
         };
         args.extend_from_slice(extra);
         match via {
@@ -610,13 +612,25 @@ impl World {
                 "--stream-fd",
                 "{fd}",
             ]),
+            Via::RunVhostUser => args.extend_from_slice(&[
+                "--datapath",
+                "vhost-user",
+                "--",
+                standin,
+                "--vhost-user",
+                "{socket}",
+            ]),
             Via::HelperDgram => args.extend_from_slice(&["--socket", socket]),
             Via::HelperStream => args.extend_from_slice(&["--stream-socket", socket]),
+            Via::HelperVhostUser => args.extend_from_slice(&["--vhost-user", socket]),
         }
-        if matches!(via, Via::Tap | Via::RunDgram | Via::RunStream) {
+        let helper = matches!(
+            via,
+            Via::HelperDgram | Via::HelperStream | Via::HelperVhostUser
+        );
+        if !helper {
             args.extend_from_slice(&["--netns", &netns_path]);
         }
-        let helper = matches!(via, Via::HelperDgram | Via::HelperStream);
         let stdout = if helper {
             Stdio::from(std::fs::File::create(&json).unwrap())
         } else {
@@ -640,10 +654,10 @@ impl World {
             serde_json::from_str(&text).ok().map(Ok)
         })?;
         if helper {
-            let flag = if via == Via::HelperDgram {
-                "--dgram-socket"
-            } else {
-                "--stream-socket"
+            let flag = match via {
+                Via::HelperDgram => "--dgram-socket",
+                Via::HelperStream => "--stream-socket",
+                _ => "--vhost-user",
             };
             let log = PathBuf::from(format!("{}.vmm", stderr.display()));
             let mut guest = Guest::on_socket(ns, flag, socket, info, &log);
@@ -667,6 +681,12 @@ pub enum Via {
     HelperDgram,
     /// `linnet helper --stream-socket PATH`; the stand-in connects.
     HelperStream,
+    /// `linnet run --datapath vhost-user`: the stand-in is the vhost-user
+    /// front-end of the back-end in `linnet run`, at `{socket}`.
+    RunVhostUser,
+    /// `linnet helper --vhost-user PATH`; the stand-in connects as the
+    /// front-end.
+    HelperVhostUser,
 }
 
 impl Drop for World {
@@ -709,7 +729,7 @@ impl Guest {
     }
 
     /// A guest in `ns` whose VMM is a stand-in connecting to a helper's
-    /// socket (`flag`: --dgram-socket or --stream-socket), with the MAC and
+    /// socket (`flag`: --dgram-socket, --stream-socket or --vhost-user), with the MAC and
     /// MTU of the helper's interface JSON `info`; its stderr goes to `log`.
     pub fn on_socket(ns: Netns, flag: &str, socket: &str, info: Value, log: &Path) -> Guest {
         let vmm = Command::new(standin_bin())

@@ -128,8 +128,20 @@ impl Tenant {
                 "run",
                 &["--datapath", "stream", "--", standin, "--stream-fd", "{fd}"],
             ),
+            Via::RunVhostUser => (
+                "run",
+                &[
+                    "--datapath",
+                    "vhost-user",
+                    "--",
+                    standin,
+                    "--vhost-user",
+                    "{socket}",
+                ],
+            ),
             Via::HelperDgram => ("helper", &["--socket", socket]),
             Via::HelperStream => ("helper", &["--stream-socket", socket]),
+            Via::HelperVhostUser => ("helper", &["--vhost-user", socket]),
         };
         let helper = command == "helper";
         let mut args = vec![command, "--network", network];
@@ -170,10 +182,10 @@ impl Tenant {
         })?;
         let mut vmm = None;
         if helper {
-            let flag = if via == Via::HelperDgram {
-                "--dgram-socket"
-            } else {
-                "--stream-socket"
+            let flag = match via {
+                Via::HelperDgram => "--dgram-socket",
+                Via::HelperStream => "--stream-socket",
+                _ => "--vhost-user",
             };
             let argv = [
                 standin,
@@ -439,6 +451,8 @@ fn rootless_guests_on_every_datapath_lease_and_reach_each_other() {
         Via::RunStream,
         Via::HelperDgram,
         Via::HelperStream,
+        Via::RunVhostUser,
+        Via::HelperVhostUser,
     ]
     .into_iter()
     .map(|via| user.guest_via(&world, "shared", via, &[]))

@@ -1,4 +1,4 @@
-//! Socket datapaths: `linnet run --datapath dgram|stream` and `linnet helper`,
+//! Socket datapaths: `linnet run --datapath dgram|stream|vhost-user` and `linnet helper`,
 //! with the stand-in speaking that datapath, and what the relay does with
 //! bad input and privileges.
 
@@ -15,11 +15,13 @@ use serde_json::Value;
 
 use crate::harness::*;
 
-const SOCKET_VIAS: [Via; 4] = [
+const SOCKET_VIAS: [Via; 6] = [
     Via::RunDgram,
     Via::RunStream,
     Via::HelperDgram,
     Via::HelperStream,
+    Via::RunVhostUser,
+    Via::HelperVhostUser,
 ];
 
 #[test]
@@ -32,6 +34,7 @@ fn socket_datapaths_get_dhcp_nat_dns_and_reach_a_tap_guest() {
         let g = world.guest_via("shared", via, &["--name", "sockvm"]);
         let expected = match via {
             Via::RunDgram | Via::HelperDgram => "dgram",
+            Via::RunVhostUser | Via::HelperVhostUser => "vhost-user",
             _ => "stream",
         };
         assert_eq!(g.info["datapath"], expected, "{via:?}");

@@ -22,6 +22,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::process::exit;
 use std::sync::Arc;
 
+mod vhost_user;
+
 use linnet_tun::{IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, OFFLOAD_CSUM, OFFLOAD_TSO4, OFFLOAD_TSO6};
 
 /// The virtio-net header a TAP carries unless told otherwise.
@@ -41,6 +43,11 @@ DATAPATH is one of:
   --stream-fd N         a unix stream socket with length-prefixed frames
   --dgram-socket PATH   bind PATH.client and exchange datagrams with the socket at PATH
   --stream-socket PATH  connect to the stream socket at PATH
+  --vhost-user PATH     be the vhost-user front-end (a guest's virtio-net driver,
+                        its memory a memfd) of the back-end listening at PATH
+  --hostile KIND        with --vhost-user: break the rules once running (outside,
+                        loop, direction: a tx buffer outside memory, looping, or
+                        device-writable; ring: rings outside memory)
   --netns PATH  the guest network namespace (e.g. /run/netns/guest1)
   --netns own:PIDFILE  as a user without root: make a user and network
                 namespace of our own for the guest, and write our pid to
@@ -59,6 +66,7 @@ enum Datapath {
     StreamFd(RawFd),
     DgramSocket(String),
     StreamSocket(String),
+    VhostUser(String),
 }
 
 struct Options {
@@ -70,6 +78,7 @@ struct Options {
     vnet_hdr: Option<usize>,
     /// Who opens the datapath, after the guest side is made.
     user: Option<(u32, u32)>,
+    hostile: Option<vhost_user::Hostile>,
 }
 
 fn main() {
@@ -92,6 +101,7 @@ fn parse_args() -> Result<Options, String> {
     let mut vnet_hdr = None;
     let mut netns = None;
     let mut user = None;
+    let mut hostile = None;
     let mut ifname = "eth0".to_string();
     let mut mac = std::env::var("LINNET_MAC").ok();
     let mut mtu = std::env::var("LINNET_MTU")
@@ -108,6 +118,8 @@ fn parse_args() -> Result<Options, String> {
             "--stream-fd" => datapath = Some(Datapath::StreamFd(number(value()?)? as RawFd)),
             "--dgram-socket" => datapath = Some(Datapath::DgramSocket(value()?)),
             "--stream-socket" => datapath = Some(Datapath::StreamSocket(value()?)),
+            "--vhost-user" => datapath = Some(Datapath::VhostUser(value()?)),
+            "--hostile" => hostile = Some(vhost_user::Hostile::parse(&value()?)?),
             "--vnet-hdr" => vnet_hdr = Some(number(value()?)?),
             "--netns" => netns = Some(value()?),
             "--ifname" => ifname = value()?,
@@ -139,6 +151,7 @@ fn parse_args() -> Result<Options, String> {
         mtu,
         vnet_hdr,
         user,
+        hostile,
     })
 }
 
@@ -200,10 +213,14 @@ fn open_link(datapath: &Datapath, vnet_hdr: Option<usize>) -> io::Result<Link> {
                 std::os::unix::net::UnixStream::connect(path).map_err(|e| with_context(e, path))?;
             link(sock.into(), LinkKind::Stream, header)
         }
+        Datapath::VhostUser(_) => unreachable!("run_vhost_user has its own way"),
     })
 }
 
 fn run(opts: Options) -> io::Result<()> {
+    if let Datapath::VhostUser(path) = &opts.datapath {
+        return run_vhost_user(path, &opts);
+    }
     if let Some(pid_file) = opts.netns.strip_prefix("own:") {
         let link = open_link(&opts.datapath, opts.vnet_hdr)?;
         own_namespaces()?;
@@ -255,6 +272,38 @@ fn relay(link: Link, guest: OwnedFd, guest_header: usize, opts: &Options) -> io:
     std::thread::spawn(move || to_guest(&l, &g, guest_header));
     from_guest(&guest, &link, guest_header);
     Ok(())
+}
+
+/// As a guest's virtio-net driver on the vhost-user back-end at `path`:
+/// the guest's TAP made in its namespace, then (as `--user`, if given) the
+/// device set up and bridged to it.
+fn run_vhost_user(path: &str, opts: &Options) -> io::Result<()> {
+    if let Some(pid_file) = opts.netns.strip_prefix("own:") {
+        // Connected first: making namespaces of our own needs a process
+        // with one thread, and the device starts none until it bridges.
+        let device = vhost_user::Device::connect(path, opts.hostile)?;
+        own_namespaces()?;
+        let (guest, _) = make_guest(opts, vhost_user::HEADER)?;
+        set_nonblocking(&guest);
+        std::fs::write(pid_file, format!("{}\n", std::process::id()))
+            .map_err(|e| with_context(e, pid_file))?;
+        return device.bridge(guest);
+    }
+    let ns = File::open(&opts.netns).map_err(|e| with_context(e, &opts.netns))?;
+    let home = File::open("/proc/self/ns/net")?;
+    enter(&ns, "the guest's namespace")?;
+    let (guest, _) = make_guest(opts, vhost_user::HEADER)?;
+    set_nonblocking(&guest);
+    enter(&home, "our own namespace")?;
+    if let Some((uid, gid)) = opts.user {
+        become_user(uid, gid)?;
+    }
+    let device = vhost_user::Device::connect(path, opts.hostile)?;
+    eprintln!(
+        "linnet-standin: vhost-user front-end of {path} <-> {} in {}",
+        opts.ifname, opts.netns
+    );
+    device.bridge(guest)
 }
 
 /// A user namespace (where we are root) and a network namespace of our
