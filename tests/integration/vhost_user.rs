@@ -2,7 +2,11 @@
 //! --datapath vhost-user` wires QEMU itself (shared memory, chardev,
 //! netdev, NIC); the back-end runs in the VM's relay as its user.
 
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
 
 use crate::harness::*;
 use crate::qemu::Vm;
@@ -44,5 +48,97 @@ fn a_qemu_guest_on_vhost_user_leases_and_reaches_the_gateway_upstream_and_a_tap_
         "{console}"
     );
     drop(tap_vm);
-    let _ = Command::new("true");
+}
+
+/// `linnet helper --vhost-user PATH` and a stand-in front-end that breaks
+/// the rules as `hostile` says, once it has a frame to send.
+fn hostile_front_end(world: &World, hostile: &str) -> (Reaped, Reaped, Netns, Value, PathBuf) {
+    let name = unique("hostile");
+    let socket = world.dir.path().join(format!("{name}.sock"));
+    let json = world.dir.path().join(format!("{name}.json"));
+    let log = world.dir.path().join(format!("{name}.log"));
+    let helper = Reaped(
+        world
+            .linnet(&["helper", "--vhost-user", socket.to_str().unwrap()])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&json).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let info: Value = wait_for("the helper's JSON", Duration::from_secs(15), || {
+        serde_json::from_str(&std::fs::read_to_string(&json).ok()?).ok()
+    });
+    let ns = Netns::new("hostile");
+    let standin = Reaped(
+        Command::new(standin_bin())
+            .args([
+                "--vhost-user",
+                socket.to_str().unwrap(),
+                "--hostile",
+                hostile,
+            ])
+            .args([
+                "--netns",
+                &ns.path(),
+                "--mac",
+                info["mac_address"].as_str().unwrap(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    (helper, standin, ns, info, log)
+}
+
+#[test]
+fn a_hostile_vhost_user_front_end_ends_only_its_own_relay() {
+    let mut world = World::new();
+    world.start_daemon();
+    // Another VM, on vhost-user too, that must not notice.
+    let bystander = world.guest_via("shared", Via::HelperVhostUser, &[]);
+    assert_eq!(bystander.udhcpc(), bystander.ip());
+    for (hostile, says) in [
+        ("outside", "outside the VM's memory"),
+        ("loop", "as long as the ring"),
+        ("direction", "may write"),
+        ("ring", "vhost-user back-end failed"),
+    ] {
+        let (mut helper, _standin, ns, info, log) = hostile_front_end(&world, hostile);
+        // Frames to send: the guest's own pings.
+        if hostile != "ring" {
+            wait_for("the guest's eth0", Duration::from_secs(10), || {
+                ns.links().contains(&"eth0".to_string()).then_some(())
+            });
+            let _ = run(&mut ns.cmd(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{}/24", info["ip_address"].as_str().unwrap()),
+                "dev",
+                "eth0",
+            ]));
+            let _ = run(&mut ns.cmd(&["busybox", "ping", "-c", "2", "-W", "1", "192.168.105.1"]));
+        }
+        let status = wait_for(
+            "the hostile VM's relay to end",
+            Duration::from_secs(15),
+            || helper.0.try_wait().unwrap(),
+        );
+        let said = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(status.code(), Some(125), "{hostile}: {said}");
+        assert!(said.contains(says), "{hostile}: the relay says why: {said}");
+        wait_for("its interface to go", Duration::from_secs(5), || {
+            let ls = must(&mut world.linnet(&["ls", "--json"]));
+            (!ls.contains(info["interface_id"].as_str().unwrap())).then_some(())
+        });
+        // The daemon and the other VM carry on.
+        assert!(
+            bystander.ping(&bystander.gateway()),
+            "{hostile}: the bystander"
+        );
+        must(&mut world.linnet(&["ls"]));
+    }
 }

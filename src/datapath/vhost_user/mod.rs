@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::info;
 use vhost::vhost_user::{Error as ProtocolError, Listener};
 use vhost_user_backend::{Error as BackendError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
@@ -173,19 +173,18 @@ impl VhostUserRelay {
         if let Some(fault) = faults.first() {
             return Err(VhostUserError::Guest(fault));
         }
-        forwarded.map_err(VhostUserError::Frontend)?;
+        // The back-end's own error says more than what the forwarder saw
+        // of it (a socket closed).
         match ended {
             Ok(())
             | Err(BackendError::HandleRequest(
                 ProtocolError::Disconnected
                 | ProtocolError::PartialMessage
                 | ProtocolError::SocketBroken(_),
-            )) => Ok(()),
-            Err(e) => {
-                warn!("the vhost-user back-end stopped: {e}");
-                Err(VhostUserError::Backend(e.to_string()))
-            }
+            )) => {}
+            Err(e) => return Err(VhostUserError::Backend(e.to_string())),
         }
+        forwarded.map_err(VhostUserError::Frontend)
     }
 }
 

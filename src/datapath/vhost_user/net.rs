@@ -96,6 +96,8 @@ pub enum Fault {
     },
     #[error("its {queue} queue has a frame in more than {MAX_PIECES} pieces")]
     TooManyPieces { queue: &'static str },
+    #[error("its {queue} queue has a chain of descriptors as long as the ring (a loop?)")]
+    ChainTooLong { queue: &'static str },
     #[error("its rx queue has a buffer of {0} bytes, too small for the virtio-net header")]
     ShortRxBuffer(usize),
     #[error("its {queue} queue is broken: {detail}")]
@@ -231,6 +233,7 @@ impl Net {
             queue: "tx",
             detail: e.to_string(),
         };
+        let ring_size = state.get_queue().size();
         let (mut frames, mut bytes, mut drops) = (0u64, 0u64, 0u64);
         loop {
             state.disable_notification().map_err(broken)?;
@@ -242,7 +245,12 @@ impl Net {
                     self.pieces.0.clear();
                     let head = chain.head_index();
                     let mut len = 0usize;
-                    for desc in chain {
+                    for (count, desc) in chain.enumerate() {
+                        // virtio-queue ends a chain at the ring's size; a
+                        // chain that long is a loop, or as bad.
+                        if count + 1 >= usize::from(ring_size) {
+                            return Err(Fault::ChainTooLong { queue: "tx" });
+                        }
                         if desc.is_write_only() {
                             return Err(Fault::WrongDirection {
                                 queue: "tx",
@@ -309,6 +317,7 @@ impl Net {
             queue: "rx",
             detail: e.to_string(),
         };
+        let ring_size = state.get_queue().size();
         let acked = self.acked;
         // Room for a frame: buffers for the largest (mergeable), or a chain.
         let room = |capacity: usize, chains: usize| {
@@ -336,7 +345,10 @@ impl Net {
                 let head = chain.head_index();
                 let before = self.pieces.0.len();
                 let mut chain_capacity = 0usize;
-                for desc in chain {
+                for (count, desc) in chain.enumerate() {
+                    if count + 1 >= usize::from(ring_size) {
+                        return Err(Fault::ChainTooLong { queue: "rx" });
+                    }
                     if !desc.is_write_only() {
                         return Err(Fault::WrongDirection {
                             queue: "rx",
