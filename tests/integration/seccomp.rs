@@ -74,6 +74,8 @@ fn every_relay_and_linnet_run_relay_under_seccomp() {
         Via::RunStream,
         Via::HelperDgram,
         Via::HelperStream,
+        Via::RunVhostUser,
+        Via::HelperVhostUser,
     ] {
         guests.push((format!("{via:?}"), world.guest_via("shared", via, &[])));
     }

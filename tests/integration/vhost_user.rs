@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::guard::{SPOOFS, ready, send_and_capture};
 use crate::harness::*;
 use crate::qemu::Vm;
 
@@ -141,4 +142,42 @@ fn a_hostile_vhost_user_front_end_ends_only_its_own_relay() {
         );
         must(&mut world.linnet(&["ls"]));
     }
+}
+
+#[test]
+fn a_vhost_user_guest_is_held_to_its_addresses_and_its_policy() {
+    let mut world = World::new();
+    world.start_daemon();
+    let attacker = world.guest_via("shared", Via::RunVhostUser, &[]);
+    assert_eq!(attacker.udhcpc(), attacker.ip());
+    assert_eq!(attacker.slaac_addresses(), vec![attacker.ipv6()]);
+    let victim = ready(&world, &[]);
+    // Anti-spoofing: only the honest frames cross, each spoof counted.
+    let mut kinds = vec!["honest"];
+    kinds.extend(SPOOFS);
+    let seen = send_and_capture(&attacker, &victim, &kinds);
+    assert_eq!(seen, vec!["LINNET-honest".to_string()]);
+    let ls: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap();
+    let listed = ls["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["interface_id"] == attacker.info["interface_id"])
+        .unwrap()
+        .clone();
+    assert_eq!(listed["spoofed_drops"], SPOOFS.len() as u64, "{listed}");
+
+    // A policy: the web server upstream, and nothing else.
+    let held = world.guest_via(
+        "shared",
+        Via::HelperVhostUser,
+        &["--allow-connect", &format!("{UPSTREAM_IP}:80/tcp")],
+    );
+    assert_eq!(held.udhcpc(), held.ip());
+    assert_eq!(
+        held.fetch(&format!("http://{UPSTREAM_IP}/")).as_deref().map(str::trim),
+        Some(UPSTREAM_PAGE)
+    );
+    assert!(attacker.ping(UPSTREAM_IP), "a ping reaches upstream unheld");
+    assert!(!held.ping(UPSTREAM_IP), "but not past the policy");
 }
