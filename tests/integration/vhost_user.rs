@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+const BOOT_TIMEOUT_SECS: Duration = Duration::from_secs(90);
+
 use serde_json::Value;
 
 use crate::guard::{SPOOFS, ready, send_and_capture};
@@ -36,8 +38,20 @@ fn a_qemu_guest_on_vhost_user_leases_and_reaches_the_gateway_upstream_and_a_tap_
     vm.wait_console("linnet-guest: lease");
     let ls = must(&mut world.linnet(&["ls", "--json"]));
     assert!(ls.contains("\"datapath\": \"vhost-user\""), "{ls}");
-    let ip = vm.ip();
+    // The back-end runs in `linnet run`, as the VM's user, with nothing
+    // more: no capability, confined.
+    let backend = vm.run.id();
+    assert_eq!(proc_status(backend, "Uid"), "65534 65534 65534 65534");
+    assert_eq!(proc_status(backend, "CapEff"), "0000000000000000");
+    assert_eq!(proc_status(backend, "Seccomp"), "2");
+    let (ip, interface) = (
+        vm.ip(),
+        vm.info["interface_id"].as_str().unwrap().to_string(),
+    );
     let console = vm.finish();
+    // QEMU's exit ended `linnet run`, and with it the interface.
+    let ls = must(&mut world.linnet(&["ls", "--json"]));
+    assert!(!ls.contains(&interface), "{ls}");
     assert!(
         console.contains(&format!("linnet-guest: lease ip={ip} ")),
         "the guest got the reported ip {ip}:\n{console}"
@@ -175,9 +189,102 @@ fn a_vhost_user_guest_is_held_to_its_addresses_and_its_policy() {
     );
     assert_eq!(held.udhcpc(), held.ip());
     assert_eq!(
-        held.fetch(&format!("http://{UPSTREAM_IP}/")).as_deref().map(str::trim),
+        held.fetch(&format!("http://{UPSTREAM_IP}/"))
+            .as_deref()
+            .map(str::trim),
         Some(UPSTREAM_PAGE)
     );
     assert!(attacker.ping(UPSTREAM_IP), "a ping reaches upstream unheld");
     assert!(!held.ping(UPSTREAM_IP), "but not past the policy");
+}
+
+#[test]
+fn qemu_started_on_its_own_reconnects_to_a_restarted_helper_and_its_guest_pings_on() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody] }\n");
+    world.start_daemon();
+    let dir = crate::qemu::vm_dir(&world);
+    let socket = dir.join("vm.vhost");
+    let socket_s = socket.to_str().unwrap().to_string();
+    let mac = "52:54:00:76:68:01";
+    // The same interface (and so its lease) for each helper: as a user
+    // restarts one, with the id from its JSON.
+    const INTERFACE: &str = "6b1c6b70-7668-4c4c-9c9c-000000000001";
+    let helper = |n: usize| {
+        let json = dir.join(format!("helper{n}.json"));
+        let log = world.dir.path().join(format!("helper{n}.log"));
+        let mut child = world
+            .linnet_wrapped(
+                AS_NOBODY,
+                &[
+                    "helper",
+                    "--interface-id",
+                    INTERFACE,
+                    "--mac",
+                    mac,
+                    "--vhost-user",
+                    &socket_s,
+                ],
+            )
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&json).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let info: Value = wait_for("the helper's JSON", Duration::from_secs(15), || {
+            if let Some(status) = child.try_wait().unwrap() {
+                let said = std::fs::read_to_string(&log).unwrap_or_default();
+                let ls = must(&mut world.linnet(&["ls", "--json"]));
+                panic!("helper {n} exited with {status}: {said}\n{ls}");
+            }
+            serde_json::from_str(&std::fs::read_to_string(&json).ok()?).ok()
+        });
+        (Reaped(child), info)
+    };
+    let (mut first, info) = helper(1);
+    assert_eq!(info["datapath"], "vhost-user");
+    let nic = [
+        "-object",
+        "memory-backend-memfd,id=mem,size=256M,share=on",
+        "-machine",
+        "memory-backend=mem",
+        "-chardev",
+        &format!("socket,id=vu,path={socket_s},reconnect=1"),
+        "-netdev",
+        "vhost-user,id=n0,chardev=vu",
+        "-device",
+        &format!("virtio-net-pci,netdev=n0,mac={mac},vectors=0"),
+    ];
+    // Pings the gateway twice a second, saying which answered.
+    let script = "i=0; while [ $i -lt 240 ]; do ping -c 1 -W 1 192.168.105.1 >/dev/null && echo PING-OK-$i; i=$((i+1)); sleep 0.5; done\n";
+    let mut vm = Vm::start_on_socket(&world, AS_NOBODY, &nic, mac, script);
+    vm.wait_console("PING-OK");
+    // The back-end (the helper's relay) is the user's, with nothing more.
+    let relay = first.0.id();
+    assert_eq!(proc_status(relay, "Uid"), "65534 65534 65534 65534");
+    assert_eq!(proc_status(relay, "CapEff"), "0000000000000000");
+
+    // The helper goes (its interface with it) and another takes its place
+    // on the same socket: QEMU connects again, the guest pings on.
+    terminate(&mut first.0);
+    wait_for(
+        "the first helper's interface to go",
+        Duration::from_secs(5),
+        || {
+            let ls = must(&mut world.linnet(&["ls", "--json"]));
+            (!ls.contains(info["interface_id"].as_str().unwrap())).then_some(())
+        },
+    );
+    let answered = |console: &str| console.matches("PING-OK").count();
+    let before = answered(&vm.console());
+    let (_second, again) = helper(2);
+    assert_eq!(
+        (&again["mac_address"], &again["ip_address"]),
+        (&info["mac_address"], &info["ip_address"])
+    );
+    wait_for("pings through the new helper", BOOT_TIMEOUT_SECS, || {
+        (answered(&vm.console()) >= before + 3).then_some(())
+    });
+    let _ = vm.run.kill();
+    let _ = vm.run.wait();
 }
