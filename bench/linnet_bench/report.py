@@ -6,7 +6,7 @@ from xml.sax.saxutils import escape
 from .throughput import UNSTABLE_SPREAD
 
 from .setups import (DIRECTIONS, GUEST_TXQUEUELEN, HOST_TO_VM, LAN_BRIDGE, LAN_BRIDGED, MIXED_BARE,
-                     MIXED_VNET, NETWORK_SOCKET, ROOTLESS, VM_TO_HOST, VM_TO_VM)
+                     MIXED_VNET, NETWORK_SOCKET, ROOTLESS, VHOST_USER, VM_TO_HOST, VM_TO_VM)
 from .soak import HOLD_S, LONG_LIVED
 
 LABEL = {VM_TO_HOST: "VM→host", HOST_TO_VM: "host→VM", VM_TO_VM: "VM→VM"}
@@ -71,6 +71,23 @@ def ratio_target(results, family, name, ours, theirs, mtu, direction, goal):
     return judge_pair(t, (ours, a or {}), (theirs, b or {}), goal)
 
 
+def cpu_ratio_target(results, family, name, ours, theirs, mtu, direction, limit):
+    """ours / theirs of linnet's own CPU seconds per GB moved (its relay,
+    or `linnet run`, and the daemon; medians), at most `limit`; None when
+    the run did not include both."""
+    t = {"family": family, "target": name, "kind": "cpu ratio", "ours": ours, "theirs": theirs,
+         "mtu": mtu, "direction": direction, "goal": f"<= {limit}x", "measured": None}
+    if not (runs_at(results, ours, mtu, direction) and runs_at(results, theirs, mtu, direction)):
+        return None
+    a, b = cell(results, ours, mtu, direction) or {}, cell(results, theirs, mtu, direction) or {}
+    x, y = a.get("net_cpu_s_per_gb"), b.get("net_cpu_s_per_gb")
+    if not (x and y):
+        return {**t, "status": "not measured", "detail": "not measured"}
+    measured = round(x / y, 2)
+    return {**t, "measured": measured, "detail": f"{x} / {y} CPU s per GB",
+            "status": "met" if measured <= limit else "missed"}
+
+
 def missing_peer_target(results, family, name, ours, peer, mtu, direction, goal):
     """A goal's peer that did not run at all: the target stays, not measured."""
     why = next((n["why"] for n in results["not_run"] if n["setup"] == peer and "mtu" not in n
@@ -133,6 +150,19 @@ def targets(results):
                 for peer in peers(results):
                     args = (results, "peers", f"{ours} vs {peer}", ours, peer, mtu, d, goals[mtu])
                     out.append(ratio_target(*args) or missing_peer_target(*args))
+    # vhost-user: frames in shared memory, no socket per frame. At MTU
+    # 1500, twice the stream datapath with the header and 0.8x the TAP
+    # datapath, three times passt's stream socket, for at most half the
+    # stream datapath's CPU (linnet's own processes) per GB.
+    for d in DIRECTIONS:
+        for theirs, goal in (("linnet stream + vnet", 2), ("linnet tap", 0.8),
+                             ("passt (stream)", 3)):
+            args = (results, "vhost-user", f"{VHOST_USER} vs {theirs}", VHOST_USER, theirs,
+                    1500, d, goal)
+            out.append(ratio_target(*args) or missing_peer_target(*args))
+        out.append(cpu_ratio_target(results, "vhost-user",
+                                    f"{VHOST_USER}'s CPU per GB vs linnet stream + vnet's",
+                                    VHOST_USER, "linnet stream + vnet", 1500, d, 0.5))
     # A network's socket relays each connection in a process of the
     # connecting user's: privilege separation must not cost speed.
     for mtu in MTUS:

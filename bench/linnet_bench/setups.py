@@ -14,6 +14,9 @@ from .host import children, debian_version, go_module_version, ip, link_exists, 
 VM_TO_HOST, HOST_TO_VM, VM_TO_VM = "vm_to_host", "host_to_vm", "vm_to_vm"
 DIRECTIONS = (VM_TO_HOST, HOST_TO_VM, VM_TO_VM)
 MIXED_VNET = "linnet dgram, mixed: the + vnet client"
+# The back-end in the VM's relay, the stand-in as its front-end (a guest's
+# virtio-net driver, its memory shared).
+VHOST_USER = "linnet vhost-user"
 MIXED_BARE = "linnet dgram, mixed: the bare client"
 NETWORK_SOCKET = "linnet network socket"
 LAN_BRIDGED = "linnet bridged (macvtap)"
@@ -163,7 +166,10 @@ class Linnet(Setup):
     for each). With `measured_joins_last`, the first guest, the one the
     measurements start from, attaches after the second."""
     group = "linnet"
-    STANDIN_FLAG = {"tap": "--fd", "dgram": "--dgram-fd", "stream": "--stream-fd"}
+    # How the stand-in takes what `linnet run` gives it: an fd, or (for
+    # vhost-user) the back-end's socket, the stand-in its front-end.
+    STANDIN_ARGS = {"tap": ["--fd", "{fd}"], "dgram": ["--dgram-fd", "{fd}"],
+                    "stream": ["--stream-fd", "{fd}"], "vhost-user": ["--vhost-user", "{socket}"]}
 
     def __init__(self, name, datapath, vnet_hdr=(False, False), anti_spoofing=True, policy=False,
                  mtus=(1500, 65520), why_no_jumbo="", measured_joins_last=False):
@@ -190,7 +196,7 @@ class Linnet(Setup):
         for i in order:
             ns, vnet_hdr = namespaces[i], self.vnet_hdr[i]
             out = env.fresh_path(f"{ns}.json")
-            standin = [self.STANDIN_FLAG[self.datapath], "{fd}", "--netns", f"/run/netns/{ns}"]
+            standin = self.STANDIN_ARGS[self.datapath] + ["--netns", f"/run/netns/{ns}"]
             if vnet_hdr:
                 standin += ["--vnet-hdr", "12"]
             args = [env.linnet.bin, "run", "--network", network, "--datapath", self.datapath,
@@ -629,6 +635,7 @@ def all_setups():
         NetworkSocket(NETWORK_SOCKET),
         Linnet("linnet dgram + vnet", "dgram", vnet_hdr=(True, True)),
         Linnet("linnet stream + vnet", "stream", vnet_hdr=(True, True)),
+        Linnet(VHOST_USER, "vhost-user"),
         # One network, a client with the virtio-net header and one without,
         # measured from each; the measured one joins a network that already
         # has the other kind.
