@@ -17,7 +17,7 @@ import sys
 from .report import (ANTI_SPOOFING, FABRIC, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM,
                      NAMES, OPERATIONS, SOAK, STATUS, cell, clone_rows, fabric_rows, names_rows,
                      operations_rows, soak_rows, target_counts)
-from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VM_TO_HOST, VM_TO_VM
+from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VHOST_USER, VM_TO_HOST, VM_TO_VM
 
 # The results' layout this module reads (bench/linnet_bench/__main__.py).
 FORMAT = 2
@@ -80,6 +80,29 @@ def vnet_hdr(results):
         ("dgram: with the header / without", "stream: with / without"),
         lambda mtu, d: [gain(results, f"linnet {dp} + vnet", f"linnet {dp}", mtu, d)
                         for dp in ("dgram", "stream")])
+
+
+def vhost_user(results):
+    """vhost-user against the TAP datapath, the stream datapath with the
+    header and passt's stream socket, in Gbit/s; then linnet's own CPU per
+    GB moved (its relay, or `linnet run`, and the daemon)."""
+    speeds = (VHOST_USER, "linnet tap", "linnet stream + vnet", "passt (stream)")
+    cpus = (VHOST_USER, "linnet stream + vnet")
+
+    def cells(mtu, d):
+        out = []
+        for setup in speeds:
+            c = cell(results, setup, mtu, d)
+            out.append(f"{c['gbps']:.1f}" if c and c.get("gbps") else "—")
+        for setup in cpus:
+            c = cell(results, setup, mtu, d)
+            cpu = c and c.get("net_cpu_s_per_gb")
+            out.append(f"{cpu:.2f}" if cpu is not None and c.get("gbps") else "—")
+        return out
+
+    return by_mtu_and_direction(
+        ("vhost-user", "tap", "stream + vnet", "passt (stream)",
+         "CPU s/GB: vhost-user", "stream + vnet"), cells)
 
 
 def network_socket(results):
@@ -176,7 +199,8 @@ def targets(results):
     return lines
 
 
-RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "targets": targets,
+RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "vhost-user": vhost_user,
+          "targets": targets,
           "network-socket": network_socket, "rootless": rootless, "clones": clones,
           "across-hosts": across_hosts, "egress-by-name": egress_by_name, "operations": operations,
           "soak": soak}

@@ -30,7 +30,9 @@ use crate::types::InterfaceId;
 CMD gets the datapath's file descriptor: the TAP (--datapath tap), or one end of a unix
 socketpair that linnet relays to the TAP (dgram, stream); with tap-name it gets none and
 opens the TAP by name ({tap}) as the attaching user, as Firecracker (host_dev_name),
-Cloud Hypervisor (--net tap=) and crosvm (--tap-name) do. On a rootless daemon, CMD
+Cloud Hypervisor (--net tap=) and crosvm (--tap-name) do. With vhost-user, linnet's
+vhost-user-net back-end listens at {socket} (in a directory only this user may enter)
+before CMD starts; CMD connects and shares the guest's memory. On a rootless daemon, CMD
 then runs in the daemon's user and network namespaces (where its TAPs are), without
 capabilities. For qemu-system-* (unless its
 arguments use {fd}, or {tap} with tap-name) linnet appends
@@ -38,18 +40,24 @@ arguments use {fd}, or {tap} with tap-name) linnet appends
   tap-name: -netdev tap,id=lnet0,ifname=TAP,script=no,downscript=no
   dgram:    -netdev dgram,id=lnet0,local.type=fd,local.str=FD
   stream:   -netdev stream,id=lnet0,server=off,addr.type=fd,addr.str=FD
-and -device virtio-net-pci,netdev=lnet0,mac=MAC.
+  vhost-user (unless its arguments use {socket}):
+            -object memory-backend-memfd,id=lnetmem,size=<-m>,share=on
+            -machine memory-backend=lnetmem -chardev socket,id=lnetchr,path=SOCKET
+            -netdev vhost-user,id=lnet0,chardev=lnetchr
+            (a command line that sets memory up itself is refused with what is needed)
+and -device virtio-net-pci,netdev=lnet0,mac=MAC (vhost-user without KVM: vectors=0).
 For any CMD these placeholders are replaced in its arguments:
-  {fd} {mac} {ip} {tap} {gateway} {network} {interface_id} {mtu}
+  {fd} {socket} {mac} {ip} {tap} {gateway} {network} {interface_id} {mtu}
 and these are set in its environment:
-  LINNET_FD LINNET_MAC LINNET_IP LINNET_TAP LINNET_GATEWAY LINNET_NETWORK LINNET_INTERFACE_ID
-  LINNET_MTU
+  LINNET_FD LINNET_SOCKET LINNET_MAC LINNET_IP LINNET_TAP LINNET_GATEWAY LINNET_NETWORK
+  LINNET_INTERFACE_ID LINNET_MTU
 
 Examples:
   linnet run -- qemu-system-x86_64 -m 512 -nographic -kernel vmlinuz -initrd initrd.img
   linnet run --network host --name db -- cloud-hypervisor --net fd={fd},mac={mac} ...
   linnet run --datapath tap-name -- cloud-hypervisor --net tap={tap},mac={mac} ...
   linnet run --datapath dgram --vnet-hdr -- krunkit ... --device virtio-net,type=unixgram,fd={fd},offloading=on
+  linnet run --datapath vhost-user -- qemu-system-x86_64 -m 1G -nographic ...
 
 As root through sudo (or with --user), linnet makes sure a daemon runs, then becomes the
 invoking user (SUDO_UID/SUDO_GID) before it attaches: the interface and its TAP are that
@@ -60,8 +68,9 @@ Exit status: CMD's, or 125 when linnet itself failed.")]
 pub struct RunArgs {
     #[command(flatten)]
     pub attach: AttachArgs,
-    /// How CMD gets frames: the TAP fd, or a unix socket (one frame per datagram, or
-    /// length-prefixed on a stream) that linnet relays.
+    /// How CMD gets frames: the TAP fd, a unix socket (one frame per datagram, or
+    /// length-prefixed on a stream) that linnet relays, or vhost-user (the guest's
+    /// memory shared with linnet's back-end).
     #[arg(long, value_enum, default_value_t = Datapath::Tap)]
     pub datapath: Datapath,
     // --vnet-hdr: dgram/stream only (a TAP fd always carries the header).

@@ -19,6 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+/// Ethernet header and one VLAN tag on top of the MTU.
+pub const FRAME_OVERHEAD: usize = 18;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Datapath {

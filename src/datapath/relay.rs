@@ -33,7 +33,7 @@ use super::framing::{self, Deframer, FramingError, LENGTH_BYTES};
 use super::port::{self, Endpoint, Peer, Port, SockAddr, SocketError};
 use super::segment::Splitter;
 use super::vnet::{self, ClientHeader};
-use super::{Counters, Datapath};
+use super::{Counters, Datapath, FRAME_OVERHEAD};
 
 /// The most frames moved per system call.
 const MAX_BATCH: usize = 64;
@@ -41,8 +41,6 @@ const MAX_BATCH: usize = 64;
 const BATCH_BYTES: usize = 1 << 20;
 /// Room in front of each frame: a virtio-net header and a stream length.
 const HEADROOM: usize = 16;
-/// Ethernet header and one VLAN tag on top of the MTU.
-pub const FRAME_OVERHEAD: usize = 18;
 /// The smallest frame: an Ethernet header.
 const MIN_FRAME: usize = 14;
 /// How long to wait before retrying a send the kernel refused for lack of

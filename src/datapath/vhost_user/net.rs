@@ -40,9 +40,8 @@ use vmm_sys_util::event::{
 };
 use vmm_sys_util::eventfd::{EFD_NONBLOCK, EventFd};
 
-use super::super::Counters;
-use super::super::relay::FRAME_OVERHEAD;
 use super::super::vnet::{self, GSO_MAX_FRAME, LEGACY_LEN, VIRTIO1_LEN};
+use super::super::{Counters, FRAME_OVERHEAD};
 use crate::host::tap;
 
 /// The rx and tx queues (one pair: linnet's TAPs have one queue).
