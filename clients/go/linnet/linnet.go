@@ -145,7 +145,7 @@ type AttachRequest struct {
 	InterfaceID string   `json:"interface_id,omitempty"`
 	MAC         string   `json:"mac,omitempty"`
 	Name        string   `json:"name,omitempty"`
-	Datapath    string   `json:"datapath,omitempty"` // tap (default), tap-name, dgram or stream
+	Datapath    string   `json:"datapath,omitempty"` // tap (default), tap-name, dgram, stream or vhost-user
 	Publish     []string `json:"publish,omitempty"`  // e.g. "8080:80/tcp"
 	// Keep keeps the interface after this connection closes (tap-name only),
 	// until a Detach by its owner or root (`linnet attach`).
@@ -310,7 +310,8 @@ type Interface struct {
 //     free for it);
 //   - "dgram" and "stream": the TAP too, which the caller relays to its
 //     VMM's unix socket itself (as `linnet helper` does), with the framing
-//     that datapath names;
+//     that datapath names; "vhost-user": the TAP, for the caller's own
+//     vhost-user back-end (`linnet helper --vhost-user` is linnet's);
 //   - on a network in mode "bridged": a macvtap's character device,
 //     used as a TAP fd.
 func (c *Client) Attach(ctx context.Context, req AttachRequest) (*Interface, *os.File, error) {
