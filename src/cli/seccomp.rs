@@ -194,6 +194,19 @@ fn one_of(
         .collect()
 }
 
+/// socket(2) for a unix socket of `kind` only (its flags aside).
+fn unix_socket(kind: libc::c_int) -> Result<Vec<Vec<SeccompCondition>>, seccompiler::BackendError> {
+    Ok(vec![vec![
+        eq(0, libc::AF_UNIX as u64)?,
+        SeccompCondition::new(
+            1,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::MaskedEq(0xf),
+            kind as u64,
+        )?,
+    ]])
+}
+
 /// An allowed call by its name, with the rules on its arguments.
 /// `SOL_SOCKET`'s options `names` (arguments 1 and 2 of set/getsockopt):
 /// a rule each.
@@ -364,18 +377,7 @@ fn allowed(needs: Needs) -> Result<Vec<Allowed>, seccompiler::BackendError> {
     calls.extend([call!(epoll_wait), call!(poll)]);
     if needs.daemon_socket {
         // A unix seqpacket socket (the daemon's API) only.
-        calls.push(call!(
-            socket,
-            vec![vec![
-                eq(0, libc::AF_UNIX as u64)?,
-                SeccompCondition::new(
-                    1,
-                    SeccompCmpArgLen::Dword,
-                    SeccompCmpOp::MaskedEq(0xf),
-                    libc::SOCK_SEQPACKET as u64,
-                )?,
-            ]]
-        ));
+        calls.push(call!(socket, unix_socket(libc::SOCK_SEQPACKET)?));
         calls.push(call!(connect));
     }
     if needs.socket_file {
@@ -408,18 +410,7 @@ fn allowed(needs: Needs) -> Result<Vec<Allowed>, seccompiler::BackendError> {
     }
     if needs.vhost_user == VhostUserNeeds::EachConnection {
         // A unix stream socket to the back-end's own listener only.
-        calls.push(call!(
-            socket,
-            vec![vec![
-                eq(0, libc::AF_UNIX as u64)?,
-                SeccompCondition::new(
-                    1,
-                    SeccompCmpArgLen::Dword,
-                    SeccompCmpOp::MaskedEq(0xf),
-                    libc::SOCK_STREAM as u64,
-                )?,
-            ]]
-        ));
+        calls.push(call!(socket, unix_socket(libc::SOCK_STREAM)?));
         if !needs.daemon_socket {
             calls.push(call!(connect));
         }

@@ -585,49 +585,14 @@ impl World {
         let standin = standin_bin();
         let standin = standin.to_str().unwrap();
         let netns_path = ns.path();
-        let mut args = match via {
-            Via::Tap | Via::RunDgram | Via::RunStream | Via::RunVhostUser => {
-                vec!["run", "--network", network, "--json", json_s]
-            }
-            Via::HelperDgram | Via::HelperStream | Via::HelperVhostUser => {
-                vec!["helper", "--network", network]
-            }
-        };
-        args.extend_from_slice(extra);
-        match via {
-            Via::Tap => args.extend_from_slice(&["--", standin, "--fd", "{fd}"]),
-            Via::RunDgram => args.extend_from_slice(&[
-                "--datapath",
-                "dgram",
-                "--",
-                standin,
-                "--dgram-fd",
-                "{fd}",
-            ]),
-            Via::RunStream => args.extend_from_slice(&[
-                "--datapath",
-                "stream",
-                "--",
-                standin,
-                "--stream-fd",
-                "{fd}",
-            ]),
-            Via::RunVhostUser => args.extend_from_slice(&[
-                "--datapath",
-                "vhost-user",
-                "--",
-                standin,
-                "--vhost-user",
-                "{socket}",
-            ]),
-            Via::HelperDgram => args.extend_from_slice(&["--socket", socket]),
-            Via::HelperStream => args.extend_from_slice(&["--stream-socket", socket]),
-            Via::HelperVhostUser => args.extend_from_slice(&["--vhost-user", socket]),
+        let (command, datapath) = via.linnet_args(standin, socket);
+        let mut args = vec![command, "--network", network];
+        if command == "run" {
+            args.extend_from_slice(&["--json", json_s]);
         }
-        let helper = matches!(
-            via,
-            Via::HelperDgram | Via::HelperStream | Via::HelperVhostUser
-        );
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&datapath);
+        let helper = command == "helper";
         if !helper {
             args.extend_from_slice(&["--netns", &netns_path]);
         }
@@ -654,13 +619,8 @@ impl World {
             serde_json::from_str(&text).ok().map(Ok)
         })?;
         if helper {
-            let flag = match via {
-                Via::HelperDgram => "--dgram-socket",
-                Via::HelperStream => "--stream-socket",
-                _ => "--vhost-user",
-            };
             let log = PathBuf::from(format!("{}.vmm", stderr.display()));
-            let mut guest = Guest::on_socket(ns, flag, socket, info, &log);
+            let mut guest = Guest::on_socket(ns, via.standin_flag(), socket, info, &log);
             guest.run = Some(run);
             return Ok(guest);
         }
@@ -687,6 +647,43 @@ pub enum Via {
     /// `linnet helper --vhost-user PATH`; the stand-in connects as the
     /// front-end.
     HelperVhostUser,
+}
+
+impl Via {
+    /// `linnet run` or `linnet helper`, and what follows the options for
+    /// this datapath: `run`'s with the stand-in's command line (`--netns`
+    /// to add), `helper`'s with the socket at `socket`.
+    pub fn linnet_args<'a>(
+        self,
+        standin: &'a str,
+        socket: &'a str,
+    ) -> (&'static str, Vec<&'a str>) {
+        let run = |datapath: &'a str, flag: &'a str, value: &'a str| {
+            (
+                "run",
+                vec!["--datapath", datapath, "--", standin, flag, value],
+            )
+        };
+        match self {
+            Via::Tap => run("tap", "--fd", "{fd}"),
+            Via::RunDgram => run("dgram", "--dgram-fd", "{fd}"),
+            Via::RunStream => run("stream", "--stream-fd", "{fd}"),
+            Via::RunVhostUser => run("vhost-user", "--vhost-user", "{socket}"),
+            Via::HelperDgram => ("helper", vec!["--socket", socket]),
+            Via::HelperStream => ("helper", vec!["--stream-socket", socket]),
+            Via::HelperVhostUser => ("helper", vec!["--vhost-user", socket]),
+        }
+    }
+
+    /// The stand-in's flag for a helper's socket.
+    pub fn standin_flag(self) -> &'static str {
+        match self {
+            Via::HelperDgram => "--dgram-socket",
+            Via::HelperStream => "--stream-socket",
+            Via::HelperVhostUser => "--vhost-user",
+            _ => panic!("{self:?} is not a helper's"),
+        }
+    }
 }
 
 impl Drop for World {

@@ -118,38 +118,14 @@ impl Tenant {
         let standin = standin.to_str().unwrap();
         let own = format!("own:{}", pid_file.display());
         let socket = socket.to_str().unwrap();
-        let (command, datapath): (&str, &[&str]) = match via {
-            Via::Tap => ("run", &["--", standin, "--fd", "{fd}"]),
-            Via::RunDgram => (
-                "run",
-                &["--datapath", "dgram", "--", standin, "--dgram-fd", "{fd}"],
-            ),
-            Via::RunStream => (
-                "run",
-                &["--datapath", "stream", "--", standin, "--stream-fd", "{fd}"],
-            ),
-            Via::RunVhostUser => (
-                "run",
-                &[
-                    "--datapath",
-                    "vhost-user",
-                    "--",
-                    standin,
-                    "--vhost-user",
-                    "{socket}",
-                ],
-            ),
-            Via::HelperDgram => ("helper", &["--socket", socket]),
-            Via::HelperStream => ("helper", &["--stream-socket", socket]),
-            Via::HelperVhostUser => ("helper", &["--vhost-user", socket]),
-        };
+        let (command, datapath) = via.linnet_args(standin, socket);
         let helper = command == "helper";
         let mut args = vec![command, "--network", network];
         if !helper {
             args.extend_from_slice(&["--json", json.to_str().unwrap()]);
         }
         args.extend_from_slice(extra);
-        args.extend_from_slice(datapath);
+        args.extend_from_slice(&datapath);
         if !helper {
             args.extend_from_slice(&["--netns", &own]);
         }
@@ -182,14 +158,9 @@ impl Tenant {
         })?;
         let mut vmm = None;
         if helper {
-            let flag = match via {
-                Via::HelperDgram => "--dgram-socket",
-                Via::HelperStream => "--stream-socket",
-                _ => "--vhost-user",
-            };
             let argv = [
                 standin,
-                flag,
+                via.standin_flag(),
                 socket,
                 "--netns",
                 &own,

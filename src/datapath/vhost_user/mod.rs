@@ -30,7 +30,7 @@ use vhost_user_backend::{Error as BackendError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
-use self::net::{Fault, Faults, Net, TAP_READABLE};
+use self::net::{Fault, Faults, Net, RX_AGAIN, TAP_READABLE};
 use super::Counters;
 
 #[derive(Debug, Error)]
@@ -143,7 +143,7 @@ impl VhostUserRelay {
         let tap_events = EventSet::IN | EventSet::EDGE_TRIGGERED;
         handler
             .register_listener(self.tap.as_raw_fd(), tap_events, TAP_READABLE.into())
-            .and_then(|()| handler.register_listener(again, EventSet::IN, Net::RX_AGAIN.into()))
+            .and_then(|()| handler.register_listener(again, EventSet::IN, RX_AGAIN.into()))
             .map_err(VhostUserError::Setup)?;
         // A guest's fault ends the connection, which ends the back-end.
         let stop = ours.try_clone().map_err(VhostUserError::Setup)?;

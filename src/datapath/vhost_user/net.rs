@@ -51,7 +51,7 @@ const QUEUES: usize = 2;
 /// Events of our own; the back-end keeps 0..=QUEUES for the queues and
 /// its exit.
 pub const TAP_READABLE: u16 = QUEUES as u16 + 1;
-const RX_AGAIN: u16 = QUEUES as u16 + 2;
+pub const RX_AGAIN: u16 = QUEUES as u16 + 2;
 /// Ring sizes up to QEMU's largest.
 const MAX_QUEUE_SIZE: usize = 1024;
 /// Frames taken from the TAP before the other queue gets its turn.
@@ -171,7 +171,6 @@ pub struct Net {
     faults: Arc<Faults>,
     mem: GuestMemoryAtomic<GuestMemoryMmap>,
     acked: Acked,
-    event_idx: bool,
     /// The TAP may have frames: set on its edge, cleared on EAGAIN.
     tap_readable: bool,
     again: EventFd,
@@ -201,7 +200,6 @@ impl Net {
                 mergeable: false,
                 max_rx: 0,
             },
-            event_idx: false,
             tap_readable: true,
             again: EventFd::new(EFD_NONBLOCK)?,
             exit: new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?,
@@ -218,8 +216,6 @@ impl Net {
     pub fn again_fd(&self) -> i32 {
         self.again.as_raw_fd()
     }
-
-    pub const RX_AGAIN: u16 = RX_AGAIN;
 
     /// Guest to TAP: every frame the guest has queued, one writev each.
     fn transmit(&mut self, vring: &VringRwLock) -> Result<(), Fault> {
@@ -329,7 +325,7 @@ impl Net {
         self.pieces.0.clear();
         self.taken.clear();
         let mut capacity = 0usize;
-        let (mut frames, mut bytes) = (0u64, 0u64);
+        let (mut frames, mut bytes, mut drops) = (0u64, 0u64, 0u64);
         state.disable_notification().map_err(broken)?;
         let outcome = loop {
             if frames as usize == RX_BUDGET {
@@ -368,9 +364,12 @@ impl Net {
                 });
                 capacity += chain_capacity;
             }
-            if !room(capacity, self.taken.len()) {
-                // No room for the largest frame: wait for the guest's kick,
-                // unless buffers came meanwhile.
+            // No room for the largest frame: wait for the guest's kick,
+            // unless buffers came meanwhile, or unless the whole ring is
+            // already taken (a ring too small for a 64 KiB frame: frames
+            // larger than it holds are dropped, below).
+            let whole_ring = self.taken.len() >= usize::from(ring_size);
+            if !room(capacity, self.taken.len()) && !whole_ring {
                 if state.enable_notification().map_err(broken)? {
                     state.disable_notification().map_err(broken)?;
                     continue;
@@ -384,6 +383,11 @@ impl Net {
                     break Ok(());
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // A frame larger than the buffers: the TAP drops it.
+                Err(e) if e.raw_os_error() == Some(libc::EFAULT) => {
+                    drops += 1;
+                    continue;
+                }
                 Err(e) => break Err(Fault::Tap(e.to_string())),
             };
             if n < acked.header_len {
@@ -417,6 +421,7 @@ impl Net {
         queue.set_next_avail(queue.next_avail().wrapping_sub(self.taken.len() as u16));
         self.taken.clear();
         self.counters.to_vm.add(frames, bytes);
+        self.counters.to_vm.drop_frames(drops);
         if frames > 0 && state.needs_notification().map_err(broken)? {
             state.signal_used_queue().map_err(|e| Fault::Queue {
                 queue: "rx",
@@ -565,8 +570,8 @@ impl VhostUserBackendMut for Net {
         Some((consumer.try_clone().ok()?, notifier.try_clone().ok()?))
     }
 
-    fn set_event_idx(&mut self, enabled: bool) {
-        self.event_idx = enabled;
+    fn set_event_idx(&mut self, _enabled: bool) {
+        // The rings keep it (virtio-queue's notification calls).
     }
 
     fn update_memory(&mut self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
@@ -604,3 +609,75 @@ impl VhostUserBackendMut for Net {
 
 // The header length constants must agree with what the TAP takes.
 const _: () = assert!(vnet::VIRTIO1_LEN == 12 && vnet::LEGACY_LEN == 10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces(bufs: &mut [Vec<u8>]) -> Vec<libc::iovec> {
+        bufs.iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn num_buffers_lands_in_the_header_however_the_buffers_split_it() {
+        for split in [
+            vec![12, 100],
+            vec![11, 1, 100],
+            vec![10, 2],
+            vec![4, 4, 2, 1, 1, 50],
+        ] {
+            let mut bufs: Vec<Vec<u8>> = split.iter().map(|&n| vec![0xee; n]).collect();
+            set_num_buffers(&pieces(&mut bufs), 0x0302);
+            let flat: Vec<u8> = bufs.concat();
+            assert_eq!(&flat[10..12], &[0x02, 0x03], "{split:?}");
+            assert!(flat[..10].iter().all(|&b| b == 0xee), "{split:?}");
+            assert!(flat[12..].iter().all(|&b| b == 0xee), "{split:?}");
+        }
+    }
+
+    #[test]
+    fn a_device_keeps_its_first_fault_and_ends_its_connection_at_once() {
+        let faults = Faults::default();
+        let stopped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = stopped.clone();
+        faults.on_fault(move || {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        faults.report(Fault::ShortRxBuffer(4));
+        faults.report(Fault::ChainTooLong { queue: "tx" });
+        assert_eq!(faults.first(), Some(Fault::ShortRxBuffer(4)));
+        assert_eq!(stopped.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(
+            Fault::OutsideMemory {
+                queue: "tx",
+                addr: 0x4000_0000,
+                len: 60
+            }
+            .to_string(),
+            "its tx queue has a buffer at guest address 0x40000000 of 60 bytes, outside the VM's memory"
+        );
+    }
+
+    #[test]
+    fn the_features_offered_are_what_the_device_does() {
+        for bit in [
+            VIRTIO_F_VERSION_1,
+            VIRTIO_NET_F_MRG_RXBUF,
+            VIRTIO_RING_F_EVENT_IDX,
+            VIRTIO_NET_F_GUEST_TSO4,
+            VIRTIO_NET_F_HOST_TSO4,
+        ] {
+            assert_ne!(FEATURES & (1 << bit), 0, "bit {bit}");
+        }
+        // Nothing the device does not do: no control queue, no multiqueue,
+        // no MTU or MAC of its own (QEMU keeps those), no packed rings.
+        for bit in [3u32, 5, 17, 22, 34] {
+            assert_eq!(FEATURES & (1 << bit), 0, "bit {bit}");
+        }
+    }
+}
