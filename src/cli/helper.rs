@@ -80,13 +80,26 @@ pub fn main(cli: &Cli, args: &HelperArgs) -> anyhow::Result<()> {
             None => unreachable!("clap requires one"),
         },
     };
+    serve(cli, &args.attach, socket, vmm_fd, header)
+}
+
+/// Attaches as `attach` says, then becomes `linnet-relay` serving the
+/// VMM on `socket` (`vmm_fd`: its inherited descriptor, if it is one).
+/// `linnet attach --vhost-user` runs this in a process of its own.
+pub fn serve(
+    cli: &Cli,
+    attach: &AttachArgs,
+    socket: VmmSocket,
+    vmm_fd: Option<std::os::fd::OwnedFd>,
+    header: crate::datapath::vnet::ClientHeader,
+) -> anyhow::Result<()> {
     let datapath = socket.datapath();
     let relay = relay_executable()?;
     // A daemon started here stays this process's child; the relay reaps it.
-    let (channel, _daemon) = cli.connect_as_user(args.attach.user.as_deref())?;
+    let (channel, _daemon) = cli.connect_as_user(attach.user.as_deref())?;
     // Root without sudo keeps its uid, not its capabilities.
     privileges::become_user(None)?;
-    let attached = super::attach(&channel, &args.attach, datapath, false)?;
+    let attached = super::attach(&channel, attach, datapath, false)?;
     let lifeline = cli.lifeline(&attached);
     let super::Attached { info, tap, .. } = attached;
     let tap = tap.expect("a TAP's fd for a socket datapath");

@@ -256,6 +256,10 @@ pub fn log_to_stderr(filter: Option<&str>, default: &str) {
         tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(io::stderr)
+            // A log nobody reads any more (a closed pipe) must not end
+            // the process: tracing would say so with eprintln!, which
+            // panics then.
+            .log_internal_errors(false)
             .event_format(JournalLine(
                 tracing_subscriber::fmt::format()
                     .without_time()
@@ -269,6 +273,7 @@ pub fn log_to_stderr(filter: Option<&str>, default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
+        .log_internal_errors(false)
         // Colours only for a person at a terminal, not in log files.
         .with_ansi(io::IsTerminal::is_terminal(&io::stderr()))
         .with_target(false)

@@ -307,6 +307,7 @@ pub fn main() -> ExitCode {
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
                 .with_writer(std::io::stderr)
+                .log_internal_errors(false)
                 .without_time()
                 .with_level(false)
                 .with_ansi(false)
@@ -757,6 +758,7 @@ mod tests {
             VmmSocket::DgramPath("/tmp/vm.sock".into()),
             VmmSocket::StreamFd(3),
             VmmSocket::StreamPath("/tmp/vm.sock".into()),
+            VmmSocket::VhostUserPath("/tmp/vm.vhost".into()),
         ] {
             let bare = RelayArgs {
                 socket,

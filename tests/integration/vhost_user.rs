@@ -288,3 +288,66 @@ fn qemu_started_on_its_own_reconnects_to_a_restarted_helper_and_its_guest_pings_
     let _ = vm.run.kill();
     let _ = vm.run.wait();
 }
+
+#[test]
+fn linnet_attach_vhost_user_serves_in_the_background_until_linnet_detach_stops_it() {
+    let mut world = World::new();
+    world.start_daemon();
+    let socket = world.dir.path().join("vu1.vhost");
+    let socket_s = socket.to_str().unwrap();
+    let out = run(&mut world.linnet(&["attach", "--name", "vu1", "--vhost-user", socket_s]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The command returned; its back-end serves on, a session of its own.
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["datapath"], "vhost-user");
+    let listed = |world: &World| -> Value {
+        let ls: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap();
+        ls["interfaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["interface_id"] == info["interface_id"])
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let backend = listed(&world)["client_pid"].as_i64().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{backend}/comm"))
+            .unwrap()
+            .trim(),
+        "linnet-relay"
+    );
+    assert_eq!(proc_status(backend, "Seccomp"), "2");
+    let log = world.dir.path().join("vu1.vmm");
+    let guest = Guest::on_socket(
+        Netns::new("guest"),
+        "--vhost-user",
+        socket_s,
+        info.clone(),
+        &log,
+    );
+    assert_eq!(guest.udhcpc(), guest.ip());
+    assert!(guest.ping(&guest.gateway()));
+
+    // Another user may not stop it; its own (root here) may.
+    let refused = run(&mut world.linnet_wrapped(AS_NOBODY, &["detach", "--name", "vu1"]));
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("another user's vhost-user back-end"),
+        "{said}"
+    );
+    assert!(guest.ping(&guest.gateway()), "still served");
+    must(&mut world.linnet(&["detach", "--name", "vu1"]));
+    assert_eq!(listed(&world), Value::Null, "detached");
+    // Gone, or a zombie nobody reaps in the sandbox (its parent exited).
+    wait_for("the back-end to exit", Duration::from_secs(5), || {
+        let status = std::fs::read_to_string(format!("/proc/{backend}/status")).unwrap_or_default();
+        (status.is_empty() || status.contains("State:\tZ")).then_some(())
+    });
+    assert!(!socket.exists(), "its socket removed");
+}

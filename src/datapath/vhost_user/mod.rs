@@ -8,10 +8,10 @@
 //! connection gets a back-end of its own: it reaches it through
 //! early_enable.rs, which lets QEMU 7.2's early `SET_VRING_ENABLE` through,
 //! on a private socket the relay makes for that (rust-vmm's back-end takes
-//! a listener, not a connection). A VMM that goes leaves the relay
-//! listening, on a socket at a path, for it to connect again (QEMU's
-//! `reconnect=`); on a connection it was handed (`linnet run`), the relay
-//! ends.
+//! a listener, not a connection). A VMM that goes leaves a relay at a
+//! user's path (`linnet helper`) listening for it to connect again (QEMU's
+//! `reconnect=`); `linnet run`'s relay serves its one VMM, on a socket in
+//! its private directory, and ends with it.
 
 pub mod early_enable;
 pub mod net;
