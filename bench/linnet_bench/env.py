@@ -27,7 +27,7 @@ NETWORKS_YAML = """\
 networks:
   shared:
     socket: true
-    subnet: 192.168.104.0/22
+    subnet: 10.90.0.0/22
   jumbo:
     mode: shared
     subnet: 192.168.120.0/24
