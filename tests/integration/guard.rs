@@ -86,15 +86,8 @@ pub(crate) fn send_and_capture(attacker: &Guest, victim: &Guest, kinds: &[&str])
     capture.finish()
 }
 
-fn spoofed_drops(world: &World, g: &Guest) -> Option<u64> {
-    let ls: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap();
-    let me = ls["interfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["interface_id"] == g.info["interface_id"])
-        .expect("listed");
-    me["spoofed_drops"].as_u64()
+pub(crate) fn spoofed_drops(world: &World, g: &Guest) -> Option<u64> {
+    world.listed_interface(&g.info["interface_id"])["spoofed_drops"].as_u64()
 }
 
 #[test]

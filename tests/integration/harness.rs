@@ -432,6 +432,19 @@ impl World {
     }
 
     /// `linnet ARGS` inside the host namespace, pointed at this world's dirs.
+    /// The interface `interface_id` (a JSON string) as `linnet ls --json`
+    /// lists it, or Null when it is not attached.
+    pub fn listed_interface(&self, interface_id: &Value) -> Value {
+        let ls: Value = serde_json::from_str(&must(&mut self.linnet(&["ls", "--json"]))).unwrap();
+        ls["interfaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| &i["interface_id"] == interface_id)
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
     pub fn linnet(&self, args: &[&str]) -> Command {
         let mut c = self.host.cmd(&[linnet_bin().to_str().unwrap()]);
         c.env("LINNET_RUN_DIR", self.run_dir())

@@ -10,7 +10,7 @@ const BOOT_TIMEOUT_SECS: Duration = Duration::from_secs(90);
 
 use serde_json::Value;
 
-use crate::guard::{SPOOFS, ready, send_and_capture};
+use crate::guard::{SPOOFS, ready, send_and_capture, spoofed_drops};
 use crate::harness::*;
 use crate::qemu::Vm;
 
@@ -36,22 +36,18 @@ fn a_qemu_guest_on_vhost_user_leases_and_reaches_the_gateway_upstream_and_a_tap_
     );
     assert_eq!(vm.info["datapath"], "vhost-user");
     vm.wait_console("linnet-guest: lease");
-    let ls = must(&mut world.linnet(&["ls", "--json"]));
-    assert!(ls.contains("\"datapath\": \"vhost-user\""), "{ls}");
+    let listed = world.listed_interface(&vm.info["interface_id"]);
+    assert_eq!(listed["datapath"], "vhost-user", "{listed}");
     // The back-end runs in `linnet run`, as the VM's user, with nothing
     // more: no capability, confined.
     let backend = vm.run.id();
     assert_eq!(proc_status(backend, "Uid"), "65534 65534 65534 65534");
     assert_eq!(proc_status(backend, "CapEff"), "0000000000000000");
     assert_eq!(proc_status(backend, "Seccomp"), "2");
-    let (ip, interface) = (
-        vm.ip(),
-        vm.info["interface_id"].as_str().unwrap().to_string(),
-    );
+    let (ip, interface) = (vm.ip(), vm.info["interface_id"].clone());
     let console = vm.finish();
     // QEMU's exit ended `linnet run`, and with it the interface.
-    let ls = must(&mut world.linnet(&["ls", "--json"]));
-    assert!(!ls.contains(&interface), "{ls}");
+    assert_eq!(world.listed_interface(&interface), Value::Null);
     assert!(
         console.contains(&format!("linnet-guest: lease ip={ip} ")),
         "the guest got the reported ip {ip}:\n{console}"
@@ -146,8 +142,10 @@ fn a_hostile_vhost_user_front_end_ends_only_its_own_relay() {
         assert_eq!(status.code(), Some(125), "{hostile}: {said}");
         assert!(said.contains(says), "{hostile}: the relay says why: {said}");
         wait_for("its interface to go", Duration::from_secs(5), || {
-            let ls = must(&mut world.linnet(&["ls", "--json"]));
-            (!ls.contains(info["interface_id"].as_str().unwrap())).then_some(())
+            world
+                .listed_interface(&info["interface_id"])
+                .is_null()
+                .then_some(())
         });
         // The daemon and the other VM carry on.
         assert!(
@@ -171,15 +169,7 @@ fn a_vhost_user_guest_is_held_to_its_addresses_and_its_policy() {
     kinds.extend(SPOOFS);
     let seen = send_and_capture(&attacker, &victim, &kinds);
     assert_eq!(seen, vec!["LINNET-honest".to_string()]);
-    let ls: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap();
-    let listed = ls["interfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["interface_id"] == attacker.info["interface_id"])
-        .unwrap()
-        .clone();
-    assert_eq!(listed["spoofed_drops"], SPOOFS.len() as u64, "{listed}");
+    assert_eq!(spoofed_drops(&world, &attacker), Some(SPOOFS.len() as u64));
 
     // A policy: the web server upstream, and nothing else.
     let held = world.guest_via(
@@ -271,8 +261,10 @@ fn qemu_started_on_its_own_reconnects_to_a_restarted_helper_and_its_guest_pings_
         "the first helper's interface to go",
         Duration::from_secs(5),
         || {
-            let ls = must(&mut world.linnet(&["ls", "--json"]));
-            (!ls.contains(info["interface_id"].as_str().unwrap())).then_some(())
+            world
+                .listed_interface(&info["interface_id"])
+                .is_null()
+                .then_some(())
         },
     );
     let answered = |console: &str| console.matches("PING-OK").count();
@@ -304,16 +296,7 @@ fn linnet_attach_vhost_user_serves_in_the_background_until_linnet_detach_stops_i
     // The command returned; its back-end serves on, a session of its own.
     let info: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(info["datapath"], "vhost-user");
-    let listed = |world: &World| -> Value {
-        let ls: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap();
-        ls["interfaces"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|i| i["interface_id"] == info["interface_id"])
-            .cloned()
-            .unwrap_or(Value::Null)
-    };
+    let listed = |world: &World| world.listed_interface(&info["interface_id"]);
     let backend = listed(&world)["client_pid"].as_i64().unwrap();
     assert_eq!(
         std::fs::read_to_string(format!("/proc/{backend}/comm"))

@@ -134,6 +134,14 @@ impl Faults {
     }
 }
 
+/// A queue's error (virtio-queue's: a ring it cannot read) as a fault.
+fn broken(queue: &'static str) -> impl Fn(virtio_queue::Error) -> Fault + Copy {
+    move |e| Fault::Queue {
+        queue,
+        detail: e.to_string(),
+    }
+}
+
 /// What the guest acked that changes how frames move.
 #[derive(Debug, Clone, Copy)]
 struct Acked {
@@ -224,10 +232,7 @@ impl Net {
         if !state.get_queue().ready() {
             return Ok(());
         }
-        let broken = |e: virtio_queue::Error| Fault::Queue {
-            queue: "tx",
-            detail: e.to_string(),
-        };
+        let broken = broken("tx");
         let ring_size = state.get_queue().size();
         let (mut frames, mut bytes, mut drops) = (0u64, 0u64, 0u64);
         loop {
@@ -308,10 +313,7 @@ impl Net {
         if !state.is_enabled() || !state.get_queue().ready() {
             return Ok(());
         }
-        let broken = |e: virtio_queue::Error| Fault::Queue {
-            queue: "rx",
-            detail: e.to_string(),
-        };
+        let broken = broken("rx");
         let ring_size = state.get_queue().size();
         let acked = self.acked;
         // Room for a frame: buffers for the largest (mergeable), or a chain.
@@ -410,9 +412,12 @@ impl Net {
             for &(head, len) in &self.used {
                 state.add_used(head, len).map_err(broken)?;
             }
-            self.taken.drain(..chains);
+            capacity -= self
+                .taken
+                .drain(..chains)
+                .map(|t| t.capacity)
+                .sum::<usize>();
             self.pieces.0.drain(..pieces);
-            capacity = self.taken.iter().map(|t| t.capacity).sum();
             frames += 1;
             bytes += (n - acked.header_len) as u64;
         };

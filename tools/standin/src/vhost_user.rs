@@ -252,6 +252,17 @@ impl Queue {
         idx != self.last_used
     }
 
+    /// Nothing used to take: publishes what was offered, then sleeps
+    /// until the device returns something (or a second passes).
+    fn wait_for_used(&mut self) -> io::Result<()> {
+        self.publish()?;
+        if !self.arm() {
+            wait(&[self.call.as_raw_fd()])?;
+            let _ = self.call.read();
+        }
+        Ok(())
+    }
+
     fn config(&self) -> VringConfigData {
         let va = |gpa: u64| self.mem.base as u64 + gpa;
         VringConfigData {
@@ -380,11 +391,7 @@ fn from_guest(mut tx: Queue, guest: &OwnedFd, hostile: Option<Hostile>) -> io::R
             free.push(id);
         }
         let Some(&id) = free.last() else {
-            tx.publish()?;
-            if !tx.arm() {
-                wait(&[tx.call.as_raw_fd()])?;
-                let _ = tx.call.read();
-            }
+            tx.wait_for_used()?;
             continue;
         };
         let buffer = tx.buffer(id);
@@ -431,11 +438,7 @@ fn to_guest(mut rx: Queue, guest: &OwnedFd) -> io::Result<()> {
     let mut ids: Vec<u16> = Vec::with_capacity(QUEUE_SIZE as usize);
     loop {
         let Some((id, len)) = rx.next_used() else {
-            rx.publish()?;
-            if !rx.arm() {
-                wait(&[rx.call.as_raw_fd()])?;
-                let _ = rx.call.read();
-            }
+            rx.wait_for_used()?;
             continue;
         };
         let first = rx.buffer(id);
