@@ -13,6 +13,13 @@
 //! says how many. Used buffers are returned, and the guest notified, once
 //! per batch (with event index, only when it asked to be).
 //!
+//! The worker sleeps in epoll once both queues are drained; it does not
+//! poll. A window of 50 µs polling the tx ring (yielding between looks)
+//! was measured and lost: on a machine whose cores the guest, the VMM and
+//! the traffic's ends already share, the poll takes the time the guest
+//! needed to queue more (host→VM 13.3 → 10.8 Gbit/s, VM→VM 9.7 → 7.2 at
+//! MTU 1500 in the benchmark).
+//!
 //! Everything is allocated in `Net::new`. A guest that breaks the rings'
 //! rules (a buffer outside its memory, the wrong direction, too many
 //! pieces) stops the device: `Fault` says what, and the relay ends with it.
@@ -32,7 +39,8 @@ use virtio_bindings::virtio_net::{
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{
-    GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
+    Address, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
+    GuestMemoryMmap, GuestMemoryRegion,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -446,6 +454,22 @@ impl Pieces {
         addr: GuestAddress,
         len: u32,
     ) -> Result<(), Fault> {
+        // Nearly every buffer lies in one region: its host address is the
+        // region's plus the offset. One that spans regions (or lies outside
+        // the memory) takes the general way, which says which.
+        if let Some((region, at)) = mem.to_region_addr(addr)
+            && at.raw_value() + u64::from(len) <= region.len()
+            && let Ok(host) = region.get_host_address(at)
+        {
+            if self.0.len() == MAX_PIECES {
+                return Err(Fault::TooManyPieces { queue });
+            }
+            self.0.push(libc::iovec {
+                iov_base: host.cast(),
+                iov_len: len as usize,
+            });
+            return Ok(());
+        }
         for slice in GuestMemoryBackend::get_slices(mem, addr, len as usize) {
             let slice = slice.map_err(|_| Fault::OutsideMemory {
                 queue,
@@ -642,6 +666,46 @@ mod tests {
             assert_eq!(&flat[10..12], &[0x02, 0x03], "{split:?}");
             assert!(flat[..10].iter().all(|&b| b == 0xee), "{split:?}");
             assert!(flat[12..].iter().all(|&b| b == 0xee), "{split:?}");
+        }
+    }
+
+    #[test]
+    fn guest_buffers_map_to_one_piece_per_region_and_never_past_memory() {
+        // Two regions side by side, as a VMM with a hole-less split gives.
+        let mem = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 0x1000),
+            (GuestAddress(0x1000), 0x1000),
+        ])
+        .unwrap();
+        let host = |addr: u64| mem.get_host_address(GuestAddress(addr)).unwrap() as usize;
+        let mut pieces = Pieces(Vec::new());
+        pieces.map(&mem, "tx", GuestAddress(0x100), 0x200).unwrap();
+        pieces.map(&mem, "tx", GuestAddress(0xf00), 0x200).unwrap();
+        pieces.map(&mem, "tx", GuestAddress(0x1e00), 0x200).unwrap();
+        let got: Vec<(usize, usize)> = pieces
+            .0
+            .iter()
+            .map(|p| (p.iov_base as usize, p.iov_len))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (host(0x100), 0x200),
+                (host(0xf00), 0x100),
+                (host(0x1000), 0x100),
+                (host(0x1e00), 0x200),
+            ]
+        );
+        for (addr, len) in [(0x1f00, 0x101), (0x2000, 1), (u64::MAX - 4, 0x10)] {
+            assert_eq!(
+                pieces.map(&mem, "rx", GuestAddress(addr), len),
+                Err(Fault::OutsideMemory {
+                    queue: "rx",
+                    addr,
+                    len
+                }),
+                "{addr:#x}+{len:#x}"
+            );
         }
     }
 

@@ -469,6 +469,11 @@ fn to_guest(mut rx: Queue, guest: &OwnedFd) -> io::Result<()> {
         for &id in &ids {
             rx.offer(id);
         }
+        // Refilled buffers go back in batches, as a guest's driver refills
+        // after each poll, not only once the ring runs dry.
+        if rx.avail_idx.wrapping_sub(rx.kicked_idx) >= 32 {
+            rx.publish()?;
+        }
     }
 }
 
