@@ -636,7 +636,8 @@ def target_counts(results):
 def measured_cell(t):
     if t["measured"] is None:
         return "—" if t["status"] != "unstable" else t["detail"]
-    return f"{t['measured']}x ({t['detail']})" if t["kind"] == "ratio" else t["detail"]
+    ratio = t["kind"] in ("ratio", "cpu ratio")
+    return f"{t['measured']}x ({t['detail']})" if ratio else t["detail"]
 
 
 def target_table(results, family):
@@ -824,6 +825,11 @@ def markdown(results):
               "The same framing; each connection relayed by a process of the connecting user's "
               "that the daemon starts.", ""]
     lines += target_table(results, "network socket")
+    lines += ["", "### vhost-user against the TAP, the stream datapath and passt", "",
+              "The guest's frames in shared memory, moved to the TAP by linnet's back-end in the "
+              "VM's relay (docs/vmms.md), through the stand-in front-end; CPU per GB is linnet's "
+              "own processes'.", ""]
+    lines += target_table(results, "vhost-user")
     lines += ["", "### Networks on a LAN: macvtap against TAP + bridge", "",
               "`mode: bridged` (a macvtap per guest on the uplink) and `mode: bridge` (TAPs on a "
               "bridge linnet does not own), each to a LAN peer at the far end of a veth and guest "

@@ -115,6 +115,23 @@ class Targets(unittest.TestCase):
                          "not measured")
 
 
+class Markdown(unittest.TestCase):
+    def test_every_target_but_the_peer_matrix_has_a_row(self):
+        # The peers' ratios are a matrix (a column per peer); every other
+        # family's targets are listed by name.
+        r = results(entry("linnet vhost-user", 1500, "linnet", vm_to_host=rounds(11, 11, 11)),
+                    entry("linnet tap", 1500, "linnet", vm_to_host=rounds(12, 12, 12)),
+                    entry("tap relay (no linnet)", 1500, "baseline", vm_to_host=rounds(12, 12, 12)),
+                    entry("linnet stream + vnet", 1500, "linnet", vm_to_host=rounds(10, 10, 10)))
+        r["machine"].update(cores=2, cpu="a CPU", kernel="6.1", tools={"iperf3": "3.12"})
+        text = report.markdown(r)
+        families = {t["family"] for t in r["targets"]}
+        self.assertIn("vhost-user", families)
+        for t in r["targets"]:
+            if t["family"] != "peers":
+                self.assertIn(f"| {t['target']} |", text, t["family"])
+
+
 class Clones(unittest.TestCase):
     def figures(self, clone_growth, interface_growth):
         lot = lambda p50, growth: {"attach_ms": {"p50": p50, "p99": p50 * 2},
