@@ -15,7 +15,7 @@ import statistics
 import sys
 
 from .report import (ANTI_SPOOFING, FABRIC, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM,
-                     NAMES, OPERATIONS, SOAK, STATUS, cell, clone_rows, fabric_rows, names_rows,
+                     NAMES, OPERATIONS, SOAK, STATUS, cell, clone_rows, fabric_rows, is_ratio, names_rows,
                      operations_rows, soak_rows, target_counts)
 from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VHOST_USER, VM_TO_HOST, VM_TO_VM
 
@@ -194,7 +194,7 @@ def targets(results):
         if t["status"] == "missed":
             where = f" at MTU {t['mtu']}" if t.get("mtu") else ""
             where += f", {LABEL[t['direction']]}" if t.get("direction") else ""
-            measured = f"{t['measured']}x" if t["kind"] == "ratio" else t["detail"]
+            measured = f"{t['measured']}x" if is_ratio(t) else t["detail"]
             lines.append(f"- {t['target']}{where}: {measured} (goal {t['goal']})")
     return lines
 

@@ -633,11 +633,15 @@ def target_counts(results):
          "of the goal)" if noise else "")
 
 
+def is_ratio(t):
+    """Whether a target's measure is ours over theirs (throughput or CPU)."""
+    return t["kind"] in ("ratio", "cpu ratio")
+
+
 def measured_cell(t):
     if t["measured"] is None:
         return "—" if t["status"] != "unstable" else t["detail"]
-    ratio = t["kind"] in ("ratio", "cpu ratio")
-    return f"{t['measured']}x ({t['detail']})" if ratio else t["detail"]
+    return f"{t['measured']}x ({t['detail']})" if is_ratio(t) else t["detail"]
 
 
 def target_table(results, family):
