@@ -15,7 +15,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use super::{AttachArgs, Cli};
-use crate::api::{Request, Response};
+use crate::api::{InterfaceStatus, Request, Response};
 use crate::datapath::Datapath;
 use crate::types::InterfaceId;
 
@@ -163,9 +163,7 @@ fn vhost_user_relay(
     channel: &crate::api::Channel,
     interface_id: InterfaceId,
 ) -> anyhow::Result<Option<i32>> {
-    let Response::Listing { interfaces, .. } = channel.call(&Request::List)?.0 else {
-        bail!("the daemon did not list its interfaces");
-    };
+    let interfaces = interfaces(channel)?;
     Ok(interfaces
         .iter()
         .find(|i| i.interface_id == interface_id && i.datapath == Datapath::VhostUser)
@@ -192,10 +190,10 @@ fn stop_relay(
     })?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let Response::Listing { interfaces, .. } = channel.call(&Request::List)?.0 else {
-            bail!("the daemon did not list its interfaces");
-        };
-        if !interfaces.iter().any(|i| i.interface_id == interface_id) {
+        if !interfaces(channel)?
+            .iter()
+            .any(|i| i.interface_id == interface_id)
+        {
             return Ok(());
         }
         if std::time::Instant::now() > deadline {
@@ -207,11 +205,17 @@ fn stop_relay(
     }
 }
 
-/// The id of the interface named `name` on `network`.
-fn find(channel: &crate::api::Channel, network: &str, name: &str) -> anyhow::Result<InterfaceId> {
+/// The daemon's interfaces, as `linnet ls` lists them.
+fn interfaces(channel: &crate::api::Channel) -> anyhow::Result<Vec<InterfaceStatus>> {
     let Response::Listing { interfaces, .. } = channel.call(&Request::List)?.0 else {
         bail!("the daemon did not list its interfaces");
     };
+    Ok(interfaces)
+}
+
+/// The id of the interface named `name` on `network`.
+fn find(channel: &crate::api::Channel, network: &str, name: &str) -> anyhow::Result<InterfaceId> {
+    let interfaces = interfaces(channel)?;
     interfaces
         .iter()
         .find(|i| {

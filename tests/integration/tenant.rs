@@ -36,17 +36,6 @@ fn vmm_setting_its_tap_mac(world: &World, mac: &str) -> (Reaped, Value) {
     (child, info)
 }
 
-fn listed(world: &World, id: &Value) -> Value {
-    let ls: Value = serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).unwrap();
-    ls["interfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| &i["interface_id"] == id)
-        .cloned()
-        .expect("listed")
-}
-
 #[test]
 fn a_vmm_that_changes_its_taps_mac_is_cut_off_and_harms_no_one() {
     let mut world = World::new();
@@ -77,7 +66,7 @@ fn a_vmm_that_changes_its_taps_mac_is_cut_off_and_harms_no_one() {
     for info in [&thief, &lowest] {
         let tap = info["tap"].as_str().unwrap().to_string();
         let why = wait_for("the TAP to be cut off", Duration::from_secs(5), || {
-            listed(&world, &info["interface_id"])["cut_off"]
+            world.listed_interface(&info["interface_id"])["cut_off"]
                 .as_str()
                 .map(String::from)
         });
@@ -346,7 +335,10 @@ fn under_sudo_the_vmm_the_relay_and_the_daemons_view_are_the_invoking_users() {
         .stderr(Stdio::null());
     let (helper, line) = spawn_until_first_line(helper);
     let info: Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(listed(&world, &info["interface_id"])["client_uid"], 65534);
+    assert_eq!(
+        world.listed_interface(&info["interface_id"])["client_uid"],
+        65534
+    );
     let status = std::fs::read_to_string(format!("/proc/{}/status", helper.id())).unwrap();
     assert_eq!(identity(&status), NOBODY_NO_CAPS, "the helper");
     let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&socket).unwrap());

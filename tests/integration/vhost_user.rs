@@ -298,6 +298,8 @@ fn linnet_attach_vhost_user_serves_in_the_background_until_linnet_detach_stops_i
     assert_eq!(info["datapath"], "vhost-user");
     let listed = |world: &World| world.listed_interface(&info["interface_id"]);
     let backend = listed(&world)["client_pid"].as_i64().unwrap();
+    // Stopped however the test ends: it is nobody's child here.
+    let _stop = StopOnDrop(backend);
     assert_eq!(
         std::fs::read_to_string(format!("/proc/{backend}/comm"))
             .unwrap()
@@ -333,4 +335,16 @@ fn linnet_attach_vhost_user_serves_in_the_background_until_linnet_detach_stops_i
         (status.is_empty() || status.contains("State:\tZ")).then_some(())
     });
     assert!(!socket.exists(), "its socket removed");
+}
+
+/// Kills a process this test started but does not own as a child.
+struct StopOnDrop(i64);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &self.0.to_string()])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
 }
