@@ -417,10 +417,13 @@ fn from_guest(mut tx: Queue, guest: &OwnedFd, hostile: Option<Hostile>) -> io::R
             Some(Hostile::Direction) => mem.write_desc(at, buffer, n as u32, DESC_WRITE, 0),
             _ => mem.write_desc(at, buffer, n as u32, 0, 0),
         }
+        // Each frame is published as it is queued, as Linux's driver does
+        // (the kick is still only when the device asked, by event index).
+        // Holding 32 frames back (2 MiB of TSO frames) left the device
+        // idle meanwhile: VM→VM at MTU 1500 went from 0.76-0.79x the TAP
+        // datapath to 0.80-0.84x, two narrowed runs of each, alternated.
         tx.offer(id);
-        if tx.avail_idx.wrapping_sub(tx.kicked_idx) >= 32 {
-            tx.publish()?;
-        }
+        tx.publish()?;
     }
 }
 
