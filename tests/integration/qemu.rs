@@ -30,7 +30,7 @@ fn accel_args() -> &'static [&'static str] {
     })
 }
 
-fn guest_file(name: &str) -> String {
+pub(crate) fn guest_file(name: &str) -> String {
     let path = linnet_bin()
         .parent()
         .unwrap()
@@ -69,8 +69,7 @@ pub(crate) fn qemu_command(name: &str, script: &str) -> Vec<String> {
 /// As `qemu_command`, with more of the guest's kernel command line (e.g.
 /// `linnet.nodhcp`: the script configures the NIC).
 pub(crate) fn qemu_command_with(name: &str, script: &str, cmdline: &str) -> Vec<String> {
-    let script = base64::engine::general_purpose::STANDARD.encode(script);
-    let append = format!("console=ttyS0 quiet linnet.script={script} {cmdline}");
+    let append = guest_cmdline(script, cmdline);
     let mut args = vec!["qemu-system-x86_64".to_string()];
     args.extend(accel_args().iter().map(|a| a.to_string()));
     args.extend(
@@ -91,6 +90,13 @@ pub(crate) fn qemu_command_with(name: &str, script: &str, cmdline: &str) -> Vec<
         .map(String::from),
     );
     args
+}
+
+/// The test guest's kernel command line: its console on the first serial
+/// port, `script` to run after DHCP, and `more`.
+pub(crate) fn guest_cmdline(script: &str, more: &str) -> String {
+    let script = base64::engine::general_purpose::STANDARD.encode(script);
+    format!("console=ttyS0 quiet linnet.script={script} {more}")
 }
 
 /// A VM started with `linnet run -- qemu-system-x86_64 …`, running `script`

@@ -200,37 +200,8 @@ fn qemu_started_on_its_own_reconnects_to_a_restarted_helper_and_its_guest_pings_
     // The same interface (and so its lease) for each helper: as a user
     // restarts one, with the id from its JSON.
     const INTERFACE: &str = "6b1c6b70-7668-4c4c-9c9c-000000000001";
-    let helper = |n: usize| {
-        let json = dir.join(format!("helper{n}.json"));
-        let log = world.dir.path().join(format!("helper{n}.log"));
-        let mut child = world
-            .linnet_wrapped(
-                AS_NOBODY,
-                &[
-                    "helper",
-                    "--interface-id",
-                    INTERFACE,
-                    "--mac",
-                    mac,
-                    "--vhost-user",
-                    &socket_s,
-                ],
-            )
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&json).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let info: Value = wait_for("the helper's JSON", Duration::from_secs(15), || {
-            if let Some(status) = child.try_wait().unwrap() {
-                let said = std::fs::read_to_string(&log).unwrap_or_default();
-                let ls = must(&mut world.linnet(&["ls", "--json"]));
-                panic!("helper {n} exited with {status}: {said}\n{ls}");
-            }
-            serde_json::from_str(&std::fs::read_to_string(&json).ok()?).ok()
-        });
-        (Reaped(child), info)
-    };
+    let helper =
+        |n: usize| vhost_user_helper(&world, &socket, mac, INTERFACE, &format!("helper{n}"));
     let (mut first, info) = helper(1);
     assert_eq!(info["datapath"], "vhost-user");
     let nic = [
@@ -279,6 +250,46 @@ fn qemu_started_on_its_own_reconnects_to_a_restarted_helper_and_its_guest_pings_
     });
     let _ = vm.run.kill();
     let _ = vm.run.wait();
+}
+
+/// `linnet helper --vhost-user SOCKET` as nobody, for `interface` with
+/// `mac`, once it has printed its JSON; `name` names its files.
+fn vhost_user_helper(
+    world: &World,
+    socket: &std::path::Path,
+    mac: &str,
+    interface: &str,
+    name: &str,
+) -> (Reaped, Value) {
+    let json = socket.with_file_name(format!("{name}.json"));
+    let log = world.dir.path().join(format!("{name}.log"));
+    let mut child = world
+        .linnet_wrapped(
+            AS_NOBODY,
+            &[
+                "helper",
+                "--interface-id",
+                interface,
+                "--mac",
+                mac,
+                "--vhost-user",
+                socket.to_str().unwrap(),
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&json).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let info: Value = wait_for("the helper's JSON", Duration::from_secs(15), || {
+        if let Some(status) = child.try_wait().unwrap() {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            let ls = must(&mut world.linnet(&["ls", "--json"]));
+            panic!("{name} exited with {status}: {said}\n{ls}");
+        }
+        serde_json::from_str(&std::fs::read_to_string(&json).ok()?).ok()
+    });
+    (Reaped(child), info)
 }
 
 #[test]
@@ -346,5 +357,219 @@ impl Drop for StopOnDrop {
             .args(["-KILL", &self.0.to_string()])
             .stderr(std::process::Stdio::null())
             .status();
+    }
+}
+
+/// libvirt's session daemon of the VM's user (no root anywhere) runs a
+/// domain with docs/vmms.md's `<interface type='vhostuser'>` and shared
+/// memory, on `linnet helper --vhost-user`: the guest leases the address
+/// the helper reported and pings the gateway, and so does a second domain
+/// once the first has gone.
+#[test]
+fn a_libvirt_session_domain_on_linnet_helper_vhost_user_leases_and_pings() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody] }\n");
+    world.start_daemon();
+    let dir = crate::qemu::vm_dir(&world);
+    let socket = dir.join("lv.vhost");
+    let mac = "52:54:00:76:68:02";
+    let (_helper, info) = vhost_user_helper(
+        &world,
+        &socket,
+        mac,
+        "6b1c6b70-7668-4c4c-9c9c-000000000002",
+        "lv-helper",
+    );
+    let session = LibvirtSession::new(&dir);
+    let ip = info["ip_address"].as_str().unwrap().to_string();
+    let script = "ping -c 1 -W 3 192.168.105.1 && echo RESULT-PING-GW-OK\n";
+    // Twice: the helper serves the next domain once one has gone.
+    for round in 1..=2 {
+        let name = unique("linnet-lv");
+        let console = dir.join(format!("{name}.console"));
+        let xml = dir.join(format!("{name}.xml"));
+        std::fs::write(&xml, libvirt_domain(&name, mac, &socket, &console, script)).unwrap();
+        let created = session.virsh(&["create", xml.to_str().unwrap()]);
+        assert!(
+            created.status.success(),
+            "virsh create: {}{}",
+            String::from_utf8_lossy(&created.stdout),
+            String::from_utf8_lossy(&created.stderr)
+        );
+        let deadline = std::time::Instant::now() + BOOT_TIMEOUT_SECS;
+        let text = loop {
+            let text = std::fs::read_to_string(&console).unwrap_or_default();
+            if text.contains("RESULT-PING-GW-OK") || text.contains("powering off") {
+                break text;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: no ping from the libvirt guest in {BOOT_TIMEOUT_SECS:?}; its console:\n{text}\nlibvirt's log of it:\n{}",
+                session.log(&name)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(
+            text.contains(&format!("linnet-guest: lease ip={ip} ")),
+            "round {round}: the guest got the helper's address {ip}:\n{text}"
+        );
+        assert!(text.contains("RESULT-PING-GW-OK"), "round {round}: {text}");
+        // The guest powers off and the domain goes, QEMU with it; the
+        // helper serves on, its interface listed.
+        wait_for("the domain to end", BOOT_TIMEOUT_SECS, || {
+            let listed = session.virsh(&["list", "--name"]);
+            (!String::from_utf8_lossy(&listed.stdout).contains(&name)).then_some(())
+        });
+        assert_eq!(
+            world.listed_interface(&info["interface_id"])["mac_address"],
+            mac
+        );
+    }
+}
+
+/// A transient libvirt domain booting the test guest, which runs `script`
+/// and powers off; its NIC docs/vmms.md's `<interface type='vhostuser'>`
+/// on `socket`, its memory shared, its serial console to `console`.
+/// Under TCG QEMU 7.2 crashes starting a vhost-user NIC with MSI-X, so
+/// the NIC has no vectors (as `linnet run` gives it without KVM).
+fn libvirt_domain(
+    name: &str,
+    mac: &str,
+    socket: &std::path::Path,
+    console: &std::path::Path,
+    script: &str,
+) -> String {
+    format!(
+        "<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>{name}</name>
+  <memory unit='MiB'>256</memory>
+  <memoryBacking>
+    <source type='memfd'/>
+    <access mode='shared'/>
+  </memoryBacking>
+  <os>
+    <type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>{kernel}</kernel>
+    <initrd>{initrd}</initrd>
+    <cmdline>{cmdline}</cmdline>
+  </os>
+  <features><acpi/></features>
+  <on_poweroff>destroy</on_poweroff>
+  <devices>
+    <serial type='file'><source path='{console}'/><target port='0'/></serial>
+    <interface type='vhostuser'>
+      <mac address='{mac}'/>
+      <source type='unix' path='{socket}' mode='client'>
+        <reconnect enabled='yes' timeout='1'/>
+      </source>
+      <model type='virtio'/>
+      <alias name='ua-lnet'/>
+    </interface>
+  </devices>
+  <qemu:override>
+    <qemu:device alias='ua-lnet'>
+      <qemu:frontend>
+        <qemu:property name='vectors' type='unsigned' value='0'/>
+      </qemu:frontend>
+    </qemu:device>
+  </qemu:override>
+</domain>
+",
+        kernel = crate::qemu::guest_file("vmlinuz"),
+        initrd = crate::qemu::guest_file("initrd.img"),
+        cmdline = crate::qemu::guest_cmdline(script, ""),
+        console = console.display(),
+        socket = socket.display(),
+    )
+}
+
+/// libvirt's per-user daemon (`qemu:///session`) for nobody, started by
+/// the test (not by virsh, whose own start of it holds virsh's output open
+/// until the daemon's idle timeout), its home and runtime directories
+/// under `dir`; stopped, with its domains, on drop.
+struct LibvirtSession {
+    home: PathBuf,
+    runtime: PathBuf,
+    daemon: Option<Reaped>,
+}
+
+impl LibvirtSession {
+    fn new(dir: &std::path::Path) -> LibvirtSession {
+        use std::os::unix::fs::PermissionsExt;
+        let (home, runtime) = (dir.join("lv-home"), dir.join("lv-run"));
+        for d in [&home, &runtime] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).unwrap();
+            std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+        }
+        // QEMU's output to a file of its own, not through virtlogd (a
+        // daemon more, which would outlive the test).
+        let config = home.join(".config/libvirt");
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::write(config.join("qemu.conf"), "stdio_handler = \"file\"\n").unwrap();
+        for d in [
+            home.join(".config"),
+            config.clone(),
+            config.join("qemu.conf"),
+        ] {
+            std::os::unix::fs::chown(d, Some(65534), Some(65534)).unwrap();
+        }
+        let mut session = LibvirtSession {
+            home,
+            runtime,
+            daemon: None,
+        };
+        let log = dir.join("libvirtd.log");
+        let daemon = session
+            .as_nobody("libvirtd")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        session.daemon = Some(Reaped(daemon));
+        let socket = session.runtime.join("libvirt/libvirt-sock");
+        wait_for("libvirtd's session socket", Duration::from_secs(30), || {
+            socket.exists().then_some(())
+        });
+        session
+    }
+
+    /// `program` as nobody, in this session's environment.
+    fn as_nobody(&self, program: &str) -> Command {
+        let mut cmd = Command::new(AS_NOBODY[0]);
+        cmd.args(&AS_NOBODY[1..])
+            .arg(program)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", &self.home)
+            .env("XDG_RUNTIME_DIR", &self.runtime)
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// `virsh -c qemu:///session ARGS`.
+    fn virsh(&self, args: &[&str]) -> std::process::Output {
+        self.as_nobody("virsh")
+            .args(["-q", "-c", "qemu:///session"])
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// libvirt's log of a domain: QEMU's command line and what it said.
+    fn log(&self, domain: &str) -> String {
+        let path = self
+            .home
+            .join(format!(".cache/libvirt/qemu/log/{domain}.log"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+impl Drop for LibvirtSession {
+    fn drop(&mut self) {
+        let listed = self.virsh(&["list", "--name"]);
+        for domain in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
+            let _ = self.virsh(&["destroy", domain]);
+        }
     }
 }
