@@ -98,6 +98,7 @@ pub fn confine(who: &'static str, needs: Needs) -> Result<(), SeccompError> {
 /// The environment variable that makes a debug build's confined process
 /// attempt a forbidden call right after confining itself: the tests'
 /// way to see one stopped. Release builds do not look at it.
+#[cfg(debug_assertions)]
 pub const TEST_FORBIDDEN_CALL: &str = "LINNET_TEST_FORBIDDEN_CALL";
 
 fn forbidden_call_for_tests() {

@@ -220,8 +220,8 @@ impl Drop for Tenant {
     }
 }
 
-/// The processes of `uid` in the sandbox (but zombies: the sandbox's
-/// init is the test, which reaps only its own children).
+/// The processes of `uid` in the sandbox (but zombies: an orphan stays
+/// one until the sandbox's PID 1 gets round to reaping it).
 fn processes_of(uid: u32) -> Vec<String> {
     let out = run(Command::new("ps").args(["-o", "pid=,args=", "-U", &uid.to_string()]));
     String::from_utf8_lossy(&out.stdout)

@@ -340,7 +340,8 @@ fn linnet_attach_vhost_user_serves_in_the_background_until_linnet_detach_stops_i
     assert!(guest.ping(&guest.gateway()), "still served");
     must(&mut world.linnet(&["detach", "--name", "vu1"]));
     assert_eq!(listed(&world), Value::Null, "detached");
-    // Gone, or a zombie nobody reaps in the sandbox (its parent exited).
+    // Gone, or a zombie until the sandbox's PID 1 reaps it (its parent
+    // exited).
     wait_for("the back-end to exit", Duration::from_secs(5), || {
         let status = std::fs::read_to_string(format!("/proc/{backend}/status")).unwrap_or_default();
         (status.is_empty() || status.contains("State:\tZ")).then_some(())
