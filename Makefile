@@ -12,7 +12,7 @@ export GO
 GO_CLIENT := clients/go/linnet
 SANDBOX := scripts/sandbox
 
-.PHONY: all build guest deps test unit integration lint demo bench bench-smoke fuzz fuzz-smoke clean install deb
+.PHONY: all build guest deps check-install test unit integration lint demo bench bench-smoke fuzz fuzz-smoke clean install deb
 
 all: build
 
@@ -21,6 +21,12 @@ build:
 
 deps:
 	scripts/install-deps
+
+# scripts/install-deps run in a bare Debian root file system (mmdebstrap,
+# cached by install-deps' hash under /var/cache/linnet), then every program
+# of scripts/programs found there (.ci/run runs it before the tests).
+check-install:
+	scripts/check-install
 
 # The tiny test/demo VM (kernel + initramfs from Debian packages), rebuilt
 # only when its inputs change.
@@ -33,6 +39,8 @@ unit:
 	scripts/unit-as-nobody
 	# The benchmark's judgement (unstable cells, targets, the docs' blocks).
 	PYTHONPATH=bench PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s bench/tests
+	# scripts/programs lists every program the sources call (check-install finds them).
+	PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s scripts/tests
 	# The Go client against a fake daemon (its live test runs in the integration suite).
 	cd $(GO_CLIENT) && GOTOOLCHAIN=local $(GO) test -count=1 ./...
 
@@ -47,7 +55,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	# The integration suite is test = false, so --all-targets skips it.
 	$(CARGO) clippy --test integration -- -D warnings
-	python3 -m py_compile bench/linnet_bench/*.py bench/tests/*.py
+	python3 -m py_compile bench/linnet_bench/*.py bench/tests/*.py scripts/programs.py scripts/tests/*.py
 	# Layers one way: no import circle among the modules of any parent.
 	scripts/check-layers
 	out=$$(cd $(GO_CLIENT) && "$$($(GO) env GOROOT)/bin/gofmt" -l .) && test -z "$$out" || { echo "gofmt: $(GO_CLIENT): $$out"; exit 1; }

@@ -21,7 +21,7 @@ pub struct Site {
     pub vtep: String,
     /// FRR's vty sockets, pid files and zebra's socket.
     frr_dir: PathBuf,
-    frr: Vec<Reaped>,
+    frr: Vec<Helper>,
 }
 
 /// The hosts and the namespace of their underlay bridge.
@@ -161,7 +161,7 @@ impl Site {
         );
         for daemon in ["zebra", "bgpd"] {
             let pid = format!("{d}/{daemon}.pid");
-            let log = std::fs::File::create(dir.join(format!("{daemon}.log"))).unwrap();
+            let log = dir.join(format!("{daemon}.log"));
             let bin = format!("/usr/lib/frr/{daemon}");
             let mut args = vec![
                 bin.as_str(),
@@ -181,21 +181,26 @@ impl Site {
             if daemon == "bgpd" {
                 args.extend_from_slice(&["-l", &self.vtep]);
             }
-            let child = self
-                .world
-                .host
-                .cmd(&args)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .unwrap();
-            self.frr.push(Reaped(child));
-            if daemon == "zebra" {
-                wait_for("zebra's socket", Duration::from_secs(10), || {
-                    zserv.exists().then_some(())
-                });
-            }
+            self.frr
+                .push(Helper::start(daemon, self.world.host.cmd(&args), &log));
+            // Each serves once its vty socket is there (zebra's API
+            // socket too, which bgpd connects to).
+            let vty = dir.join(format!("{daemon}.vty"));
+            let frr: Vec<&Helper> = self.frr.iter().collect();
+            wait_while_running(
+                &frr,
+                &format!("{daemon}'s sockets"),
+                Duration::from_secs(10),
+                || (vty.exists() && zserv.exists()).then_some(()),
+            );
+        }
+    }
+
+    /// Fails at once, saying why, if this site's zebra or bgpd has ended
+    /// (a test that waits on FRR's state would otherwise time out).
+    pub fn assert_frr_running(&self, what: &str) {
+        for daemon in &self.frr {
+            daemon.assert_running(what);
         }
     }
 
@@ -225,6 +230,7 @@ impl Site {
 
     /// What vtysh says to `command` of this site's FRR.
     pub fn vtysh(&self, command: &str) -> String {
+        self.assert_frr_running(&format!("vtysh -c '{command}'"));
         let out = run(&mut self.world.host.cmd(&[
             "vtysh",
             "--vty_socket",

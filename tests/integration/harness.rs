@@ -271,6 +271,10 @@ pub struct World {
     pub dir: tempfile::TempDir,
     pub config: Option<PathBuf>,
     daemon: Option<Child>,
+    /// Servers the test's checks rely on (the upstream's DNS): one that
+    /// ended during the test fails it, as a lookup that found nothing
+    /// would otherwise pass a check that it must not resolve.
+    services: Vec<Helper>,
 }
 
 impl World {
@@ -366,12 +370,13 @@ impl World {
             format!("--host-record={name},{ip}{six}")
         }));
         dnsmasq.extend(TEST_CNAMES.map(|(name, to)| format!("--cname={name},{to}")));
-        dnsmasq.push(format!(
-            "--pid-file={}",
-            dir.path().join("dnsmasq.pid").display()
-        ));
         let dnsmasq: Vec<&str> = dnsmasq.iter().map(String::as_str).collect();
-        must(&mut upstream.cmd(&dnsmasq));
+        let dns = serve_dnsmasq(
+            &upstream,
+            "the upstream's DNS (dnsmasq)",
+            &dnsmasq,
+            &dir.path().join("dnsmasq.log"),
+        );
         host.set_resolv_conf(&format!("nameserver {UPSTREAM_IP}\n"));
         World {
             host,
@@ -379,6 +384,7 @@ impl World {
             dir,
             config,
             daemon: None,
+            services: vec![dns],
         }
     }
 
@@ -398,12 +404,18 @@ impl World {
             .unwrap();
         let mut server = Reaped(child);
         // It prints one line once both addresses are bound.
+        let mut said = std::io::BufReader::new(server.stderr.take().unwrap());
         let mut line = String::new();
-        use std::io::BufRead;
-        std::io::BufReader::new(server.stderr.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("serving"), "linnet-testdns: {line}");
+        said.read_line(&mut line).unwrap();
+        if !line.contains("serving") {
+            // It failed: what it said, and how it ended (a kill stops
+            // one still running, so the rest of its stderr can be read).
+            let _ = server.kill();
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut said, &mut rest);
+            let status = server.wait().unwrap();
+            panic!("linnet-testdns ended ({status}) before serving: {line}{rest}");
+        }
         server
     }
 
@@ -637,7 +649,13 @@ impl World {
             guest.run = Some(run);
             return Ok(guest);
         }
-        Ok(Guest::started(ns, Some(run), None, info))
+        Ok(Guest::started_logging(
+            ns,
+            Some(run),
+            None,
+            info,
+            Some(&stderr),
+        ))
     }
 }
 
@@ -714,8 +732,27 @@ impl Drop for World {
         }
         if std::thread::panicking() {
             eprintln!("---- daemon log ----\n{}", self.daemon_log_text());
+        } else {
+            for service in &self.services {
+                service.assert_running("the end of the test");
+            }
         }
     }
+}
+
+/// dnsmasq (`argv`, without its way of running) in `ns`, kept in the
+/// foreground and logging to `log`, as `name`: ready once it has bound
+/// its sockets and written its pid file (both before it serves).
+pub fn serve_dnsmasq(ns: &Netns, name: &str, argv: &[&str], log: &Path) -> Helper {
+    let pid = log.with_extension("pid");
+    let mut full = argv.to_vec();
+    let pid_arg = format!("--pid-file={}", pid.display());
+    full.extend(["--keep-in-foreground", "--log-facility=-", &pid_arg]);
+    let dnsmasq = Helper::start(name, ns.cmd(&full), log);
+    dnsmasq.wait_for("its pid file", Duration::from_secs(10), || {
+        pid.exists().then_some(())
+    });
+    dnsmasq
 }
 
 /// A namespace playing a VM, attached through `linnet run` or `linnet helper`.
@@ -751,14 +788,25 @@ impl Guest {
             .stderr(std::fs::File::create(log).unwrap())
             .spawn()
             .unwrap();
-        Guest::started(ns, None, Some(vmm), info)
+        Guest::started_logging(ns, None, Some(vmm), info, Some(log))
     }
 
     /// A guest in `ns` whose VMM (`linnet run`'s child, or `vmm` started
     /// on its own) is making its eth0: ready once eth0 is there. A VMM
-    /// that exits first fails the test, with what it said on a piped
-    /// stderr.
+    /// that exits first fails the test at once, with what it said on a
+    /// piped stderr.
     pub fn started(ns: Netns, run: Option<Child>, vmm: Option<Child>, info: Value) -> Guest {
+        Guest::started_logging(ns, run, vmm, info, None)
+    }
+
+    /// `started`, for a VMM whose stderr goes to `log`.
+    fn started_logging(
+        ns: Netns,
+        run: Option<Child>,
+        vmm: Option<Child>,
+        info: Value,
+        log: Option<&Path>,
+    ) -> Guest {
         let mut guest = Guest { ns, run, vmm, info };
         wait_for("eth0 in the guest", Duration::from_secs(10), || {
             let child = guest.vmm.as_mut().or(guest.run.as_mut())?;
@@ -767,7 +815,10 @@ impl Guest {
                 if let Some(stderr) = child.stderr.as_mut() {
                     let _ = std::io::Read::read_to_string(stderr, &mut err);
                 }
-                panic!("the VMM exited with {status}: {err}");
+                if let Some(log) = log {
+                    err.push_str(&std::fs::read_to_string(log).unwrap_or_default());
+                }
+                panic!("the VMM exited with {status} before the guest had eth0: {err}");
             }
             guest.ns.links().contains(&"eth0".to_string()).then_some(())
         });
@@ -1003,6 +1054,12 @@ pub fn spawn_reading(mut cmd: Command) -> (Reaped, String, BufReader<ChildStdout
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
+    if line.is_empty() {
+        // Its stdout closed before a line: it has ended (or closed it,
+        // which none of ours does). Its stderr is the test's, above.
+        let status = child.wait().unwrap();
+        panic!("{cmd:?} ended ({status}) before its first line; its stderr is above");
+    }
     (child, line.trim().to_string(), out)
 }
 
@@ -1160,6 +1217,135 @@ impl Drop for Reaped {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A process a test starts and then waits on: a daemon, a server, a VMM,
+/// a stand-in. Its output goes to log files; it is killed and reaped on
+/// drop. Every wait on it ends as soon as it has exited, with its exit
+/// status and the last lines of its logs, rather than at the timeout with
+/// a message that cannot say why.
+pub struct Helper {
+    name: String,
+    child: Child,
+    logs: Vec<PathBuf>,
+}
+
+impl Helper {
+    /// Starts `cmd` as `name`: stdin closed, stdout and stderr to `log`.
+    pub fn start(name: &str, mut cmd: Command, log: &Path) -> Helper {
+        let out = std::fs::File::create(log).unwrap();
+        cmd.stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out);
+        Helper::spawn(name, cmd, &[log])
+    }
+
+    /// Starts `cmd` as `name` with the stdio it was given, whose output
+    /// lands in `logs` (a console on stdout, say, and stderr apart).
+    pub fn spawn(name: &str, mut cmd: Command, logs: &[&Path]) -> Helper {
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        Helper {
+            name: name.to_string(),
+            child,
+            logs: logs.iter().map(|l| l.to_path_buf()).collect(),
+        }
+    }
+
+    /// How it ended, once it has (None while it runs). Looked at without
+    /// reaping it, so a later `wait` still has its status.
+    pub fn ended(&self) -> Option<String> {
+        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        match waitid(Id::Pid(pid), flags) {
+            Ok(WaitStatus::Exited(_, code)) => Some(format!("exit status {code}")),
+            Ok(WaitStatus::Signaled(_, signal, _)) => Some(format!("signal {signal}")),
+            Ok(_) => None,
+            // Already reaped (a `wait` through DerefMut).
+            Err(_) => Some("an exit already reaped".to_string()),
+        }
+    }
+
+    /// Panics, saying how and with what it said last, if it has ended
+    /// while something still waited for `what`.
+    pub fn assert_running(&self, what: &str) {
+        if let Some(how) = self.ended() {
+            panic!(
+                "{} ended ({how}) while waiting for {what}; the last of its output:\n{}",
+                self.name,
+                self.tail(30)
+            );
+        }
+    }
+
+    /// `wait_for(what, timeout, probe)` that fails as soon as this
+    /// process has ended without `probe` being met.
+    pub fn wait_for<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        probe: impl FnMut() -> Option<T>,
+    ) -> T {
+        wait_while_running(&[self], what, timeout, probe)
+    }
+
+    /// The last `lines` lines of each of its logs.
+    pub fn tail(&self, lines: usize) -> String {
+        self.logs
+            .iter()
+            .map(|log| {
+                let text =
+                    String::from_utf8_lossy(&std::fs::read(log).unwrap_or_default()).into_owned();
+                let all: Vec<&str> = text.lines().collect();
+                let tail = all[all.len().saturating_sub(lines)..].join("\n");
+                format!("---- {} ----\n{tail}", log.display())
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// `wait_for` while every one of `helpers` must keep running: the first
+/// to end fails the wait at once. Each round looks at them before the
+/// probe, so what a process wrote before it ended is seen by the probe.
+pub fn wait_while_running<T>(
+    helpers: &[&Helper],
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> T {
+    wait_for(what, timeout, || {
+        let ended = helpers.iter().find(|h| h.ended().is_some());
+        if let Some(v) = probe() {
+            return Some(v);
+        }
+        if let Some(helper) = ended {
+            helper.assert_running(what);
+        }
+        None
+    })
+}
+
+impl std::ops::Deref for Helper {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.child
+    }
+}
+
+impl std::ops::DerefMut for Helper {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

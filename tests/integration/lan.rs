@@ -29,6 +29,8 @@ const CONFIG: &str = "networks:
 /// The LAN namespace with its servers (they go with it), and the host's
 /// side of it.
 struct Lan {
+    /// Its DHCP server, stopped before its namespace goes.
+    dhcp: Helper,
     ns: Netns,
 }
 
@@ -70,21 +72,37 @@ impl Lan {
             "-h",
             www.to_str().unwrap(),
         ]));
-        let dir = world.dir.path();
-        must(&mut ns.cmd(&[
-            "dnsmasq",
-            "--no-resolv",
-            "--no-hosts",
-            "--port=0",
-            "--interface=br0",
-            "--bind-interfaces",
-            "--user=root",
-            "--dhcp-range=10.77.0.100,10.77.0.150,12h",
-            &format!("--dhcp-option=option:router,{LAN_ROUTER}"),
-            &format!("--dhcp-leasefile={}", dir.join("lan.leases").display()),
-            &format!("--pid-file={}", dir.join("lan-dnsmasq.pid").display()),
-        ]));
-        Lan { ns }
+        let log = world.dir.path().join("lan-dnsmasq.log");
+        let leases = world.dir.path().join("lan.leases");
+        let leases = format!("--dhcp-leasefile={}", leases.display());
+        let dhcp = serve_dnsmasq(
+            &ns,
+            "the LAN's DHCP server (dnsmasq)",
+            &[
+                "dnsmasq",
+                "--no-resolv",
+                "--no-hosts",
+                "--port=0",
+                "--interface=br0",
+                "--bind-interfaces",
+                "--user=root",
+                "--dhcp-range=10.77.0.100,10.77.0.150,12h",
+                &format!("--dhcp-option=option:router,{LAN_ROUTER}"),
+                &leases,
+            ],
+            &log,
+        );
+        Lan { dhcp, ns }
+    }
+}
+
+impl Drop for Lan {
+    fn drop(&mut self) {
+        // A DHCP server that died would pass the checks that a VM gets
+        // no lease from the LAN.
+        if !std::thread::panicking() {
+            self.dhcp.assert_running("the end of the test");
+        }
     }
 }
 

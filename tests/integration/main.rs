@@ -10,6 +10,7 @@ mod forwarding;
 mod frr;
 mod guard;
 mod harness;
+mod instruments;
 mod ipv6;
 mod lan;
 mod metrics;

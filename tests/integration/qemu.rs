@@ -3,6 +3,7 @@
 //! of scripts/build-guest through `linnet run`. Assertions read what the guest
 //! prints on its serial console.
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -103,7 +104,8 @@ pub(crate) fn guest_cmdline(script: &str, more: &str) -> String {
 /// after DHCP and powering off.
 pub struct Vm {
     pub info: Value,
-    pub run: std::process::Child,
+    /// `linnet run` (QEMU its child), or QEMU started on its own.
+    pub run: Helper,
     console: std::path::PathBuf,
     pub name: String,
 }
@@ -144,15 +146,9 @@ impl Vm {
 
     /// `cmd` (a `linnet run … -- QEMU` writing its JSON to `json`) as VM
     /// `name`, its console captured.
-    pub fn launch(world: &World, mut cmd: Command, name: String, json: &std::path::Path) -> Vm {
-        let console = world.dir.path().join(format!("{name}.console"));
-        let run = cmd
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&console).unwrap())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let info = wait_for("the attach JSON", Duration::from_secs(15), || {
+    pub fn launch(world: &World, cmd: Command, name: String, json: &std::path::Path) -> Vm {
+        let (console, run) = Vm::spawn(world, &name, "linnet run", cmd);
+        let info = run.wait_for("the attach JSON", Duration::from_secs(15), || {
             serde_json::from_str::<Value>(&std::fs::read_to_string(json).ok()?).ok()
         });
         Vm {
@@ -174,20 +170,12 @@ impl Vm {
         script: &str,
     ) -> Vm {
         let name = unique("linnet-vm");
-        let console = world.dir.path().join(format!("{name}.console"));
         let qemu = qemu_command(&name, script);
         let mut argv: Vec<&str> = wrapper.to_vec();
         argv.extend(qemu.iter().map(String::as_str));
         argv.extend_from_slice(nic);
-        let run = world
-            .host
-            .cmd(&argv)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&console).unwrap())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let info = wait_for(&format!("{mac} on the network"), BOOT_TIMEOUT, || {
+        let (console, run) = Vm::spawn(world, &name, "QEMU", world.host.cmd(&argv));
+        let info = run.wait_for(&format!("{mac} on the network"), BOOT_TIMEOUT, || {
             let listing: Value =
                 serde_json::from_str(&must(&mut world.linnet(&["ls", "--json"]))).ok()?;
             listing["interfaces"]
@@ -204,6 +192,18 @@ impl Vm {
         }
     }
 
+    /// `cmd` as VM `name`'s `what`: its stdout (the serial console) to
+    /// NAME.console, its stderr to NAME.stderr.
+    fn spawn(world: &World, name: &str, what: &str, mut cmd: Command) -> (PathBuf, Helper) {
+        let console = world.dir.path().join(format!("{name}.console"));
+        let stderr = world.dir.path().join(format!("{name}.stderr"));
+        cmd.stdin(Stdio::null())
+            .stdout(std::fs::File::create(&console).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        let run = Helper::spawn(&format!("{name}'s {what}"), cmd, &[&stderr, &console]);
+        (console, run)
+    }
+
     pub fn ip(&self) -> String {
         self.info["ip_address"].as_str().unwrap().to_string()
     }
@@ -213,7 +213,7 @@ impl Vm {
     }
 
     pub fn wait_console(&self, marker: &str) -> String {
-        wait_for(
+        self.run.wait_for(
             &format!("\"{marker}\" on {}'s console", self.name),
             BOOT_TIMEOUT,
             || {

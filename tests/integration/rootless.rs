@@ -530,15 +530,12 @@ fn slirp4netns_is_the_way_out_when_asked_for() {
             .cmd(&["busybox", "httpd", "-p", "127.0.0.1:8089", "-h", "/etc"]),
     );
     let user = Tenant::new(&world, 4308);
-    let daemon = Reaped(
-        user.linnet(&world, &["daemon", "--rootless", "--egress", "slirp4netns"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let daemon = Helper::start(
+        "the rootless daemon",
+        user.linnet(&world, &["daemon", "--rootless", "--egress", "slirp4netns"]),
+        &world.dir.path().join("slirp4netns-daemon.log"),
     );
-    wait_for("the daemon's socket", Duration::from_secs(10), || {
+    daemon.wait_for("the daemon's socket", Duration::from_secs(10), || {
         user.run_dir().join("linnet.sock").exists().then_some(())
     });
     let g = user.guest(&world, "shared", &[]);
@@ -739,15 +736,12 @@ fn the_users_subordinate_ids_are_mapped_when_etc_subuid_gives_some() {
     let daemon = user.as_user(&[bin.to_str().unwrap(), "daemon", "--rootless"]);
     let daemon: Vec<&str> = daemon.iter().map(String::as_str).collect();
     let log = world.dir.path().join("subids-daemon.log");
-    let _daemon = Reaped(
-        in_own_mounts(&world.host, &setup, &daemon)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
+    let daemon = Helper::start(
+        "the rootless daemon",
+        in_own_mounts(&world.host, &setup, &daemon),
+        &log,
     );
-    let pid = wait_for("the daemon's pid file", Duration::from_secs(10), || {
+    let pid = daemon.wait_for("the daemon's pid file", Duration::from_secs(10), || {
         std::fs::read_to_string(user.run_dir().join("daemon.pid")).ok()
     });
     let maps = |file: &str| -> Vec<String> {

@@ -491,7 +491,7 @@ fn libvirt_domain(
 struct LibvirtSession {
     home: PathBuf,
     runtime: PathBuf,
-    daemon: Option<Reaped>,
+    daemon: Option<Helper>,
 }
 
 impl LibvirtSession {
@@ -521,17 +521,12 @@ impl LibvirtSession {
             daemon: None,
         };
         let log = dir.join("libvirtd.log");
-        let daemon = session
-            .as_nobody("libvirtd")
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        session.daemon = Some(Reaped(daemon));
+        let daemon = Helper::start("libvirtd", session.as_nobody("libvirtd"), &log);
         let socket = session.runtime.join("libvirt/libvirt-sock");
-        wait_for("libvirtd's session socket", Duration::from_secs(30), || {
+        daemon.wait_for("libvirtd's session socket", Duration::from_secs(30), || {
             socket.exists().then_some(())
         });
+        session.daemon = Some(daemon);
         session
     }
 
@@ -568,6 +563,11 @@ impl LibvirtSession {
 
 impl Drop for LibvirtSession {
     fn drop(&mut self) {
+        // A session whose daemon never served has no domains; virsh
+        // would only try (for seconds) to start a daemon of its own.
+        if self.daemon.is_none() {
+            return;
+        }
         let listed = self.virsh(&["list", "--name"]);
         for domain in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
             let _ = self.virsh(&["destroy", domain]);
