@@ -250,6 +250,20 @@ pub enum CloneOf {
     },
 }
 
+/// Which parts of an interface's policy its network enforces: they are
+/// the most its VM may have, which its owner may narrow and never widen.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enforcement {
+    /// Its connect and listen rules (`policy.enforced`).
+    #[serde(default)]
+    pub policy: bool,
+    /// Its rate limits (`rate_limit.enforced`).
+    #[serde(default)]
+    pub rate_limit: bool,
+    /// The file that says so (root's networks.yaml).
+    pub by: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Response {
@@ -283,6 +297,9 @@ pub enum Response {
         /// The addresses it learned for its policy's names, now.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         learned: Vec<LearnedAddress>,
+        /// What its network enforces of it, when anything.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        enforced: Option<Enforcement>,
     },
     Doctor {
         report: Box<DoctorReport>,

@@ -17,6 +17,7 @@ mod evpn;
 pub use evpn::{Evpn, FrrConfig, VXLAN_OVERHEAD};
 
 use crate::addr6;
+use crate::ceiling::Ceiling;
 use crate::forward::PortForward;
 use crate::learned::{DEFAULT_TTL, TtlBounds};
 use crate::policy::{Policy, PolicySpecError};
@@ -93,6 +94,18 @@ pub struct NetworkConfig {
     pub socket: Option<NetworkSocket>,
     /// Each interface's rate limits when its attach sets none.
     pub rate_limit: RateLimits,
+    /// Which of its policy and rate limits are also the most a VM may
+    /// have (`enforced: true`).
+    pub enforced: Enforced,
+}
+
+/// Which of a network's defaults are ceilings its VMs cannot lift.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Enforced {
+    /// `policy: { …, enforced: true }`.
+    pub policy: bool,
+    /// `rate_limit: { …, enforced: true }`.
+    pub rate_limit: bool,
 }
 
 /// A network's kind, as `mode:` says it.
@@ -184,6 +197,14 @@ impl NetworkConfig {
     /// The policy of its interfaces that bring none (open on a LAN).
     pub fn policy(&self) -> &Policy {
         self.own().map_or(&OPEN, |own| &own.policy)
+    }
+
+    /// What it holds its VMs to: its enforced policy and rate limits.
+    pub fn ceiling(&self) -> Ceiling<'_> {
+        Ceiling {
+            rules: self.enforced.policy.then(|| self.policy()),
+            rate: self.enforced.rate_limit.then_some(&self.rate_limit),
+        }
     }
 
     /// Its static forwards (none on a LAN).
@@ -479,6 +500,9 @@ struct PolicySpec {
     /// `--allow-listen` rules.
     #[serde(default)]
     ingress: Vec<String>,
+    /// The most a VM may have, not only what it gets by default.
+    #[serde(default)]
+    enforced: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -895,7 +919,7 @@ impl Validator<'_> {
                 "needs anti_spoofing: without it a VM can take another's MAC and receive its traffic",
             ));
         }
-        let policy = self.policy(spec.policy.take().unwrap_or_default())?;
+        let (policy, policy_enforced) = self.policy(spec.policy.take().unwrap_or_default())?;
         if !policy.is_open() && !anti_spoofing {
             return Err(self.err("policy", NO_POLICY_WITHOUT_ANTI_SPOOFING));
         }
@@ -925,6 +949,7 @@ impl Validator<'_> {
             .map(|text| self.clone_subnet(text))
             .transpose()?;
 
+        let (rate_limit, rate_enforced) = self.rate_limit(spec.rate_limit.take())?;
         let nat44 = spec.nat44.unwrap_or(mode == Mode::Shared);
         if nat44 && mode == Mode::Host {
             return Err(self.err(
@@ -957,7 +982,11 @@ impl Validator<'_> {
             max_interfaces_per_uid: self
                 .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
             socket,
-            rate_limit: self.rate_limit(spec.rate_limit.take())?,
+            rate_limit,
+            enforced: Enforced {
+                policy: policy_enforced,
+                rate_limit: rate_enforced,
+            },
         })
     }
 
@@ -1011,8 +1040,12 @@ impl Validator<'_> {
     }
 
     /// `rate_limit: 100mbit` (each way) or `rate_limit: { in: 1gbit, out:
-    /// 100mbit }`.
-    fn rate_limit(&self, spec: Option<serde_norway::Value>) -> Result<RateLimits, ConfigError> {
+    /// 100mbit }`, with `enforced: true` in the second form; and whether
+    /// it is enforced.
+    fn rate_limit(
+        &self,
+        spec: Option<serde_norway::Value>,
+    ) -> Result<(RateLimits, bool), ConfigError> {
         let rate = |key: &str, v: serde_norway::Value| match v {
             serde_norway::Value::String(text) => text
                 .parse::<Rate>()
@@ -1027,28 +1060,41 @@ impl Validator<'_> {
             )),
         };
         match spec {
-            None => Ok(RateLimits::default()),
+            None => Ok((RateLimits::default(), false)),
             Some(serde_norway::Value::Mapping(map)) => {
                 let mut limits = RateLimits::default();
+                let mut enforced = false;
                 for (k, v) in map {
                     match k.as_str() {
                         Some("in") => limits.received = Some(rate("rate_limit.in", v)?),
                         Some("out") => limits.sent = Some(rate("rate_limit.out", v)?),
+                        Some("enforced") => {
+                            enforced = v.as_bool().ok_or_else(|| {
+                                self.err("rate_limit.enforced", "is true or false")
+                            })?
+                        }
                         _ => {
                             return Err(self.err(
                                 "rate_limit",
-                                format!("unknown key {k:?}: expected in (what a VM receives) and out (what it sends)"),
+                                format!("unknown key {k:?}: expected in (what a VM receives), out (what it sends) and enforced"),
                             ));
                         }
                     }
                 }
-                Ok(limits)
+                if enforced && limits.is_none() {
+                    return Err(self.err(
+                        "rate_limit.enforced",
+                        "holds VMs to no limit: give in, out or both, or remove enforced",
+                    ));
+                }
+                Ok((limits, enforced))
             }
-            Some(v) => Ok(RateLimits::both(rate("rate_limit", v)?)),
+            Some(v) => Ok((RateLimits::both(rate("rate_limit", v)?), false)),
         }
     }
 
-    fn policy(&self, spec: PolicySpec) -> Result<Policy, ConfigError> {
+    /// The policy, and whether it is enforced.
+    fn policy(&self, spec: PolicySpec) -> Result<(Policy, bool), ConfigError> {
         let mut policy = Policy::default();
         for (i, text) in spec.egress.iter().enumerate() {
             let rule = text.parse().map_err(|e: PolicySpecError| {
@@ -1062,7 +1108,13 @@ impl Validator<'_> {
             })?;
             policy.ingress.push(rule);
         }
-        Ok(policy)
+        if spec.enforced && policy.is_open() {
+            return Err(self.err(
+                "policy.enforced",
+                "holds VMs to nothing: give egress or ingress rules, or remove enforced",
+            ));
+        }
+        Ok((policy, spec.enforced))
     }
 
     fn ipv6(
@@ -1292,6 +1344,7 @@ impl Validator<'_> {
                 ),
             ));
         }
+        let (rate_limit, rate_enforced) = self.rate_limit(spec.rate_limit.take())?;
         Ok(NetworkConfig {
             name: name.into(),
             kind: Kind::Lan(lan),
@@ -1302,7 +1355,11 @@ impl Validator<'_> {
             max_interfaces_per_uid: self
                 .limit("max_interfaces_per_uid", spec.max_interfaces_per_uid)?,
             socket: self.socket(name, spec.socket.take())?,
-            rate_limit: self.rate_limit(spec.rate_limit.take())?,
+            rate_limit,
+            enforced: Enforced {
+                policy: false,
+                rate_limit: rate_enforced,
+            },
         })
     }
 
@@ -2044,6 +2101,52 @@ mod tests {
                 "rate_limit.in: \"1kbit\": the rate must be",
             ),
             ("rate_limit: { up: 1mbit }", "rate_limit: unknown key"),
+        ] {
+            let m = message(&format!("networks:\n  shared:\n    {yaml}\n"));
+            assert!(m.contains(says), "{yaml}: {m}");
+        }
+    }
+
+    #[test]
+    fn an_enforced_policy_and_rate_are_ceilings_and_must_hold_something() {
+        let cfg = load(
+            "networks:\n  shared:\n    policy: { egress: ['api.example.com:443/tcp'], enforced: true }\n    rate_limit: { out: 20mbit, enforced: true }\n",
+        )
+        .unwrap();
+        let shared = cfg.network("shared").unwrap();
+        assert_eq!(
+            shared.enforced,
+            Enforced {
+                policy: true,
+                rate_limit: true
+            }
+        );
+        let ceiling = shared.ceiling();
+        assert_eq!(ceiling.rules, Some(shared.policy()));
+        assert_eq!(ceiling.rate, Some(&shared.rate_limit));
+        // Not enforced unless said: a default only.
+        let cfg = load(
+            "networks:\n  shared:\n    policy: { ingress: ['22/tcp'] }\n    rate_limit: 20mbit\n",
+        )
+        .unwrap();
+        assert!(!cfg.network("shared").unwrap().ceiling().is_set());
+        for (yaml, says) in [
+            (
+                "policy: { enforced: true }",
+                "policy.enforced: holds VMs to nothing",
+            ),
+            (
+                "rate_limit: { enforced: true }",
+                "rate_limit.enforced: holds VMs to no limit",
+            ),
+            (
+                "rate_limit: { out: 1mbit, enforced: yes please }",
+                "rate_limit.enforced: is true or false",
+            ),
+            (
+                "policy: { egress: ['10.0.0.0/8'], enforced: maybe }",
+                "policy.enforced: invalid type",
+            ),
         ] {
             let m = message(&format!("networks:\n  shared:\n    {yaml}\n"));
             assert!(m.contains(says), "{yaml}: {m}");

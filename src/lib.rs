@@ -9,6 +9,7 @@
 mod addr6;
 mod api;
 mod budget;
+mod ceiling;
 mod cli;
 mod clone;
 mod coexist;

@@ -75,6 +75,20 @@ impl NamePattern {
     }
 }
 
+impl NamePattern {
+    /// Whether every name `other` allows, this allows too: a name by
+    /// itself or a wildcard above it; a wildcard by a wildcard at or
+    /// above its own name.
+    pub fn covers(&self, other: &NamePattern) -> bool {
+        match (self.wildcard, other.wildcard) {
+            (false, false) => self.name == other.name,
+            (false, true) => false,
+            (true, false) => self.allows(&other.name),
+            (true, true) => self.name.zone_of(&other.name),
+        }
+    }
+}
+
 /// `name` as patterns compare it: lower case, fully qualified.
 pub fn normalise(name: &Name) -> Name {
     let mut name = name.to_lowercase();
@@ -113,6 +127,21 @@ mod tests {
 
     fn pattern(text: &str) -> NamePattern {
         NamePattern::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    #[test]
+    fn a_pattern_covers_what_allows_no_more_than_it() {
+        let covers = |a: &str, b: &str| pattern(a).covers(&pattern(b));
+        assert!(covers("api.example.com", "API.example.com"));
+        assert!(!covers("api.example.com", "www.example.com"));
+        assert!(!covers("api.example.com", "*.api.example.com"));
+        assert!(covers("*.example.com", "api.example.com"));
+        assert!(covers("*.example.com", "a.b.example.com"));
+        assert!(!covers("*.example.com", "example.com"));
+        assert!(covers("*.example.com", "*.example.com"));
+        assert!(covers("*.example.com", "*.cdn.example.com"));
+        assert!(!covers("*.cdn.example.com", "*.example.com"));
+        assert!(!covers("*.example.com", "api.example.com.evil.test"));
     }
 
     #[test]

@@ -17,7 +17,9 @@ pub enum PolicyCommand {
     /// Replace a VM's rules (--allow-*), its rate limits (--rate-limit*),
     /// or both: what is not given is kept, unless nothing is, which lifts
     /// every restriction. New connections follow the rules at once; a new
-    /// rate holds for every frame from then on.
+    /// rate holds for every frame from then on. On a network that
+    /// enforces its policy or rate (networks.yaml `enforced: true`), a
+    /// change may only narrow them: asking for more is refused.
     Set(SetArgs),
 }
 
@@ -84,15 +86,27 @@ pub fn main(cli: &Cli, cmd: &PolicyCommand) -> anyhow::Result<()> {
             interface_id,
             policy,
             learned,
+            enforced,
         } => {
             if which.json {
-                let doc = serde_json::json!({"interface_id": interface_id, "policy": policy, "learned": learned});
+                let doc = serde_json::json!({"interface_id": interface_id, "policy": policy, "learned": learned, "enforced": enforced});
                 println!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
                 println!("interface {interface_id}");
                 println!("  connect: {}", describe(&policy.egress, "anywhere"));
                 println!("  listen:  {}", describe(&policy.ingress, "any port"));
                 println!("  rate:    {}", shown_rate(&policy.rate_limit));
+                if let Some(enforced) = &enforced {
+                    let parts = match (enforced.policy, enforced.rate_limit) {
+                        (true, true) => "its connect and listen rules and its rate",
+                        (true, false) => "its connect and listen rules",
+                        _ => "its rate",
+                    };
+                    println!(
+                        "  enforced: {parts} are the most it may have (the network's, in {}, root's to change)",
+                        enforced.by
+                    );
+                }
                 if policy.has_names() {
                     println!("  DNS:     only linnet's, and only for the names above");
                     if learned.is_empty() {

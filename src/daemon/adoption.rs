@@ -245,14 +245,20 @@ impl Daemon {
     /// tables are whole, if it was held off.
     async fn adopt(
         &mut self,
-        r: InterfaceRecord,
+        mut r: InterfaceRecord,
         cut_off: Option<String>,
         master: Option<u32>,
     ) -> Result<Option<(u32, Option<u32>)>, DaemonError> {
         let id = r.interface_id;
         let net = &self.networks[&r.network];
         let cfg = &net.config;
-        // What the config says now holds for it as at an attach.
+        // What the config says now holds for it as at an attach; a
+        // ceiling it now goes past holds it to the network's own policy
+        // (root tightened networks.yaml and restarted the daemon).
+        if let Err(widening) = cfg.ceiling().admits(&r.policy) {
+            warn!(network = %r.network, interface = %id, %widening, "its policy goes past what the network now enforces: it gets the network's");
+            r.policy = plan::attach_policy(None, cfg);
+        }
         check_policy_possible(&r.policy, cfg, self.host.devices.bridge_netfilter())?;
         let bridge = net.bridge().map(|(_, index)| index);
         let held = match (bridge, master) {

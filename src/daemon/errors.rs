@@ -221,6 +221,15 @@ pub enum DaemonError {
     /// A restarted daemon did not adopt the interface a client re-claims.
     #[error("interface {id} is not attached: this daemon did not adopt it (its log says why)")]
     NotAdopted { id: InterfaceId },
+    /// A VM's policy goes past what its network enforces.
+    #[error(
+        "network \"{network}\" holds its VMs to its {key} (networks.yaml: {key}.enforced): {widening}; ask for that or less, or have root change networks.yaml and restart the daemon",
+        key = widening.key()
+    )]
+    AboveCeiling {
+        network: String,
+        widening: crate::ceiling::Widening,
+    },
     /// A connect/listen policy the network cannot hold (`why`).
     #[error("{why}")]
     PolicyImpossible { network: String, why: String },
@@ -352,6 +361,7 @@ impl DaemonError {
             | DaemonError::CloneImpossible { .. } => ErrorKind::BadRequest,
             DaemonError::UnknownNetwork { .. } => ErrorKind::UnknownNetwork,
             DaemonError::NotAllowed { .. }
+            | DaemonError::AboveCeiling { .. }
             | DaemonError::NotOwner { .. }
             | DaemonError::NotReclaimable { .. }
             | DaemonError::PrivilegedPort { .. }

@@ -17,7 +17,7 @@ use super::errors::DaemonError;
 use super::client::{Client, attach_refusal};
 use super::guarding::port_guard;
 use super::interface::Interface;
-use super::policies::{check_policy_possible, no_address_for_policy};
+use super::policies::{check_ceiling, check_policy_possible, no_address_for_policy};
 use crate::api::AttachRequest;
 use crate::clone::Guest;
 use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig, Own};
@@ -107,8 +107,8 @@ pub(super) type Interfaces = BTreeMap<InterfaceId, Interface>;
 /// the network is known and allows the user, a network socket's relay
 /// asks only for its VM's port, `keep` is for a TAP opened by name, the
 /// name is free, the network's limits hold, the network can hold the
-/// policy (`bridge_netfilter`: the host has br_netfilter), and the id is
-/// not attached. Returns the interface's id (the
+/// policy (`bridge_netfilter`: the host has br_netfilter) and it is no
+/// more than the network enforces, and the id is not attached. Returns the interface's id (the
 /// request's, or a new one).
 pub(super) fn admit(
     config: &Config,
@@ -164,8 +164,9 @@ pub(super) fn admit(
         }
     }
     check_limits(cfg, interfaces, client)?;
-    let policy = req.policy.as_ref().unwrap_or(cfg.policy());
-    check_policy_possible(policy, cfg, bridge_netfilter)?;
+    let policy = attach_policy(req.policy.as_ref(), cfg);
+    check_policy_possible(&policy, cfg, bridge_netfilter)?;
+    check_ceiling(&policy, cfg)?;
     let id = match (&client.network_socket, req.mac) {
         (Some(bound), Some(mac)) => types::socket_interface_id(bound, mac, client.uid),
         _ => req.interface_id.unwrap_or_else(InterfaceId::new_v4),

@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use super::errors::DaemonError;
 use super::guarding::port_guard;
 use super::interface::Interface;
+use crate::api::Enforcement;
 use crate::config::NetworkConfig;
 use crate::host::firewall::InterfacePolicy;
 use crate::policy::Policy;
@@ -70,6 +71,27 @@ pub(super) fn check_policy_possible(
         return Ok(());
     }
     Err(DaemonError::NoBrNetfilter)
+}
+
+/// Refuses a policy past what `cfg`'s network enforces (`enforced: true`
+/// on its policy or rate limit): a VM's owner may narrow, never widen.
+pub(super) fn check_ceiling(policy: &Policy, cfg: &NetworkConfig) -> Result<(), DaemonError> {
+    cfg.ceiling()
+        .admits(policy)
+        .map_err(|widening| DaemonError::AboveCeiling {
+            network: cfg.name.clone(),
+            widening,
+        })
+}
+
+/// What `cfg`'s network enforces of its interfaces' policies, said for
+/// `policy show`; None when nothing. `by`: the file that enforces it.
+pub(super) fn enforcement(cfg: &NetworkConfig, by: &str) -> Option<Enforcement> {
+    cfg.ceiling().is_set().then(|| Enforcement {
+        policy: cfg.enforced.policy,
+        rate_limit: cfg.enforced.rate_limit,
+        by: by.to_string(),
+    })
 }
 
 /// The connect/listen policies of `cfg`'s network's interfaces, with the

@@ -1442,3 +1442,140 @@ async fn names_in_a_policy_gate_the_vms_dns_and_what_it_learned_follows_the_poli
         "nothing learned in the table"
     );
 }
+
+/// A network whose policy and rate are enforced: users 1000 and 1001 may
+/// attach; VMs reach one name and one network, and send at 20 Mbit/s.
+const ENFORCED: &str = "networks:
+  shared:
+    allow: { users: [root, '1000', '1001'] }
+    policy: { egress: ['api.example.com:443/tcp', '10.0.0.0/8'], enforced: true }
+    rate_limit: { out: 20mbit, enforced: true }
+";
+
+/// A policy of `egress` rules, sending at most at `out` when given.
+fn egress(rules: &[&str], out: Option<&str>) -> crate::policy::Policy {
+    crate::policy::Policy {
+        egress: rules.iter().map(|r| r.parse().unwrap()).collect(),
+        rate_limit: crate::rate::RateLimits {
+            received: None,
+            sent: out.map(|r| r.parse().unwrap()),
+        },
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn an_enforced_policy_is_the_most_a_vms_owner_can_have_by_attach_or_policy_set() {
+    use crate::api::PolicySetRequest;
+    let mut scene = Scene::new(ENFORCED).await;
+    let owner = user(1000, 1);
+    // Bringing nothing, a VM gets the network's; narrower is its own.
+    let plain = scene.attach(&owner, request(1)).await.expect("attached");
+    let narrow = egress(&["api.example.com:443/tcp"], Some("10mbit"));
+    let attach = |n, policy| AttachRequest {
+        policy: Some(policy),
+        ..request(n)
+    };
+    scene
+        .attach(&owner, attach(2, narrow.clone()))
+        .await
+        .expect("a narrower policy is attached");
+    assert_eq!(scene.daemon.interfaces[&id(2)].policy, narrow);
+    // A rate alone keeps the network's rules: narrower too.
+    scene
+        .attach(&owner, attach(4, egress(&[], Some("1mbit"))))
+        .await
+        .expect("a lower rate is attached");
+    assert_eq!(
+        scene.daemon.interfaces[&id(4)].policy,
+        egress(&["api.example.com:443/tcp", "10.0.0.0/8"], Some("1mbit"))
+    );
+    let links = scene.linnet_links();
+    // Wider, any way: refused before anything is made, naming the part.
+    for (wider, says) in [
+        (
+            egress(&["evil.example.com:443/tcp"], None),
+            "network \"shared\" holds its VMs to its policy (networks.yaml: policy.enforced): connecting to evil.example.com:443/tcp is not within its connect rules (api.example.com:443/tcp, 10.0.0.0/8)",
+        ),
+        (egress(&[], None), "connecting anywhere (no connect rule)"),
+        (
+            egress(&["10.0.0.0/8"], Some("50mbit")),
+            "its rate_limit (networks.yaml: rate_limit.enforced): out 50mbit",
+        ),
+    ] {
+        let refused = scene.refused(&owner, attach(3, wider.clone())).await;
+        assert!(
+            matches!(refused, DaemonError::AboveCeiling { .. }),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains(says), "{refused}");
+        assert_eq!(scene.linnet_links(), links, "nothing made for {wider:?}");
+    }
+    // `policy set` alike: narrowing passes, widening is refused and
+    // changes nothing.
+    let set = |policy| PolicySetRequest {
+        network: "shared".into(),
+        interface_id: Some(plain.info.interface_id),
+        name: None,
+        policy,
+        only: None,
+    };
+    let wider = scene
+        .daemon
+        .policy_set(&owner, set(egress(&["0.0.0.0/0"], Some("20mbit"))))
+        .expect_err("widened by policy set");
+    assert!(
+        wider
+            .to_string()
+            .contains("connecting to 0.0.0.0/0 is not within"),
+        "{wider}"
+    );
+    assert_eq!(
+        scene.daemon.interfaces[&id(1)].policy,
+        egress(&["api.example.com:443/tcp", "10.0.0.0/8"], Some("20mbit")),
+        "still the network's"
+    );
+    scene
+        .daemon
+        .policy_set(&owner, set(narrow.clone()))
+        .expect("narrowed by policy set");
+    assert_eq!(scene.daemon.interfaces[&id(1)].policy, narrow);
+    // Where the network does not enforce it, the same change is made.
+    let mut open = Scene::new(USERS).await;
+    let vm = open.attach(&owner, request(1)).await.expect("attached");
+    open.daemon
+        .policy_set(
+            &owner,
+            PolicySetRequest {
+                interface_id: Some(vm.info.interface_id),
+                ..set(egress(&["0.0.0.0/0"], None))
+            },
+        )
+        .expect("a policy set on a network that enforces nothing");
+}
+
+#[tokio::test]
+async fn a_restart_under_a_new_ceiling_holds_a_wider_vm_to_the_networks_policy() {
+    let mut scene = Scene::new(USERS).await;
+    let owner = user(1000, 1);
+    let wide = egress(&["0.0.0.0/0"], None);
+    let _vm = scene
+        .attach(
+            &owner,
+            AttachRequest {
+                policy: Some(wide.clone()),
+                ..request(1)
+            },
+        )
+        .await
+        .expect("attached");
+    assert_eq!(scene.daemon.interfaces[&id(1)].policy, wide);
+    // Root enforces a policy in networks.yaml and restarts the daemon.
+    scene.yaml = ENFORCED.into();
+    scene.restart().await;
+    assert_eq!(
+        scene.daemon.interfaces[&id(1)].policy,
+        egress(&["api.example.com:443/tcp", "10.0.0.0/8"], Some("20mbit")),
+        "adopted, and held to the network's policy"
+    );
+}

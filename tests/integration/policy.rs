@@ -13,7 +13,11 @@ fn tcp(ns: &Netns, host: &str, port: u16) -> Option<String> {
 /// A world whose upstream also holds ALLOWED_HOST, with echo servers on
 /// its ports 8080 and 8081, and a daemon.
 fn world_with_allowed_host() -> (World, [Reaped; 2]) {
-    let mut world = World::new();
+    world_with_allowed_host_and(World::new())
+}
+
+/// `world_with_allowed_host` on `world` (its own networks.yaml).
+fn world_with_allowed_host_and(mut world: World) -> (World, [Reaped; 2]) {
     let address = format!("{ALLOWED_HOST}/32");
     must(
         &mut world
@@ -306,4 +310,109 @@ fn a_policy_applies_to_new_connections_and_one_opened_before_carries_on() {
         Reply::Refused,
         "a new one meets the policy"
     );
+}
+
+/// Two networks with the same default policy, enforced on `shared` only.
+fn enforced_and_not() -> String {
+    format!(
+        "networks:
+  shared:
+    allow: {{ users: [root, nobody] }}
+    policy: {{ egress: ['{ALLOWED_HOST}:8080/tcp'], enforced: true }}
+    rate_limit: {{ out: 100mbit, enforced: true }}
+  open:
+    subnet: 10.61.0.0/24
+    policy: {{ egress: ['{ALLOWED_HOST}:8080/tcp'] }}
+"
+    )
+}
+
+#[test]
+fn an_enforced_policy_cannot_be_widened_by_attach_or_policy_set_and_an_unenforced_one_can() {
+    let (world, _servers) = world_with_allowed_host_and(World::with_config(&enforced_and_not()));
+    let within = |what: &str| format!("network \"shared\" holds its VMs to its {what}");
+    // An attach that asks for more, by its owner: refused, naming why.
+    let err = failure(&mut world.linnet_wrapped(
+        AS_NOBODY,
+        &[
+            "run",
+            "--network",
+            "shared",
+            "--allow-connect",
+            "0.0.0.0/0",
+            "--",
+            "true",
+        ],
+    ));
+    assert!(
+        err.contains(&format!(
+            "{} (networks.yaml: policy.enforced): connecting to 0.0.0.0/0 is not within its connect rules ({ALLOWED_HOST}:8080/tcp)",
+            within("policy")
+        )),
+        "{err}"
+    );
+    let err = failure(&mut world.linnet(&[
+        "run",
+        "--network",
+        "shared",
+        "--rate-limit-out",
+        "1gbit",
+        "--",
+        "true",
+    ]));
+    assert!(err.contains(&within("rate_limit")), "{err}");
+    // A VM with the network's policy reaches what it allows and nothing else.
+    let g = world.guest("shared", &["--name", "held"]);
+    assert_eq!(g.udhcpc(), g.ip());
+    let reaches = |ns: &Netns, port| echo_try(ns, ALLOWED_HOST, port, "tcp");
+    let answer = Reply::Answer(format!("up from {UPSTREAM_HOST_SIDE}"));
+    assert_eq!(reaches(&g.ns, 8080), answer);
+    assert_eq!(reaches(&g.ns, 8081), Reply::Refused);
+    let shown = must(&mut world.linnet(&["policy", "show", "--name", "held"]));
+    assert!(
+        shown.contains(
+            "enforced: its connect and listen rules and its rate are the most it may have"
+        ),
+        "{shown}"
+    );
+    // `policy set` that widens, or lifts everything: refused, nothing changed.
+    for widen in [
+        &["--allow-connect", &format!("{ALLOWED_HOST}:8081/tcp")][..],
+        &[],
+    ] {
+        let mut argv = vec!["policy", "set", "--name", "held"];
+        argv.extend_from_slice(widen);
+        let err = failure(&mut world.linnet(&argv));
+        assert!(err.contains(&within("policy")), "{widen:?}: {err}");
+    }
+    assert_eq!(reaches(&g.ns, 8080), answer);
+    assert_eq!(reaches(&g.ns, 8081), Reply::Refused, "still held");
+    // Narrowing is the owner's: the rate lower, the rules the same.
+    must(&mut world.linnet(&[
+        "policy",
+        "set",
+        "--name",
+        "held",
+        "--allow-connect",
+        &format!("{ALLOWED_HOST}:8080/tcp"),
+        "--rate-limit",
+        "50mbit",
+    ]));
+    // On `open`, the same default, not enforced: the same change is made.
+    let o = world.guest("open", &["--name", "free"]);
+    assert_eq!(o.udhcpc(), o.ip());
+    assert_eq!(reaches(&o.ns, 8081), Reply::Refused, "its default holds");
+    must(&mut world.linnet(&[
+        "policy",
+        "set",
+        "--network",
+        "open",
+        "--name",
+        "free",
+        "--allow-connect",
+        &format!("{ALLOWED_HOST}:8081/tcp"),
+    ]));
+    assert_eq!(reaches(&o.ns, 8081), answer, "widened where not enforced");
+    let shown = must(&mut world.linnet(&["policy", "show", "--network", "open", "--name", "free"]));
+    assert!(!shown.contains("enforced"), "{shown}");
 }

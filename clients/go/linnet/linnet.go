@@ -200,11 +200,22 @@ type LearnedAddress struct {
 	ExpiresIn uint64 `json:"expires_in"` // seconds
 }
 
+// Enforcement says which parts of an interface's policy its network
+// enforces (networks.yaml's enforced: true): the most its VM may have,
+// which its owner may narrow and never widen.
+type Enforcement struct {
+	Policy    bool   `json:"policy"`
+	RateLimit bool   `json:"rate_limit"`
+	By        string `json:"by"` // the file that enforces them
+}
+
 // PolicyInfo is an interface's policy and what it learned by name.
 type PolicyInfo struct {
 	InterfaceID string           `json:"interface_id"`
 	Policy      Policy           `json:"policy"`
 	Learned     []LearnedAddress `json:"learned,omitempty"`
+	// Enforced is nil when its network enforces nothing of it.
+	Enforced *Enforcement `json:"enforced,omitempty"`
 }
 
 // InterfaceRef names an interface on a network by exactly one of its id

@@ -328,7 +328,14 @@ func TestPoliciesByNameAreSetShownAndListed(t *testing.T) {
 	}
 	daemon.serve("policy_show", nil, `{"reply":"policy","interface_id":"x","policy":{}}`)
 	if info, err := client.PolicyShow(ctx, InterfaceRef{Network: "shared", InterfaceID: "x"}); err != nil ||
-		len(info.Policy.Egress) != 0 || info.Learned != nil {
+		len(info.Policy.Egress) != 0 || info.Learned != nil || info.Enforced != nil {
+		t.Fatalf("got %+v, %v", info, err)
+	}
+	daemon.serve("policy_show", nil, `{"reply":"policy","interface_id":"x","policy":{},
+		"enforced":{"policy":true,"rate_limit":false,"by":"/etc/linnet/networks.yaml"}}`)
+	if info, err := client.PolicyShow(ctx, InterfaceRef{Network: "shared", InterfaceID: "x"}); err != nil ||
+		info.Enforced == nil || !info.Enforced.Policy || info.Enforced.RateLimit ||
+		info.Enforced.By != "/etc/linnet/networks.yaml" {
 		t.Fatalf("got %+v, %v", info, err)
 	}
 	daemon.serve("list", nil, `{"reply":"listing","networks":[],"interfaces":[{"interface_id":"x",

@@ -5,11 +5,13 @@
 
 use tracing::info;
 
-use crate::api::{InterfaceRef, PolicyPart, PolicySetRequest, Response};
+use crate::api::{Enforcement, InterfaceRef, PolicyPart, PolicySetRequest, Response};
 use crate::daemon::client::Client;
 use crate::daemon::errors::DaemonError;
 use crate::daemon::leftovers::Leftovers;
-use crate::daemon::policies::{check_policy_possible, no_address_for_policy};
+use crate::daemon::policies::{
+    check_ceiling, check_policy_possible, enforcement, no_address_for_policy,
+};
 use crate::daemon::state::Daemon;
 use crate::events::What;
 use crate::host::guard::PortGuard;
@@ -30,7 +32,18 @@ impl Daemon {
             interface_id: id,
             policy: iface.policy.clone(),
             learned: self.names.shown(&iface.tap),
+            enforced: self.enforcement_of(&iface.network),
         })
+    }
+
+    /// What the network enforces of its interfaces' policies.
+    fn enforcement_of(&self, network: &str) -> Option<Enforcement> {
+        let cfg = self.config.network(network)?;
+        let by = (self.config.source.as_ref())
+            .map_or(crate::config::DEFAULT_CONFIG_PATH.into(), |p| {
+                p.display().to_string()
+            });
+        enforcement(cfg, &by)
     }
 
     /// `policy set`: the new policy holds for new connections at once, a
@@ -51,6 +64,7 @@ impl Daemon {
         let iface = &self.interfaces[&id];
         let policy = changed(&iface.policy, &req);
         check_policy_possible(&policy, cfg, self.host.devices.bridge_netfilter())?;
+        check_ceiling(&policy, cfg)?;
         if iface.ip.is_none() && !policy.is_open() {
             return Err(no_address_for_policy(&req.network));
         }
@@ -79,6 +93,7 @@ impl Daemon {
             interface_id: id,
             policy,
             learned: self.names.shown(&self.interfaces[&id].tap),
+            enforced: self.enforcement_of(&req.network),
         })
     }
 
