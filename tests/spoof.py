@@ -27,8 +27,11 @@ learn from), arp-probe-other (an address probe for someone else's IPv4,
 which would make it decline its lease), arp-probe-own (one for its own,
 which passes), frag6-short (an IPv6 first fragment from its own global
 address, its transport header left for a later fragment; to other_mac),
-dhcp-discover (an honest DISCOVER for its own MAC), dhcp-hlen (the same
-with a hardware address length of 255), dhcp-frag (the first
+dhcp-discover (an honest DISCOVER for its own MAC, the marker in its
+sname), dhcp-in-unicast (the same in a frame to other_mac), arp-padded (an
+honest request for gw, the marker after the ARP body), ns-padded (a
+neighbour solicitation for gw6 to all nodes, the marker in options), dhcp-hlen (the same
+as dhcp-discover with a hardware address length of 255), dhcp-frag (the first
 fragment of a DHCP request from its own address whose
 chaddr would come in the second; sent with the second, which carries
 chaddr=CHADDR). Checksums
@@ -165,6 +168,20 @@ def frame(kind, k):
             discover[2] = 255  # a hardware address length no chaddr holds
         discover = bytes(discover)
         return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(v4("0.0.0.0"), everyone, 68, 67, discover))
+    if kind == "dhcp-in-unicast":
+        # An honest DISCOVER, in a frame to one VM's own MAC.
+        discover = bootp(1, own_mac, b"\0" * 4, marker, bytes([53, 1, 1, 255]))
+        return ether(mac(k["other_mac"]), own_mac, 0x0800, ipv4_udp(v4("0.0.0.0"), everyone, 68, 67, discover))
+    if kind == "arp-padded":
+        # An honest request for the gateway with data after the ARP body.
+        request = arp(1, own_mac, own_ip, b"\0" * 6, v4(k["gw"]))
+        return ether(BROADCAST, own_mac, 0x0806, request + (marker + b" ") * 16)
+    if kind == "ns-padded":
+        # A solicitation for the gateway to all nodes, its own link-layer
+        # address, and the marker in options past what any VM needs.
+        ns = struct.pack("!BBHI16s", 135, 0, 0, 0, v6(k["gw6"])) + struct.pack("!BB6s", 1, 1, own_mac)
+        ns += nd_option(marker) * 4
+        return ether(ALL_NODES_MAC, own_mac, 0x86DD, ipv6_icmp(v6(k["ll"]), ALL_NODES, ns))
     if kind == "dhcp-other-mac":
         discover = bootp(1, mac(k["other_mac"]), b"\0" * 4, marker, bytes([53, 1, 1, 255]))
         return ether(BROADCAST, own_mac, 0x0800, ipv4_udp(v4("0.0.0.0"), everyone, 68, 67, discover))

@@ -511,7 +511,9 @@ pub struct AttachArgs {
     /// Accept connections to the VM only on these ports (repeatable), from
     /// the host, other VMs and port forwards, and broadcast and multicast
     /// only to them (ARP, neighbour discovery, DHCP replies and pings still
-    /// arrive): e.g. 8000/tcp, 5000-5010.
+    /// arrive): e.g. 8000/tcp, 5000-5010. With --allow-connect and none of
+    /// these, no other VM connects to it (the host and its published
+    /// ports do), and its broadcasts reach no other VM.
     #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
     pub allow_listen: Vec<ListenRule>,
     #[command(flatten)]

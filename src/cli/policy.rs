@@ -42,6 +42,8 @@ pub struct SetArgs {
     #[arg(long, value_name = "CIDR|NAME[:PORT[-PORT]][/tcp|/udp]")]
     allow_connect: Vec<ConnectRule>,
     /// Accept connections to the VM only on these ports (repeatable).
+    /// With --allow-connect and none of these, no other VM connects to it
+    /// (the host and its published ports do).
     #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
     allow_listen: Vec<ListenRule>,
     #[command(flatten)]

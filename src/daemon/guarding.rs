@@ -175,6 +175,7 @@ pub(super) fn port_guard(
         // A LAN has its own DHCP server: a VM's would be a rogue one.
         dhcp_server: cfg.own().is_some_and(|own| !own.dhcp.enabled),
         listen: (!policy.ingress.is_empty()).then(|| policy.ingress.clone()),
+        connect_policed: !policy.egress.is_empty(),
         rate_limit: policy.rate_limit,
     }
 }

@@ -491,29 +491,63 @@ fn add_policies(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
                 iface,
                 &chain,
                 allowed,
-                [FORWARD, INPUT],
+                &[FORWARD, INPUT],
                 "saddr",
                 reject,
             );
         }
+        let chain = format!("in-{}", iface.tap);
         if !iface.policy.ingress.is_empty() {
-            let mut allowed: Vec<_> = [("icmp", "echo-request"), ("icmpv6", "echo-request")]
-                .into_iter()
-                .map(|(proto, ping)| vec![eq(payload(proto, "type"), string(ping)), accept()])
-                .collect();
+            let mut allowed = pings(net, iface);
             allowed.extend(iface.policy.ingress.iter().map(listen_match));
-            let chain = format!("in-{}", iface.tap);
             add_policy_chain(
                 batch,
                 iface,
                 &chain,
                 allowed,
-                [FORWARD, LOCAL_OUT],
+                &[FORWARD, LOCAL_OUT],
+                "daddr",
+                None,
+            );
+        } else if !iface.policy.egress.is_empty() {
+            // A VM with a connect policy and no listen rule: no other VM
+            // (nor anything routed) connects to it, lest a neighbour pull
+            // out what its policy keeps in; its published ports do, and
+            // the host's own connections (output) never come here.
+            add_policy_chain(
+                batch,
+                iface,
+                &chain,
+                vec![vec![dnated(), accept()]],
+                &[FORWARD],
                 "daddr",
                 None,
             );
         }
     }
+}
+
+/// The pings a VM with a listen policy answers: anyone's, or with a
+/// connect policy too only the host's (from its gateways), since an echo
+/// reply carries whatever the VM puts in it.
+fn pings(net: &FirewallNetwork, iface: &InterfacePolicy) -> Vec<Vec<Statement<'static>>> {
+    let mut out = Vec::new();
+    for (proto, family, v6) in [("icmp", "ip", false), ("icmpv6", "ip6", true)] {
+        let mut ping = vec![eq(payload(proto, "type"), string("echo-request"))];
+        if !iface.policy.egress.is_empty() {
+            let gateways: Vec<String> = (net.gateways.iter())
+                .filter(|gw| gw.is_ipv6() == v6)
+                .map(|gw| gw.to_string())
+                .collect();
+            if gateways.is_empty() {
+                continue;
+            }
+            ping.push(eq(payload(family, "saddr"), set(&gateways)));
+        }
+        ping.push(accept());
+        out.push(ping);
+    }
+    out
 }
 
 /// One interface's policy chain: the `allowed` rules, then a reject
@@ -525,7 +559,7 @@ fn add_policy_chain(
     iface: &InterfacePolicy,
     chain: &str,
     allowed: Vec<Vec<Statement<'static>>>,
-    hooks: [&'static str; 2],
+    hooks: &[&'static str],
     field: &'static str,
     counted: Option<&str>,
 ) {
@@ -579,7 +613,7 @@ fn add_policy_chain(
         if addrs.is_empty() {
             continue;
         }
-        for hook in hooks {
+        for &hook in hooks {
             // What conntrack cannot place (a segment of no connection, odd
             // flags) would skip the `new` match below: it is dropped.
             batch.add(rule(
@@ -1245,12 +1279,59 @@ mod tests {
         );
         let inn = rules(&doc, "in-lnta");
         assert_eq!(
-            inn[2][1],
+            inn[0],
+            json!([
+                {"match": {"left": {"payload": {"protocol": "icmp", "field": "type"}}, "right": "echo-request", "op": "=="}},
+                {"match": {"left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"set": ["192.168.105.1"]}, "op": "=="}},
+                {"accept": null}
+            ]),
+            "with a connect policy, pings from the host only (no IPv6 gateway here: none over IPv6)"
+        );
+        assert_eq!(
+            inn[1][1],
             json!({"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": {"range": [8000, 8010]}, "op": "=="}})
         );
-        assert_eq!(inn[4], json!([{"reject": null}]));
+        assert_eq!(inn[3], json!([{"reject": null}]));
+        // A VM that only listens answers anyone's pings.
+        nets[0].policies[0].policy.egress.clear();
+        let inn = rules(&ruleset(&nets), "in-lnta");
+        assert_eq!(inn[0].as_array().unwrap().len(), 2, "{}", inn[0]);
+        assert_eq!(inn[1][0]["match"]["right"], "echo-request");
         // Without policies there are no input/output filter chains at all.
         assert!(rules(&ruleset(&super::tests::nets()), "input").is_empty());
+    }
+
+    #[test]
+    fn a_vm_with_a_connect_policy_and_no_listen_rule_is_reached_only_by_its_published_ports_and_the_host()
+     {
+        let mut nets = nets();
+        nets[0].gateways = vec!["192.168.105.1".parse().unwrap()];
+        nets[0].policies = vec![InterfacePolicy {
+            tap: "lnta".into(),
+            addrs: vec!["192.168.105.2".parse().unwrap()],
+            policy: Policy {
+                egress: vec!["198.51.100.1:443/tcp".parse().unwrap()],
+                ..Default::default()
+            },
+            learned: vec![],
+            refused: 0,
+        }];
+        let doc = ruleset(&nets);
+        let inn = rules(&doc, "in-lnta");
+        assert_eq!(
+            inn[0],
+            json!([{"match": {"left": {"ct": {"key": "status"}}, "right": "dnat", "op": "in"}}, {"accept": null}]),
+            "its published ports"
+        );
+        assert_eq!(inn.last().unwrap(), &json!([{"reject": null}]));
+        let jumps = |chain: &str| {
+            rules(&doc, chain)
+                .iter()
+                .filter(|r| r.to_string().contains("in-lnta"))
+                .count()
+        };
+        assert_eq!(jumps("forward"), 1, "from other VMs and anything routed");
+        assert_eq!(jumps("local-out"), 0, "the host's own connections pass");
     }
 
     #[test]

@@ -73,6 +73,9 @@ fn sets(hook: Hook) -> String {
     # policy), and those ports.
     set listen_policed {{ type ifname; }}
     set listen {{ type ifname . inet_proto . inet_service; flags interval; }}
+    # TAPs whose VM has a connect policy: it reaches other VMs only as
+    # that policy says, and through nothing else (its broadcasts, padding).
+    set connect_policed {{ type ifname; }}
     # Frames dropped, per TAP.
     set drops {{ type ifname; flags dynamic; counter; size 65535; }}
 {maps}
@@ -101,6 +104,15 @@ fn prerouting() -> String {
 /// it for the NIC: `oifname`).
 fn sender_chains(hook: Hook) -> String {
     let port = hook.port_key();
+    // What `meta length` counts at the bridge's prerouting: the frame
+    // after its Ethernet header (28 bytes of ARP; 46 padded to Ethernet's
+    // least). Connect policies hold on linnet's own bridges only, so the
+    // set these rules test is empty on a macvtap's egress.
+    const ARP_PADDED: u32 = 46;
+    // The longest neighbour discovery a VM needs: the IPv6 header, a
+    // solicitation or advertisement (24 bytes), a link-layer address
+    // option (8) and a nonce option (8, RFC 7527).
+    const ND_LONGEST: u32 = 40 + 24 + 8 + 8;
     format!(
         r#"
     # Its own MAC; then by protocol, nothing but IPv4, ARP and IPv6 (no
@@ -116,6 +128,7 @@ fn sender_chains(hook: Hook) -> String {
     # that one checks it, would make it decline its lease.
     chain from_arp {{
         meta {port} . arp saddr ether != @macs update @drops {{ meta {port} }} drop
+        meta {port} @connect_policed meta length > {ARP_PADDED} update @drops {{ meta {port} }} drop
         meta {port} . arp saddr ip @ipv4 accept
         meta {port} . arp saddr ip @ipv4ranges accept
         arp saddr ip 0.0.0.0 meta {port} . arp daddr ip @ipv4 accept
@@ -159,6 +172,7 @@ fn sender_chains(hook: Hook) -> String {
         udp sport 547 update @drops {{ meta {port} }} drop
         udp dport 546 update @drops {{ meta {port} }} drop
         icmpv6 type nd-neighbor-advert meta {port} . @th,64,128 != @ndtarget update @drops {{ meta {port} }} drop
+        meta {port} @connect_policed icmpv6 type {{ nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert }} meta length > {ND_LONGEST} update @drops {{ meta {port} }} drop
         meta {port} . ip6 saddr @ipv6 accept
         ip6 saddr :: icmpv6 type {{ mld-listener-report, mld2-listener-report }} accept
         ip6 saddr :: icmpv6 type nd-neighbor-solicit meta {port} . @th,64,128 @ndtarget accept
@@ -191,7 +205,21 @@ const BRIDGE_CHAINS: &str = r#"
     chain forward {
         type filter hook forward priority filter; policy accept;
         iifname @isolated oifname @isolated drop
+        iifname @connect_policed jump from_policed
         oifname @guarded jump to_port
+    }
+
+    # What a VM with a connect policy sends to other VMs: unicast IP, which
+    # its policy judges in inet linnet, and of broadcast and multicast (by
+    # MAC, or by address inside a frame to one VM's MAC) only ARP and
+    # neighbour discovery, which their network needs. (What it sends the
+    # host never passes here.)
+    chain from_policed {
+        ether type arp return
+        icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } return
+        ether daddr & 01:00:00:00:00:00 != 00:00:00:00:00:00 drop
+        ip daddr { 255.255.255.255, 224.0.0.0/4 } drop
+        ip6 daddr ff00::/8 drop
     }
 
     chain output {
@@ -304,6 +332,10 @@ pub struct PortGuard {
     /// With a listen policy: the only ports its VM gets broadcast and
     /// multicast on (beyond what its network needs).
     pub listen: Option<Vec<ListenRule>>,
+    /// With a connect policy: none of its broadcast or multicast but ARP
+    /// and neighbour discovery reaches another VM, and those carry nothing
+    /// past what they need.
+    pub connect_policed: bool,
     /// Its rate limits (`limits`).
     pub rate_limit: RateLimits,
 }
@@ -471,6 +503,7 @@ pub fn remove_ports(nft: &mut Nft, ports: &[PortGuard]) -> Result<(), NftError> 
                 anti_spoofing: true,
                 isolated: true,
                 dhcp_server: true,
+                connect_policed: true,
                 ..port.clone()
             };
             let mut all = elements(&every);
@@ -658,6 +691,7 @@ enum Set {
     Ndtarget,
     ListenPoliced,
     Listen,
+    ConnectPoliced,
     Drops,
     LimitedSent,
     LimitedReceived,
@@ -665,7 +699,7 @@ enum Set {
 
 impl Set {
     #[cfg(test)]
-    const ALL: [Set; 14] = [
+    const ALL: [Set; 15] = [
         Set::Guarded,
         Set::Isolated,
         Set::DhcpServers,
@@ -677,6 +711,7 @@ impl Set {
         Set::Ndtarget,
         Set::ListenPoliced,
         Set::Listen,
+        Set::ConnectPoliced,
         Set::Drops,
         Set::LimitedSent,
         Set::LimitedReceived,
@@ -695,6 +730,7 @@ impl Set {
             Set::Ndtarget => "ndtarget",
             Set::ListenPoliced => "listen_policed",
             Set::Listen => "listen",
+            Set::ConnectPoliced => "connect_policed",
             Set::Drops => "drops",
             Set::LimitedSent => "limited_sent",
             Set::LimitedReceived => "limited_received",
@@ -816,6 +852,9 @@ fn elements(port: &PortGuard) -> Vec<Element<'_>> {
                 out.push(element(Set::Listen, Key::Ports(protocol, first, last)));
             }
         }
+        if port.connect_policed {
+            out.push(element(Set::ConnectPoliced, Key::Port));
+        }
         if port.dhcp_server {
             out.push(element(Set::DhcpServers, Key::Port));
         }
@@ -844,6 +883,7 @@ pub(super) mod tests {
             isolated: false,
             dhcp_server: false,
             listen: None,
+            connect_policed: false,
             rate_limit: RateLimits::default(),
         }
     }
@@ -936,6 +976,19 @@ pub(super) mod tests {
                 "bridge linnet listen { \"lnt0123456789ab\" . tcp . 53-53 }",
                 "bridge linnet listen { \"lnt0123456789ab\" . udp . 53-53 }",
             ]
+        );
+        assert!(!by_set(&p).contains_key("connect_policed"));
+        p.connect_policed = true;
+        assert_eq!(
+            by_set(&p)["connect_policed"],
+            ["bridge linnet connect_policed { \"lnt0123456789ab\" }"]
+        );
+        // What it sends other VMs is sorted before anything else of theirs.
+        let forward = ruleset();
+        let forward = &forward[forward.find("chain forward").unwrap()..];
+        assert!(
+            forward.find("iifname @connect_policed jump from_policed")
+                < forward.find("oifname @guarded jump to_port")
         );
     }
 

@@ -15,6 +15,7 @@ mod ipv6;
 mod lan;
 mod metrics;
 mod names;
+mod neighbours;
 mod network_sockets;
 mod policy;
 mod qemu;
