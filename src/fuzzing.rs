@@ -396,6 +396,29 @@ pub fn lease_file(bytes: &[u8]) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A connection's first bytes, as the gate reads them: whatever they
+/// show is decided for good (more bytes after them change nothing), a
+/// name is non-empty ASCII, and until decided every prefix wants more.
+pub fn first_bytes(bytes: &[u8]) {
+    use crate::gate::{Shown, shown};
+    let mut scratch = Vec::new();
+    let verdict = format!("{:?}", shown(bytes, &mut scratch));
+    if let Shown::Name(name) = shown(bytes, &mut scratch) {
+        assert!(!name.is_empty() && name.is_ascii(), "{name:?}");
+    }
+    if verdict == "More" {
+        return;
+    }
+    let mut longer = bytes.to_vec();
+    longer.extend_from_slice(b"GET / HTTP/1.1\r\nHost: x.test\r\n\r\n\x16\x03\x01\x00\x01\x01");
+    let mut again = Vec::new();
+    assert_eq!(
+        format!("{:?}", shown(&longer, &mut again)),
+        verdict,
+        "decided for good"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,7 +429,7 @@ mod tests {
     /// Every target on every seed of its corpus (fuzz/corpus/TARGET).
     #[test]
     fn every_target_holds_on_its_corpus() {
-        let targets: [Target; 12] = [
+        let targets: [Target; 13] = [
             ("dhcp_request", dhcp_request),
             ("dns_query", dns_query),
             ("dns_tcp", dns_tcp),
@@ -419,6 +442,7 @@ mod tests {
             ("coalescing", coalescing),
             ("lease_file", lease_file),
             ("interface_record", interface_record),
+            ("first_bytes", first_bytes),
         ];
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
         for (name, target) in targets {

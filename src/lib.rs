@@ -23,6 +23,10 @@ mod frr;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+// Its parsers come first, with their tests and fuzz target; the gate
+// process that holds connections to them (issue 48) is not built yet.
+#[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
+mod gate;
 mod host;
 mod learned;
 mod leases;
