@@ -97,6 +97,9 @@ pub struct NetworkConfig {
     /// Which of its policy and rate limits are also the most a VM may
     /// have (`enforced: true`).
     pub enforced: Enforced,
+    /// Where its events, its VMs' policy decisions among them, are kept
+    /// (`audit_log: PATH`; `daemon::audit`).
+    pub audit_log: Option<PathBuf>,
 }
 
 /// Which of a network's defaults are ceilings its VMs cannot lift.
@@ -486,6 +489,8 @@ struct NetworkSpec {
     rate_limit: Option<serde_norway::Value>,
     /// `true`, `false` or an absolute path.
     socket: Option<serde_norway::Value>,
+    /// An absolute path: the network's audit log.
+    audit_log: Option<String>,
     clone_subnet: Option<String>,
     /// The network across hosts (`config::evpn`).
     evpn: Option<evpn::EvpnSpec>,
@@ -987,6 +992,7 @@ impl Validator<'_> {
                 policy: policy_enforced,
                 rate_limit: rate_enforced,
             },
+            audit_log: self.audit_log(spec.audit_log.take())?,
         })
     }
 
@@ -1091,6 +1097,21 @@ impl Validator<'_> {
             }
             Some(v) => Ok((RateLimits::both(rate("rate_limit", v)?), false)),
         }
+    }
+
+    /// `audit_log: PATH`, absolute, a file's.
+    fn audit_log(&self, spec: Option<String>) -> Result<Option<PathBuf>, ConfigError> {
+        let Some(text) = spec else {
+            return Ok(None);
+        };
+        let path = PathBuf::from(&text);
+        if !path.is_absolute() || text.ends_with('/') {
+            return Err(self.err(
+                "audit_log",
+                format!("\"{text}\" is not an absolute path of a file (e.g. /var/log/linnet/sandbox.jsonl)"),
+            ));
+        }
+        Ok(Some(path))
     }
 
     /// The policy, and whether it is enforced.
@@ -1360,6 +1381,7 @@ impl Validator<'_> {
                 policy: false,
                 rate_limit: rate_enforced,
             },
+            audit_log: self.audit_log(spec.audit_log.take())?,
         })
     }
 
@@ -2150,6 +2172,25 @@ mod tests {
         ] {
             let m = message(&format!("networks:\n  shared:\n    {yaml}\n"));
             assert!(m.contains(says), "{yaml}: {m}");
+        }
+    }
+
+    #[test]
+    fn an_audit_log_is_an_absolute_path() {
+        let cfg =
+            load("networks:\n  shared:\n    audit_log: /var/log/linnet/shared.jsonl\n").unwrap();
+        assert_eq!(
+            cfg.network("shared").unwrap().audit_log.as_deref(),
+            Some(Path::new("/var/log/linnet/shared.jsonl"))
+        );
+        assert_eq!(cfg.network("host").unwrap().audit_log, None);
+        for bad in ["audit.jsonl", "/var/log/"] {
+            let m = message(&format!("networks:\n  shared:\n    audit_log: {bad}\n"));
+            assert!(m.contains("audit_log: \""), "{bad}: {m}");
+            assert!(
+                m.contains("is not an absolute path of a file"),
+                "{bad}: {m}"
+            );
         }
     }
 

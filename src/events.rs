@@ -38,6 +38,17 @@ pub struct Event {
     pub what: What,
 }
 
+/// An address an answer let a VM reach, for `seconds`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reachable {
+    pub address: std::net::IpAddr,
+    pub seconds: u32,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// What happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -97,6 +108,23 @@ pub enum What {
     /// An adopted interface's client claimed it again.
     Reclaimed {
         interface_id: InterfaceId,
+    },
+    /// linnet's DNS answered, or refused, a name a VM with names in its
+    /// policy asked for: the decision its policy made, on record.
+    Name {
+        interface_id: InterfaceId,
+        /// The VM's name, if it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// The name it asked for, as DNS compares names.
+        asked: String,
+        allowed: bool,
+        /// What an allowed answer let it reach, and for how long.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        learned: Vec<Reachable>,
+        /// This VM's records not given (over its budget) since its last.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        held_back: u64,
     },
     /// A network came up, or went down.
     NetworkUp,

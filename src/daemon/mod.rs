@@ -25,6 +25,7 @@
 
 mod adoption;
 mod apply;
+mod audit;
 mod client;
 mod coexist;
 mod drivers;

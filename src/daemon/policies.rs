@@ -14,6 +14,7 @@ use crate::config::NetworkConfig;
 use crate::host::firewall::InterfacePolicy;
 use crate::policy::Policy;
 use crate::services::name_gate::{NameGate, NamedVm};
+use crate::types::InterfaceId;
 
 /// A policy is enforced by the VM's addresses; without DHCP and a static
 /// lease linnet does not know its IPv4 one.
@@ -118,15 +119,17 @@ pub(super) fn interface_policies<'a>(
 /// name gate knows them.
 pub(super) fn named_vms<'a>(
     cfg: &NetworkConfig,
-    interfaces: impl Iterator<Item = &'a Interface>,
+    interfaces: impl Iterator<Item = (&'a InterfaceId, &'a Interface)>,
 ) -> Vec<NamedVm> {
     let Some(own) = cfg.own() else {
         return Vec::new();
     };
     interfaces
-        .filter(|i| i.network == cfg.name && i.policy.has_names())
-        .map(|i| NamedVm {
+        .filter(|(_, i)| i.network == cfg.name && i.policy.has_names())
+        .map(|(id, i)| NamedVm {
             network: cfg.name.clone(),
+            interface_id: *id,
+            name: i.name.clone(),
             tap: i.tap.clone(),
             addrs: vm_addresses(cfg, i),
             policy: i.policy.clone(),

@@ -199,7 +199,8 @@ async fn start(fake: &FakeHost, dir: &Path, yaml: &str) -> Daemon {
         std::fs::create_dir_all(dir.join(made)).expect("a directory");
     }
     let host = fake.host();
-    let names = Arc::new(NameGate::new(host.tables.learned_sets()));
+    let events = crate::events::Bus::default();
+    let names = Arc::new(NameGate::new(host.tables.learned_sets(), events.clone()));
     let mut daemon = Daemon::new(
         config,
         dir.join("state"),
@@ -207,7 +208,7 @@ async fn start(fake: &FakeHost, dir: &Path, yaml: &str) -> Daemon {
         host,
         Arc::new(NoServices),
         names,
-        crate::events::Bus::default(),
+        events,
     );
     daemon.reconcile().await.expect("start-up");
     daemon

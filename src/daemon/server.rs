@@ -112,8 +112,13 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             .context("cannot bring up the namespace's loopback")?;
     }
     let host = Host::kernel(netlink);
-    let names = Arc::new(NameGate::new(host.tables.learned_sets()));
     let events = Bus::default();
+    for (name, cfg) in &opts.config.networks {
+        if let Some(path) = &cfg.audit_log {
+            super::audit::follow(name.clone(), path.clone(), &events);
+        }
+    }
+    let names = Arc::new(NameGate::new(host.tables.learned_sets(), events.clone()));
     let mut daemon = Daemon::new(
         opts.config,
         opts.state_dir.clone(),

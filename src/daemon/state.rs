@@ -610,7 +610,7 @@ impl Daemon {
     /// The VMs with names in their policy, for the name gate.
     pub(super) fn named_vms(&self) -> Vec<NamedVm> {
         (self.networks.values())
-            .flat_map(|n| policies::named_vms(&n.config, self.interfaces.values()))
+            .flat_map(|n| policies::named_vms(&n.config, self.interfaces.iter()))
             .collect()
     }
 

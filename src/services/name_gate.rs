@@ -6,6 +6,9 @@
 //! the answer's addresses into the VM's sets (`learn`). The daemon
 //! rebuilds the firewall from what it holds (`elements`), so a rebuild
 //! between two answers loses nothing. One gate serves every network.
+//! Each decision goes on record as a `name` event (`linnet events`, a
+//! network's audit log), within a budget per VM: what it holds back is
+//! counted in the next record that goes out.
 //!
 //! Everything here runs on the daemon's one thread, between awaits: a
 //! rebuild and a `learn` never interleave.
@@ -13,23 +16,33 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hickory_proto::rr::Name;
 use tracing::warn;
 
 use super::unix_now;
-use crate::budget::Refusals;
+use crate::budget::{RateLimit, Refusals};
+use crate::events::{Bus, Reachable, What};
 use crate::host::nft::NftError;
 use crate::host::seam::LearnedSets;
 use crate::learned::{Element, Learned, LearnedAddress, MAX_LEARNED, TtlBounds};
 use crate::names;
 use crate::policy::Policy;
+use crate::types::InterfaceId;
+
+/// Records of one VM's decisions at most in each window; the rest are
+/// counted (`held_back`) in the next that goes out.
+const RECORDS_PER_WINDOW: u32 = 100;
+const RECORD_WINDOW: Duration = Duration::from_secs(10);
 
 /// A VM with names in its policy, as the daemon describes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NamedVm {
     pub network: String,
+    pub interface_id: InterfaceId,
+    /// The VM's name, for its records.
+    pub name: Option<String>,
     /// Its TAP: the key of its sets.
     pub tap: String,
     /// The addresses its queries come from.
@@ -57,6 +70,28 @@ struct Vm {
     refused_queries: u64,
     /// When to log refusals: a VM cannot fill the log.
     logged: Refusals,
+    /// Its records' budget, and what it held back.
+    records: RateLimit<()>,
+    held_back: u64,
+}
+
+impl Vm {
+    /// Puts a decision on record, if this VM's budget allows.
+    fn record(&mut self, events: &Bus, asked: &Name, allowed: bool, learned: Vec<Reachable>) {
+        if self.records.allow(&(), Instant::now()).is_err() {
+            self.held_back += 1;
+            return;
+        }
+        let what = What::Name {
+            interface_id: self.spec.interface_id,
+            name: self.spec.name.clone(),
+            asked: names::shown(&names::normalise(asked)),
+            allowed,
+            learned,
+            held_back: std::mem::take(&mut self.held_back),
+        };
+        events.emit(Some(&self.spec.network), what);
+    }
 }
 
 #[derive(Default)]
@@ -70,13 +105,15 @@ struct State {
 
 pub struct NameGate {
     sets: Arc<dyn LearnedSets>,
+    events: Bus,
     state: Mutex<State>,
 }
 
 impl NameGate {
-    pub fn new(sets: Arc<dyn LearnedSets>) -> NameGate {
+    pub fn new(sets: Arc<dyn LearnedSets>, events: Bus) -> NameGate {
         NameGate {
             sets,
+            events,
             state: Mutex::default(),
         }
     }
@@ -129,6 +166,8 @@ impl NameGate {
                         learned,
                         refused_queries: 0,
                         logged: Refusals::default(),
+                        records: RateLimit::new(RECORDS_PER_WINDOW, RECORD_WINDOW),
+                        held_back: 0,
                     }
                 }
             };
@@ -149,9 +188,11 @@ impl NameGate {
         };
         let vm = state.vms.get_mut(&tap).expect("by_client names known VMs");
         if !vm.spec.policy.reaches_of(name).is_empty() {
+            // On record once answered (`learn`), with what it gave.
             return Verdict::Allowed(tap);
         }
         vm.refused_queries += 1;
+        vm.record(&self.events, name, false, Vec::new());
         if let Some(count) = vm.logged.one_more(Instant::now()) {
             warn!(network, tap, %client, name = %names::shown(name), refused = count, "DNS: refused a name the VM's policy does not allow (one line per VM every 10 s at most; `linnet ls` counts them all)");
         }
@@ -176,6 +217,14 @@ impl NameGate {
         let bounds = vm.spec.bounds;
         let over = vm.learned.over_limit;
         let elements = (vm.learned).learn(&vm.spec.policy, name, answers, bounds, unix_now());
+        let reachable = answers
+            .iter()
+            .map(|&(address, ttl)| Reachable {
+                address,
+                seconds: bounds.clamp(ttl),
+            })
+            .collect();
+        vm.record(&self.events, name, true, reachable);
         if vm.learned.over_limit > over
             && let Some(count) = vm.logged.one_more(Instant::now())
         {
@@ -223,6 +272,8 @@ mod tests {
     fn vm(tap: &str, addr: &str, rules: &[&str]) -> NamedVm {
         NamedVm {
             network: "shared".into(),
+            interface_id: InterfaceId::from_u128(tap.len() as u128),
+            name: Some(format!("vm-{tap}")),
             tap: tap.into(),
             addrs: vec![addr.parse().unwrap()],
             policy: Policy {
@@ -248,7 +299,7 @@ mod tests {
     #[test]
     fn only_named_vms_are_gated_and_only_for_their_names() {
         let host = FakeHost::new();
-        let gate = NameGate::new(Arc::new(host.clone()));
+        let gate = NameGate::new(Arc::new(host.clone()), Bus::default());
         gate.follow(vec![vm("lnt0", "10.0.0.2", &["a.test:443"])]);
         assert_eq!(
             gate.ask("shared", ip("10.0.0.3"), &name("x.test")),
@@ -270,9 +321,81 @@ mod tests {
     }
 
     #[test]
+    fn every_decision_is_on_record_within_a_budget_per_vm() {
+        let host = FakeHost::new();
+        let bus = Bus::default();
+        let (_, mut records) = bus.subscribe(false);
+        let gate = NameGate::new(Arc::new(host.clone()), bus.clone());
+        let agent = vm("lnt0", "10.0.0.2", &["a.test:443"]);
+        let (id, vm_name) = (agent.interface_id, agent.name.clone());
+        gate.follow(vec![agent]);
+        assert_eq!(
+            gate.ask("shared", ip("10.0.0.2"), &name("Evil.test.")),
+            Verdict::Refused
+        );
+        gate.learn(
+            "lnt0",
+            &name("A.test"),
+            &[(ip("192.0.2.1"), 3), (ip("192.0.2.2"), 600)],
+        )
+        .unwrap();
+        let next = |records: &mut tokio::sync::broadcast::Receiver<crate::events::Event>| {
+            records.try_recv().expect("a record")
+        };
+        let refused = next(&mut records);
+        assert_eq!(refused.network.as_deref(), Some("shared"));
+        assert_eq!(
+            refused.what,
+            What::Name {
+                interface_id: id,
+                name: vm_name.clone(),
+                asked: "evil.test".into(),
+                allowed: false,
+                learned: vec![],
+                held_back: 0,
+            }
+        );
+        assert_eq!(
+            next(&mut records).what,
+            What::Name {
+                interface_id: id,
+                name: vm_name,
+                asked: "a.test".into(),
+                allowed: true,
+                // As long as the VM may reach each: its TTL within 5..=60.
+                learned: vec![
+                    Reachable {
+                        address: ip("192.0.2.1"),
+                        seconds: 5
+                    },
+                    Reachable {
+                        address: ip("192.0.2.2"),
+                        seconds: 60
+                    },
+                ],
+                held_back: 0,
+            }
+        );
+        // A flood: the budget's worth on record, the rest counted.
+        for _ in 0..RECORDS_PER_WINDOW + 50 {
+            gate.ask("shared", ip("10.0.0.2"), &name("evil.test"));
+        }
+        let mut flood = 0;
+        while records.try_recv().is_ok() {
+            flood += 1;
+        }
+        assert_eq!(flood, RECORDS_PER_WINDOW - 2, "two went on record before");
+        assert_eq!(gate.state().vms["lnt0"].held_back, 52);
+        assert_eq!(
+            gate.refused_queries()["lnt0"],
+            u64::from(RECORDS_PER_WINDOW) + 51
+        );
+    }
+
+    #[test]
     fn an_answer_is_in_the_sets_when_learn_returns_and_a_new_policy_drops_it() {
         let host = FakeHost::new();
-        let gate = NameGate::new(Arc::new(host.clone()));
+        let gate = NameGate::new(Arc::new(host.clone()), Bus::default());
         gate.follow(vec![vm("lnt0", "10.0.0.2", &["a.test:443"])]);
         let ceiling = gate
             .learn("lnt0", &name("a.test"), &[(ip("192.0.2.1"), 3)])
@@ -311,7 +434,7 @@ mod tests {
             }],
         )
         .unwrap();
-        let gate = NameGate::new(Arc::new(host.clone()));
+        let gate = NameGate::new(Arc::new(host.clone()), Bus::default());
         gate.recover();
         gate.follow(vec![vm("lnt0", "10.0.0.2", &["a.test:443"])]);
         let back = gate.elements("lnt0");

@@ -544,3 +544,120 @@ fn rootless_and_a_clone_pass_the_basic_case() {
         "the clone: another name"
     );
 }
+
+/// The events of `kind` in the JSON lines of `path` (none while it is
+/// not there).
+fn logged(path: &std::path::Path, kind: &str) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .filter(|e| e["event"] == kind)
+        .collect()
+}
+
+#[test]
+fn every_name_decision_is_in_linnet_events_and_the_audit_log_within_a_budget() {
+    let keep = tempfile::tempdir().unwrap();
+    let audit = keep.path().join("shared.jsonl");
+    let yaml = format!("networks:\n  shared:\n    audit_log: {}\n", audit.display());
+    let (world, _servers) = world_with_names(Some(&yaml));
+    let follower = crate::events::Follower::start(&world, &["--network", "shared"]);
+    let g = agent(&world);
+    assert_eq!(resolve(&g, "other.test"), None);
+    let id = &g.info["interface_id"];
+    // Answered: the name, the address and how long it is the VM's.
+    let allowed = follower.next("name");
+    assert_eq!(
+        (
+            &allowed["interface_id"],
+            &allowed["name"],
+            &allowed["asked"],
+            &allowed["allowed"]
+        ),
+        (
+            id,
+            &Value::from("agent"),
+            &Value::from("allowed.test"),
+            &Value::from(true)
+        ),
+        "{allowed}"
+    );
+    assert_eq!(allowed["learned"][0]["address"], ALLOWED, "{allowed}");
+    assert!(
+        allowed["learned"][0]["seconds"].as_u64() >= Some(3),
+        "{allowed}"
+    );
+    // (`resolve` asks twice: the allowed name's second answer comes first.)
+    let refused = std::iter::repeat_with(|| follower.next("name"))
+        .find(|r| r["allowed"] == false)
+        .unwrap();
+    assert_eq!(
+        (
+            &refused["asked"],
+            &refused["allowed"],
+            refused.get("learned")
+        ),
+        (&Value::from("other.test"), &Value::from(false), None),
+        "{refused}"
+    );
+    // The same lines in the network's audit log, which only root reads,
+    // after the VM's attach.
+    wait_for(
+        "the records in the audit log",
+        Duration::from_secs(5),
+        || {
+            let names = logged(&audit, "name");
+            (names.contains(&allowed) && names.contains(&refused)).then_some(())
+        },
+    );
+    assert_eq!(logged(&audit, "attached")[0]["interface_id"], *id);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&audit).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // A flood of refused names: a budget's worth on record (100 a VM in
+    // 10 s), every query counted, the rest said in the next record.
+    let batch = keep.path().join("names");
+    let names: Vec<String> = (0..300).map(|i| format!("q{i}.exfil.test\n")).collect();
+    std::fs::write(&batch, names.concat()).unwrap();
+    let at = format!("@{}", g.gateway());
+    let start = Instant::now();
+    run(&mut g.ns.cmd(&[
+        "dig",
+        &at,
+        "+time=1",
+        "+tries=1",
+        "-f",
+        batch.to_str().unwrap(),
+    ]));
+    let flood = start.elapsed();
+    assert_eq!(listed(&world, "agent")["refused_queries"], 301);
+    let refused_records = || {
+        logged(&audit, "name")
+            .iter()
+            .filter(|r| r["allowed"] == false)
+            .count()
+    };
+    let windows = 1 + flood.as_secs() as usize / 10;
+    assert!(
+        (2..=100 * windows).contains(&refused_records()),
+        "{} records of 301 refusals in {flood:?}",
+        refused_records()
+    );
+    // Once its budget is back, its next record says what was held back.
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(resolve(&g, "last.exfil.test"), None);
+    let last = wait_for("the next record", Duration::from_secs(5), || {
+        logged(&audit, "name")
+            .into_iter()
+            .find(|r| r["asked"] == "last.exfil.test")
+    });
+    assert!(last["held_back"].as_u64() > Some(0), "{last}");
+    // Each refusal on record or counted in one: 1 before the flood, 300,
+    // and the last.
+    let accounted: u64 = (logged(&audit, "name").iter())
+        .filter(|r| r["allowed"] == false)
+        .map(|r| 1 + r["held_back"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(accounted, 302);
+}

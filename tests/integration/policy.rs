@@ -399,7 +399,7 @@ fn an_enforced_policy_cannot_be_widened_by_attach_or_policy_set_and_an_unenforce
         "50mbit",
     ]));
     // On `open`, the same default, not enforced: the same change is made.
-    let o = world.guest("open", &["--name", "free"]);
+    let o = world.guest("open", &["--name", "loose"]);
     assert_eq!(o.udhcpc(), o.ip());
     assert_eq!(reaches(&o.ns, 8081), Reply::Refused, "its default holds");
     must(&mut world.linnet(&[
@@ -408,11 +408,12 @@ fn an_enforced_policy_cannot_be_widened_by_attach_or_policy_set_and_an_unenforce
         "--network",
         "open",
         "--name",
-        "free",
+        "loose",
         "--allow-connect",
         &format!("{ALLOWED_HOST}:8081/tcp"),
     ]));
     assert_eq!(reaches(&o.ns, 8081), answer, "widened where not enforced");
-    let shown = must(&mut world.linnet(&["policy", "show", "--network", "open", "--name", "free"]));
+    let shown =
+        must(&mut world.linnet(&["policy", "show", "--network", "open", "--name", "loose"]));
     assert!(!shown.contains("enforced"), "{shown}");
 }

@@ -778,6 +778,20 @@ type Event struct {
 	Added   bool   `json:"added,omitempty"`
 	// Count is how many events a slow reader missed (dropped).
 	Count uint64 `json:"count,omitempty"`
+	// Asked, Allowed and Learned: a name a VM with names in its policy
+	// asked linnet's DNS for, whether it was answered, and what the answer
+	// let it reach for how long (name). HeldBack counts this VM's records
+	// not given (over its budget) since its last.
+	Asked    string      `json:"asked,omitempty"`
+	Allowed  bool        `json:"allowed,omitempty"`
+	Learned  []Reachable `json:"learned,omitempty"`
+	HeldBack uint64      `json:"held_back,omitempty"`
+}
+
+// Reachable is an address an answer let a VM reach, for Seconds.
+type Reachable struct {
+	Address string `json:"address"`
+	Seconds uint32 `json:"seconds"`
 }
 
 // The kinds of events.
@@ -794,6 +808,7 @@ const (
 	EventNetworkUp   = "network_up"
 	EventNetworkDown = "network_down"
 	EventDropped     = "dropped"
+	EventName        = "name"
 )
 
 // Events follows what happens, on a connection given over to it.

@@ -379,7 +379,9 @@ func TestEventsFollowUntilTheContextEnds(t *testing.T) {
 	got := daemon.serve("events", nil, `{"reply":"subscribed"}`,
 		`{"reply":"event","time_ms":5,"network":"shared","event":"attached","interface_id":"x","name":"vm",
 		  "mac_address":"02:00:00:00:00:01","ip_address":"192.168.105.2","tap":"lnt0","datapath":"tap","uid":1000}`,
-		`{"reply":"event","time_ms":6,"event":"dropped","count":12}`)
+		`{"reply":"event","time_ms":6,"event":"dropped","count":12}`,
+		`{"reply":"event","time_ms":7,"network":"shared","event":"name","interface_id":"x","name":"vm",
+		  "asked":"api.example.com","allowed":true,"learned":[{"address":"192.0.2.7","seconds":60}],"held_back":3}`)
 	events, err := client.Follow(ctx, "shared", true)
 	if err != nil {
 		t.Fatal(err)
@@ -393,6 +395,11 @@ func TestEventsFollowUntilTheContextEnds(t *testing.T) {
 	}
 	e, err = events.Next(ctx)
 	if err != nil || e.Event != EventDropped || e.Count != 12 || e.Network != "" {
+		t.Fatalf("got %+v, %v", e, err)
+	}
+	e, err = events.Next(ctx)
+	if err != nil || e.Event != EventName || e.Asked != "api.example.com" || !e.Allowed ||
+		len(e.Learned) != 1 || e.Learned[0].Address != "192.0.2.7" || e.Learned[0].Seconds != 60 || e.HeldBack != 3 {
 		t.Fatalf("got %+v, %v", e, err)
 	}
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
