@@ -209,6 +209,13 @@ impl Netns {
         c
     }
 
+    /// One echo request from here to `target` (2 s): whether it answered.
+    pub fn ping(&self, target: &str) -> bool {
+        run(&mut self.cmd(&["busybox", "ping", "-c", "1", "-W", "2", target]))
+            .status
+            .success()
+    }
+
     pub fn set_resolv_conf(&self, text: &str) {
         std::fs::write(format!("/etc/netns/{}/resolv.conf", self.name), text).unwrap();
     }
@@ -960,11 +967,7 @@ impl Guest {
     }
 
     pub fn ping(&self, target: &str) -> bool {
-        run(&mut self
-            .ns
-            .cmd(&["busybox", "ping", "-c", "1", "-W", "2", target]))
-        .status
-        .success()
+        self.ns.ping(target)
     }
 
     pub fn fetch(&self, url: &str) -> Option<String> {
