@@ -108,8 +108,8 @@ pub(super) type Interfaces = BTreeMap<InterfaceId, Interface>;
 /// asks only for its VM's port, `keep` is for a TAP opened by name, the
 /// name is free, the network's limits hold, the network can hold the
 /// policy (`bridge_netfilter`: the host has br_netfilter) and it is no
-/// more than the network enforces, and the id is not attached. Returns the interface's id (the
-/// request's, or a new one).
+/// more than the network enforces, and the id is not attached. Returns
+/// the interface's id (the request's, or a new one).
 pub(super) fn admit(
     config: &Config,
     interfaces: &Interfaces,
