@@ -1187,27 +1187,32 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_policy_jumps_new_connections_to_its_chains() {
+    /// `nets()` with the gateway 192.168.105.1 on the first, and one VM
+    /// there, lnta, at `addrs` with `policy` and `refused` refusals so far.
+    fn with_vm(addrs: &[&str], policy: Policy, refused: u64) -> Vec<FirewallNetwork> {
         let mut nets = nets();
         nets[0].gateways = vec!["192.168.105.1".parse().unwrap()];
         nets[0].policies = vec![InterfacePolicy {
             tap: "lnta".into(),
-            addrs: vec![
-                "192.168.105.2".parse().unwrap(),
-                "fd00:5::2".parse().unwrap(),
-            ],
-            policy: Policy {
-                egress: vec![
-                    "198.51.100.1:8080/tcp".parse().unwrap(),
-                    "10.0.0.0/8".parse().unwrap(),
-                ],
-                ingress: vec!["8000-8010".parse().unwrap()],
-                ..Default::default()
-            },
+            addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+            policy,
             learned: vec![],
-            refused: 7,
+            refused,
         }];
+        nets
+    }
+
+    #[test]
+    fn a_policy_jumps_new_connections_to_its_chains() {
+        let policy = Policy {
+            egress: vec![
+                "198.51.100.1:8080/tcp".parse().unwrap(),
+                "10.0.0.0/8".parse().unwrap(),
+            ],
+            ingress: vec!["8000-8010".parse().unwrap()],
+            ..Default::default()
+        };
+        let mut nets = with_vm(&["192.168.105.2", "fd00:5::2"], policy, 7);
         let doc = ruleset(&nets);
         let fwd = rules(&doc, "forward");
         let vm = json!({"match": {"left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"set": ["192.168.105.2"]}, "op": "=="}});
@@ -1304,19 +1309,11 @@ mod tests {
     #[test]
     fn a_vm_with_a_connect_policy_and_no_listen_rule_is_reached_only_by_its_published_ports_and_the_host()
      {
-        let mut nets = nets();
-        nets[0].gateways = vec!["192.168.105.1".parse().unwrap()];
-        nets[0].policies = vec![InterfacePolicy {
-            tap: "lnta".into(),
-            addrs: vec!["192.168.105.2".parse().unwrap()],
-            policy: Policy {
-                egress: vec!["198.51.100.1:443/tcp".parse().unwrap()],
-                ..Default::default()
-            },
-            learned: vec![],
-            refused: 0,
-        }];
-        let doc = ruleset(&nets);
+        let policy = Policy {
+            egress: vec!["198.51.100.1:443/tcp".parse().unwrap()],
+            ..Default::default()
+        };
+        let doc = ruleset(&with_vm(&["192.168.105.2"], policy, 0));
         let inn = rules(&doc, "in-lnta");
         assert_eq!(
             inn[0],

@@ -278,10 +278,10 @@ pub struct World {
     pub dir: tempfile::TempDir,
     pub config: Option<PathBuf>,
     daemon: Option<Child>,
-    /// Servers the test's checks rely on (the upstream's DNS): one that
-    /// ended during the test fails it, as a lookup that found nothing
-    /// would otherwise pass a check that it must not resolve.
-    services: Vec<Helper>,
+    /// The upstream's DNS: if it ended during the test, the test fails,
+    /// as a lookup that found nothing would otherwise pass a check that a
+    /// name must not resolve.
+    upstream_dns: Helper,
 }
 
 impl World {
@@ -391,7 +391,7 @@ impl World {
             dir,
             config,
             daemon: None,
-            services: vec![dns],
+            upstream_dns: dns,
         }
     }
 
@@ -740,9 +740,7 @@ impl Drop for World {
         if std::thread::panicking() {
             eprintln!("---- daemon log ----\n{}", self.daemon_log_text());
         } else {
-            for service in &self.services {
-                service.assert_running("the end of the test");
-            }
+            self.upstream_dns.assert_running("the end of the test");
         }
     }
 }
