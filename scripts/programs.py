@@ -50,6 +50,7 @@ NOT_CALLED = {
     "idle": "a word in a test's name for the daemon's state",
     "kvm": "QEMU's -accel kvm",
     "last": "a JSON field",
+    "more": "bytes a unit test of the gate sends",
     "mv": "a test guest's name",
     "link": "`ip link`",
     "ls": "`linnet ls`",

@@ -151,8 +151,12 @@ fn connect_covers(outer: &ConnectRule, inner: &ConnectRule) -> bool {
         _ => false,
     };
     // A rule with neither ports nor protocol is any traffic, ICMP too; one
-    // with a protocol alone is every port of that protocol.
-    to && ports_cover(outer.ports, inner.ports) && protocol_covers(outer.protocol, inner.protocol)
+    // with a protocol alone is every port of that protocol (a name rule's
+    // is TCP when it names none). A rule whose connections must show the
+    // name does not cover one whose need not.
+    to && ports_cover(outer.ports, inner.ports)
+        && protocol_covers(outer.effective_protocol(), inner.effective_protocol())
+        && (outer.nameless || !inner.nameless)
 }
 
 fn listen_covers(outer: &ListenRule, inner: &ListenRule) -> bool {
@@ -220,7 +224,7 @@ mod tests {
             &["api.example.com:443/tcp"][..],
             &[
                 "mirror.pkg.example.org:443/tcp",
-                "*.eu.pkg.example.org:443/udp",
+                "*.eu.pkg.example.org:443/tcp",
             ],
             &["10.1.0.0/16:22/tcp", "10.0.0.1"],
             &[
@@ -242,12 +246,18 @@ mod tests {
             "connecting to evil.example.com:443/tcp is not within its connect rules (api.example.com:443/tcp, *.pkg.example.org:443, 10.0.0.0/8)"
         );
         assert!(widening(&["api.example.com"]).contains("connecting to api.example.com is not"));
-        assert!(
-            widening(&["api.example.com:443"]).contains("connecting to api.example.com:443 is not")
+        assert_eq!(
+            ceiling.admits(&policy(&["api.example.com:443"], &[])),
+            Ok(()),
+            "a name rule without a protocol is TCP's"
         );
         assert!(widening(&["api.example.com:80/tcp"]).contains("api.example.com:80/tcp"));
         assert!(widening(&["*.example.com:443/tcp"]).contains("*.example.com:443/tcp"));
         assert!(widening(&["pkg.example.org:443"]).contains("pkg.example.org:443"));
+        // A name rule without a protocol is TCP's, each connection held for
+        // its name: neither UDP nor connections that show none are within.
+        assert!(widening(&["mirror.pkg.example.org:443/udp"]).contains("/udp"));
+        assert!(widening(&["mirror.pkg.example.org:443/tcp/any"]).contains("/tcp/any"));
         assert!(widening(&["0.0.0.0/0"]).contains("0.0.0.0/0"));
         assert!(widening(&["11.0.0.0/8"]).contains("11.0.0.0/8"));
         // A name is not an address: neither covers the other.

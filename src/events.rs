@@ -8,7 +8,7 @@
 //! start happened before anyone could subscribe.
 
 use std::collections::VecDeque;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -122,6 +122,28 @@ pub enum What {
         /// What an allowed answer let it reach, and for how long.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         learned: Vec<Reachable>,
+        /// This VM's records not given (over its budget) since its last.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        held_back: u64,
+    },
+    /// The gate judged a connection of a VM whose policy names names
+    /// (allowed: it showed an allowed name at an address the VM learned
+    /// for it; refused, and why).
+    Connection {
+        interface_id: InterfaceId,
+        /// The VM's name, if it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        destination: IpAddr,
+        port: u16,
+        /// "tcp": the gate holds TCP connections only.
+        protocol: String,
+        /// The name the connection showed (TLS server name, HTTP Host).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shown: Option<String>,
+        allowed: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        why: Option<String>,
         /// This VM's records not given (over its budget) since its last.
         #[serde(default, skip_serializing_if = "is_zero")]
         held_back: u64,

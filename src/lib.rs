@@ -4,7 +4,9 @@
 //! (src/main.rs: the daemon and every command) and `linnet-relay`
 //! (src/bin/linnet-relay.rs: the per-VM relay `linnet helper` becomes once
 //! attached), which links only the API client and the datapath and so
-//! stays small in memory, one per VM.
+//! stays small in memory, one per VM; and `linnet-gate`
+//! (src/bin/linnet-gate.rs: the confined process that judges held
+//! connections by their name, one per daemon).
 
 mod addr6;
 mod api;
@@ -23,9 +25,6 @@ mod frr;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
-// Its parsers come first, with their tests and fuzz target; the gate
-// process that holds connections to them (issue 48) is not built yet.
-#[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
 mod gate;
 mod host;
 mod learned;
@@ -42,3 +41,4 @@ mod types;
 pub use cli::command;
 pub use cli::main;
 pub use cli::relay::main as relay_main;
+pub use gate::process::main as gate_main;

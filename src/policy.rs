@@ -26,7 +26,7 @@ pub struct PolicySpecError {
     expected: &'static str,
 }
 
-const CONNECT_FORM: &str = "CIDR|NAME[:PORT[-PORT]][/tcp|/udp], e.g. 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443, api.example.com:443, *.cdn.example.net:443/tcp";
+const CONNECT_FORM: &str = "CIDR[:PORT[-PORT]][/tcp|/udp] or NAME[:PORT[-PORT]][/tcp[/any]|/udp], e.g. 198.51.100.1:8080/tcp, 10.0.0.0/8, [2001:db8::/32]:443, api.example.com:443, *.cdn.example.net:443/tcp, git.example.com:22/tcp/any";
 const LISTEN_FORM: &str = "PORT[-PORT][/tcp|/udp], e.g. 8000/tcp or 5000-5010";
 
 /// An inclusive range of ports, 1 to 65535.
@@ -47,29 +47,62 @@ pub enum Destination {
 }
 
 /// `--allow-connect`: the VM may open connections to `to`, on `ports`
-/// (any when None), over `protocol` (TCP and UDP when None; with neither
-/// ports nor protocol, any traffic, ICMP included).
+/// (any when None), over `protocol`. To addresses: TCP and UDP when None;
+/// with neither ports nor protocol, any traffic, ICMP included. To a name:
+/// TCP only unless `/udp` says UDP (`Reach::protocol`), and each TCP
+/// connection must show the name it is for in its first bytes (the gate,
+/// `crate::gate`) unless `nameless` (`/tcp/any`) lets it show none.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ConnectRule {
     pub to: Destination,
     pub ports: Option<Ports>,
     pub protocol: Option<Protocol>,
+    /// `/any`: a connection to the name's addresses need not show the
+    /// name (SSH, SMTP, a database); only on a name rule over TCP.
+    pub nameless: bool,
 }
 
 /// The ports and protocol of a connect rule: which connections to its
-/// destination it allows.
+/// destination it allows, and whether they are held for their name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Reach {
     pub ports: Option<Ports>,
     pub protocol: Option<Protocol>,
+    pub nameless: bool,
 }
 
 impl ConnectRule {
     pub fn reach(&self) -> Reach {
         Reach {
             ports: self.ports,
-            protocol: self.protocol,
+            protocol: self.effective_protocol(),
+            nameless: self.nameless,
         }
+    }
+
+    /// Its protocol as enforced: a name rule without one is TCP's. UDP to
+    /// a name's addresses is not checked for the name (a QUIC Initial is
+    /// not read), so it is allowed only where a rule says `/udp`.
+    pub fn effective_protocol(&self) -> Option<Protocol> {
+        match (&self.to, self.protocol) {
+            (Destination::Name(_), None) => Some(Protocol::Tcp),
+            (_, p) => p,
+        }
+    }
+}
+
+impl Reach {
+    /// Whether its TCP connections are held until they show their name.
+    pub fn checked(&self) -> bool {
+        self.protocol == Some(Protocol::Tcp) && !self.nameless
+    }
+
+    /// Whether it allows `protocol` to `port`.
+    pub fn allows(&self, protocol: Protocol, port: u16) -> bool {
+        self.protocol.is_none_or(|p| p == protocol)
+            && self
+                .ports
+                .is_none_or(|ports| (ports.first..=ports.last).contains(&port))
     }
 }
 
@@ -170,7 +203,11 @@ impl FromStr for ConnectRule {
             problem,
             expected: CONNECT_FORM,
         };
-        let (rest, protocol) = split_protocol(spec).map_err(fail)?;
+        let (rest, nameless) = match spec.strip_suffix("/any") {
+            Some(rest) => (rest, true),
+            None => (spec, false),
+        };
+        let (rest, protocol) = split_protocol(rest).map_err(fail)?;
         // [V6NET]:PORTS, or V4NET:PORTS, or a bare network of either family.
         let (net_text, ports_text) = if let Some(inner) = rest.strip_prefix('[') {
             let (net, after) = inner
@@ -189,10 +226,27 @@ impl FromStr for ConnectRule {
         };
         let to = destination(net_text).map_err(fail)?;
         let ports = ports_text.map(|p| parse_ports(p, &fail)).transpose()?;
+        if nameless && !matches!(to, Destination::Name(_)) {
+            return Err(fail(
+                "\"/any\" is for a name rule (its connections need not show the name); an address rule's never have to".into(),
+            ));
+        }
+        if nameless && protocol == Some(Protocol::Udp) {
+            return Err(fail(
+                "\"/any\" is for TCP: UDP to a name's addresses is never checked for the name"
+                    .into(),
+            ));
+        }
         Ok(ConnectRule {
             to,
             ports,
-            protocol,
+            // `/any` is TCP's alone: said or not.
+            protocol: if nameless {
+                Some(Protocol::Tcp)
+            } else {
+                protocol
+            },
+            nameless,
         })
     }
 }
@@ -275,7 +329,10 @@ impl fmt::Display for ConnectRule {
             (_, Some(ports)) => write!(f, "{}:{ports}", self.to)?,
             (_, None) => write!(f, "{}", self.to)?,
         }
-        write_protocol(f, self.protocol)
+        match (self.protocol, self.nameless) {
+            (_, true) => write!(f, "/tcp/any"),
+            (p, false) => write_protocol(f, p),
+        }
     }
 }
 
@@ -361,6 +418,13 @@ mod tests {
                 protocol: Some(Protocol::Tcp)
             }
         );
+        let git = connect("git.example.com:22/any");
+        assert!(git.nameless && git.reach().protocol == Some(Protocol::Tcp));
+        assert_eq!(git.to_string(), "git.example.com:22/tcp/any");
+        assert_eq!(connect("git.example.com:22/tcp/any"), git);
+        assert!(!connect("api.example.com:443").reach().nameless);
+        assert!(connect("api.example.com:443").reach().checked());
+        assert!(!connect("api.example.com:443/udp").reach().checked());
         for canonical in ["8000/tcp", "5000-5010", "53/udp"] {
             assert_eq!(listen(canonical).to_string(), canonical);
         }
@@ -377,7 +441,9 @@ mod tests {
         assert!(bad("10.0.0.1:90-80").contains("port range 90-80 is backwards"));
         assert!(bad("10.0.0.1:80/sctp").contains("unknown protocol \"sctp\""));
         assert!(bad("[2001:db8::1:80").contains("a '[' without its ']'"));
-        assert!(bad("10.0.0.1:http").contains("expected CIDR|NAME[:PORT[-PORT]]"));
+        assert!(bad("10.0.0.1:http").contains("expected CIDR[:PORT[-PORT]][/tcp|/udp] or NAME"));
+        assert!(bad("10.0.0.1:22/tcp/any").contains("\"/any\" is for a name rule"));
+        assert!(bad("git.example.com:22/udp/any").contains("\"/any\" is for TCP"));
         let bad = |s: &str| s.parse::<ListenRule>().unwrap_err().to_string();
         assert!(bad("70000").contains("port 70000 is out of range"));
         assert!(bad("ssh").contains("port \"ssh\" is not a number"));

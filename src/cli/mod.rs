@@ -15,7 +15,7 @@ mod policy;
 mod qemu;
 pub mod relay;
 mod run;
-mod seccomp;
+pub(crate) mod seccomp;
 
 use std::io;
 use std::os::fd::OwnedFd;

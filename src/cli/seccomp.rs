@@ -79,8 +79,17 @@ pub enum SeccompError {
 /// Confines the calling process, all its threads, from here on. `who`
 /// names it in the line a forbidden call leaves on stderr.
 pub fn confine(who: &'static str, needs: Needs) -> Result<(), SeccompError> {
+    install(who, allow_list(needs)?)
+}
+
+/// Confines `linnet-gate` (one thread, one socket it was given): its own
+/// list, `gate_allowed`.
+pub fn confine_gate(who: &'static str) -> Result<(), SeccompError> {
+    install(who, list_of(gate_allowed()?)?)
+}
+
+fn install(who: &'static str, list: BpfProgram) -> Result<(), SeccompError> {
     let clone3 = no_clone3()?;
-    let list = allow_list(needs)?;
     install_handler(who)?;
     // glibc sets its threads' signal handlers (SIGCANCEL, SIGSETXID) up
     // as the process starts its first thread: one started here does that
@@ -129,8 +138,12 @@ fn no_clone3() -> Result<BpfProgram, SeccompError> {
 }
 
 fn allow_list(needs: Needs) -> Result<BpfProgram, SeccompError> {
+    list_of(allowed(needs)?)
+}
+
+fn list_of(calls: Vec<Allowed>) -> Result<BpfProgram, SeccompError> {
     let mut rules = BTreeMap::new();
-    for call in allowed(needs)? {
+    for call in calls {
         let rules_of_call = call
             .rules
             .into_iter()
@@ -422,6 +435,45 @@ fn allowed(needs: Needs) -> Result<Vec<Allowed>, seccompiler::BackendError> {
     Ok(calls)
 }
 
+/// Every call `linnet-gate` may make: reading and writing the daemon's
+/// socket (and stderr), waiting on it, memory, time, and what a Rust
+/// program does to end or abort. No socket, no file, no thread.
+fn gate_allowed() -> Result<Vec<Allowed>, seccompiler::BackendError> {
+    let pid = std::process::id() as u64;
+    let mut calls = vec![
+        call!(read),
+        call!(write),
+        call!(recvfrom),
+        call!(sendto),
+        call!(recvmsg),
+        call!(sendmsg),
+        call!(ppoll),
+        call!(close),
+        call!(mmap, vec![vec![without(2, libc::PROT_EXEC as u64)?]]),
+        call!(mprotect, vec![vec![without(2, libc::PROT_EXEC as u64)?]]),
+        call!(munmap),
+        call!(mremap),
+        call!(brk),
+        call!(madvise),
+        call!(futex),
+        call!(sigaltstack),
+        call!(rt_sigaction, vec![vec![eq(1, 0)?]]),
+        call!(rt_sigprocmask),
+        call!(rt_sigreturn),
+        call!(getrandom),
+        call!(getpid),
+        call!(gettid),
+        call!(tgkill, vec![vec![eq(0, pid)?]]),
+        call!(clock_gettime),
+        call!(restart_syscall),
+        call!(exit),
+        call!(exit_group),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.push(call!(poll));
+    Ok(calls)
+}
+
 /// Who the handler speaks for, set once before the filter.
 static WHO: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 
@@ -518,6 +570,29 @@ mod tests {
             "execve", "ptrace", "bind", "listen", "setns", "unshare", "mount",
         ] {
             assert!(!names(every_need()).contains(&call), "{call} allowed");
+        }
+    }
+
+    #[test]
+    fn the_gate_may_open_nothing_and_start_nothing() {
+        let names: Vec<&str> = gate_allowed().unwrap().iter().map(|c| c.name).collect();
+        for call in [
+            "socket", "connect", "accept4", "openat", "clone", "execve", "kill", "ioctl",
+        ] {
+            assert!(!names.contains(&call), "{call} allowed to the gate");
+        }
+        assert!(!list_of(gate_allowed().unwrap()).unwrap().is_empty());
+        let docs = include_str!("../../docs/security.md");
+        let section = docs
+            .split("## The gate under seccomp")
+            .nth(1)
+            .expect("docs/security.md has a section \"The gate under seccomp\"");
+        let section = section.split("\n## ").next().unwrap();
+        for name in names {
+            assert!(
+                section.contains(&format!("`{name}`")),
+                "docs/security.md's gate section does not name `{name}`"
+            );
         }
     }
 

@@ -139,6 +139,9 @@ pub(super) async fn scrape(sessions: &Sessions) -> String {
         limited: daemon.rate_drops(),
         refused: daemon.policy_refusals().clone(),
         refused_queries: daemon.names.refused_queries(),
+        gate: (daemon.gatekeeper.as_ref())
+            .map(|g| g.counts())
+            .unwrap_or_default(),
     };
     let mut families = daemon.metrics(&links, &counts);
     drop(daemon);
@@ -152,6 +155,8 @@ pub(super) struct Counts {
     pub limited: RateDrops,
     pub refused: BTreeMap<String, u64>,
     pub refused_queries: BTreeMap<String, u64>,
+    /// The name check's connections, by interface.
+    pub gate: BTreeMap<crate::types::InterfaceId, super::gatekeeper::Counts>,
 }
 
 /// The connections and what their requests came to.
@@ -185,8 +190,8 @@ impl Daemon {
     /// `counts`.
     pub(super) fn metrics(&self, links: &BTreeMap<u32, Link>, counts: &Counts) -> Vec<Family> {
         let mut f = InterfaceFamilies::new();
-        for (id, i) in &self.interfaces {
-            let id = id.to_string();
+        for (interface_id, i) in &self.interfaces {
+            let id = interface_id.to_string();
             let labels = [
                 ("network", i.network.as_str()),
                 ("interface_id", id.as_str()),
@@ -229,6 +234,13 @@ impl Daemon {
             if i.policy.has_names() {
                 let n = counts.refused_queries.get(&i.tap).copied().unwrap_or(0);
                 f.refused_queries.add(&labels, n as f64);
+            }
+            if i.policy.name_reaches().iter().any(|r| r.checked()) {
+                let gate = counts.gate.get(interface_id).copied().unwrap_or_default();
+                for (verdict, n) in [("allowed", gate.allowed), ("refused", gate.refused)] {
+                    f.checked
+                        .add(&with(&labels, ("verdict", verdict)), n as f64);
+                }
             }
             if let Some(relay) = &i.relay {
                 for (way, flow) in [("to_vm", relay.to_vm), ("from_vm", relay.from_vm)] {
@@ -310,6 +322,7 @@ struct InterfaceFamilies {
     rate_limited: Family,
     refused_connections: Family,
     refused_queries: Family,
+    checked: Family,
     relay_drops: Family,
 }
 
@@ -356,6 +369,11 @@ impl InterfaceFamilies {
                 Kind::Counter,
                 "DNS queries of the VM for names its policy does not allow.",
             ),
+            checked: Family::new(
+                "linnet_vm_gate_connections_total",
+                Kind::Counter,
+                "The VM's connections held for the name they show, by verdict (allowed: an allowed name at an address the VM learned for it).",
+            ),
             relay_drops: Family::new(
                 "linnet_vm_relay_drops_total",
                 Kind::Counter,
@@ -374,6 +392,7 @@ impl InterfaceFamilies {
             self.rate_limited,
             self.refused_connections,
             self.refused_queries,
+            self.checked,
             self.relay_drops,
         ]
     }

@@ -32,6 +32,7 @@ mod drivers;
 mod errors;
 mod forwarding;
 mod forwards;
+mod gatekeeper;
 mod guarding;
 mod holder;
 mod host_ports;

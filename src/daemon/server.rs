@@ -16,7 +16,7 @@ use nix::sys::socket::{self, SockType};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Mutex;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::host_ports::{HostPorts, HostSide};
 use super::requests::lock_when_detached;
@@ -131,6 +131,18 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         names,
         events,
     );
+    match super::gatekeeper::Gatekeeper::start(
+        daemon.events.clone(),
+        super::gatekeeper::run_as(rootless),
+    ) {
+        Ok(gatekeeper) => {
+            daemon.names.tell(gatekeeper.clone());
+            daemon.gatekeeper = Some(gatekeeper);
+        }
+        Err(e) => error!(
+            "the name check cannot run: {e:#}; connections of VMs whose policy names DNS names go nowhere (only rules with /tcp/any or /udp reach their names)"
+        ),
+    }
     if let Placement::Rootless(side) = opts.placement {
         daemon.host_ports = Some(HostPorts::new(side));
         daemon.host_loopback = Some(egress::HOST_LOOPBACK);
@@ -258,10 +270,12 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         metrics.abort();
     }
     network_sockets.close();
-    lock_when_detached(&daemon, Duration::from_secs(5))
-        .await
-        .stop()
-        .await;
+    let mut stopped = lock_when_detached(&daemon, Duration::from_secs(5)).await;
+    stopped.stop().await;
+    if let Some(gatekeeper) = stopped.gatekeeper.take() {
+        gatekeeper.stop();
+    }
+    drop(stopped);
     remove_socket();
     // Still held: a daemon starting meanwhile finds it locked, or a new one.
     crate::files::remove_left(&opts.run_dir.join(LOCK_FILE));

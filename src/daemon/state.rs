@@ -99,6 +99,8 @@ pub struct Daemon {
     /// A rootless daemon's address for the host's loopback, which its
     /// networks with NAT reach through the egress tool.
     pub(super) host_loopback: Option<Ipv4Addr>,
+    /// The name check's process and queue (`gatekeeper`), for its counts.
+    pub(super) gatekeeper: Option<Arc<super::gatekeeper::Gatekeeper>>,
     /// The egress interface whose queue was deepened (`refresh_uplinks`).
     pub(super) egress_tuned: Option<u32>,
 }
@@ -140,6 +142,7 @@ impl Daemon {
             learned: tokio::sync::watch::Sender::new(0),
             host_ports: None,
             host_loopback: None,
+            gatekeeper: None,
             egress_tuned: None,
         }
     }

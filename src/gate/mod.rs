@@ -7,8 +7,12 @@
 //! most `MAX_BYTES` of a stream, and a stream that shows nothing by then
 //! is refused.
 
+pub mod held;
 pub mod hello;
 pub mod http;
+pub mod process;
+pub mod vms;
+pub mod wire;
 
 use self::hello::Hello;
 use self::http::Head;

@@ -5,6 +5,7 @@
 //! no user text is ever spliced into an nft command.
 
 mod fabric;
+pub mod gate;
 pub mod names;
 
 use std::borrow::Cow;
@@ -123,6 +124,14 @@ impl ForwardRule {
     }
 }
 
+/// Whether some VM's connections are held for their name (`gate`): then
+/// the queue's rule must be there too (`host::gate_queue`).
+pub fn any_checked(networks: &[FirewallNetwork]) -> bool {
+    (networks.iter())
+        .flat_map(|n| &n.policies)
+        .any(|p| p.policy.name_reaches().iter().any(|r| r.checked()))
+}
+
 /// Replaces linnet's table with the rules for `networks` (none: removes it).
 pub fn apply(nft: &mut Nft, networks: &[FirewallNetwork]) -> Result<(), NftError> {
     nft.apply(&ruleset(networks))
@@ -207,6 +216,19 @@ fn add_inet(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
         NfHook::Prerouting,
         PRIORITY_RAW,
     ));
+    if any_checked(networks) {
+        batch.add(NfListObject::Counter(Counter {
+            family: FAMILY,
+            table: Cow::Borrowed(NFT_TABLE),
+            name: Cow::Borrowed(gate::REFUSED_COUNTER),
+            handle: None,
+            packets: None,
+            bytes: None,
+        }));
+        for statements in gate::rules() {
+            batch.add(rule(FORWARD, statements));
+        }
+    }
 
     // The bridges accept loopback addresses (route_localnet, so that the
     // host's own 127.0.0.1 can reach a published port): never from a VM,
@@ -472,8 +494,9 @@ fn add_policies(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
                     accept(),
                 ]);
             }
-            allowed.extend(names::rules(iface));
+            allowed.extend(names::resolvers(iface));
             allowed.extend(iface.policy.egress.iter().filter_map(connect_match));
+            allowed.extend(names::reaches(iface));
             names::add_sets(batch, iface);
             let counter = refused_counter(&iface.tap);
             batch.add(NfListObject::Counter(Counter {
@@ -688,7 +711,7 @@ fn ports_match(ports: Ports) -> Statement<'static> {
 }
 
 /// `ip daddr NET [meta l4proto P th dport PORTS] accept`; None for a
-/// rule by name (`names::rules`).
+/// rule by name (`names::reaches`).
 fn connect_match(r: &ConnectRule) -> Option<Vec<Statement<'static>>> {
     let Destination::Net(net) = r.to else {
         return None;
@@ -1382,16 +1405,21 @@ mod tests {
             "then no other resolver, before any rule that could allow one"
         );
         assert_eq!(
-            out[4],
+            out[4][0]["match"]["right"]["prefix"]["addr"], "10.0.0.0",
+            "rules by address before the names': an address they allow is not held"
+        );
+        assert_eq!(
+            out[5],
             json!([
                 {"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "@n4-lnta-0", "op": "=="}},
                 {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
                 {"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": 443, "op": "=="}},
+                {"mangle": {"key": {"ct": {"key": "mark"}}, "value": {"|": [{"ct": {"key": "mark"}}, gate::PENDING]}}},
                 {"accept": null}
             ]),
-            "one set per family for both 443/tcp names"
+            "one set per family for both 443/tcp names, its connections held for their name"
         );
-        assert_eq!(out[5][0]["match"]["right"], "@n6-lnta-0");
+        assert_eq!(out[6][0]["match"]["right"], "@n6-lnta-0");
         assert_eq!(out.len(), 9, "two set rules, the network, ND, reject");
         let sets: Vec<Value> = commands(&doc)
             .into_iter()

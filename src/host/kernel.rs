@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use super::clone_ns::{self, CloneNetwork, CloneNsError, MadeClone};
 use super::docker_user::{self, Changes, Wanted};
 use super::firewall::{self, FirewallNetwork};
+use super::gate_queue;
 use super::guard::{self, PortGuard, RateDrops};
 use super::legacy::{self, LegacyChain};
 use super::macvtap;
@@ -32,7 +33,10 @@ impl Host {
     pub fn kernel(netlink: Netlink) -> Host {
         Host {
             links: Arc::new(netlink.clone()),
-            tables: Box::new(KernelTables { nft: Nft::open() }),
+            tables: Box::new(KernelTables {
+                nft: Nft::open(),
+                queue_rule: None,
+            }),
             devices: Arc::new(KernelDevices { netlink }),
         }
     }
@@ -41,6 +45,9 @@ impl Host {
 /// linnet's tables through libnftables (or the nft command).
 struct KernelTables {
     nft: Nft,
+    /// Whether the gate's queue rule is in (`gate_queue`); None until the
+    /// first apply has made sure either way.
+    queue_rule: Option<bool>,
 }
 
 /// The learned sets through the tables' own libnftables context.
@@ -59,7 +66,22 @@ impl LearnedSets for KernelLearnedSets {
 
 impl Tables for KernelTables {
     fn apply_firewall(&mut self, networks: &[FirewallNetwork]) -> Result<(), NftError> {
-        firewall::apply(&mut self.nft, networks)
+        let held = firewall::any_checked(networks);
+        if held && self.queue_rule != Some(true) {
+            // In before the table marks the first connection held.
+            gate_queue::ensure().map_err(|e| NftError::Refused(e.to_string()))?;
+            self.queue_rule = Some(true);
+        }
+        firewall::apply(&mut self.nft, networks)?;
+        if !held && self.queue_rule != Some(false) {
+            match gate_queue::remove() {
+                Ok(()) => self.queue_rule = Some(false),
+                // Nothing to take out where iptables is not installed.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => self.queue_rule = Some(false),
+                Err(e) => tracing::warn!("cannot remove the gate's queue rule: {e}"),
+            }
+        }
+        Ok(())
     }
     fn create_guard(&mut self, ports: &[PortGuard]) -> Result<(), NftError> {
         guard::create_with(&mut self.nft, ports)

@@ -51,6 +51,16 @@ pub struct NamedVm {
     pub bounds: TtlBounds,
 }
 
+/// Who else must know the named VMs and what they learn, before an
+/// answer is released: the gate that checks each connection's name
+/// (`daemon::gatekeeper`).
+pub trait Pins: Send + Sync {
+    /// These are the VMs with names in their policy now.
+    fn vms(&self, vms: &[NamedVm]);
+    /// The VM learned `addrs` (each for so many seconds) for `name`.
+    fn learned(&self, interface_id: InterfaceId, name: &Name, addrs: &[(IpAddr, u32)]);
+}
+
 /// What the DNS forwarder may do with a query.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -107,6 +117,7 @@ pub struct NameGate {
     sets: Arc<dyn LearnedSets>,
     events: Bus,
     state: Mutex<State>,
+    pins: std::sync::OnceLock<Arc<dyn Pins>>,
 }
 
 impl NameGate {
@@ -115,7 +126,13 @@ impl NameGate {
             sets,
             events,
             state: Mutex::default(),
+            pins: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Tells `pins` the VMs from now on, and what each learns.
+    pub fn tell(&self, pins: Arc<dyn Pins>) {
+        let _ = self.pins.set(pins);
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -138,6 +155,9 @@ impl NameGate {
     /// forgotten, and each keeps of what it learned what its policy
     /// still allows.
     pub fn follow(&self, vms: Vec<NamedVm>) {
+        if let Some(pins) = self.pins.get() {
+            pins.vms(&vms);
+        }
         let now = unix_now();
         let mut state = self.state();
         let found = state.found.take().unwrap_or_default();
@@ -217,13 +237,18 @@ impl NameGate {
         let bounds = vm.spec.bounds;
         let over = vm.learned.over_limit;
         let elements = (vm.learned).learn(&vm.spec.policy, name, answers, bounds, unix_now());
-        let reachable = answers
+        let reachable: Vec<Reachable> = answers
             .iter()
             .map(|&(address, ttl)| Reachable {
                 address,
                 seconds: bounds.clamp(ttl),
             })
             .collect();
+        if let Some(pins) = self.pins.get() {
+            let addrs: Vec<(IpAddr, u32)> =
+                reachable.iter().map(|r| (r.address, r.seconds)).collect();
+            pins.learned(vm.spec.interface_id, name, &addrs);
+        }
         vm.record(&self.events, name, true, reachable);
         if vm.learned.over_limit > over
             && let Some(count) = vm.logged.one_more(Instant::now())

@@ -8,6 +8,7 @@ mod coexist;
 mod events;
 mod forwarding;
 mod frr;
+mod gate;
 mod guard;
 mod harness;
 mod instruments;

@@ -1,4 +1,4 @@
-//! Egress by name: `--allow-connect allowed.test:8080/tcp`. The VM reaches
+//! Egress by name: `--allow-connect allowed.test:8080/tcp/any` (these tests pin addresses; the name each connection shows is tests/integration/gate.rs's). The VM reaches
 //! what linnet's DNS answered it for a name its policy allows, while the
 //! answer lives, and no resolver but linnet's answers it. The upstream's
 //! dnsmasq answers TEST_NAMES with a TTL of 3 s (harness).
@@ -114,7 +114,7 @@ fn policy_show(world: &World, name: &str) -> Value {
     serde_json::from_str(&out).unwrap()
 }
 
-/// A guest named agent that may reach allowed.test:8080/tcp, once it has
+/// A guest named agent that may reach allowed.test:8080/tcp/any, once it has
 /// resolved it.
 fn agent(world: &World) -> Guest {
     let g = world.guest(
@@ -123,7 +123,7 @@ fn agent(world: &World) -> Guest {
             "--name",
             "agent",
             "--allow-connect",
-            "allowed.test:8080/tcp",
+            "allowed.test:8080/tcp/any",
         ],
     );
     assert_eq!(g.udhcpc(), g.ip());
@@ -135,11 +135,11 @@ const GATED: &[&str] = &[
     "--name",
     "gated",
     "--allow-connect",
-    "allowed.test:8080/tcp",
+    "allowed.test:8080/tcp/any",
     "--allow-connect",
-    "*.svc.test:8080/tcp",
+    "*.svc.test:8080/tcp/any",
     "--allow-connect",
-    "www.alias.test:8080/tcp",
+    "www.alias.test:8080/tcp/any",
     // Every port of the upstream, its resolver's among them.
     "--allow-connect",
     UPSTREAM_IP,
@@ -307,9 +307,9 @@ fn a_learned_address_expires_unless_asked_again_and_an_open_connection_carries_o
         "shared",
         &[
             "--allow-connect",
-            "allowed.test:7000/tcp",
+            "allowed.test:7000/tcp/any",
             "--allow-connect",
-            "allowed.test:8080/tcp",
+            "allowed.test:8080/tcp/any",
         ],
     );
     assert_eq!(g.udhcpc(), g.ip());
@@ -349,7 +349,7 @@ fn policy_set_replaces_the_names_and_drops_what_the_old_ones_taught() {
     let set = |rule: &str| {
         must(&mut world.linnet(&["policy", "set", "--name", "agent", "--allow-connect", rule]))
     };
-    set("*.svc.test:8080/tcp");
+    set("*.svc.test:8080/tcp/any");
     assert_eq!(resolve(&g, "allowed.test"), None, "the old name is refused");
     assert_eq!(
         web(&g.ns, ALLOWED),
@@ -464,7 +464,11 @@ fn a_flushed_ruleset_comes_back_with_what_the_vm_learned() {
 fn every_datapath_is_gated_alike() {
     let (world, _servers) = world_with_names(None);
     for via in [Via::RunDgram, Via::RunStream, Via::HelperStream] {
-        let g = world.guest_via("shared", via, &["--allow-connect", "allowed.test:8080/tcp"]);
+        let g = world.guest_via(
+            "shared",
+            via,
+            &["--allow-connect", "allowed.test:8080/tcp/any"],
+        );
         assert_eq!(g.udhcpc(), g.ip());
         assert_eq!(web(&g.ns, ALLOWED), None, "{via:?}: not before it asks");
         assert_eq!(resolve(&g, "allowed.test"), Some(vec![ALLOWED.to_string()]));
@@ -497,7 +501,7 @@ fn rootless_and_a_clone_pass_the_basic_case() {
     let r = user.guest(
         &world,
         "shared",
-        &["--allow-connect", "allowed.test:8080/tcp"],
+        &["--allow-connect", "allowed.test:8080/tcp/any"],
     );
     assert_eq!(r.udhcpc(), r.ip());
     // The control: a rootless guest without a policy reaches OTHER.
@@ -521,7 +525,7 @@ fn rootless_and_a_clone_pass_the_basic_case() {
             "--name",
             "snap-1",
             "--allow-connect",
-            "allowed.test:8080/tcp",
+            "allowed.test:8080/tcp/any",
         ],
     );
     crate::clones::restore(&clone, ip, &gateway);

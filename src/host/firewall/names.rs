@@ -75,15 +75,14 @@ pub(super) fn add_sets(batch: &mut Batch<'static>, iface: &InterfacePolicy) {
     }
 }
 
-/// The VM's policy chain's rules for names: other resolvers refused (and
-/// counted with the chain's other refusals), then each reach's sets
-/// accepted. Nothing for a policy without names.
-pub(super) fn rules(iface: &InterfacePolicy) -> Vec<Vec<Statement<'static>>> {
-    let reaches = iface.policy.name_reaches();
-    if reaches.is_empty() {
-        return Vec::new();
+/// The VM's policy chain's first rule for names: other resolvers refused
+/// (and counted with the chain's other refusals) before any rule of its
+/// policy could allow them. None for a policy without names.
+pub(super) fn resolvers(iface: &InterfacePolicy) -> Option<Vec<Statement<'static>>> {
+    if !iface.policy.has_names() {
+        return None;
     }
-    let mut out = vec![vec![
+    Some(vec![
         protocol_match(None),
         eq(
             payload("th", "dport"),
@@ -96,14 +95,25 @@ pub(super) fn rules(iface: &InterfacePolicy) -> Vec<Vec<Statement<'static>>> {
         ),
         Statement::Counter(StmtCounter::Named(Cow::Owned(refused_counter(&iface.tap)))),
         Statement::Reject(None),
-    ]];
-    for (k, reach) in reaches.iter().enumerate() {
+    ])
+}
+
+/// Its rules for the learned sets, after its rules by address (an address
+/// a rule allows by itself is not held for its name): each reach's sets
+/// accepted, a checked reach's connections marked to be held
+/// (`super::gate`).
+pub(super) fn reaches(iface: &InterfacePolicy) -> Vec<Vec<Statement<'static>>> {
+    let mut out = Vec::new();
+    for (k, reach) in iface.policy.name_reaches().iter().enumerate() {
         for (family, v6) in [("ip", false), ("ip6", true)] {
             let mut rule = vec![eq(
                 payload(family, "daddr"),
                 string(&format!("@{}", set_name(&iface.tap, v6, k))),
             )];
             rule.extend(reach_match(*reach));
+            if reach.checked() {
+                rule.push(super::gate::pending());
+            }
             rule.push(accept());
             out.push(rule);
         }

@@ -1,0 +1,613 @@
+//! The daemon's side of the name check: it holds the gate's queue
+//! (`host::nfqueue`: only a privileged process may give verdicts), keeps
+//! `linnet-gate` running (`gate::process`, unprivileged and confined),
+//! passes it every held packet and what it judges by, and turns its
+//! answers into verdicts, events and counts. It never reads a packet's
+//! bytes itself.
+//!
+//! Fail closed: while no gate runs, every held packet is refused (its
+//! connection reset), and the packets a gate held when it died are
+//! refused too; a new gate is started within a second and given the VMs
+//! and their learned names again. Without the daemon the queue has no
+//! reader and the kernel drops held packets. Connections judged before
+//! are marked in conntrack and never come here again, so a restart of
+//! either cuts none.
+//!
+//! One thread of its own (the queue and the gate's socket, polled
+//! together), fed by the daemon through a channel; what the DNS learns
+//! reaches the gate before the answer is released, so before the VM can
+//! use it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hickory_proto::rr::Name;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use tracing::{error, info, warn};
+
+use crate::budget::RateLimit;
+use crate::events::{Bus, What};
+use crate::gate::process::{DAEMON_FD, EXECUTABLE};
+use crate::gate::wire::{self, Control, FromGate, GatedVm, Judged, Judgement};
+use crate::host::firewall::gate::{ALLOWED, MASK, PASS, REFUSED};
+use crate::host::gate_queue::QUEUE;
+use crate::host::nfqueue::{Queue, Verdict};
+use crate::host::privileges;
+use crate::names;
+use crate::services::name_gate::{NamedVm, Pins};
+use crate::types::InterfaceId;
+
+/// Packets the kernel keeps waiting for verdicts, at most: past them it
+/// drops new ones (their senders retransmit).
+const QUEUE_LENGTH: u32 = 65536;
+/// How soon a gate that died is started again, at first and at most.
+const RESTART_FIRST: Duration = Duration::from_millis(50);
+const RESTART_AT_MOST: Duration = Duration::from_secs(1);
+/// A gate that ran this long without dying starts the wait over.
+const STEADY: Duration = Duration::from_secs(10);
+/// Records of one VM's connections at most in each window; the rest are
+/// counted (`held_back`) in the next that goes out.
+const RECORDS_PER_WINDOW: u32 = 100;
+const RECORD_WINDOW: Duration = Duration::from_secs(10);
+/// The root daemon's gate runs as this uid and gid, just below the root
+/// relays' (`network_sockets`), owned by no one.
+pub const GATE_UID: u32 = 0x7f6b_ffff;
+
+/// A VM's connections the gate judged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub allowed: u64,
+    pub refused: u64,
+}
+
+enum Message {
+    Vms(Vec<NamedVm>),
+    Learned {
+        interface_id: InterfaceId,
+        name: String,
+        addrs: Vec<(IpAddr, u32)>,
+    },
+    Stop,
+}
+
+/// The handle the daemon keeps.
+pub struct Gatekeeper {
+    messages: Mutex<Sender<Message>>,
+    wake: Arc<EventFd>,
+    counts: Arc<Mutex<BTreeMap<InterfaceId, Counts>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Gatekeeper {
+    /// Binds the queue and starts the gate; `run_as` the uid and gid it
+    /// runs as (None: the daemon's own, a rootless daemon's user).
+    pub fn start(events: Bus, run_as: Option<(u32, u32)>) -> anyhow::Result<Arc<Gatekeeper>> {
+        let me = std::env::current_exe()?;
+        let executable = me.with_file_name(EXECUTABLE);
+        if !executable.is_file() {
+            anyhow::bail!(
+                "{} is missing: connections of VMs whose policy names DNS names are checked by it; install it next to {}",
+                executable.display(),
+                me.display()
+            );
+        }
+        let queue = Queue::open(QUEUE, QUEUE_LENGTH).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot read netfilter queue {QUEUE} for the name check ({e}): is the kernel's nfnetlink_queue there?"
+            )
+        })?;
+        let wake = Arc::new(EventFd::from_value_and_flags(
+            0,
+            EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK,
+        )?);
+        let (sender, receiver) = channel();
+        let counts = Arc::new(Mutex::new(BTreeMap::new()));
+        let keeper = Keeper {
+            queue,
+            executable,
+            run_as,
+            events,
+            messages: receiver,
+            wake: wake.clone(),
+            counts: counts.clone(),
+            gate: None,
+            restart_at: Some(Instant::now()),
+            restart_wait: RESTART_FIRST,
+            outstanding: HashMap::new(),
+            vms: Vec::new(),
+            pins: HashMap::new(),
+            records: RateLimit::new(RECORDS_PER_WINDOW, RECORD_WINDOW),
+            held_back: HashMap::new(),
+            batch: Vec::with_capacity(64 << 10),
+            message: Vec::with_capacity(wire::MAX_MESSAGE),
+        };
+        let thread = std::thread::Builder::new()
+            .name("gatekeeper".into())
+            .spawn(move || keeper.run())?;
+        Ok(Arc::new(Gatekeeper {
+            messages: Mutex::new(sender),
+            wake,
+            counts,
+            thread: Mutex::new(Some(thread)),
+        }))
+    }
+
+    fn send(&self, message: Message) {
+        let _ = self.messages.lock().expect("gatekeeper lock").send(message);
+        let _ = self.wake.write(1);
+    }
+
+    /// Each VM's connections allowed and refused so far.
+    pub fn counts(&self) -> BTreeMap<InterfaceId, Counts> {
+        self.counts.lock().expect("gate counts lock").clone()
+    }
+
+    /// Stops the gate and lets go of the queue.
+    pub fn stop(&self) {
+        self.send(Message::Stop);
+        if let Some(thread) = self.thread.lock().expect("gatekeeper lock").take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Pins for Gatekeeper {
+    fn vms(&self, vms: &[NamedVm]) {
+        self.send(Message::Vms(vms.to_vec()));
+    }
+
+    fn learned(&self, interface_id: InterfaceId, name: &Name, addrs: &[(IpAddr, u32)]) {
+        self.send(Message::Learned {
+            interface_id,
+            name: names::shown(&names::normalise(name)),
+            addrs: addrs.to_vec(),
+        });
+    }
+}
+
+struct Running {
+    child: Child,
+    socket: UnixDatagram,
+    started: Instant,
+}
+
+struct Keeper {
+    queue: Queue,
+    executable: PathBuf,
+    run_as: Option<(u32, u32)>,
+    events: Bus,
+    messages: Receiver<Message>,
+    wake: Arc<EventFd>,
+    counts: Arc<Mutex<BTreeMap<InterfaceId, Counts>>>,
+    gate: Option<Running>,
+    /// When to start a gate (None while one runs).
+    restart_at: Option<Instant>,
+    restart_wait: Duration,
+    /// Packets the gate has and has not answered, with their marks.
+    outstanding: HashMap<u32, u32>,
+    /// What the gate is told again when it starts again.
+    vms: Vec<NamedVm>,
+    /// (VM, name) → address → until when.
+    pins: HashMap<(InterfaceId, String), HashMap<IpAddr, Instant>>,
+    records: RateLimit<InterfaceId>,
+    held_back: HashMap<InterfaceId, u64>,
+    /// Verdicts to send the kernel, and a message to the gate.
+    batch: Vec<u8>,
+    message: Vec<u8>,
+}
+
+fn gated(vms: &[NamedVm]) -> Vec<GatedVm> {
+    vms.iter()
+        .map(|vm| GatedVm {
+            interface_id: vm.interface_id,
+            addrs: vm.addrs.clone(),
+            policy: vm.policy.clone(),
+        })
+        .collect()
+}
+
+/// send(2) that never waits (nor raises SIGPIPE).
+fn send_now(socket: &UnixDatagram, message: &[u8]) -> io::Result<()> {
+    // SAFETY: send(2) of our buffer on our socket.
+    let n = unsafe {
+        libc::send(
+            socket.as_raw_fd(),
+            message.as_ptr().cast(),
+            message.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The verdict on a packet that came with `mark`: the gate's bits of it
+/// say what the firewall does next (`host::firewall::gate`), the others
+/// stay as they were.
+fn verdict(judged: Judged, mark: u32) -> Verdict {
+    let ours = match judged {
+        Judged::Pass => PASS,
+        Judged::Allow => ALLOWED,
+        Judged::Refuse => REFUSED,
+        Judged::Drop => return Verdict::Drop,
+    };
+    Verdict::Accept(mark & !MASK | ours)
+}
+
+impl Keeper {
+    fn run(mut self) {
+        let mut buf = vec![0u8; 256 << 10];
+        loop {
+            if !self.take_messages() {
+                break;
+            }
+            if self.gate.is_none() && self.restart_at.is_some_and(|at| Instant::now() >= at) {
+                self.start_gate();
+            }
+            let timeout = match self.restart_at {
+                Some(at) => at.saturating_duration_since(Instant::now()).as_millis() as i32,
+                None => 1000,
+            };
+            let mut fds = vec![
+                libc::pollfd {
+                    fd: self.queue.as_fd().as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.wake.as_fd().as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            if let Some(gate) = &self.gate {
+                fds.push(libc::pollfd {
+                    fd: gate.socket.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            // SAFETY: poll(2) of our pollfds.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
+            if ready < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    error!("the gatekeeper cannot wait on its queue: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                continue;
+            }
+            if fds[1].revents != 0 {
+                let _ = self.wake.read();
+            }
+            // What the daemon said before these packets were sent.
+            if !self.take_messages() {
+                break;
+            }
+            if fds.len() > 2 && fds[2].revents != 0 {
+                self.read_gate(&mut buf);
+            }
+            if fds[0].revents != 0 {
+                self.read_queue(&mut buf);
+            }
+            self.flush_verdicts();
+        }
+        if let Some(mut gate) = self.gate.take() {
+            let _ = gate.child.kill();
+            let _ = gate.child.wait();
+        }
+    }
+
+    /// Takes in what the daemon sent; false once it says stop.
+    fn take_messages(&mut self) -> bool {
+        loop {
+            match self.messages.try_recv() {
+                Ok(Message::Vms(vms)) => {
+                    let ids: HashSet<InterfaceId> = vms.iter().map(|v| v.interface_id).collect();
+                    self.pins.retain(|(id, _), _| ids.contains(id));
+                    self.vms = vms;
+                    self.tell(&Control::Vms(gated(&self.vms)));
+                }
+                Ok(Message::Learned {
+                    interface_id,
+                    name,
+                    addrs,
+                }) => {
+                    let now = Instant::now();
+                    let pins = self.pins.entry((interface_id, name.clone())).or_default();
+                    for &(addr, seconds) in &addrs {
+                        let until = now + Duration::from_secs(seconds.into());
+                        let at = pins.entry(addr).or_insert(until);
+                        *at = (*at).max(until);
+                    }
+                    pins.retain(|_, until| *until > now);
+                    self.tell(&Control::Learned {
+                        interface_id,
+                        name,
+                        addrs,
+                    });
+                }
+                Ok(Message::Stop) | Err(TryRecvError::Disconnected) => return false,
+                Err(TryRecvError::Empty) => return true,
+            }
+        }
+    }
+
+    /// Sends the gate `control`, if one runs.
+    fn tell(&mut self, control: &Control) {
+        let sent = match &self.gate {
+            Some(gate) => send_now(&gate.socket, &wire::control(control)),
+            None => return,
+        };
+        if let Err(e) = sent {
+            self.gate_died(&format!("cannot write to it: {e}"));
+        }
+    }
+
+    fn start_gate(&mut self) {
+        match self.spawn() {
+            Ok(gate) => {
+                info!(pid = gate.child.id(), "linnet-gate started");
+                self.gate = Some(gate);
+                self.restart_at = None;
+                self.tell(&Control::Vms(gated(&self.vms)));
+                let now = Instant::now();
+                let pins: Vec<Control> = (self.pins.iter())
+                    .map(|((interface_id, name), addrs)| Control::Learned {
+                        interface_id: *interface_id,
+                        name: name.clone(),
+                        addrs: (addrs.iter())
+                            .filter(|(_, until)| **until > now)
+                            .map(|(addr, until)| {
+                                (*addr, until.duration_since(now).as_secs().max(1) as u32)
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                for control in pins {
+                    self.tell(&control);
+                }
+            }
+            Err(e) => {
+                error!(
+                    "cannot start {}: {e}; connections held for their name are refused until it runs",
+                    self.executable.display()
+                );
+                self.restart_at = Some(Instant::now() + self.restart_wait);
+                self.restart_wait = (self.restart_wait * 2).min(RESTART_AT_MOST);
+            }
+        }
+    }
+
+    fn spawn(&self) -> io::Result<Running> {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        let (ours, theirs) = (UnixDatagram::from(ours), UnixDatagram::from(theirs));
+        // Room for bursts of held packets: a send that finds it full
+        // refuses its packet rather than wait on the gate.
+        let _ = socket2::SockRef::from(&ours).set_send_buffer_size(4 << 20);
+        let mut cmd = Command::new(&self.executable);
+        cmd.env_clear()
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        let fd = theirs.as_raw_fd();
+        // SAFETY: between fork and exec only async-signal-safe calls
+        // (dup2, prctl, capset), nothing allocated.
+        unsafe {
+            cmd.pre_exec(move || {
+                // dup2 clears close-on-exec, except onto itself.
+                let placed = if fd == DAEMON_FD {
+                    libc::fcntl(fd, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(fd, DAEMON_FD)
+                };
+                if placed < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The gate dies with the daemon.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+                privileges::clear_capabilities()
+            });
+        }
+        let child = cmd.spawn()?;
+        drop(theirs);
+        Ok(Running {
+            child,
+            socket: ours,
+            started: Instant::now(),
+        })
+    }
+
+    /// The gate is gone: what it held is refused, and another starts soon.
+    fn gate_died(&mut self, why: &str) {
+        let Some(mut gate) = self.gate.take() else {
+            return;
+        };
+        let _ = gate.child.kill();
+        let status = gate.child.wait();
+        if gate.started.elapsed() >= STEADY {
+            self.restart_wait = RESTART_FIRST;
+        }
+        warn!(
+            held = self.outstanding.len(),
+            "linnet-gate stopped ({why}; {status:?}): the connections it held are refused, and it starts again in {:?}",
+            self.restart_wait
+        );
+        for (id, mark) in std::mem::take(&mut self.outstanding) {
+            self.queue
+                .verdict(&mut self.batch, id, verdict(Judged::Refuse, mark));
+        }
+        self.restart_at = Some(Instant::now() + self.restart_wait);
+        self.restart_wait = (self.restart_wait * 2).min(RESTART_AT_MOST);
+    }
+
+    fn read_queue(&mut self, buf: &mut [u8]) {
+        loop {
+            let mut refused = Vec::new();
+            let mut failed = None;
+            let got = {
+                let gate = self.gate.as_ref();
+                let (message, outstanding) = (&mut self.message, &mut self.outstanding);
+                self.queue.recv(buf, |packet| match gate {
+                    Some(gate) if failed.is_none() => {
+                        wire::packet(message, packet.id, packet.bytes);
+                        match send_now(&gate.socket, message) {
+                            Ok(()) => {
+                                outstanding.insert(packet.id, packet.mark);
+                            }
+                            // The gate is behind: this one is refused,
+                            // never let through unjudged.
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                refused.push((packet.id, packet.mark));
+                            }
+                            Err(e) => {
+                                failed = Some(e);
+                                refused.push((packet.id, packet.mark));
+                            }
+                        }
+                    }
+                    _ => refused.push((packet.id, packet.mark)),
+                })
+            };
+            for (id, mark) in refused {
+                self.queue
+                    .verdict(&mut self.batch, id, verdict(Judged::Refuse, mark));
+            }
+            if let Some(e) = failed {
+                self.gate_died(&format!("cannot write to it: {e}"));
+            }
+            match got {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => {
+                    // ENOBUFS: the kernel dropped packets we did not read
+                    // in time; their senders retransmit.
+                    warn!("reading the gate's queue: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn read_gate(&mut self, buf: &mut [u8]) {
+        loop {
+            let Some(gate) = &self.gate else {
+                return;
+            };
+            // SAFETY: recv(2) into our buffer.
+            let n = unsafe {
+                libc::recv(
+                    gate.socket.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+                    self.gate_died(&format!("cannot read from it: {e}"));
+                }
+                return;
+            }
+            if n == 0 {
+                self.gate_died("it closed its socket");
+                return;
+            }
+            match wire::from_gate(&buf[..n as usize]) {
+                Ok(FromGate::Verdicts(pairs)) => {
+                    for (id, judged) in wire::each_verdict(pairs) {
+                        // Only packets it was given, once each.
+                        let Some(mark) = self.outstanding.remove(&id) else {
+                            continue;
+                        };
+                        let judged = judged.unwrap_or(Judged::Refuse);
+                        self.queue
+                            .verdict(&mut self.batch, id, verdict(judged, mark));
+                    }
+                }
+                Ok(FromGate::Judgement(judgement)) => self.record(judgement),
+                Err(e) => {
+                    self.gate_died(&e);
+                    return;
+                }
+            }
+            if self.batch.len() >= 32 << 10 {
+                self.flush_verdicts();
+            }
+        }
+    }
+
+    fn flush_verdicts(&mut self) {
+        if let Err(e) = self.queue.send_batch(&mut self.batch) {
+            warn!("cannot give the queue its verdicts: {e}");
+        }
+    }
+
+    /// Counts a judged connection and puts it on record, within its
+    /// VM's budget.
+    fn record(&mut self, judgement: Judgement) {
+        let Some(vm) = self
+            .vms
+            .iter()
+            .find(|vm| vm.interface_id == judgement.interface_id)
+        else {
+            return;
+        };
+        {
+            let mut counts = self.counts.lock().expect("gate counts lock");
+            let counts = counts.entry(vm.interface_id).or_default();
+            if judgement.allowed {
+                counts.allowed += 1;
+            } else {
+                counts.refused += 1;
+            }
+        }
+        if self
+            .records
+            .allow(&vm.interface_id, Instant::now())
+            .is_err()
+        {
+            *self.held_back.entry(vm.interface_id).or_default() += 1;
+            return;
+        }
+        let what = What::Connection {
+            interface_id: vm.interface_id,
+            name: vm.name.clone(),
+            destination: judgement.destination,
+            port: judgement.port,
+            protocol: "tcp".into(),
+            shown: judgement.shown,
+            allowed: judgement.allowed,
+            why: judgement.why,
+            held_back: self.held_back.remove(&vm.interface_id).unwrap_or(0),
+        };
+        self.events.emit(Some(&vm.network), what);
+    }
+}
+
+/// The uid and gid the gate runs as: its own for a root daemon, the
+/// user's own for a rootless one (which has no other to give).
+pub fn run_as(rootless: bool) -> Option<(u32, u32)> {
+    (!rootless).then_some((GATE_UID, GATE_UID))
+}

@@ -1,0 +1,171 @@
+//! `linnet-gate`: the process that judges held connections by the name
+//! their first bytes show. The daemon starts one (`daemon::gatekeeper`)
+//! as a user of its own with no capabilities, hands it one end of a
+//! SOCK_SEQPACKET pair as fd 3, and relays it each held packet; it
+//! answers with verdicts and records. It parses what guests send, so it
+//! opens nothing, and confines itself (seccomp) before reading a byte:
+//! it can read and write that socket and stderr, and little else.
+//!
+//! One thread, no runtime: a poll on the socket, a tick four times a
+//! second for what waited too long. It ends when the daemon's end closes.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use super::held::{Gate, Out};
+use super::wire::{self, Control, MAX_MESSAGE, ToGate};
+
+/// The executable's name; the daemon finds it beside its own.
+pub const EXECUTABLE: &str = "linnet-gate";
+/// The socket to the daemon.
+pub const DAEMON_FD: RawFd = 3;
+const TICK: Duration = Duration::from_millis(250);
+/// Verdicts per message at most (each is `wire::VERDICT_LEN` bytes).
+const VERDICTS_PER_MESSAGE: usize = 4096;
+
+const USAGE: &str = "usage: linnet-gate
+
+Started by the linnet daemon, never by hand: judges the connections of VMs
+whose policy names DNS names by the name their first bytes show, over the
+socket the daemon passes as fd 3.";
+
+pub fn main() -> ExitCode {
+    if std::env::args_os().len() > 1 {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    }
+    // Nothing of the same uid may reach into it.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if !is_seqpacket(DAEMON_FD) {
+        eprintln!("{EXECUTABLE}: fd {DAEMON_FD} is not the daemon's socket\n\n{USAGE}");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = crate::cli::seccomp::confine_gate(EXECUTABLE) {
+        eprintln!("{EXECUTABLE}: {e}");
+        return ExitCode::from(1);
+    }
+    match serve(DAEMON_FD) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{EXECUTABLE}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn is_seqpacket(fd: RawFd) -> bool {
+    let mut kind: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt of an int into ours.
+    let ok = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TYPE,
+            (&mut kind as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    ok == 0 && kind == libc::SOCK_SEQPACKET
+}
+
+fn send(fd: RawFd, message: &[u8]) -> io::Result<()> {
+    // SAFETY: send(2) of our buffer; the daemon reads as fast as packets
+    // come, so this blocks only as long as it is behind.
+    let n = unsafe {
+        libc::send(
+            fd,
+            message.as_ptr().cast(),
+            message.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sends what `out` holds, and empties it.
+fn flush(fd: RawFd, out: &mut Out, message: &mut Vec<u8>) -> io::Result<()> {
+    for chunk in out.verdicts.chunks(VERDICTS_PER_MESSAGE) {
+        wire::verdicts(message);
+        for &(id, judged) in chunk {
+            wire::add_verdict(message, id, judged);
+        }
+        send(fd, message)?;
+    }
+    out.verdicts.clear();
+    for judgement in out.judgements.drain(..) {
+        send(fd, &wire::judgement(&judgement))?;
+    }
+    Ok(())
+}
+
+/// Serves the daemon on `fd` until it closes its end.
+pub fn serve(fd: RawFd) -> io::Result<()> {
+    let mut gate = Gate::default();
+    let mut out = Out::default();
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut message = Vec::with_capacity(1 + VERDICTS_PER_MESSAGE * wire::VERDICT_LEN);
+    let mut last_tick = Instant::now();
+    loop {
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll(2) of one pollfd of ours.
+        let ready = unsafe { libc::poll(&mut poll, 1, TICK.as_millis() as libc::c_int) };
+        if ready < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        // Everything waiting, then the verdicts in as few messages.
+        loop {
+            // SAFETY: recv(2) into our buffer.
+            let n =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => break,
+                    io::ErrorKind::Interrupted => continue,
+                    _ => return Err(e),
+                }
+            }
+            if n == 0 {
+                // The daemon is gone: what is held dies with its queue.
+                return Ok(());
+            }
+            let now = Instant::now();
+            match wire::to_gate(&buf[..n as usize]) {
+                Ok(ToGate::Packet { id, bytes }) => gate.packet(id, bytes, now, &mut out),
+                Ok(ToGate::Control(Control::Vms(vms))) => gate.vms.set(vms),
+                Ok(ToGate::Control(Control::Learned {
+                    interface_id,
+                    name,
+                    addrs,
+                })) => gate.vms.learned(interface_id, &name, &addrs, now),
+                Err(e) => {
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+            }
+            if out.verdicts.len() >= VERDICTS_PER_MESSAGE {
+                flush(fd, &mut out, &mut message)?;
+            }
+        }
+        let now = Instant::now();
+        if now.duration_since(last_tick) >= TICK {
+            gate.tick(now, &mut out);
+            last_tick = now;
+        }
+        flush(fd, &mut out, &mut message)?;
+    }
+}

@@ -1,0 +1,351 @@
+//! The name at the connection (`linnet-gate`): a VM whose policy names
+//! `allowed.test:443` reaches it only with connections that show that
+//! name (TLS server name, HTTP Host) at an address it learned for that
+//! very name. The upstream serves every name on every address
+//! (tests/name_peer.py answers with the name it was shown), so a guest
+//! without a policy beside each probe shows the same probe succeeding.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::*;
+
+const ALLOWED: &str = "198.51.100.1";
+const SVC: &str = "198.51.100.2";
+/// name_peer.py's HTTP port (the upstream's 80 is its web page's).
+const HTTP: u16 = 8000;
+
+/// The upstream with the test names' first two addresses, serving HTTP
+/// (HTTP) and TLS (443) on each.
+fn world() -> (World, Reaped) {
+    let mut world = World::new();
+    for ip in [ALLOWED, SVC] {
+        must(
+            &mut world
+                .upstream
+                .cmd(&["ip", "addr", "add", &format!("{ip}/32"), "dev", "eth0"]),
+        );
+    }
+    let script = repo_file("tests/name_peer.py");
+    let pem = repo_file("tests/fixtures/name_peer.pem");
+    let (server, ready) =
+        spawn_until_first_line(world.upstream.cmd(&["python3", &script, "serve", &pem]));
+    assert_eq!(ready, "serving");
+    world.start_daemon_with(&[], &["--metrics", "9464"]);
+    (world, server)
+}
+
+/// What `fetch ADDRESS PORT ARGS` of tests/name_peer.py got from `ns`:
+/// the answer's first line, or "refused" (a reset) or "silent".
+pub fn fetch(ns: &Netns, address: &str, port: u16, args: &[&str]) -> String {
+    let script = repo_file("tests/name_peer.py");
+    let port = port.to_string();
+    let mut argv = vec!["python3", script.as_str(), "fetch", address, port.as_str()];
+    argv.extend_from_slice(args);
+    let out = run(&mut ns.cmd(&argv));
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    match out.status.code() {
+        Some(0 | 3 | 4) => said,
+        _ => panic!(
+            "the probe itself failed ({:?}): {said} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+const SANDBOX: &[&str] = &[
+    "--name",
+    "sandbox",
+    "--allow-connect",
+    "allowed.test:443",
+    "--allow-connect",
+    "allowed.test:8000",
+    "--allow-connect",
+    "*.svc.test:443",
+];
+
+/// The sandbox, with both its names resolved through linnet's DNS.
+fn sandbox(world: &World) -> Guest {
+    let g = world.guest("shared", SANDBOX);
+    assert_eq!(g.udhcpc(), g.ip());
+    assert_eq!(g.lookup("allowed.test", &g.gateway()), Some(ALLOWED.into()));
+    assert_eq!(g.lookup("a.svc.test", &g.gateway()), Some(SVC.into()));
+    g
+}
+
+/// Each probe: (what, address, port, arguments, what the sandbox gets);
+/// the open guest gets the name it showed every time.
+const PROBES: &[(&str, &str, u16, &[&str], &str)] = &[
+    (
+        "its name over TLS",
+        ALLOWED,
+        443,
+        &["--sni", "allowed.test"],
+        "sni=allowed.test host=allowed.test",
+    ),
+    (
+        "its name over HTTP",
+        ALLOWED,
+        HTTP,
+        &["--plain", "--host", "allowed.test"],
+        "host=allowed.test",
+    ),
+    (
+        "a ClientHello in two TCP segments",
+        ALLOWED,
+        443,
+        &["--sni", "allowed.test", "--split", "segments"],
+        "sni=allowed.test host=allowed.test",
+    ),
+    (
+        "a ClientHello in two TLS records",
+        ALLOWED,
+        443,
+        &["--sni", "allowed.test", "--split", "records"],
+        "sni=allowed.test host=allowed.test",
+    ),
+    (
+        "the other allowed name at its own address",
+        SVC,
+        443,
+        &["--sni", "a.svc.test"],
+        "sni=a.svc.test host=a.svc.test",
+    ),
+    (
+        "another name by SNI at the same address",
+        ALLOWED,
+        443,
+        &["--sni", "other.test"],
+        "refused",
+    ),
+    (
+        "another name by Host at the same address",
+        ALLOWED,
+        HTTP,
+        &["--plain", "--host", "other.test"],
+        "refused",
+    ),
+    (
+        "TLS without a server name",
+        ALLOWED,
+        443,
+        &["--no-sni", "--host", "allowed.test"],
+        "refused",
+    ),
+    (
+        "bytes that are neither TLS nor HTTP",
+        ALLOWED,
+        HTTP,
+        &["--raw"],
+        "refused",
+    ),
+    (
+        "an allowed name at the other allowed name's address",
+        ALLOWED,
+        443,
+        &["--sni", "a.svc.test"],
+        "refused",
+    ),
+];
+
+fn answer_of(args: &[&str]) -> String {
+    let shown = |flag: &str| {
+        args.iter()
+            .position(|a| *a == flag)
+            .map(|i| args[i + 1].to_string())
+    };
+    if args.contains(&"--raw") {
+        return "bad".into();
+    }
+    let host = shown("--host").or(shown("--sni")).unwrap();
+    if args.contains(&"--plain") {
+        format!("host={host}")
+    } else {
+        format!("sni={} host={host}", shown("--sni").unwrap_or("-".into()))
+    }
+}
+
+#[test]
+fn a_sandbox_reaches_its_names_only_by_showing_them_at_their_own_addresses() {
+    let (world, _server) = world();
+    let follower = crate::events::Follower::start(&world, &["--network", "shared"]);
+    let g = sandbox(&world);
+    let open = world.guest("shared", &["--name", "open"]);
+    assert_eq!(open.udhcpc(), open.ip());
+    for (what, address, port, args, sandbox_gets) in PROBES {
+        assert_eq!(
+            fetch(&open.ns, address, *port, args),
+            answer_of(args),
+            "the open guest: {what}"
+        );
+        assert_eq!(
+            fetch(&g.ns, address, *port, args),
+            *sandbox_gets,
+            "the sandbox: {what}"
+        );
+    }
+    // Each judged connection on record: the allowed ones with their name,
+    // the refused with what they showed and why.
+    let id = &g.info["interface_id"];
+    let mut records: Vec<Value> = Vec::new();
+    while records.len() < PROBES.len() {
+        let r = follower.next("connection");
+        assert_eq!(r["interface_id"], *id, "{r}");
+        records.push(r);
+    }
+    let allowed: Vec<&Value> = records.iter().filter(|r| r["allowed"] == true).collect();
+    assert_eq!(allowed.len(), 5, "{records:#?}");
+    assert_eq!(
+        (
+            &allowed[0]["shown"],
+            &allowed[0]["destination"],
+            &allowed[0]["port"],
+            &allowed[0]["name"]
+        ),
+        (
+            &Value::from("allowed.test"),
+            &Value::from(ALLOWED),
+            &Value::from(443),
+            &Value::from("sandbox")
+        )
+    );
+    let refused: Vec<(&Value, &str)> = records
+        .iter()
+        .filter(|r| r["allowed"] == false)
+        .map(|r| (&r["shown"], r["why"].as_str().unwrap()))
+        .collect();
+    assert_eq!(refused.len(), 5, "{records:#?}");
+    assert_eq!(refused[0].0, "other.test");
+    assert!(
+        refused[0].1.contains("not allowed on this port"),
+        "{refused:?}"
+    );
+    assert_eq!(refused[1].0, "other.test");
+    assert_eq!(*refused[2].0, Value::Null);
+    assert!(refused[2].1.contains("showed no name"), "{refused:?}");
+    assert!(refused[3].1.contains("neither TLS nor HTTP"), "{refused:?}");
+    assert_eq!(refused[4].0, "a.svc.test");
+    assert!(
+        refused[4].1.contains("not an address the VM learned"),
+        "{refused:?}"
+    );
+    // And counted per VM.
+    let metrics = must(&mut world.host.cmd(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "5",
+        "http://127.0.0.1:9464/metrics",
+    ]));
+    for (verdict, n) in [("allowed", 5), ("refused", 5)] {
+        let line = metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("linnet_vm_gate_connections_total")
+                    && l.contains("name=\"sandbox\"")
+                    && l.contains(&format!("verdict=\"{verdict}\""))
+            })
+            .unwrap_or_else(|| panic!("no {verdict} count:\n{metrics}"));
+        assert!(line.ends_with(&format!(" {n}")), "{line}");
+    }
+}
+
+#[test]
+fn a_rule_with_any_lets_nameless_connections_through_to_its_addresses_only() {
+    let (world, _server) = world();
+    let g = world.guest(
+        "shared",
+        &[
+            "--allow-connect",
+            "allowed.test:8000/tcp/any",
+            "--allow-connect",
+            "a.svc.test:443",
+        ],
+    );
+    assert_eq!(g.udhcpc(), g.ip());
+    assert_eq!(g.lookup("allowed.test", &g.gateway()), Some(ALLOWED.into()));
+    assert_eq!(
+        fetch(&g.ns, ALLOWED, HTTP, &["--raw"]),
+        "bad",
+        "nameless, allowed by /any"
+    );
+    assert_eq!(
+        fetch(&g.ns, SVC, 443, &["--no-sni", "--host", "a.svc.test"]),
+        "refused",
+        "not learned (a.svc.test not asked for yet)"
+    );
+    assert_eq!(g.lookup("a.svc.test", &g.gateway()), Some(SVC.into()));
+    assert_eq!(
+        fetch(&g.ns, SVC, 443, &["--no-sni", "--host", "a.svc.test"]),
+        "refused",
+        "a rule without /any: a name must be shown"
+    );
+    assert_eq!(
+        fetch(&g.ns, SVC, 443, &["--sni", "a.svc.test"]),
+        "sni=a.svc.test host=a.svc.test"
+    );
+}
+
+/// The daemon's `linnet-gate`: its pid, once it runs.
+fn gate_pid(world: &World) -> u32 {
+    let daemon = world.daemon_pid().to_string();
+    wait_for("linnet-gate to run", Duration::from_secs(5), || {
+        std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            (comm.trim() == "linnet-gate" && proc_status(pid, "PPid") == daemon).then_some(pid)
+        })
+    })
+}
+
+#[test]
+fn the_gate_runs_unprivileged_and_confined_and_nothing_passes_while_it_is_down() {
+    let (world, _server) = world();
+    let g = sandbox(&world);
+    let pid = gate_pid(&world);
+    assert_eq!(
+        proc_status(pid, "Uid").split_whitespace().next(),
+        Some("2137784319")
+    );
+    assert_eq!(proc_status(pid, "CapEff"), "0000000000000000");
+    assert_eq!(proc_status(pid, "CapPrm"), "0000000000000000");
+    assert_eq!(proc_status(pid, "NoNewPrivs"), "1");
+    assert_eq!(proc_status(pid, "Seccomp"), "2", "confined");
+    let allowed = ["--sni", "allowed.test"];
+    let other = ["--sni", "other.test"];
+    assert_eq!(
+        fetch(&g.ns, ALLOWED, 443, &allowed),
+        "sni=allowed.test host=allowed.test"
+    );
+    // Killed: until another runs, held connections are refused, the
+    // other name's as ever; then the allowed name passes again.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let killed = Instant::now();
+    assert_eq!(fetch(&g.ns, ALLOWED, 443, &other), "refused");
+    let again = gate_pid(&world);
+    assert_ne!(again, pid);
+    assert!(
+        killed.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        killed.elapsed()
+    );
+    wait_for(
+        "the allowed name to pass again",
+        Duration::from_secs(5),
+        || {
+            (fetch(&g.ns, ALLOWED, 443, &allowed) == "sni=allowed.test host=allowed.test")
+                .then_some(())
+        },
+    );
+    assert_eq!(fetch(&g.ns, ALLOWED, 443, &other), "refused");
+    assert!(
+        world.daemon_log_text().contains("linnet-gate stopped"),
+        "the daemon says so"
+    );
+}
