@@ -10,10 +10,14 @@ serve PEM [--bulk]
 
 fetch ADDRESS PORT [--sni NAME | --no-sni] [--host NAME] [--plain]
       [--split segments|records] [--raw] [--times N]
+      [--path /bytes/N --pause SECONDS]
     One request from this namespace: TLS unless --plain (HTTP) or --raw
     (bytes that are neither). --split sends the ClientHello in two TCP
-    segments, or as two TLS records in one. Prints the answer's first
-    line and exits 0; prints "refused" and exits 3 on a TCP reset;
+    segments, or as two TLS records in one. With --path, asks for that
+    path, and with --pause reads a first piece of the answer, waits that
+    long (its connection open and idle), then the rest, and prints
+    "bytes=N" (the body's length). Otherwise prints the answer's first
+    line. Exits 0 on an answer; prints "refused" and exits 3 on a TCP reset;
     "silent" and exits 4 when nothing comes in 3 s. Any other failure is
     the probe's own and exits 1 with the reason: never "no answer".
 """
@@ -167,7 +171,7 @@ def as_records(hello):
     return out
 
 
-def fetch_tls(sock, sni, host, split):
+def fetch_tls(sock, sni, host, split, path="/", pause=0.0):
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -198,10 +202,15 @@ def fetch_tls(sock, sni, host, split):
         if not data:
             raise Refused()
         incoming.write(data)
-    tls.write(b"GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host.encode())
+    tls.write(b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+              % (path.encode(), host.encode()))
     send(sock, outgoing.read())
     answer = b""
+    paused = pause <= 0
     while True:
+        if not paused and answer:
+            time.sleep(pause)
+            paused = True
         try:
             answer += tls.read(65536)
         except ssl.SSLWantReadError:
@@ -216,7 +225,7 @@ def fetch_tls(sock, sni, host, split):
 
 def fetch(args):
     address, port = args[0], int(args[1])
-    sni, host, split, mode, times = None, None, None, "tls", 1
+    sni, host, split, mode, times, path, pause = None, None, None, "tls", 1, "/", 0.0
     rest = args[2:]
     while rest:
         flag = rest.pop(0)
@@ -234,6 +243,10 @@ def fetch(args):
             mode = "raw"
         elif flag == "--times":
             times = int(rest.pop(0))
+        elif flag == "--path":
+            path = rest.pop(0)
+        elif flag == "--pause":
+            pause = float(rest.pop(0))
         else:
             sys.exit("name_peer: unknown flag %s" % flag)
     host = host or sni or address
@@ -247,11 +260,14 @@ def fetch(args):
                 send(sock, b"GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host.encode())
                 answer = read_all(sock)
             else:
-                answer = fetch_tls(sock, sni, host, split)
+                answer = fetch_tls(sock, sni, host, split, path, pause)
     if not answer:
         # Closed without a word: neither an answer nor a reset.
         raise Silent()
-    print(first_line(answer))
+    if path != "/":
+        print("bytes=%d" % len(answer.split(b"\r\n\r\n", 1)[-1]))
+    else:
+        print(first_line(answer))
 
 
 def main():

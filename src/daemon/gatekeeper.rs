@@ -76,6 +76,11 @@ enum Message {
         name: String,
         addrs: Vec<(IpAddr, u32)>,
     },
+    Restored {
+        interface_id: InterfaceId,
+        reach: usize,
+        addrs: Vec<(IpAddr, u32)>,
+    },
     Stop,
 }
 
@@ -125,6 +130,7 @@ impl Gatekeeper {
             outstanding: HashMap::new(),
             vms: Vec::new(),
             pins: HashMap::new(),
+            restored: HashMap::new(),
             records: RateLimit::new(RECORDS_PER_WINDOW, RECORD_WINDOW),
             held_back: HashMap::new(),
             batch: Vec::with_capacity(64 << 10),
@@ -172,6 +178,14 @@ impl Pins for Gatekeeper {
             addrs: addrs.to_vec(),
         });
     }
+
+    fn restored(&self, interface_id: InterfaceId, reach: usize, addrs: &[(IpAddr, u32)]) {
+        self.send(Message::Restored {
+            interface_id,
+            reach,
+            addrs: addrs.to_vec(),
+        });
+    }
 }
 
 struct Running {
@@ -198,6 +212,8 @@ struct Keeper {
     vms: Vec<NamedVm>,
     /// (VM, name) → address → until when.
     pins: HashMap<(InterfaceId, String), HashMap<IpAddr, Instant>>,
+    /// (VM, reach) → address → until when: a previous daemon's.
+    restored: HashMap<(InterfaceId, usize), HashMap<IpAddr, Instant>>,
     records: RateLimit<InterfaceId>,
     held_back: HashMap<InterfaceId, u64>,
     /// Verdicts to send the kernel, and a message to the gate.
@@ -212,6 +228,30 @@ fn gated(vms: &[NamedVm]) -> Vec<GatedVm> {
             addrs: vm.addrs.clone(),
             policy: vm.policy.clone(),
         })
+        .collect()
+}
+
+/// Keeps `addrs` (each for so many seconds from now) in `entry`, with
+/// what it had that has not expired.
+fn remember<K>(
+    entry: std::collections::hash_map::Entry<'_, K, HashMap<IpAddr, Instant>>,
+    addrs: &[(IpAddr, u32)],
+) {
+    let now = Instant::now();
+    let pins = entry.or_default();
+    for &(addr, seconds) in addrs {
+        let until = now + Duration::from_secs(seconds.into());
+        let at = pins.entry(addr).or_insert(until);
+        *at = (*at).max(until);
+    }
+    pins.retain(|_, until| *until > now);
+}
+
+/// The addresses still live at `now`, with the seconds each has left.
+fn left(addrs: &HashMap<IpAddr, Instant>, now: Instant) -> Vec<(IpAddr, u32)> {
+    (addrs.iter())
+        .filter(|(_, until)| **until > now)
+        .map(|(addr, until)| (*addr, until.duration_since(now).as_secs().max(1) as u32))
         .collect()
 }
 
@@ -316,6 +356,17 @@ impl Keeper {
                 Ok(Message::Vms(vms)) => {
                     let ids: HashSet<InterfaceId> = vms.iter().map(|v| v.interface_id).collect();
                     self.pins.retain(|(id, _), _| ids.contains(id));
+                    // As the gate does: a VM gone, or with a new policy,
+                    // loses what came back by reach.
+                    let same: HashSet<InterfaceId> = (vms.iter())
+                        .filter(|v| {
+                            (self.vms.iter()).any(|old| {
+                                old.interface_id == v.interface_id && old.policy == v.policy
+                            })
+                        })
+                        .map(|v| v.interface_id)
+                        .collect();
+                    self.restored.retain(|(id, _), _| same.contains(id));
                     self.vms = vms;
                     self.tell(&Control::Vms(gated(&self.vms)));
                 }
@@ -324,17 +375,22 @@ impl Keeper {
                     name,
                     addrs,
                 }) => {
-                    let now = Instant::now();
-                    let pins = self.pins.entry((interface_id, name.clone())).or_default();
-                    for &(addr, seconds) in &addrs {
-                        let until = now + Duration::from_secs(seconds.into());
-                        let at = pins.entry(addr).or_insert(until);
-                        *at = (*at).max(until);
-                    }
-                    pins.retain(|_, until| *until > now);
+                    remember(self.pins.entry((interface_id, name.clone())), &addrs);
                     self.tell(&Control::Learned {
                         interface_id,
                         name,
+                        addrs,
+                    });
+                }
+                Ok(Message::Restored {
+                    interface_id,
+                    reach,
+                    addrs,
+                }) => {
+                    remember(self.restored.entry((interface_id, reach)), &addrs);
+                    self.tell(&Control::Restored {
+                        interface_id,
+                        reach,
                         addrs,
                     });
                 }
@@ -363,19 +419,21 @@ impl Keeper {
                 self.restart_at = None;
                 self.tell(&Control::Vms(gated(&self.vms)));
                 let now = Instant::now();
-                let pins: Vec<Control> = (self.pins.iter())
-                    .map(|((interface_id, name), addrs)| Control::Learned {
+                let restored = (self.restored.iter()).map(|((interface_id, reach), addrs)| {
+                    Control::Restored {
+                        interface_id: *interface_id,
+                        reach: *reach,
+                        addrs: left(addrs, now),
+                    }
+                });
+                let pins =
+                    (self.pins.iter()).map(|((interface_id, name), addrs)| Control::Learned {
                         interface_id: *interface_id,
                         name: name.clone(),
-                        addrs: (addrs.iter())
-                            .filter(|(_, until)| **until > now)
-                            .map(|(addr, until)| {
-                                (*addr, until.duration_since(now).as_secs().max(1) as u32)
-                            })
-                            .collect(),
-                    })
-                    .collect();
-                for control in pins {
+                        addrs: left(addrs, now),
+                    });
+                let controls: Vec<Control> = restored.chain(pins).collect();
+                for control in controls {
                     self.tell(&control);
                 }
             }

@@ -153,6 +153,11 @@ pub fn serve(fd: RawFd) -> io::Result<()> {
                     name,
                     addrs,
                 })) => gate.vms.learned(interface_id, &name, &addrs, now),
+                Ok(ToGate::Control(Control::Restored {
+                    interface_id,
+                    reach,
+                    addrs,
+                })) => gate.vms.restored(interface_id, reach, &addrs, now),
                 Err(e) => {
                     return Err(io::Error::new(io::ErrorKind::InvalidData, e));
                 }

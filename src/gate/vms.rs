@@ -68,6 +68,9 @@ struct Vm {
     /// until when.
     pins: HashMap<String, Vec<(IpAddr, Instant)>>,
     pinned: usize,
+    /// A previous daemon's pins, by reach (`Control::Restored`): names
+    /// unknown.
+    restored: HashMap<usize, Vec<(IpAddr, Instant)>>,
 }
 
 /// The VMs, by address.
@@ -94,15 +97,19 @@ impl Vms {
             for addr in &spec.addrs {
                 self.by_addr.insert(*addr, index);
             }
-            let (pins, pinned) = old
-                .remove(&spec.interface_id)
-                .map(|vm| (vm.pins, vm.pinned))
-                .unwrap_or_default();
+            let (pins, pinned, restored) = match old.remove(&spec.interface_id) {
+                // A new policy's reaches are numbered anew: what came
+                // back by reach goes (the VM asks again).
+                Some(vm) if vm.policy != spec.policy => (vm.pins, vm.pinned, HashMap::new()),
+                Some(vm) => (vm.pins, vm.pinned, vm.restored),
+                None => Default::default(),
+            };
             self.vms.push(Vm {
                 interface_id: spec.interface_id,
                 policy: spec.policy,
                 pins,
                 pinned,
+                restored,
             });
         }
     }
@@ -143,6 +150,28 @@ impl Vms {
         }
     }
 
+    /// A previous daemon's VM of `interface_id` had learned `addrs` for
+    /// some name of reach `reach`.
+    pub fn restored(
+        &mut self,
+        interface_id: InterfaceId,
+        reach: usize,
+        addrs: &[(IpAddr, u32)],
+        now: Instant,
+    ) {
+        let Some(vm) = self
+            .vms
+            .iter_mut()
+            .find(|vm| vm.interface_id == interface_id)
+        else {
+            return;
+        };
+        let pins = vm.restored.entry(reach).or_default();
+        for &(addr, seconds) in addrs.iter().take(MAX_LEARNED.saturating_sub(pins.len())) {
+            pins.push((addr, now + Duration::from_secs(seconds.into())));
+        }
+    }
+
     /// The VM whose address `source` is.
     pub fn of(&self, source: IpAddr) -> Option<VmRef> {
         self.by_addr.get(&source).map(|&index| VmRef(index))
@@ -176,10 +205,14 @@ impl Vms {
         if !allowed {
             return Err(Refusal::NotAllowed);
         }
-        let learned = (vm.pins.get(&compared)).is_some_and(|pins| {
+        let live = |pins: &Vec<(IpAddr, Instant)>| {
             pins.iter()
                 .any(|(a, until)| *a == destination && *until > now)
-        });
+        };
+        // Learned for this name; or, after a restart, read back from the
+        // kernel for a reach whose rules allow it (names unknown there).
+        let learned = vm.pins.get(&compared).is_some_and(live)
+            || (vm.policy.reaches_of(&parsed).iter()).any(|k| vm.restored.get(k).is_some_and(live));
         if learned {
             Ok(())
         } else {
@@ -197,10 +230,12 @@ impl Vms {
 
 impl Vm {
     fn expire(&mut self, now: Instant) {
-        self.pins.retain(|_, pins| {
+        let live = |pins: &mut Vec<(IpAddr, Instant)>| {
             pins.retain(|(_, until)| *until > now);
             !pins.is_empty()
-        });
+        };
+        self.pins.retain(|_, pins| live(pins));
+        self.restored.retain(|_, pins| live(pins));
         self.pinned = self.pins.values().map(Vec::len).sum();
     }
 }
@@ -267,6 +302,38 @@ mod tests {
             "expired"
         );
         assert!(vms.of(ip("10.0.0.3")).is_none());
+    }
+
+    #[test]
+    fn after_a_restart_an_address_read_back_serves_the_names_of_its_reach_until_asked_again() {
+        let (mut vms, vm) = vms(&["a.test:443", "*.b.test:443", "c.test:80"]);
+        let now = Instant::now();
+        let id = InterfaceId::from_u128(1);
+        // Reach 0 is port 443's (both names), reach 1 port 80's.
+        vms.restored(id, 0, &[(ip("192.0.2.1"), 60)], now);
+        assert_eq!(vms.judge(vm, ip("192.0.2.1"), 443, "a.test", now), Ok(()));
+        assert_eq!(vms.judge(vm, ip("192.0.2.1"), 443, "x.b.test", now), Ok(()));
+        assert_eq!(
+            vms.judge(vm, ip("192.0.2.1"), 443, "other.test", now),
+            Err(Refusal::NotAllowed),
+            "a name no rule allows, as ever"
+        );
+        assert_eq!(
+            vms.judge(vm, ip("192.0.2.1"), 80, "c.test", now),
+            Err(Refusal::NotLearned),
+            "another reach's name"
+        );
+        assert_eq!(
+            vms.judge(
+                vm,
+                ip("192.0.2.1"),
+                443,
+                "a.test",
+                now + Duration::from_secs(61)
+            ),
+            Err(Refusal::NotLearned),
+            "expired"
+        );
     }
 
     #[test]

@@ -43,6 +43,14 @@ pub enum Control {
         name: String,
         addrs: Vec<(IpAddr, u32)>,
     },
+    /// A previous daemon's VM had learned these for some name of its
+    /// policy's reach `reach` (`Policy::name_reaches`): after a restart,
+    /// until the VM asks again, any name that reach allows passes at them.
+    Restored {
+        interface_id: InterfaceId,
+        reach: usize,
+        addrs: Vec<(IpAddr, u32)>,
+    },
 }
 
 /// The gate's word on one packet.

@@ -59,6 +59,10 @@ pub trait Pins: Send + Sync {
     fn vms(&self, vms: &[NamedVm]);
     /// The VM learned `addrs` (each for so many seconds) for `name`.
     fn learned(&self, interface_id: InterfaceId, name: &Name, addrs: &[(IpAddr, u32)]);
+    /// A previous daemon's VM had learned `addrs` (each for so many
+    /// seconds) for some name of its policy's reach `reach`: the kernel's
+    /// sets keep no names.
+    fn restored(&self, interface_id: InterfaceId, reach: usize, addrs: &[(IpAddr, u32)]);
 }
 
 /// What the DNS forwarder may do with a query.
@@ -175,11 +179,21 @@ impl NameGate {
                 None => {
                     let mut learned = Learned::default();
                     let reaches = spec.policy.name_reaches().len();
+                    let mut restored: BTreeMap<usize, Vec<(IpAddr, u32)>> = BTreeMap::new();
                     for (_, e) in found
                         .iter()
                         .filter(|(tap, e)| *tap == spec.tap && e.reach < reaches)
                     {
                         learned.restore(*e, now);
+                        restored
+                            .entry(e.reach)
+                            .or_default()
+                            .push((e.addr, e.seconds));
+                    }
+                    if let Some(pins) = self.pins.get() {
+                        for (reach, addrs) in &restored {
+                            pins.restored(spec.interface_id, *reach, addrs);
+                        }
                     }
                     Vm {
                         spec,
@@ -319,6 +333,55 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// What the gate's side (`Pins`) is told.
+    #[derive(Default)]
+    struct Told(Mutex<Vec<String>>);
+
+    impl Pins for Told {
+        fn vms(&self, vms: &[NamedVm]) {
+            self.0.lock().unwrap().push(format!("vms {}", vms.len()));
+        }
+        fn learned(&self, _: InterfaceId, name: &Name, addrs: &[(IpAddr, u32)]) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("learned {name} {addrs:?}"));
+        }
+        fn restored(&self, _: InterfaceId, reach: usize, addrs: &[(IpAddr, u32)]) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("restored {reach} {addrs:?}"));
+        }
+    }
+
+    #[test]
+    fn the_gate_is_told_the_vms_what_they_learn_and_what_a_restart_read_back() {
+        let host = FakeHost::new();
+        let told = Arc::new(Told::default());
+        let gate = NameGate::new(Arc::new(host.clone()), Bus::default());
+        gate.tell(told.clone());
+        gate.follow(vec![vm("lnt0", "10.0.0.2", &["a.test:443"])]);
+        gate.learn("lnt0", &name("a.test"), &[(ip("192.0.2.1"), 30)])
+            .unwrap();
+        // A new daemon reads the kernel's sets back.
+        let again = NameGate::new(Arc::new(host.clone()), Bus::default());
+        let told_again = Arc::new(Told::default());
+        again.tell(told_again.clone());
+        again.recover();
+        again.follow(vec![vm("lnt0", "10.0.0.2", &["a.test:443"])]);
+        assert_eq!(
+            *told.0.lock().unwrap(),
+            vec!["vms 1", "learned a.test [(192.0.2.1, 30)]"]
+        );
+        let restored = told_again.0.lock().unwrap().clone();
+        assert_eq!(restored.len(), 2, "{restored:?}");
+        assert!(
+            restored[1].starts_with("restored 0 [(192.0.2.1, "),
+            "{restored:?}"
+        );
     }
 
     #[test]
