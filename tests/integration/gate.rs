@@ -19,7 +19,15 @@ const HTTP: u16 = 8000;
 /// The upstream with the test names' first two addresses, serving HTTP
 /// (HTTP) and TLS (443) on each.
 fn world() -> (World, Reaped) {
-    let mut world = World::new();
+    world_with(None)
+}
+
+/// The same, with networks.yaml `yaml`.
+fn world_with(yaml: Option<&str>) -> (World, Reaped) {
+    let mut world = match yaml {
+        Some(yaml) => World::with_config(yaml),
+        None => World::new(),
+    };
     for ip in [ALLOWED, SVC] {
         must(
             &mut world
@@ -398,4 +406,79 @@ fn a_daemon_restart_cuts_no_allowed_connection_and_the_check_holds_after_it() {
     );
     let judged = follower.next("connection");
     assert_eq!(judged["shown"], "other.test", "{judged}");
+}
+
+/// `g` resolves allowed.test through linnet's DNS, reaches it by its name
+/// and is refused under another name at the same address.
+fn holds_the_name(what: &str, g: &Guest) {
+    assert_eq!(g.udhcpc(), g.ip(), "{what}");
+    assert_eq!(
+        g.lookup("allowed.test", &g.gateway()),
+        Some(ALLOWED.into()),
+        "{what}"
+    );
+    assert_eq!(
+        fetch(&g.ns, ALLOWED, 443, &["--sni", "allowed.test"]),
+        "sni=allowed.test host=allowed.test",
+        "{what}: its name"
+    );
+    assert_eq!(
+        fetch(&g.ns, ALLOWED, 443, &["--sni", "other.test"]),
+        "refused",
+        "{what}: another name"
+    );
+}
+
+#[test]
+fn the_check_holds_on_every_datapath_a_network_socket_a_clone_and_in_a_rootless_daemon() {
+    // The network's own policy is what a socket's VM gets.
+    let (world, _server) = world_with(Some(
+        "networks:\n  shared:\n    socket: true\n    allow: { users: [root] }\n    policy: { egress: [\"allowed.test:443\"] }\n",
+    ));
+    // The control: a guest open by address gets the other name answered.
+    let open = world.guest("shared", &["--allow-connect", "0.0.0.0/0"]);
+    assert_eq!(open.udhcpc(), open.ip());
+    assert_eq!(
+        fetch(&open.ns, ALLOWED, 443, &["--sni", "other.test"]),
+        "sni=other.test host=other.test"
+    );
+    let rule = ["--allow-connect", "allowed.test:443"];
+    for via in [Via::RunDgram, Via::RunStream, Via::HelperStream, Via::RunVhostUser] {
+        holds_the_name(&format!("{via:?}"), &world.guest_via("shared", via, &rule));
+    }
+    holds_the_name(
+        "a network socket's VM",
+        &crate::network_sockets::socket_guest(&world, "52:54:00:aa:bb:01"),
+    );
+    // A clone of a guest (the same address in a namespace of its own).
+    let original = world.guest("shared", &["--name", "snap"]);
+    let ip = original.udhcpc();
+    let gateway = original.gateway();
+    let clone = world.guest("shared", &["--clone-of", "snap", "--name", "snap-1"]);
+    crate::clones::restore(&clone, ip, &gateway);
+    assert_eq!(
+        clone.lookup("allowed.test", &gateway),
+        Some(ALLOWED.into()),
+        "the clone"
+    );
+    assert_eq!(
+        fetch(&clone.ns, ALLOWED, 443, &["--sni", "allowed.test"]),
+        "sni=allowed.test host=allowed.test",
+        "the clone: its name"
+    );
+    assert_eq!(
+        fetch(&clone.ns, ALLOWED, 443, &["--sni", "other.test"]),
+        "refused",
+        "the clone: another name"
+    );
+    // A user's own daemon, with its own gate.
+    let user = crate::rootless::Tenant::new(&world, 4321);
+    let open = user.guest(&world, "shared", &[]);
+    assert_eq!(open.udhcpc(), open.ip());
+    assert_eq!(
+        fetch(&open.ns, ALLOWED, 443, &["--sni", "other.test"]),
+        "sni=other.test host=other.test",
+        "rootless: the control"
+    );
+    holds_the_name("rootless", &user.guest(&world, "shared", &rule));
 }
