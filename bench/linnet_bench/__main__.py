@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from . import control, docs, fabric, names, operations, profile, report, soak
+from . import control, docs, fabric, gate, names, operations, profile, report, soak
 from .env import Env
 from .host import BenchError, debian_version, memory_kib, wait_for
 from .setups import DIRECTIONS, VM_TO_VM, Lan, all_setups, deepen_guest_queues, upstream
@@ -40,6 +40,8 @@ def parse_args():
                    help="skip the figures across hosts (linnet_bench/fabric.py)")
     p.add_argument("--no-names", action="store_true",
                    help="skip the egress-by-name figures (linnet_bench/names.py)")
+    p.add_argument("--no-gate", action="store_true",
+                   help="skip the name check's figures (linnet-gate: linnet_bench/gate.py)")
     p.add_argument("--no-operations", action="store_true",
                    help="skip the operations figures: metrics, rate limits (linnet_bench/operations.py)")
     p.add_argument("--soak", type=float, metavar="MINUTES",
@@ -284,7 +286,7 @@ def main():
     started = time.monotonic()
     commit = linnet_commit()
     narrowed = bool(args.only or args.mtu or args.no_control or args.no_fabric or args.no_names
-                    or args.no_operations or args.runs < 3)
+                    or args.no_gate or args.no_operations or args.runs < 3)
     # A narrowed run soaks only when asked to.
     soak_minutes = args.soak if args.soak is not None else 0 if narrowed else soak.MINUTES
     whole = not narrowed and soak_minutes >= soak.MINUTES
@@ -296,7 +298,7 @@ def main():
         "settings": {"seconds": args.seconds, "runs": args.runs, "only": args.only, "mtu": args.mtu,
                      "soak_minutes": soak_minutes},
         "throughput": [], "not_run": [], "control": None, "fabric": None, "names": None,
-        "operations": None, "soak": None,
+        "gate": None, "operations": None, "soak": None,
     }
     with tempfile.TemporaryDirectory(prefix="linnet-bench.") as workdir:
         env = Env(workdir, args.bin, find_gvproxy(args.gvproxy), commit)
@@ -328,6 +330,14 @@ def main():
                 except BenchError as e:
                     results["names"] = {"error": str(e)}
                     log(f"  the egress-by-name figures failed: {e}")
+            if not args.no_gate and args.mtu in (None, 1500) and (
+                    not args.only or re.search(args.only, gate.SETUP)):
+                log("the name check")
+                try:
+                    results["gate"] = gate.measure_all(env, args.seconds, args.runs, log)
+                except BenchError as e:
+                    results["gate"] = {"error": str(e)}
+                    log(f"  the name check's figures failed: {e}")
             if not args.no_operations and args.mtu in (None, 1500) and (
                     not args.only or re.search(args.only, operations.SETUP)):
                 log("operations")
@@ -378,6 +388,8 @@ def main():
         problems.append("the control-plane figures failed")
     if (results.get("names") or {}).get("error"):
         problems.append(f"the egress-by-name figures failed: {results['names']['error']}")
+    if (results.get("gate") or {}).get("error"):
+        problems.append(f"the name check's figures failed: {results['gate']['error']}")
     if (results.get("operations") or {}).get("error"):
         problems.append(f"the operations figures failed: {results['operations']['error']}")
     s = results.get("soak") or {}

@@ -14,9 +14,9 @@ import re
 import statistics
 import sys
 
-from .report import (ANTI_SPOOFING, FABRIC, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM,
-                     NAMES, OPERATIONS, SOAK, STATUS, cell, clone_rows, fabric_rows, is_ratio, names_rows,
-                     operations_rows, soak_rows, target_counts)
+from .report import (ANTI_SPOOFING, FABRIC, GATE, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM,
+                     NAMES, OPERATIONS, SOAK, STATUS, cell, clone_rows, fabric_rows, gate_rows, is_ratio,
+                     names_rows, operations_rows, soak_rows, target_counts)
 from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VHOST_USER, VM_TO_HOST, VM_TO_VM
 
 # The results' layout this module reads (bench/linnet_bench/__main__.py).
@@ -178,6 +178,11 @@ def egress_by_name(results):
     return rows_and_targets(names_rows(results.get("names")), results, NAMES, None)
 
 
+def name_check(results):
+    """The name check's figures (linnet-gate) and their targets."""
+    return rows_and_targets(gate_rows(results.get("gate")), results, GATE, None)
+
+
 def operations(results):
     """The operations figures and their targets."""
     return rows_and_targets(operations_rows(results.get("operations")), results, OPERATIONS, None)
@@ -202,7 +207,8 @@ def targets(results):
 RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "vhost-user": vhost_user,
           "targets": targets,
           "network-socket": network_socket, "rootless": rootless, "clones": clones,
-          "across-hosts": across_hosts, "egress-by-name": egress_by_name, "operations": operations,
+          "across-hosts": across_hosts, "egress-by-name": egress_by_name, "name-check": name_check,
+          "operations": operations,
           "soak": soak}
 
 

@@ -15,7 +15,8 @@ from .host import BenchError, Processes, ip, link_exists, run, wait_for
 # their network socket (NETWORK.sock in the run directory). `clones` has
 # 100 clones of one VM measured against 100 interfaces, on a pool no other
 # figure uses. `named` is for egress by name (names.py): its DNS asks a
-# dnsmasq of the benchmark's on 127.0.0.1:5353. `lan` and
+# dnsmasq of the benchmark's on 127.0.0.1:5353; `gated` is the name
+# check's (gate.py), its DNS a dnsmasq of that module's on 5354. `lan` and
 # `lanbr` are on a LAN (setups.Lan) whose links exist only while a setup
 # or a latency figure uses them. `soak` (with its socket) and `soakhost`
 # are the churn soak's (soak.py), with leases short enough that its guests
@@ -61,6 +62,10 @@ networks:
     mode: shared
     subnet: 192.168.125.0/24
     dns: { upstream: ["127.0.0.1:5353"] }
+  gated:
+    mode: shared
+    subnet: 192.168.128.0/24
+    dns: { upstream: ["127.0.0.1:5354"] }
   lan:
     mode: bridged
     uplink: blanup

@@ -8,6 +8,7 @@ from .throughput import UNSTABLE_SPREAD
 from .setups import (DIRECTIONS, GUEST_TXQUEUELEN, HOST_TO_VM, LAN_BRIDGE, LAN_BRIDGED, MIXED_BARE,
                      MIXED_VNET, NETWORK_SOCKET, ROOTLESS, VHOST_USER, VM_TO_HOST, VM_TO_VM)
 from .soak import HOLD_S, LONG_LIVED
+from .gate_peer import STALLED as GATE_STALLED_S
 
 LABEL = {VM_TO_HOST: "VM→host", HOST_TO_VM: "host→VM", VM_TO_VM: "VM→VM"}
 COLOR = {VM_TO_HOST: "#3b75af", HOST_TO_VM: "#ef8636", VM_TO_VM: "#529e3e"}
@@ -196,6 +197,7 @@ def targets(results):
         out.append(ratio_target(*args) or missing_peer_target(*args))
     out += fabric_targets(results.get("fabric"))
     out += names_targets(results.get("names"))
+    out += gate_targets(results.get("gate"))
     out += operations_targets(results.get("operations"))
     out += soak_targets(results.get("soak"))
     if not (results.get("control") or results.get("control_error")):
@@ -347,6 +349,124 @@ def names_rows(n):
         "went through at the first attempt: the forwarder puts the address into the VM's set "
         "before it releases the answer, so the difference between the two lookup times is the "
         "whole cost of the rule, check and insert.",
+    ]
+
+
+# What the name check is judged by (docs/security.md, gate.py): a held
+# connection's stream as fast as the same without the check, the time to
+# the verdict, connections a second, and the gate's memory holding 10,000.
+GATE = "name check"
+GATE_GOAL = 0.95
+GATE_VERDICT_P50_MS = 0.2
+GATE_VERDICT_P99_MS = 1
+GATE_SETUP_P50_MS = 0.5
+GATE_RATE = 5000
+GATE_RSS_MIB = 64
+
+
+def floor_target(name, value, floor, unit, detail=None, family=GATE):
+    """A figure that must be at least `floor`."""
+    return {"family": family, "target": name, "kind": "bound", "goal": f">= {floor} {unit}",
+            "measured": value,
+            "detail": detail or (f"{value} {unit}" if value is not None else "not measured"),
+            "status": "not measured" if value is None else "met" if value >= floor else "missed"}
+
+
+def gate_targets(g):
+    """A TLS download through the name check against an address policy
+    and against no policy (>= 0.95x each, round by round); the extra time
+    to the first byte (p50 <= 0.2 ms, p99 <= 1 ms) and to connect and get
+    it (p50 <= 0.5 ms); checked connections a second (>= 5000); the gate's
+    peak RSS holding 10,000 connections (<= 64 MiB), all of them held."""
+    if not g or g.get("error"):
+        return []
+    pair = lambda target, theirs, label: judge_pair(
+        {"family": GATE, "target": target, "kind": "ratio", "mtu": g["mtu"], "direction": HOST_TO_VM,
+         "goal": f">= {GATE_GOAL}x", "measured": None},
+        ("the name check", g["tls_name"]), (label, theirs), GATE_GOAL)
+    lat, rate, hold = g["latency"], g["rate"], g["hold"]
+    ms = lambda v: round(v, 3)
+    out = [pair("TLS download, name check vs address policy", g["tls_address"], "the address policy"),
+           pair("TLS download, name check vs no policy", g["tls_open"], "no policy"),
+           bound_target("from the first data byte to the verdict, p50 (time to the first byte, "
+                        "name check − address policy)", ms(lat["extra_first_byte_ms_p50"]),
+                        GATE_VERDICT_P50_MS, "ms", family=GATE),
+           bound_target("from the first data byte to the verdict, p99", ms(lat["extra_first_byte_ms_p99"]),
+                        GATE_VERDICT_P99_MS, "ms", family=GATE),
+           bound_target("the whole connection setup added, p50 (connect + first byte)",
+                        ms(lat["extra_setup_ms_p50"]), GATE_SETUP_P50_MS, "ms", family=GATE)]
+    per_s, base = rate.get("name_per_s"), rate.get("address_per_s")
+    out.append(floor_target("checked connections a second", per_s, GATE_RATE, "connections/s",
+                            None if per_s is None else f"{per_s}/s (the address policy's: {base}/s)"))
+    out.append(bound_target(f"linnet-gate's peak RSS holding {hold['connections']} connections",
+                            hold["gate_peak_rss_mib"], GATE_RSS_MIB, "MiB",
+                            f"{hold['gate_peak_rss_mib']} MiB ({hold['gate_rss_mib_held']} MiB while "
+                            f"holding, {hold['gate_rss_mib_start']} MiB at the start)", family=GATE))
+    out.append(floor_target("connections held at once", hold["held"], hold["connections"], "connections",
+                            f"{hold['held']} of {hold['connections']}"))
+    return out
+
+
+def gate_rows(g):
+    """The name check's figures as markdown, or why there are none."""
+    if not g or g.get("error"):
+        return not_measured(g)
+    speed = lambda x: f"{x['gbps']:.2f}" + (" ¹" if x.get("unstable") else "") if x.get("gbps") else "—"
+    lat, rate, hold = g["latency"], g["rate"], g["hold"]
+    a, n = lat["address"], lat["name"]
+    pair = lambda x, k: f"{x[k + '_ms_p50']:.3f} / {x[k + '_ms_p99']:.3f}"
+    added = lambda k: f"{n[k + '_ms_p50'] - a[k + '_ms_p50']:+.3f} / {n[k + '_ms_p99'] - a[k + '_ms_p99']:+.3f}"
+    runs = lambda k: ", ".join(str(x["per_s"]) for x in rate[k]) or "—"
+    per_s = lambda k: f"{rate[k + '_per_s']} ({runs(k)})" if rate.get(k + "_per_s") is not None else "—"
+    cpu = lambda k: " / ".join(f"{statistics.median(x['cpu_s_per_1000'][p] for x in rate[k]):.3f}"
+                               for p in ("daemon", "gate", "run", "standin", "machine")) if rate[k] else "—"
+    judged_lat, judged_rate = lat["judged"], rate["judged"]
+    failed = lambda k: (f"{sum(x['failed'] for x in rate[k])} / {sum(x['stalled'] for x in rate[k])}"
+                        + (f" (and {len(rate['failures'][k])} runs)" if rate["failures"][k] else ""))
+    return [
+        f"| TLS download, Gbit/s (curl, one stream, {g['tls_bytes'] >> 20} MiB, MTU {g['mtu']}) | "
+        "no policy | address policy | name check |", "|---|---:|---:|---:|",
+        f"| server to VM | {speed(g['tls_open'])} | {speed(g['tls_address'])} | {speed(g['tls_name'])} |",
+        "",
+        f"| one connection at a time ({lat['connections']} per guest, plain HTTP), ms, p50 / p99 | "
+        "address policy | name check | added by the check |", "|---|---:|---:|---:|",
+        f"| connect | {pair(a, 'connect')} | {pair(n, 'connect')} | {added('connect')} |",
+        f"| request sent to the answer's first byte | {pair(a, 'first_byte')} | {pair(n, 'first_byte')} | "
+        f"{added('first_byte')} |",
+        f"| connect + first byte | {pair(a, 'setup')} | {pair(n, 'setup')} | {added('setup')} |",
+        f"| OpenSandbox's MITM egress proxy, a request: their published figure, not measured here | | | "
+        f"~{g['peer_ms']['opensandbox_mitm']} |",
+        "",
+        f"| new connections a second ({rate['seconds']:g} s, {rate['processes']} client processes × "
+        f"{rate['concurrency']} at once) | address policy | name check |", "|---|---:|---:|",
+        f"| completed a second, median (rounds) | {per_s('address')} | {per_s('name')} |",
+        f"| failed (refused or reset) / given up after {GATE_STALLED_S:g} s unanswered | "
+        f"{failed('address')} | {failed('name')} |",
+        f"| CPU s per 1000 connections: daemon / linnet-gate / `linnet run` / stand-in / machine | "
+        f"{cpu('address')} | {cpu('name')} |",
+        "",
+        "The server is in a namespace of its own behind a veth from the daemon's, so the guests' "
+        "connections cross the FORWARD hook, where they are held (bench/linnet_bench/gate.py; "
+        "bench/linnet_bench/gate_peer.py serves and times). The time the check adds to the first "
+        "byte is the time from the connection's first data byte to the verdict: the kernel queues "
+        "the packet (NFQUEUE), the daemon reads it and relays it to linnet-gate, which reads the "
+        "request head and answers; the daemon gives the kernel the verdict and the packet goes on. "
+        "The handshake's last ACK takes the same way just before it (it shows no data and is passed "
+        "at once); connect() itself is not held. After the verdict the connection never leaves the "
+        "kernel again: the download measures what remains, the firewall's marks. The gate judged "
+        f"{judged_lat['allowed']} of the name guest's one-at-a-time connections allowed "
+        f"({judged_lat['refused']} refused), and {judged_rate['allowed']} allowed "
+        f"({judged_rate['refused']} refused) in its connection-rate runs (warm-up included).",
+        "",
+        f"Holding: {hold['guests']} guests opened {hold['per_guest']} connections each "
+        f"(in {hold['connect_s']} s), then each sent one byte (\"G\", in {hold['send_s']} s for all) "
+        f"and nothing more. {hold['held']} of {hold['connections']} were held until the gate's "
+        f"timeout (reset {hold['reset_after_s'][0]}–{hold['reset_after_s'][1]} s after their byte), "
+        f"{hold['refused_sooner']} were refused sooner, {hold['never_reset']} never reset; the gate "
+        f"counted {hold['refused_by_gate']} refusals. linnet-gate's RSS: {hold['gate_rss_mib_start']} "
+        f"MiB at the section's start, {hold['gate_rss_mib_before']} MiB after the connection-rate runs, "
+        f"{hold['gate_rss_mib_held']} MiB while it held them, {hold['gate_peak_rss_mib']} MiB at its "
+        "peak (VmHWM, over its life, the connection-rate runs included).",
     ]
 
 
@@ -805,6 +925,13 @@ def markdown(results):
               "with no policy on the same network: throughput to the host, and the time each of "
               "1000 lookups through linnet's DNS waits.", ""]
     lines += names_rows(results.get("names"))
+    lines += ["", "## The name check (linnet-gate)", "",
+              "A guest whose policy names the server (`--allow-connect tls.bench.test:443` and "
+              "`:8000-8007`): "
+              "each new connection held until its first bytes show the name (TLS server name, HTTP "
+              "Host), against a guest whose policy allows the server's address and one without a "
+              "policy, on the same network (bench/linnet_bench/gate.py).", ""]
+    lines += gate_rows(results.get("gate"))
     lines += ["", "## Operations", "",
               "What metrics and a rate limit that is never reached cost, and how closely rate "
               "limits hold (bench/linnet_bench/operations.py).", ""]
@@ -856,6 +983,8 @@ def markdown(results):
     lines += target_table(results, FABRIC)
     lines += ["", "### Egress by name", ""]
     lines += target_table(results, NAMES)
+    lines += ["", "### The name check", ""]
+    lines += target_table(results, GATE)
     lines += ["", "### Operations", ""]
     lines += target_table(results, OPERATIONS)
     lines += ["", "### Soak", ""]

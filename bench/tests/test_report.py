@@ -224,3 +224,84 @@ class Operations(unittest.TestCase):
                          ["Not measured: the scraper failed."])
         rows = report.operations_rows(self.figures(1.0, 0.98))
         self.assertIn("| 100 Mbit/s | 100.0 (100.0%) | 98.0 (98.0%) | 12.0 ms |", rows)
+
+
+class NameCheck(unittest.TestCase):
+    def figures(self, name_gbps=(3.8, 3.9, 4.0), extra_p50=0.12, name_per_s=5400, peak=9.5, held=10000):
+        timing = lambda base: {"connect_ms_p50": 0.2, "connect_ms_p99": 0.5,
+                               "first_byte_ms_p50": base, "first_byte_ms_p99": base * 3,
+                               "setup_ms_p50": base + 0.2, "setup_ms_p99": base * 3 + 0.5}
+        rate = lambda per_s, r: {"round": r, "per_s": per_s, "completed": per_s * 5, "failed": 0, "stalled": 1,
+                                 "cpu_s_per_1000": {"daemon": 0.01, "gate": 0.02, "run": 0.0,
+                                                    "standin": 0.05, "machine": 0.3}}
+        return {
+            "mtu": 1500, "tls_bytes": 512 << 20,
+            "tls_open": summarize(rounds(4.0, 4.0, 4.0)), "tls_address": summarize(rounds(4.0, 4.0, 4.0)),
+            "tls_name": summarize(rounds(*name_gbps)),
+            "latency": {"connections": 1500, "address": timing(0.3), "name": timing(0.3 + extra_p50),
+                        "judged": {"allowed": 1500, "refused": 0},
+                        "extra_first_byte_ms_p50": extra_p50, "extra_first_byte_ms_p99": extra_p50 * 3,
+                        "extra_setup_ms_p50": extra_p50},
+            "rate": {"seconds": 5, "processes": 2, "concurrency": 32, "address_per_s": 6000,
+                     "name_per_s": name_per_s, "address": [rate(6000, r) for r in range(3)],
+                     "name": [rate(name_per_s, r) for r in range(3)],
+                     "failures": {"address": [], "name": []}, "judged": {"allowed": 27000, "refused": 0}},
+            "hold": {"guests": 10, "per_guest": 1000, "connections": 10000, "held": held,
+                     "refused_sooner": 10000 - held, "never_reset": 0, "answered": 0,
+                     "reset_after_s": [5.01, 5.3], "refused_by_gate": 10000, "connect_s": 3.1,
+                     "send_s": 0.2, "gate_rss_mib_start": 2.1, "gate_rss_mib_before": 6.0,
+                     "gate_rss_mib_held": peak - 0.5,
+                     "gate_peak_rss_mib": peak},
+            "peer_ms": {"opensandbox_mitm": 290},
+        }
+
+    def by_target(self, figures):
+        return {t["target"].split(" (")[0]: t for t in report.gate_targets(figures)}
+
+    def test_every_goal_is_judged(self):
+        found = self.by_target(self.figures())
+        address = found["TLS download, name check vs address policy"]
+        self.assertEqual((address["measured"], address["status"], address["direction"]),
+                         (0.97, "met", HOST_TO_VM))
+        self.assertEqual(found["from the first data byte to the verdict, p50"]["status"], "met")
+        self.assertEqual(found["from the first data byte to the verdict, p99"]["measured"], 0.36)
+        self.assertEqual(found["the whole connection setup added, p50"]["status"], "met")
+        rate = found["checked connections a second"]
+        self.assertEqual((rate["measured"], rate["status"], rate["goal"]), (5400, "met", ">= 5000 connections/s"))
+        self.assertIn("the address policy's: 6000/s", rate["detail"])
+        self.assertEqual(found["linnet-gate's peak RSS holding 10000 connections"]["status"], "met")
+        self.assertEqual(found["connections held at once"]["detail"], "10000 of 10000")
+
+    def test_slow_checks_a_low_rate_and_a_large_gate_are_missed(self):
+        found = self.by_target(self.figures(name_gbps=(3.0, 3.1, 3.2), extra_p50=0.6, name_per_s=1200,
+                                            peak=80.0, held=9000))
+        self.assertEqual([k for k, t in found.items() if t["status"] != "missed"], [])
+        self.assertEqual(len(found), 8)
+
+    def test_rows_quote_the_figures_and_the_peer_figure_as_not_measured(self):
+        rows = "\n".join(report.gate_rows(self.figures()))
+        self.assertIn("| server to VM | 4.00 | 4.00 | 3.90 |", rows)
+        self.assertIn("| request sent to the answer's first byte | 0.300 / 0.900 | 0.420 / 1.260 | "
+                      "+0.120 / +0.360 |", rows)
+        self.assertIn("their published figure, not measured here | | | ~290 |", rows)
+        self.assertIn("| completed a second, median (rounds) | 6000 (6000, 6000, 6000) | "
+                      "5400 (5400, 5400, 5400) |", rows)
+        self.assertIn("10000 of 10000 were held", rows)
+        self.assertIn("given up after 1 s unanswered | 0 / 3 | 0 / 3 |", rows)
+
+    def test_a_failed_run_has_no_targets_and_says_why(self):
+        self.assertEqual(report.gate_targets({"error": "no linnet-gate under the daemon"}), [])
+        self.assertEqual(report.gate_rows(None), ["Not measured in this run."])
+
+    def test_its_block_and_its_section(self):
+        r = results()
+        r["gate"] = self.figures()
+        r["targets"] = report.targets(r)
+        block = "\n".join(docs.RENDER["name-check"](r))
+        self.assertIn("- checked connections a second (goal >= 5000 connections/s): 5400/s", block)
+        r["machine"].update(cores=2, cpu="a CPU", kernel="6.1", tools={"iperf3": "3.12"})
+        text = report.markdown(r)
+        self.assertIn("## The name check (linnet-gate)", text)
+        for t in r["targets"]:
+            if t["family"] == report.GATE:
+                self.assertIn(f"| {t['target']} |", text)
