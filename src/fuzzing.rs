@@ -420,9 +420,10 @@ pub fn first_bytes(bytes: &[u8]) {
 }
 
 /// Packets of one VM's connections through the gate, made of `data`
-/// (each: a source port, a sequence number, bytes): every packet gets
-/// exactly one verdict, at once or once its connection is judged, and
-/// nothing is held past the time a connection has to show its name.
+/// (each: a source port, a sequence number, TCP flags, whether it comes
+/// back from a recheck, bytes): every packet gets exactly one verdict, at
+/// once or once its connection is judged, and nothing is held past the
+/// time a connection has to show its name.
 pub fn held_packets(data: &[u8]) {
     use crate::gate::held::{Gate, Out, WAIT};
     use crate::gate::wire::GatedVm;
@@ -446,9 +447,9 @@ pub fn held_packets(data: &[u8]) {
     let mut out = Out::default();
     let mut given = 0u32;
     let mut rest = data;
-    while rest.len() >= 6 {
-        let (head, tail) = rest.split_at(6);
-        let len = usize::from(head[5]).min(tail.len());
+    while rest.len() >= 8 {
+        let (head, tail) = rest.split_at(8);
+        let len = usize::from(head[7]).min(tail.len());
         let (payload, tail) = tail.split_at(len);
         rest = tail;
         let mut packet = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0];
@@ -456,14 +457,19 @@ pub fn held_packets(data: &[u8]) {
         packet.extend(SERVER.octets());
         packet.extend([0x80, head[0], 1, 187]);
         packet.extend(&head[1..5]);
-        packet.extend([0, 0, 0, 0, 0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0]);
+        packet.extend([0, 0, 0, 0, 0x50, head[5], 0xff, 0xff, 0, 0, 0, 0]);
         packet.extend(payload);
         let total = packet.len() as u16;
         packet[2..4].copy_from_slice(&total.to_be_bytes());
-        gate.packet(given, &packet, now, &mut out);
+        gate.packet(given, &packet, head[6] & 1 == 1, now, &mut out);
         given += 1;
     }
     gate.tick(now + WAIT + Duration::from_secs(1), &mut out);
+    assert_eq!(
+        out.verdicts.len() as u32,
+        given,
+        "one verdict each, never two"
+    );
     let mut ids: Vec<u32> = out.verdicts.iter().map(|(id, _)| *id).collect();
     ids.sort_unstable();
     assert_eq!(ids, (0..given).collect::<Vec<_>>(), "one verdict each");

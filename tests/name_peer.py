@@ -3,14 +3,15 @@
 
 serve PEM [--bulk]
     Serves HTTP on port 8000 and TLS on port 443 of every address, each
-    answering with the name the client showed: "host=HOST" over HTTP,
+    answering with the name the client showed (/reset: closing with a
+    reset instead): "host=HOST" over HTTP,
     "sni=NAME host=HOST" over TLS (NAME "-" when the ClientHello had no
     server name). A request for /bytes/N is answered with N bytes instead.
     Prints "serving" once listening.
 
 fetch ADDRESS PORT [--sni NAME | --no-sni] [--host NAME] [--plain]
       [--split segments|records] [--raw] [--times N]
-      [--path /bytes/N --pause SECONDS]
+      [--path /bytes/N --pause SECONDS] [--source-port PORT]
     One request from this namespace: TLS unless --plain (HTTP) or --raw
     (bytes that are neither). --split sends the ClientHello in two TCP
     segments, or as two TLS records in one. With --path, asks for that
@@ -20,10 +21,15 @@ fetch ADDRESS PORT [--sni NAME | --no-sni] [--host NAME] [--plain]
     line. Exits 0 on an answer; prints "refused" and exits 3 on a TCP reset;
     "silent" and exits 4 when nothing comes in 3 s. Any other failure is
     the probe's own and exits 1 with the reason: never "no answer".
+
+flood ADDRESS PORT N NAME
+    N connections one after another, each sending a ClientHello for NAME
+    and waiting for a first answer: prints "refused=R answered=A silent=S".
 """
 
 import socket
 import ssl
+import struct
 import sys
 import threading
 import time
@@ -59,6 +65,10 @@ def respond(conn, head, prefix):
         conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbad\n")
         return
     path = first[1].decode("ascii", "replace")
+    if path == "/reset":
+        # Closed with a reset, as a server that gives up does.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        raise ResetByUs()
     if path.startswith("/bytes/"):
         size = int(path[len("/bytes/"):])
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % size)
@@ -72,11 +82,15 @@ def respond(conn, head, prefix):
     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
 
 
+class ResetByUs(Exception):
+    pass
+
+
 def serve_http(conn):
     with conn:
         try:
             respond(conn, read_head(conn), "")
-        except OSError:
+        except (ResetByUs, OSError):
             pass
 
 
@@ -87,6 +101,8 @@ def serve_tls(conn, context):
             sni = getattr(tls, "linnet_sni", None) or "-"
             respond(tls, read_head(tls), "sni=%s " % sni)
             tls.close()
+        except ResetByUs:
+            conn.close()
         except (OSError, ssl.SSLError):
             pass
 
@@ -226,6 +242,7 @@ def fetch_tls(sock, sni, host, split, path="/", pause=0.0):
 def fetch(args):
     address, port = args[0], int(args[1])
     sni, host, split, mode, times, path, pause = None, None, None, "tls", 1, "/", 0.0
+    source = None
     rest = args[2:]
     while rest:
         flag = rest.pop(0)
@@ -247,11 +264,20 @@ def fetch(args):
             path = rest.pop(0)
         elif flag == "--pause":
             pause = float(rest.pop(0))
+        elif flag == "--source-port":
+            source = ("0.0.0.0", int(rest.pop(0)))
         else:
             sys.exit("name_peer: unknown flag %s" % flag)
     host = host or sni or address
     for _ in range(times):
-        sock = socket.create_connection((address, port), timeout=ANSWER_TIMEOUT)
+        if source:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.settimeout(ANSWER_TIMEOUT)
+            sock.bind(source)
+            sock.connect((address, port))
+        else:
+            sock = socket.create_connection((address, port), timeout=ANSWER_TIMEOUT)
         with sock:
             if mode == "raw":
                 send(sock, b"\x00\x01 neither TLS nor HTTP\r\n\r\n")
@@ -270,9 +296,38 @@ def fetch(args):
         print(first_line(answer))
 
 
+def flood(args):
+    """N connections one after another, each sending a ClientHello for
+    NAME: prints how many were reset, answered and left silent."""
+    address, port, count, sni = args[0], int(args[1]), int(args[2]), args[3]
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    outgoing = ssl.MemoryBIO()
+    tls = context.wrap_bio(ssl.MemoryBIO(), outgoing, server_hostname=sni)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    hello = outgoing.read()
+    counts = {"refused": 0, "answered": 0, "silent": 0}
+    for _ in range(count):
+        try:
+            with socket.create_connection((address, port), timeout=ANSWER_TIMEOUT) as sock:
+                send(sock, hello)
+                counts["answered" if recv(sock) else "silent"] += 1
+        except (Refused, ConnectionRefusedError):
+            counts["refused"] += 1
+        except Silent:
+            counts["silent"] += 1
+    print(" ".join("%s=%d" % kv for kv in counts.items()))
+
+
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "serve":
         serve(sys.argv[2])
+    elif len(sys.argv) >= 6 and sys.argv[1] == "flood":
+        flood(sys.argv[2:])
     elif len(sys.argv) >= 4 and sys.argv[1] == "fetch":
         try:
             fetch(sys.argv[2:])

@@ -18,7 +18,7 @@
 //! reaches the gate before the answer is released, so before the VM can
 //! use it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
@@ -40,7 +40,7 @@ use crate::gate::process::{DAEMON_FD, EXECUTABLE};
 use crate::gate::wire::{self, Control, FromGate, GatedVm, Judged, Judgement};
 use crate::host::firewall::gate::{ALLOWED, MASK, PASS, REFUSED};
 use crate::host::gate_queue::QUEUE;
-use crate::host::nfqueue::{Queue, Verdict};
+use crate::host::nfqueue::{self, Queue, Verdict};
 use crate::host::privileges;
 use crate::names;
 use crate::services::name_gate::{NamedVm, Pins};
@@ -135,6 +135,7 @@ impl Gatekeeper {
             held_back: HashMap::new(),
             batch: Vec::with_capacity(64 << 10),
             message: Vec::with_capacity(wire::MAX_MESSAGE),
+            backlog: VecDeque::new(),
         };
         let thread = std::thread::Builder::new()
             .name("gatekeeper".into())
@@ -194,6 +195,10 @@ struct Running {
     started: Instant,
 }
 
+/// A message for the gate that waits for room: a packet's (with its id
+/// and mark) or the daemon's word.
+type Waiting = (Option<(u32, u32)>, Vec<u8>);
+
 struct Keeper {
     queue: Queue,
     executable: PathBuf,
@@ -219,6 +224,10 @@ struct Keeper {
     /// Verdicts to send the kernel, and a message to the gate.
     batch: Vec<u8>,
     message: Vec<u8>,
+    /// Messages the gate's socket had no room for yet, in order (with the
+    /// packet each is, if one): while there are any, the queue is not
+    /// read, so held packets wait in the kernel, not here.
+    backlog: VecDeque<Waiting>,
 }
 
 fn gated(vms: &[NamedVm]) -> Vec<GatedVm> {
@@ -276,13 +285,15 @@ fn send_now(socket: &UnixDatagram, message: &[u8]) -> io::Result<()> {
 /// say what the firewall does next (`host::firewall::gate`), the others
 /// stay as they were.
 fn verdict(judged: Judged, mark: u32) -> Verdict {
-    let ours = match judged {
-        Judged::Pass => PASS,
-        Judged::Allow => ALLOWED,
-        Judged::Refuse => REFUSED,
-        Judged::Drop => return Verdict::Drop,
-    };
-    Verdict::Accept(mark & !MASK | ours)
+    let ours = |bits: u32| mark & !MASK | bits;
+    match judged {
+        Judged::Pass => Verdict::Accept(ours(PASS)),
+        Judged::Allow => Verdict::Accept(ours(ALLOWED)),
+        Judged::Refuse => Verdict::Accept(ours(REFUSED)),
+        Judged::Drop => Verdict::Drop,
+        // Marked as passed once: if it comes back, the gate knows.
+        Judged::Recheck => Verdict::Repeat(ours(PASS)),
+    }
 }
 
 impl Keeper {
@@ -299,10 +310,12 @@ impl Keeper {
                 Some(at) => at.saturating_duration_since(Instant::now()).as_millis() as i32,
                 None => 1000,
             };
+            // Behind on the gate: the packets wait in the kernel's queue.
+            let backlogged = !self.backlog.is_empty();
             let mut fds = vec![
                 libc::pollfd {
                     fd: self.queue.as_fd().as_raw_fd(),
-                    events: libc::POLLIN,
+                    events: if backlogged { 0 } else { libc::POLLIN },
                     revents: 0,
                 },
                 libc::pollfd {
@@ -314,7 +327,7 @@ impl Keeper {
             if let Some(gate) = &self.gate {
                 fds.push(libc::pollfd {
                     fd: gate.socket.as_raw_fd(),
-                    events: libc::POLLIN,
+                    events: libc::POLLIN | if backlogged { libc::POLLOUT } else { 0 },
                     revents: 0,
                 });
             }
@@ -335,7 +348,10 @@ impl Keeper {
             if !self.take_messages() {
                 break;
             }
-            if fds.len() > 2 && fds[2].revents != 0 {
+            if fds.len() > 2 && fds[2].revents & libc::POLLOUT != 0 {
+                self.send_backlog();
+            }
+            if fds.len() > 2 && fds[2].revents & !libc::POLLOUT != 0 {
                 self.read_gate(&mut buf);
             }
             if fds[0].revents != 0 {
@@ -402,12 +418,58 @@ impl Keeper {
 
     /// Sends the gate `control`, if one runs.
     fn tell(&mut self, control: &Control) {
-        let sent = match &self.gate {
-            Some(gate) => send_now(&gate.socket, &wire::control(control)),
-            None => return,
+        if self.gate.is_some() {
+            self.send_gate(None, &wire::control(control));
+        }
+    }
+
+    /// Sends `message` to the gate (a packet's, with its id and mark),
+    /// after what waits before it; what finds no room waits its turn.
+    fn send_gate(&mut self, packet: Option<(u32, u32)>, message: &[u8]) {
+        let Some(gate) = &self.gate else {
+            return;
         };
-        if let Err(e) = sent {
-            self.gate_died(&format!("cannot write to it: {e}"));
+        if self.backlog.is_empty() {
+            match send_now(&gate.socket, message) {
+                Ok(()) => {
+                    if let Some((id, mark)) = packet {
+                        self.outstanding.insert(id, mark);
+                    }
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    if let Some((id, mark)) = packet {
+                        self.queue
+                            .verdict(&mut self.batch, id, verdict(Judged::Refuse, mark));
+                    }
+                    self.gate_died(&format!("cannot write to it: {e}"));
+                    return;
+                }
+            }
+        }
+        self.backlog.push_back((packet, message.to_vec()));
+    }
+
+    /// Sends what waited, as far as the gate's socket has room.
+    fn send_backlog(&mut self) {
+        while let Some((packet, message)) = self.backlog.front() {
+            let Some(gate) = &self.gate else {
+                return;
+            };
+            match send_now(&gate.socket, message) {
+                Ok(()) => {
+                    if let Some((id, mark)) = *packet {
+                        self.outstanding.insert(id, mark);
+                    }
+                    self.backlog.pop_front();
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    self.gate_died(&format!("cannot write to it: {e}"));
+                    return;
+                }
+            }
         }
     }
 
@@ -457,9 +519,22 @@ impl Keeper {
             SockFlag::SOCK_CLOEXEC,
         )?;
         let (ours, theirs) = (UnixDatagram::from(ours), UnixDatagram::from(theirs));
-        // Room for bursts of held packets: a send that finds it full
-        // refuses its packet rather than wait on the gate.
-        let _ = socket2::SockRef::from(&ours).set_send_buffer_size(4 << 20);
+        // Room for bursts of held packets (past rmem_max as root; a
+        // rootless daemon gets what it may): what finds none waits its turn.
+        let size: libc::c_int = 4 << 20;
+        // SAFETY: setsockopt with an int option of ours.
+        let forced = unsafe {
+            libc::setsockopt(
+                ours.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUFFORCE,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if forced < 0 {
+            let _ = socket2::SockRef::from(&ours).set_send_buffer_size(size as usize);
+        }
         let mut cmd = Command::new(&self.executable);
         cmd.env_clear()
             .current_dir("/")
@@ -511,7 +586,12 @@ impl Keeper {
             "linnet-gate stopped ({why}; {status:?}): the connections it held are refused, and it starts again in {:?}",
             self.restart_wait
         );
-        for (id, mark) in std::mem::take(&mut self.outstanding) {
+        let waiting = std::mem::take(&mut self.backlog).into_iter();
+        let waiting = waiting.filter_map(|(packet, _)| packet);
+        for (id, mark) in std::mem::take(&mut self.outstanding)
+            .into_iter()
+            .chain(waiting)
+        {
             self.queue
                 .verdict(&mut self.batch, id, verdict(Judged::Refuse, mark));
         }
@@ -520,49 +600,31 @@ impl Keeper {
     }
 
     fn read_queue(&mut self, buf: &mut [u8]) {
-        loop {
-            let mut refused = Vec::new();
-            let mut failed = None;
-            let got = {
-                let gate = self.gate.as_ref();
-                let (message, outstanding) = (&mut self.message, &mut self.outstanding);
-                self.queue.recv(buf, |packet| match gate {
-                    Some(gate) if failed.is_none() => {
-                        wire::packet(message, packet.id, packet.bytes);
-                        match send_now(&gate.socket, message) {
-                            Ok(()) => {
-                                outstanding.insert(packet.id, packet.mark);
-                            }
-                            // The gate is behind: this one is refused,
-                            // never let through unjudged.
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                refused.push((packet.id, packet.mark));
-                            }
-                            Err(e) => {
-                                failed = Some(e);
-                                refused.push((packet.id, packet.mark));
-                            }
-                        }
-                    }
-                    _ => refused.push((packet.id, packet.mark)),
-                })
-            };
-            for (id, mark) in refused {
-                self.queue
-                    .verdict(&mut self.batch, id, verdict(Judged::Refuse, mark));
-            }
-            if let Some(e) = failed {
-                self.gate_died(&format!("cannot write to it: {e}"));
-            }
-            match got {
-                Ok(true) => {}
-                Ok(false) => return,
+        // While the gate's socket has room: past it, the rest of one
+        // read waits here, and the kernel's queue holds what follows.
+        while self.backlog.is_empty() {
+            let n = match self.queue.recv(buf) {
+                Ok(0) => return,
+                Ok(n) => n,
                 Err(e) => {
                     // ENOBUFS: the kernel dropped packets we did not read
                     // in time; their senders retransmit.
                     warn!("reading the gate's queue: {e}");
                     return;
                 }
+            };
+            for packet in nfqueue::packets(&buf[..n]) {
+                if self.gate.is_none() {
+                    // No gate: refused, never let through unjudged.
+                    let refused = verdict(Judged::Refuse, packet.mark);
+                    self.queue.verdict(&mut self.batch, packet.id, refused);
+                    continue;
+                }
+                let again = packet.mark & MASK == PASS;
+                let mut message = std::mem::take(&mut self.message);
+                wire::packet(&mut message, packet.id, again, packet.bytes);
+                self.send_gate(Some((packet.id, packet.mark)), &message);
+                self.message = message;
             }
         }
     }

@@ -4,11 +4,21 @@
 //! Plain data, driven by `process`: a packet in (`packet`), the time
 //! passing (`tick`), verdicts and records out.
 //!
+//! The stream starts where the connection's SYN says (its sequence number
+//! plus one, with what a SYN carries itself: TCP Fast Open), as the
+//! server will read it: a VM cannot have the gate read one thing and the
+//! server another. A connection whose SYN the gate did not see is refused.
+//! A packet that comes without its connection held (queued before its
+//! connection's verdict, or of a new connection on a reused address and
+//! port) is sent back through the queue's rule once (`Judged::Recheck`):
+//! conntrack, not a table of the gate's, says whether its connection was
+//! allowed meanwhile; if it comes back, it is refused.
+//!
 //! Bounded: `MAX_BYTES` of a stream and `WAIT` to show a name; at most
-//! `PER_VM` connections held for one VM and `IN_ALL` for all, and
-//! `BYTES_IN_ALL` bytes of theirs. A connection that sends nothing is not
-//! held at all (its packets go by; only its sequence start is noted), so
-//! a VM that opens thousands and sends nothing takes no one's place.
+//! `PER_VM` connections held with bytes for one VM and `IN_ALL` for all,
+//! and `BYTES_IN_ALL` bytes of theirs; `STARTED_PER_VM` and `STARTED`
+//! connections noted before their first byte. A VM over its share has its
+//! own new connections refused, nobody else's.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -26,11 +36,15 @@ pub const WAIT: Duration = Duration::from_secs(5);
 pub const PER_VM: usize = 1024;
 pub const IN_ALL: usize = 16384;
 pub const BYTES_IN_ALL: usize = 48 << 20;
-/// Connections whose start is noted (no bytes yet), at most.
-const NOTED: usize = 65536;
-/// How long a noted start, and a verdict for stragglers, are kept.
+/// Connections noted at their SYN (bytes or not), per VM and in all.
+pub const STARTED_PER_VM: usize = 4096;
+pub const STARTED: usize = 65536;
+/// How long a connection that sent nothing stays noted.
 const NOTED_FOR: Duration = Duration::from_secs(60);
-const JUDGED_FOR: Duration = Duration::from_secs(10);
+
+const SYN: u8 = 0x02;
+const FIN: u8 = 0x01;
+const RST: u8 = 0x04;
 
 /// A TCP connection, as the VM sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +60,7 @@ pub struct Flow {
 pub struct Segment<'a> {
     pub flow: Flow,
     pub seq: u32,
+    pub flags: u8,
     pub data: &'a [u8],
 }
 
@@ -106,13 +121,14 @@ pub fn segment(packet: &[u8]) -> Option<Segment<'_>> {
             port: u16::from_be_bytes([tcp[2], tcp[3]]),
         },
         seq: u32::from_be_bytes(tcp[4..8].try_into().ok()?),
+        flags: tcp[13],
         data: tcp.get(offset..)?,
     })
 }
 
 struct Held {
     interface_id: InterfaceId,
-    /// The sequence number of its first byte.
+    /// The sequence number of its first byte: its SYN's, plus one.
     start: u32,
     stream: Vec<u8>,
     /// Its packets waiting for the verdict.
@@ -129,16 +145,42 @@ pub struct Out {
     pub judgements: Vec<Judgement>,
 }
 
+/// Counts of one kind of connection, in all and by VM.
+#[derive(Default)]
+struct Shares {
+    in_all: usize,
+    by_vm: HashMap<InterfaceId, usize>,
+}
+
+impl Shares {
+    fn of(&self, vm: InterfaceId) -> usize {
+        self.by_vm.get(&vm).copied().unwrap_or(0)
+    }
+
+    fn add(&mut self, vm: InterfaceId) {
+        self.in_all += 1;
+        *self.by_vm.entry(vm).or_default() += 1;
+    }
+
+    fn remove(&mut self, vm: InterfaceId) {
+        self.in_all -= 1;
+        if let Entry::Occupied(mut e) = self.by_vm.entry(vm) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Gate {
     pub vms: Vms,
     held: HashMap<Flow, Held>,
-    /// Connections held with bytes: in all, by VM; their bytes.
-    with_bytes: usize,
-    by_vm: HashMap<InterfaceId, usize>,
+    /// Connections noted, and those of them held with bytes; their bytes.
+    started: Shares,
+    with_bytes: Shares,
     bytes: usize,
-    /// Verdicts given, for packets of the connection queued before them.
-    judged: HashMap<Flow, (Judged, Instant)>,
     scratch: Vec<u8>,
 }
 
@@ -146,73 +188,129 @@ impl Gate {
     /// Connections held with bytes now.
     #[cfg(test)]
     pub fn holding(&self) -> usize {
-        self.with_bytes
+        self.with_bytes.in_all
     }
 
-    /// Judges packet `id`; its verdict, and those of the packets held
-    /// with it once its connection is judged, go to `out`.
-    pub fn packet(&mut self, id: u32, bytes: &[u8], now: Instant, out: &mut Out) {
+    /// Judges packet `id` (that came with the gate's mark bits `again`
+    /// set: it was sent back once already); its verdict, and those of the
+    /// packets held with it once its connection is judged, go to `out`.
+    pub fn packet(&mut self, id: u32, bytes: &[u8], again: bool, now: Instant, out: &mut Out) {
         let Some(segment) = segment(bytes) else {
             out.verdicts.push((id, Judged::Refuse));
             return;
         };
         let flow = segment.flow;
-        if let Some(&(judged, _)) = self.judged.get(&flow) {
-            out.verdicts.push((id, judged));
-            return;
-        }
         let Some(vm) = self.vms.of(flow.source) else {
             out.verdicts.push((id, Judged::Refuse));
-            self.refuse_record(flow, None, Refusal::Unknown, InterfaceId::nil(), out);
+            refuse_record(flow, None, Refusal::Unknown, InterfaceId::nil(), out);
             return;
         };
         let interface_id = self.vms.interface_id(vm);
-        if segment.data.is_empty() {
-            // The handshake's last ACK (or a FIN): it shows where the
-            // stream starts.
-            if self.held.len() < NOTED {
-                self.held.entry(flow).or_insert_with(|| Held {
-                    interface_id,
-                    start: segment.seq,
-                    stream: Vec::new(),
-                    packets: Vec::new(),
-                    since: None,
-                    noted: now,
-                });
+        if segment.flags & SYN != 0 {
+            self.syn(id, &segment, interface_id, now, out);
+            if segment.data.is_empty() || !self.held.contains_key(&flow) {
+                return;
+            }
+        } else if !self.held.contains_key(&flow) {
+            // Queued before its connection was judged, or of a connection
+            // the gate did not see start: conntrack says which, once.
+            let judged = if segment.data.is_empty() && segment.flags & (FIN | RST) != 0 {
+                Judged::Pass
+            } else if again {
+                refuse_record(flow, None, Refusal::Unseen, interface_id, out);
+                Judged::Refuse
+            } else {
+                Judged::Recheck
+            };
+            out.verdicts.push((id, judged));
+            return;
+        } else if segment.data.is_empty() {
+            // An ACK, a FIN, a RST: nothing to read. One that ends a
+            // connection with nothing sent lets it go.
+            if segment.flags & (FIN | RST) != 0 && self.held[&flow].since.is_none() {
+                self.release(flow);
             }
             out.verdicts.push((id, Judged::Pass));
             return;
         }
-        let held = match self.held.entry(flow) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(Held {
+        self.data(id, &segment, now, out);
+    }
+
+    /// A SYN: the connection starts at its sequence number plus one.
+    fn syn(
+        &mut self,
+        id: u32,
+        segment: &Segment<'_>,
+        interface_id: InterfaceId,
+        now: Instant,
+        out: &mut Out,
+    ) {
+        let flow = segment.flow;
+        let start = segment.seq.wrapping_add(1);
+        match self.held.get(&flow) {
+            // Sent again.
+            Some(held) if held.start == start => {
+                if segment.data.is_empty() {
+                    out.verdicts.push((id, Judged::Pass));
+                }
+                return;
+            }
+            // A new connection on the same address and port: the old one
+            // is over (conntrack opened a new one).
+            Some(_) => self.decide(flow, Err((None, Refusal::Unseen)), out),
+            None => {}
+        }
+        if self.started.of(interface_id) >= STARTED_PER_VM || self.started.in_all >= STARTED {
+            out.verdicts.push((id, Judged::Refuse));
+            refuse_record(flow, None, Refusal::TooMany, interface_id, out);
+            return;
+        }
+        self.started.add(interface_id);
+        self.held.insert(
+            flow,
+            Held {
                 interface_id,
-                start: segment.seq,
+                start,
                 stream: Vec::new(),
                 packets: Vec::new(),
                 since: None,
                 noted: now,
-            }),
-        };
+            },
+        );
+        if segment.data.is_empty() {
+            out.verdicts.push((id, Judged::Pass));
+        }
+    }
+
+    /// Bytes of a held connection (a SYN's own among them).
+    fn data(&mut self, id: u32, segment: &Segment<'_>, now: Instant, out: &mut Out) {
+        let flow = segment.flow;
+        let held = self.held.get_mut(&flow).expect("a held connection");
+        let interface_id = held.interface_id;
         if held.since.is_none() {
-            let by_vm = self.by_vm.get(&interface_id).copied().unwrap_or(0);
-            if by_vm >= PER_VM || self.with_bytes >= IN_ALL || self.bytes >= BYTES_IN_ALL {
-                self.held.remove(&flow);
-                out.verdicts.push((id, Judged::Refuse));
-                self.remember(flow, Judged::Refuse, now);
-                self.refuse_record(flow, None, Refusal::TooMany, interface_id, out);
+            if self.with_bytes.of(interface_id) >= PER_VM
+                || self.with_bytes.in_all >= IN_ALL
+                || self.bytes >= BYTES_IN_ALL
+            {
+                held.packets.push(id);
+                self.decide(flow, Err((None, Refusal::TooMany)), out);
                 return;
             }
             held.since = Some(now);
-            self.with_bytes += 1;
-            *self.by_vm.entry(interface_id).or_default() += 1;
+            self.with_bytes.add(interface_id);
         }
-        // Where this segment's bytes fall in the stream so far.
-        let offset = segment.seq.wrapping_sub(held.start) as usize;
+        // Where this segment's bytes fall in the stream so far (a SYN's
+        // sequence number is its own, one before the stream's).
+        let seq = if segment.flags & SYN != 0 {
+            segment.seq.wrapping_add(1)
+        } else {
+            segment.seq
+        };
+        let offset = seq.wrapping_sub(held.start) as usize;
         let end = held.stream.len();
-        if offset > end || offset > MAX_BYTES {
-            // Past a gap (or before the start, wrapped): held, its bytes
-            // read when the sender sends them again in order.
+        if offset > end {
+            // Past a gap (or before the start): held, its bytes read when
+            // the sender sends them again in order.
             held.packets.push(id);
             return;
         }
@@ -222,11 +320,14 @@ impl Gate {
             out.verdicts.push((id, Judged::Drop));
             return;
         }
-        let room = MAX_BYTES - end.min(MAX_BYTES);
-        let taken = fresh.len().min(room);
+        let taken = fresh.len().min(MAX_BYTES - end.min(MAX_BYTES));
         held.stream.extend_from_slice(&fresh[..taken]);
         self.bytes += taken;
         held.packets.push(id);
+        let Some(vm) = self.vms.of(flow.source) else {
+            self.decide(flow, Err((None, Refusal::Unknown)), out);
+            return;
+        };
         let decision = match shown(&held.stream, &mut self.scratch) {
             Shown::More => return,
             Shown::Name(name) => {
@@ -240,7 +341,7 @@ impl Gate {
             Shown::Neither => Err((None, Refusal::Neither)),
             Shown::Malformed(why) => Err((None, Refusal::Malformed(why))),
         };
-        self.decide(flow, decision, now, out);
+        self.decide(flow, decision, out);
     }
 
     /// Gives the verdict on `flow`: its held packets' and its record.
@@ -248,7 +349,6 @@ impl Gate {
         &mut self,
         flow: Flow,
         decision: Result<String, (Option<String>, Refusal)>,
-        now: Instant,
         out: &mut Out,
     ) {
         let Some(held) = self.release(flow) else {
@@ -261,7 +361,6 @@ impl Gate {
         };
         out.verdicts
             .extend(held.packets.iter().map(|&id| (id, judged)));
-        self.remember(flow, judged, now);
         match decision {
             Ok(name) => out.judgements.push(Judgement {
                 interface_id: held.interface_id,
@@ -271,73 +370,57 @@ impl Gate {
                 allowed: true,
                 why: None,
             }),
-            Err((name, why)) => self.refuse_record(flow, name, why, held.interface_id, out),
+            Err((name, why)) => refuse_record(flow, name, why, held.interface_id, out),
         }
-    }
-
-    fn refuse_record(
-        &self,
-        flow: Flow,
-        shown: Option<String>,
-        why: Refusal,
-        interface_id: InterfaceId,
-        out: &mut Out,
-    ) {
-        out.judgements.push(Judgement {
-            interface_id,
-            destination: flow.destination,
-            port: flow.port,
-            shown,
-            allowed: false,
-            why: Some(why.why().into()),
-        });
     }
 
     /// Takes `flow` out of what is held, and out of the counts.
     fn release(&mut self, flow: Flow) -> Option<Held> {
         let held = self.held.remove(&flow)?;
+        self.started.remove(held.interface_id);
         if held.since.is_some() {
-            self.with_bytes -= 1;
+            self.with_bytes.remove(held.interface_id);
             self.bytes -= held.stream.len();
-            if let Entry::Occupied(mut e) = self.by_vm.entry(held.interface_id) {
-                *e.get_mut() -= 1;
-                if *e.get() == 0 {
-                    e.remove();
-                }
-            }
         }
         Some(held)
-    }
-
-    fn remember(&mut self, flow: Flow, judged: Judged, now: Instant) {
-        if self.judged.len() >= NOTED {
-            self.judged
-                .retain(|_, (_, at)| now.duration_since(*at) < JUDGED_FOR);
-        }
-        if self.judged.len() < NOTED {
-            self.judged.insert(flow, (judged, now));
-        }
     }
 
     /// Refuses what waited too long to show a name, and forgets what is
     /// old.
     pub fn tick(&mut self, now: Instant, out: &mut Out) {
         let late: Vec<Flow> = (self.held.iter())
-            .filter(|(_, h)| {
-                h.since
-                    .is_some_and(|since| now.duration_since(since) >= WAIT)
+            .filter(|(_, h)| match h.since {
+                Some(since) => now.duration_since(since) >= WAIT,
+                None => now.duration_since(h.noted) >= NOTED_FOR,
             })
             .map(|(flow, _)| *flow)
             .collect();
         for flow in late {
-            self.decide(flow, Err((None, Refusal::TooSlow)), now, out);
+            if self.held[&flow].since.is_some() {
+                self.decide(flow, Err((None, Refusal::TooSlow)), out);
+            } else {
+                self.release(flow);
+            }
         }
-        self.held
-            .retain(|_, h| h.since.is_some() || now.duration_since(h.noted) < NOTED_FOR);
-        self.judged
-            .retain(|_, (_, at)| now.duration_since(*at) < JUDGED_FOR);
         self.vms.expire(now);
     }
+}
+
+fn refuse_record(
+    flow: Flow,
+    shown: Option<String>,
+    why: Refusal,
+    interface_id: InterfaceId,
+    out: &mut Out,
+) {
+    out.judgements.push(Judgement {
+        interface_id,
+        destination: flow.destination,
+        port: flow.port,
+        shown,
+        allowed: false,
+        why: Some(why.why().into()),
+    });
 }
 
 #[cfg(test)]
@@ -349,6 +432,7 @@ mod tests {
 
     const VM: &str = "10.0.0.2";
     const SERVER: &str = "192.0.2.1";
+    const ACK: u8 = 0x10;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -371,18 +455,25 @@ mod tests {
     }
 
     /// An IPv4 TCP packet from the VM's `port` to SERVER:443.
-    fn tcp(port: u16, seq: u32, data: &[u8]) -> Vec<u8> {
+    fn tcp(port: u16, seq: u32, flags: u8, data: &[u8]) -> Vec<u8> {
         let mut p = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0];
-        p.extend(ip(VM).to_string().parse::<Ipv4Addr>().unwrap().octets());
+        p.extend(VM.parse::<Ipv4Addr>().unwrap().octets());
         p.extend(SERVER.parse::<Ipv4Addr>().unwrap().octets());
         p.extend(port.to_be_bytes());
         p.extend(443u16.to_be_bytes());
         p.extend(seq.to_be_bytes());
-        p.extend([0, 0, 0, 0, 0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0]);
+        p.extend([0, 0, 0, 0, 0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
         p.extend(data);
         let len = p.len() as u16;
         p[2..4].copy_from_slice(&len.to_be_bytes());
         p
+    }
+
+    /// A connection from `port` whose SYN has sequence number 100.
+    fn started(gate: &mut Gate, port: u16, now: Instant, out: &mut Out) {
+        gate.packet(0, &tcp(port, 100, SYN, &[]), false, now, out);
+        gate.packet(0, &tcp(port, 101, ACK, &[]), false, now, out);
+        out.verdicts.clear();
     }
 
     #[test]
@@ -391,12 +482,30 @@ mod tests {
         let now = Instant::now();
         let mut out = Out::default();
         let stream = records(&hello(Some("a.test"), 2000), 1 << 14);
-        gate.packet(1, &tcp(5000, 101, &[]), now, &mut out);
-        gate.packet(2, &tcp(5000, 101, &stream[..1400]), now, &mut out);
+        gate.packet(1, &tcp(5000, 100, SYN, &[]), false, now, &mut out);
+        gate.packet(
+            2,
+            &tcp(5000, 101, ACK, &stream[..1400]),
+            false,
+            now,
+            &mut out,
+        );
         assert_eq!(out.verdicts, vec![(1, Judged::Pass)], "the first held");
         // The first again (retransmitted): a copy.
-        gate.packet(3, &tcp(5000, 101, &stream[..1400]), now, &mut out);
-        gate.packet(4, &tcp(5000, 1501, &stream[1400..]), now, &mut out);
+        gate.packet(
+            3,
+            &tcp(5000, 101, ACK, &stream[..1400]),
+            false,
+            now,
+            &mut out,
+        );
+        gate.packet(
+            4,
+            &tcp(5000, 1501, ACK, &stream[1400..]),
+            false,
+            now,
+            &mut out,
+        );
         assert_eq!(
             out.verdicts,
             vec![
@@ -408,14 +517,69 @@ mod tests {
         );
         assert!(out.judgements[0].allowed);
         assert_eq!(gate.holding(), 0);
-        // A straggler queued before the verdict gets the same.
-        gate.packet(
-            5,
-            &tcp(5000, 101 + stream.len() as u32, b"more"),
-            now,
-            &mut out,
+        // A packet queued before the verdict: conntrack says, once.
+        let later = tcp(5000, 101 + stream.len() as u32, ACK, b"more");
+        gate.packet(5, &later, false, now, &mut out);
+        assert_eq!(out.verdicts.last(), Some(&(5, Judged::Recheck)));
+        gate.packet(6, &later, true, now, &mut out);
+        assert_eq!(
+            out.verdicts.last(),
+            Some(&(6, Judged::Refuse)),
+            "back again: its connection is still pending, and not one the gate holds"
         );
-        assert_eq!(out.verdicts.last(), Some(&(5, Judged::Allow)));
+    }
+
+    #[test]
+    fn the_stream_is_read_from_where_the_syn_says_not_where_the_vm_would_like() {
+        let mut gate = gate(&["a.test:443"]);
+        let now = Instant::now();
+        let mut out = Out::default();
+        let allowed = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n";
+        let other = b"GET / HTTP/1.1\r\nHost: b.test\r\n\r\n";
+        gate.packet(1, &tcp(6000, 100, SYN, &[]), false, now, &mut out);
+        // An ACK that claims the stream starts later, the allowed request
+        // there, and another name's at the true start.
+        gate.packet(2, &tcp(6000, 1000, ACK, &[]), false, now, &mut out);
+        gate.packet(3, &tcp(6000, 1000, ACK, allowed), false, now, &mut out);
+        assert_eq!(
+            out.verdicts,
+            vec![(1, Judged::Pass), (2, Judged::Pass)],
+            "past the start: held, not read"
+        );
+        gate.packet(4, &tcp(6000, 101, ACK, other), false, now, &mut out);
+        assert_eq!(
+            &out.verdicts[2..],
+            &[(3, Judged::Refuse), (4, Judged::Refuse)]
+        );
+        assert_eq!(out.judgements[0].shown.as_deref(), Some("b.test"));
+        // TCP Fast Open: what a SYN carries is the stream's start.
+        gate.packet(5, &tcp(6001, 100, SYN, other), false, now, &mut out);
+        assert_eq!(out.verdicts.last(), Some(&(5, Judged::Refuse)));
+        gate.packet(6, &tcp(6002, 100, SYN, allowed), false, now, &mut out);
+        assert_eq!(out.verdicts.last(), Some(&(6, Judged::Allow)));
+    }
+
+    #[test]
+    fn a_new_connection_on_a_used_address_and_port_is_judged_anew() {
+        let mut gate = gate(&["a.test:443"]);
+        let now = Instant::now();
+        let mut out = Out::default();
+        let allowed = b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n";
+        let other = b"GET / HTTP/1.1\r\nHost: b.test\r\n\r\n";
+        gate.packet(1, &tcp(7000, 100, SYN, &[]), false, now, &mut out);
+        gate.packet(2, &tcp(7000, 101, ACK, allowed), false, now, &mut out);
+        assert_eq!(out.verdicts.last(), Some(&(2, Judged::Allow)));
+        gate.packet(3, &tcp(7000, 5000, SYN, &[]), false, now, &mut out);
+        gate.packet(4, &tcp(7000, 5001, ACK, other), false, now, &mut out);
+        assert_eq!(out.verdicts.last(), Some(&(4, Judged::Refuse)));
+        // Data of a connection whose SYN the gate never saw: refused once
+        // conntrack says it is still pending.
+        gate.packet(5, &tcp(7001, 9, ACK, allowed), false, now, &mut out);
+        gate.packet(6, &tcp(7001, 9, ACK, allowed), true, now, &mut out);
+        assert_eq!(
+            &out.verdicts[out.verdicts.len() - 2..],
+            &[(5, Judged::Recheck), (6, Judged::Refuse)]
+        );
     }
 
     #[test]
@@ -423,10 +587,25 @@ mod tests {
         let mut gate = gate(&["a.test:443"]);
         let now = Instant::now();
         let mut out = Out::default();
+        for port in [5001, 5002, 5003] {
+            started(&mut gate, port, now, &mut out);
+        }
         let other = records(&hello(Some("b.test"), 0), 1 << 14);
-        gate.packet(1, &tcp(5001, 1, &other), now, &mut out);
-        gate.packet(2, &tcp(5002, 1, b"SSH-2.0-x\r\n"), now, &mut out);
-        gate.packet(3, &tcp(5003, 1, b"GET / HTTP/1.1\r\n"), now, &mut out);
+        gate.packet(1, &tcp(5001, 101, ACK, &other), false, now, &mut out);
+        gate.packet(
+            2,
+            &tcp(5002, 101, ACK, b"SSH-2.0-x\r\n"),
+            false,
+            now,
+            &mut out,
+        );
+        gate.packet(
+            3,
+            &tcp(5003, 101, ACK, b"GET / HTTP/1.1\r\n"),
+            false,
+            now,
+            &mut out,
+        );
         assert_eq!(out.verdicts, vec![(1, Judged::Refuse), (2, Judged::Refuse)]);
         let whys: Vec<_> = out.judgements.iter().map(|j| j.why.clone()).collect();
         assert_eq!(
@@ -442,16 +621,31 @@ mod tests {
     }
 
     #[test]
-    fn a_vm_holds_at_most_its_share_and_nothing_for_silent_connections() {
+    fn a_vm_holds_at_most_its_share_and_silent_connections_only_their_start() {
         let mut gate = gate(&["a.test:443"]);
         let now = Instant::now();
         let mut out = Out::default();
-        for port in 0..5000u16 {
-            gate.packet(port.into(), &tcp(port, 7, &[]), now, &mut out);
+        for port in 0..STARTED_PER_VM as u16 {
+            gate.packet(port.into(), &tcp(port, 7, SYN, &[]), false, now, &mut out);
         }
         assert_eq!(gate.holding(), 0, "nothing sent, nothing held");
+        assert!(out.verdicts.iter().all(|(_, j)| *j == Judged::Pass));
+        let over = STARTED_PER_VM as u16;
+        gate.packet(1, &tcp(over, 7, SYN, &[]), false, now, &mut out);
+        assert_eq!(
+            out.verdicts.last(),
+            Some(&(1, Judged::Refuse)),
+            "over its share"
+        );
+        out.verdicts.clear();
         for port in 0..PER_VM as u16 + 1 {
-            gate.packet(10_000 + u32::from(port), &tcp(port, 8, b"G"), now, &mut out);
+            gate.packet(
+                10_000 + u32::from(port),
+                &tcp(port, 8, ACK, b"G"),
+                false,
+                now,
+                &mut out,
+            );
         }
         assert_eq!(gate.holding(), PER_VM);
         assert_eq!(
@@ -462,16 +656,21 @@ mod tests {
             out.judgements.last().unwrap().why.as_deref(),
             Some(Refusal::TooMany.why())
         );
+        // Those that sent nothing are forgotten in time; the held are
+        // refused sooner.
+        gate.tick(now + NOTED_FOR, &mut out);
+        assert_eq!(gate.holding(), 0);
+        assert!(gate.held.is_empty());
     }
 
     #[test]
     fn packets_of_no_known_vm_or_no_tcp_are_refused() {
         let mut gate = gate(&["a.test:443"]);
         let mut out = Out::default();
-        let mut stranger = tcp(1, 1, b"x");
+        let mut stranger = tcp(1, 1, SYN, b"");
         stranger[12..16].copy_from_slice(&[10, 0, 0, 9]);
-        gate.packet(1, &stranger, Instant::now(), &mut out);
-        gate.packet(2, b"\x45\x00", Instant::now(), &mut out);
+        gate.packet(1, &stranger, false, Instant::now(), &mut out);
+        gate.packet(2, b"\x45\x00", false, Instant::now(), &mut out);
         assert_eq!(out.verdicts, vec![(1, Judged::Refuse), (2, Judged::Refuse)]);
     }
 }

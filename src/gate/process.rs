@@ -146,7 +146,9 @@ pub fn serve(fd: RawFd) -> io::Result<()> {
             }
             let now = Instant::now();
             match wire::to_gate(&buf[..n as usize]) {
-                Ok(ToGate::Packet { id, bytes }) => gate.packet(id, bytes, now, &mut out),
+                Ok(ToGate::Packet { id, again, bytes }) => {
+                    gate.packet(id, bytes, again, now, &mut out)
+                }
                 Ok(ToGate::Control(Control::Vms(vms))) => gate.vms.set(vms),
                 Ok(ToGate::Control(Control::Learned {
                     interface_id,

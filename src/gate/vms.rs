@@ -38,6 +38,8 @@ pub enum Refusal {
     TooMany,
     /// Its bytes are no TCP/IP the gate reads, or from no VM it knows.
     Unknown,
+    /// The gate did not see it start (it started while no gate ran).
+    Unseen,
 }
 
 impl Refusal {
@@ -57,6 +59,7 @@ impl Refusal {
             Refusal::TooSlow => "it showed no name in 5 s",
             Refusal::TooMany => "the VM holds as many unjudged connections as the gate keeps",
             Refusal::Unknown => "its packets are not a connection of a VM the gate knows",
+            Refusal::Unseen => "the gate did not see it start (its SYN)",
         }
     }
 }

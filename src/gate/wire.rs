@@ -65,6 +65,10 @@ pub enum Judged {
     Refuse,
     /// A copy of a packet still held (a retransmission).
     Drop,
+    /// Its connection is not held: through the queue's rule once more,
+    /// which lets it by if conntrack says its connection was allowed
+    /// meanwhile, and queues it again (`again`) if it is still pending.
+    Recheck,
 }
 
 impl Judged {
@@ -74,6 +78,7 @@ impl Judged {
             Judged::Allow => 1,
             Judged::Refuse => 2,
             Judged::Drop => 3,
+            Judged::Recheck => 4,
         }
     }
 
@@ -83,6 +88,7 @@ impl Judged {
             1 => Judged::Allow,
             2 => Judged::Refuse,
             3 => Judged::Drop,
+            4 => Judged::Recheck,
             _ => return None,
         })
     }
@@ -106,7 +112,12 @@ pub struct Judgement {
 /// What comes to the gate.
 #[derive(Debug, PartialEq)]
 pub enum ToGate<'a> {
-    Packet { id: u32, bytes: &'a [u8] },
+    /// A held packet; `again` when it was sent back once (`Recheck`).
+    Packet {
+        id: u32,
+        again: bool,
+        bytes: &'a [u8],
+    },
     Control(Control),
 }
 
@@ -122,10 +133,11 @@ pub enum FromGate<'a> {
 pub const VERDICT_LEN: usize = 5;
 
 /// `out` becomes the message for a held packet.
-pub fn packet(out: &mut Vec<u8>, id: u32, bytes: &[u8]) {
+pub fn packet(out: &mut Vec<u8>, id: u32, again: bool, bytes: &[u8]) {
     out.clear();
     out.push(PACKET);
     out.extend_from_slice(&id.to_le_bytes());
+    out.push(u8::from(again));
     out.extend_from_slice(bytes);
 }
 
@@ -155,9 +167,10 @@ pub fn judgement(judgement: &Judgement) -> Vec<u8> {
 
 pub fn to_gate(message: &[u8]) -> Result<ToGate<'_>, String> {
     match message.split_first() {
-        Some((&PACKET, rest)) if rest.len() >= 4 => Ok(ToGate::Packet {
+        Some((&PACKET, rest)) if rest.len() >= 5 && rest[4] <= 1 => Ok(ToGate::Packet {
             id: u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")),
-            bytes: &rest[4..],
+            again: rest[4] == 1,
+            bytes: &rest[5..],
         }),
         Some((&CONTROL, rest)) => serde_json::from_slice(rest)
             .map(ToGate::Control)
@@ -194,11 +207,12 @@ mod tests {
     #[test]
     fn each_message_reads_back_as_it_was_written() {
         let mut out = Vec::new();
-        packet(&mut out, 7, b"\x45abc");
+        packet(&mut out, 7, true, b"\x45abc");
         assert_eq!(
             to_gate(&out),
             Ok(ToGate::Packet {
                 id: 7,
+                again: true,
                 bytes: b"\x45abc"
             })
         );
@@ -236,6 +250,10 @@ mod tests {
     fn what_is_no_message_is_refused_not_misread() {
         assert!(to_gate(b"").is_err());
         assert!(to_gate(b"P\x01").is_err(), "a packet without its id");
+        assert!(
+            to_gate(b"P\x01\x00\x00\x00\x02").is_err(),
+            "neither once nor again"
+        );
         assert!(to_gate(b"X").is_err());
         assert!(from_gate(b"V\x01\x00").is_err(), "half a verdict");
         assert!(from_gate(b"R{").is_err());

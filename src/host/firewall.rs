@@ -129,7 +129,7 @@ impl ForwardRule {
 pub fn any_checked(networks: &[FirewallNetwork]) -> bool {
     (networks.iter())
         .flat_map(|n| &n.policies)
-        .any(|p| p.policy.name_reaches().iter().any(|r| r.checked()))
+        .any(|p| gate::holds(&p.policy))
 }
 
 /// Replaces linnet's table with the rules for `networks` (none: removes it).
@@ -225,8 +225,14 @@ fn add_inet(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
             packets: None,
             bytes: None,
         }));
+        batch.add(base_chain(
+            gate::CHAIN,
+            NfChainType::Filter,
+            NfHook::Forward,
+            gate::PRIORITY,
+        ));
         for statements in gate::rules() {
-            batch.add(rule(FORWARD, statements));
+            batch.add(rule(gate::CHAIN, statements));
         }
     }
 
@@ -656,6 +662,20 @@ fn add_policy_chain(
                     jump(chain),
                 ],
             ));
+            if field == "saddr" && hook == FORWARD && gate::holds(&iface.policy) {
+                // A SYN on the address and port of a connection conntrack
+                // still keeps (closed by a reset) reuses its entry, which
+                // is not `new`: judged as a new connection all the same,
+                // lest it pass with the old one's verdict (`gate`).
+                batch.add(rule(
+                    hook,
+                    vec![
+                        eq(payload(family, field), set(&addrs)),
+                        gate::syn_alone(),
+                        jump(chain),
+                    ],
+                ));
+            }
         }
     }
 }
@@ -1414,7 +1434,7 @@ mod tests {
                 {"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "@n4-lnta-0", "op": "=="}},
                 {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
                 {"match": {"left": {"payload": {"protocol": "th", "field": "dport"}}, "right": 443, "op": "=="}},
-                {"mangle": {"key": {"ct": {"key": "mark"}}, "value": {"|": [{"ct": {"key": "mark"}}, gate::PENDING]}}},
+                {"mangle": {"key": {"ct": {"key": "mark"}}, "value": {"|": [{"&": [{"ct": {"key": "mark"}}, !gate::MASK]}, gate::PENDING]}}},
                 {"accept": null}
             ]),
             "one set per family for both 443/tcp names, its connections held for their name"

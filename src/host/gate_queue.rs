@@ -3,8 +3,10 @@
 //! statement is not in every kernel (this project's test machine lacks
 //! it), while the `NFQUEUE` target through iptables' nft back-end is in
 //! every kernel that has NFQUEUE at all: so it is one rule in
-//! `mangle FORWARD` of each family, which runs (priority -150) before
-//! linnet's forward chain (0) reads the verdict's mark. It has no
+//! `security FORWARD` of each family (priority 150), after linnet's
+//! forward chain (0) has marked a new connection pending, so that its
+//! SYN is held too (the gate reads the stream from where the SYN says it
+//! starts), and before linnet's gate chain (200) reads the verdict. It has no
 //! `--queue-bypass`: with nobody reading the queue (the daemon restarting)
 //! the kernel drops the packets, and a held connection waits for its
 //! retransmission.
@@ -18,10 +20,13 @@ use std::process::{Command, Stdio};
 
 use super::firewall::gate::{MASK, PENDING};
 
+/// iptables' table whose FORWARD chain runs after linnet's (150 > 0).
+const TABLE: &str = "security";
+
 /// The queue the daemon reads (one per network namespace).
 pub const QUEUE: u16 = 4748;
 
-/// What tells the rule from others' in `mangle FORWARD`.
+/// What tells the rule from others' in `security FORWARD`.
 const COMMENT: &str = "linnet gate: held connections";
 
 /// The programs that change each family's rules, first found wins.
@@ -57,7 +62,7 @@ fn spec() -> Vec<String> {
 }
 
 fn run(program: &str, verb: &str) -> io::Result<bool> {
-    let mut args = vec!["-w".to_string(), "-t".into(), "mangle".into(), verb.into()];
+    let mut args = vec!["-w".to_string(), "-t".into(), TABLE.into(), verb.into()];
     args.extend(spec());
     let out = Command::new(program)
         .args(&args)
@@ -95,7 +100,7 @@ pub fn ensure() -> io::Result<()> {
             return Ok(());
         }
         Err(io::Error::other(format!(
-            "{program} could not add the rule that holds connections for their name to mangle FORWARD (is the kernel's NFQUEUE there?)"
+            "{program} could not add the rule that holds connections for their name to {TABLE} FORWARD (is the kernel's NFQUEUE there?)"
         )))
     })
 }

@@ -44,6 +44,9 @@ const NLA_TYPE_MASK: u16 = 0x3fff;
 pub enum Verdict {
     /// On through the hook, with this mark.
     Accept(u32),
+    /// Through the same hook's chain (the queue's rule) again, with this
+    /// mark.
+    Repeat(u32),
     Drop,
 }
 
@@ -221,9 +224,9 @@ impl Queue {
         }
     }
 
-    /// Reads what is waiting into `buf`, calling `each` for each packet;
-    /// Ok(false) when nothing was.
-    pub fn recv(&self, buf: &mut [u8], mut each: impl FnMut(Packet<'_>)) -> io::Result<bool> {
+    /// Reads what is waiting into `buf`: the bytes read (`packets` finds
+    /// the packets in them), 0 when nothing was.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         // SAFETY: recv(2) into `buf`.
         let n = unsafe {
             libc::recv(
@@ -236,36 +239,11 @@ impl Queue {
         if n < 0 {
             let e = io::Error::last_os_error();
             return match e.kind() {
-                io::ErrorKind::WouldBlock => Ok(false),
+                io::ErrorKind::WouldBlock => Ok(0),
                 _ => Err(e),
             };
         }
-        let mut rest = &buf[..n as usize];
-        while rest.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
-            if len < NLMSG_HDRLEN || len > rest.len() {
-                break;
-            }
-            let kind = u16::from_ne_bytes([rest[4], rest[5]]);
-            if kind == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET
-                && len >= NLMSG_HDRLEN + NFGENMSG_LEN
-            {
-                let (mut id, mut mark, mut bytes) = (None, 0, &[][..]);
-                for (attr, value) in attrs(&rest[NLMSG_HDRLEN + NFGENMSG_LEN..len]) {
-                    match attr {
-                        NFQA_PACKET_HDR => id = be32(value),
-                        NFQA_MARK => mark = be32(value).unwrap_or(0),
-                        NFQA_PAYLOAD => bytes = value,
-                        _ => {}
-                    }
-                }
-                if let Some(id) = id {
-                    each(Packet { id, mark, bytes });
-                }
-            }
-            rest = &rest[align(len).min(rest.len())..];
-        }
-        Ok(true)
+        Ok(n as usize)
     }
 
     /// Appends the verdict on packet `id` to `batch` (sent by `send_batch`).
@@ -274,6 +252,7 @@ impl Queue {
         self.header(batch, NFQNL_MSG_VERDICT, 0);
         let (code, mark) = match verdict {
             Verdict::Accept(mark) => (libc::NF_ACCEPT as u32, Some(mark)),
+            Verdict::Repeat(mark) => (libc::NF_REPEAT as u32, Some(mark)),
             Verdict::Drop => (libc::NF_DROP as u32, None),
         };
         let mut header = [0u8; 8];
@@ -295,6 +274,39 @@ impl Queue {
         batch.clear();
         sent
     }
+}
+
+/// The packets in what `Queue::recv` read.
+pub fn packets(mut rest: &[u8]) -> impl Iterator<Item = Packet<'_>> {
+    std::iter::from_fn(move || {
+        while rest.len() >= NLMSG_HDRLEN {
+            let len = u32::from_ne_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+            if len < NLMSG_HDRLEN || len > rest.len() {
+                return None;
+            }
+            let message = &rest[..len];
+            rest = &rest[align(len).min(rest.len())..];
+            let kind = u16::from_ne_bytes([message[4], message[5]]);
+            if kind != (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET
+                || len < NLMSG_HDRLEN + NFGENMSG_LEN
+            {
+                continue;
+            }
+            let (mut id, mut mark, mut bytes) = (None, 0, &[][..]);
+            for (attr, value) in attrs(&message[NLMSG_HDRLEN + NFGENMSG_LEN..]) {
+                match attr {
+                    NFQA_PACKET_HDR => id = be32(value),
+                    NFQA_MARK => mark = be32(value).unwrap_or(0),
+                    NFQA_PAYLOAD => bytes = value,
+                    _ => {}
+                }
+            }
+            if let Some(id) = id {
+                return Some(Packet { id, mark, bytes });
+            }
+        }
+        None
+    })
 }
 
 impl AsFd for Queue {

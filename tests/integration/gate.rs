@@ -443,7 +443,12 @@ fn the_check_holds_on_every_datapath_a_network_socket_a_clone_and_in_a_rootless_
         "sni=other.test host=other.test"
     );
     let rule = ["--allow-connect", "allowed.test:443"];
-    for via in [Via::RunDgram, Via::RunStream, Via::HelperStream, Via::RunVhostUser] {
+    for via in [
+        Via::RunDgram,
+        Via::RunStream,
+        Via::HelperStream,
+        Via::RunVhostUser,
+    ] {
         holds_the_name(&format!("{via:?}"), &world.guest_via("shared", via, &rule));
     }
     holds_the_name(
@@ -481,4 +486,120 @@ fn the_check_holds_on_every_datapath_a_network_socket_a_clone_and_in_a_rootless_
         "rootless: the control"
     );
     holds_the_name("rootless", &user.guest(&world, "shared", &rule));
+}
+
+/// The `kind` events in the JSON lines of the audit log at `path`.
+fn audited(path: &std::path::Path, kind: &str) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .filter(|e| e["event"] == kind)
+        .collect()
+}
+
+#[test]
+fn judged_connections_are_in_the_audit_log_and_a_flood_of_refusals_leaves_it_bounded() {
+    let keep = tempfile::tempdir().unwrap();
+    let audit = keep.path().join("shared.jsonl");
+    let yaml = format!("networks:\n  shared:\n    audit_log: {}\n", audit.display());
+    let (world, _server) = world_with(Some(&yaml));
+    let g = sandbox(&world);
+    assert_eq!(
+        fetch(&g.ns, ALLOWED, 443, &["--sni", "allowed.test"]),
+        "sni=allowed.test host=allowed.test"
+    );
+    // 5000 connections under another name, one after another.
+    let script = repo_file("tests/name_peer.py");
+    let start = Instant::now();
+    let flood = must(&mut g.ns.cmd(&[
+        "python3",
+        &script,
+        "flood",
+        ALLOWED,
+        "443",
+        "5000",
+        "other.test",
+    ]));
+    let took = start.elapsed();
+    assert_eq!(flood.trim(), "refused=5000 answered=0 silent=0");
+    // The next window's first refusal says how many were held back.
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(
+        fetch(&g.ns, ALLOWED, 443, &["--sni", "other.test"]),
+        "refused"
+    );
+    let records = wait_for(
+        "the last record in the audit log",
+        Duration::from_secs(5),
+        || {
+            let records = audited(&audit, "connection");
+            (records.len() > 1 && records.last().unwrap()["held_back"].as_u64() > Some(0))
+                .then_some(records)
+        },
+    );
+    let allowed: Vec<&Value> = records.iter().filter(|r| r["allowed"] == true).collect();
+    assert_eq!(allowed.len(), 1, "the allowed one on record");
+    assert_eq!(allowed[0]["shown"], "allowed.test");
+    let refused: Vec<&Value> = records.iter().filter(|r| r["allowed"] == false).collect();
+    let windows = took.as_secs() / 10 + 2;
+    assert!(
+        refused.len() as u64 <= 100 * windows,
+        "{} refusal records in {took:?}",
+        refused.len()
+    );
+    let held_back: u64 = records.iter().filter_map(|r| r["held_back"].as_u64()).sum();
+    let dropped = audited(&audit, "dropped");
+    let metrics = must(&mut world.host.cmd(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "5",
+        "http://127.0.0.1:9464/metrics",
+    ]));
+    let counted: Vec<&str> = (metrics.lines())
+        .filter(|l| l.starts_with("linnet_vm_gate_connections_total"))
+        .collect();
+    assert_eq!(
+        refused.len() as u64 + held_back,
+        5001,
+        "each refusal on record or counted in a later record (audit log's dropped lines: {dropped:?}; counted: {counted:?})"
+    );
+    assert!(refused.iter().all(|r| r["shown"] == "other.test"));
+}
+
+#[test]
+fn a_new_connection_on_a_closed_ones_address_and_port_is_judged_anew() {
+    let (world, _server) = world();
+    let g = sandbox(&world);
+    let from = |port: &'static str, args: &[&'static str]| {
+        let mut argv = args.to_vec();
+        argv.extend(["--source-port", port]);
+        fetch(&g.ns, ALLOWED, 443, &argv)
+    };
+    // An allowed connection the server resets: conntrack keeps its entry,
+    // which a new SYN from the same port reuses.
+    let allowed_reset = ["--sni", "allowed.test", "--path", "/reset"];
+    assert_eq!(
+        from("40001", &allowed_reset),
+        "refused",
+        "the server's reset"
+    );
+    assert_eq!(
+        from("40001", &["--sni", "other.test"]),
+        "refused",
+        "another name on the allowed one's entry"
+    );
+    assert_eq!(from("40002", &allowed_reset), "refused");
+    assert_eq!(
+        from("40002", &["--sni", "allowed.test"]),
+        "sni=allowed.test host=allowed.test",
+        "the control: the allowed name on such an entry"
+    );
+    // And a refused connection's entry holds no later one back.
+    assert_eq!(from("40003", &["--sni", "other.test"]), "refused");
+    assert_eq!(
+        from("40003", &["--sni", "allowed.test"]),
+        "sni=allowed.test host=allowed.test"
+    );
 }

@@ -3,19 +3,21 @@
 //! of it is conntrack marks, so a judged connection never leaves the
 //! kernel again.
 //!
-//! - A VM's policy chain accepts a new TCP connection to an address it
-//!   learned for a checked name rule (`Reach::checked`) with its conntrack
-//!   mark set to `PENDING` (`pending`).
-//! - Every packet the VM sends on a pending connection goes to the queue
-//!   (`host::gate_queue`: an `NFQUEUE` rule in `mangle FORWARD`, which
-//!   runs before this table's forward chain), whose verdict gives the
-//!   packet a mark: `PASS` (nothing shown yet, e.g. the handshake's last
-//!   ACK), `ALLOWED` or `REFUSED`.
-//! - The forward chain's first rules (`rules`) turn those into the
-//!   connection's state: allowed, never queued again; refused, reset
-//!   (the VM gets a TCP reset) now and at every later packet. A pending
-//!   connection's packet that comes without a verdict (the queue rule
-//!   gone) is dropped: nothing passes unchecked.
+//! - A VM's policy chain (in `forward`, priority 0) accepts a new TCP
+//!   connection to an address it learned for a checked name rule
+//!   (`Reach::checked`) with its conntrack mark set to `PENDING`
+//!   (`pending`).
+//! - Every packet the VM sends on a pending connection, its SYN first,
+//!   goes to the queue (`host::gate_queue`: an `NFQUEUE` rule in
+//!   iptables' `security FORWARD`, priority 150), whose verdict gives the
+//!   packet a mark: `PASS` (nothing shown yet: the SYN, the handshake's
+//!   ACK), `ALLOWED` or `REFUSED`; or sends it through that rule once more
+//!   (a packet queued before its connection's verdict passes now).
+//! - This table's `gate` chain (forward, priority 200: `rules`) turns
+//!   those into the connection's state: allowed, never queued again;
+//!   refused, reset (the VM gets a TCP reset) now and at every later
+//!   packet. A pending connection's packet that comes without a verdict
+//!   (the queue's rule gone) is dropped: nothing passes unchecked.
 //!
 //! The marks use two bits (`MASK`) of the 32, which kube-proxy's
 //! (0x4000, 0x8000) and Cilium's (0x0f00) leave alone.
@@ -27,6 +29,7 @@ use nftables::stmt::{Counter as StmtCounter, Mangle, Match, Operator, Reject, St
 use nftables::types::RejectCode;
 
 use super::{ct, drop, eq, meta, string};
+use crate::policy::Policy;
 use nftables::expr::MetaKey;
 use nftables::stmt::RejectType;
 
@@ -43,17 +46,41 @@ pub const REFUSED: u32 = 0x3000;
 
 /// The counter of every connection the gate refused.
 pub const REFUSED_COUNTER: &str = "gate-refused";
+/// The chain of `rules`, and its priority in the forward hook: after the
+/// queue's rule (150).
+pub const CHAIN: &str = "gate";
+pub const PRIORITY: i32 = 200;
 
-/// `ct mark set ct mark | PENDING`, for the rule that accepts a checked
-/// reach's new connection.
+/// Whether `policy` has connections held for their name.
+pub fn holds(policy: &Policy) -> bool {
+    policy.name_reaches().iter().any(|r| r.checked())
+}
+
+/// `ct mark set ct mark & ~MASK | PENDING`, for the rule that accepts a
+/// checked reach's new connection (whatever an earlier connection on its
+/// conntrack entry left there).
 pub(super) fn pending() -> Statement<'static> {
     Statement::Mangle(Mangle {
         key: ct("mark"),
         value: Expression::BinaryOperation(Box::new(BinaryOperation::OR(vec![
-            ct("mark"),
+            Expression::BinaryOperation(Box::new(BinaryOperation::AND(
+                ct("mark"),
+                Expression::Number(!MASK),
+            ))),
             Expression::Number(PENDING),
         ]))),
     })
+}
+
+/// `tcp flags & (syn | ack) == syn`: a connection's first packet.
+pub(super) fn syn_alone() -> Statement<'static> {
+    eq(
+        Expression::BinaryOperation(Box::new(BinaryOperation::AND(
+            super::payload("tcp", "flags"),
+            Expression::Number(0x12),
+        ))),
+        Expression::Number(0x02),
+    )
 }
 
 /// `KEY & MASK == value`.
@@ -93,7 +120,7 @@ fn original() -> Statement<'static> {
     })
 }
 
-/// The forward chain's first rules, when some VM has a checked reach.
+/// The `gate` chain's rules, when some VM has a checked reach.
 pub(super) fn rules() -> Vec<Vec<Statement<'static>>> {
     let or = |ct: Expression<'static>, v: u32| BinaryOperation::OR(vec![ct, Expression::Number(v)]);
     // PENDING ^ (PENDING ^ ALLOWED) == ALLOWED.
