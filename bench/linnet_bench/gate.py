@@ -27,7 +27,8 @@ DNS first). Measured:
   the kernel, read by the daemon and relayed to the gate, the head read,
   the verdict back through the daemon to the kernel, which lets the
   packet and the connection go (the handshake's last ACK, which shows no
-  data, takes the same way just before it, and is passed at once);
+  data, takes the same way just before it, and is passed at once, as
+  its SYN before it);
 - new connections a second, RATE_SECONDS per round: RATE_PROCESSES
   client processes in the guest, each keeping RATE_CONCURRENCY
   connections going (request, whole answer, a reset, next) over the
@@ -36,8 +37,7 @@ DNS first). Measured:
   ports and the resets keep a guest's 4-tuples from coming back within
   seconds: through the NAT a new connection could meet the server's
   TIME_WAIT of an earlier one (its SYN answered by an ACK, then sent
-  again a second later), and the gate remembers a 4-tuple's verdict for
-  10 s;
+  again a second later);
 - HOLD_GUESTS guests (the gate holds at most 1024 connections of one VM)
   each opening HOLD_PER_GUEST connections that send one byte ("G") and
   nothing more, so the gate holds them until its 5 s timeout: linnet-
