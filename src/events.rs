@@ -148,6 +148,29 @@ pub enum What {
         #[serde(default, skip_serializing_if = "is_zero")]
         held_back: u64,
     },
+    /// A connection the gate allowed ended (conntrack forgot it): what it
+    /// moved each way, and for how long it ran.
+    ConnectionEnd {
+        interface_id: InterfaceId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        destination: IpAddr,
+        port: u16,
+        protocol: String,
+        /// The name it showed.
+        shown: String,
+        /// Bytes from the VM and to it (IP packets whole, as conntrack
+        /// counts them); None where conntrack does not count.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sent: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        received: Option<u64>,
+        /// From its verdict to its end (its TCP state reaching TIME_WAIT
+        /// or CLOSE, or conntrack forgetting it), in milliseconds.
+        duration_ms: u64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        held_back: u64,
+    },
     /// A network came up, or went down.
     NetworkUp,
     NetworkDown,

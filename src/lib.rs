@@ -39,6 +39,6 @@ mod types;
 /// The command-line definition, for man pages and completions
 /// (tools/gendocs).
 pub use cli::command;
+pub use cli::gate::main as gate_main;
 pub use cli::main;
 pub use cli::relay::main as relay_main;
-pub use gate::process::main as gate_main;

@@ -23,7 +23,7 @@ from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VHOST_USER, VM_TO_HOST
 FORMAT = 2
 
 DOCS = ("README.md", "docs/security.md", "docs/vmms.md", "docs/lima.md", "docs/rootless.md",
-        "docs/clones.md", "docs/multihost.md", "docs/operations.md")
+        "docs/clones.md", "docs/multihost.md", "docs/operations.md", "docs/architecture.md")
 BLOCK = re.compile(r"(<!-- bench:([a-z-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 
 

@@ -7,6 +7,7 @@ mod doctor;
 mod events;
 mod forward;
 mod frr_config;
+pub mod gate;
 mod helper;
 mod kept;
 pub mod lifeline;
@@ -15,7 +16,7 @@ mod policy;
 mod qemu;
 pub mod relay;
 mod run;
-pub(crate) mod seccomp;
+mod seccomp;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -502,11 +503,15 @@ pub struct AttachArgs {
     /// api.example.com:443, "*.cdn.example.net:443" (any name one label or
     /// more below). With a name, the VM reaches what linnet's DNS answered
     /// it for an allowed name, for the answer's TTL (at least the network's dns.learned_ttl.floor, a minute by default), and
-    /// no other resolver: linnet's DNS refuses every other name. With
-    /// addresses only, the gateway's DNS resolves any name, a way out the
-    /// list does not close. Connections opened before a `policy set` carry
-    /// on; new ones meet the new policy.
-    #[arg(long, value_name = "CIDR|NAME[:PORT[-PORT]][/tcp|/udp]")]
+    /// no other resolver: linnet's DNS refuses every other name. A name
+    /// rule is TCP's (`/udp` for UDP, not checked for the name), and each
+    /// connection must show that name (TLS server name, HTTP Host) at an
+    /// address learned for it, or it is reset; `/tcp/any` lets its
+    /// connections show none (SSH, databases). With addresses only, the
+    /// gateway's DNS resolves any name, a way out the list does not close.
+    /// Connections opened before a `policy set` carry on; new ones meet
+    /// the new policy.
+    #[arg(long, value_name = "CIDR|NAME[:PORT[-PORT]][/tcp[/any]|/udp]")]
     pub allow_connect: Vec<ConnectRule>,
     /// Accept connections to the VM only on these ports (repeatable), from
     /// the host, other VMs and port forwards, and broadcast and multicast

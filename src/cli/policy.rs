@@ -38,8 +38,9 @@ pub struct SetArgs {
     which: Which,
     /// Let the VM connect only to these destinations (repeatable): an
     /// address or network, or a DNS name (`*.SUFFIX`: any name one label
-    /// or more below SUFFIX) whose addresses the VM gets from linnet's DNS.
-    #[arg(long, value_name = "CIDR|NAME[:PORT[-PORT]][/tcp|/udp]")]
+    /// or more below SUFFIX) whose addresses the VM gets from linnet's DNS;
+    /// its connections must show the name (`/tcp/any`: they need not).
+    #[arg(long, value_name = "CIDR|NAME[:PORT[-PORT]][/tcp[/any]|/udp]")]
     allow_connect: Vec<ConnectRule>,
     /// Accept connections to the VM only on these ports (repeatable).
     /// With --allow-connect and none of these, no other VM connects to it

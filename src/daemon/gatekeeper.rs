@@ -38,6 +38,7 @@ use crate::budget::RateLimit;
 use crate::events::{Bus, What};
 use crate::gate::process::{DAEMON_FD, EXECUTABLE};
 use crate::gate::wire::{self, Control, FromGate, GatedVm, Judged, Judgement};
+use crate::host::conntrack_events::{self, Events, Told, Tuple};
 use crate::host::firewall::gate::{ALLOWED, MASK, PASS, REFUSED};
 use crate::host::gate_queue::QUEUE;
 use crate::host::nfqueue::{self, Queue, Verdict};
@@ -54,6 +55,11 @@ const RESTART_FIRST: Duration = Duration::from_millis(50);
 const RESTART_AT_MOST: Duration = Duration::from_secs(1);
 /// A gate that ran this long without dying starts the wait over.
 const STEADY: Duration = Duration::from_secs(10);
+/// Allowed connections followed to their end, at most (past them, their
+/// ends are not on record).
+const MAX_OPEN: usize = 1 << 18;
+/// How often expired addresses are forgotten.
+const TIDY: Duration = Duration::from_secs(10);
 /// Records of one VM's connections at most in each window; the rest are
 /// counted (`held_back`) in the next that goes out.
 const RECORDS_PER_WINDOW: u32 = 100;
@@ -71,16 +77,8 @@ pub struct Counts {
 
 enum Message {
     Vms(Vec<NamedVm>),
-    Learned {
-        interface_id: InterfaceId,
-        name: String,
-        addrs: Vec<(IpAddr, u32)>,
-    },
-    Restored {
-        interface_id: InterfaceId,
-        reach: usize,
-        addrs: Vec<(IpAddr, u32)>,
-    },
+    /// What a VM learned (`Control::Learned`, `Control::Restored`).
+    Tell(Control),
     Stop,
 }
 
@@ -136,6 +134,8 @@ impl Gatekeeper {
             batch: Vec::with_capacity(64 << 10),
             message: Vec::with_capacity(wire::MAX_MESSAGE),
             backlog: VecDeque::new(),
+            ends: open_ends(),
+            open: HashMap::new(),
         };
         let thread = std::thread::Builder::new()
             .name("gatekeeper".into())
@@ -173,19 +173,19 @@ impl Pins for Gatekeeper {
     }
 
     fn learned(&self, interface_id: InterfaceId, name: &Name, addrs: &[(IpAddr, u32)]) {
-        self.send(Message::Learned {
+        self.send(Message::Tell(Control::Learned {
             interface_id,
             name: names::shown(&names::normalise(name)),
             addrs: addrs.to_vec(),
-        });
+        }));
     }
 
     fn restored(&self, interface_id: InterfaceId, reach: usize, addrs: &[(IpAddr, u32)]) {
-        self.send(Message::Restored {
+        self.send(Message::Tell(Control::Restored {
             interface_id,
             reach,
             addrs: addrs.to_vec(),
-        });
+        }));
     }
 }
 
@@ -228,6 +228,33 @@ struct Keeper {
     /// packet each is, if one): while there are any, the queue is not
     /// read, so held packets wait in the kernel, not here.
     backlog: VecDeque<Waiting>,
+    /// Conntrack's word on allowed connections' ends (None: not to be
+    /// had), and those connections until then.
+    ends: Option<Events>,
+    open: HashMap<Tuple, Open>,
+}
+
+/// Conntrack's events of allowed connections, with its byte counts on;
+/// None (said in the log) where they cannot be had.
+fn open_ends() -> Option<Events> {
+    match conntrack_events::enable_accounting() {
+        Ok(true) => {}
+        Ok(false) => info!(
+            "turned conntrack's accounting on (net.netfilter.nf_conntrack_acct), for the bytes of allowed connections' records"
+        ),
+        Err(e) => warn!(
+            "cannot turn conntrack's accounting on ({e}): allowed connections' records come without their bytes"
+        ),
+    }
+    match Events::open() {
+        Ok(events) => Some(events),
+        Err(e) => {
+            warn!(
+                "cannot follow conntrack's events ({e}): allowed connections' ends are not on record"
+            );
+            None
+        }
+    }
 }
 
 fn gated(vms: &[NamedVm]) -> Vec<GatedVm> {
@@ -299,9 +326,14 @@ fn verdict(judged: Judged, mark: u32) -> Verdict {
 impl Keeper {
     fn run(mut self) {
         let mut buf = vec![0u8; 256 << 10];
+        let mut tidied = Instant::now();
         loop {
             if !self.take_messages() {
                 break;
+            }
+            if tidied.elapsed() >= TIDY {
+                self.forget_expired();
+                tidied = Instant::now();
             }
             if self.gate.is_none() && self.restart_at.is_some_and(|at| Instant::now() >= at) {
                 self.start_gate();
@@ -324,6 +356,11 @@ impl Keeper {
                     revents: 0,
                 },
             ];
+            fds.push(libc::pollfd {
+                fd: self.ends.as_ref().map_or(-1, |e| e.as_fd().as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            });
             if let Some(gate) = &self.gate {
                 fds.push(libc::pollfd {
                     fd: gate.socket.as_raw_fd(),
@@ -348,10 +385,13 @@ impl Keeper {
             if !self.take_messages() {
                 break;
             }
-            if fds.len() > 2 && fds[2].revents & libc::POLLOUT != 0 {
+            if fds[2].revents != 0 {
+                self.read_ends(&mut buf);
+            }
+            if fds.len() > 3 && fds[3].revents & libc::POLLOUT != 0 {
                 self.send_backlog();
             }
-            if fds.len() > 2 && fds[2].revents & !libc::POLLOUT != 0 {
+            if fds.len() > 3 && fds[3].revents & !libc::POLLOUT != 0 {
                 self.read_gate(&mut buf);
             }
             if fds[0].revents != 0 {
@@ -365,6 +405,21 @@ impl Keeper {
         }
     }
 
+    /// Forgets the names' addresses that expired (the gate does the same).
+    fn forget_expired(&mut self) {
+        let now = Instant::now();
+        let live = |addrs: &mut HashMap<IpAddr, Instant>| {
+            addrs.retain(|_, until| *until > now);
+            !addrs.is_empty()
+        };
+        self.pins.retain(|_, addrs| live(addrs));
+        self.restored.retain(|_, addrs| live(addrs));
+        // Conntrack forgets an established connection idle for 5 days: an
+        // end it told while the daemon was behind is not waited for longer.
+        self.open
+            .retain(|_, open| open.at.elapsed() < Duration::from_secs(6 * 24 * 3600));
+    }
+
     /// Takes in what the daemon sent; false once it says stop.
     fn take_messages(&mut self) -> bool {
         loop {
@@ -372,6 +427,9 @@ impl Keeper {
                 Ok(Message::Vms(vms)) => {
                     let ids: HashSet<InterfaceId> = vms.iter().map(|v| v.interface_id).collect();
                     self.pins.retain(|(id, _), _| ids.contains(id));
+                    self.held_back.retain(|id, _| ids.contains(id));
+                    (self.counts.lock().expect("gate counts lock"))
+                        .retain(|id, _| ids.contains(id));
                     // As the gate does: a VM gone, or with a new policy,
                     // loses what came back by reach.
                     let same: HashSet<InterfaceId> = (vms.iter())
@@ -386,29 +444,21 @@ impl Keeper {
                     self.vms = vms;
                     self.tell(&Control::Vms(gated(&self.vms)));
                 }
-                Ok(Message::Learned {
-                    interface_id,
-                    name,
-                    addrs,
-                }) => {
-                    remember(self.pins.entry((interface_id, name.clone())), &addrs);
-                    self.tell(&Control::Learned {
-                        interface_id,
-                        name,
-                        addrs,
-                    });
-                }
-                Ok(Message::Restored {
-                    interface_id,
-                    reach,
-                    addrs,
-                }) => {
-                    remember(self.restored.entry((interface_id, reach)), &addrs);
-                    self.tell(&Control::Restored {
-                        interface_id,
-                        reach,
-                        addrs,
-                    });
+                Ok(Message::Tell(control)) => {
+                    match &control {
+                        Control::Learned {
+                            interface_id,
+                            name,
+                            addrs,
+                        } => remember(self.pins.entry((*interface_id, name.clone())), addrs),
+                        Control::Restored {
+                            interface_id,
+                            reach,
+                            addrs,
+                        } => remember(self.restored.entry((*interface_id, *reach)), addrs),
+                        Control::Vms(_) => {}
+                    }
+                    self.tell(&control);
                 }
                 Ok(Message::Stop) | Err(TryRecvError::Disconnected) => return false,
                 Err(TryRecvError::Empty) => return true,
@@ -694,36 +744,122 @@ impl Keeper {
         else {
             return;
         };
+        let (interface_id, network, name) = (vm.interface_id, vm.network.clone(), vm.name.clone());
         {
             let mut counts = self.counts.lock().expect("gate counts lock");
-            let counts = counts.entry(vm.interface_id).or_default();
+            let counts = counts.entry(interface_id).or_default();
             if judgement.allowed {
                 counts.allowed += 1;
             } else {
                 counts.refused += 1;
             }
         }
-        if self
-            .records
-            .allow(&vm.interface_id, Instant::now())
-            .is_err()
-        {
-            *self.held_back.entry(vm.interface_id).or_default() += 1;
-            return;
+        if judgement.allowed && self.ends.is_some() && self.open.len() < MAX_OPEN {
+            let tuple = Tuple {
+                source: judgement.source,
+                destination: judgement.destination,
+                source_port: judgement.source_port,
+                port: judgement.port,
+            };
+            self.open.insert(
+                tuple,
+                Open {
+                    interface_id,
+                    network: network.clone(),
+                    name: name.clone(),
+                    shown: judgement.shown.clone().unwrap_or_default(),
+                    at: Instant::now(),
+                    ended: None,
+                },
+            );
         }
+        let Some(held_back) = self.within_budget(interface_id) else {
+            return;
+        };
         let what = What::Connection {
-            interface_id: vm.interface_id,
-            name: vm.name.clone(),
+            interface_id,
+            name,
             destination: judgement.destination,
             port: judgement.port,
             protocol: "tcp".into(),
             shown: judgement.shown,
             allowed: judgement.allowed,
             why: judgement.why,
-            held_back: self.held_back.remove(&vm.interface_id).unwrap_or(0),
+            held_back,
         };
-        self.events.emit(Some(&vm.network), what);
+        self.events.emit(Some(&network), what);
     }
+
+    /// Whether a record of the VM's may go out now (with the count of
+    /// those held back before it), or is held back itself.
+    fn within_budget(&mut self, interface_id: InterfaceId) -> Option<u64> {
+        if self.records.allow(&interface_id, Instant::now()).is_err() {
+            *self.held_back.entry(interface_id).or_default() += 1;
+            return None;
+        }
+        Some(self.held_back.remove(&interface_id).unwrap_or(0))
+    }
+
+    /// What conntrack tells of the connections the gate allowed: when
+    /// each ended, and once it is forgotten, its record with its bytes.
+    fn read_ends(&mut self, buf: &mut [u8]) {
+        loop {
+            let Some(ends) = &self.ends else {
+                return;
+            };
+            let n = match ends.recv(buf) {
+                Ok(0) => return,
+                Ok(n) => n,
+                Err(e) => {
+                    // ENOBUFS: events lost while the daemon was behind;
+                    // those connections' ends go unrecorded.
+                    warn!("reading conntrack's events: {e}");
+                    return;
+                }
+            };
+            match conntrack_events::told(&buf[..n]) {
+                Some(Told::Ended(tuple)) => {
+                    if let Some(open) = self.open.get_mut(&tuple) {
+                        open.ended.get_or_insert_with(Instant::now);
+                    }
+                }
+                Some(Told::Forgotten(tuple, bytes)) => {
+                    let Some(open) = self.open.remove(&tuple) else {
+                        continue;
+                    };
+                    let Some(held_back) = self.within_budget(open.interface_id) else {
+                        continue;
+                    };
+                    let ended = open.ended.unwrap_or_else(Instant::now);
+                    let what = What::ConnectionEnd {
+                        interface_id: open.interface_id,
+                        name: open.name,
+                        destination: tuple.destination,
+                        port: tuple.port,
+                        protocol: "tcp".into(),
+                        shown: open.shown,
+                        sent: bytes.map(|(sent, _)| sent),
+                        received: bytes.map(|(_, received)| received),
+                        duration_ms: ended.duration_since(open.at).as_millis() as u64,
+                        held_back,
+                    };
+                    self.events.emit(Some(&open.network), what);
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// A connection the gate allowed, until conntrack forgets it.
+struct Open {
+    interface_id: InterfaceId,
+    network: String,
+    name: Option<String>,
+    shown: String,
+    at: Instant,
+    /// When its TCP state said it ended.
+    ended: Option<Instant>,
 }
 
 /// The uid and gid the gate runs as: its own for a root daemon, the

@@ -256,7 +256,10 @@ impl Gate {
                 return;
             }
             // A new connection on the same address and port: the old one
-            // is over (conntrack opened a new one).
+            // is over (conntrack opened a new one); what it held, refused.
+            Some(held) if held.since.is_none() => {
+                self.release(flow);
+            }
             Some(_) => self.decide(flow, Err((None, Refusal::Unseen)), out),
             None => {}
         }
@@ -364,6 +367,8 @@ impl Gate {
         match decision {
             Ok(name) => out.judgements.push(Judgement {
                 interface_id: held.interface_id,
+                source: flow.source,
+                source_port: flow.source_port,
                 destination: flow.destination,
                 port: flow.port,
                 shown: Some(name),
@@ -415,6 +420,8 @@ fn refuse_record(
 ) {
     out.judgements.push(Judgement {
         interface_id,
+        source: flow.source,
+        source_port: flow.source_port,
         destination: flow.destination,
         port: flow.port,
         shown,

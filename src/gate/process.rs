@@ -1,17 +1,13 @@
-//! `linnet-gate`: the process that judges held connections by the name
-//! their first bytes show. The daemon starts one (`daemon::gatekeeper`)
-//! as a user of its own with no capabilities, hands it one end of a
-//! SOCK_SEQPACKET pair as fd 3, and relays it each held packet; it
-//! answers with verdicts and records. It parses what guests send, so it
-//! opens nothing, and confines itself (seccomp) before reading a byte:
-//! it can read and write that socket and stderr, and little else.
+//! `linnet-gate`'s work: judging held connections by the name their
+//! first bytes show, over the socket the daemon handed it (`serve`). The
+//! process around it (`cli::gate`: confined before it reads a byte) is
+//! started by `daemon::gatekeeper`.
 //!
 //! One thread, no runtime: a poll on the socket, a tick four times a
 //! second for what waited too long. It ends when the daemon's end closes.
 
 use std::io;
 use std::os::fd::RawFd;
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use super::held::{Gate, Out};
@@ -24,53 +20,6 @@ pub const DAEMON_FD: RawFd = 3;
 const TICK: Duration = Duration::from_millis(250);
 /// Verdicts per message at most (each is `wire::VERDICT_LEN` bytes).
 const VERDICTS_PER_MESSAGE: usize = 4096;
-
-const USAGE: &str = "usage: linnet-gate
-
-Started by the linnet daemon, never by hand: judges the connections of VMs
-whose policy names DNS names by the name their first bytes show, over the
-socket the daemon passes as fd 3.";
-
-pub fn main() -> ExitCode {
-    if std::env::args_os().len() > 1 {
-        eprintln!("{USAGE}");
-        return ExitCode::from(2);
-    }
-    // Nothing of the same uid may reach into it.
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    if !is_seqpacket(DAEMON_FD) {
-        eprintln!("{EXECUTABLE}: fd {DAEMON_FD} is not the daemon's socket\n\n{USAGE}");
-        return ExitCode::from(2);
-    }
-    if let Err(e) = crate::cli::seccomp::confine_gate(EXECUTABLE) {
-        eprintln!("{EXECUTABLE}: {e}");
-        return ExitCode::from(1);
-    }
-    match serve(DAEMON_FD) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{EXECUTABLE}: {e}");
-            ExitCode::from(1)
-        }
-    }
-}
-
-fn is_seqpacket(fd: RawFd) -> bool {
-    let mut kind: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt of an int into ours.
-    let ok = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_TYPE,
-            (&mut kind as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    ok == 0 && kind == libc::SOCK_SEQPACKET
-}
 
 fn send(fd: RawFd, message: &[u8]) -> io::Result<()> {
     // SAFETY: send(2) of our buffer; the daemon reads as fast as packets

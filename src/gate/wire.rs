@@ -98,6 +98,9 @@ impl Judged {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Judgement {
     pub interface_id: InterfaceId,
+    /// The connection: the VM's address and port, where it went.
+    pub source: IpAddr,
+    pub source_port: u16,
     pub destination: IpAddr,
     pub port: u16,
     /// The name it showed, if any.
@@ -234,6 +237,8 @@ mod tests {
         );
         let record = Judgement {
             interface_id: InterfaceId::from_u128(1),
+            source: "10.0.0.2".parse().unwrap(),
+            source_port: 40000,
             destination: "192.0.2.1".parse().unwrap(),
             port: 443,
             shown: None,

@@ -4,6 +4,7 @@
 
 pub mod accounts;
 pub mod clone_ns;
+pub mod conntrack_events;
 pub mod docker_user;
 pub mod egress;
 #[cfg(test)]
@@ -19,6 +20,7 @@ pub mod listeners;
 pub mod macvtap;
 pub mod netlink;
 pub mod netns;
+pub mod nfnetlink;
 pub mod nfqueue;
 pub mod nft;
 pub mod packet;

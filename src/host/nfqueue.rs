@@ -10,7 +10,9 @@
 //! so the daemon holds the queue and the unprivileged gate only judges.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use super::nfnetlink::{self, NFGENMSG_LEN, NLA_HDRLEN, NLMSG_HDRLEN, align, attrs, be32};
 
 /// nfnetlink's subsystem of queues, and its messages.
 const NFNL_SUBSYS_QUEUE: u16 = 3;
@@ -33,11 +35,6 @@ const NFQNL_COPY_PACKET: u8 = 2;
 /// Packets as they came (a GSO one whole), not segmented for us.
 const NFQA_CFG_F_GSO: u32 = 4;
 const NFQA_CFG_F_FAIL_OPEN: u32 = 1;
-
-const NLMSG_HDRLEN: usize = 16;
-const NFGENMSG_LEN: usize = 4;
-const NLA_HDRLEN: usize = 4;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// What becomes of a queued packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,10 +62,6 @@ pub struct Queue {
     seq: u32,
 }
 
-fn align(n: usize) -> usize {
-    (n + 3) & !3
-}
-
 /// Appends a netlink attribute.
 fn put_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
     let len = NLA_HDRLEN + value.len();
@@ -78,58 +71,16 @@ fn put_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
     buf.resize(align(buf.len()), 0);
 }
 
-/// The attributes of one message, from `at` to its end.
-fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if b.len() < NLA_HDRLEN {
-            return None;
-        }
-        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
-        let kind = u16::from_ne_bytes([b[2], b[3]]) & NLA_TYPE_MASK;
-        if len < NLA_HDRLEN || len > b.len() {
-            return None;
-        }
-        let value = &b[NLA_HDRLEN..len];
-        b = &b[align(len).min(b.len())..];
-        Some((kind, value))
-    })
-}
-
-fn be32(b: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(b.get(..4)?.try_into().ok()?))
-}
-
 impl Queue {
     /// Binds queue `number`: whole packets, at most `max_len` waiting in
     /// the kernel (past them it drops new ones: never fails open).
     pub fn open(number: u16, max_len: u32) -> io::Result<Queue> {
-        // SAFETY: socket(2) with constant arguments; the fd is owned next.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                libc::NETLINK_NETFILTER,
-            )
+        // Room for many held packets between two reads.
+        let mut queue = Queue {
+            fd: nfnetlink::socket(8 << 20)?,
+            number,
+            seq: 0,
         };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a new fd of ours.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut queue = Queue { fd, number, seq: 0 };
-        // Room for many held packets between two reads; as root, past
-        // rmem_max (failing that, the default serves).
-        let size: libc::c_int = 8 << 20;
-        // SAFETY: setsockopt with an int option of ours.
-        unsafe {
-            libc::setsockopt(
-                queue.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                (&size as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
         let cmd = [NFQNL_CFG_CMD_BIND, 0, 0, 0];
         queue.configure(&[(NFQA_CFG_CMD, &cmd)])?;
         let mut params = 0xffffu32.to_be_bytes().to_vec();
@@ -227,23 +178,7 @@ impl Queue {
     /// Reads what is waiting into `buf`: the bytes read (`packets` finds
     /// the packets in them), 0 when nothing was.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        // SAFETY: recv(2) into `buf`.
-        let n = unsafe {
-            libc::recv(
-                self.fd.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock => Ok(0),
-                _ => Err(e),
-            };
-        }
-        Ok(n as usize)
+        nfnetlink::recv(&self.fd, buf)
     }
 
     /// Appends the verdict on packet `id` to `batch` (sent by `send_batch`).

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::harness::*;
+use crate::names::logged;
 
 const ALLOWED: &str = "198.51.100.1";
 const SVC: &str = "198.51.100.2";
@@ -408,12 +409,17 @@ fn a_daemon_restart_cuts_no_allowed_connection_and_the_check_holds_after_it() {
     assert_eq!(judged["shown"], "other.test", "{judged}");
 }
 
-/// `g` resolves allowed.test through linnet's DNS, reaches it by its name
-/// and is refused under another name at the same address.
+/// `g`, its address configured, resolves allowed.test through linnet's
+/// DNS, reaches it by its name and is refused under another name at the
+/// same address.
 fn holds_the_name(what: &str, g: &Guest) {
     assert_eq!(g.udhcpc(), g.ip(), "{what}");
+    reaches_only_its_name(what, g, &g.gateway());
+}
+
+fn reaches_only_its_name(what: &str, g: &Guest, gateway: &str) {
     assert_eq!(
-        g.lookup("allowed.test", &g.gateway()),
+        g.lookup("allowed.test", gateway),
         Some(ALLOWED.into()),
         "{what}"
     );
@@ -461,21 +467,7 @@ fn the_check_holds_on_every_datapath_a_network_socket_a_clone_and_in_a_rootless_
     let gateway = original.gateway();
     let clone = world.guest("shared", &["--clone-of", "snap", "--name", "snap-1"]);
     crate::clones::restore(&clone, ip, &gateway);
-    assert_eq!(
-        clone.lookup("allowed.test", &gateway),
-        Some(ALLOWED.into()),
-        "the clone"
-    );
-    assert_eq!(
-        fetch(&clone.ns, ALLOWED, 443, &["--sni", "allowed.test"]),
-        "sni=allowed.test host=allowed.test",
-        "the clone: its name"
-    );
-    assert_eq!(
-        fetch(&clone.ns, ALLOWED, 443, &["--sni", "other.test"]),
-        "refused",
-        "the clone: another name"
-    );
+    reaches_only_its_name("the clone", &clone, &gateway);
     // A user's own daemon, with its own gate.
     let user = crate::rootless::Tenant::new(&world, 4321);
     let open = user.guest(&world, "shared", &[]);
@@ -488,27 +480,56 @@ fn the_check_holds_on_every_datapath_a_network_socket_a_clone_and_in_a_rootless_
     holds_the_name("rootless", &user.guest(&world, "shared", &rule));
 }
 
-/// The `kind` events in the JSON lines of the audit log at `path`.
-fn audited(path: &std::path::Path, kind: &str) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .filter(|e| e["event"] == kind)
-        .collect()
-}
-
 #[test]
 fn judged_connections_are_in_the_audit_log_and_a_flood_of_refusals_leaves_it_bounded() {
     let keep = tempfile::tempdir().unwrap();
     let audit = keep.path().join("shared.jsonl");
     let yaml = format!("networks:\n  shared:\n    audit_log: {}\n", audit.display());
     let (world, _server) = world_with(Some(&yaml));
+    // Conntrack forgets a closed connection after a second here (two
+    // minutes by default): its end, with its bytes, is on record then.
+    must(&mut world.host.cmd(&[
+        "sysctl",
+        "-qw",
+        "net.netfilter.nf_conntrack_tcp_timeout_time_wait=1",
+    ]));
     let g = sandbox(&world);
     assert_eq!(
-        fetch(&g.ns, ALLOWED, 443, &["--sni", "allowed.test"]),
-        "sni=allowed.test host=allowed.test"
+        fetch(
+            &g.ns,
+            ALLOWED,
+            443,
+            &["--sni", "allowed.test", "--path", "/bytes/300000"]
+        ),
+        "bytes=300000"
     );
+    let ended = wait_for(
+        "the allowed connection's end",
+        Duration::from_secs(30),
+        || logged(&audit, "connection_end").into_iter().next(),
+    );
+    assert_eq!(
+        (
+            &ended["shown"],
+            &ended["destination"],
+            &ended["port"],
+            &ended["name"]
+        ),
+        (
+            &Value::from("allowed.test"),
+            &Value::from(ALLOWED),
+            &Value::from(443),
+            &Value::from("sandbox")
+        ),
+        "{ended}"
+    );
+    let (sent, received) = (
+        ended["sent"].as_u64().unwrap(),
+        ended["received"].as_u64().unwrap(),
+    );
+    assert!(received > 300_000 && received < 400_000, "{ended}");
+    assert!(sent > 300 && sent < 100_000, "{ended}");
+    assert!(ended["duration_ms"].as_u64().unwrap() < 10_000, "{ended}");
     // 5000 connections under another name, one after another.
     let script = repo_file("tests/name_peer.py");
     let start = Instant::now();
@@ -533,7 +554,7 @@ fn judged_connections_are_in_the_audit_log_and_a_flood_of_refusals_leaves_it_bou
         "the last record in the audit log",
         Duration::from_secs(5),
         || {
-            let records = audited(&audit, "connection");
+            let records = logged(&audit, "connection");
             (records.len() > 1 && records.last().unwrap()["held_back"].as_u64() > Some(0))
                 .then_some(records)
         },
@@ -549,7 +570,7 @@ fn judged_connections_are_in_the_audit_log_and_a_flood_of_refusals_leaves_it_bou
         refused.len()
     );
     let held_back: u64 = records.iter().filter_map(|r| r["held_back"].as_u64()).sum();
-    let dropped = audited(&audit, "dropped");
+    let dropped = logged(&audit, "dropped");
     let metrics = must(&mut world.host.cmd(&[
         "curl",
         "-sS",
@@ -602,4 +623,53 @@ fn a_new_connection_on_a_closed_ones_address_and_port_is_judged_anew() {
         from("40003", &["--sni", "allowed.test"]),
         "sni=allowed.test host=allowed.test"
     );
+}
+
+#[test]
+fn udp_to_a_name_passes_only_where_a_rule_says_udp() {
+    let (world, _server) = world();
+    // Bound to the name's address itself, so that its answers come from
+    // there (an echo on every address answers from the interface's own).
+    let script = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.bind(('{ALLOWED}', 8443))\n\
+         print('serving', flush=True)\n\
+         while True:\n    _, peer = s.recvfrom(2048)\n    s.sendto(b'quic from ' + peer[0].encode() + b'\\n', peer)\n"
+    );
+    let (_quic, ready) = spawn_until_first_line(world.upstream.cmd(&["python3", "-c", &script]));
+    assert_eq!(ready, "serving");
+    let open = world.guest("shared", &[]);
+    assert_eq!(open.udhcpc(), open.ip());
+    let answer = |g: &Guest| echo_try(&g.ns, ALLOWED, 8443, "udp");
+    let control = answer(&open);
+    assert!(
+        matches!(control, Reply::Answer(_)),
+        "the control: UDP to the address: {control:?}"
+    );
+    for (rule, passes) in [
+        ("allowed.test:8443", false),
+        ("allowed.test:8443/udp", true),
+    ] {
+        let g = world.guest("shared", &["--allow-connect", rule]);
+        assert_eq!(g.udhcpc(), g.ip());
+        assert_eq!(g.lookup("allowed.test", &g.gateway()), Some(ALLOWED.into()));
+        let got = answer(&g);
+        if passes {
+            assert!(
+                matches!(&got, Reply::Answer(a) if a.starts_with("quic from")),
+                "{rule}: {got:?}"
+            );
+        } else {
+            assert_eq!(got, Reply::Refused, "{rule}");
+        }
+        if passes {
+            // A rule for UDP allows no TCP.
+            assert_eq!(
+                echo_try(&g.ns, ALLOWED, 8443, "tcp"),
+                Reply::Refused,
+                "{rule}"
+            );
+        }
+    }
 }

@@ -551,7 +551,7 @@ fn rootless_and_a_clone_pass_the_basic_case() {
 
 /// The events of `kind` in the JSON lines of `path` (none while it is
 /// not there).
-fn logged(path: &std::path::Path, kind: &str) -> Vec<Value> {
+pub(crate) fn logged(path: &std::path::Path, kind: &str) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()

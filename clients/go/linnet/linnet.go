@@ -786,6 +786,20 @@ type Event struct {
 	Allowed  bool        `json:"allowed,omitempty"`
 	Learned  []Reachable `json:"learned,omitempty"`
 	HeldBack uint64      `json:"held_back,omitempty"`
+	// Destination, Port, Protocol, Shown and Why: a connection the name
+	// check judged (connection): where it went, the name it showed (none:
+	// it showed none), and why it was refused; Allowed says whether it was.
+	Destination string `json:"destination,omitempty"`
+	Port        uint16 `json:"port,omitempty"`
+	Protocol    string `json:"protocol,omitempty"`
+	Shown       string `json:"shown,omitempty"`
+	Why         string `json:"why,omitempty"`
+	// Sent, Received and DurationMS: what an allowed connection moved
+	// from the VM and to it (nil: not counted), and how long it ran
+	// (connection_end).
+	Sent       *uint64 `json:"sent,omitempty"`
+	Received   *uint64 `json:"received,omitempty"`
+	DurationMS uint64  `json:"duration_ms,omitempty"`
 }
 
 // Reachable is an address an answer let a VM reach, for Seconds.
@@ -796,19 +810,21 @@ type Reachable struct {
 
 // The kinds of events.
 const (
-	EventAttached    = "attached"
-	EventDetached    = "detached"
-	EventLease       = "lease"
-	EventLearned     = "learned"
-	EventCutOff      = "cut_off"
-	EventPolicy      = "policy"
-	EventForward     = "forward"
-	EventAdopted     = "adopted"
-	EventReclaimed   = "reclaimed"
-	EventNetworkUp   = "network_up"
-	EventNetworkDown = "network_down"
-	EventDropped     = "dropped"
-	EventName        = "name"
+	EventAttached      = "attached"
+	EventDetached      = "detached"
+	EventLease         = "lease"
+	EventLearned       = "learned"
+	EventCutOff        = "cut_off"
+	EventPolicy        = "policy"
+	EventForward       = "forward"
+	EventAdopted       = "adopted"
+	EventReclaimed     = "reclaimed"
+	EventNetworkUp     = "network_up"
+	EventNetworkDown   = "network_down"
+	EventDropped       = "dropped"
+	EventName          = "name"
+	EventConnection    = "connection"
+	EventConnectionEnd = "connection_end"
 )
 
 // Events follows what happens, on a connection given over to it.

@@ -381,7 +381,13 @@ func TestEventsFollowUntilTheContextEnds(t *testing.T) {
 		  "mac_address":"02:00:00:00:00:01","ip_address":"192.168.105.2","tap":"lnt0","datapath":"tap","uid":1000}`,
 		`{"reply":"event","time_ms":6,"event":"dropped","count":12}`,
 		`{"reply":"event","time_ms":7,"network":"shared","event":"name","interface_id":"x","name":"vm",
-		  "asked":"api.example.com","allowed":true,"learned":[{"address":"192.0.2.7","seconds":60}],"held_back":3}`)
+		  "asked":"api.example.com","allowed":true,"learned":[{"address":"192.0.2.7","seconds":60}],"held_back":3}`,
+		`{"reply":"event","time_ms":8,"network":"shared","event":"connection","interface_id":"x","name":"vm",
+		  "destination":"192.0.2.7","port":443,"protocol":"tcp","shown":"other.example","allowed":false,
+		  "why":"the name it showed is not allowed on this port"}`,
+		`{"reply":"event","time_ms":9,"network":"shared","event":"connection_end","interface_id":"x","name":"vm",
+		  "destination":"192.0.2.7","port":443,"protocol":"tcp","shown":"api.example.com",
+		  "sent":2810,"received":318204,"duration_ms":412}`)
 	events, err := client.Follow(ctx, "shared", true)
 	if err != nil {
 		t.Fatal(err)
@@ -400,6 +406,16 @@ func TestEventsFollowUntilTheContextEnds(t *testing.T) {
 	e, err = events.Next(ctx)
 	if err != nil || e.Event != EventName || e.Asked != "api.example.com" || !e.Allowed ||
 		len(e.Learned) != 1 || e.Learned[0].Address != "192.0.2.7" || e.Learned[0].Seconds != 60 || e.HeldBack != 3 {
+		t.Fatalf("got %+v, %v", e, err)
+	}
+	e, err = events.Next(ctx)
+	if err != nil || e.Event != EventConnection || e.Destination != "192.0.2.7" || e.Port != 443 ||
+		e.Protocol != "tcp" || e.Shown != "other.example" || e.Allowed || e.Why == "" {
+		t.Fatalf("got %+v, %v", e, err)
+	}
+	e, err = events.Next(ctx)
+	if err != nil || e.Event != EventConnectionEnd || e.Shown != "api.example.com" ||
+		e.Sent == nil || *e.Sent != 2810 || *e.Received != 318204 || e.DurationMS != 412 {
 		t.Fatalf("got %+v, %v", e, err)
 	}
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
