@@ -148,8 +148,9 @@ pub enum What {
         #[serde(default, skip_serializing_if = "is_zero")]
         held_back: u64,
     },
-    /// A connection the gate allowed ended (conntrack forgot it): what it
-    /// moved each way, and for how long it ran.
+    /// A connection the gate allowed ended (its TCP state said so, or
+    /// conntrack forgot it): what it moved each way, and for how long it
+    /// ran.
     ConnectionEnd {
         interface_id: InterfaceId,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -165,8 +166,7 @@ pub enum What {
         sent: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         received: Option<u64>,
-        /// From its verdict to its end (its TCP state reaching TIME_WAIT
-        /// or CLOSE, or conntrack forgetting it), in milliseconds.
+        /// From its verdict to its end, in milliseconds.
         duration_ms: u64,
         #[serde(default, skip_serializing_if = "is_zero")]
         held_back: u64,

@@ -39,7 +39,7 @@ use crate::events::{Bus, What};
 use crate::gate::process::{DAEMON_FD, EXECUTABLE};
 use crate::gate::wire::{self, Control, FromGate, GatedVm, Judged, Judgement};
 use crate::host::conntrack_events::{self, Events, Told, Tuple};
-use crate::host::firewall::gate::{ALLOWED, MASK, PASS, REFUSED};
+use crate::host::firewall::gate::{ALLOWED, MASK, PASS, REFUSED, holds};
 use crate::host::gate_queue::QUEUE;
 use crate::host::nfqueue::{self, Queue, Verdict};
 use crate::host::privileges;
@@ -136,6 +136,7 @@ impl Gatekeeper {
             backlog: VecDeque::new(),
             ends: open_ends(),
             open: HashMap::new(),
+            counting: false,
         };
         let thread = std::thread::Builder::new()
             .name("gatekeeper".into())
@@ -232,20 +233,15 @@ struct Keeper {
     /// had), and those connections until then.
     ends: Option<Events>,
     open: HashMap<Tuple, Open>,
+    /// Whether conntrack's byte counts were asked for: once a VM's
+    /// connections are held, not before (they cost every connection of
+    /// the namespace a little).
+    counting: bool,
 }
 
-/// Conntrack's events of allowed connections, with its byte counts on;
-/// None (said in the log) where they cannot be had.
+/// Conntrack's events of allowed connections; None (said in the log)
+/// where they cannot be had.
 fn open_ends() -> Option<Events> {
-    match conntrack_events::enable_accounting() {
-        Ok(true) => {}
-        Ok(false) => info!(
-            "turned conntrack's accounting on (net.netfilter.nf_conntrack_acct), for the bytes of allowed connections' records"
-        ),
-        Err(e) => warn!(
-            "cannot turn conntrack's accounting on ({e}): allowed connections' records come without their bytes"
-        ),
-    }
     match Events::open() {
         Ok(events) => Some(events),
         Err(e) => {
@@ -254,6 +250,19 @@ fn open_ends() -> Option<Events> {
             );
             None
         }
+    }
+}
+
+/// Turns conntrack's byte counts on, for allowed connections' records.
+fn count_bytes() {
+    match conntrack_events::enable_accounting() {
+        Ok(true) => {}
+        Ok(false) => info!(
+            "turned conntrack's accounting on (net.netfilter.nf_conntrack_acct), for the bytes of allowed connections' records"
+        ),
+        Err(e) => warn!(
+            "cannot turn conntrack's accounting on ({e}): allowed connections' records come without their bytes"
+        ),
     }
 }
 
@@ -425,6 +434,10 @@ impl Keeper {
         loop {
             match self.messages.try_recv() {
                 Ok(Message::Vms(vms)) => {
+                    if !self.counting && vms.iter().any(|vm| holds(&vm.policy)) {
+                        self.counting = true;
+                        count_bytes();
+                    }
                     let ids: HashSet<InterfaceId> = vms.iter().map(|v| v.interface_id).collect();
                     self.pins.retain(|(id, _), _| ids.contains(id));
                     self.held_back.retain(|id, _| ids.contains(id));
@@ -769,7 +782,6 @@ impl Keeper {
                     name: name.clone(),
                     shown: judgement.shown.clone().unwrap_or_default(),
                     at: Instant::now(),
-                    ended: None,
                 },
             );
         }
@@ -817,36 +829,38 @@ impl Keeper {
                     return;
                 }
             };
-            match conntrack_events::told(&buf[..n]) {
-                Some(Told::Ended(tuple)) => {
-                    if let Some(open) = self.open.get_mut(&tuple) {
-                        open.ended.get_or_insert_with(Instant::now);
-                    }
+            let (tuple, bytes) = match conntrack_events::told(&buf[..n]) {
+                // Ended: its bytes so far are all it moved.
+                Some(Told::Ended(tuple)) if self.open.contains_key(&tuple) => {
+                    let counted = ends.counted(&tuple).unwrap_or_else(|e| {
+                        warn!("asking conntrack for a connection's bytes: {e}");
+                        None
+                    });
+                    (tuple, counted)
                 }
-                Some(Told::Forgotten(tuple, bytes)) => {
-                    let Some(open) = self.open.remove(&tuple) else {
-                        continue;
-                    };
-                    let Some(held_back) = self.within_budget(open.interface_id) else {
-                        continue;
-                    };
-                    let ended = open.ended.unwrap_or_else(Instant::now);
-                    let what = What::ConnectionEnd {
-                        interface_id: open.interface_id,
-                        name: open.name,
-                        destination: tuple.destination,
-                        port: tuple.port,
-                        protocol: "tcp".into(),
-                        shown: open.shown,
-                        sent: bytes.map(|(sent, _)| sent),
-                        received: bytes.map(|(_, received)| received),
-                        duration_ms: ended.duration_since(open.at).as_millis() as u64,
-                        held_back,
-                    };
-                    self.events.emit(Some(&open.network), what);
-                }
-                None => {}
-            }
+                // Forgotten without having said it ended (an idle timeout).
+                Some(Told::Forgotten(tuple, bytes)) => (tuple, bytes),
+                _ => continue,
+            };
+            let Some(open) = self.open.remove(&tuple) else {
+                continue;
+            };
+            let Some(held_back) = self.within_budget(open.interface_id) else {
+                continue;
+            };
+            let what = What::ConnectionEnd {
+                interface_id: open.interface_id,
+                name: open.name,
+                destination: tuple.destination,
+                port: tuple.port,
+                protocol: "tcp".into(),
+                shown: open.shown,
+                sent: bytes.map(|(sent, _)| sent),
+                received: bytes.map(|(_, received)| received),
+                duration_ms: open.at.elapsed().as_millis() as u64,
+                held_back,
+            };
+            self.events.emit(Some(&open.network), what);
         }
     }
 }
@@ -858,8 +872,6 @@ struct Open {
     name: Option<String>,
     shown: String,
     at: Instant,
-    /// When its TCP state said it ended.
-    ended: Option<Instant>,
 }
 
 /// The uid and gid the gate runs as: its own for a root daemon, the

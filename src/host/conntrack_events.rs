@@ -1,7 +1,8 @@
 //! What conntrack tells of the connections the name check allowed
 //! (ctnetlink's update and destroy events, linux/netfilter/nfnetlink_conntrack.h):
-//! when each ended (its TCP state reached TIME_WAIT or CLOSE) and, once
-//! conntrack forgets it, the bytes it moved each way. The kernel filters
+//! when each ended (its TCP state reached TIME_WAIT or CLOSE), and the
+//! bytes it moved each way (asked of conntrack then: `counted`; or told
+//! when conntrack forgets a connection that never said it ended). The kernel filters
 //! the events (a socket filter on the conntrack mark's gate bits:
 //! `firewall::gate::ALLOWED`), so the host's other connections never
 //! reach the daemon. Bytes need conntrack's accounting
@@ -18,6 +19,7 @@ use super::firewall::gate::{ALLOWED, MASK};
 
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_NEW: u16 = 0;
+const IPCTNL_MSG_CT_GET: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const NFNLGRP_CONNTRACK_UPDATE: u32 = 2;
 const NFNLGRP_CONNTRACK_DESTROY: u32 = 3;
@@ -63,6 +65,9 @@ pub enum Told {
 
 pub struct Events {
     fd: OwnedFd,
+    /// For asking conntrack about one connection (`counted`): apart from
+    /// the events' socket, whose multicast would interleave.
+    ask: OwnedFd,
 }
 
 /// Turns conntrack's byte counts on in the daemon's namespace (new
@@ -82,6 +87,7 @@ impl Events {
     pub fn open() -> io::Result<Events> {
         let fd = nfnetlink::socket(4 << 20)?;
         attach_filter(&fd)?;
+        let ask = nfnetlink::socket(64 << 10)?;
         // SAFETY: a zeroed sockaddr_nl, then its family and groups.
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
@@ -97,7 +103,7 @@ impl Events {
         if bound < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Events { fd })
+        Ok(Events { fd, ask })
     }
 
     /// Reads one event's message into `buf`: its length, 0 when none
@@ -105,6 +111,108 @@ impl Events {
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         nfnetlink::recv(&self.fd, buf)
     }
+}
+
+impl Events {
+    /// The bytes conntrack counted so far of `tuple`'s connection, each
+    /// way (None: it has none, or no longer knows the connection).
+    pub fn counted(&self, tuple: &Tuple) -> io::Result<Option<(u64, u64)>> {
+        let request = get(tuple);
+        // SAFETY: send(2) of our buffer to the kernel.
+        let sent = unsafe {
+            libc::send(
+                self.ask.as_raw_fd(),
+                request.as_ptr().cast(),
+                request.len(),
+                0,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut reply = [0u8; 4096];
+        let mut poll = libc::pollfd {
+            fd: self.ask.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll(2) of one pollfd of ours; the kernel answers at
+        // once, so this waits no longer than that.
+        if unsafe { libc::poll(&mut poll, 1, 100) } <= 0 {
+            return Ok(None);
+        }
+        let n = nfnetlink::recv(&self.ask, &mut reply)?;
+        let message = &reply[..n];
+        if message.len() < NLMSG_HDRLEN + NFGENMSG_LEN
+            || u16::from_ne_bytes([message[4], message[5]])
+                != (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW
+        {
+            // NLMSG_ERROR: not (or no longer) there.
+            return Ok(None);
+        }
+        Ok(counters(&message[NLMSG_HDRLEN + NFGENMSG_LEN..]))
+    }
+}
+
+/// A request for the conntrack entry of `tuple` (IPCTNL_MSG_CT_GET).
+fn get(tuple: &Tuple) -> Vec<u8> {
+    let attr = |kind: u16, value: &[u8]| -> Vec<u8> {
+        let mut out = ((4 + value.len()) as u16).to_ne_bytes().to_vec();
+        out.extend(kind.to_ne_bytes());
+        out.extend(value);
+        out.resize(nfnetlink::align(out.len()), 0);
+        out
+    };
+    const NESTED: u16 = 0x8000;
+    let (family, ip) = match (tuple.source, tuple.destination) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => (
+            libc::AF_INET,
+            [
+                attr(CTA_IP_V4_SRC, &s.octets()),
+                attr(CTA_IP_V4_DST, &d.octets()),
+            ]
+            .concat(),
+        ),
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V6(a) => a.octets(),
+                IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+            };
+            (
+                libc::AF_INET6,
+                [attr(CTA_IP_V6_SRC, &v6(s)), attr(CTA_IP_V6_DST, &v6(d))].concat(),
+            )
+        }
+    };
+    let proto = [
+        attr(CTA_PROTO_NUM, &[libc::IPPROTO_TCP as u8]),
+        attr(CTA_PROTO_SRC_PORT, &tuple.source_port.to_be_bytes()),
+        attr(CTA_PROTO_DST_PORT, &tuple.port.to_be_bytes()),
+    ]
+    .concat();
+    let orig = attr(
+        CTA_TUPLE_ORIG | NESTED,
+        &[
+            attr(CTA_TUPLE_IP | NESTED, &ip),
+            attr(CTA_TUPLE_PROTO | NESTED, &proto),
+        ]
+        .concat(),
+    );
+    let mut out = ((NLMSG_HDRLEN + NFGENMSG_LEN + orig.len()) as u32)
+        .to_ne_bytes()
+        .to_vec();
+    out.extend(((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET).to_ne_bytes());
+    out.extend((libc::NLM_F_REQUEST as u16).to_ne_bytes());
+    out.extend([0; 8]); // sequence, port
+    out.extend([family as u8, 0, 0, 0]);
+    out.extend(orig);
+    out
+}
+
+/// The byte counts of an entry's attributes, each way.
+fn counters(body: &[u8]) -> Option<(u64, u64)> {
+    let bytes = |kind| find(find(body, kind)?, CTA_COUNTERS_BYTES).and_then(be64);
+    bytes(CTA_COUNTERS_ORIG).zip(bytes(CTA_COUNTERS_REPLY))
 }
 
 impl AsFd for Events {
@@ -221,9 +329,7 @@ pub fn told(message: &[u8]) -> Option<Told> {
     let orig = tuple(find(body, CTA_TUPLE_ORIG)?)?;
     match kind {
         k if k == (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE => {
-            let bytes = |kind| find(find(body, kind)?, CTA_COUNTERS_BYTES).and_then(be64);
-            let counted = bytes(CTA_COUNTERS_ORIG).zip(bytes(CTA_COUNTERS_REPLY));
-            Some(Told::Forgotten(orig, counted))
+            Some(Told::Forgotten(orig, counters(body)))
         }
         k if k == (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_NEW => {
             let tcp = find(find(body, CTA_PROTOINFO)?, CTA_PROTOINFO_TCP)?;

@@ -486,13 +486,6 @@ fn judged_connections_are_in_the_audit_log_and_a_flood_of_refusals_leaves_it_bou
     let audit = keep.path().join("shared.jsonl");
     let yaml = format!("networks:\n  shared:\n    audit_log: {}\n", audit.display());
     let (world, _server) = world_with(Some(&yaml));
-    // Conntrack forgets a closed connection after a second here (two
-    // minutes by default): its end, with its bytes, is on record then.
-    must(&mut world.host.cmd(&[
-        "sysctl",
-        "-qw",
-        "net.netfilter.nf_conntrack_tcp_timeout_time_wait=1",
-    ]));
     let g = sandbox(&world);
     assert_eq!(
         fetch(
