@@ -1,11 +1,13 @@
-//! The name a connection shows in its first bytes: the server name of a
-//! TLS ClientHello (`hello`) or the Host of an HTTP/1.x request head
-//! (`http`). This is what the gate (issue 48) holds a new connection to a
-//! named rule's port for: it passes only when the name it shows is one its
-//! VM may reach, at an address it learned for that name. Plain functions
-//! of the bytes so far, parsed again as more come; the caller keeps at
-//! most `MAX_BYTES` of a stream, and a stream that shows nothing by then
-//! is refused.
+//! The name check's own part, what `linnet-gate` runs (docs/architecture.md,
+//! "The name check"): the name a connection shows in its first bytes, the
+//! server name of a TLS ClientHello (`hello`) or the Host of an HTTP/1.x
+//! request head (`http`), read here (`shown`); the connections held until
+//! they show one (`held`); what each VM may reach and learned (`vms`);
+//! what the gate and the daemon say to each other (`wire`); and the loop
+//! that serves the daemon (`process`). A connection passes only when the
+//! name it shows is one its VM may reach, at an address it learned for
+//! that name. Plain data and functions, but `process`'s loop: the daemon
+//! holds the queue (`daemon::gatekeeper`).
 
 pub mod held;
 pub mod hello;
