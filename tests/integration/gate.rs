@@ -666,3 +666,25 @@ fn udp_to_a_name_passes_only_where_a_rule_says_udp() {
         }
     }
 }
+
+#[test]
+fn the_check_holds_on_a_tap_its_vmm_opens_by_name() {
+    let (world, _server) = world_with(Some(
+        "networks:\n  shared:\n    allow: { users: [root, nobody] }\n",
+    ));
+    // `linnet attach` makes the TAP for a VMM started on its own, as
+    // nobody (Firecracker's host_dev_name).
+    let out = must(&mut world.linnet(&[
+        "attach",
+        "--name",
+        "fc1",
+        "--user",
+        "nobody",
+        "--allow-connect",
+        "allowed.test:443",
+    ]));
+    let info: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(info["datapath"], "tap-name", "{info}");
+    let guest = crate::tap_name::guest_of_nobody(&world, &info);
+    holds_the_name("tap-name", &guest);
+}

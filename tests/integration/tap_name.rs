@@ -48,7 +48,7 @@ fn the_vmm_loses_its_tap(guest: &mut Guest) {
 }
 
 /// A guest whose VMM, as nobody, opened the TAP of `info` by name.
-fn guest_of_nobody(world: &World, info: &Value) -> Guest {
+pub(crate) fn guest_of_nobody(world: &World, info: &Value) -> Guest {
     let ns = Netns::new("guest");
     let (tap, mac) = (
         info["tap"].as_str().unwrap(),
