@@ -688,3 +688,35 @@ fn the_check_holds_on_a_tap_its_vmm_opens_by_name() {
     let guest = crate::tap_name::guest_of_nobody(&world, &info);
     holds_the_name("tap-name", &guest);
 }
+
+#[test]
+fn each_host_of_a_network_across_hosts_checks_its_own_vms() {
+    let fabric = crate::across_hosts::Fabric::new(2);
+    let script = repo_file("tests/name_peer.py");
+    let pem = repo_file("tests/fixtures/name_peer.pem");
+    let mut servers = Vec::new();
+    for site in &fabric.sites {
+        let upstream = &site.world.upstream;
+        must(&mut upstream.cmd(&["ip", "addr", "add", &format!("{ALLOWED}/32"), "dev", "eth0"]));
+        let (server, ready) =
+            spawn_until_first_line(upstream.cmd(&["python3", &script, "serve", &pem]));
+        assert_eq!(ready, "serving", "{}", site.vtep);
+        servers.push(server);
+    }
+    // The control: a VM without a policy gets the other name answered.
+    let open = fabric.sites[0].world.guest("fabric", &[]);
+    open.udhcpc();
+    assert_eq!(
+        fetch(&open.ns, ALLOWED, 443, &["--sni", "other.test"]),
+        "sni=other.test host=other.test"
+    );
+    for site in &fabric.sites {
+        let g = site
+            .world
+            .guest("fabric", &["--allow-connect", "allowed.test:443"]);
+        g.udhcpc();
+        let what = format!("a VM on {}", site.vtep);
+        // Its own host's gateway is its resolver and its way out.
+        reaches_only_its_name(&what, &g, &g.gateway());
+    }
+}
