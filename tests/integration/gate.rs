@@ -241,13 +241,7 @@ fn a_sandbox_reaches_its_names_only_by_showing_them_at_their_own_addresses() {
         "{refused:?}"
     );
     // And counted per VM.
-    let metrics = must(&mut world.host.cmd(&[
-        "curl",
-        "-sS",
-        "--max-time",
-        "5",
-        "http://127.0.0.1:9464/metrics",
-    ]));
+    let metrics = crate::metrics::scrape(&world);
     for (verdict, n) in [("allowed", 5), ("refused", 5)] {
         let line = metrics
             .lines()
@@ -564,13 +558,7 @@ fn judged_connections_are_in_the_audit_log_and_a_flood_of_refusals_leaves_it_bou
     );
     let held_back: u64 = records.iter().filter_map(|r| r["held_back"].as_u64()).sum();
     let dropped = logged(&audit, "dropped");
-    let metrics = must(&mut world.host.cmd(&[
-        "curl",
-        "-sS",
-        "--max-time",
-        "5",
-        "http://127.0.0.1:9464/metrics",
-    ]));
+    let metrics = crate::metrics::scrape(&world);
     let counted: Vec<&str> = (metrics.lines())
         .filter(|l| l.starts_with("linnet_vm_gate_connections_total"))
         .collect();

@@ -10,7 +10,7 @@ use crate::rate_limits::iperf_server;
 const SCRAPE: &str = "http://127.0.0.1:9464/metrics";
 
 /// A scrape, from the daemon's namespace.
-fn scrape(world: &World) -> String {
+pub(crate) fn scrape(world: &World) -> String {
     must(&mut world.host.cmd(&["curl", "-sS", "--max-time", "5", SCRAPE]))
 }
 
