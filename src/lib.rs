@@ -42,3 +42,13 @@ pub use cli::command;
 pub use cli::gate::main as gate_main;
 pub use cli::main;
 pub use cli::relay::main as relay_main;
+
+/// What the benchmark's splicing proxy (tools/spliceproxy, the name
+/// check's alternative design) reads a connection's name with: the gate's
+/// own reader, so the two designs differ in how the bytes travel, not in
+/// how they are read.
+#[doc(hidden)]
+pub mod name_reader {
+    pub use crate::gate::vms::compared;
+    pub use crate::gate::{MAX_BYTES, Shown, shown};
+}

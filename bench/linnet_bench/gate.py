@@ -11,14 +11,19 @@ so the guests reach it through the FORWARD hook, where connections are
 held (a name on the gateway's own address is not). It runs
 gate_peer.py: HTTP on 8000-8007 in two epoll processes, TLS on 443
 (Python's thread per connection in tests/name_peer.py could not open
-thousands of connections a second). Three guests: no policy, a policy
-by address (`10.205.0.2:443/tcp` and `:8000-8007/tcp`), and the name
+thousands of connections a second). Four guests: no policy, a policy
+by address (`10.205.0.2:443/tcp` and `:8000-8007/tcp`), the name
 check (`tls.bench.test:443` and `:8000-8007`, resolved through linnet's
-DNS first). Measured:
+DNS first), and the design the name check was chosen over: a guest
+without a policy whose connections to the server are redirected
+(nftables `redirect`, a table of this module's) to a splicing proxy,
+tools/spliceproxy (`linnet-spliceproxy`), which reads the name with the
+gate's own reader, connects on and splices both ways. Measured:
 
 - one TCP stream: a TLS download (curl, sized for about `--seconds` by a
   first download) from each guest, round by round: the name check
-  against the address policy and against no policy;
+  against the address policy and against no policy, and the proxy's
+  beside them, with the CPU each spent per gigabyte;
 - the time the check adds: LATENCY_CONNECTIONS connections one after
   another per round from the address guest and the name guest, in turns
   of LATENCY_TURN, each timed to connect and from its request head (with
@@ -28,11 +33,14 @@ DNS first). Measured:
   the verdict back through the daemon to the kernel, which lets the
   packet and the connection go (the handshake's last ACK, which shows no
   data, takes the same way just before it, and is passed at once, as
-  its SYN before it);
+  its SYN before it); the proxy's, the same measured through it (its
+  connect is answered by the proxy, its first byte waits for the
+  proxy's own connection to the server);
 - new connections a second, RATE_SECONDS per round: RATE_PROCESSES
   client processes in the guest, each keeping RATE_CONCURRENCY
   connections going (request, whole answer, a reset, next) over the
-  server's eight ports, against the address guest doing the same: a
+  server's eight ports, against the address guest (and the proxy's)
+  doing the same: a
   ceiling of the client, the server or the datapath shows in both. The
   ports and the resets keep a guest's 4-tuples from coming back within
   seconds: through the NAT a new connection could meet the server's
@@ -91,7 +99,14 @@ GUESTS = {
     "open": [],
     "address": [f"{SERVER}:{TLS_PORT}/tcp", f"{SERVER}:{HTTP_PORTS}/tcp"],
     "name": [f"{NAME}:{TLS_PORT}", f"{NAME}:{HTTP_PORTS}"],
+    "proxy": [],
 }
+# The guests measured one connection at a time and for connections a second.
+TIMED = ("address", "name", "proxy")
+# Where the splicing proxy listens in the benchmark's namespace, and the
+# table that redirects the proxy guest's connections to it.
+PROXY_PORT = 15443
+PROXY_TABLE = "bench_splice"
 
 
 def gate_pid(daemon):
@@ -133,6 +148,7 @@ class Gated:
         self.env = env
         self.gateway = None
         self.guests = {}  # key: (namespace, run's pid, the stand-ins' pids)
+        self.proxy = None
 
     def start_server(self):
         ns = self.env.guest_ns("gatesrv")
@@ -154,6 +170,25 @@ class Gated:
             "--user=root", "--listen-address=127.0.0.1", f"--port={DNS_PORT}", "--local-ttl=3600",
             f"--host-record={NAME},{SERVER}", "--pid-file="])
 
+    def start_proxy(self, guest_ip):
+        """The splicing proxy, and the redirect of the proxy guest's
+        connections to the server's ports to it (before linnet's own NAT)."""
+        ports = f"{TLS_PORT}, {HTTP_PORTS}"
+        run("nft", f"add table ip {PROXY_TABLE}")
+        run("nft", f"add chain ip {PROXY_TABLE} to_proxy {{ type nat hook prerouting priority dstnat - 10 ; }}")
+        run("nft", f"add rule ip {PROXY_TABLE} to_proxy ip saddr {guest_ip} ip daddr {SERVER} "
+                   f"tcp dport {{ {ports} }} redirect to :{PROXY_PORT}")
+        binary = os.path.join(self.env.bindir, "linnet-spliceproxy")
+        self.proxy = self.env.procs.start("spliceproxy", [binary, str(PROXY_PORT), f"{NAME}={SERVER}"])
+
+        def listening():
+            self.env.procs.check_alive()
+            return "LISTEN" in run("ss", "-Htln", f"sport = :{PROXY_PORT}")
+        wait_for(listening, "the splicing proxy")
+
+    def stop_proxy(self):
+        run("nft", "delete", "table", "ip", PROXY_TABLE, check=False)
+
     def attach(self, key, rules):
         """A guest on `gated` called gate-KEY with the connect rules
         `rules`, its address configured, that has looked the name up
@@ -161,6 +196,8 @@ class Gated:
         flags = ["--name", f"gate-{key}"] + [f for rule in rules for f in ("--allow-connect", rule)]
         ns, info, run_pid, standins = run_guest(self.env, NETWORK, flags)
         self.gateway = info["gateway"]
+        if key == "proxy":
+            self.start_proxy(info["ip_address"])
         self.guests[key] = (ns, run_pid, standins)
         # More source ports than the kernel's 28,232: the rate runs open
         # tens of thousands of connections to the same eight ports.
@@ -189,10 +226,12 @@ class Gated:
         return r.stdout.strip() or r.stderr.strip()[-200:]
 
     def pids(self, name):
-        """(linnet's processes for this guest: daemon, gate, run; its stand-ins)."""
+        """(the processes on this guest's path: linnet's daemon, gate and
+        run, and the proxy's for its guest; its stand-ins)."""
         daemon = self.env.linnet.daemon.pid
         _, run_pid, standins = self.guests[name]
-        return [p for p in (daemon, gate_pid(daemon), run_pid) if p], standins
+        proxy = self.proxy.pid if name == "proxy" else None
+        return [p for p in (daemon, gate_pid(daemon), run_pid, proxy) if p], standins
 
 
 def download(gated, name, size, round_):
@@ -234,7 +273,8 @@ def connection_rate(gated, name, round_):
     daemon = gated.env.linnet.daemon.pid
     gate = gate_pid(daemon)
     _, run_pid, standins = gated.guests[name]
-    groups = {"daemon": [daemon], "gate": [gate] if gate else [], "run": [run_pid], "standin": standins}
+    groups = {"daemon": [daemon], "gate": [gate] if gate else [], "run": [run_pid], "standin": standins,
+              "proxy": [gated.proxy.pid]}
     before = {k: sum(cpu_seconds(p) for p in v) for k, v in groups.items()}
     all0 = machine_busy_seconds()
     out = gated.peer(ns, "rate", SERVER, HTTP_PORT, NAME, RATE_SECONDS, RATE_CONCURRENCY,
@@ -340,8 +380,10 @@ def measure_all(env, seconds, runs, log):
         ns = {key: gated.attach(key, rules) for key, rules in GUESTS.items()}
         # The gate is in the path: the name guest's connection showing
         # another name is refused, the same from the address guest is not.
+        # So is the proxy in the proxy guest's.
         for name, host, want in (("name", NAME, "ok"), ("name", "other.test", "refused"),
-                                 ("address", "other.test", "ok")):
+                                 ("address", "other.test", "ok"), ("proxy", NAME, "ok"),
+                                 ("proxy", "other.test", "refused")):
             got = gated.fetch(ns[name], host)
             if got != want:
                 raise BenchError(f"the {name} guest showing {host}: {got!r}, not {want!r}")
@@ -351,9 +393,9 @@ def measure_all(env, seconds, runs, log):
         log(f"  TLS downloads of {size >> 20} MiB ({probe['gbps']:.2f} Gbit/s at first)")
         rows = {k: [] for k in GUESTS}
         failures = {k: [] for k in GUESTS}
-        samples = {"address": [], "name": []}
-        rates = {"address": [], "name": []}
-        rate_failures = {"address": [], "name": []}
+        samples = {k: [] for k in TIMED}
+        rates = {k: [] for k in TIMED}
+        rate_failures = {k: [] for k in TIMED}
         names = ["name"]
         for r in range(runs):
             # Each round starts with another guest: a slow spell at the
@@ -368,10 +410,10 @@ def measure_all(env, seconds, runs, log):
         for r in range(runs):
             before = judged(names)
             ports = []
-            # In turns of LATENCY_TURN, each guest first in every other
-            # turn: a slow spell of the machine hits both alike.
+            # In turns of LATENCY_TURN, each guest first in turn: a slow
+            # spell of the machine hits all alike.
             for turn in range(LATENCY_CONNECTIONS // LATENCY_TURN):
-                for key in ("address", "name")[::1 if turn % 2 else -1]:
+                for key in TIMED[turn % len(TIMED):] + TIMED[:turn % len(TIMED)]:
                     out = gated.peer(ns[key], "latency", SERVER, HTTP_PORT, NAME, LATENCY_TURN)
                     lines = [line.split() for line in out.splitlines()]
                     samples[key] += [(float(c), float(f)) for c, f, _ in lines]
@@ -383,17 +425,19 @@ def measure_all(env, seconds, runs, log):
         lat = {k: timings(v) for k, v in samples.items()}
         log(f"  to the first byte, p50 / p99: address policy {lat['address']['first_byte_ms_p50']} / "
             f"{lat['address']['first_byte_ms_p99']} ms, name check {lat['name']['first_byte_ms_p50']} / "
-            f"{lat['name']['first_byte_ms_p99']} ms")
+            f"{lat['name']['first_byte_ms_p99']} ms, splicing proxy {lat['proxy']['first_byte_ms_p50']} / "
+            f"{lat['proxy']['first_byte_ms_p99']} ms")
         before = judged(names)
         for r in range(runs):
-            for key in ("address", "name"):
+            for key in TIMED:
                 try:
                     rates[key].append(connection_rate(gated, key, r))
                 except BenchError as e:
                     rate_failures[key].append(str(e))
         rate_judged = delta(judged(names), before)["name"]
         log(f"  connections a second: address policy {[x['per_s'] for x in rates['address']]}, "
-            f"name check {[x['per_s'] for x in rates['name']]}")
+            f"name check {[x['per_s'] for x in rates['name']]}, "
+            f"splicing proxy {[x['per_s'] for x in rates['proxy']]}")
         holders = []
         for i in range(HOLD_GUESTS):
             gated.attach(f"hold{i}", [f"{NAME}:{HTTP_PORT}"])
@@ -402,24 +446,27 @@ def measure_all(env, seconds, runs, log):
         held = hold(gated, holders, rss_start)
         log(f"  held {held['held']} of {held['connections']}; linnet-gate RSS "
             f"{held['gate_rss_mib_held']} MiB, peak {held['gate_peak_rss_mib']} MiB")
-        a, n = lat["address"], lat["name"]
+        a, n, p = lat["address"], lat["name"], lat["proxy"]
         tls = {k: summarize(rows[k], failures[k]) for k in GUESTS}
         median_rate = lambda k: round(statistics.median(x["per_s"] for x in rates[k])) if rates[k] else None
         return {
             "mtu": 1500,
             "tls_bytes": size,
             "tls_open": tls["open"], "tls_address": tls["address"], "tls_name": tls["name"],
+            "tls_proxy": tls["proxy"],
             "latency": {
-                "connections": len(samples["name"]), "address": a, "name": n,
+                "connections": len(samples["name"]), "address": a, "name": n, "proxy": p,
                 "judged": latency_judged,
                 "extra_first_byte_ms_p50": round(n["first_byte_ms_p50"] - a["first_byte_ms_p50"], 3),
                 "extra_first_byte_ms_p99": round(n["first_byte_ms_p99"] - a["first_byte_ms_p99"], 3),
                 "extra_setup_ms_p50": round(n["setup_ms_p50"] - a["setup_ms_p50"], 3),
+                "proxy_extra_setup_ms_p50": round(p["setup_ms_p50"] - a["setup_ms_p50"], 3),
             },
             "rate": {
                 "seconds": RATE_SECONDS, "processes": RATE_PROCESSES, "concurrency": RATE_CONCURRENCY,
                 "address_per_s": median_rate("address"), "name_per_s": median_rate("name"),
-                "address": rates["address"], "name": rates["name"],
+                "proxy_per_s": median_rate("proxy"),
+                "address": rates["address"], "name": rates["name"], "proxy": rates["proxy"],
                 "failures": rate_failures, "judged": rate_judged,
             },
             "hold": held,
@@ -430,4 +477,5 @@ def measure_all(env, seconds, runs, log):
         # as expected: the section's failure, not the run's.
         raise BenchError(f"{type(e).__name__}: {e}") from e
     finally:
+        gated.stop_proxy()
         env.teardown()

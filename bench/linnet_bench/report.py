@@ -413,37 +413,49 @@ def gate_rows(g):
         return not_measured(g)
     speed = lambda x: f"{x['gbps']:.2f}" + (" ¹" if x.get("unstable") else "") if x.get("gbps") else "—"
     lat, rate, hold = g["latency"], g["rate"], g["hold"]
-    a, n = lat["address"], lat["name"]
-    pair = lambda x, k: f"{x[k + '_ms_p50']:.3f} / {x[k + '_ms_p99']:.3f}"
-    added = lambda k: f"{n[k + '_ms_p50'] - a[k + '_ms_p50']:+.3f} / {n[k + '_ms_p99'] - a[k + '_ms_p99']:+.3f}"
-    runs = lambda k: ", ".join(str(x["per_s"]) for x in rate[k]) or "—"
+    a, n, p = lat["address"], lat["name"], lat.get("proxy")
+    pair = lambda x, k: f"{x[k + '_ms_p50']:.3f} / {x[k + '_ms_p99']:.3f}" if x else "—"
+    added = lambda x, k: (f"{x[k + '_ms_p50'] - a[k + '_ms_p50']:+.3f} / "
+                          f"{x[k + '_ms_p99'] - a[k + '_ms_p99']:+.3f}") if x else "—"
+    timed = lambda label, k: (f"| {label} | {pair(a, k)} | {pair(n, k)} | {added(n, k)} | {pair(p, k)} | "
+                              f"{added(p, k)} |")
+    runs = lambda k: ", ".join(str(x["per_s"]) for x in rate.get(k, [])) or "—"
     per_s = lambda k: f"{rate[k + '_per_s']} ({runs(k)})" if rate.get(k + "_per_s") is not None else "—"
-    cpu = lambda k: " / ".join(f"{statistics.median(x['cpu_s_per_1000'][p] for x in rate[k]):.3f}"
-                               for p in ("daemon", "gate", "run", "standin", "machine")) if rate[k] else "—"
+    cpu = lambda k: " / ".join(f"{statistics.median(x['cpu_s_per_1000'].get(p, 0) for x in rate[k]):.3f}"
+                               for p in ("daemon", "gate", "run", "standin", "proxy", "machine")) \
+        if rate.get(k) else "—"
     judged_lat, judged_rate = lat["judged"], rate["judged"]
     failed = lambda k: (f"{sum(x['failed'] for x in rate[k])} / {sum(x['stalled'] for x in rate[k])}"
-                        + (f" (and {len(rate['failures'][k])} runs)" if rate["failures"][k] else ""))
+                        + (f" (and {len(rate['failures'][k])} runs)" if rate["failures"][k] else "")) \
+        if k in rate else "—"
+    tls = lambda k: g.get(f"tls_{k}") or {}
+    per_gb = lambda k: (f"{tls(k)['net_cpu_s_per_gb']:.2f} / {tls(k)['all_cpu_s_per_gb']:.2f}"
+                        if tls(k).get("gbps") else "—")
+    guests = ("open", "address", "name", "proxy")
     return [
-        f"| TLS download, Gbit/s (curl, one stream, {g['tls_bytes'] >> 20} MiB, MTU {g['mtu']}) | "
-        "no policy | address policy | name check |", "|---|---:|---:|---:|",
-        f"| server to VM | {speed(g['tls_open'])} | {speed(g['tls_address'])} | {speed(g['tls_name'])} |",
+        f"| TLS download (curl, one stream, {g['tls_bytes'] >> 20} MiB, MTU {g['mtu']}) | "
+        "no policy | address policy | name check | splicing proxy |", "|---|---:|---:|---:|---:|",
+        "| server to VM, Gbit/s | " + " | ".join(speed(tls(k)) if tls(k) else "—" for k in guests) + " |",
+        "| CPU s per GB: linnet's processes and the proxy's / the machine's | "
+        + " | ".join(per_gb(k) for k in guests) + " |",
         "",
         f"| one connection at a time ({lat['connections']} per guest, plain HTTP), ms, p50 / p99 | "
-        "address policy | name check | added by the check |", "|---|---:|---:|---:|",
-        f"| connect | {pair(a, 'connect')} | {pair(n, 'connect')} | {added('connect')} |",
-        f"| request sent to the answer's first byte | {pair(a, 'first_byte')} | {pair(n, 'first_byte')} | "
-        f"{added('first_byte')} |",
-        f"| connect + first byte | {pair(a, 'setup')} | {pair(n, 'setup')} | {added('setup')} |",
-        f"| OpenSandbox's MITM egress proxy, a request: their published figure, not measured here | | | "
+        "address policy | name check | added by the check | splicing proxy | added by the proxy |",
+        "|---|---:|---:|---:|---:|---:|",
+        timed("connect", "connect"),
+        timed("request sent to the answer's first byte", "first_byte"),
+        timed("connect + first byte", "setup"),
+        f"| OpenSandbox's MITM egress proxy, a request: their published figure, not measured here | | | | | "
         f"~{g['peer_ms']['opensandbox_mitm']} |",
         "",
         f"| new connections a second ({rate['seconds']:g} s, {rate['processes']} client processes × "
-        f"{rate['concurrency']} at once) | address policy | name check |", "|---|---:|---:|",
-        f"| completed a second, median (rounds) | {per_s('address')} | {per_s('name')} |",
+        f"{rate['concurrency']} at once) | address policy | name check | splicing proxy |",
+        "|---|---:|---:|---:|",
+        f"| completed a second, median (rounds) | {per_s('address')} | {per_s('name')} | {per_s('proxy')} |",
         f"| failed (refused or reset) / given up after {GATE_STALLED_S:g} s unanswered | "
-        f"{failed('address')} | {failed('name')} |",
-        f"| CPU s per 1000 connections: daemon / linnet-gate / `linnet run` / stand-in / machine | "
-        f"{cpu('address')} | {cpu('name')} |",
+        f"{failed('address')} | {failed('name')} | {failed('proxy')} |",
+        f"| CPU s per 1000 connections: daemon / linnet-gate / `linnet run` / stand-in / proxy / machine | "
+        f"{cpu('address')} | {cpu('name')} | {cpu('proxy')} |",
         "",
         "The server is in a namespace of its own behind a veth from the daemon's, so the guests' "
         "connections cross the FORWARD hook, where they are held (bench/linnet_bench/gate.py; "
@@ -458,6 +470,14 @@ def gate_rows(g):
         f"{judged_lat['allowed']} of the name guest's one-at-a-time connections allowed "
         f"({judged_lat['refused']} refused), and {judged_rate['allowed']} allowed "
         f"({judged_rate['refused']} refused) in its connection-rate runs (warm-up included).",
+        "",
+        "The splicing proxy is the design the name check was chosen over (docs/architecture.md, "
+        "\"The name check\"): the guest has no policy, and its connections to the server are "
+        "redirected (nftables `redirect`) to tools/spliceproxy in the daemon's namespace, which "
+        "reads the name with linnet-gate's own reader, connects to the server itself, writes what it "
+        "read and splices both ways (splice(2) through a pipe, one epoll loop per core). Its guest's "
+        "connect is answered by the proxy, so its first byte waits for the proxy's own connection "
+        "to the server: connect + first byte is the figure to compare.",
         "",
         f"Holding: {hold['guests']} guests opened {hold['per_guest']} connections each "
         f"(in {hold['connect_s']} s), then each sent one byte (\"G\", in {hold['send_s']} s for all) "

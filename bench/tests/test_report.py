@@ -233,19 +233,20 @@ class NameCheck(unittest.TestCase):
                                "setup_ms_p50": base + 0.2, "setup_ms_p99": base * 3 + 0.5}
         rate = lambda per_s, r: {"round": r, "per_s": per_s, "completed": per_s * 5, "failed": 0, "stalled": 1,
                                  "cpu_s_per_1000": {"daemon": 0.01, "gate": 0.02, "run": 0.0,
-                                                    "standin": 0.05, "machine": 0.3}}
+                                                    "standin": 0.05, "proxy": 0.0, "machine": 0.3}}
         return {
             "mtu": 1500, "tls_bytes": 512 << 20,
             "tls_open": summarize(rounds(4.0, 4.0, 4.0)), "tls_address": summarize(rounds(4.0, 4.0, 4.0)),
-            "tls_name": summarize(rounds(*name_gbps)),
+            "tls_name": summarize(rounds(*name_gbps)), "tls_proxy": summarize(rounds(3.5, 3.6, 3.7)),
             "latency": {"connections": 1500, "address": timing(0.3), "name": timing(0.3 + extra_p50),
+                        "proxy": timing(0.35),
                         "judged": {"allowed": 1500, "refused": 0},
                         "extra_first_byte_ms_p50": extra_p50, "extra_first_byte_ms_p99": extra_p50 * 3,
-                        "extra_setup_ms_p50": extra_p50},
+                        "extra_setup_ms_p50": extra_p50, "proxy_extra_setup_ms_p50": 0.05},
             "rate": {"seconds": 5, "processes": 2, "concurrency": 32, "address_per_s": 6000,
-                     "name_per_s": name_per_s, "address": [rate(6000, r) for r in range(3)],
-                     "name": [rate(name_per_s, r) for r in range(3)],
-                     "failures": {"address": [], "name": []}, "judged": {"allowed": 27000, "refused": 0}},
+                     "name_per_s": name_per_s, "proxy_per_s": 4800, "address": [rate(6000, r) for r in range(3)],
+                     "name": [rate(name_per_s, r) for r in range(3)], "proxy": [rate(4800, r) for r in range(3)],
+                     "failures": {"address": [], "name": [], "proxy": []}, "judged": {"allowed": 27000, "refused": 0}},
             "hold": {"guests": 10, "per_guest": 1000, "connections": 10000, "held": held,
                      "refused_sooner": 10000 - held, "never_reset": 0, "answered": 0,
                      "reset_after_s": [5.01, 5.3], "refused_by_gate": 10000, "connect_s": 3.1,
@@ -280,14 +281,21 @@ class NameCheck(unittest.TestCase):
 
     def test_rows_quote_the_figures_and_the_peer_figure_as_not_measured(self):
         rows = "\n".join(report.gate_rows(self.figures()))
-        self.assertIn("| server to VM | 4.00 | 4.00 | 3.90 |", rows)
+        self.assertIn("| server to VM, Gbit/s | 4.00 | 4.00 | 3.90 | 3.60 |", rows)
         self.assertIn("| request sent to the answer's first byte | 0.300 / 0.900 | 0.420 / 1.260 | "
-                      "+0.120 / +0.360 |", rows)
-        self.assertIn("their published figure, not measured here | | | ~290 |", rows)
+                      "+0.120 / +0.360 | 0.350 / 1.050 | +0.050 / +0.150 |", rows)
+        self.assertIn("their published figure, not measured here | | | | | ~290 |", rows)
         self.assertIn("| completed a second, median (rounds) | 6000 (6000, 6000, 6000) | "
-                      "5400 (5400, 5400, 5400) |", rows)
+                      "5400 (5400, 5400, 5400) | 4800 (4800, 4800, 4800) |", rows)
         self.assertIn("10000 of 10000 were held", rows)
-        self.assertIn("given up after 1 s unanswered | 0 / 3 | 0 / 3 |", rows)
+        self.assertIn("given up after 1 s unanswered | 0 / 3 | 0 / 3 | 0 / 3 |", rows)
+
+    def test_results_from_before_the_proxy_render_without_it(self):
+        figures = self.figures()
+        del figures["tls_proxy"], figures["latency"]["proxy"], figures["rate"]["proxy"], figures["rate"]["proxy_per_s"]
+        rows = "\n".join(report.gate_rows(figures))
+        self.assertIn("| server to VM, Gbit/s | 4.00 | 4.00 | 3.90 | — |", rows)
+        self.assertIn("| connect + first byte | 0.500 / 1.400 | 0.620 / 1.760 | +0.120 / +0.360 | — | — |", rows)
 
     def test_a_failed_run_has_no_targets_and_says_why(self):
         self.assertEqual(report.gate_targets({"error": "no linnet-gate under the daemon"}), [])
