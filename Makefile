@@ -16,8 +16,11 @@ SANDBOX := scripts/sandbox
 
 all: build
 
+# --locked everywhere: a Cargo.lock (the workspace's, fuzz/'s) that a
+# build would change fails the build instead of building from versions
+# nobody committed.
 build:
-	$(CARGO) build --workspace --release
+	$(CARGO) build --locked --workspace --release
 
 deps:
 	scripts/install-deps
@@ -34,7 +37,7 @@ guest: deps
 	scripts/build-guest
 
 unit:
-	$(CARGO) test --workspace
+	$(CARGO) test --locked --workspace
 	# The daemon's unit tests need no privilege: run them again as nobody.
 	scripts/unit-as-nobody
 	# The benchmark's judgement (unstable cells, targets, the docs' blocks).
@@ -47,14 +50,14 @@ unit:
 # The integration suite creates bridges, rules and sysctls: it runs only
 # inside scripts/sandbox, whose namespaces vanish when it ends.
 integration: deps guest
-	$(CARGO) build --workspace --bins --tests
-	$(SANDBOX) $(CARGO) test --offline --test integration -- --test-threads=2
+	$(CARGO) build --locked --workspace --bins --tests
+	$(SANDBOX) $(CARGO) test --locked --offline --test integration -- --test-threads=2
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 	# The integration suite is test = false, so --all-targets skips it.
-	$(CARGO) clippy --test integration -- -D warnings
+	$(CARGO) clippy --locked --test integration -- -D warnings
 	python3 -m py_compile bench/linnet_bench/*.py bench/tests/*.py scripts/programs.py scripts/tests/*.py
 	# Layers one way: no import circle among the modules of any parent.
 	scripts/check-layers
@@ -71,7 +74,7 @@ lint:
 # the churn soak (one daemon restart), one short run each, no figures
 # kept. Fails if a setup or a soak's attach fails, or anything is left behind.
 bench-smoke: deps
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --locked --workspace --bins
 	$(SANDBOX) bench/run --bin target/debug --only '^veth$$|^linnet (tap|dgram|rootless)( \+ vnet)?$$|mixed: the bare|^linnet egress by name$$' --mtu 1500 \
 		--runs 1 --seconds 1 --attaches 20 --interfaces 100 --clones 10 --soak 0.5 --out target/bench-smoke --strict >/dev/null
 

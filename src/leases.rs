@@ -31,6 +31,18 @@ pub enum Owner {
     Mac,
 }
 
+/// What an attach changed in a lease table: each address's lease as it
+/// was before, in the order changed, for `LeaseTable::undo`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LeaseChange(Vec<(Ipv4Addr, Option<Lease>)>);
+
+impl LeaseChange {
+    /// The lease at `addr` was `was` before a change.
+    fn note(&mut self, addr: Ipv4Addr, was: Option<Lease>) {
+        self.0.push((addr, was));
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Lease {
     pub ip: Ipv4Addr,
@@ -316,6 +328,7 @@ impl LeaseTable {
 
     /// Interface `id`'s lease, for user `uid`: refused when the id or the
     /// name is another user's (root may take any id, not a held name).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn attach_for(
         &mut self,
         who: impl Into<Claimant>,
@@ -323,6 +336,20 @@ impl LeaseTable {
         mac: Option<MacAddr>,
         name: Option<String>,
         now: u64,
+    ) -> Result<Lease, LeaseError> {
+        self.attach_noting(who, id, mac, name, now, &mut LeaseChange::default())
+    }
+
+    /// `attach_for`, noting in `change` what it changed (`undo` puts it
+    /// back).
+    pub fn attach_noting(
+        &mut self,
+        who: impl Into<Claimant>,
+        id: InterfaceId,
+        mac: Option<MacAddr>,
+        name: Option<String>,
+        now: u64,
+        change: &mut LeaseChange,
     ) -> Result<Lease, LeaseError> {
         let who = who.into();
         let uid = who.uid;
@@ -352,13 +379,19 @@ impl LeaseTable {
             },
         };
         // One lease per owner: drop a stale one at another address.
-        self.leases
-            .retain(|addr, l| l.owner != owner || *addr == ip);
+        let stale: Vec<Ipv4Addr> = (self.leases.iter())
+            .filter(|(addr, l)| l.owner == owner && **addr != ip)
+            .map(|(addr, _)| *addr)
+            .collect();
+        for addr in stale {
+            change.note(addr, self.leases.remove(&addr));
+        }
         // A detached interface gives its name up to this one (check_claim
         // said it may).
         if let Some(name) = &name {
-            for other in self.leases.values_mut().filter(|l| l.owner != owner) {
+            for (addr, other) in self.leases.iter_mut().filter(|(_, l)| l.owner != owner) {
                 if names_match(other.name.as_deref(), name) {
+                    change.note(*addr, Some(other.clone()));
                     other.name = None;
                 }
             }
@@ -378,8 +411,19 @@ impl LeaseTable {
             uid: Some(uid),
             held_until: None,
         };
-        self.leases.insert(ip, lease.clone());
+        change.note(ip, self.leases.insert(ip, lease.clone()));
         Ok(lease)
+    }
+
+    /// Puts back what an attach changed (`attach_noting`,
+    /// `attach_without_address`): the attach failed.
+    pub fn undo(&mut self, change: LeaseChange) {
+        for (addr, was) in change.0.into_iter().rev() {
+            match was {
+                Some(lease) => self.leases.insert(addr, lease),
+                None => self.leases.remove(&addr),
+            };
+        }
     }
 
     /// Whether `mac` is an attached interface's (or has a static lease).
@@ -452,10 +496,16 @@ impl LeaseTable {
         id: InterfaceId,
         mac: Option<MacAddr>,
         now: u64,
+        change: &mut LeaseChange,
     ) -> Result<MacAddr, LeaseError> {
         let mac = self.choose_mac(id, mac, now)?;
-        self.leases
-            .retain(|_, l| l.owner != Owner::Interface { id });
+        let held: Vec<Ipv4Addr> = (self.leases.iter())
+            .filter(|(_, l)| l.owner == Owner::Interface { id })
+            .map(|(addr, _)| *addr)
+            .collect();
+        for addr in held {
+            change.note(addr, self.leases.remove(&addr));
+        }
         Ok(mac)
     }
 

@@ -4,10 +4,11 @@
   echo_peer.py serve TAG PORT   answer each TCP connection and UDP datagram on
                                 PORT (IPv4 and IPv6) with "TAG from ADDR",
                                 ADDR being the client's address as seen here
-  echo_peer.py ask HOST PORT tcp|udp [CHADDR]   print the answer; exit 1 when
+  echo_peer.py ask HOST PORT tcp|udp [CHADDR]   print the answer; exit 3 when
                                 nothing came back within 2 s, 2 when the
                                 connection was refused (a TCP reset, an
-                                ICMP unreachable). With CHADDR, a UDP
+                                ICMP unreachable); any other status is the
+                                probe's own failure. With CHADDR, a UDP
                                 datagram is shaped as a BOOTP request from
                                 that MAC, so anti-spoofing lets it pass.
   echo_peer.py serve-lines PORT   answer each line of each TCP connection on
@@ -75,7 +76,7 @@ def ask(host, port, proto, chaddr=None):
             sys.exit(2)
         except OSError as e:
             print(f"no answer: {e}", file=sys.stderr)
-            sys.exit(1)
+            sys.exit(3)
 
 
 def serve_lines(port):

@@ -100,17 +100,17 @@ pub fn serve(
     // Root without sudo keeps its uid, not its capabilities.
     privileges::become_user(None)?;
     let attached = super::attach(&channel, attach, datapath, false)?;
-    let lifeline = cli.lifeline(&attached);
+    let token = cli.reclaim_token(&attached);
     let super::Attached { info, tap, .. } = attached;
     let tap = tap.expect("a TAP's fd for a socket datapath");
     let announce = relay::announcement(&serde_json::to_string(&info)?)
         .context("cannot keep the interface JSON for the relay")?;
     // The token crosses the exec in a file of its own, not in the command
     // line, which every user can read.
-    let reclaim = match &lifeline {
-        Some(l) => Some((
-            l.socket.clone(),
-            relay::announcement(&l.token).context("cannot keep the token for the relay")?,
+    let reclaim = match &token {
+        Some(token) => Some((
+            cli.socket_path(),
+            relay::announcement(token).context("cannot keep the token for the relay")?,
         )),
         None => None,
     };

@@ -4,13 +4,15 @@
 //! helper`) reconnects to the daemon's socket and re-claims its interface
 //! with the token it got at attach. Meanwhile the kernel keeps forwarding
 //! the VM's frames. A rootless daemon's interfaces go with it, so its
-//! clients have no lifeline.
+//! clients have no lifeline. The client is confined by then, and may not
+//! connect: its connector (`cli::connector`) connects for it.
 
-use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
 
+use super::connector::Connector;
 use crate::api::{Channel, ErrorKind, Request, Response};
 use crate::types::InterfaceId;
 
@@ -22,7 +24,9 @@ pub const WAITING: &str = "the linnet daemon went away; the VM keeps its network
 
 #[derive(Debug, Clone)]
 pub struct Lifeline {
-    pub socket: PathBuf,
+    /// Connects to the daemon's socket: its target `daemon`.
+    pub connector: Arc<Connector>,
+    pub daemon: usize,
     pub interface_id: InterfaceId,
     pub token: String,
 }
@@ -33,9 +37,10 @@ impl Lifeline {
     /// error: the daemon there refused it (it did not adopt the interface,
     /// or it is not ours).
     pub fn try_reclaim(&self) -> anyhow::Result<Option<Channel>> {
-        let Ok(channel) = Channel::connect(&self.socket) else {
+        let Ok(fd) = self.connector.connect(self.daemon) else {
             return Ok(None);
         };
+        let channel = Channel::from_fd(fd);
         // Once sent, the answer is waited for on this connection (a
         // socket systemd holds accepts before a daemon serves it): one
         // given up on could still be served, and then closed, which would

@@ -2,6 +2,7 @@
 //! global options and reaching (or starting) the daemon.
 
 mod connect;
+pub mod connector;
 mod daemon;
 mod doctor;
 mod events;
@@ -360,14 +361,10 @@ impl Cli {
     }
 
     /// What re-claims an interface of the system daemon after it
-    /// restarted; a rootless daemon's interfaces go with it.
-    pub fn lifeline(&self, attached: &Attached) -> Option<lifeline::Lifeline> {
+    /// restarted, if it can be: a rootless daemon's interfaces go with it.
+    pub fn reclaim_token(&self, attached: &Attached) -> Option<String> {
         let token = attached.reclaim_token.clone()?;
-        (!self.place().rootless).then(|| lifeline::Lifeline {
-            socket: self.socket_path(),
-            interface_id: attached.info.interface_id,
-            token,
-        })
+        (!self.place().rootless).then_some(token)
     }
 
     /// The configuration: the file given, or the default file if it exists,

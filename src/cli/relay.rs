@@ -21,6 +21,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::socket::{self, MsgFlags};
 use tracing::{info, warn};
 
+use super::connector::{Connector, Target};
 use super::lifeline::{self, Lifeline};
 use super::seccomp;
 use super::{DAEMON_GONE, EXIT_LINNET_FAILED, report, spawn_relay};
@@ -339,15 +341,22 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
     signals.thread_block().context("cannot block signals")?;
     let mut channel = Some(Channel::from_fd(claim_fd(args.daemon)?));
     let lifeline = match &args.reclaim {
-        Some((socket, token)) => {
+        Some((_, token)) => {
             let mut text = String::new();
             File::from(claim_fd(*token)?)
                 .read_to_string(&mut text)
                 .context("cannot read the interface's token")?;
-            Some((socket.clone(), text.trim().to_owned()))
+            Some(text.trim().to_owned())
         }
         None => None,
     };
+    // What the relay will connect to once confined, through its connector
+    // (started just before it confines itself).
+    let daemon_target = args
+        .reclaim
+        .as_ref()
+        .map(|(socket, _)| Target::daemon(socket));
+    let mut connector: Option<Arc<Connector>> = None;
     let (tap, interface_id, serves, mtu) = match &args.interface {
         Interface::Attached { tap, interface_id } => {
             let tap = claim_fd(*tap)?;
@@ -366,6 +375,7 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
             };
             let vm = claim_fd(fd)?;
             // Before the first of the VM's bytes is read.
+            connector = start_connector(&daemon_target, None)?;
             confine(args)?;
             let max_frame = args.mtu as usize + FRAME_OVERHEAD;
             let attaching = channel.as_ref().expect("connected");
@@ -388,12 +398,24 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
     let (relay, _leftovers): (Run, _) = match serves {
         Serves::Frames(endpoint) => {
             let relay = Relay::new(tap, endpoint, args.header, mtu, counters.clone())?;
+            if connector.is_none() {
+                connector = start_connector(&daemon_target, None)?;
+            }
             (Box::new(move || relay.run()), None)
         }
         Serves::VhostUser(path) => {
             let listener = port::listen_at(&path)?;
             let frontend = Frontend::Listening(listener);
-            let relay = VhostUserRelay::new(tap, frontend, mtu, counters.clone())?;
+            let mut relay = VhostUserRelay::new(tap, frontend, mtu, counters.clone())?;
+            // Each VMM connection gets a back-end of its own, reached
+            // through the relay's own socket: by the connector.
+            let backend = Target::stream(&relay.backend_socket());
+            connector = start_connector(&daemon_target, Some(backend))?;
+            let through = connector.clone().expect("a connector with a target");
+            let index = usize::from(daemon_target.is_some());
+            relay.connect_backend_with(Box::new(move || {
+                through.connect(index).map(UnixStream::from)
+            }));
             let leftovers = relay.leftovers();
             (Box::new(move || Ok(relay.run()?)), Some(leftovers))
         }
@@ -416,8 +438,9 @@ fn relay(args: &RelayArgs) -> anyhow::Result<()> {
     }
     let relay = spawn_relay(relay);
     info!(interface = %interface_id, %datapath, "relaying");
-    let lifeline = lifeline.map(|(socket, token)| Lifeline {
-        socket,
+    let lifeline = lifeline.map(|token| Lifeline {
+        connector: connector.clone().expect("a connector for the lifeline"),
+        daemon: DAEMON,
         interface_id,
         token,
     });
@@ -483,15 +506,30 @@ enum Serves {
     VhostUser(PathBuf),
 }
 
+/// The daemon's socket's index among the connector's targets, when it
+/// has a lifeline: the first.
+const DAEMON: usize = 0;
+
+/// The relay's connector (`cli::connector`) for its lifeline to the
+/// daemon and its vhost-user `backend`, if it has either: the daemon's
+/// socket first (DAEMON), the back-end's after it.
+fn start_connector(
+    daemon: &Option<Target>,
+    backend: Option<Target>,
+) -> anyhow::Result<Option<Arc<Connector>>> {
+    let targets: Vec<Target> = daemon.iter().cloned().chain(backend).collect();
+    if targets.is_empty() {
+        return Ok(None);
+    }
+    let connector = Connector::start(&targets).context("cannot start the relay's connector")?;
+    Ok(Some(Arc::new(connector)))
+}
+
 /// Gives up every system call relaying does not need (`seccomp`).
 fn confine(args: &RelayArgs) -> anyhow::Result<()> {
     let needs = seccomp::Needs {
-        daemon_socket: args.reclaim.is_some(),
         socket_file: args.socket.path().is_some(),
-        vhost_user: match args.socket {
-            VmmSocket::VhostUserPath(_) => seccomp::VhostUserNeeds::EachConnection,
-            _ => seccomp::VhostUserNeeds::None,
-        },
+        vhost_user: matches!(args.socket, VmmSocket::VhostUserPath(_)),
         ..seccomp::Needs::default()
     };
     seccomp::confine(EXECUTABLE, needs).context("cannot confine the relay")

@@ -16,6 +16,7 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType};
 
+use super::connector::{Connector, Target};
 use super::lifeline::{self, Lifeline};
 use super::{AttachArgs, Cli, DAEMON_GONE, VnetArgs, qemu};
 use crate::api::{Channel, InterfaceInfo, Request, Response};
@@ -132,7 +133,31 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
         std::thread::spawn(move || daemon.wait());
     }
     let attached = super::attach(&channel, &args.attach, args.datapath, false)?;
-    let lifeline = cli.lifeline(&attached);
+    // What this process reaches by path once confined, through its
+    // connector: the daemon's socket (the lifeline), the JSON written
+    // again with the address.
+    let reclaim = cli.reclaim_token(&attached);
+    let republish = args.wait_ip.and(args.json.clone());
+    let mut targets = Vec::new();
+    if reclaim.is_some() {
+        targets.push(Target::daemon(&cli.socket_path()));
+    }
+    if let Some(path) = &republish {
+        targets.push(Target::File { path: path.clone() });
+    }
+    let connector = match targets.is_empty() {
+        true => None,
+        false => Some(Arc::new(
+            Connector::start(&targets).context("cannot start linnet run's connector")?,
+        )),
+    };
+    let lifeline = reclaim.map(|token| Lifeline {
+        connector: connector.clone().expect("a connector for the lifeline"),
+        daemon: 0,
+        interface_id: attached.info.interface_id,
+        token,
+    });
+    let republish = republish.map(|_| (connector.clone().expect("a connector"), targets.len() - 1));
     let super::Attached { info, tap, .. } = attached;
     publish(&info, args.json.as_deref())?;
 
@@ -239,20 +264,15 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     std::thread::spawn(move || forward_signals(signals, pid));
     if let Some(seconds) = args.wait_ip {
-        let (cli_socket, json) = (cli.socket_path(), args.json.clone());
+        // Connected now: once confined, this process makes no socket.
+        let asking = Channel::connect(&cli.socket_path());
         let info = info.clone();
-        std::thread::spawn(move || wait_ip(&cli_socket, info, seconds, json.as_deref()));
+        std::thread::spawn(move || wait_ip(asking, info, seconds, republish));
     }
     let interface_id = info.interface_id;
     let needs = super::seccomp::Needs {
-        daemon_socket: lifeline.is_some() || args.wait_ip.is_some(),
-        json_file: args.wait_ip.is_some() && args.json.is_some(),
         signals_to: Some(pid.as_raw()),
-        vhost_user: if args.datapath == Datapath::VhostUser {
-            super::seccomp::VhostUserNeeds::One
-        } else {
-            super::seccomp::VhostUserNeeds::None
-        },
+        vhost_user: args.datapath == Datapath::VhostUser,
         ..Default::default()
     };
     std::thread::spawn(move || match counters {
@@ -273,15 +293,21 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
     })
 }
 
-/// `--wait-ip`: asks the daemon (on a connection of its own) for the VM's
-/// address, says it, and writes the JSON again with it.
-fn wait_ip(socket: &Path, mut info: InterfaceInfo, seconds: u64, json: Option<&Path>) {
+/// `--wait-ip`: asks the daemon (on a connection of its own, `asking`)
+/// for the VM's address, says it, and has the JSON written again with it
+/// (by the connector, target `index`, given `json`).
+fn wait_ip(
+    asking: io::Result<Channel>,
+    mut info: InterfaceInfo,
+    seconds: u64,
+    json: Option<(Arc<Connector>, usize)>,
+) {
     let request = Request::WaitAddress {
         network: info.network.clone(),
         interface_id: info.interface_id,
         timeout_ms: seconds.saturating_mul(1000),
     };
-    let reply = Channel::connect(socket).and_then(|channel| channel.call(&request));
+    let reply = asking.and_then(|channel| channel.call(&request));
     match reply {
         Ok((Response::Address { ip_address, .. }, _)) => {
             eprintln!(
@@ -289,7 +315,17 @@ fn wait_ip(socket: &Path, mut info: InterfaceInfo, seconds: u64, json: Option<&P
                 info.interface_id, info.network
             );
             info.ip_address = Some(ip_address);
-            if let Err(e) = publish(&info, json) {
+            let published = match json {
+                Some((connector, index)) => serde_json::to_string(&info)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|json| {
+                        connector
+                            .write_file(index, format!("{json}\n").as_bytes())
+                            .context("cannot write the JSON again with the address")
+                    }),
+                None => publish(&info, None),
+            };
+            if let Err(e) = published {
                 eprintln!("linnet: {e:#}");
             }
         }

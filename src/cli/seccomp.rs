@@ -29,30 +29,13 @@ use seccompiler::{
 /// its own.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Needs {
-    /// Reconnects to the daemon's socket (a lifeline across daemon
-    /// restarts; `linnet run --wait-ip`'s question).
-    pub daemon_socket: bool,
     /// Removes the socket file it bound for the VMM when it stops.
     pub socket_file: bool,
-    /// Writes the attach JSON again once the address is known
-    /// (`linnet run --wait-ip --json FILE`).
-    pub json_file: bool,
     /// Passes signals on to its VMM, this process.
     pub signals_to: Option<libc::pid_t>,
-    /// Runs a vhost-user back-end (datapath/vhost_user/).
-    pub vhost_user: VhostUserNeeds,
-}
-
-/// What a vhost-user back-end needs besides relaying.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub enum VhostUserNeeds {
-    #[default]
-    None,
-    /// A back-end for one VMM connection, made before confining.
-    One,
-    /// A back-end for each connection to a socket at a path: each one
-    /// is reached through a unix stream socket of the relay's own.
-    EachConnection,
+    /// Runs a vhost-user back-end (datapath/vhost_user/); a back-end for
+    /// each VMM connection is reached through the process's connector.
+    pub vhost_user: bool,
 }
 
 /// An allowed call: its name (for the docs' test), number and rules.
@@ -98,25 +81,64 @@ fn install(who: &'static str, list: BpfProgram) -> Result<(), SeccompError> {
         .spawn(|| {})
         .map_err(SeccompError::FirstThread)?
         .join();
+    let probe = forbidden_call_probe();
     seccompiler::apply_filter_all_threads(&clone3)?;
     seccompiler::apply_filter_all_threads(&list)?;
-    forbidden_call_for_tests();
+    forbidden_call_for_tests(probe);
     Ok(())
 }
 
 /// The environment variable that makes a debug build's confined process
 /// attempt a forbidden call right after confining itself: the tests'
-/// way to see one stopped. Release builds do not look at it.
+/// way to see one stopped. Release builds do not look at it. `socket`:
+/// a unix socket (what a lifeline once made itself); `connect:PATH`: a
+/// connect to PATH, on a unix socket made before confining; anything else:
+/// a socket to the world.
 #[cfg(debug_assertions)]
 pub const TEST_FORBIDDEN_CALL: &str = "LINNET_TEST_FORBIDDEN_CALL";
 
-fn forbidden_call_for_tests() {
+/// With the hook set to `connect:PATH`: the socket and the path, made
+/// before the filter.
+fn forbidden_call_probe() -> Option<(libc::c_int, std::ffi::CString)> {
     #[cfg(debug_assertions)]
-    if std::env::var_os(TEST_FORBIDDEN_CALL).is_some() {
-        // What a relay taken over through a guest's frames would want
-        // first: a socket to the world.
+    {
+        let value = std::env::var(TEST_FORBIDDEN_CALL).ok()?;
+        let path = std::ffi::CString::new(value.strip_prefix("connect:")?).ok()?;
         // SAFETY: socket(2) with integer arguments.
-        unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+        (fd >= 0).then_some((fd, path))
+    }
+    #[cfg(not(debug_assertions))]
+    None
+}
+
+#[cfg_attr(not(debug_assertions), allow(unused_variables))]
+fn forbidden_call_for_tests(probe: Option<(libc::c_int, std::ffi::CString)>) {
+    #[cfg(debug_assertions)]
+    if let Some(value) = std::env::var_os(TEST_FORBIDDEN_CALL) {
+        // What a relay taken over through a guest's frames would want
+        // first: a way out, to the world or to its user's sockets.
+        // SAFETY: socket(2) and connect(2) on live memory.
+        unsafe {
+            match probe {
+                Some((fd, path)) => {
+                    // SAFETY: all-zero is a valid sockaddr_un.
+                    let mut addr: libc::sockaddr_un = std::mem::zeroed();
+                    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+                    for (to, from) in addr.sun_path.iter_mut().zip(path.as_bytes()) {
+                        *to = *from as libc::c_char;
+                    }
+                    let len = size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                    libc::connect(fd, (&raw const addr).cast(), len);
+                }
+                None if value == "socket" => {
+                    libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+                }
+                None => {
+                    libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+                }
+            }
+        }
     }
 }
 
@@ -389,23 +411,12 @@ fn allowed(needs: Needs) -> Result<Vec<Allowed>, seccompiler::BackendError> {
     ];
     #[cfg(target_arch = "x86_64")]
     calls.extend([call!(epoll_wait), call!(poll)]);
-    if needs.daemon_socket {
-        // A unix seqpacket socket (the daemon's API) only.
-        calls.push(call!(socket, unix_socket(libc::SOCK_SEQPACKET)?));
-        calls.push(call!(connect));
-    }
     if needs.socket_file {
         calls.push(call!(unlinkat));
         #[cfg(target_arch = "x86_64")]
         calls.push(call!(unlink));
     }
-    if needs.json_file {
-        calls.push(call!(openat));
-        calls.push(call!(renameat2));
-        #[cfg(target_arch = "x86_64")]
-        calls.extend([call!(rename), call!(renameat)]);
-    }
-    if needs.vhost_user != VhostUserNeeds::None {
+    if needs.vhost_user {
         // rust-vmm's back-end: its events, the descriptors it keeps a copy
         // of, and the private directory of its socket, removed at the end.
         calls.push(call!(eventfd2));
@@ -421,13 +432,6 @@ fn allowed(needs: Needs) -> Result<Vec<Allowed>, seccompiler::BackendError> {
         }
         #[cfg(target_arch = "x86_64")]
         calls.push(call!(rmdir));
-    }
-    if needs.vhost_user == VhostUserNeeds::EachConnection {
-        // A unix stream socket to the back-end's own listener only.
-        calls.push(call!(socket, unix_socket(libc::SOCK_STREAM)?));
-        if !needs.daemon_socket {
-            calls.push(call!(connect));
-        }
     }
     if let Some(child) = needs.signals_to {
         calls.push(call!(kill, vec![vec![eq(0, child as u64)?]]));
@@ -472,6 +476,48 @@ fn gate_allowed() -> Result<Vec<Allowed>, seccompiler::BackendError> {
     #[cfg(target_arch = "x86_64")]
     calls.push(call!(poll));
     Ok(calls)
+}
+
+/// The connector's filter (`cli::connector`), built before it forks: its
+/// pair (read a request, send an answer), unix sockets of the two kinds it
+/// connects, `connect`, the file it writes and renames, `close`, exit.
+/// Anything else kills it.
+pub fn connector_filter() -> Result<BpfProgram, SeccompError> {
+    let mut socket_rules = unix_socket(libc::SOCK_SEQPACKET)?;
+    socket_rules.extend(unix_socket(libc::SOCK_STREAM)?);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+    let mut calls = vec![
+        call!(recvfrom),
+        call!(sendmsg),
+        call!(socket, socket_rules),
+        call!(connect),
+        call!(openat),
+        call!(write),
+        call!(renameat2),
+        call!(close),
+        call!(exit),
+        call!(exit_group),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.extend([call!(rename), call!(renameat)]);
+    let rules = calls
+        .into_iter()
+        .map(|call| {
+            let rules = call
+                .rules
+                .into_iter()
+                .map(SeccompRule::new)
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((call.number, rules))
+        })
+        .collect::<Result<BTreeMap<_, _>, seccompiler::BackendError>>()?;
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::KillProcess,
+        SeccompAction::Allow,
+        arch(),
+    )?;
+    Ok(filter.try_into()?)
 }
 
 /// Who the handler speaks for, set once before the filter.
@@ -528,24 +574,19 @@ mod tests {
 
     fn every_need() -> Needs {
         Needs {
-            daemon_socket: true,
             socket_file: true,
-            json_file: true,
             signals_to: Some(42),
-            vhost_user: VhostUserNeeds::EachConnection,
+            vhost_user: true,
         }
     }
 
     #[test]
-    fn both_filters_compile_for_every_need() {
-        let one_vhost_user = Needs {
-            vhost_user: VhostUserNeeds::One,
-            ..Needs::default()
-        };
-        for needs in [Needs::default(), one_vhost_user, every_need()] {
+    fn the_filters_compile_for_every_need() {
+        for needs in [Needs::default(), every_need()] {
             assert!(!allow_list(needs).unwrap().is_empty());
         }
         assert!(!no_clone3().unwrap().is_empty());
+        assert!(!connector_filter().unwrap().is_empty());
     }
 
     #[test]
@@ -553,21 +594,23 @@ mod tests {
         let names =
             |needs| -> Vec<&str> { allowed(needs).unwrap().iter().map(|c| c.name).collect() };
         let bare = names(Needs::default());
-        for call in [
-            "socket",
-            "connect",
-            "unlinkat",
-            "openat",
-            "renameat2",
-            "kill",
-            "eventfd2",
-            "shutdown",
-        ] {
+        for call in ["unlinkat", "kill", "eventfd2", "shutdown"] {
             assert!(!bare.contains(&call), "{call} allowed with no need of it");
             assert!(names(every_need()).contains(&call), "{call} never allowed");
         }
+        // No socket of its own, whatever it needs: its connector
+        // connects for it.
         for call in [
-            "execve", "ptrace", "bind", "listen", "setns", "unshare", "mount",
+            "socket",
+            "connect",
+            "socketpair",
+            "execve",
+            "ptrace",
+            "bind",
+            "listen",
+            "setns",
+            "unshare",
+            "mount",
         ] {
             assert!(!names(every_need()).contains(&call), "{call} allowed");
         }

@@ -25,6 +25,8 @@ use super::state::Daemon;
 use crate::api::ForwardOrigin;
 use crate::events::What;
 use crate::host::netlink::{Link, LinkKind, LinkSettings};
+use crate::host::peer::PeerNamespace;
+use crate::host::process::Process;
 use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK};
 use crate::leases::{Claimant, Lease, Owner};
 use crate::services::unix_now;
@@ -288,7 +290,7 @@ impl Daemon {
                     unix_now(),
                 ),
                 None => leases
-                    .attach_without_address(id, Some(r.mac), unix_now())
+                    .attach_without_address(id, Some(r.mac), unix_now(), &mut Default::default())
                     .map(drop)
                     .map_err(|e| e.to_string()),
             }
@@ -315,7 +317,7 @@ impl Daemon {
                 cut_off: cut_off.clone(),
                 holder,
                 uid: r.uid,
-                account: crate::host::accounts::account_of(r.uid, r.client.map(|p| p.pid)),
+                account: adopted_account(r.uid, r.client.as_ref()),
                 datapath: r.datapath,
                 relay: None,
                 forwards: Vec::new(),
@@ -482,6 +484,14 @@ impl Daemon {
 
 /// The number in a port's name (`lnt7`, `lnv7`), which the next ports'
 /// names count on from.
+/// The account an adopted interface's user is charged to, read again of
+/// its client's process: a client gone since counts as its uid (the
+/// interface is an orphan, reaped or kept as any other).
+fn adopted_account(uid: u32, client: Option<&Process>) -> u32 {
+    let namespace = client.map_or(PeerNamespace::Gone, PeerNamespace::of_process);
+    crate::host::accounts::account_of(uid, &namespace).unwrap_or(uid)
+}
+
 fn port_number(name: &str) -> Option<u32> {
     [crate::host::TAP_PREFIX, crate::host::MACVTAP_PREFIX]
         .iter()

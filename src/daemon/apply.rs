@@ -180,7 +180,7 @@ impl Apply<'_> {
     /// first. What cannot be undone is logged with what it concerns.
     /// `guarded_left`: whether any other port is guarded (if none, the
     /// guard's tables go too).
-    pub async fn undo(&mut self, id: InterfaceId, done: Vec<Done>, now: u64, guarded_left: bool) {
+    pub async fn undo(&mut self, id: InterfaceId, done: Vec<Done>, guarded_left: bool) {
         let mut left = Leftovers::default();
         let leases = self.network.leases();
         for step in plan::undo_order(done) {
@@ -217,9 +217,9 @@ impl Apply<'_> {
                     let unmounted = self.host.devices.unmount_namespace(&path);
                     left.note(format_args!("unmount {}", path.display()), unmounted);
                 }
-                Done::Lease => {
+                Done::Lease(change) => {
                     if let Some(leases) = leases {
-                        leases.lock().expect("lease lock").detach(id, now);
+                        leases.lock().expect("lease lock").undo(change);
                     }
                 }
             }

@@ -299,6 +299,17 @@ pub enum DaemonError {
         mac: MacAddr,
         other: MacAddr,
     },
+    /// A network across hosts: the MAC an attach asks for is a VM's
+    /// behind another host's VTEP (advertised over EVPN). Taken here too,
+    /// EVPN's MAC mobility could send that VM's traffic here.
+    #[error(
+        "network \"{network}\": MAC {mac} is a VM's on another host (FRR learned it over EVPN behind VTEP {vtep}); choose another MAC (or none, for one of linnet's), or detach that VM there first if it is moving here"
+    )]
+    MacElsewhere {
+        network: String,
+        mac: MacAddr,
+        vtep: std::net::IpAddr,
+    },
     /// A network across hosts whose MTU, with VXLAN's 50 bytes, is more
     /// than the underlay link carries.
     #[error(
@@ -383,6 +394,7 @@ impl DaemonError {
             | DaemonError::PortBound { .. }
             | DaemonError::ForeignLink { .. }
             | DaemonError::AddressElsewhere { .. }
+            | DaemonError::MacElsewhere { .. }
             | DaemonError::Overlap { .. }
             | DaemonError::LinnetsBridge { .. }
             | DaemonError::Lease(_) => ErrorKind::Conflict,

@@ -7,17 +7,24 @@
 //! What a scrape shows is what `linnet ls` shows anyone allowed to list
 //! (networks, interface ids, names, counters), to anyone who can reach the
 //! address: the daemon binds loopback unless told another address.
+//!
+//! Anyone who can reach it can also open connections and say nothing, so
+//! no connection waits on another's request: each is read on its own,
+//! for REQUEST_TIMEOUT at most, and past READING_AT_ONCE connections still
+//! to send their request the oldest is dropped; only taking the numbers
+//! is done SCRAPES_AT_ONCE at a time, and the answer is written within
+//! ANSWER_TIMEOUT.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tracing::{debug, info, warn};
 
 use super::drivers::TowardVm;
@@ -28,10 +35,14 @@ use crate::host::netlink::Link;
 use crate::metrics::{Family, Kind, render};
 use crate::services::ServiceCounters;
 
-/// Scrapes served at once; more wait for their turn.
+/// Scrapes whose numbers are taken at once; more wait for their turn.
 const SCRAPES_AT_ONCE: usize = 4;
+/// Connections still to send their request; a new one drops the oldest.
+const READING_AT_ONCE: usize = 64;
 /// How long a scraper may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a scraper may take to read its answer.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most of a request read: a GET line and headers.
 const MAX_REQUEST: usize = 8192;
 
@@ -47,6 +58,7 @@ pub(super) async fn spawn(addr: SocketAddr, sessions: Sessions) -> anyhow::Resul
         warn!(%addr, "serving metrics at http://{addr}/metrics to anyone who can reach it: they show every network's interfaces, their ids and names");
     }
     let turns = Arc::new(Semaphore::new(SCRAPES_AT_ONCE));
+    let reading = Arc::new(Mutex::new(Reading::default()));
     Ok(tokio::spawn(async move {
         loop {
             let (stream, peer) = match listener.accept().await {
@@ -57,27 +69,67 @@ pub(super) async fn spawn(addr: SocketAddr, sessions: Sessions) -> anyhow::Resul
                     continue;
                 }
             };
-            let Ok(turn) = turns.clone().acquire_owned().await else {
-                return;
-            };
-            let sessions = sessions.clone();
-            tokio::spawn(async move {
-                if let Err(e) = answer(stream, &sessions).await {
+            let (sessions, turns, done) = (sessions.clone(), turns.clone(), reading.clone());
+            // Held until the task is listed: it cannot be done before.
+            let mut open = reading.lock().expect("metrics readers");
+            let id = open.next_id();
+            let read = move || done.lock().expect("metrics readers").done(id);
+            let task = tokio::spawn(async move {
+                if let Err(e) = answer(stream, &sessions, &turns, read).await {
                     debug!(%peer, "metrics: {e}");
                 }
-                drop(turn);
             });
+            open.add(id, task.abort_handle());
+            drop(open);
         }
     }))
 }
 
-/// Reads one request and answers it.
-async fn answer(mut stream: TcpStream, sessions: &Sessions) -> std::io::Result<()> {
-    let request = tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream))
-        .await
-        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))?;
+/// The connections still to send their request, oldest first.
+#[derive(Default)]
+struct Reading {
+    last_id: u64,
+    open: VecDeque<(u64, AbortHandle)>,
+}
+
+impl Reading {
+    fn next_id(&mut self) -> u64 {
+        self.last_id += 1;
+        self.last_id
+    }
+
+    /// One more; past READING_AT_ONCE, the oldest is dropped.
+    fn add(&mut self, id: u64, task: AbortHandle) {
+        if self.open.len() >= READING_AT_ONCE
+            && let Some((_, oldest)) = self.open.pop_front()
+        {
+            oldest.abort();
+        }
+        self.open.push_back((id, task));
+    }
+
+    /// `id` sent its request (or is gone).
+    fn done(&mut self, id: u64) {
+        self.open.retain(|(open, _)| *open != id);
+    }
+}
+
+/// Reads one request and answers it: the numbers taken in a turn, the
+/// answer written after; `read` is called once the request is in.
+async fn answer(
+    mut stream: TcpStream,
+    sessions: &Sessions,
+    turns: &Semaphore,
+    read: impl FnOnce(),
+) -> std::io::Result<()> {
+    let request = tokio::time::timeout(REQUEST_TIMEOUT, read_head(&mut stream)).await;
+    read();
+    let request = request.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))?;
     let (status, body) = match route(&request) {
-        Route::Metrics => ("200 OK", scrape(sessions).await),
+        Route::Metrics => {
+            let _turn = turns.acquire().await.map_err(std::io::Error::other)?;
+            ("200 OK", scrape(sessions).await)
+        }
         Route::NotFound => ("404 Not Found", "linnet serves /metrics only\n".into()),
         Route::BadMethod => ("405 Method Not Allowed", "GET /metrics\n".into()),
     };
@@ -85,9 +137,14 @@ async fn answer(mut stream: TcpStream, sessions: &Sessions) -> std::io::Result<(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+    let write = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    tokio::time::timeout(ANSWER_TIMEOUT, write)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
 }
 
 /// The request's head: up to its empty line, or MAX_REQUEST bytes.
@@ -401,6 +458,34 @@ impl InterfaceFamilies {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn past_its_cap_the_oldest_connection_still_to_send_is_dropped() {
+        let mut reading = Reading::default();
+        let mut tasks: Vec<_> = (0..=READING_AT_ONCE)
+            .map(|_| tokio::spawn(std::future::pending::<()>()))
+            .collect();
+        let ids: Vec<u64> = tasks
+            .iter()
+            .map(|task| {
+                let id = reading.next_id();
+                reading.add(id, task.abort_handle());
+                id
+            })
+            .collect();
+        assert!(tasks.remove(0).await.unwrap_err().is_cancelled());
+        assert!(tasks.iter().all(|t| !t.is_finished()), "only the oldest");
+        assert_eq!(reading.open.len(), READING_AT_ONCE);
+        // One that sent its request leaves the count: the next new one
+        // drops nobody.
+        reading.done(ids[1]);
+        let id = reading.next_id();
+        let extra = tokio::spawn(std::future::pending::<()>());
+        reading.add(id, extra.abort_handle());
+        tokio::task::yield_now().await;
+        assert!(tasks.iter().all(|t| !t.is_finished()));
+        assert_eq!(reading.open.len(), READING_AT_ONCE);
+    }
 
     #[test]
     fn only_get_of_metrics_is_served() {

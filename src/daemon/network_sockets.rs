@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::sessions::Sessions;
-use super::sockets::{accept_next, bind_unix, identify, register};
+use super::sockets::{Unidentified, accept_next, bind_unix, identify, register};
 use crate::budget::{LogBudget, RateLimit};
 use crate::config::{Allow, DEFAULT_MTU, NetworkConfig};
 use crate::host::privileges;
@@ -451,9 +451,18 @@ fn admit(
     relay: &Path,
     limits: Limits<'_>,
 ) -> anyhow::Result<()> {
-    let mut client = identify(&conn, sessions.next_id()).context("cannot identify the peer")?;
     let name = &network.name;
     let now = Instant::now();
+    let mut client = match identify(&conn, sessions.next_id()) {
+        Ok(client) => client,
+        Err(Unidentified::Gone(gone)) => {
+            if limits.refusals_logged.allow(&gone.uid, now).is_ok() {
+                warn!(network = %name, uid = gone.uid, "refused a connection to the network socket: {gone} (more from uid {} in the next {} s are not logged)", gone.uid, REFUSAL_LOG_PERIOD.as_secs());
+            }
+            return Ok(());
+        }
+        Err(e) => return Err(e).context("cannot identify the peer"),
+    };
     // A refused user is told nothing (the protocol has no word for it) and
     // logged once a period, however often they try.
     let mut refuse = |why: String| {

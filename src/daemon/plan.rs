@@ -7,7 +7,7 @@
 //! first. The decisions are unit-tested here without a kernel.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
@@ -25,7 +25,7 @@ use crate::datapath::Datapath;
 use crate::host::clone_ns::CloneNetwork;
 use crate::host::guard::PortGuard;
 use crate::host::netlink::LinkSettings;
-use crate::leases::{Claimant, LeaseTable, TakenOver};
+use crate::leases::{Claimant, LeaseChange, LeaseTable, TakenOver};
 use crate::policy::Policy;
 use crate::types::{self, InterfaceId, MacAddr};
 
@@ -45,6 +45,8 @@ pub(super) struct AttachPlan {
     pub mtu: u32,
     /// The kernel's part, in order (`apply`).
     pub steps: Vec<Step>,
+    /// What taking its lease changed (undone if the attach fails).
+    pub lease: LeaseChange,
 }
 
 /// A step of an attach in the kernel, which `apply` carries out. Steps
@@ -255,6 +257,7 @@ pub(super) fn plan_on_lan(
         policy,
         guarded: guarded(cfg),
         mtu,
+        lease: LeaseChange::default(),
     })
 }
 
@@ -311,12 +314,16 @@ pub(super) fn plan(
     if !addressed && !policy.is_open() {
         return Err(no_address_for_policy(&cfg.name));
     }
+    let mut lease = LeaseChange::default();
     let (mac, ip) = if addressed {
-        let lease = leases.attach_for(who, id, req.mac, req.name.clone(), now)?;
-        (lease.mac, Some(lease.ip))
+        let taken = leases.attach_noting(who, id, req.mac, req.name.clone(), now, &mut lease)?;
+        (taken.mac, Some(taken.ip))
     } else {
         leases.check_claim(who, id, req.name.as_deref(), now)?;
-        (leases.attach_without_address(id, req.mac, now)?, None)
+        (
+            leases.attach_without_address(id, req.mac, now, &mut lease)?,
+            None,
+        )
     };
     let datapath = req.datapath.unwrap_or_default();
     let mut steps = port_steps(vec![Step::Port], has_guard(cfg, &policy), None, datapath);
@@ -335,6 +342,7 @@ pub(super) fn plan(
         guarded: guarded(cfg),
         mtu: own.mtu,
         steps,
+        lease,
     })
 }
 
@@ -344,9 +352,17 @@ pub(super) fn plan(
 pub(super) fn check_elsewhere(
     network: &str,
     plan: &AttachPlan,
-    elsewhere: &BTreeMap<Ipv4Addr, MacAddr>,
+    addresses: &BTreeMap<Ipv4Addr, MacAddr>,
+    macs: &BTreeMap<MacAddr, IpAddr>,
 ) -> Result<(), DaemonError> {
-    match plan.ip.and_then(|ip| Some((ip, *elsewhere.get(&ip)?))) {
+    if let Some(vtep) = macs.get(&plan.mac) {
+        return Err(DaemonError::MacElsewhere {
+            network: network.into(),
+            mac: plan.mac,
+            vtep: *vtep,
+        });
+    }
+    match plan.ip.and_then(|ip| Some((ip, *addresses.get(&ip)?))) {
         Some((ip, other)) if other != plan.mac => Err(DaemonError::AddressElsewhere {
             network: network.into(),
             ip,
@@ -412,6 +428,7 @@ pub(super) fn plan_clone(
         guarded: guarded(cfg),
         mtu: own.mtu,
         steps,
+        lease: LeaseChange::default(),
     }
 }
 
@@ -444,8 +461,8 @@ impl AttachPlan {
 /// one fails.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Done {
-    /// The lease was taken (undo: detach it, keeping the reservation).
-    Lease,
+    /// The lease was taken (undo: the lease table as it was before).
+    Lease(LeaseChange),
     /// The port (its link index) was made (undo: a TAP goes with its fd,
     /// as making it persistent for tap-name is the last step that can
     /// fail; a macvtap is deleted).
@@ -845,21 +862,41 @@ mod tests {
             ]
         );
         let other: MacAddr = "02:99:00:00:00:01".parse().unwrap();
+        let no_macs = BTreeMap::new();
         let held = BTreeMap::from([(ip, other)]);
-        let refused = check_elsewhere("shared", &plan, &held).unwrap_err();
+        let refused = check_elsewhere("shared", &plan, &held, &no_macs).unwrap_err();
         assert!(matches!(refused, DaemonError::AddressElsewhere { other: o, .. } if o == other));
         let moving = BTreeMap::from([(ip, plan.mac)]);
-        assert!(check_elsewhere("shared", &plan, &moving).is_ok());
-        assert!(check_elsewhere("shared", &plan, &BTreeMap::new()).is_ok());
+        assert!(check_elsewhere("shared", &plan, &moving, &no_macs).is_ok());
+        assert!(check_elsewhere("shared", &plan, &BTreeMap::new(), &no_macs).is_ok());
+        // Its MAC behind another host's VTEP: refused, naming the VTEP,
+        // whatever the addresses say.
+        let vtep: IpAddr = "192.0.2.2".parse().unwrap();
+        let behind = BTreeMap::from([(plan.mac, vtep)]);
+        let refused = check_elsewhere("shared", &plan, &BTreeMap::new(), &behind).unwrap_err();
+        assert!(matches!(refused, DaemonError::MacElsewhere { vtep: v, .. } if v == vtep));
+        assert!(
+            refused.to_string().contains("behind VTEP 192.0.2.2"),
+            "{refused}"
+        );
+        let others = BTreeMap::from([(other, vtep)]);
+        assert!(check_elsewhere("shared", &plan, &BTreeMap::new(), &others).is_ok());
     }
 
     #[test]
     fn steps_are_undone_newest_first() {
         let (cfg, _, plan) = planned("");
         let guard = plan.guard(&cfg, "lnt0");
-        let undone: Vec<Done> =
-            undo_order(vec![Done::Lease, Done::Port(7), Done::Guard(guard.clone())]).collect();
-        assert_eq!(undone, vec![Done::Guard(guard), Done::Port(7), Done::Lease]);
+        let undone: Vec<Done> = undo_order(vec![
+            Done::Lease(plan.lease.clone()),
+            Done::Port(7),
+            Done::Guard(guard.clone()),
+        ])
+        .collect();
+        assert_eq!(
+            undone,
+            vec![Done::Guard(guard), Done::Port(7), Done::Lease(plan.lease)]
+        );
     }
 
     /// An interface of `uid` attached to `network` as `name`.

@@ -28,14 +28,26 @@ use crate::host::process::Process;
 use crate::leases::{LeaseError, Owner};
 use crate::services::name_gate::NameGate;
 use crate::services::{NetworkContext, ServiceError, Services, Starter};
-use crate::types::InterfaceId;
+use crate::types::{InterfaceId, MacAddr};
 
-/// Services that start nothing; a clone's DHCP socket on loopback.
-struct NoServices;
+mod every_step;
+
+/// Services that start nothing but a step in the fake host's record
+/// (so a scenario that changes nothing sees none started); a clone's DHCP
+/// socket on loopback.
+struct NoServices(FakeHost);
 
 #[async_trait]
 impl Starter for NoServices {
-    async fn start(&self, _ctx: Arc<NetworkContext>) -> Result<Services, ServiceError> {
+    async fn start(&self, ctx: Arc<NetworkContext>) -> Result<Services, ServiceError> {
+        self.0
+            .record_service_start(ctx.name())
+            .map_err(|source| ServiceError::Bind {
+                network: ctx.name().into(),
+                service: "the scenario's services",
+                addr: String::new(),
+                source,
+            })?;
         Ok(Services::none())
     }
 
@@ -206,7 +218,7 @@ async fn start(fake: &FakeHost, dir: &Path, yaml: &str) -> Daemon {
         dir.join("state"),
         dir.join("run"),
         host,
-        Arc::new(NoServices),
+        Arc::new(NoServices(fake.clone())),
         names,
         events,
     );
@@ -425,6 +437,50 @@ async fn an_address_another_host_advertises_for_another_mac_is_refused() {
     s.fake.learn_neighbour("ln-fabric", ip, ours);
     let moved = s.attach(&user(1000, 1), moving).await.unwrap();
     assert_eq!(moved.info.ip_address, Some(ip));
+}
+
+/// A MAC that FRR knows behind another host's VTEP is refused, naming
+/// it, whether asked for alone or with the address that host's VM holds;
+/// once FRR no longer knows it there (the VM left that host), it is taken.
+#[tokio::test]
+async fn a_mac_another_host_advertises_is_refused_naming_its_vtep() {
+    let mut s = Scene::new(ACROSS_HOSTS).await;
+    let _first = s.attach(&user(1000, 1), on("fabric", 1)).await.unwrap();
+    let theirs: MacAddr = "02:99:00:00:00:07".parse().unwrap();
+    let vtep: std::net::IpAddr = "192.0.2.2".parse().unwrap();
+    s.fake.learn_remote_mac("lx-fabric", theirs, vtep);
+    let taking = AttachRequest {
+        mac: Some(theirs),
+        ..on("fabric", 2)
+    };
+    s.fake.clear_steps();
+    let refused = s.refused(&user(1000, 1), taking.clone()).await;
+    assert!(
+        matches!(refused, DaemonError::MacElsewhere { .. }),
+        "{refused:?}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("MAC 02:99:00:00:00:07 is a VM's on another host (FRR learned it over EVPN behind VTEP 192.0.2.2)"),
+        "{refused}"
+    );
+    assert_eq!(s.fake.steps(), [], "nothing made");
+    assert_eq!(
+        s.fake.neighbours("ln-fabric").len(),
+        1,
+        "only the first VM's"
+    );
+    // A positive control: another MAC on the same network is taken.
+    let other = AttachRequest {
+        mac: Some("02:99:00:00:00:08".parse().unwrap()),
+        ..on("fabric", 3)
+    };
+    s.attach(&user(1000, 1), other).await.unwrap();
+    // Gone from the other host: taken.
+    s.fake.forget_remote_mac("lx-fabric", theirs);
+    let moved = s.attach(&user(1000, 1), taking).await.unwrap();
+    assert_eq!(moved.info.mac_address, theirs);
 }
 
 /// A restart adopts the VXLAN device with the VMs; a config that gives

@@ -21,14 +21,15 @@ use tracing::{error, info, warn};
 use super::host_ports::{HostPorts, HostSide};
 use super::requests::lock_when_detached;
 use super::sessions::{Sessions, refuse};
-use super::sockets::{accept_next, bind_unix, identify, register};
+use super::sockets::{Unidentified, accept_next, bind_unix, identify, register};
 use super::state::Daemon;
-use crate::api::SOCKET_NAME;
+use crate::api::{ErrorKind, SOCKET_NAME};
+use crate::budget::RateLimit;
 use crate::config::Config;
 use crate::events::Bus;
 use crate::host::netlink::{LinkSettings, Links, Netlink};
 use crate::host::seam::Host;
-use crate::host::{egress, systemd};
+use crate::host::{egress, memory, systemd};
 use crate::services;
 use crate::services::name_gate::NameGate;
 
@@ -223,12 +224,24 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let tap_addresses = daemon.lock().await.tap_addresses.clone();
     let tap_watch = super::tap_watch::spawn(daemon.clone(), tap_addresses);
     let mut idle_since = tokio::time::Instant::now();
+    // Memory a mass detach freed goes back to the system.
+    let mut trim = memory::Trim::default();
+    // A refusal of a peer gone before it was read, logged once a minute
+    // per uid however often it comes.
+    let mut gone_logged: RateLimit<u32> = RateLimit::new(1, Duration::from_secs(60));
 
     loop {
         tokio::select! {
             conn = accept_next(&listener, "the API socket", &mut out_of_fds) => {
                 let client = match identify(&conn, sessions.next_id()) {
                     Ok(client) => client,
+                    Err(Unidentified::Gone(gone)) => {
+                        if gone_logged.allow(&gone.uid, std::time::Instant::now()).is_ok() {
+                            warn!(uid = gone.uid, "refused a connection: {gone} (more from uid {} in the next minute are not logged)", gone.uid);
+                        }
+                        refuse(&conn, ErrorKind::NotAllowed, gone.to_string());
+                        continue;
+                    }
                     Err(e) => {
                         warn!("cannot identify a client: {e}");
                         continue;
@@ -237,7 +250,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
                 let permit = match sessions.admit(&client) {
                     Ok(permit) => permit,
                     Err(refusal) => {
-                        refuse(&conn, refusal);
+                        refuse(&conn, ErrorKind::Busy, refusal);
                         continue;
                     }
                 };
@@ -248,6 +261,9 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
             _ = idle_ticks.tick() => {
                 daemon.lock().await.reap_orphans().await;
+                if trim.due(daemon.lock().await.interfaces.len()) {
+                    memory::give_back();
+                }
                 let Some(limit) = opts.idle_exit else { continue };
                 let idle = sessions.open() == 0 && daemon.lock().await.is_idle();
                 if !idle {

@@ -197,11 +197,8 @@ impl Sessions {
 
 /// Answers a connection the daemon will not serve, and closes it: the
 /// client reads the reason as the reply to its first request.
-pub(super) fn refuse(conn: &AsyncFd<OwnedFd>, message: String) {
-    let response = Response::Error {
-        kind: api::ErrorKind::Busy,
-        message,
-    };
+pub(super) fn refuse(conn: &AsyncFd<OwnedFd>, kind: api::ErrorKind, message: String) {
+    let response = Response::Error { kind, message };
     let _ = api::send_message(conn.get_ref().as_fd(), &response, &[]);
     // A request already sent is read (and dropped): closing on unread data
     // would make the client's kernel report a reset before the reason.

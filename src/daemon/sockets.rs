@@ -1,20 +1,20 @@
 //! The daemon's unix sockets: binding, accepting (patiently when out of
 //! file descriptors), registering with tokio, and who is at the other end
-//! (SO_PEERCRED, SO_PEERGROUPS).
+//! (`host::peer`).
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr, sockopt};
+use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
 use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
 use super::client::Client;
 use crate::host::accounts;
-use crate::host::process::Process;
+use crate::host::peer::Peer;
 
 /// How long accepting pauses when the daemon is out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -98,20 +98,43 @@ pub(super) fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
 }
 
-/// Who is at the other end of `conn`, in the kernel's word (SO_PEERCRED,
-/// SO_PEERGROUPS): what they connected as, whatever they do since.
-pub(super) fn identify(conn: &AsyncFd<OwnedFd>, id: u64) -> io::Result<Client> {
-    let cred = socket::getsockopt(conn.get_ref(), sockopt::PeerCredentials)?;
-    let pid = (cred.pid() > 0).then_some(cred.pid());
-    let account = accounts::account_of(cred.uid(), pid);
+/// Why a connection has no client.
+#[derive(Debug)]
+pub(super) enum Unidentified {
+    /// The kernel would not say who it is.
+    Io(io::Error),
+    /// It cannot be charged to an account: it is refused, told why.
+    Gone(accounts::PeerGone),
+}
+
+impl std::fmt::Display for Unidentified {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unidentified::Io(e) => e.fmt(f),
+            Unidentified::Gone(gone) => gone.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Unidentified {}
+
+/// Who is at the other end of `conn`, in the kernel's word: what they
+/// connected as (SO_PEERCRED), whatever they do since, and the user
+/// namespace of the very process that connected (through SO_PEERPIDFD),
+/// for its account.
+pub(super) fn identify(conn: &AsyncFd<OwnedFd>, id: u64) -> Result<Client, Unidentified> {
+    let peer = Peer::of(conn.get_ref().as_fd()).map_err(Unidentified::Io)?;
+    let account =
+        accounts::account_of(peer.uid, &peer.user_namespace()).map_err(Unidentified::Gone)?;
+    let (pid, process) = peer.client();
     Ok(Client {
         id,
         pid,
-        uid: cred.uid(),
-        gid: cred.gid(),
+        uid: peer.uid,
+        gid: peer.gid,
         account,
         groups: accounts::member_groups(account),
-        process: (cred.pid() > 0).then(|| Process::of(cred.pid())).flatten(),
+        process,
         network_socket: None,
     })
 }

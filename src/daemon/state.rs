@@ -303,7 +303,6 @@ impl Daemon {
         plan: &AttachPlan,
         client: &Client,
         mut done: Vec<Done>,
-        now: u64,
     ) -> Result<Carried, DaemonError> {
         let guarded_left = self.any_guarded();
         let scratch = self.run_dir.join("devices");
@@ -322,7 +321,7 @@ impl Daemon {
         match apply.apply(plan, who, &mut done).await {
             Ok(carried) => Ok(carried),
             Err(e) => {
-                apply.undo(plan.id, done, now, guarded_left).await;
+                apply.undo(plan.id, done, guarded_left).await;
                 Err(e)
             }
         }

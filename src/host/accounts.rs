@@ -8,8 +8,17 @@
 //! groups are those the group database gives its account, not the
 //! supplementary groups a process inherited (a subordinate uid keeps its
 //! creator's, though it is no member of anything).
+//!
+//! The namespace is read through the peer's pidfd (`host::peer`): a
+//! process that connects and exits before the daemon looks leaves none to
+//! read, and its uid alone (one of thousands a user may hold, from any
+//! source of subordinate uids: /etc/subuid, or NSS's as sssd and FreeIPA
+//! give) is no account. Such a peer is charged to its uid only when that
+//! uid is an account of the user database (or root); otherwise it is
+//! refused (`PeerGone`).
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -17,6 +26,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::unistd::{Gid, Uid, User, getgrouplist};
+
+use super::peer::PeerNamespace;
 
 const SUBUID: &str = "/etc/subuid";
 
@@ -62,11 +73,35 @@ pub fn owner_in(ranges: &[SubordinateRange], uid: u32) -> u32 {
         .map_or(uid, |r| r.owner)
 }
 
-/// The account a peer with `uid` (process `pid`, if known) is charged to,
-/// through the process's one `Accounts`.
-pub fn account_of(uid: u32, pid: Option<i32>) -> u32 {
+/// A peer whose account cannot be told: its uid is no account, and its
+/// process exited before its user namespace was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerGone {
+    pub uid: u32,
+}
+
+impl fmt::Display for PeerGone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the process that connected as uid {} exited before the daemon could tell whose account it is (the uid is no account of its own); connect from the process that asks, and keep it running",
+            self.uid
+        )
+    }
+}
+
+/// The account a peer with `uid` in user namespace `namespace` is charged
+/// to, through the process's one `Accounts`.
+pub fn account_of(uid: u32, namespace: &PeerNamespace) -> Result<u32, PeerGone> {
     static ACCOUNTS: Mutex<Accounts> = Mutex::new(Accounts { subuid: None });
-    ACCOUNTS.lock().expect("accounts lock").account_of(uid, pid)
+    ACCOUNTS
+        .lock()
+        .expect("accounts lock")
+        .account_of(uid, namespace, is_account)
+}
+
+fn is_account(uid: u32) -> bool {
+    matches!(User::from_uid(Uid::from_raw(uid)), Ok(Some(_)))
 }
 
 /// The system's accounts, as the daemon reads them: /etc/subuid (read
@@ -77,18 +112,30 @@ pub struct Accounts {
 }
 
 impl Accounts {
-    /// The account a peer with `uid` (process `pid`, if known) is charged
-    /// to.
-    pub fn account_of(&mut self, uid: u32, pid: Option<i32>) -> u32 {
+    /// The account a peer with `uid` in user namespace `namespace` is
+    /// charged to; `is_account` tells a uid of the user database.
+    pub fn account_of(
+        &mut self,
+        uid: u32,
+        namespace: &PeerNamespace,
+        is_account: impl Fn(u32) -> bool,
+    ) -> Result<u32, PeerGone> {
         let by_range = owner_in(self.ranges(), uid);
         if by_range != uid {
-            return by_range;
+            return Ok(by_range);
         }
-        match pid.and_then(namespace_owner) {
+        let owner = match namespace {
+            PeerNamespace::Ours => return Ok(uid),
+            PeerNamespace::Other(ns) => namespace_owner(ns),
+            PeerNamespace::Gone => None,
+        };
+        match owner {
             // A namespace root made is root's business: its uids count as
             // themselves, not as root's.
-            Some(owner) if owner != 0 && owner != uid => owner_in(self.ranges(), owner),
-            _ => uid,
+            Some(owner) if owner != 0 && owner != uid => Ok(owner_in(self.ranges(), owner)),
+            Some(_) => Ok(uid),
+            None if uid == 0 || is_account(uid) => Ok(uid),
+            None => Err(PeerGone { uid }),
         }
     }
 
@@ -153,16 +200,13 @@ fn look_up_groups(account: u32) -> Vec<u32> {
 const NS_GET_OWNER_UID: libc::c_ulong = 0xb704;
 const NS_GET_PARENT: libc::c_ulong = 0xb702;
 
-/// The owner of the user namespace `pid` is in, as the daemon sees it:
-/// of the one just below the daemon's on the way to it (whose owner is a
-/// uid of the daemon's namespace). None when `pid` is in the daemon's own
-/// user namespace, or it cannot be told.
-fn namespace_owner(pid: i32) -> Option<u32> {
+/// The owner of user namespace `ns`, another than the daemon's, as the
+/// daemon sees it: of the one just below the daemon's on the way to it
+/// (whose owner is a uid of the daemon's namespace). None when it cannot
+/// be told.
+fn namespace_owner(ns: &File) -> Option<u32> {
     let ours = std::fs::metadata("/proc/self/ns/user").ok()?.ino();
-    let mut ns = File::open(format!("/proc/{pid}/ns/user")).ok()?;
-    if ns.metadata().ok()?.ino() == ours {
-        return None;
-    }
+    let mut ns = ns.try_clone().ok()?;
     // Up to the namespace whose parent is ours (at most 32 levels).
     for _ in 0..32 {
         // SAFETY: NS_GET_PARENT takes no argument and returns a new fd.
@@ -222,9 +266,21 @@ mod tests {
     }
 
     #[test]
-    fn this_process_is_in_the_daemons_own_user_namespace() {
-        assert_eq!(namespace_owner(std::process::id() as i32), None);
+    fn a_peer_whose_namespace_is_gone_counts_as_its_uid_only_if_that_is_an_account() {
         let mut accounts = Accounts::default();
-        assert_eq!(accounts.account_of(0, Some(std::process::id() as i32)), 0);
+        let known = |uid| uid == 1000;
+        let gone = PeerNamespace::Gone;
+        assert_eq!(accounts.account_of(1000, &gone, known), Ok(1000));
+        assert_eq!(accounts.account_of(0, &gone, known), Ok(0));
+        assert_eq!(
+            accounts.account_of(4_000_000_000, &gone, known),
+            Err(PeerGone { uid: 4_000_000_000 }),
+            "a subordinate uid from a source other than /etc/subuid"
+        );
+        let ours = PeerNamespace::Ours;
+        assert_eq!(
+            accounts.account_of(4_000_000_000, &ours, known),
+            Ok(4_000_000_000)
+        );
     }
 }

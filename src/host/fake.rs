@@ -80,6 +80,9 @@ pub enum Step {
     DeleteCloneTap(String),
     MountNamespace(PathBuf),
     UnmountNamespace(PathBuf),
+    /// A network's services (DHCP, DNS, RA) started, by the scenarios'
+    /// starter (`record_service_start`).
+    StartServices(String),
 }
 
 type Failure = Box<dyn Fn(&Step) -> bool + Send>;
@@ -111,6 +114,8 @@ struct Model {
     neighbours: BTreeMap<(u32, Ipv4Addr), MacAddr>,
     /// Neighbour entries FRR made (`learn_neighbour`).
     learned: BTreeMap<(u32, Ipv4Addr), MacAddr>,
+    /// Forwarding entries to other VTEPs FRR made (`learn_remote_mac`).
+    remote_macs: BTreeMap<(u32, MacAddr), IpAddr>,
     /// Bridge ports made fabric ports.
     fabric_ports: BTreeSet<u32>,
     guard: Option<BTreeMap<String, PortGuard>>,
@@ -251,6 +256,21 @@ impl FakeHost {
         m.learned.insert((index, ip), mac);
     }
 
+    /// As FRR learning over EVPN that `mac` is behind `vtep`: an entry in
+    /// link `name`'s (a VXLAN device's) forwarding table.
+    pub fn learn_remote_mac(&self, name: &str, mac: MacAddr, vtep: IpAddr) {
+        let mut m = self.model();
+        let index = m.index_of(name).expect("the link");
+        m.remote_macs.insert((index, mac), vtep);
+    }
+
+    /// As FRR withdrawing `mac` from link `name`'s forwarding table.
+    pub fn forget_remote_mac(&self, name: &str, mac: MacAddr) {
+        let mut m = self.model();
+        let index = m.index_of(name).expect("the link");
+        m.remote_macs.remove(&(index, mac));
+    }
+
     /// Whether link `name` is a fabric port (`make_fabric_port`).
     pub fn is_fabric_port(&self, name: &str) -> bool {
         let m = self.model();
@@ -302,6 +322,12 @@ impl FakeHost {
         let mut m = self.model();
         m.firewall = None;
         m.guard = None;
+    }
+
+    /// Records that a network's services started (the scenarios' starter
+    /// says so); an error if that was made to fail.
+    pub fn record_service_start(&self, network: &str) -> io::Result<()> {
+        self.record(Step::StartServices(network.into()))
     }
 
     /// Records `step`; an error if it was made to fail.
@@ -551,6 +577,15 @@ impl Links for FakeHost {
             .iter()
             .filter(|((i, _), _)| *i == index)
             .map(|((_, ip), mac)| (*ip, *mac))
+            .collect())
+    }
+
+    async fn remote_macs(&self, index: u32) -> Result<Vec<(MacAddr, IpAddr)>, NetlinkError> {
+        let m = self.model();
+        Ok(m.remote_macs
+            .iter()
+            .filter(|((i, _), _)| *i == index)
+            .map(|((_, mac), vtep)| (*mac, *vtep))
             .collect())
     }
 

@@ -317,6 +317,9 @@ pub trait Links: Send + Sync {
         &self,
         index: u32,
     ) -> Result<Vec<(Ipv4Addr, MacAddr)>, NetlinkError>;
+    /// The MACs the forwarding table of VXLAN device `index` sends to
+    /// another VTEP (FRR puts the other hosts' VMs there), with that VTEP.
+    async fn remote_macs(&self, index: u32) -> Result<Vec<(MacAddr, IpAddr)>, NetlinkError>;
     async fn configure(&self, index: u32, settings: LinkSettings<'_>) -> Result<(), NetlinkError>;
     /// Takes a link off its bridge and down.
     async fn cut_off(&self, index: u32) -> Result<(), NetlinkError>;
@@ -545,6 +548,52 @@ impl Links for Netlink {
             }
             if let (Some(ip), Some(mac)) = (ip, mac) {
                 out.push((ip, mac));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn remote_macs(&self, index: u32) -> Result<Vec<(MacAddr, IpAddr)>, NetlinkError> {
+        let mut stream = (self.handle.neighbours().get())
+            .set_address_family(AddressFamily::Bridge)
+            .execute();
+        let mut out = Vec::new();
+        let what = || format!("list the forwarding table of link {index}");
+        while let Some(msg) = stream.try_next().await.map_err(op(what()))? {
+            if msg.header.ifindex != index {
+                continue;
+            }
+            let (mut vtep, mut mac) = (None, None);
+            for attr in &msg.attributes {
+                match attr {
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
+                        vtep = Some(IpAddr::V4(*a))
+                    }
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
+                        vtep = Some(IpAddr::V6(*a))
+                    }
+                    // A forwarding entry's (AF_BRIDGE) destination comes
+                    // as bytes: 4 for IPv4, 16 for IPv6.
+                    NeighbourAttribute::Destination(NeighbourAddress::Other(bytes)) => {
+                        vtep = match bytes.len() {
+                            4 => <[u8; 4]>::try_from(bytes.as_slice()).ok().map(IpAddr::from),
+                            16 => <[u8; 16]>::try_from(bytes.as_slice())
+                                .ok()
+                                .map(IpAddr::from),
+                            _ => None,
+                        }
+                    }
+                    NeighbourAttribute::LinkLayerAddress(a) => {
+                        mac = <[u8; 6]>::try_from(a.as_slice()).ok().map(MacAddr)
+                    }
+                    _ => {}
+                }
+            }
+            // The all-zero MAC's entries are where floods go, no VM's.
+            if let (Some(vtep), Some(mac)) = (vtep, mac)
+                && mac != MacAddr([0; 6])
+            {
+                out.push((mac, vtep));
             }
         }
         Ok(out)

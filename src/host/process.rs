@@ -35,6 +35,21 @@ fn after_name(stat: &str) -> Option<std::str::SplitWhitespace<'_>> {
     Some(stat[stat.rfind(')')? + 1..].split_whitespace())
 }
 
+/// The process's name and its parent's pid, from `/proc/PID/stat`.
+pub fn name_and_parent(pid: i32) -> Option<(String, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let name = stat.get(stat.find('(')? + 1..stat.rfind(')')?)?.to_string();
+    let parent = after_name(&stat)?.nth(1)?.parse().ok()?;
+    Some((name, parent))
+}
+
+/// The real uid of `pid`, from `/proc/PID/status`.
+pub fn uid_of(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn state(stat: &str) -> Option<char> {
     after_name(stat)?.next()?.chars().next()
 }

@@ -135,7 +135,16 @@ impl Fabric {
                 frr: Vec::new(),
             };
             site.start_frr();
-            site.world.start_daemon();
+            // Each host its own machine id, as real hosts have: what a
+            // network across hosts shares must not come from it.
+            let machine_id = site.world.dir.path().join("machine-id");
+            std::fs::write(&machine_id, format!("{:032x}\n", 0x5eed_0000 + i)).unwrap();
+            let wrapper = own_mounts(&format!(
+                "mount --bind {} /etc/machine-id",
+                machine_id.display()
+            ));
+            let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+            site.world.start_daemon_with(&wrapper, &[]);
             sites.push(site);
         }
         Fabric { sites, underlay }
@@ -478,6 +487,18 @@ fn full_size_frames_cross_unfragmented_and_an_mtu_that_does_not_fit_is_refused()
     assert!(said.contains("3 packets received"), "{said}");
     let after: Vec<u64> = fabric.sites.iter().map(frag_creates).collect();
     assert_eq!(before, after, "no host fragmented a VXLAN packet");
+    // The control: a host that does fragment is counted.
+    let peer = &fabric.sites[1].vtep;
+    must(
+        &mut fabric.sites[0]
+            .world
+            .host
+            .cmd(&["busybox", "ping", "-c", "1", "-W", "2", "-s", "3000", peer]),
+    );
+    assert!(
+        frag_creates(&fabric.sites[0]) > after[0],
+        "the counter counts"
+    );
 
     // A host whose config asks more than its underlay carries refuses the
     // network with the MTU that fits.
@@ -541,7 +562,9 @@ fn two_networks_across_hosts_do_not_reach_each_other_routed_or_on_link() {
         "{}",
         dump(&fabric)
     );
-    // Not through the gateways...
+    // Not through the gateways (while the same guest's way out through
+    // its gateway works: to its host's own address)...
+    assert!(a1.ping(&fabric.sites[0].vtep), "the routed control");
     assert!(
         !a1.ping(&b2_ip),
         "fabric reached other's guest through the gateway"
@@ -577,8 +600,20 @@ fn a_guest_that_moves_hosts_with_its_mac_is_reachable_again_within_seconds_and_n
         "{}",
         dump(&fabric)
     );
+    // Its host's neighbour entry of it is linnet's own while it is there.
+    let host2 = &fabric.sites[1].world.host;
+    let neigh = must(&mut host2.cmd(&["ip", "neigh", "show", IP, "dev", "ln-fabric"]));
+    assert!(neigh.contains("PERMANENT"), "the control: {neigh}");
     moving.stop();
     let ns = moving.into_ns();
+    // Host 3 takes the MAC once FRR there no longer knows it behind host
+    // 2 (until then an attach with it is refused: a MAC another host
+    // holds is never taken).
+    wait_for(
+        "host 3 to forget the MAC behind host 2",
+        Duration::from_secs(10),
+        || (!remote_fdb(&fabric.sites[2], MAC).contains(&fabric.sites[1].vtep)).then_some(()),
+    );
     let start = std::time::Instant::now();
     let moved = fabric.sites[2]
         .world
@@ -592,7 +627,6 @@ fn a_guest_that_moves_hosts_with_its_mac_is_reachable_again_within_seconds_and_n
     eprintln!("reachable on host 3 {:?} after its attach", start.elapsed());
     // Host 2 keeps nothing of it as its own: no neighbour entry of
     // linnet's, and its MAC is behind the VXLAN port, at host 3.
-    let host2 = &fabric.sites[1].world.host;
     let neigh = must(&mut host2.cmd(&["ip", "neigh", "show", IP, "dev", "ln-fabric"]));
     assert!(!neigh.contains("PERMANENT"), "{neigh}");
     let fdb = must(&mut host2.cmd(&["bridge", "fdb", "show", "br", "ln-fabric"]));
@@ -613,17 +647,24 @@ fn a_daemon_restart_on_one_host_loses_at_most_two_of_twenty_pings_to_its_guest()
         "{}",
         dump(&fabric)
     );
-    let ping =
+    let mut ping =
         a.ns.cmd(&["busybox", "ping", "-c", "20", "-i", "0.2", "-W", "1", &b_ip])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // The restart once the pings are answered.
+    let mut out = std::io::BufReader::new(ping.stdout.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("bytes from") {
+        let before = said.len();
+        std::io::BufRead::read_line(&mut out, &mut said).unwrap();
+        assert!(said.len() > before, "ping ended before an answer: {said}");
+    }
     let world = &mut fabric.sites[1].world;
     world.stop_daemon();
     world.start_daemon();
-    let out = ping.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
+    std::io::Read::read_to_string(&mut out, &mut said).unwrap();
+    assert!(ping.wait().unwrap().code().is_some());
     let received: u32 = said
         .split(" packets received")
         .next()
@@ -713,6 +754,52 @@ fn doctor_reports_sessions_vni_and_remote_macs_and_a_dead_frr_cuts_only_its_host
     );
 }
 
+/// What `site`'s VXLAN device's forwarding table says of `mac`: nothing
+/// where the network is not up (no VXLAN device).
+fn remote_fdb(site: &Site, mac: &str) -> String {
+    if !site.world.host.links().iter().any(|l| l == "lx-fabric") {
+        return String::new();
+    }
+    let fdb = must(
+        &mut site
+            .world
+            .host
+            .cmd(&["bridge", "fdb", "show", "dev", "lx-fabric"]),
+    );
+    fdb.lines()
+        .filter(|l| l.contains(mac))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_mac_a_vm_on_another_host_holds_is_refused_naming_that_host() {
+    const MAC: &str = "02:77:00:00:00:09";
+    let fabric = Fabric::new(2);
+    let (_holder, _) = guest_of(&fabric.sites[0], "fabric", &["--mac", MAC]);
+    // Host 2's network is up, and FRR there has learned the MAC behind
+    // host 1's VTEP.
+    let (_other, _) = guest_on(&fabric.sites[1]);
+    wait_for("host 2 to learn the MAC", Duration::from_secs(30), || {
+        remote_fdb(&fabric.sites[1], MAC)
+            .contains(&fabric.sites[0].vtep)
+            .then_some(())
+    });
+    let refused = fabric.sites[1]
+        .world
+        .attach_refused("fabric", &["--mac", MAC]);
+    assert!(
+        refused.contains(&format!(
+            "MAC {MAC} is a VM's on another host (FRR learned it over EVPN behind VTEP {})",
+            fabric.sites[0].vtep
+        )),
+        "{refused}"
+    );
+    // A positive control: the same attach with a MAC of its own is taken.
+    let (_mine, ip) = guest_of(&fabric.sites[1], "fabric", &["--mac", "02:77:00:00:00:0a"]);
+    assert!(in_slice(&ip, 2), "{ip}");
+}
+
 #[test]
 fn an_address_a_vm_on_another_host_holds_is_refused_with_the_reason() {
     const IP: &str = "10.77.0.5";
@@ -796,7 +883,13 @@ fn count_inner(underlay: &Netns) -> impl Fn() -> Crossed {
 
 #[test]
 fn dhcp_and_router_discovery_stay_on_their_host_ipv6_crosses_and_anti_spoofing_holds() {
-    let fabric = Fabric::new(2);
+    // Beside the network across hosts, one of each host's own.
+    let local = "  local:\n    mode: shared\n    subnet: 10.79.0.0/24\n";
+    let fabric = Fabric::with_configs(
+        (1..=2)
+            .map(|i| site_config(i, 2, &[FABRIC], "") + local)
+            .collect(),
+    );
     let counted = count_inner(&fabric.underlay);
     let (a, a_ip) = guest_on(&fabric.sites[0]);
     let (b, b_ip) = guest_on(&fabric.sites[1]);
@@ -809,11 +902,20 @@ fn dhcp_and_router_discovery_stay_on_their_host_ipv6_crosses_and_anti_spoofing_h
     // Renewals broadcast too: ask again.
     a.udhcpc();
     b.udhcpc();
-    // IPv6: one prefix on every host, each guest's router its own host.
+    // IPv6: one prefix on every host (each with its own machine id),
+    // each guest's router its own host; a network of each host's own
+    // has a prefix of that host's.
     assert_eq!(
         a.info["ipv6_prefix"], b.info["ipv6_prefix"],
         "one prefix across hosts"
     );
+    let prefix_of = |site: &Site| site.world.guest("local", &[]).info["ipv6_prefix"].clone();
+    let (local_a, local_b) = (prefix_of(&fabric.sites[0]), prefix_of(&fabric.sites[1]));
+    assert!(
+        local_a.is_string() && local_b.is_string(),
+        "{local_a} {local_b}"
+    );
+    assert_ne!(local_a, local_b, "from each host's machine id");
     assert_eq!(a.slaac_addresses(), vec![a.ipv6()]);
     assert_eq!(b.slaac_addresses(), vec![b.ipv6()]);
     assert!(

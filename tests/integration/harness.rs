@@ -1133,11 +1133,10 @@ impl Chat {
 /// The answer a client in `ns` gets from an echo server at HOST:PORT over
 /// `proto` (tcp or udp), or None.
 pub fn echo_ask(ns: &Netns, host: &str, port: u16, proto: &str) -> Option<String> {
-    let script = repo_file("tests/echo_peer.py");
-    let out = run(&mut ns.cmd(&["python3", &script, "ask", host, &port.to_string(), proto]));
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    match echo_try(ns, host, port, proto) {
+        Reply::Answer(answer) => Some(answer),
+        Reply::Refused | Reply::Silent => None,
+    }
 }
 
 /// User plus system CPU time of `pid`, in clock ticks.
@@ -1185,7 +1184,14 @@ pub fn echo_try_as(ns: &Netns, host: &str, port: u16, proto: &str, chaddr: Optio
     match out.status.code() {
         Some(0) => Reply::Answer(String::from_utf8_lossy(&out.stdout).trim().to_string()),
         Some(2) => Reply::Refused,
-        _ => Reply::Silent,
+        Some(3) => Reply::Silent,
+        // The probe itself failed (no namespace, a Python error): that
+        // says nothing of the network, and must not pass for "no answer".
+        _ => panic!(
+            "the probe {argv:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
     }
 }
 

@@ -256,8 +256,15 @@ fn api_connect(world: &World) -> OwnedFd {
     .unwrap();
     let path = world.run_dir().join("linnet.sock");
     socket::connect(sock.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
+    // A daemon that never answers fails the test (the read's error)
+    // rather than hanging it.
+    let patience = nix::sys::time::TimeVal::new(API_PATIENCE.as_secs() as i64, 0);
+    socket::setsockopt(&sock, socket::sockopt::ReceiveTimeout, &patience).unwrap();
     sock
 }
+
+/// How long a test's own API connection waits for a reply or an event.
+const API_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Sends one raw request over `api` and reads its reply and the fds that
 /// came with it; a reply above one packet is put together from the
@@ -278,7 +285,7 @@ fn api_read(api: &OwnedFd) -> (Value, Vec<OwnedFd>) {
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
-    .unwrap();
+    .unwrap_or_else(|e| panic!("no reply from the daemon within {API_PATIENCE:?}: {e}"));
     let mut fds = vec![];
     for cmsg in msg.cmsgs().unwrap() {
         if let ControlMessageOwned::ScmRights(got) = cmsg {

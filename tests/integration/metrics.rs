@@ -177,18 +177,42 @@ fn a_scrape_counts_what_the_vms_did() {
     };
     assert_eq!(status(&["http://127.0.0.1:9464/"]), "404");
     assert_eq!(status(&["-X", "POST", SCRAPE]), "405");
-    // A scraper that says nothing does not hold up the next one.
-    let _silent = Reaped(
-        world
-            .host
-            .cmd(&["busybox", "nc", "127.0.0.1", "9464"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    assert!(scrape(&world).contains("linnet_connections"));
+    // Scrapers that say nothing do not hold up the next one: fifty of
+    // them, each connected before the scrape, which is answered at once
+    // (it waited 5 s for every four before). Up to three hundred, so the
+    // oldest are dropped as new ones come.
+    for silent in [50, 300] {
+        let mut holder = Reaped(
+            world
+                .host
+                .cmd(&["python3", "-c", SILENT, &silent.to_string()])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(holder.0.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), format!("connected {silent}"));
+        let started = std::time::Instant::now();
+        assert!(scrape(&world).contains("linnet_connections"));
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "{took:?} beside {silent} silent connections"
+        );
+    }
 }
+
+/// Opens argv[1] connections to the metrics address, says nothing on
+/// them, and holds them.
+const SILENT: &str = "import socket, sys, time\n\
+                      held = [socket.create_connection(('127.0.0.1', 9464)) for _ in range(int(sys.argv[1]))]\n\
+                      print('connected', len(held), flush=True)\n\
+                      time.sleep(30)\n";
 
 #[test]
 fn metrics_on_a_port_in_use_fail_the_start_saying_so() {

@@ -69,35 +69,35 @@ pub(crate) fn socket_guest(world: &World, mac: &str) -> Guest {
     guest
 }
 
-/// A connection to `path` made by a process running as `uid`, handed back
-/// to this test: the daemon sees `uid` and that process's pid (SO_PEERCRED
-/// is fixed at connect). None when the connect itself is refused.
-fn connect_as(uid: u32, path: &Path) -> Option<(UnixStream, u32)> {
+/// A connection to `path` made by a process of `uid`'s (`setpriv`), which
+/// hands it back and stays (as a VMM does: the daemon reads who connected
+/// when it gets to the connection, and a process gone by then is no one's
+/// to read): the connection, and the process with its pid. None when the
+/// connect was refused.
+fn connect_as(uid: u32, path: &Path) -> Option<(UnixStream, Connector)> {
     let (ours, theirs) = UnixStream::pair().unwrap();
-    let script = "import socket, sys\n\
+    let script = "import socket, sys, time\n\
                   s = socket.socket(socket.AF_UNIX)\n\
                   try:\n    s.connect(sys.argv[1])\nexcept OSError:\n    sys.exit(3)\n\
                   back = socket.socket(fileno=int(sys.argv[2]))\n\
-                  socket.send_fds(back, [b'c'], [s.fileno()])\n";
+                  socket.send_fds(back, [b'c'], [s.fileno()])\n\
+                  time.sleep(3600)\n";
     let fd = theirs.as_raw_fd();
     // SAFETY: clears close-on-exec on a descriptor we own, for the child.
     unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
     let uid_s = uid.to_string();
-    let mut child = Command::new("setpriv")
-        .args(["--reuid", &uid_s, "--regid", &uid_s, "--clear-groups"])
-        .args(["/usr/bin/python3", "-c", script])
-        .arg(path)
-        .arg(fd.to_string())
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = Reaped(
+        Command::new("setpriv")
+            .args(["--reuid", &uid_s, "--regid", &uid_s, "--clear-groups"])
+            .args(["/usr/bin/python3", "-c", script])
+            .arg(path)
+            .arg(fd.to_string())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let pid = child.id();
     drop(theirs);
-    let status = child.wait().unwrap();
-    if status.code() == Some(3) {
-        return None;
-    }
-    assert!(status.success(), "the connecting process failed: {status}");
     let mut buf = [0u8; 1];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
     let mut iov = [IoSliceMut::new(&mut buf)];
@@ -112,10 +112,30 @@ fn connect_as(uid: u32, path: &Path) -> Option<(UnixStream, u32)> {
         if let ControlMessageOwned::ScmRights(fds) = cmsg {
             // SAFETY: SCM_RIGHTS gave us this descriptor to own.
             let conn = unsafe { OwnedFd::from_raw_fd(fds[0]) };
-            return Some((UnixStream::from(conn), pid));
+            return Some((
+                UnixStream::from(conn),
+                Connector {
+                    pid,
+                    _process: child,
+                },
+            ));
         }
     }
-    panic!("no connection came back");
+    // Its end closed with nothing sent: refused, or it failed.
+    let mut child = child;
+    let status = child.0.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "the connecting process failed: {status}"
+    );
+    None
+}
+
+/// The process that connected, kept running while the test looks.
+struct Connector {
+    pid: u32,
+    _process: Reaped,
 }
 
 /// A broadcast ARP-typed frame from `mac`, with its 4-byte length.
@@ -233,12 +253,12 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
 
     // A VM that sends part of a frame's length and header, then nothing:
     // closed after a while (checked at the end).
-    let (mut partial, _) = connect_as(65534, &path).unwrap();
+    let (mut partial, _partial) = connect_as(65534, &path).unwrap();
     partial.write_all(&[0, 0, 0, 60, 0xff]).unwrap();
     let partial_since = std::time::Instant::now();
 
     // A user outside `allow` connects (the file lets them) and is closed.
-    let (mut refused, _) = connect_as(4242, &path).expect("the file admits anyone");
+    let (mut refused, _refused) = connect_as(4242, &path).expect("the file admits anyone");
     let _ = refused.write_all(&framed_from([0x02, 0, 0, 0, 0x42, 0x42]));
     assert!(
         closed_by_peer(&mut refused, Duration::from_secs(5)),
@@ -253,7 +273,8 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
     // An allowed user's VM: an interface of that uid and pid, its MAC the
     // first frame's, its relay running as that user without capabilities.
     let vm_mac = [0x02, 0, 0, 0, 0x65, 0x34];
-    let (mut vm, pid) = connect_as(65534, &path).unwrap();
+    let (mut vm, connector) = connect_as(65534, &path).unwrap();
+    let pid = connector.pid;
     vm.write_all(&framed_from(vm_mac)).unwrap();
     let info = wait_interface(&world, "02:00:00:00:65:34");
     assert_eq!(
@@ -304,7 +325,7 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
     wait_gone(&world, "02:00:00:00:65:34");
 
     // So does one before any frame: no interface at all.
-    let (mut bogus, _) = connect_as(65534, &path).unwrap();
+    let (mut bogus, _bogus) = connect_as(65534, &path).unwrap();
     bogus
         .write_all(&[
             0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 1,
@@ -328,7 +349,7 @@ fn a_network_socket_admits_only_allowed_users_and_drops_bad_framing_and_foreign_
         },
     );
     // And a first frame from a multicast MAC.
-    let (mut multicast, _) = connect_as(65534, &path).unwrap();
+    let (mut multicast, _multicast) = connect_as(65534, &path).unwrap();
     multicast
         .write_all(&framed_from([0x01, 0, 0x5e, 0, 0, 1]))
         .unwrap();
@@ -483,13 +504,13 @@ fn a_vm_that_reconnects_at_once_gets_its_address_back_and_another_users_vm_canno
             .then_some(())
         });
     };
-    let (mut twin, _) = connect_as(65534, &socket_path(&world)).unwrap();
+    let (mut twin, _twin) = connect_as(65534, &socket_path(&world)).unwrap();
     refused(&mut twin, 1);
     assert_eq!(interfaces(&world).len(), 1);
     // ...and so while the first user's reservation of it lasts.
     first.vmm.take().unwrap().kill().unwrap();
     drop(first);
-    let (mut twin, _) = connect_as(65534, &socket_path(&world)).unwrap();
+    let (mut twin, _twin) = connect_as(65534, &socket_path(&world)).unwrap();
     refused(&mut twin, 2);
     // The VM comes back at once, its old connection maybe still closing:
     // same interface, same address.

@@ -17,8 +17,10 @@ const CONFIG: &str = "networks:\n  shared:\n    socket: true\n";
 /// The debug build's hook (`cli::seccomp::TEST_FORBIDDEN_CALL`).
 const FORBIDDEN_CALL: &str = "LINNET_TEST_FORBIDDEN_CALL";
 
-/// socket(2) on this machine, the call the hook makes.
+/// The calls the hook makes: socket(2) (to the world, or a unix one) and
+/// connect(2).
 const SOCKET_CALL: i64 = libc::SYS_socket;
+const CONNECT_CALL: i64 = libc::SYS_connect;
 
 fn confined(pid: u32, what: &str) {
     assert_eq!(proc_status(pid, "Seccomp"), "2", "{what} is not confined");
@@ -131,9 +133,14 @@ fn every_relay_and_linnet_run_relay_under_seccomp() {
 /// `linnet ARGS` with the test hook set: it must stop with SIGSYS's
 /// status and say which call; its interface goes.
 fn stopped_by_the_filter(world: &World, args: &[&str], who: &str) {
+    stopped_by(world, args, who, "1", SOCKET_CALL);
+}
+
+/// As `stopped_by_the_filter`, the hook set to `hook`, stopped at `call`.
+fn stopped_by(world: &World, args: &[&str], who: &str, hook: &str, call: i64) {
     let out = world
         .linnet(args)
-        .env(FORBIDDEN_CALL, "1")
+        .env(FORBIDDEN_CALL, hook)
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -141,7 +148,7 @@ fn stopped_by_the_filter(world: &World, args: &[&str], who: &str) {
     assert_eq!(out.status.code(), Some(159), "{who}: {err}");
     assert!(
         err.contains(&format!(
-            "{who}: stopped: it made system call {SOCKET_CALL}, which its seccomp filter does not allow"
+            "{who}: stopped: it made system call {call}, which its seccomp filter does not allow"
         )),
         "{who} said: {err}"
     );
@@ -183,4 +190,47 @@ fn a_forbidden_call_stops_the_process_and_says_which() {
         &["helper", "--socket", socket.to_str().unwrap()],
         "linnet-relay",
     );
+}
+
+#[test]
+fn no_confined_process_makes_a_socket_or_connects_to_a_path() {
+    let mut world = World::with_config(CONFIG);
+    world.start_daemon();
+    // A socket anyone here may connect to (root's, as the processes are):
+    // the positive control connects to it.
+    let target = world.dir.path().join("users-bus.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&target).unwrap();
+    let target = target.to_str().unwrap();
+    must(&mut world.host.cmd(&[
+        "python3",
+        "-c",
+        "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])",
+        target,
+    ]));
+    let connect = format!("connect:{target}");
+    let vm_socket = world.dir.path().join("vm.sock");
+    let vhost_socket = world.dir.path().join("vhost.sock");
+    let mut cases: Vec<(Vec<&str>, &str)> = ["tap", "dgram", "stream", "tap-name", "vhost-user"]
+        .iter()
+        .map(|datapath| {
+            (
+                vec!["run", "--datapath", datapath, "--", "sleep", "5"],
+                "linnet run",
+            )
+        })
+        .collect();
+    cases.push((
+        vec!["helper", "--socket", vm_socket.to_str().unwrap()],
+        "linnet-relay",
+    ));
+    cases.push((
+        vec!["helper", "--vhost-user", vhost_socket.to_str().unwrap()],
+        "linnet-relay",
+    ));
+    for (args, who) in &cases {
+        // Each has a lifeline to the daemon (and a vhost-user relay its
+        // own back-end to reach again), which once took both calls.
+        stopped_by(&world, args, who, "socket", SOCKET_CALL);
+        stopped_by(&world, args, who, &connect, CONNECT_CALL);
+    }
 }

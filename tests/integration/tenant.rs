@@ -786,6 +786,80 @@ fn a_users_subordinate_uids_share_its_budgets_and_a_stray_uid_is_no_member() {
     );
 }
 
+/// tests/gone_peer.py with `args`: its first line, and it (to read on).
+fn gone_peer(
+    world: &World,
+    args: &[&str],
+) -> (
+    Reaped,
+    String,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    let socket = world.run_dir().join("linnet.sock");
+    let script = repo_file("tests/gone_peer.py");
+    let mut argv = vec![
+        "/usr/bin/python3",
+        script.as_str(),
+        socket.to_str().unwrap(),
+    ];
+    argv.extend_from_slice(args);
+    spawn_reading(world.host.cmd(&argv))
+}
+
+#[test]
+fn a_peer_gone_before_the_daemon_looks_is_charged_to_no_stray_uid() {
+    // alice's budget of connections is full; 300000 is a subordinate uid
+    // of hers from no /etc/subuid (as NSS's sssd gives them), seen only
+    // through the user namespace she owns.
+    let world = world_with_alice("", &["--max-connections-per-uid", "2"]);
+    let (summary, _alice) = flood(
+        &world,
+        &as_uid_in_the_group(4401)
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        2,
+        "3",
+    );
+    assert_eq!(summary, "answered 2 refused 0 silent 0");
+    // A positive control: connecting and staying, it is alice's, and
+    // refused as hers.
+    let (_live, said, _) = gone_peer(&world, &["4401", "--userns", "300000", "live"]);
+    assert!(
+        said.contains("uid 300000's account 4401 (whose subordinate or namespaced uid it is) holds 2 connections"),
+        "{said}"
+    );
+    // The same, gone before the daemon looks: its namespace cannot be
+    // read, and 300000 is no account, so it is refused (it was served as
+    // an account of its own: 4 more connections per inner uid).
+    let daemon = world.daemon_pid().to_string();
+    let stop = |signal: &str| must(&mut world.host.cmd(&["kill", signal, &daemon]));
+    stop("-STOP");
+    let (_gone, line, mut rest) = gone_peer(&world, &["4401", "--userns", "300000", "gone"]);
+    stop("-CONT");
+    assert_eq!(line, "gone");
+    let mut said = String::new();
+    std::io::BufRead::read_line(&mut rest, &mut said).unwrap();
+    assert!(
+        said.contains("error: the process that connected as uid 300000 exited before the daemon could tell whose account it is"),
+        "{said}"
+    );
+    // And a uid that is an account is that account, gone or not: nobody,
+    // outside any namespace, is served.
+    stop("-STOP");
+    let (_nobody, line, mut rest) = gone_peer(&world, &["65534", "gone"]);
+    stop("-CONT");
+    assert_eq!(line, "gone");
+    let mut said = String::new();
+    std::io::BufRead::read_line(&mut rest, &mut said).unwrap();
+    assert_eq!(said.trim(), "listing");
+    let log = world.daemon_log_text();
+    assert!(
+        log.contains("refused a connection: the process that connected as uid 300000 exited"),
+        "{log}"
+    );
+}
+
 #[test]
 fn a_users_subordinate_uids_share_its_relays_per_second_on_a_network_socket() {
     let world = world_with_alice("    socket: true\n", &[]);
@@ -808,7 +882,26 @@ fn a_users_subordinate_uids_share_its_relays_per_second_on_a_network_socket() {
             Reaped(world.host.cmd(&argv).stderr(Stdio::null()).spawn().unwrap())
         })
         .collect();
-    std::thread::sleep(Duration::from_secs(2));
+    // Every connection taken by the daemon (none left in the socket's
+    // backlog: its Recv-Q), and the refusal said.
+    wait_for(
+        "the daemon to take the thirty connections",
+        Duration::from_secs(10),
+        || {
+            let listening =
+                must(
+                    &mut world
+                        .host
+                        .cmd(&["ss", "-Hlx", "src", socket.to_str().unwrap()]),
+                );
+            let queued: u32 = listening.split_whitespace().nth(2)?.parse().ok()?;
+            (queued == 0
+                && world
+                    .daemon_log_text()
+                    .contains("connected more than 10 times in a second"))
+            .then_some(())
+        },
+    );
     let relays = run(Command::new("pgrep").args([
         "-P",
         &world.daemon_pid().to_string(),

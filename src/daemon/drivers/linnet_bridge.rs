@@ -4,7 +4,6 @@
 //! the bridge, each network's NAT, forwards and policies in linnet's
 //! firewall table.
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 use std::sync::Arc;
@@ -14,7 +13,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::info;
 
 use super::fabric::{self, Fabric};
-use super::{Features, NetworkDriver, NetworkKind, TowardVm};
+use super::{Elsewhere, Features, NetworkDriver, NetworkKind, TowardVm};
 use crate::addr6::GATEWAY_LINK_LOCAL;
 use crate::config::{NetworkConfig, Own};
 use crate::daemon::errors::DaemonError;
@@ -241,17 +240,19 @@ impl NetworkDriver for LinnetBridge {
         TowardVm::Sent
     }
 
-    /// Across hosts: the other hosts' VMs in the bridge's neighbour table,
-    /// as FRR put them there.
-    async fn addresses_elsewhere(
-        &self,
-        host: &Host,
-    ) -> Result<BTreeMap<Ipv4Addr, MacAddr>, DaemonError> {
-        if self.fabric.is_none() {
-            return Ok(BTreeMap::new());
-        }
-        let learned = host.links.learned_neighbours(self.bridge_index).await?;
-        Ok(learned.into_iter().collect())
+    /// Across hosts: the other hosts' VMs as FRR put them in the kernel,
+    /// their addresses in the bridge's neighbour table and their MACs in
+    /// the VXLAN device's forwarding table, with their hosts' VTEPs.
+    async fn elsewhere(&self, host: &Host) -> Result<Elsewhere, DaemonError> {
+        let Some(fabric) = &self.fabric else {
+            return Ok(Elsewhere::default());
+        };
+        let addresses = host.links.learned_neighbours(self.bridge_index).await?;
+        let macs = host.links.remote_macs(fabric.index).await?;
+        Ok(Elsewhere {
+            addresses: addresses.into_iter().collect(),
+            macs: macs.into_iter().collect(),
+        })
     }
 
     /// Across hosts, the VM's address goes into the bridge's neighbour

@@ -27,7 +27,7 @@ mod linnet_bridge;
 mod macvtap;
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
@@ -45,6 +45,16 @@ use crate::host::{self};
 use crate::leases::SharedLeases;
 use crate::services::{ServiceCounters, Starter};
 use crate::types::MacAddr;
+
+/// What the VMs on a network's other hosts hold, as FRR learned it over
+/// EVPN: an attach here takes neither.
+#[derive(Debug, Default)]
+pub struct Elsewhere {
+    /// Their addresses, with their MACs.
+    pub addresses: BTreeMap<Ipv4Addr, MacAddr>,
+    /// Their MACs, with the VTEP of the host each is behind.
+    pub macs: BTreeMap<MacAddr, IpAddr>,
+}
 
 /// A network that is up: its config and its driver.
 pub(super) struct ActiveNetwork {
@@ -136,12 +146,9 @@ impl ActiveNetwork {
         self.driver.ports_open_by_name()
     }
 
-    /// The addresses VMs on other hosts hold, with their MACs.
-    pub async fn addresses_elsewhere(
-        &self,
-        host: &Host,
-    ) -> Result<BTreeMap<Ipv4Addr, MacAddr>, DaemonError> {
-        self.driver.addresses_elsewhere(host).await
+    /// What VMs on other hosts hold.
+    pub async fn elsewhere(&self, host: &Host) -> Result<Elsewhere, DaemonError> {
+        self.driver.elsewhere(host).await
     }
 
     pub fn firewall(
@@ -262,13 +269,10 @@ pub(super) trait NetworkDriver: Send + Sync {
         Ok(())
     }
 
-    /// The addresses VMs on other hosts hold (a network across hosts: as
-    /// FRR learned them from EVPN), with their MACs; none elsewhere.
-    async fn addresses_elsewhere(
-        &self,
-        _host: &Host,
-    ) -> Result<BTreeMap<Ipv4Addr, MacAddr>, DaemonError> {
-        Ok(BTreeMap::new())
+    /// What VMs on other hosts hold (a network across hosts: as FRR
+    /// learned it from EVPN); nothing elsewhere.
+    async fn elsewhere(&self, _host: &Host) -> Result<Elsewhere, DaemonError> {
+        Ok(Elsewhere::default())
     }
 
     /// Whether a VMM may open a port by its name (`--datapath tap-name`):

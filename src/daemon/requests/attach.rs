@@ -110,18 +110,19 @@ impl Daemon {
             });
         }
         let mut done = Vec::new();
-        let elsewhere = net.addresses_elsewhere(&self.host).await?;
+        let elsewhere = net.elsewhere(&self.host).await?;
         let plan = match (net.config.own(), net.leases()) {
             (Some(own), Some(leases)) => {
                 let mut leases = leases.lock().expect("lease lock");
                 let cfg = (&net.config, own);
                 let plan = plan::plan(cfg, &mut leases, client.claimant(), id, req, now)
                     .map_err(|e| for_a_socket_client(client, e))?;
-                if let Err(e) = plan::check_elsewhere(network, &plan, &elsewhere) {
-                    leases.detach(id, now);
+                let (addresses, macs) = (&elsewhere.addresses, &elsewhere.macs);
+                if let Err(e) = plan::check_elsewhere(network, &plan, addresses, macs) {
+                    leases.undo(plan.lease.clone());
                     return Err(e);
                 }
-                done.push(Done::Lease);
+                done.push(Done::Lease(plan.lease.clone()));
                 plan
             }
             _ => plan::plan_on_lan(&net.config, id, req, net.mtu(), |mac| {
@@ -130,7 +131,7 @@ impl Daemon {
                     .any(|i| i.network == network && i.mac == mac)
             })?,
         };
-        let carried = self.carry_out(network, &plan, client, done, now).await?;
+        let carried = self.carry_out(network, &plan, client, done).await?;
         let port = carried.port;
         // Recorded before the VMM has the fd, so any change is its.
         self.tap_addresses.record(port.index, port.mac);

@@ -115,7 +115,7 @@ impl Daemon {
             .unwrap_or_else(|_| self.run_dir.clone())
             .join(CLONE_NAMESPACES);
         let plan = plan::plan_clone((&cfg, &own), id, req, &decision, &namespaces);
-        let carried = self.carry_out(network, &plan, client, done, now).await?;
+        let carried = self.carry_out(network, &plan, client, done).await?;
         let (ns, dhcp_socket, mount) = carried.clone.expect("a clone's steps make its namespace");
         if let (Some(name), Some(leases)) = (&plan.name, self.networks[network].leases()) {
             leases

@@ -89,6 +89,18 @@ impl VhostUserRelay {
         })
     }
 
+    /// The relay's own socket to its back-ends (a new back-end for each
+    /// VMM connection is reached through it).
+    pub fn backend_socket(&self) -> PathBuf {
+        self.inner.dir.backend()
+    }
+
+    /// Reaches the back-end's socket with `connect` from now on: a
+    /// confined relay may not connect itself (`cli::connector`).
+    pub fn connect_backend_with(&mut self, connect: ConnectBackend) {
+        self.inner.connect_with = Some(connect);
+    }
+
     /// The socket the VMM connects to, with `Frontend::OneVmm`.
     pub fn vmm_socket(&self) -> Option<PathBuf> {
         self.inner.vmm.as_ref().map(|_| self.inner.dir.vmm())
@@ -198,7 +210,12 @@ struct Inner {
     /// The first connection to it, made in `new`: a relay that serves one
     /// VMM connection makes no socket once set up.
     first: Option<UnixStream>,
+    /// How later ones are made, if not by a connect of its own.
+    connect_with: Option<ConnectBackend>,
 }
+
+/// What connects to the relay's back-end socket for it.
+pub type ConnectBackend = Box<dyn FnMut() -> io::Result<UnixStream> + Send>;
 
 impl Inner {
     fn new(one_vmm: bool) -> io::Result<Inner> {
@@ -214,14 +231,16 @@ impl Inner {
             dir,
             vmm,
             first: Some(first),
+            connect_with: None,
         })
     }
 
     /// A connection to the back-end's socket, for `start` to accept.
     fn connect(&mut self) -> io::Result<UnixStream> {
-        match self.first.take() {
-            Some(first) => Ok(first),
-            None => UnixStream::connect(self.dir.backend()),
+        match (self.first.take(), &mut self.connect_with) {
+            (Some(first), _) => Ok(first),
+            (None, Some(connect)) => connect(),
+            (None, None) => UnixStream::connect(self.dir.backend()),
         }
     }
 }
