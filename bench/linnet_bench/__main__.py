@@ -403,6 +403,11 @@ def main():
         problems.append(f"the figures across hosts failed: {f.get('error') or f.get('timings_error')}")
     if left:
         problems.append(f"left behind: {', '.join(left)}")
+    # A family whose figures failed fails the run, strict or not: its
+    # targets are missing, not met.
+    failed = [t for t in results["targets"] if t["target"] == "the figures" and t["status"] == "missed"]
+    if failed:
+        sys.exit("bench: " + "; ".join(f"{t['family']}: {t['detail']}" for t in failed))
     if args.strict and problems:
         sys.exit("bench: " + "; ".join(problems))
 

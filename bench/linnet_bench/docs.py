@@ -38,6 +38,8 @@ def source(results):
 def ratio(t):
     if t is None:
         return "—"
+    if t["status"] == "missed" and t["measured"] is None:
+        return "unstable (missed)"
     if t["status"] in ("met", "missed"):
         noise = f", rounds {t['rounds'][0]}–{t['rounds'][1]}x" if t.get("noise") else ""
         return f"{t['measured']}x" + ("" if t["status"] == "met" else " (missed)") + noise
@@ -199,7 +201,7 @@ def targets(results):
         if t["status"] == "missed":
             where = f" at MTU {t['mtu']}" if t.get("mtu") else ""
             where += f", {LABEL[t['direction']]}" if t.get("direction") else ""
-            measured = f"{t['measured']}x" if is_ratio(t) else t["detail"]
+            measured = f"{t['measured']}x" if is_ratio(t) and t["measured"] is not None else t["detail"]
             lines.append(f"- {t['target']}{where}: {measured} (goal {t['goal']})")
     return lines
 

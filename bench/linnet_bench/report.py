@@ -61,15 +61,17 @@ def ratio_target(results, family, name, ours, theirs, mtu, direction, goal):
     """ours / theirs in one run, or None when the run did not include both.
     The measure is the median of the rounds' ratios; when the rounds fall
     on both sides of the goal the target says so ("within noise") next to
-    its met or missed. A cell that failed outright is "not measured"; one
-    that is unstable (see throughput.summarize) is not judged, and the
-    target says why instead of quoting a ratio."""
+    its met or missed. A cell that failed outright is "not measured"; an
+    unstable one (see throughput.summarize) is a miss when it is linnet's
+    own, and leaves the target unjudged only when it is a peer's (or a
+    baseline's: the kernel's own bridge and relay)."""
     t = {"family": family, "target": name, "kind": "ratio", "ours": ours, "theirs": theirs,
          "mtu": mtu, "direction": direction, "goal": f">= {goal}x", "measured": None}
     if not (runs_at(results, ours, mtu, direction) and runs_at(results, theirs, mtu, direction)):
         return None  # left out of this run (--only, --mtu) or not possible for that setup
     a, b = cell(results, ours, mtu, direction), cell(results, theirs, mtu, direction)
-    return judge_pair(t, (ours, a or {}), (theirs, b or {}), goal)
+    peer = (find(results, theirs, mtu) or {}).get("group") != "linnet"
+    return judge_pair(t, (ours, a or {}), (theirs, b or {}), goal, peer=peer)
 
 
 def cpu_ratio_target(results, family, name, ours, theirs, mtu, direction, limit):
@@ -200,6 +202,7 @@ def targets(results):
     out += gate_targets(results.get("gate"))
     out += operations_targets(results.get("operations"))
     out += soak_targets(results.get("soak"))
+    out += failed_families(results)
     if not (results.get("control") or results.get("control_error")):
         return [t for t in out if t is not None]  # --no-control
     c = results.get("control") or {}
@@ -228,9 +231,27 @@ def targets(results):
     out.append(bound_target("attach 1000 interfaces", get(sc.get("attach_s", {}), 1000, "1000"), 5, "s"))
     out.append(bound_target("daemon RSS at 1000 interfaces",
                             get(sc.get("daemon_rss_mib", {}), 1000, "1000"), 32, "MiB"))
+    before, after = sc.get("daemon_rss_mib_before"), sc.get("daemon_rss_mib_after_detach")
+    back = round(after / before, 2) if before and after else None
+    out.append(bound_target("daemon RSS after detaching them all / before attaching them", back,
+                            RSS_BACK, "x", back and f"{back}x ({after} / {before} MiB)"))
     out.append(bound_target("helper RSS", get(c.get("helper") or {}, "rss_mib"), 4, "MiB"))
     out += clone_targets(c.get("clones"))
     return [t for t in out if t is not None]
+
+
+def failed_families(results):
+    """A family of figures that failed is a miss of its own, its error
+    quoted: its targets are not there to be counted."""
+    families = ((FABRIC, (results.get("fabric") or {}).get("error")),
+                (NAMES, (results.get("names") or {}).get("error")),
+                (GATE, (results.get("gate") or {}).get("error")),
+                (OPERATIONS, (results.get("operations") or {}).get("error")),
+                (SOAK, (results.get("soak") or {}).get("error")),
+                ("control plane", results.get("control_error")))
+    return [{"family": family, "target": "the figures", "kind": "bound", "goal": "measured",
+             "measured": None, "detail": f"failed: {error}", "status": "missed"}
+            for family, error in families if error]
 
 
 # What the figures across hosts are judged by (docs/multihost.md).
@@ -240,12 +261,18 @@ FABRIC_GOAL = 0.8
 ATTACH_TO_REACHABLE = "attach on one host to reachable from another, p50"
 
 
-def judge_pair(t, ours, theirs, goal):
+def judge_pair(t, ours, theirs, goal, peer=False):
     """Target `t` judged on two summaries measured round by round, each
-    (label, summary): the median of the rounds' ratios against `goal`."""
+    (label, summary): the median of the rounds' ratios against `goal`.
+    `ours` is linnet's, and so is `theirs` unless `peer`: an unstable cell
+    of linnet's is a miss; only a peer's leaves the target unjudged."""
     (_, a), (_, b) = ours, theirs
     unstable = [f"{name} is unstable: {x['unstable']}" for name, x in (ours, theirs)
                 if x.get("unstable")]
+    linnets = [f"{name} is unstable: {x['unstable']}" for name, x in ((ours,) if peer else (ours, theirs))
+               if x.get("unstable")]
+    if linnets:
+        return {**t, "status": "missed", "detail": "; ".join(linnets)}
     if unstable:
         return {**t, "status": "unstable", "detail": "; ".join(unstable)}
     if not (a.get("gbps") and b.get("gbps")):
@@ -269,7 +296,7 @@ def fabric_targets(f):
     for e in f["throughput"]:
         t = {"family": FABRIC, "target": FABRIC_VS_PLAIN, "kind": "ratio", "mtu": e["mtu"],
              "direction": VM_TO_VM, "goal": f">= {FABRIC_GOAL}x", "measured": None}
-        out.append(judge_pair(t, ("linnet", e["linnet"]), ("plain", e["plain"]), FABRIC_GOAL))
+        out.append(judge_pair(t, ("linnet", e["linnet"]), ("plain", e["plain"]), FABRIC_GOAL, peer=True))
     reach = (f.get("attach_to_reachable_ms") or {}).get("p50")
     out.append(bound_target(ATTACH_TO_REACHABLE, reach, 1000, "ms", family=FABRIC))
     return out
@@ -298,10 +325,13 @@ def fabric_rows(f):
         lines += ["", f"The timings failed: {f['timings_error']}"]
     elif f.get("attach_to_reachable_ms"):
         r, m = f["attach_to_reachable_ms"], f["mac_move_ms"]
+        timed = ("from its stop on the old host (the new host attaches it once its FRR has heard it "
+                 "left: linnet refuses a MAC another host holds) until the first answer from the new"
+                 if f.get("move_timed_from") == "stop" else
+                 "from the start of its attach on the new host until the first answer from there")
         lines += ["", f"Attach on one host until a guest on another has its first answer "
                   f"(p50 / max of {f['count']}): {r['p50']} / {r['max']} ms. A VM moving hosts "
-                  f"with its MAC, address and interface id, from the start of its attach on the "
-                  f"new host until the first answer from there: {m['p50']} / {m['max']} ms. "
+                  f"with its MAC, address and interface id, {timed}: {m['p50']} / {m['max']} ms. "
                   "The watching guest asks again for an unanswered address every 100 ms "
                   "(the kernel's default is 1 s)."]
     return lines
@@ -571,24 +601,42 @@ def worst_daemon(s, key):
 
 
 def soak_targets(s):
-    """Descriptors and nftables' elements and rules back to their start
-    (<= 0 grown), RSS within 10% (<= 1.1x), over the whole soak and, for
-    descriptors and RSS, within each daemon's life (a restart resets
-    them); attach p99 flat; no failure."""
+    """Descriptors, links, leases and nftables' elements and rules back to
+    their start (<= 0 grown), RSS within 10% (<= 1.1x), over the whole
+    soak and, for descriptors and RSS, within each daemon's life (a
+    restart resets them); no ping of a long-lived guest lost; attach p99
+    flat; no failure. A quiet figure that never settled (not steady) is
+    judged a miss: what it would show is still moving."""
     if not s or s.get("error"):
         return []
     start, end = s["start"], s["end"]
-    bound = lambda name, value, limit, unit, detail: bound_target(name, value, limit, unit, detail,
-                                                                  family=SOAK)
+    unsettled = [q for q in [start, end] + [x for d in s["per_daemon"] for x in (d["start"], d["end"])]
+                 if not q.get("steady", True)]
+
+    def bound(name, value, limit, unit, detail, quiet=True):
+        """A target; `quiet`: judged on the quiet figures."""
+        t = bound_target(name, value, limit, unit, detail, family=SOAK)
+        if unsettled and quiet and t["status"] == "met":
+            q = unsettled[0]
+            t.update(status="missed", detail=f"{t['detail']}; but daemon {q['daemon']}'s {q['phase']} "
+                                             f"figures never settled (still changing after {q['wait_s']} s)")
+        return t
     out = [bound("daemon descriptors, end vs start", s["fd_growth"], 0, "descriptors",
                  f"{s['fd_growth']:+d} ({start['fds']} → {end['fds']})")]
     grown, d = worst_daemon(s, "fd_growth")
     out.append(bound("daemon descriptors over one daemon's life, the worst", grown, 0, "descriptors",
                      d and f"{grown:+d} (daemon {d['daemon']}: {d['start']['fds']} → {d['end']['fds']})"))
-    for name, field, key in (("nftables elements", "nft_elements", "nft_element_growth"),
-                             ("nftables rules", "nft_rules", "nft_rule_growth")):
-        out.append(bound(f"{name}, end vs start", s[key], 0, name.split()[1],
+    for name, field, key, unit in (("nftables elements", "nft_elements", "nft_element_growth", "elements"),
+                                   ("nftables rules", "nft_rules", "nft_rule_growth", "rules"),
+                                   ("links", "links", "link_growth", "links"),
+                                   ("leases held", "leases", "lease_growth", "leases")):
+        out.append(bound(f"{name}, end vs start", s[key], 0, unit,
                          f"{s[key]:+d} ({start[field]} → {end[field]})"))
+    sent = sum(g["pings_sent"] for g in s["traffic"])
+    lost = sent - sum(g["pings_received"] for g in s["traffic"])
+    out.append(bound("pings the long-lived guests lost", lost if s["traffic"] else None, 0, "pings",
+                     f"{lost} of {sent}, through {s['restarts']} restarts" if s["traffic"] else None,
+                     quiet=False))
     out.append(bound("daemon RSS, end / start", s["rss_growth_ratio"], SOAK_RSS, "x",
                      f"{s['rss_growth_ratio']}x ({start['rss_mib']} → {end['rss_mib']} MiB)"))
     grown, d = worst_daemon(s, "rss_growth_ratio")
@@ -600,12 +648,13 @@ def soak_targets(s):
         first, last = thirds["first"]["p99"], thirds["last"]["p99"]
         flat = round(last / first, 2)
         out.append(bound("attach p99, the last third of the soak / the first", flat, SOAK_FLAT, "x",
-                         f"{flat}x ({last} / {first} ms, {thirds['first']['count']} attaches each)"))
+                         f"{flat}x ({last} / {first} ms, {thirds['first']['count']} attaches each)",
+                         quiet=False))
     else:
         out.append(bound("attach p99, the last third of the soak / the first", None, SOAK_FLAT, "x",
-                         "not measured: too few attaches for a p99 in each third"))
+                         "not measured: too few attaches for a p99 in each third", quiet=False))
     out.append(bound("churn failures", s["failures"]["count"], 0, "failures",
-                     f"{s['failures']['count']} in {s['attaches']} attaches"))
+                     f"{s['failures']['count']} in {s['attaches']} attaches", quiet=False))
     return out
 
 
@@ -677,7 +726,9 @@ def soak_detail_rows(s):
     return lines
 
 
-# Below this, a lot's RSS growth is allocator noise: compared as this much.
+# The daemon's RSS once a thousand interfaces went, against before they came.
+RSS_BACK = 1.25
+# Below this, a lot's RSS growth is allocator noise: nothing to compare with.
 RSS_NOISE_MIB = 0.5
 
 
@@ -689,12 +740,17 @@ def clone_targets(clones):
         return [bound_target("clone attach p50", None, 10, "ms"),
                 bound_target("daemon RSS for clones vs as many interfaces", None, 1.0, "x")]
     c, i, n = clones["clones"], clones["interfaces"], clones["count"]
-    growth = lambda lot: max(lot["daemon_rss_growth_mib"], RSS_NOISE_MIB)
-    rss = round(growth(c) / growth(i), 2)
-    return [bound_target("clone attach p50", c["attach_ms"]["p50"], 10, "ms"),
-            bound_target(f"daemon RSS for {n} clones vs {n} interfaces", rss, 1.0, "x",
-                         f"{rss}x ({c['daemon_rss_growth_mib']} vs {i['daemon_rss_growth_mib']} MiB "
-                         f"grown; below {RSS_NOISE_MIB} MiB counts as {RSS_NOISE_MIB})")]
+    grown = f"{c['daemon_rss_growth_mib']} vs {i['daemon_rss_growth_mib']} MiB grown"
+    name = f"daemon RSS for {n} clones vs {n} interfaces"
+    if i["daemon_rss_growth_mib"] < RSS_NOISE_MIB:
+        # Too little to compare against: not a pass.
+        rss = bound_target(name, None, 1.0, "x")
+        rss["detail"] = (f"{grown}: the interfaces' growth is within allocator noise "
+                         f"({RSS_NOISE_MIB} MiB); more of them (--clones) to compare")
+    else:
+        ratio = round(c["daemon_rss_growth_mib"] / i["daemon_rss_growth_mib"], 2)
+        rss = bound_target(name, ratio, 1.0, "x", f"{ratio}x ({grown})")
+    return [bound_target("clone attach p50", c["attach_ms"]["p50"], 10, "ms"), rss]
 
 
 def clone_rows(clones):
@@ -720,7 +776,7 @@ def fmt(v, digits=2):
 
 
 # Every status a target can have, in the order the counts list them.
-STATUS = {"met": "met", "missed": "**missed**", "unstable": "not judged (unstable)",
+STATUS = {"met": "met", "missed": "**missed**", "unstable": "not judged (a peer's cell is unstable)",
           "not measured": "not measured"}
 
 
@@ -781,7 +837,7 @@ def is_ratio(t):
 
 def measured_cell(t):
     if t["measured"] is None:
-        return "—" if t["status"] != "unstable" else t["detail"]
+        return "—" if t["status"] == "not measured" else t["detail"]
     return f"{t['measured']}x ({t['detail']})" if is_ratio(t) else t["detail"]
 
 
@@ -818,7 +874,9 @@ def peer_matrix(results):
                 cells.append("")
                 continue
             goal = t["goal"]
-            if t["status"] in ("met", "missed"):
+            if t["status"] == "missed" and t["measured"] is None:
+                cells.append(f"unstable {status_text(t)}")
+            elif t["status"] in ("met", "missed"):
                 cells.append(f"{t['measured']}x {status_text(t)}")
             else:
                 cells.append(STATUS[t["status"]])
@@ -926,6 +984,8 @@ def markdown(results):
         lines.append(f"| daemon RSS at 0 interfaces | {c['daemon_rss_mib_idle']} MiB |")
         for n, rss in sc["daemon_rss_mib"].items():
             lines.append(f"| daemon RSS at {n} interfaces | {rss} MiB |")
+        if "daemon_rss_mib_before" in sc:
+            lines.append(f"| daemon RSS before attaching them | {sc['daemon_rss_mib_before']} MiB |")
         if "daemon_peak_rss_mib" in sc:
             lines.append(f"| daemon RSS after detaching them all / its peak | "
                          f"{sc['daemon_rss_mib_after_detach']} / {sc['daemon_peak_rss_mib']} MiB |")
