@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 
-from .host import BenchError, memory_kib, wait_for
+from .host import BenchError, children, memory_kib, wait_for
 
 # How long the daemon may take, once every interface is gone, to give
 # their memory back (it looks twice a second).
@@ -280,12 +280,19 @@ def helper_rss(linnet, workdir):
             raise BenchError("`linnet helper --socket` printed no interface within 10 s")
         mib = lambda kib: round(kib / 1024, 2)
         rollup = smaps_rollup(proc.pid)
+        private = lambda r: r["Private_Clean"] + r["Private_Dirty"]
+        # Its connector (cli/connector.rs), forked before it confined
+        # itself: a process of its own, counted with it.
+        kids = [smaps_rollup(k) for k in children(proc.pid)]
         return {"rss_mib": mib(memory_kib(proc.pid)),
                 "peak_rss_mib": mib(memory_kib(proc.pid, "VmHWM")),
                 # What this helper alone costs: its code pages and libc's
                 # are shared with the daemon and every other helper.
                 "pss_mib": mib(rollup["Pss"]),
-                "private_mib": mib(rollup["Private_Clean"] + rollup["Private_Dirty"])}
+                "private_mib": mib(private(rollup)),
+                "children": len(kids),
+                "children_pss_mib": mib(sum(k["Pss"] for k in kids)),
+                "children_private_mib": mib(sum(private(k) for k in kids))}
     finally:
         proc.terminate()
         try:

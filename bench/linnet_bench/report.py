@@ -463,7 +463,8 @@ def gate_rows(g):
                         if tls(k).get("gbps") else "—")
     guests = ("open", "address", "name", "proxy")
     return [
-        f"| TLS download (curl, one stream, {g['tls_bytes'] >> 20} MiB, MTU {g['mtu']}) | "
+        f"| TLS download (curl, one stream, {g['tls_bytes'] >> 20} MiB, MTU {g['mtu']}"
+        + (f"; the median of {g['tls_per_round']} a round" if g.get("tls_per_round") else "") + ") | "
         "no policy | address policy | name check | splicing proxy |", "|---|---:|---:|---:|---:|",
         "| server to VM, Gbit/s | " + " | ".join(speed(tls(k)) if tls(k) else "—" for k in guests) + " |",
         "| CPU s per GB: linnet's processes and the proxy's / the machine's | "
@@ -992,6 +993,9 @@ def markdown(results):
         lines.append(f"| helper RSS (`linnet helper --socket`, attached, idle) | {h['rss_mib']} MiB |")
         lines.append(f"| helper PSS / private (its own share; code and libc are shared) | "
                      f"{h['pss_mib']} / {h['private_mib']} MiB |")
+        if h.get("children"):
+            lines.append(f"| its connector's PSS / private (a child of its own: docs/security.md) | "
+                         f"{h['children_pss_mib']} / {h['children_private_mib']} MiB |")
         if c.get("relay_peak_rss_mib") is not None:
             lines.append(f"| `linnet run` relay peak RSS under iperf3 | {c['relay_peak_rss_mib']} MiB |")
         lines += clone_rows(c.get("clones"))
