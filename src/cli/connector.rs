@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::seccomp;
+use crate::host::peer;
 
 /// A path the connector serves.
 #[derive(Debug, Clone)]
@@ -286,8 +287,8 @@ fn serve(
         // VMM's socket, not its stdio.
         libc::syscall(libc::SYS_close_range, PAIR + 1, u32::MAX, 0);
         libc::syscall(libc::SYS_close_range, 0, PAIR - 1, 0);
-        // The name the daemon knows a connector by (`host::peer`).
-        libc::prctl(libc::PR_SET_NAME, c"linnet-connect".as_ptr());
+        // The name the daemon knows a connector by.
+        libc::prctl(libc::PR_SET_NAME, peer::CONNECTOR.as_ptr());
         if seccompiler::apply_filter(filter).is_err() {
             libc::_exit(1);
         }

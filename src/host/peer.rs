@@ -19,7 +19,7 @@ use nix::sys::socket::{self, sockopt};
 use super::process::{self, Process};
 
 /// The name a confined client's connector runs as (`cli::connector`).
-pub const CONNECTOR: &str = "linnet-connect";
+pub const CONNECTOR: &std::ffi::CStr = c"linnet-connect";
 
 /// Who connected.
 #[derive(Debug)]
@@ -150,7 +150,9 @@ impl Peer {
         let parent = self
             .read_in_proc(process::name_and_parent)
             .and_then(|(name, parent)| {
-                (name == CONNECTOR && process::uid_of(parent) == Some(self.uid)).then_some(parent)
+                (name.as_bytes() == CONNECTOR.to_bytes()
+                    && process::uid_of(parent) == Some(self.uid))
+                .then_some(parent)
             });
         match parent {
             Some(parent) => (Some(parent), Process::of(parent)),
