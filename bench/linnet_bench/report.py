@@ -287,6 +287,24 @@ def judge_pair(t, ours, theirs, goal, peer=False):
             "status": "met" if measured >= goal else "missed"}
 
 
+def judge_pooled(t, ours, theirs, goal):
+    """`judge_pair` for setups measured many times a round, each time far
+    noisier than the difference judged (gate.py says how much): the ratio
+    of the medians of every measurement (`downloads_gbps`) of each, the
+    rounds' ratios beside it as their range."""
+    judged = judge_pair(t, ours, theirs, goal)
+    (_, a), (_, b) = ours, theirs
+    if judged.get("measured") is None or not (a.get("downloads_gbps") and b.get("downloads_gbps")):
+        return judged
+    ma, mb = statistics.median(a["downloads_gbps"]), statistics.median(b["downloads_gbps"])
+    measured = round(ma / mb, 2)
+    lo, hi = judged["rounds"]
+    return {**judged, "measured": measured,
+            "detail": f"{ma:.2f} / {mb:.2f} Gbit/s, the medians of {len(a['downloads_gbps'])} and "
+                      f"{len(b['downloads_gbps'])} downloads; rounds {lo}–{hi}x",
+            "status": "met" if measured >= goal else "missed"}
+
+
 def fabric_targets(f):
     """linnet's fabric against a plain kernel VXLAN, VM to VM across two
     hosts, round by round (goal >= 0.8x); attach to reachable (<= 1 s)."""
@@ -404,13 +422,13 @@ def floor_target(name, value, floor, unit, detail=None, family=GATE):
 
 def gate_targets(g):
     """A TLS download through the name check against an address policy
-    and against no policy (>= 0.95x each, round by round); the extra time
+    and against no policy (>= 0.95x each, every download pooled); the extra time
     to the first byte (p50 <= 0.2 ms, p99 <= 1 ms) and to connect and get
     it (p50 <= 0.5 ms); checked connections a second (>= 5000); the gate's
     peak RSS holding 10,000 connections (<= 64 MiB), all of them held."""
     if not g or g.get("error"):
         return []
-    pair = lambda target, theirs, label: judge_pair(
+    pair = lambda target, theirs, label: judge_pooled(
         {"family": GATE, "target": target, "kind": "ratio", "mtu": g["mtu"], "direction": HOST_TO_VM,
          "goal": f">= {GATE_GOAL}x", "measured": None},
         ("the name check", g["tls_name"]), (label, theirs), GATE_GOAL)

@@ -306,6 +306,22 @@ class NameCheck(unittest.TestCase):
         self.assertEqual(found["linnet-gate's peak RSS holding 10000 connections"]["status"], "met")
         self.assertEqual(found["connections held at once"]["detail"], "10000 of 10000")
 
+    def test_the_stream_is_judged_on_every_download_pooled(self):
+        # Rounds whose medians say 0.90x (each round's ratio), while the
+        # medians of every download say 1.0x: the pooled figure is judged,
+        # the rounds' range shown beside it.
+        figures = self.figures(name_gbps=(3.6, 3.6, 3.6))
+        figures["tls_name"]["downloads_gbps"] = [3.0, 3.6, 4.0, 4.1, 4.4] * 3
+        figures["tls_address"]["downloads_gbps"] = [3.2, 3.5, 4.0, 4.2, 4.3] * 3
+        address = self.by_target(figures)["TLS download, name check vs address policy"]
+        self.assertEqual((address["measured"], address["status"], address["rounds"]), (1.0, "met", [0.9, 0.9]))
+        self.assertIn("the medians of 15 and 15 downloads; rounds 0.9–0.9x", address["detail"])
+        # Pooled below the goal is missed, whatever the rounds said.
+        figures["tls_name"]["downloads_gbps"] = [2.8, 3.0, 3.5, 3.6, 3.7] * 3
+        figures["tls_name"] = {**summarize(rounds(4.0, 4.0, 4.0)), "downloads_gbps": figures["tls_name"]["downloads_gbps"]}
+        address = self.by_target(figures)["TLS download, name check vs address policy"]
+        self.assertEqual((address["measured"], address["status"]), (0.88, "missed"))
+
     def test_slow_checks_a_low_rate_and_a_large_gate_are_missed(self):
         found = self.by_target(self.figures(name_gbps=(3.0, 3.1, 3.2), extra_p50=0.6, name_per_s=1200,
                                             peak=80.0, held=9000))
