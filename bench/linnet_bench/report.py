@@ -515,7 +515,13 @@ def gate_rows(g):
         "The SYN and the handshake's last ACK take the same way before it (they show no data and "
         "are passed at once: the SYN's hop is what the check adds to connect). After the verdict "
         "the connection never leaves the "
-        "kernel again: the download measures what remains, the firewall's marks. The gate judged "
+        "kernel again: the download measures what remains, the firewall's marks. "
+        + (f"One guest's downloads differ from one to the next far more than that could cost (the "
+           f"stream waits on the turns the server, the kernel, the stand-in and curl take on two "
+           f"cores more than on any of them): the stream is judged on the medians of every "
+           f"download, {g['tls_per_round']} of each guest a round, in turns. "
+           if (g.get("tls_name") or {}).get("downloads_gbps") else "")
+        + "The gate judged "
         f"{judged_lat['allowed']} of the name guest's one-at-a-time connections allowed "
         f"({judged_lat['refused']} refused), and {judged_rate['allowed']} allowed "
         f"({judged_rate['refused']} refused) in its connection-rate runs (warm-up included).",
