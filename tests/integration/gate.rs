@@ -536,7 +536,7 @@ fn judged_connections_are_in_the_audit_log_and_a_flood_of_refusals_leaves_it_bou
     // budget's window is 10 s; one that is held back is counted too).
     let mut probes = 0u64;
     let mut last_probe = Instant::now() - Duration::from_secs(1);
-    let records = wait_for(
+    wait_for(
         "a refusal on record saying how many were held back",
         Duration::from_secs(30),
         || {
