@@ -90,6 +90,28 @@ pub fn remove_left(path: &Path) {
     }
 }
 
+/// Removes the temporaries of `replace` that a killed process left in
+/// `dir` (`NAME.tmp.PID.N`), other than this process's own.
+pub fn remove_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if temporary_of(&name).is_some_and(|pid| pid != std::process::id()) {
+            remove_left(&path);
+        }
+    }
+}
+
+/// The pid of the process whose temporary `name` is, if it is one.
+fn temporary_of(name: &str) -> Option<u32> {
+    let (_, rest) = name.rsplit_once(".tmp.")?;
+    let (pid, n) = rest.split_once('.')?;
+    n.parse::<u64>().ok()?;
+    pid.parse().ok()
+}
+
 /// Moves a file that cannot be read as it should aside, to
 /// `NAME.broken-UNIXTIME`, where an operator can look at it; returns where.
 pub fn move_aside(path: &Path) -> io::Result<PathBuf> {
@@ -124,6 +146,30 @@ mod tests {
         assert!(!path.exists());
         assert_eq!(std::fs::read(&aside).unwrap(), b"two");
         assert!(aside.to_string_lossy().contains("shared.json.broken-"));
+    }
+
+    #[test]
+    fn a_killed_writers_temporaries_go_and_the_files_and_our_own_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = format!("leases.json.tmp.{}.3", std::process::id());
+        for name in [
+            "shared.json",
+            "shared.json.tmp.1.0",
+            "x.tmp.12.7",
+            "a.tmp.b",
+            &own,
+        ] {
+            std::fs::write(dir.path().join(name), b"{").unwrap();
+        }
+        remove_temporaries(dir.path());
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let mut want = vec!["a.tmp.b".to_string(), own, "shared.json".into()];
+        want.sort();
+        assert_eq!(names, want);
     }
 
     #[test]

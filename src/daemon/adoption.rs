@@ -24,10 +24,9 @@ use super::records::{self, InterfaceRecord, Verdict};
 use super::state::Daemon;
 use crate::api::ForwardOrigin;
 use crate::events::What;
-use crate::host::netlink::{Link, LinkKind, LinkSettings};
+use crate::host::netlink::{Link, LinkSettings};
 use crate::host::peer::PeerNamespace;
 use crate::host::process::Process;
-use crate::host::{ALIAS_INTERFACE, ALIAS_NETWORK};
 use crate::leases::{Claimant, Lease, Owner};
 use crate::services::unix_now;
 use crate::types::InterfaceId;
@@ -52,6 +51,11 @@ impl Daemon {
             path: self.lease_dir.clone(),
             source: e,
         })?;
+        // What a killed daemon was writing: the files it was replacing
+        // are whole (`files::write_atomically`).
+        for dir in [&self.state_dir, &self.lease_dir, &self.run_dir] {
+            crate::files::remove_temporaries(dir);
+        }
         self.remove_clone_mounts();
         // Before the first rebuild of the firewall, which would empty them.
         self.names.recover();
@@ -78,22 +82,9 @@ impl Daemon {
                 .filter(|n| n.persistent)
                 .map(|n| n.name.clone()),
         );
+        let networks: BTreeSet<&str> = wanted.iter().map(String::as_str).collect();
         for link in &links {
-            let Some(alias) = link.alias.as_deref() else {
-                continue;
-            };
-            let stale = match (link.kind, alias) {
-                (LinkKind::Tun | LinkKind::Macvtap | LinkKind::Veth, a)
-                    if a.starts_with(ALIAS_INTERFACE) =>
-                {
-                    !ports.contains(&link.index)
-                }
-                (LinkKind::Bridge | LinkKind::Macvlan | LinkKind::Vxlan, a) => a
-                    .strip_prefix(ALIAS_NETWORK)
-                    .is_some_and(|net| !wanted.contains(net)),
-                _ => false,
-            };
-            if stale {
+            if super::tidy::stray(link, &ports, &networks) {
                 info!(link = %link.name, "removing what a previous daemon left");
                 self.host.links.delete_link(link.index).await?;
             }

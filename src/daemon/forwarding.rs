@@ -103,24 +103,36 @@ impl Forwarding {
     }
 
     /// Puts back what `turn_on` changed for a family no network needs now.
-    pub fn turn_off_unneeded(&mut self, devices: &dyn Devices, needs4: bool, needs6: bool) {
-        let mut restored = false;
+    /// False: some of it failed (logged), and is still to put back.
+    pub fn turn_off_unneeded(&mut self, devices: &dyn Devices, needs4: bool, needs6: bool) -> bool {
+        let (mut restored, mut done) = (false, true);
         if !needs4 && self.enabled4 {
-            if let Err(e) = devices.disable_ipv4_forwarding() {
-                warn!("cannot restore IPv4 forwarding to off: {e}");
+            match devices.disable_ipv4_forwarding() {
+                Ok(()) => {
+                    self.enabled4 = false;
+                    restored = true;
+                }
+                // Still on as linnet turned it: tried again (`tidy`).
+                Err(e) => {
+                    warn!("cannot restore IPv4 forwarding to off: {e}");
+                    done = false;
+                }
             }
-            self.enabled4 = false;
-            restored = true;
         }
         if !needs6 && let Some(changed) = self.changed6.take() {
-            if let Err(e) = devices.disable_ipv6_forwarding(&changed) {
-                warn!("cannot restore IPv6 forwarding to off: {e}");
+            match devices.disable_ipv6_forwarding(&changed) {
+                Ok(()) => restored = true,
+                Err(e) => {
+                    warn!("cannot restore IPv6 forwarding to off: {e}");
+                    self.changed6 = Some(changed);
+                    done = false;
+                }
             }
-            restored = true;
         }
         if restored {
             self.remember();
         }
+        done
     }
 }
 

@@ -66,12 +66,15 @@ impl Guard {
     }
 
     /// Removes the guard of ports whose links are gone, and the tables
-    /// once no guarded port is `left`.
-    pub fn remove(&mut self, tables: &mut dyn Tables, ports: &[PortGuard], left: bool) {
+    /// once no guarded port is `left`. False: some of it failed (and is
+    /// logged), for the daemon to tidy up.
+    pub fn remove(&mut self, tables: &mut dyn Tables, ports: &[PortGuard], left: bool) -> bool {
+        let mut done = true;
         if !ports.is_empty() {
             if let Err(e) = tables.remove_guard_ports(ports) {
                 let taps: Vec<&str> = ports.iter().map(|p| p.tap.as_str()).collect();
                 warn!("removing the guard of {} failed: {e}", taps.join(" "));
+                done = false;
             }
             for port in ports {
                 self.reported.remove(&port.tap);
@@ -83,9 +86,27 @@ impl Guard {
                     self.ready = false;
                     self.retry_at = None;
                 }
-                Err(e) => warn!("removing the guard table failed: {e}"),
+                Err(e) => {
+                    warn!("removing the guard table failed: {e}");
+                    done = false;
+                }
             }
         }
+        done
+    }
+
+    /// Makes the tables anew with exactly `ports`, or removes them when
+    /// there are none: what tidying up after a failed step does.
+    pub fn remake(&mut self, tables: &mut dyn Tables, ports: &[PortGuard]) -> Result<(), NftError> {
+        if ports.is_empty() {
+            tables.remove_guard()?;
+            self.ready = false;
+            self.retry_at = None;
+        } else {
+            tables.create_guard(ports)?;
+            self.ready = true;
+        }
+        Ok(())
     }
 
     /// Frames dropped by each guarded port's rules so far.

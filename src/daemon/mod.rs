@@ -56,6 +56,7 @@ mod sockets;
 mod state;
 mod tap_watch;
 mod teardown;
+mod tidy;
 mod watch;
 
 pub use server::{Options, Placement, run};

@@ -260,7 +260,11 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
             _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
             _ = idle_ticks.tick() => {
-                daemon.lock().await.reap_orphans().await;
+                {
+                    let mut daemon = daemon.lock().await;
+                    daemon.reap_orphans().await;
+                    daemon.tidy().await;
+                }
                 if trim.due(daemon.lock().await.interfaces.len()) {
                     memory::give_back();
                 }

@@ -78,6 +78,9 @@ pub struct Daemon {
     /// down first): the guard linnet expects, and puts back, has none for
     /// them.
     pub(super) unhooked: BTreeSet<InterfaceId>,
+    /// A step of a detach or teardown failed: what it left goes at the
+    /// next `tidy`.
+    pub(super) untidy: bool,
     /// Told when a detach ends, to the attaches that wait for it.
     pub(super) detached: Arc<tokio::sync::Notify>,
     /// Port forwards' own state (`forwards`).
@@ -132,6 +135,7 @@ impl Daemon {
             interfaces: BTreeMap::new(),
             detaching: BTreeMap::new(),
             unhooked: BTreeSet::new(),
+            untidy: false,
             detached: Arc::default(),
             forwards: Forwards::default(),
             guard: Guard::default(),
@@ -368,6 +372,7 @@ impl Daemon {
         }
         if published && let Err(e) = self.sync_host() {
             warn!("removing published ports of detached interfaces failed: {e}");
+            self.untidy();
         }
         teardown
     }
@@ -378,6 +383,7 @@ impl Daemon {
         let guarded = self.detaching_guards(teardown);
         if let Err(e) = self.host.tables.unhook_guard_ports(&guarded) {
             warn!("removing the hooks of detached macvtaps failed: {e}");
+            self.untidy();
         }
         // Whether or not that worked: a look at the tables before the
         // detach ends must not take a hook missing for damage.
@@ -414,11 +420,17 @@ impl Daemon {
         match &deleted {
             Ok(()) => {
                 let left = self.any_guarded();
-                self.guard.remove(&mut *self.host.tables, &guarded, left);
+                if !self.guard.remove(&mut *self.host.tables, &guarded, left) {
+                    self.untidy();
+                }
             }
             Err(_) => {
                 let names: Vec<&str> = gone.iter().map(|(_, i)| i.tap.as_str()).collect();
-                warn!("some of these TAPs may be left: {}", names.join(" "));
+                warn!(
+                    "some of these TAPs may be left (removed at the next tidy-up): {}",
+                    names.join(" ")
+                );
+                self.untidy();
             }
         }
         let now = unix_now();
@@ -523,10 +535,12 @@ impl Daemon {
         if let Some(net) = self.networks.remove(name) {
             if let Err(e) = net.bring_down(&self.host).await {
                 warn!(network = %name, "bring down failed: {e}");
+                self.untidy();
             }
             self.events.emit(Some(name), What::NetworkDown);
             if let Err(e) = self.sync_host() {
                 warn!("updating the firewall failed: {e}");
+                self.untidy();
             }
             self.check_host();
         }
@@ -550,8 +564,12 @@ impl Daemon {
             ports.sync(&forwards);
         }
         self.check_shadowed_forwards();
-        self.forwarding
-            .turn_off_unneeded(&*self.host.devices, needs4, needs6);
+        if !self
+            .forwarding
+            .turn_off_unneeded(&*self.host.devices, needs4, needs6)
+        {
+            self.untidy();
+        }
         Ok(())
     }
 

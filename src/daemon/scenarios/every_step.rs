@@ -53,12 +53,18 @@ fn snapshot(s: &Scene) -> Snapshot {
 type Setup = fn(&mut Scene) -> futures::future::BoxFuture<'_, ()>;
 type Change = fn(&mut Scene) -> futures::future::BoxFuture<'_, Result<(), DaemonError>>;
 
-/// A change: its name, the networks, what comes before it, and itself.
+/// A change: its name, the networks, what comes before it, itself, and
+/// whether it goes forward when a step fails. One that is refused (an
+/// attach, a forward, a policy) leaves the state as it was; one that
+/// cannot be (a detach: its VM is gone, or going) ends as it ends when
+/// nothing fails once the daemon has tidied up (`tidy`), whatever it
+/// answered.
 struct Case {
     name: &'static str,
     yaml: &'static str,
     setup: Setup,
     change: Change,
+    forward: bool,
 }
 
 fn nothing(_: &mut Scene) -> futures::future::BoxFuture<'_, ()> {
@@ -80,12 +86,14 @@ fn cases() -> Vec<Case> {
             yaml: USERS,
             setup: nothing,
             change: |s| Box::pin(attach_kept(s, request(1))),
+            forward: false,
         },
         Case {
             name: "an attach on a network that is up",
             yaml: USERS,
             setup: |s| Box::pin(async { attach_kept(s, request(1)).await.unwrap() }),
             change: |s| Box::pin(attach_kept(s, request(2))),
+            forward: false,
         },
         Case {
             name: "an attach whose VMM opens its TAP by name",
@@ -100,6 +108,7 @@ fn cases() -> Vec<Case> {
                     },
                 ))
             },
+            forward: false,
         },
         Case {
             name: "an attach with a policy and a published port",
@@ -115,18 +124,21 @@ fn cases() -> Vec<Case> {
                     },
                 ))
             },
+            forward: false,
         },
         Case {
             name: "an attach on a bridged network (a macvtap)",
             yaml: BRIDGED,
             setup: nothing,
             change: |s| Box::pin(attach_kept(s, on("lan", 1))),
+            forward: false,
         },
         Case {
             name: "an attach on a network across hosts",
             yaml: ACROSS_HOSTS,
             setup: nothing,
             change: |s| Box::pin(attach_kept(s, on("fabric", 1))),
+            forward: false,
         },
         Case {
             name: "a port published on an attached VM",
@@ -143,6 +155,7 @@ fn cases() -> Vec<Case> {
                     s.daemon.handle_forward_add(&user(0, 1), forward)
                 })
             },
+            forward: false,
         },
         Case {
             name: "a policy set on an attached VM",
@@ -160,6 +173,88 @@ fn cases() -> Vec<Case> {
                     s.daemon.policy_set(&user(0, 1), set).map(drop)
                 })
             },
+            forward: false,
+        },
+        Case {
+            name: "a clone of a stopped VM",
+            yaml: USERS,
+            setup: |s| {
+                Box::pin(async {
+                    let web = s.attach(&user(0, 1), named(1, "web")).await.unwrap();
+                    s.daemon.handle_detach(&user(0, 1), id(1)).await.unwrap();
+                    drop(web.fd);
+                })
+            },
+            change: |s| {
+                Box::pin(attach_kept(
+                    s,
+                    AttachRequest {
+                        clone_of: Some(CloneOf::Name("web".into())),
+                        ..request(3)
+                    },
+                ))
+            },
+            forward: false,
+        },
+        Case {
+            name: "the last detach, which takes its network down",
+            yaml: USERS,
+            setup: web,
+            change: |s| Box::pin(async move { s.daemon.handle_detach(&user(0, 1), id(1)).await }),
+            forward: true,
+        },
+        Case {
+            name: "a detach of one VM of two",
+            yaml: USERS,
+            setup: |s| {
+                Box::pin(async {
+                    attach_kept(s, request(1)).await.unwrap();
+                    attach_kept(s, request(2)).await.unwrap();
+                })
+            },
+            change: |s| Box::pin(async move { s.daemon.handle_detach(&user(0, 1), id(2)).await }),
+            forward: true,
+        },
+        Case {
+            name: "a detach of a VM with a policy and a published port",
+            yaml: USERS,
+            setup: |s| {
+                Box::pin(async {
+                    attach_kept(s, request(1)).await.unwrap();
+                    let req = AttachRequest {
+                        publish: vec!["18080:80".parse().unwrap()],
+                        policy: Some(egress(&["10.0.0.0/8"], Some("20mbit"))),
+                        ..request(2)
+                    };
+                    attach_kept(s, req).await.unwrap();
+                })
+            },
+            change: |s| Box::pin(async move { s.daemon.handle_detach(&user(0, 1), id(2)).await }),
+            forward: true,
+        },
+        Case {
+            name: "the detach of a macvtap on a bridged network",
+            yaml: BRIDGED,
+            setup: |s| Box::pin(async { attach_kept(s, on("lan", 1)).await.unwrap() }),
+            change: |s| Box::pin(async move { s.daemon.handle_detach(&user(0, 1), id(1)).await }),
+            forward: true,
+        },
+        Case {
+            name: "a client gone with two VMs",
+            yaml: USERS,
+            setup: |s| {
+                Box::pin(async {
+                    attach_kept(s, request(1)).await.unwrap();
+                    attach_kept(s, request(2)).await.unwrap();
+                })
+            },
+            change: |s| {
+                Box::pin(async {
+                    let teardown = s.daemon.client_going(1);
+                    s.daemon.run_teardown(teardown).await
+                })
+            },
+            forward: true,
         },
     ]
 }
@@ -180,6 +275,13 @@ async fn a_failure_at_any_step_of_a_change_leaves_nothing_and_the_state_as_it_wa
             .await
             .expect("the change, when nothing fails");
         let steps = clean.fake.steps();
+        clean.daemon.tidy().await;
+        assert_eq!(
+            clean.fake.steps(),
+            steps,
+            "{}: tidying up after it does nothing",
+            case.name
+        );
         assert!(!steps.is_empty(), "{}: no step to fail", case.name);
         let done = snapshot(&clean);
         let mut went_on = 0;
@@ -192,6 +294,19 @@ async fn a_failure_at_any_step_of_a_change_leaves_nothing_and_the_state_as_it_wa
             s.fake
                 .fail_on(move |_| counter.fetch_add(1, Ordering::SeqCst) == k);
             let result = (case.change)(&mut s).await;
+            if case.forward {
+                // Tidied up as often as it takes: each time is a tick.
+                for _ in 0..3 {
+                    s.daemon.tidy().await;
+                }
+                assert_eq!(
+                    snapshot(&s),
+                    done,
+                    "{}: step {k} ({step:?}) failed ({result:?}), and the change, tidied up after, left this",
+                    case.name
+                );
+                continue;
+            }
             let after = snapshot(&s);
             match result {
                 Err(_) => assert_eq!(
@@ -210,8 +325,12 @@ async fn a_failure_at_any_step_of_a_change_leaves_nothing_and_the_state_as_it_wa
                 }
             }
         }
+        let after = match case.forward {
+            true => "tidied up after".to_string(),
+            false => format!("{went_on} gone on without"),
+        };
         eprintln!(
-            "{}: each of {} steps failed in turn ({went_on} gone on without)",
+            "{}: each of {} steps failed in turn ({after})",
             case.name,
             steps.len()
         );
