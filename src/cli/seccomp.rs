@@ -81,6 +81,14 @@ fn install(who: &'static str, list: BpfProgram) -> Result<(), SeccompError> {
         .spawn(|| {})
         .map_err(SeccompError::FirstThread)?
         .join();
+    // glibc's malloc reads /proc/sys/vm/overcommit_memory (openat) the
+    // first time it shrinks the heap of a thread's arena: when a thread
+    // ends having freed enough (a lifeline's re-claiming thread, after a
+    // daemon restart), long after confining, where openat is forbidden
+    // and the relay would be stopped. A confined process's heaps are
+    // small: they are never trimmed, so that never happens.
+    // SAFETY: mallopt with integer parameters.
+    unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX) };
     let probe = forbidden_call_probe();
     seccompiler::apply_filter_all_threads(&clone3)?;
     seccompiler::apply_filter_all_threads(&list)?;
@@ -553,11 +561,16 @@ extern "C" fn on_forbidden_call(_: libc::c_int, info: *mut libc::siginfo_t, _: *
     // SAFETY: the kernel passes a valid siginfo; for SIGSYS its union
     // holds the call's address, then its number (an int), at offset 16.
     let number = unsafe { *((info as *const u8).add(16 + size_of::<usize>()) as *const i32) };
-    let mut line = [0u8; 256];
+    // SAFETY: as above: the call's address, at offset 16.
+    let at = unsafe { *((info as *const u8).add(16) as *const usize) };
+    // Where this handler is, for `addr2line` to place `at` in a
+    // position-independent executable.
+    let handler = on_forbidden_call as *const () as usize;
+    let mut line = [0u8; 384];
     let mut cursor = std::io::Cursor::new(&mut line[..]);
     let _ = writeln!(
         cursor,
-        "{}: stopped: it made system call {number}, which its seccomp filter does not allow (docs/security.md, \"Relays under seccomp\"); the VM's interface goes with it",
+        "{}: stopped: it made system call {number}, which its seccomp filter does not allow (docs/security.md, \"Relays under seccomp\"); the VM's interface goes with it (the call at {at:#x}, this handler at {handler:#x})",
         WHO.get().copied().unwrap_or("linnet")
     );
     let len = cursor.position() as usize;

@@ -525,6 +525,12 @@ impl World {
         });
     }
 
+    /// Whether this world started a daemon that it has not stopped or
+    /// killed since.
+    pub fn has_daemon(&self) -> bool {
+        self.daemon.is_some()
+    }
+
     /// The daemon's pid (`ip netns exec` and wrappers such as prlimit exec
     /// it in place).
     pub fn daemon_pid(&self) -> u32 {

@@ -13,6 +13,7 @@ mod guard;
 mod harness;
 mod instruments;
 mod ipv6;
+mod kill_storm;
 mod lan;
 mod metrics;
 mod names;

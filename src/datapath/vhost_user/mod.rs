@@ -248,12 +248,52 @@ impl Inner {
 /// The relay's private directory and the sockets in it.
 struct PrivateDir(PathBuf);
 
+/// How a relay's private directory is named: this, its pid, `-`, and
+/// mkdtemp's six characters.
+const PRIVATE_DIR: &str = "linnet-vhost-user-";
+
+/// Removes from `parent` the private directories of this user's relays
+/// that are gone (killed: a relay that ends removes its own). Only this
+/// user's directories (anyone may make one so named in /tmp), only the
+/// two sockets in them; a pid that is alive (maybe another process now)
+/// keeps its directory.
+fn remove_left_behind(parent: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = (name.to_str())
+            .and_then(|n| n.strip_prefix(PRIVATE_DIR))
+            .and_then(|rest| rest.rsplit_once('-'))
+            .and_then(|(pid, _)| pid.parse::<libc::pid_t>().ok())
+            .filter(|&pid| pid > 0)
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir() && m.uid() == uid);
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if ours && gone {
+            drop(PrivateDir(path));
+        }
+    }
+}
+
 impl PrivateDir {
-    /// A new directory in `parent` that only this user may enter (mkdtemp).
+    /// A new directory in `parent` that only this user may enter
+    /// (mkdtemp), named with this process's pid; those a killed relay of
+    /// this user's left there go first.
     fn new(parent: &Path) -> io::Result<PrivateDir> {
         use std::os::unix::ffi::OsStringExt;
+        remove_left_behind(parent);
         let mut template = parent
-            .join("linnet-vhost-user-XXXXXX")
+            .join(format!("{PRIVATE_DIR}{}-XXXXXX", std::process::id()))
             .into_os_string()
             .into_vec();
         template.push(0);
@@ -298,5 +338,38 @@ pub struct Leftovers(Arc<PrivateDir>);
 impl Drop for Leftovers {
     fn drop(&mut self) {
         self.0.remove();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_killed_relays_directory_goes_and_a_live_ones_and_others_stay() {
+        let parent = tempfile::tempdir().unwrap();
+        let mut ended = std::process::Command::new("true").spawn().unwrap();
+        let dead = ended.id();
+        ended.wait().unwrap();
+        let name = |pid: &dyn std::fmt::Display| format!("{PRIVATE_DIR}{pid}-a1b2c3");
+        let names = [
+            name(&dead),
+            name(&std::process::id()),
+            "linnet-vhost-user-a1b2c3".to_string(),
+            name(&"x"),
+        ];
+        for n in &names {
+            std::fs::create_dir(parent.path().join(n)).unwrap();
+            std::fs::write(parent.path().join(n).join("backend"), b"").unwrap();
+        }
+        remove_left_behind(parent.path());
+        let mut left: Vec<String> = std::fs::read_dir(parent.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut want = names[1..].to_vec();
+        want.sort();
+        assert_eq!(left, want, "only the dead relay's directory went");
     }
 }
