@@ -372,7 +372,7 @@ impl Daemon {
         }
         if published && let Err(e) = self.sync_host() {
             warn!("removing published ports of detached interfaces failed: {e}");
-            self.untidy();
+            self.untidy = true;
         }
         teardown
     }
@@ -383,7 +383,7 @@ impl Daemon {
         let guarded = self.detaching_guards(teardown);
         if let Err(e) = self.host.tables.unhook_guard_ports(&guarded) {
             warn!("removing the hooks of detached macvtaps failed: {e}");
-            self.untidy();
+            self.untidy = true;
         }
         // Whether or not that worked: a look at the tables before the
         // detach ends must not take a hook missing for damage.
@@ -421,7 +421,7 @@ impl Daemon {
             Ok(()) => {
                 let left = self.any_guarded();
                 if !self.guard.remove(&mut *self.host.tables, &guarded, left) {
-                    self.untidy();
+                    self.untidy = true;
                 }
             }
             Err(_) => {
@@ -430,7 +430,7 @@ impl Daemon {
                     "some of these TAPs may be left (removed at the next tidy-up): {}",
                     names.join(" ")
                 );
-                self.untidy();
+                self.untidy = true;
             }
         }
         let now = unix_now();
@@ -535,12 +535,12 @@ impl Daemon {
         if let Some(net) = self.networks.remove(name) {
             if let Err(e) = net.bring_down(&self.host).await {
                 warn!(network = %name, "bring down failed: {e}");
-                self.untidy();
+                self.untidy = true;
             }
             self.events.emit(Some(name), What::NetworkDown);
             if let Err(e) = self.sync_host() {
                 warn!("updating the firewall failed: {e}");
-                self.untidy();
+                self.untidy = true;
             }
             self.check_host();
         }
@@ -568,7 +568,7 @@ impl Daemon {
             .forwarding
             .turn_off_unneeded(&*self.host.devices, needs4, needs6)
         {
-            self.untidy();
+            self.untidy = true;
         }
         Ok(())
     }

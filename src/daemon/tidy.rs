@@ -1,7 +1,7 @@
 //! What a detach or a network's teardown could not remove, removed later.
 //! A step that fails there (the kernel busy, out of memory) cannot refuse
 //! the detach half-way: its VM is gone, or going. So the daemon notes
-//! that it is untidy, and on its next idle tick (`server`) sweeps: the
+//! that it is untidy (`Daemon::untidy`), and on its next idle tick (`server`) sweeps: the
 //! links marked as linnet's (their alias) that no interface and no
 //! network of its own holds, as a starting daemon removes what a previous
 //! one left (`adoption`), and the guard and the firewall made again from
@@ -37,12 +37,6 @@ pub(super) fn stray(link: &Link, ports: &BTreeSet<u32>, networks: &BTreeSet<&str
 }
 
 impl Daemon {
-    /// A step of a detach or a teardown failed (and was logged): the next
-    /// `tidy` sweeps.
-    pub(super) fn untidy(&mut self) {
-        self.untidy = true;
-    }
-
     /// Removes what failed steps left, if any did.
     pub async fn tidy(&mut self) {
         if !self.untidy {
