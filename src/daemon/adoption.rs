@@ -151,12 +151,7 @@ impl Daemon {
         // Each table in one transaction, with every adopted port in it:
         // never a moment without its guard or its NAT.
         let ports = self.guarded_ports();
-        if ports.is_empty() {
-            self.host.tables.remove_guard()?;
-        } else {
-            self.host.tables.create_guard(&ports)?;
-            self.guard.made();
-        }
+        self.guard.remake(&mut *self.host.tables, &ports)?;
         self.sync_host()?;
         for (index, bridge) in held {
             let back = match bridge {

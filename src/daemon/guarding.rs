@@ -51,11 +51,6 @@ impl Guard {
         self.held = held;
     }
 
-    /// The tables were made with the ports already in them (start-up).
-    pub fn made(&mut self) {
-        self.ready = true;
-    }
-
     /// Guards a port, making the tables first if they are not there.
     pub fn add(&mut self, tables: &mut dyn Tables, port: &PortGuard) -> Result<(), NftError> {
         if !self.ready {
@@ -96,7 +91,9 @@ impl Guard {
     }
 
     /// Makes the tables anew with exactly `ports`, or removes them when
-    /// there are none: what tidying up after a failed step does.
+    /// there are none, each in one transaction: at start-up (what a
+    /// previous daemon left, replaced) and when tidying up after a failed
+    /// step.
     pub fn remake(&mut self, tables: &mut dyn Tables, ports: &[PortGuard]) -> Result<(), NftError> {
         if ports.is_empty() {
             tables.remove_guard()?;

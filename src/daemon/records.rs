@@ -153,17 +153,13 @@ impl Records {
     /// Every record there; one that cannot be read is moved aside (its
     /// interface's port goes at start-up like any left without one).
     pub fn load(&self) -> Vec<InterfaceRecord> {
+        // Temporaries a killed daemon left.
+        crate::files::remove_temporaries(&self.dir);
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
         let mut records = Vec::new();
         for path in entries.flatten().map(|e| e.path()) {
-            let name = path.file_name().unwrap_or_default().to_string_lossy();
-            if name.contains(".tmp.") {
-                // A temporary a killed daemon left.
-                crate::files::remove_left(&path);
-                continue;
-            }
             if path.extension().is_none_or(|e| e != "json") {
                 // One set aside, for an operator to look at.
                 continue;
