@@ -106,6 +106,31 @@ impl Live {
     fn client_pid(&self) -> u32 {
         self.guest.run.as_ref().unwrap().id()
     }
+
+    /// Its client and the client's children (a relay may be one): the
+    /// processes whose pid a relay's private directory may bear.
+    fn processes(&self) -> Vec<u32> {
+        let parent_of = |pid: u32| -> Option<u32> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            stat.rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        };
+        let all: Vec<u32> = (std::fs::read_dir("/proc").unwrap().flatten())
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        let mut tree = vec![self.client_pid()];
+        let mut k = 0;
+        while k < tree.len() {
+            let pid = tree[k];
+            tree.extend(all.iter().filter(|&&c| parent_of(c) == Some(pid)));
+            k += 1;
+        }
+        tree
+    }
 }
 
 /// Ends a client: SIGTERM (it detaches, or finds no daemon to tell) or
@@ -230,7 +255,7 @@ fn sigkill_at_random_instants_of_an_attach_and_detach_storm_keeps_every_live_vm_
         for (l, kill) in &leaving {
             gone.push((l.id.clone(), l.guest.tap()));
             if matches!(l.via, Via::RunVhostUser | Via::HelperVhostUser) {
-                relays_gone.push(l.client_pid());
+                relays_gone.extend(l.processes());
             }
             if *kill {
                 counts.killed += 1;
@@ -289,18 +314,50 @@ fn sigkill_at_random_instants_of_an_attach_and_detach_storm_keeps_every_live_vm_
         began.elapsed().as_secs_f64(),
         live.len()
     );
-    let next = world.guest_via("shared", Via::RunVhostUser, &[]);
-    let left: Vec<String> = (files_in(&std::env::temp_dir()).into_iter())
-        .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
-        .filter(|n| {
-            (relays_gone.iter()).any(|pid| n.starts_with(&format!("linnet-vhost-user-{pid}-")))
-        })
-        .collect();
+    // A vhost-user helper's relay killed leaves its private directory
+    // (the control; `linnet run`'s, serving one VMM, removes it once the
+    // VMM is connected), which the user's next relay removes, with those
+    // of every relay killed in the storm.
+    let killed = Live::new(
+        world.guest_via("shared", Via::HelperVhostUser, &[]),
+        Via::HelperVhostUser,
+    );
+    let pids = killed.processes();
+    relays_gone.extend(&pids);
+    let dirs_of = |pids: &[u32]| -> Vec<String> {
+        (files_in(&std::env::temp_dir()).into_iter())
+            .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+            .filter(|n| {
+                (pids.iter()).any(|pid| n.starts_with(&format!("linnet-vhost-user-{pid}-")))
+            })
+            .collect()
+    };
+    leave(killed, true);
+    assert_eq!(dirs_of(&pids).len(), 1, "a killed relay's directory");
+    let next = Live::new(
+        world.guest_via("shared", Via::HelperVhostUser, &[]),
+        Via::HelperVhostUser,
+    );
+    let left = dirs_of(&relays_gone);
     assert!(
         left.is_empty(),
         "the next relay ({}) left these of the {} gone: {left:?}",
-        next.info["interface_id"],
+        next.id,
         relays_gone.len()
+    );
+    // The rest stop as VMMs do, each relay removing its own directory.
+    let pids: Vec<u32> = live
+        .iter()
+        .chain([&next])
+        .flat_map(Live::processes)
+        .collect();
+    for l in live.drain(..).chain([next]) {
+        leave(l, false);
+    }
+    assert_eq!(
+        dirs_of(&pids),
+        Vec::<String>::new(),
+        "relays that stopped left these"
     );
     assert!(
         counts.attached >= KILLS / 2,
@@ -403,7 +460,14 @@ fn check(world: &World, daemon: u32, live: &mut [Live], gone: &[(Value, String)]
         missing.join("\n"),
         logs(world)
     );
+    // The same probe finds each live VM's TAP in the rules (its guard).
     let ruleset = world.host.nft_ruleset();
+    for tap in &want_taps {
+        assert!(
+            ruleset.contains(&format!("\"{tap}\"")),
+            "round {round}: no rule names {tap}, a live VM's TAP:\n{ruleset}"
+        );
+    }
     for (id, tap) in gone {
         if !want_taps.contains(tap) {
             assert!(
