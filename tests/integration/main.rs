@@ -276,7 +276,20 @@ fn api_call(api: &OwnedFd, request: &str) -> (Value, Vec<OwnedFd>) {
 }
 
 /// Reads one reply (or event) from `api`, with the fds that came with it.
+/// A read a stop and a continue of this process cut short (EINTR, which a
+/// socket with a receive timeout gets even without a handler) is made
+/// again; any other error fails the test.
 fn api_read(api: &OwnedFd) -> (Value, Vec<OwnedFd>) {
+    loop {
+        match api_read_once(api) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => panic!("no reply from the daemon within {API_PATIENCE:?}: {e}"),
+            Ok(read) => return read,
+        }
+    }
+}
+
+fn api_read_once(api: &OwnedFd) -> nix::Result<(Value, Vec<OwnedFd>)> {
     let mut buf = vec![0u8; 65536];
     let mut space = nix::cmsg_space!([RawFd; 1]);
     let mut iov = [IoSliceMut::new(&mut buf)];
@@ -285,8 +298,7 @@ fn api_read(api: &OwnedFd) -> (Value, Vec<OwnedFd>) {
         &mut iov,
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .unwrap_or_else(|e| panic!("no reply from the daemon within {API_PATIENCE:?}: {e}"));
+    )?;
     let mut fds = vec![];
     for cmsg in msg.cmsgs().unwrap() {
         if let ControlMessageOwned::ScmRights(got) = cmsg {
@@ -300,15 +312,18 @@ fn api_read(api: &OwnedFd) -> (Value, Vec<OwnedFd>) {
     let len = msg.bytes;
     let reply: Value = serde_json::from_slice(&buf[..len]).unwrap();
     let Some(total) = reply["large_message"].as_u64() else {
-        return (reply, fds);
+        return Ok((reply, fds));
     };
     let mut bytes = Vec::new();
     while bytes.len() < total as usize {
-        let n = socket::recv(api.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+        let n = match socket::recv(api.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            n => n.unwrap(),
+        };
         assert!(n > 0, "the daemon closed in the middle of a reply");
         bytes.extend_from_slice(&buf[..n]);
     }
-    (serde_json::from_slice(&bytes).unwrap(), fds)
+    Ok((serde_json::from_slice(&bytes).unwrap(), fds))
 }
 
 /// Attaches an interface over `api`: its info and TAP fd.
