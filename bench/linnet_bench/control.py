@@ -148,37 +148,59 @@ def taps_on_host():
     return links_named("lnt")
 
 
-# How many times the Nth attach is timed, for whether attaching stays flat
-# as a network fills.
-PROBES = 30
+# How the Nth attach is timed, for whether attaching stays flat as a
+# network fills: PROBES times in each of FLAT_ROUNDS rounds, the rounds
+# taking turns between the counts (one count timed in one spell of the
+# machine and the other in another differed by more than the growth judged).
+PROBES = 20
+FLAT_ROUNDS = 3
 
 
 def scale(socket_path, network, daemon_pid, marks, flat_at):
     """Attaches max(marks) interfaces on one network from one connection:
     the time and the daemon's RSS at each mark, then the time for the daemon
     to remove them all when the connection closes. The TAP fds stay open
-    meanwhile, as a VMM's would, so the daemon does the removing. With N-1
-    interfaces held for each N in `flat_at`, the Nth attach is timed
-    PROBES times (attached and detached again): p50 and max in ms."""
+    meanwhile, as a VMM's would, so the daemon does the removing. Between
+    the two, the Nth attach for each N in `flat_at`: with N-1 interfaces
+    held (detached or attached to that many), one attached and detached
+    again PROBES times, in FLAT_ROUNDS rounds that go through every N in
+    turn: p50 and max in ms over all rounds, and each round's p50."""
     limits = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits[1], limits[1]))
     out = {"attach_s": {}, "daemon_rss_mib": {}, "attach_at": {},
            "daemon_rss_mib_before": round(memory_kib(daemon_pid) / 1024, 2)}
-    taps = []
+    held, put_down = [], []  # (interface id, TAP fd); interface ids
     try:
         with connect(socket_path) as sock:
+
+            def hold(count):
+                # An interface detached here is attached again by its id,
+                # taking its address again: the network's are not used up.
+                while len(held) > count:
+                    iid, tap = held.pop()
+                    call(sock, {"op": "detach", "interface_id": iid})
+                    os.close(tap)
+                    put_down.append(iid)
+                while len(held) < count:
+                    held.append(attach(sock, network, interface_id=put_down.pop()))
+
             start = time.perf_counter()
             for n in range(1, max(marks) + 1):
-                if n in flat_at:
-                    probe_start = time.perf_counter()
-                    times = cycles(sock, network, PROBES)[0]
-                    out["attach_at"][n] = {"count": PROBES, "p50": round(statistics.median(times), 3),
-                                           "max": round(max(times), 3)}
-                    start += time.perf_counter() - probe_start  # not in the attach-all time
-                taps.append(attach(sock, network)[1])
+                held.append(attach(sock, network))
                 if n in marks:
                     out["attach_s"][n] = round(time.perf_counter() - start, 3)
                     out["daemon_rss_mib"][n] = round(memory_kib(daemon_pid) / 1024, 2)
+            rounds = {n: [] for n in flat_at}
+            for _ in range(FLAT_ROUNDS):
+                for n in sorted(flat_at, reverse=True):
+                    hold(n - 1)
+                    rounds[n].append(cycles(sock, network, PROBES)[0])
+            for n, times in rounds.items():
+                every = [t for r in times for t in r]
+                out["attach_at"][n] = {"count": len(every), "p50": round(statistics.median(every), 3),
+                                       "max": round(max(every), 3),
+                                       "rounds_p50": [round(statistics.median(r), 3) for r in times]}
+            hold(max(marks))
             # The listing of them all, on the connection that holds them (a
             # reply above 64 KiB once cost a client its interfaces).
             listed_at = time.perf_counter()
@@ -201,7 +223,7 @@ def scale(socket_path, network, daemon_pid, marks, flat_at):
         out["daemon_rss_mib_after_detach"] = round(least / 1024, 2)
         out["daemon_peak_rss_mib"] = round(memory_kib(daemon_pid, "VmHWM") / 1024, 2)
     finally:
-        for tap in taps:
+        for _, tap in held:
             os.close(tap)
         resource.setrlimit(resource.RLIMIT_NOFILE, limits)
     return out

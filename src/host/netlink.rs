@@ -399,6 +399,13 @@ impl Links for Netlink {
             // isolation then hold between VMs of one network too.
             .append_info_data(InfoBridge::NfCallIpTables(true))
             .append_info_data(InfoBridge::NfCallIp6Tables(true))
+            // No multicast snooping: with no querier on the link (linnet
+            // runs none) the bridge floods every multicast frame anyway
+            // (the kernel's br_multicast_querier_exists), so snooping would
+            // only cost: a timer set on every port each time any port comes
+            // or goes (the 1000th attach paid for 999 of them), and a table
+            // of groups that a guest's reports fill.
+            .append_info_data(InfoBridge::MulticastSnooping(false))
             .build();
         self.handle
             .link()

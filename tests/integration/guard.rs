@@ -101,6 +101,14 @@ fn spoofed_frames_are_dropped_and_counted_while_honest_ones_pass() {
     let gateway6_mac = neighbour(&victim, &victim.gateway6());
     assert_ne!(gateway_mac, "none");
     assert_eq!(spoofed_drops(&world, &attacker), Some(0));
+    // The bridge learns nothing from link-local frames, and keeps no
+    // multicast groups (a guest's reports would fill them; with no querier
+    // it floods multicast all the same).
+    let bridge = must(&mut world.host.cmd(&["ip", "-d", "-o", "link", "show", "ln-shared"]));
+    assert!(
+        bridge.contains("no_linklocal_learn 1") && bridge.contains("mcast_snooping 0"),
+        "{bridge}"
+    );
 
     // The link-local frame never reaches another port nor the guard: the
     // bridge hands it to the TAP's own stack. What matters is that the
