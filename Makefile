@@ -31,10 +31,12 @@ deps:
 check-install:
 	scripts/check-install
 
-# The tiny test/demo VM (kernel + initramfs from Debian packages), rebuilt
-# only when its inputs change.
+# The tiny test/demo VM (kernel + initramfs from Debian packages) and the
+# Debian 12 guest of the distro tests (systemd, NetworkManager, cloud-init),
+# each rebuilt only when its inputs change.
 guest: deps
 	scripts/build-guest
+	scripts/build-guest-debian
 
 unit:
 	$(CARGO) test --locked --workspace

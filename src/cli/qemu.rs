@@ -11,6 +11,8 @@ use crate::datapath::Datapath;
 const MEMORY_ID: &str = "lnetmem";
 /// QEMU's memory without `-m` (MiB).
 const DEFAULT_MEMORY_MIB: u64 = 128;
+/// A virtio NIC's MTU when the device names none.
+const DEFAULT_MTU: u32 = 1500;
 
 pub fn is_qemu(program: &str) -> bool {
     Path::new(program)
@@ -52,6 +54,13 @@ pub fn nic_args(
         Datapath::VhostUser => "vhost-user,id=lnet0,chardev=lnetchr".into(),
     };
     let mut device = format!("virtio-net-pci,netdev=lnet0,mac={}", info.mac_address);
+    // The network's MTU as the device's (virtio's MTU feature): the guest's
+    // link has it from the start, whatever its DHCP client does with DHCP's
+    // MTU option (systemd-networkd ignores it by default), so a guest on a
+    // network across hosts (1450) sends no frame the fabric would drop.
+    if info.mtu != DEFAULT_MTU {
+        device.push_str(&format!(",host_mtu={}", info.mtu));
+    }
     let mut args = Vec::new();
     if datapath == Datapath::VhostUser {
         args.extend(shared_memory(argv)?);
@@ -183,6 +192,38 @@ mod tests {
         assert_eq!(memory_mib(&args("-m 512")).unwrap(), 512);
         assert_eq!(memory_mib(&args("-m 1536k")).unwrap(), 2);
         assert_eq!(memory_mib(&args("-m 1g")).unwrap(), 1024);
+    }
+
+    #[test]
+    fn the_nic_has_the_network_mtu_when_it_is_not_ethernet_s() {
+        let info = |mtu: u32| -> InterfaceInfo {
+            serde_json::from_value(serde_json::json!({
+                "vmnet_interface_id": "6b1c6b70-1111-4c4c-9c9c-000000000001",
+                "vmnet_mac_address": "02:00:00:00:00:01", "vmnet_mtu": mtu, "vmnet_max_packet_size": mtu + 14,
+                "vmnet_start_address": "10.9.0.2", "vmnet_end_address": "10.9.0.254",
+                "vmnet_subnet_mask": "255.255.255.0", "network": "fabric", "mode": "shared",
+                "datapath": "tap", "interface_id": "6b1c6b70-1111-4c4c-9c9c-000000000001",
+                "mac_address": "02:00:00:00:00:01", "subnet": "10.9.0.0/24", "tap": "lnt0",
+                "dns": [], "domain": "fabric.linnet", "mtu": mtu, "forwards": []
+            }))
+            .unwrap()
+        };
+        let device = |mtu: u32| {
+            let nic = nic_args(&args("-m 256"), &info(mtu), "3", "", Datapath::Tap).unwrap();
+            nic.last().unwrap().clone()
+        };
+        assert_eq!(
+            device(1450),
+            "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01,host_mtu=1450"
+        );
+        assert_eq!(
+            device(65520),
+            "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01,host_mtu=65520"
+        );
+        assert_eq!(
+            device(1500),
+            "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01"
+        );
     }
 
     #[test]

@@ -104,7 +104,11 @@ fn spoofed_frames_are_dropped_and_counted_while_honest_ones_pass() {
     // The bridge learns nothing from link-local frames, and keeps no
     // multicast groups (a guest's reports would fill them; with no querier
     // it floods multicast all the same).
-    let bridge = must(&mut world.host.cmd(&["ip", "-d", "-o", "link", "show", "ln-shared"]));
+    let bridge = must(
+        &mut world
+            .host
+            .cmd(&["ip", "-d", "-o", "link", "show", "ln-shared"]),
+    );
     assert!(
         bridge.contains("no_linklocal_learn 1") && bridge.contains("mcast_snooping 0"),
         "{bridge}"

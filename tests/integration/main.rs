@@ -5,6 +5,7 @@ mod across_hosts;
 mod clients;
 mod clones;
 mod coexist;
+mod distro;
 mod events;
 mod forwarding;
 mod frr;

@@ -17,7 +17,7 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
 /// `-accel kvm -accel tcg` when KVM really boots the guest here (QEMU falls
 /// back to tcg if the VM's user cannot open /dev/kvm), else `-accel tcg`.
 /// scripts/qemu-accel decides, once per test run.
-fn accel_args() -> &'static [&'static str] {
+pub(crate) fn accel_args() -> &'static [&'static str] {
     static ACCEL: std::sync::OnceLock<&'static [&'static str]> = std::sync::OnceLock::new();
     ACCEL.get_or_init(|| {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/qemu-accel");
@@ -213,9 +213,15 @@ impl Vm {
     }
 
     pub fn wait_console(&self, marker: &str) -> String {
+        self.wait_console_within(marker, BOOT_TIMEOUT)
+    }
+
+    /// As `wait_console`, for a guest that takes `patience` (a systemd
+    /// boot under emulation).
+    pub fn wait_console_within(&self, marker: &str, patience: Duration) -> String {
         self.run.wait_for(
             &format!("\"{marker}\" on {}'s console", self.name),
-            BOOT_TIMEOUT,
+            patience,
             || {
                 let text = self.console();
                 text.contains(marker).then_some(text)
@@ -224,11 +230,14 @@ impl Vm {
     }
 
     /// Waits for the guest to power off; returns the console.
-    pub fn finish(mut self) -> String {
-        let text = self.wait_console("linnet-guest: powering off");
-        let status = wait_for("QEMU to exit", Duration::from_secs(20), || {
-            self.run.try_wait().unwrap()
-        });
+    pub fn finish(self) -> String {
+        self.finish_within(BOOT_TIMEOUT)
+    }
+
+    /// As `finish`, for a guest that takes `patience`.
+    pub fn finish_within(mut self, patience: Duration) -> String {
+        let text = self.wait_console_within("linnet-guest: powering off", patience);
+        let status = wait_for("QEMU to exit", patience, || self.run.try_wait().unwrap());
         assert!(status.success(), "linnet run exited with {status}\n{text}");
         text
     }

@@ -53,13 +53,25 @@ fn a_socket_activated_daemon_starts_on_the_first_connection_says_it_is_ready_and
             .then_some(())
     };
     wait_for("the socket to listen", Duration::from_secs(10), listening);
+    // What the daemon said within `within`: None when nothing came; a
+    // read that a stop and a continue of this process cut short (EINTR) is
+    // made again, and any other error fails the test.
     let said = |within: Duration| {
-        notify.set_read_timeout(Some(within)).unwrap();
+        let deadline = std::time::Instant::now() + within;
         let mut buf = [0u8; 64];
-        notify
-            .recv(&mut buf)
-            .ok()
-            .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            notify.set_read_timeout(Some(left)).unwrap();
+            match notify.recv(&mut buf) {
+                Ok(n) => return Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+                Err(e) => panic!("reading the notify socket: {e}"),
+            }
+        }
     };
     assert_eq!(
         said(Duration::from_millis(300)),
