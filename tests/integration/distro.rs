@@ -1,6 +1,6 @@
 //! Distribution guests: the Debian 12 image of scripts/build-guest-debian
 //! through `linnet run`, under emulation, with the network clients users
-//! run (systemd-networkd with systemd-resolved, NetworkManager).
+//! run (systemd-networkd with systemd-resolved, NetworkManager, cloud-init).
 //! What each makes of linnet's network (DHCP, router advertisements, DNS,
 //! MTU), with the attach JSON as the expected value. The guest prints
 //! `RESULT-…` lines on its serial console; boots take minutes here.
@@ -15,15 +15,19 @@ use crate::qemu::{Vm, accel_args, vm_dir};
 /// A systemd boot under emulation, the script, and a reboot or two.
 const DEBIAN_PATIENCE: Duration = Duration::from_secs(600);
 
-/// A network of their own: the MTU of a network across hosts (VXLAN takes
+/// Networks of their own: the MTU of a network across hosts (VXLAN takes
 /// 50 bytes of the fabric's 1500) and a short lease (renewals within a
-/// test).
+/// test); one without DHCP.
 const NETWORKS: &str = "networks:
   distro:
     mode: shared
     subnet: 10.61.0.0/24
     mtu: 1450
     dhcp: { lease_time: 20 }
+  nodhcp:
+    mode: shared
+    subnet: 10.63.0.0/24
+    dhcp: false
 ";
 
 fn debian_file(name: &str) -> String {
@@ -297,4 +301,90 @@ fn assert_peer_seen(console: &str, boots: usize, peer: &Peer) {
         vec!["ok".to_string(); boots],
         "{console}"
     );
+}
+
+/// `linnet run` of a shell that makes the VM's NoCloud seed (a CIDATA
+/// disk whose network-config (v2) gives the address linnet put in
+/// LINNET_IP, as `{ip}`, and the gateway as its route and DNS server) and
+/// then execs QEMU with the NIC on linnet's TAP: a VM that never asks DHCP.
+fn cloud_init_vm(world: &World, network: &str, run_opts: &[&str], script: &str) -> Vm {
+    let name = unique("debian-cloud-init");
+    let seed = vm_dir(world).join(format!("{name}-seed"));
+    // Each argument quoted for the shell (the kernel command line has spaces).
+    let qemu = debian_qemu(&name, script, "")
+        .iter()
+        .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let shell = format!(
+        r#"set -e
+d={seed}
+mkdir -p $d
+printf 'instance-id: %s\nlocal-hostname: %s\n' {name} {name} > $d/meta-data
+printf '#cloud-config\nlocale: C.UTF-8\n' > $d/user-data
+cat > $d/network-config <<NETWORK
+version: 2
+ethernets:
+  nic:
+    match:
+      macaddress: "$LINNET_MAC"
+    set-name: eth0
+    addresses: [$LINNET_IP/24]
+    gateway4: $LINNET_GATEWAY
+    nameservers:
+      addresses: [$LINNET_GATEWAY]
+NETWORK
+mkfs.vfat -n CIDATA -C $d/seed.img 2048 >/dev/null
+mcopy -i $d/seed.img $d/meta-data $d/user-data $d/network-config ::
+exec {qemu} -drive file=$d/seed.img,if=virtio,format=raw,readonly=on -netdev tap,id=n0,fd=$LINNET_FD -device virtio-net-pci,netdev=n0,mac=$LINNET_MAC,host_mtu=$LINNET_MTU
+"#,
+        seed = seed.display(),
+    );
+    launch(
+        world,
+        network,
+        name,
+        run_opts,
+        &["sh".into(), "-c".into(), shell],
+    )
+}
+
+#[test]
+fn cloud_init_gives_a_vm_that_never_asks_dhcp_the_address_linnet_reported_on_networks_with_and_without_dhcp()
+ {
+    let static_id = "6b1c6b70-5555-4c4c-9c9c-0000000000c1";
+    let mut world = World::with_config(&NETWORKS.replace(
+        "    dhcp: false\n",
+        &format!("    dhcp:\n      enabled: false\n      static:\n        - {{ ip: 10.63.0.9, interface_id: {static_id} }}\n"),
+    ));
+    world.start_daemon();
+    let script = format!(
+        "{}\nping -c 1 -W 5 $(ip -4 route show default | cut -d' ' -f3) >/dev/null && echo RESULT-GATEWAY: ok\n\
+         echo \"RESULT-CLOUD-INIT: $(ls /etc/systemd/network | grep cloud-init)\"\n",
+        report_script(None)
+    );
+    let with_dhcp = cloud_init_vm(&world, "distro", &[], &script);
+    let without = cloud_init_vm(&world, "nodhcp", &["--interface-id", static_id], &script);
+    for vm in [with_dhcp, without] {
+        let (ip, _, mac) = reported(&vm.info);
+        let mtu = vm.info["mtu"].to_string();
+        let console = vm.finish_within(DEBIAN_PATIENCE);
+        // cloud-init gave the NIC its config (the network-config, for
+        // systemd-networkd: its file comes before the image's DHCP one).
+        assert_eq!(
+            results(&console, "CLOUD-INIT"),
+            ["10-cloud-init-eth0.network"],
+            "{console}"
+        );
+        assert_eq!(results(&console, "MTU"), [mtu], "{console}");
+        assert_eq!(results(&console, "IP4"), [ip], "{console}");
+        assert_eq!(results(&console, "GATEWAY"), ["ok"], "{console}");
+        assert_eq!(results(&console, "PAGE"), [UPSTREAM_PAGE], "{console}");
+        // It never asked (the networkd test's guest is seen asking).
+        let log = world.daemon_log_text();
+        assert!(
+            !log.lines().any(|l| l.contains("DHCP") && l.contains(&mac)),
+            "{mac} asked DHCP:\n{log}"
+        );
+    }
 }
