@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::harness::*;
-use crate::qemu::{Vm, accel_args, vm_dir};
+use crate::qemu::{Vm, accel_args, built_guest_file, vm_dir};
 
 /// A systemd boot under emulation, the script, and a reboot or two.
 const DEBIAN_PATIENCE: Duration = Duration::from_secs(600);
@@ -31,19 +31,7 @@ const NETWORKS: &str = "networks:
 ";
 
 fn debian_file(name: &str) -> String {
-    let path = linnet_bin()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("guest-debian")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/build-guest-debian (make test does)",
-        path.display()
-    );
-    path.display().to_string()
+    built_guest_file("guest-debian", name)
 }
 
 /// QEMU booting the Debian guest, which runs `script` once its network is

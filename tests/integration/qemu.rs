@@ -32,16 +32,21 @@ pub(crate) fn accel_args() -> &'static [&'static str] {
 }
 
 pub(crate) fn guest_file(name: &str) -> String {
+    built_guest_file("guest", name)
+}
+
+/// `name` of the guest that scripts/build-`dir` builds into target/`dir`.
+pub(crate) fn built_guest_file(dir: &str, name: &str) -> String {
     let path = linnet_bin()
         .parent()
         .unwrap()
         .parent()
         .unwrap()
-        .join("guest")
+        .join(dir)
         .join(name);
     assert!(
         path.exists(),
-        "{} is missing: run scripts/build-guest (make test does)",
+        "{} is missing: run scripts/build-{dir} (make test does)",
         path.display()
     );
     path.display().to_string()
