@@ -608,11 +608,17 @@ fn a_guest_that_moves_hosts_with_its_mac_is_reachable_again_within_seconds_and_n
     let ns = moving.into_ns();
     // Host 3 takes the MAC once FRR there no longer knows it behind host
     // 2 (until then an attach with it is refused: a MAC another host
-    // holds is never taken).
+    // holds is never taken). Host 3's network is down (no VM there yet),
+    // so its forwarding table says nothing: what its FRR still has from
+    // host 2 is in its BGP table, and host 1 (up) shows the withdrawal.
     wait_for(
-        "host 3 to forget the MAC behind host 2",
+        "host 2's route to the MAC withdrawn on hosts 1 and 3",
         Duration::from_secs(10),
-        || (!remote_fdb(&fabric.sites[2], MAC).contains(&fabric.sites[1].vtep)).then_some(()),
+        || {
+            let on_host1 = remote_fdb(&fabric.sites[0], MAC);
+            let on_host3 = fabric.sites[2].vtysh("show bgp l2vpn evpn route");
+            (!on_host1.contains(&fabric.sites[1].vtep) && !on_host3.contains(MAC)).then_some(())
+        },
     );
     let start = std::time::Instant::now();
     let moved = fabric.sites[2]
