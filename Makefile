@@ -12,7 +12,7 @@ export GO
 GO_CLIENT := clients/go/linnet
 SANDBOX := scripts/sandbox
 
-.PHONY: all build guest deps check-install test unit integration lint demo bench bench-smoke fuzz fuzz-smoke clean install deb
+.PHONY: all build guest guest-debian deps check-install test unit integration lint demo bench bench-smoke fuzz fuzz-smoke clean install deb
 
 all: build
 
@@ -31,11 +31,14 @@ deps:
 check-install:
 	scripts/check-install
 
-# The tiny test/demo VM (kernel + initramfs from Debian packages) and the
-# Debian 12 guest of the distro tests (systemd, NetworkManager, cloud-init),
-# each rebuilt only when its inputs change.
+# The tiny test/demo VM (kernel + initramfs from Debian packages), rebuilt
+# only when its inputs change.
 guest: deps
 	scripts/build-guest
+
+# The Debian 12 guest of the distro tests (systemd-networkd, NetworkManager,
+# cloud-init), cached by its inputs under /var/cache/linnet.
+guest-debian: deps
 	scripts/build-guest-debian
 
 unit:
@@ -51,7 +54,7 @@ unit:
 
 # The integration suite creates bridges, rules and sysctls: it runs only
 # inside scripts/sandbox, whose namespaces vanish when it ends.
-integration: deps guest
+integration: deps guest guest-debian
 	$(CARGO) build --locked --workspace --bins --tests
 	$(SANDBOX) $(CARGO) test --locked --offline --test integration -- --test-threads=2
 
