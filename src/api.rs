@@ -457,6 +457,11 @@ pub struct InterfaceStatus {
     pub ip_address: Option<Ipv4Addr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6_address: Option<Ipv6Addr>,
+    /// IPv6 addresses the VM formed itself (stable-privacy, temporary, set
+    /// by hand), learned from its duplicate address detection: it may send
+    /// from these too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ipv6_formed: Vec<Ipv6Addr>,
     pub tap: String,
     pub forwards: Vec<PortForward>,
     pub client_pid: Option<i32>,

@@ -84,6 +84,22 @@ pub enum What {
         interface_id: InterfaceId,
         ip_address: Ipv4Addr,
     },
+    /// An IPv6 address a VM formed itself (not the EUI-64 one its attach
+    /// reported), as its duplicate address detection showed it: the VM
+    /// may now send from it; it stopped sending from `forgotten`, its
+    /// oldest such address, to stay within the limit.
+    Ipv6Learned {
+        interface_id: InterfaceId,
+        ipv6_address: std::net::Ipv6Addr,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forgotten: Option<std::net::Ipv6Addr>,
+    },
+    /// An IPv6 address a VM formed that it may not send from, and why.
+    Ipv6Refused {
+        interface_id: InterfaceId,
+        ipv6_address: std::net::Ipv6Addr,
+        reason: String,
+    },
     /// A VM's port was taken off its network (its VMM misbehaved).
     CutOff {
         interface_id: InterfaceId,

@@ -20,6 +20,7 @@ mod daemon;
 mod datapath;
 mod events;
 mod files;
+mod formed6;
 mod forward;
 mod frr;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -109,9 +109,14 @@ pub fn main(cli: &Cli, args: &LsArgs) -> anyhow::Result<()> {
             i.clone_address
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "-".into()),
-            i.ipv6_address
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "-".into()),
+            // The EUI-64 address, then those the VM formed itself.
+            match (i.ipv6_address, i.ipv6_formed.is_empty()) {
+                (None, true) => "-".into(),
+                (eui64, _) => (eui64.iter().chain(&i.ipv6_formed))
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            },
             if i.forwards.is_empty() {
                 "-".into()
             } else {

@@ -24,6 +24,7 @@ use super::records::{self, InterfaceRecord, Verdict};
 use super::state::Daemon;
 use crate::api::ForwardOrigin;
 use crate::events::What;
+use crate::formed6;
 use crate::host::netlink::{Link, LinkSettings};
 use crate::host::peer::PeerNamespace;
 use crate::host::process::Process;
@@ -291,6 +292,13 @@ impl Daemon {
         } else {
             Holder::Adopted { process: r.client }
         };
+        // What its VM formed, judged again (the prefix may have changed).
+        let formed6 = match cfg.ipv6() {
+            Some(v6) => formed6::readopt(&r.formed6, v6.prefix, r.mac, |t| {
+                self.ipv6_taken(&r.network, id, v6.prefix, t)
+            }),
+            None => Vec::new(),
+        };
         self.interfaces.insert(
             id,
             Interface {
@@ -312,6 +320,7 @@ impl Daemon {
                 as_clone: None,
                 token: r.token.clone(),
                 port_mac: r.port_mac,
+                formed6,
             },
         );
         // Checked again, as the user's, against the config as it is now.

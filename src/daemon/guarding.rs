@@ -237,7 +237,8 @@ pub(super) fn guard_of(cfg: &NetworkConfig, i: &Interface) -> Option<PortGuard> 
     if !i.guarded && i.policy.rate_limit.is_none() {
         return None;
     }
-    let guard = port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy);
+    let mut guard = port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy);
+    guard.ipv6.extend(&i.formed6);
     let held = i.as_clone.as_ref().and_then(|c| c.held_address());
     Some(clone_guard(guard, held))
 }

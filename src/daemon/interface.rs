@@ -56,6 +56,8 @@ pub(super) struct Interface {
     pub(super) token: String,
     /// The MAC linnet gave its port's host side.
     pub(super) port_mac: MacAddr,
+    /// IPv6 addresses its VM formed itself, oldest first (`formed6`).
+    pub(super) formed6: Vec<std::net::Ipv6Addr>,
 }
 
 impl Interface {

@@ -14,7 +14,8 @@
 //!   through the host seam (`host::seam`);
 //! - the requests (`requests`), start-up and stop (`adoption`), and what
 //!   the kernel tells: `watch` (the host changed under linnet), `tap_watch`
-//!   (a VMM changed its TAP's MAC), `learning` (a LAN VM's DHCP);
+//!   (a VMM changed its TAP's MAC), `learning` (a LAN VM's DHCP),
+//!   `formed6` (the IPv6 addresses a VM forms itself);
 //! - connections: `sessions` (the socket protocol), `sockets`,
 //!   `network_sockets` (VMs on the networks' socket_vmnet-compatible
 //!   sockets, each through a relay), `metrics` (Prometheus' scrapes),
@@ -30,6 +31,7 @@ mod client;
 mod coexist;
 mod drivers;
 mod errors;
+mod formed6;
 mod forwarding;
 mod forwards;
 mod gatekeeper;

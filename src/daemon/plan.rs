@@ -923,6 +923,7 @@ mod tests {
             as_clone: None,
             token: String::new(),
             port_mac: MacAddr([2, 0, 0, 0, 0, 1]),
+            formed6: Vec::new(),
         }
     }
 

@@ -139,11 +139,13 @@ pub(super) fn named_vms<'a>(
 }
 
 /// The addresses a VM's packets come from, which anti-spoofing keeps its
-/// own: its IPv4 and IPv6 addresses, and a clone's on the network.
+/// own: its IPv4 and IPv6 addresses (those it formed itself too), and a
+/// clone's on the network.
 fn vm_addresses(cfg: &NetworkConfig, i: &Interface) -> Vec<IpAddr> {
     port_guard(cfg, &i.tap, (i.mac, i.ip), &i.policy)
         .ipv6
         .into_iter()
+        .chain(i.formed6.iter().copied())
         .map(IpAddr::V6)
         .chain(i.ip.map(IpAddr::V4))
         .chain(

@@ -56,6 +56,9 @@ pub struct InterfaceRecord {
     /// What its client re-claims it with after a restart.
     pub token: String,
     pub cut_off: Option<String>,
+    /// IPv6 addresses its VM formed itself (`formed6`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub formed6: Vec<std::net::Ipv6Addr>,
 }
 
 /// What a new daemon does with a record it found.
@@ -209,6 +212,7 @@ mod tests {
             publish: vec!["8080:80".parse().unwrap()],
             token: "t".into(),
             cut_off: None,
+            formed6: Vec::new(),
         }
     }
 

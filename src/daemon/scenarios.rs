@@ -1636,3 +1636,93 @@ async fn a_restart_under_a_new_ceiling_holds_a_wider_vm_to_the_networks_policy()
         "adopted, and held to the network's policy"
     );
 }
+
+#[tokio::test]
+async fn an_ipv6_address_a_vm_probes_is_learned_policed_kept_across_a_restart_and_refused_to_others()
+ {
+    use crate::formed6::Probe;
+    use crate::host::packet::Seen;
+    use crate::policy::Policy;
+    use std::net::{IpAddr, Ipv6Addr};
+    let mut s = Scene::new(USERS).await;
+    let policy = Policy {
+        egress: vec!["10.0.0.0/8".parse().unwrap()],
+        ..Default::default()
+    };
+    let vm = s
+        .attach(
+            &user(1000, 1),
+            AttachRequest {
+                policy: Some(policy),
+                ..request(1)
+            },
+        )
+        .await
+        .unwrap();
+    let other = s.attach(&user(1000, 2), request(2)).await.unwrap();
+    let (tap, mac) = (vm.info.tap.clone(), vm.info.mac_address);
+    let index = s.fake.link(&tap).unwrap().index;
+    let prefix = vm.info.ipv6_prefix.unwrap();
+    let formed = Ipv6Addr::from(u128::from(prefix.network()) | 0x1c2d_3e4f_5a6b_7c8d);
+    let from_vm = Seen {
+        index,
+        outgoing: false,
+        len: 78,
+    };
+    let may_send = |s: &Scene, port: &str, a: Ipv6Addr| {
+        s.fake.guard_of(port).expect("guarded").ipv6.contains(&a)
+    };
+    let policed = |s: &Scene, a: Ipv6Addr| {
+        let firewall = s.fake.firewall().expect("a firewall");
+        let vm = firewall
+            .iter()
+            .flat_map(|n| &n.policies)
+            .find(|p| p.tap == tap)
+            .expect("the VM's policy");
+        vm.addrs.contains(&IpAddr::V6(a))
+    };
+
+    // Not from the VM: another MAC on its port, or a frame on its way to it.
+    let probe = |mac| Probe {
+        mac,
+        target: formed,
+    };
+    s.daemon
+        .address6_probed(from_vm, probe(other.info.mac_address));
+    let toward_vm = Seen {
+        outgoing: true,
+        ..from_vm
+    };
+    s.daemon.address6_probed(toward_vm, probe(mac));
+    assert!(!may_send(&s, &tap, formed) && !policed(&s, formed));
+
+    // Its own probe, with its guard failing: not learned.
+    s.fake.fail_on(|st| matches!(st, Step::UpdateGuardPort(_)));
+    s.daemon.address6_probed(from_vm, probe(mac));
+    assert!(!may_send(&s, &tap, formed));
+    assert!(!policed(&s, formed), "the policy put back as it was");
+
+    // Then: its policy holds on it before its guard lets it through.
+    s.fake.clear_steps();
+    s.daemon.address6_probed(from_vm, probe(mac));
+    assert!(may_send(&s, &tap, formed) && policed(&s, formed));
+    let steps = s.fake.steps();
+    let firewall = position(&steps, |st| matches!(st, Step::Firewall(_)));
+    let guard = position(&steps, |st| *st == Step::UpdateGuardPort(tap.clone()));
+    assert!(firewall < guard, "{steps:#?}");
+
+    // The other VM may not have it.
+    let other_index = s.fake.link(&other.info.tap).unwrap().index;
+    s.daemon.address6_probed(
+        Seen {
+            index: other_index,
+            ..from_vm
+        },
+        probe(other.info.mac_address),
+    );
+    assert!(!may_send(&s, &other.info.tap, formed));
+
+    // A daemon after this one keeps it.
+    s.restart().await;
+    assert!(may_send(&s, &tap, formed) && policed(&s, formed));
+}

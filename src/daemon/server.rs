@@ -221,6 +221,14 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         .values()
         .any(|n| n.own().is_none());
     let learning = super::learning::spawn(daemon.clone(), any_lan);
+    let any_guarded_ipv6 = daemon
+        .lock()
+        .await
+        .config
+        .networks
+        .values()
+        .any(|n| n.anti_spoofing && n.ipv6().is_some());
+    let formed6 = super::formed6::spawn(daemon.clone(), any_guarded_ipv6);
     let tap_addresses = daemon.lock().await.tap_addresses.clone();
     let tap_watch = super::tap_watch::spawn(daemon.clone(), tap_addresses);
     let mut idle_since = tokio::time::Instant::now();
@@ -282,6 +290,9 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let _ = systemd::notify("STOPPING=1");
     drop_reports.abort();
     watch.abort();
+    if let Some(formed6) = formed6 {
+        formed6.abort();
+    }
     if let Some(learning) = learning {
         learning.abort();
     }

@@ -293,6 +293,7 @@ impl Daemon {
                 as_clone: clone,
                 token: uuid::Uuid::new_v4().simple().to_string(),
                 port_mac,
+                formed6: Vec::new(),
             },
         );
         info
@@ -704,6 +705,7 @@ impl Daemon {
                 .collect(),
             token: i.token.clone(),
             cut_off: i.cut_off.clone(),
+            formed6: i.formed6.clone(),
         };
         if let Err(e) = self.records.save(&record) {
             warn!(network = %i.network, interface = %id, "cannot write the interface's record: {e}; a daemon restart would cut its VM off");

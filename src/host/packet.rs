@@ -1,7 +1,8 @@
-//! A packet socket that sees the DHCP replies on every link of the
-//! namespace, in both directions, for DHCP snooping on LAN networks. A
-//! classic BPF filter in the kernel passes only IPv4 UDP from port 67 to
-//! port 68 that is not a fragment, so the rest of the host's traffic never
+//! Packet sockets that see a few kinds of frame on every link of the
+//! namespace, in both directions: DHCP replies, for DHCP snooping on LAN
+//! networks, and IPv6 duplicate address detection probes, for the
+//! addresses VMs form themselves (`formed6`). A classic BPF filter in the
+//! kernel passes only those, so the rest of the host's traffic never
 //! reaches linnet.
 
 use std::io;
@@ -19,6 +20,7 @@ pub struct Seen {
 }
 
 // <linux/filter.h> classic BPF opcodes.
+const LD_W_ABS: u16 = 0x20;
 const LD_H_ABS: u16 = 0x28;
 const LD_B_ABS: u16 = 0x30;
 const LD_H_IND: u16 = 0x48;
@@ -31,7 +33,7 @@ const RET_K: u16 = 0x06;
 /// MF at 20), source port 67 and destination port 68 (at 14 + header
 /// length, and + 2). Port 67 is privileged: a local user without it cannot
 /// send a reply that passes.
-const FILTER: [libc::sock_filter; 13] = [
+const DHCP_FILTER: [libc::sock_filter; 13] = [
     op(LD_H_ABS, 0, 0, 12),
     op(JEQ_K, 0, 10, 0x0800),
     op(LD_B_ABS, 0, 0, 23),
@@ -47,13 +49,48 @@ const FILTER: [libc::sock_filter; 13] = [
     op(RET_K, 0, 0, 0),
 ];
 
+/// IPv6 (ethertype at 12), ICMPv6 (next header at 20), hop limit 255 (at
+/// 21), from :: (16 bytes at 22), a neighbour solicitation (type 135 at
+/// 54): a duplicate address detection probe, or one that looks like it
+/// (`formed6::probe` checks the rest). The first 78 bytes are enough.
+const DAD_FILTER: [libc::sock_filter; 18] = [
+    op(LD_H_ABS, 0, 0, 12),
+    op(JEQ_K, 0, 15, 0x86dd),
+    op(LD_B_ABS, 0, 0, 20),
+    op(JEQ_K, 0, 13, 58),
+    op(LD_B_ABS, 0, 0, 21),
+    op(JEQ_K, 0, 11, 255),
+    op(LD_W_ABS, 0, 0, 22),
+    op(JEQ_K, 0, 9, 0),
+    op(LD_W_ABS, 0, 0, 26),
+    op(JEQ_K, 0, 7, 0),
+    op(LD_W_ABS, 0, 0, 30),
+    op(JEQ_K, 0, 5, 0),
+    op(LD_W_ABS, 0, 0, 34),
+    op(JEQ_K, 0, 3, 0),
+    op(LD_B_ABS, 0, 0, 54),
+    op(JEQ_K, 0, 1, 135),
+    op(RET_K, 0, 0, 78),
+    op(RET_K, 0, 0, 0),
+];
+
 const fn op(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
     libc::sock_filter { code, jt, jf, k }
 }
 
-/// Opens the socket: made with no protocol (it hears nothing), filtered,
-/// then bound to every protocol, so no unfiltered frame is ever queued.
+/// The DHCP replies' socket.
 pub fn dhcp_replies() -> io::Result<OwnedFd> {
+    filtered(&DHCP_FILTER)
+}
+
+/// The duplicate address detection probes' socket.
+pub fn dad_probes() -> io::Result<OwnedFd> {
+    filtered(&DAD_FILTER)
+}
+
+/// Opens a socket: made with no protocol (it hears nothing), filtered,
+/// then bound to every protocol, so no unfiltered frame is ever queued.
+fn filtered(filter: &[libc::sock_filter]) -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2); the fd is owned at once.
     let fd = unsafe {
         libc::socket(
@@ -68,8 +105,8 @@ pub fn dhcp_replies() -> io::Result<OwnedFd> {
     // SAFETY: fd was just returned by socket(2) and nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let prog = libc::sock_fprog {
-        len: FILTER.len() as u16,
-        filter: FILTER.as_ptr() as *mut libc::sock_filter,
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
     };
     // SAFETY: the program outlives the call; the kernel copies it.
     if unsafe {

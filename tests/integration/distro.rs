@@ -201,10 +201,12 @@ fn systemd_networkd_takes_the_reported_addresses_and_dns_keeps_its_lease_across_
 }
 
 #[test]
-fn network_manager_takes_the_reported_address_dns_names_and_a_fabric_s_mtu() {
+fn network_manager_takes_the_reported_address_dns_names_a_fabric_s_mtu_and_its_own_ipv6_addresses()
+{
     let mut world = World::with_config(NETWORKS);
     world.start_daemon();
     let other = peer(&world, "distro");
+    let events = crate::events::Follower::start(&world, &["--network", "distro"]);
     let name = unique("debian-nm");
     let vm = launch(
         &world,
@@ -217,25 +219,33 @@ fn network_manager_takes_the_reported_address_dns_names_and_a_fabric_s_mtu() {
             "linnet.net=nm cloud-init=disabled",
         ),
     );
-    let (ip, _, _) = reported(&vm.info);
+    let (ip, eui64, _) = reported(&vm.info);
     let info = vm.info.clone();
     let console = vm.finish_within(DEBIAN_PATIENCE);
     assert_eq!(results(&console, "IP4"), [ip], "{console}");
     assert_network_seen(&console, &info, 1, 1450);
-    let ip = other.guest.ip().to_string();
-    assert_eq!(
-        results(&console, "NAME"),
-        std::slice::from_ref(&ip),
-        "{console}"
+    assert_peer_seen(&console, 1, &other);
+    // NetworkManager's profiles form IPv6 addresses by RFC 7217
+    // (stable-privacy), not from the MAC: not the address the attach
+    // reported, but one linnet learned from the guest's duplicate address
+    // detection (or anti_spoofing would have dropped the ping above).
+    let ip6 = results(&console, "IP6");
+    assert_eq!(ip6.len(), 1, "{console}");
+    assert_ne!(ip6[0], eui64, "NetworkManager's own address: {console}");
+    let learned: Vec<Value> = events
+        .drain(std::time::Duration::from_millis(500))
+        .into_iter()
+        .filter(|e| e["event"] == "ipv6_learned" && e["interface_id"] == info["interface_id"])
+        .collect();
+    let address = |e: &Value| e["ipv6_address"].as_str().unwrap_or_default().to_string();
+    assert!(
+        learned.iter().any(|e| address(e) == ip6[0]),
+        "{ip6:?} not learned: {learned:?}"
     );
-    assert_eq!(results(&console, "BARE"), [ip], "{console}");
-    // Not yet: NetworkManager's profiles form their IPv6 addresses by
-    // RFC 7217 (stable-privacy), not from the MAC (EUI-64), and
-    // anti_spoofing lets a VM send only from the EUI-64 ones the attach
-    // reports: its link-local and SLAAC addresses are dropped, and it has
-    // no IPv6. linnet learning a VM's addresses from its duplicate address
-    // detection is issue 50's next step; its SLAAC address and the ping
-    // over IPv6 are then checked here as systemd-networkd's are.
+    assert!(
+        learned.iter().any(|e| address(e).starts_with("fe80:")),
+        "its link-local address learned too: {learned:?}"
+    );
 }
 
 /// The interface's address, IPv6 address and MAC from its attach JSON.

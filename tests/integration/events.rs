@@ -75,7 +75,7 @@ impl Follower {
     }
 
     /// Every event until none comes for `quiet`.
-    fn drain(&self, quiet: Duration) -> Vec<Value> {
+    pub fn drain(&self, quiet: Duration) -> Vec<Value> {
         std::iter::from_fn(|| self.lines.recv_timeout(quiet).ok()).collect()
     }
 }

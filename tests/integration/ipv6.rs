@@ -2,6 +2,9 @@
 //! advertisements, NAT66 to the upstream, AAAA for VM names, and DNS
 //! answers of every type passed through unchanged (compared with dig).
 
+use std::net::Ipv6Addr;
+use std::time::Duration;
+
 use crate::harness::*;
 
 fn rdisc6(guest: &Guest) -> String {
@@ -257,4 +260,161 @@ fn ipv6_prefix_that_overlaps_a_route_is_refused() {
         err.contains("ipv6_prefix 2001:db8:113::/64 overlaps route 2001:db8:113::/64 on interface"),
         "{err}"
     );
+}
+
+/// eth0's IPv6 addresses of `scope` (global, link) that are past their
+/// duplicate address detection.
+fn usable6(g: &Guest, scope: &str) -> Vec<Ipv6Addr> {
+    must(&mut g.ns.cmd(&[
+        "ip", "-6", "-o", "addr", "show", "dev", "eth0", "scope", scope,
+    ]))
+    .lines()
+    .filter(|l| !l.contains("tentative"))
+    .filter_map(|l| l.split_whitespace().skip_while(|w| *w != "inet6").nth(1))
+    .map(|a| a.split('/').next().unwrap().parse().unwrap())
+    .collect()
+}
+
+/// Gives eth0 `addr` (/64; `nodad`: without its probe) and waits until it
+/// may be used.
+fn add6(g: &Guest, addr: Ipv6Addr, nodad: bool) {
+    let cidr = format!("{addr}/64");
+    let mut args = vec!["ip", "-6", "addr", "add", &cidr, "dev", "eth0"];
+    if nodad {
+        args.push("nodad");
+    }
+    must(&mut g.ns.cmd(&args));
+    wait_for(&format!("{addr} past DAD"), Duration::from_secs(10), || {
+        (usable6(g, "global").iter().chain(&usable6(g, "link")))
+            .any(|a| *a == addr)
+            .then_some(())
+    });
+}
+
+fn ping_from(g: &Guest, source: Ipv6Addr, target: &str) -> bool {
+    run(&mut g.ns.cmd(&[
+        "busybox",
+        "ping",
+        "-6",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "-I",
+        &source.to_string(),
+        target,
+    ]))
+    .status
+    .success()
+}
+
+/// The addresses the daemon lists as formed by `g`'s VM.
+fn formed(world: &World, g: &Guest) -> Vec<Ipv6Addr> {
+    let listed = world.listed_interface(&g.info["interface_id"]);
+    (listed["ipv6_formed"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
+    .iter()
+    .map(|a| a.as_str().unwrap().parse().unwrap())
+    .collect()
+}
+
+#[test]
+fn addresses_a_guest_forms_itself_are_learned_from_its_duplicate_address_detection() {
+    let mut world = World::new();
+    world.start_daemon();
+    let events = crate::events::Follower::start(&world, &["--network", "shared"]);
+    let a = world.guest("shared", &["--name", "formed-a"]);
+    let b = world.guest("shared", &["--name", "formed-b"]);
+    let prefix: ipnet::Ipv6Net = a.info["ipv6_prefix"].as_str().unwrap().parse().unwrap();
+    let in_prefix = |iid: u64| Ipv6Addr::from(u128::from(prefix.network()) | u128::from(iid));
+    let eui64: Ipv6Addr = a.ipv6().parse().unwrap();
+    assert_eq!(a.slaac_addresses(), vec![a.ipv6()]);
+    assert!(formed(&world, &a).is_empty(), "nothing formed yet");
+
+    // Stable-privacy addresses (RFC 7217), as NetworkManager has the
+    // kernel form them: link-local and in the prefix, neither EUI-64.
+    must(&mut a.ns.cmd(&[
+        "sysctl",
+        "-qw",
+        "net.ipv6.conf.eth0.stable_secret=2001:db8:1:2:3:4:5:6",
+    ]));
+    must(&mut a.ns.cmd(&["ip", "link", "set", "eth0", "down"]));
+    must(
+        &mut a
+            .ns
+            .cmd(&["ip", "link", "set", "eth0", "addrgenmode", "stable_secret"]),
+    );
+    must(&mut a.ns.cmd(&["ip", "link", "set", "eth0", "up"]));
+    let stable = wait_for("a stable-privacy address", Duration::from_secs(15), || {
+        let global = usable6(&a, "global");
+        let link = usable6(&a, "link");
+        (global.len() == 1 && link.len() == 1).then(|| (global[0], link[0]))
+    });
+    assert_ne!(stable.0, eui64, "not the EUI-64 address");
+    assert!(prefix.contains(&stable.0), "{stable:?}");
+    let learned = events.next("ipv6_learned");
+    assert_eq!(learned["interface_id"], a.info["interface_id"], "{learned}");
+    let mut listed = formed(&world, &a);
+    listed.sort();
+    let mut expected = vec![stable.0, stable.1];
+    expected.sort();
+    assert_eq!(listed, expected, "linnet ls lists what the guest formed");
+    assert!(
+        a.ping(&a.gateway6()),
+        "the gateway, from the stable address"
+    );
+    assert!(a.ping(&b.ipv6()), "another VM");
+    assert_eq!(
+        a.fetch(&format!("http://[{UPSTREAM_IP6}]/")).as_deref(),
+        Some(format!("{UPSTREAM_PAGE}\n").as_str()),
+        "upstream through NAT66"
+    );
+
+    // An address set by hand is probed, then learned; one set without
+    // its probe (nodad) is not, and its packets are dropped: the same
+    // probe from each.
+    let by_hand = in_prefix(0xab_00cd_00ef_0001);
+    let unprobed = in_prefix(0xab_00cd_00ef_0002);
+    add6(&a, by_hand, false);
+    assert!(ping_from(&a, by_hand, &a.gateway6()), "a probed address");
+    add6(&a, unprobed, true);
+    let drops = crate::guard::spoofed_drops(&world, &a).unwrap();
+    assert!(
+        !ping_from(&a, unprobed, &a.gateway6()),
+        "no probe, not learned"
+    );
+    assert!(crate::guard::spoofed_drops(&world, &a).unwrap() > drops);
+    assert!(formed(&world, &a).contains(&by_hand) && !formed(&world, &a).contains(&unprobed));
+
+    // What a probe cannot claim: another MAC's EUI-64 address, another
+    // VM's address.
+    let others_eui64 = in_prefix(0x5054_00ff_fe00_4242);
+    add6(&a, others_eui64, false);
+    let refused = events.next("ipv6_refused");
+    assert_eq!(
+        refused["ipv6_address"],
+        others_eui64.to_string(),
+        "{refused}"
+    );
+    assert_eq!(refused["reason"], "the EUI-64 address of another MAC");
+    assert!(!ping_from(&a, others_eui64, &a.gateway6()));
+    add6(&b, by_hand, false);
+    let refused = events.next("ipv6_refused");
+    assert_eq!(refused["interface_id"], b.info["interface_id"], "{refused}");
+    assert_eq!(refused["reason"], "another VM's");
+    assert!(
+        !ping_from(&b, by_hand, &b.gateway6()),
+        "a's address, from b"
+    );
+    let b_own: Ipv6Addr = b.ipv6().parse().unwrap();
+    assert!(ping_from(&b, b_own, &b.gateway6()), "b's own, from b");
+
+    // A daemon after this one keeps what a learned.
+    drop(events);
+    world.stop_daemon();
+    world.start_daemon();
+    assert!(formed(&world, &a).contains(&by_hand));
+    assert!(ping_from(&a, by_hand, &a.gateway6()), "after a restart");
 }

@@ -61,6 +61,7 @@ impl Daemon {
                     mac_address: guest.map_or(i.mac, |g| g.mac),
                     ip_address: guest.map_or(i.ip, |g| Some(g.ip)),
                     ipv6_address: i.ipv6_address(cfg),
+                    ipv6_formed: i.formed6.clone(),
                     tap: i.tap.clone(),
                     forwards: i.forwards.iter().map(|p| p.forward).collect(),
                     client_pid: i.pid(),
