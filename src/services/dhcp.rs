@@ -308,6 +308,12 @@ pub fn respond(
     if req.opcode() != Opcode::BootRequest || !req.giaddr().is_unspecified() {
         return None;
     }
+    // Leases are by MAC, not by client identifier (RFC 2131 4.2 prefers
+    // it): the lease is the interface's, reserved at attach for the MAC
+    // linnet gave it before the guest sends anything, and anti-spoofing
+    // binds the MAC to the VM's port. A VM whose identifier changes (a
+    // DUID made from a machine id its clone or its initrd has another
+    // of) keeps its address; two clients behind one MAC share one.
     let mac = client_mac(req)?;
     // With anti-spoofing each VM can only ask for its own MAC, so a MAC
     // that is no attached interface's is someone draining the pool (the
@@ -386,6 +392,12 @@ fn base(net: &Own, req: &Message, kind: MessageType) -> Message {
     let opts = msg.opts_mut();
     opts.insert(DhcpOption::MessageType(kind));
     opts.insert(DhcpOption::ServerIdentifier(net.gateway));
+    // RFC 6842: the client's identifier back, as it sent it. It names
+    // the client but not its lease: that is its interface's, by MAC (see
+    // `respond`).
+    if let Some(id) = req.opts().get(OptionCode::ClientIdentifier) {
+        opts.insert(id.clone());
+    }
     msg
 }
 
@@ -545,6 +557,33 @@ mod tests {
             answer(&elsewhere).is_none(),
             "the guest chose another server"
         );
+    }
+
+    #[test]
+    fn the_lease_is_the_macs_whatever_client_identifier_comes_and_each_is_echoed() {
+        // systemd-networkd sends a DUID-based identifier made from the
+        // machine id, which a cloned image or the initrd may have another
+        // of: the same VM (its MAC, its interface) keeps its address.
+        let (net, mut leases) = setup();
+        let lease = leases
+            .attach(InterfaceId::from_bytes([1; 16]), None, None, 0)
+            .unwrap();
+        for (n, id) in [b"\xffduid-one".as_slice(), b"\xffduid-two", b"\x01mac"]
+            .into_iter()
+            .enumerate()
+        {
+            let mut req = client(MessageType::Request, lease.mac, Some(lease.ip));
+            req.opts_mut()
+                .insert(DhcpOption::ClientIdentifier(id.to_vec()));
+            let ack = encode_decode(&respond(&net, &mut leases, &req, n as u64 + 1).unwrap());
+            assert!(ack.opts().has_msg_type(MessageType::Ack));
+            assert_eq!(ack.yiaddr(), lease.ip);
+            assert_eq!(
+                ack.opts().get(OptionCode::ClientIdentifier),
+                Some(&DhcpOption::ClientIdentifier(id.to_vec())),
+                "RFC 6842"
+            );
+        }
     }
 
     #[test]
