@@ -230,6 +230,11 @@ pub struct AttachRequest {
     /// network's `clone_subnet`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_of: Option<CloneOf>,
+    /// Queues of the VM's TAP (virtio-net multi-queue): an fd for each
+    /// comes with the reply (`tap`); a `tap-name` TAP is made with
+    /// `IFF_MULTI_QUEUE` for its VMM to open that many by name. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queues: Option<u16>,
 }
 
 /// The guest a clone was made from.
@@ -396,6 +401,11 @@ pub struct InterfaceInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gateway6: Option<Ipv6Addr>,
     pub tap: String,
+    /// The TAP's queues, when more than one: the reply carries an fd for
+    /// each (`tap`), or the VMM opens that many by name with
+    /// `IFF_MULTI_QUEUE` (`tap-name`).
+    #[serde(default = "one_queue", skip_serializing_if = "is_one_queue")]
+    pub queues: u16,
     pub mtu: u32,
     pub forwards: Vec<PortForward>,
     /// On a rootless daemon's network with NAT: the address at which the
@@ -419,6 +429,14 @@ pub struct InterfaceInfo {
     /// (`linnet doctor` has the details).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+}
+
+fn one_queue() -> u16 {
+    1
+}
+
+fn is_one_queue(queues: &u16) -> bool {
+    *queues == 1
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

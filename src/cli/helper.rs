@@ -101,8 +101,9 @@ pub fn serve(
     privileges::become_user(None)?;
     let attached = super::attach(&channel, attach, datapath, false)?;
     let token = cli.reclaim_token(&attached);
-    let super::Attached { info, tap, .. } = attached;
-    let tap = tap.expect("a TAP's fd for a socket datapath");
+    let super::Attached { info, taps, .. } = attached;
+    // One: a relayed datapath has one queue (the daemon refuses more).
+    let tap = (taps.into_iter().next()).expect("a TAP's fd for a socket datapath");
     let announce = relay::announcement(&serde_json::to_string(&info)?)
         .context("cannot keep the interface JSON for the relay")?;
     // The token crosses the exec in a file of its own, not in the command

@@ -520,6 +520,15 @@ pub struct AttachArgs {
     pub allow_listen: Vec<ListenRule>,
     #[command(flatten)]
     pub rate: RateArgs,
+    /// Queues of the VM's TAP (virtio-net multi-queue, for a VM with more
+    /// than one vCPU): with --datapath tap the VMM gets an fd per queue
+    /// ({fds}, LINNET_FDS: colon-separated, as QEMU's -netdev tap,fds=
+    /// takes them; linnet's own QEMU NIC gets mq=on), with tap-name the
+    /// TAP is made multi-queue for the VMM to open N queues by name
+    /// (Cloud Hypervisor num_queues=2N). The relayed datapaths have one.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(crate::host::tap::MAX_QUEUES)))]
+    pub queues: u16,
     /// As root: attach for USER, and run the VMM or relay as USER, with no
     /// capabilities (default under sudo: the invoking user, SUDO_UID/SUDO_GID).
     #[arg(long, value_name = "USER[:GROUP]")]
@@ -646,8 +655,9 @@ impl RateArgs {
 pub struct Attached {
     /// What the VMM needs to know.
     pub info: InterfaceInfo,
-    /// The TAP's fd; none with tap-name, where the VMM opens it by name.
-    pub tap: Option<OwnedFd>,
+    /// The TAP's fds, one per queue; none with tap-name, where the VMM
+    /// opens it by name.
+    pub taps: Vec<OwnedFd>,
     /// What re-claims it after a daemon restart (none when kept past the
     /// connection, or a clone).
     pub reclaim_token: Option<String>,
@@ -681,6 +691,7 @@ pub fn attach(
         }),
         keep,
         clone_of: args.clone_of()?,
+        queues: (args.queues != 1).then_some(args.queues),
     };
     let (response, fds) = channel.call(&Request::Attach(request))?;
     let (info, reclaim_token) = match response {
@@ -702,13 +713,20 @@ pub fn attach(
     for w in &info.warnings {
         eprintln!("linnet: warning: network {}: {w}", info.network);
     }
-    let tap = fds.into_iter().next();
-    if tap.is_none() && datapath != Datapath::TapName {
-        bail!("the daemon sent no TAP file descriptor");
+    let expected = if datapath == Datapath::TapName {
+        0
+    } else {
+        usize::from(info.queues)
+    };
+    if fds.len() != expected {
+        bail!(
+            "the daemon sent {} TAP file descriptors, not {expected}",
+            fds.len()
+        );
     }
     Ok(Attached {
         info,
-        tap,
+        taps: fds,
         reclaim_token,
     })
 }

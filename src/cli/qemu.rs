@@ -21,36 +21,44 @@ pub fn is_qemu(program: &str) -> bool {
         .is_some_and(|n| n.starts_with("qemu-system-"))
 }
 
-/// The placeholder that says a command wires its own NIC.
-pub fn own_nic_placeholder(datapath: Datapath) -> &'static str {
+/// The placeholders that say a command wires its own NIC.
+pub fn own_nic_placeholders(datapath: Datapath) -> &'static [&'static str] {
     match datapath {
-        Datapath::TapName => "{tap}",
-        Datapath::VhostUser => "{socket}",
-        _ => "{fd}",
+        Datapath::TapName => &["{tap}"],
+        Datapath::VhostUser => &["{socket}"],
+        Datapath::Tap => &["{fd}", "{fds}"],
+        _ => &["{fd}"],
     }
 }
 
 /// Whether linnet adds the NIC to `argv`: QEMU, not wiring its own.
 pub fn adds_nic(argv: &[String], datapath: Datapath) -> bool {
-    let own = own_nic_placeholder(datapath);
-    is_qemu(&argv[0]) && !argv.iter().any(|a| a.contains(own))
+    let own = own_nic_placeholders(datapath);
+    is_qemu(&argv[0]) && !argv.iter().any(|a| own.iter().any(|p| a.contains(p)))
 }
 
-/// The arguments that give QEMU its NIC on `fd` (none with tap-name), or
-/// on vhost-user's `socket`.
+/// The arguments that give QEMU its NIC on `fds` (the TAP's, one per
+/// queue, colon-separated; the relay's socket; none with tap-name), or on
+/// vhost-user's `socket`.
 pub fn nic_args(
     argv: &[String],
     info: &InterfaceInfo,
-    fd: &str,
+    fds: &str,
     socket: &str,
     datapath: Datapath,
 ) -> Result<Vec<String>, String> {
+    let queues = info.queues;
     // QEMU reads IFF_VNET_HDR from the TAP itself (and refuses vnet_hdr= with fd=).
     let netdev = match datapath {
-        Datapath::Tap => format!("tap,id=lnet0,fd={fd}"),
+        Datapath::Tap if queues > 1 => format!("tap,id=lnet0,fds={fds}"),
+        Datapath::Tap => format!("tap,id=lnet0,fd={fds}"),
+        Datapath::TapName if queues > 1 => format!(
+            "tap,id=lnet0,ifname={},queues={queues},script=no,downscript=no",
+            info.tap
+        ),
         Datapath::TapName => format!("tap,id=lnet0,ifname={},script=no,downscript=no", info.tap),
-        Datapath::Dgram => format!("dgram,id=lnet0,local.type=fd,local.str={fd}"),
-        Datapath::Stream => format!("stream,id=lnet0,server=off,addr.type=fd,addr.str={fd}"),
+        Datapath::Dgram => format!("dgram,id=lnet0,local.type=fd,local.str={fds}"),
+        Datapath::Stream => format!("stream,id=lnet0,server=off,addr.type=fd,addr.str={fds}"),
         Datapath::VhostUser => "vhost-user,id=lnet0,chardev=lnetchr".into(),
     };
     let mut device = format!("virtio-net-pci,netdev=lnet0,mac={}", info.mac_address);
@@ -60,6 +68,11 @@ pub fn nic_args(
     // network across hosts (1450) sends no frame the fabric would drop.
     if info.mtu != DEFAULT_MTU {
         device.push_str(&format!(",host_mtu={}", info.mtu));
+    }
+    // A queue pair per TAP queue, and an MSI-X vector for each queue, one
+    // for the control queue and one for configuration changes.
+    if queues > 1 {
+        device.push_str(&format!(",mq=on,vectors={}", 2 * queues + 2));
     }
     let mut args = Vec::new();
     if datapath == Datapath::VhostUser {
@@ -224,6 +237,59 @@ mod tests {
             device(1500),
             "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01"
         );
+    }
+
+    #[test]
+    fn a_multi_queue_tap_is_wired_with_every_queue_s_fd_and_mq() {
+        let info = |queues: u16, datapath: &str| -> InterfaceInfo {
+            serde_json::from_value(serde_json::json!({
+                "vmnet_interface_id": "6b1c6b70-1111-4c4c-9c9c-000000000001",
+                "vmnet_mac_address": "02:00:00:00:00:01", "vmnet_mtu": 1500, "vmnet_max_packet_size": 1514,
+                "network": "shared", "mode": "shared", "datapath": datapath,
+                "interface_id": "6b1c6b70-1111-4c4c-9c9c-000000000001",
+                "mac_address": "02:00:00:00:00:01", "tap": "lnt0", "queues": queues,
+                "dns": [], "domain": "shared.linnet", "mtu": 1500, "forwards": []
+            }))
+            .unwrap()
+        };
+        let nic = |queues, datapath, fds| {
+            let d = if datapath == Datapath::Tap {
+                "tap"
+            } else {
+                "tap-name"
+            };
+            nic_args(&args("-m 256"), &info(queues, d), fds, "", datapath).unwrap()
+        };
+        assert_eq!(
+            nic(4, Datapath::Tap, "5:6:7:8"),
+            [
+                "-netdev",
+                "tap,id=lnet0,fds=5:6:7:8",
+                "-device",
+                "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01,mq=on,vectors=10"
+            ]
+        );
+        assert_eq!(
+            nic(2, Datapath::TapName, ""),
+            [
+                "-netdev",
+                "tap,id=lnet0,ifname=lnt0,queues=2,script=no,downscript=no",
+                "-device",
+                "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01,mq=on,vectors=6"
+            ]
+        );
+        assert_eq!(
+            nic(1, Datapath::Tap, "5"),
+            [
+                "-netdev",
+                "tap,id=lnet0,fd=5",
+                "-device",
+                "virtio-net-pci,netdev=lnet0,mac=02:00:00:00:00:01"
+            ]
+        );
+        let own = |arg: &str| !adds_nic(&args(&format!("-m 256 -netdev {arg}")), Datapath::Tap);
+        assert!(own("tap,id=n0,fds={fds}") && own("tap,id=n0,fd={fd}"));
+        assert!(!own("user,id=n0"));
     }
 
     #[test]

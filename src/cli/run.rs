@@ -158,28 +158,30 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
         token,
     });
     let republish = republish.map(|_| (connector.clone().expect("a connector"), targets.len() - 1));
-    let super::Attached { info, tap, .. } = attached;
+    let super::Attached { info, taps, .. } = attached;
     publish(&info, args.json.as_deref())?;
 
-    // What CMD gets: the TAP itself, or its end of a socketpair we relay;
-    // with tap-name nothing (it opens the TAP by name; the daemon sent us
-    // no fd of it, so that it is free for the VMM).
-    let tap = || tap.expect("a TAP's fd for every datapath but tap-name");
+    // What CMD gets: the TAP itself (an fd per queue), or its end of a
+    // socketpair we relay; with tap-name nothing (it opens the TAP by
+    // name; the daemon sent us no fd of it, so that it is free for the
+    // VMM). A relayed datapath has one queue (the daemon refuses more).
+    let tap = |taps: Vec<_>| (taps.into_iter().next()).expect("a TAP's fd for a relayed datapath");
     let (mut vhost_user_socket, mut vhost_user_leftovers) = (None, None);
-    let (vmm_fd, counters) = match args.datapath {
-        Datapath::Tap => (Some(tap()), None),
+    let (vmm_fds, counters): (Vec<std::os::fd::OwnedFd>, _) = match args.datapath {
+        Datapath::Tap => (taps, None),
         // The VMM opens it by name.
-        Datapath::TapName => (None, None),
+        Datapath::TapName => (Vec::new(), None),
         // The back-end listens before the VMM starts (QEMU connects to it
         // at start and waits for its answers), on a socket in a directory
         // of this user's: the VMM's only.
         Datapath::VhostUser => {
             let counters = Arc::new(Counters::default());
-            let relay = VhostUserRelay::new(tap(), Frontend::OneVmm, info.mtu, counters.clone())?;
+            let relay =
+                VhostUserRelay::new(tap(taps), Frontend::OneVmm, info.mtu, counters.clone())?;
             vhost_user_socket = relay.vmm_socket();
             vhost_user_leftovers = Some(relay.leftovers());
             super::spawn_relay(move || Ok(relay.run()?));
-            (None, Some(counters))
+            (Vec::new(), Some(counters))
         }
         datapath => {
             let kind = if datapath == Datapath::Dgram {
@@ -195,15 +197,15 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
                 _ => Endpoint::StreamFd(ours),
             };
             let counters = Arc::new(Counters::default());
-            let relay = Relay::new(tap(), endpoint, header, info.mtu, counters.clone())?;
+            let relay = Relay::new(tap(taps), endpoint, header, info.mtu, counters.clone())?;
             super::spawn_relay(move || relay.run());
-            (Some(theirs), Some(counters))
+            (vec![theirs], Some(counters))
         }
     };
 
-    let fd = vmm_fd.as_ref().map(AsRawFd::as_raw_fd);
+    let fds: Vec<RawFd> = vmm_fds.iter().map(AsRawFd::as_raw_fd).collect();
     let socket = vhost_user_socket.as_deref();
-    let mut command = build_command(&args.command, &info, fd, socket, args.datapath)?;
+    let mut command = build_command(&args.command, &info, &fds, socket, args.datapath)?;
     // A TAP of a rootless daemon is in its network namespace, where a VMM
     // must be to open it by name.
     let namespaces = if args.datapath == Datapath::TapName && cli.place().rootless {
@@ -238,7 +240,7 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
             {
                 return Err(io::Error::last_os_error());
             }
-            if let Some(fd) = fd {
+            for &fd in &fds {
                 let flags = libc::fcntl(fd, libc::F_GETFD);
                 if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
                     return Err(io::Error::last_os_error());
@@ -260,7 +262,7 @@ pub fn main(cli: &Cli, args: &RunArgs) -> anyhow::Result<u8> {
             return Ok(code);
         }
     };
-    drop(vmm_fd);
+    drop(vmm_fds);
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     std::thread::spawn(move || forward_signals(signals, pid));
     if let Some(seconds) = args.wait_ip {
@@ -355,12 +357,18 @@ fn publish(info: &InterfaceInfo, path: Option<&Path>) -> anyhow::Result<()> {
 fn build_command(
     argv: &[String],
     info: &InterfaceInfo,
-    fd: Option<RawFd>,
+    fds: &[RawFd],
     socket: Option<&Path>,
     datapath: Datapath,
 ) -> anyhow::Result<Command> {
+    let listed: Vec<String> = fds.iter().map(ToString::to_string).collect();
     let values = [
-        ("{fd}", fd.map(|fd| fd.to_string()).unwrap_or_default()),
+        (
+            "{fd}",
+            fds.first().map(|fd| fd.to_string()).unwrap_or_default(),
+        ),
+        // Every queue's, as QEMU's `-netdev tap,fds=` takes them.
+        ("{fds}", listed.join(":")),
         (
             "{socket}",
             socket.map(|s| s.display().to_string()).unwrap_or_default(),
@@ -388,13 +396,14 @@ fn build_command(
     };
     let mut args: Vec<String> = argv[1..].iter().map(|a| substitute(a)).collect();
     if qemu::adds_nic(argv, datapath) {
-        let nic = qemu::nic_args(argv, info, &values[0].1, &values[1].1, datapath);
+        let nic = qemu::nic_args(argv, info, &values[1].1, &values[2].1, datapath);
         args.extend(nic.map_err(anyhow::Error::msg)?);
     }
     let mut cmd = Command::new(&argv[0]);
     cmd.args(args);
     for (key, (_, value)) in [
         "LINNET_FD",
+        "LINNET_FDS",
         "LINNET_SOCKET",
         "LINNET_MAC",
         "LINNET_IP",
@@ -524,7 +533,7 @@ mod tests {
         let cmd = build_command(
             &["qemu-system-x86_64".into(), "-name".into(), "vm{fd}".into()],
             &info(),
-            None,
+            &[],
             None,
             Datapath::TapName,
         )
@@ -551,7 +560,7 @@ mod tests {
                 "256".into(),
             ],
             &info(),
-            Some(7),
+            &[7],
             None,
             Datapath::Tap,
         )
@@ -579,7 +588,7 @@ mod tests {
                 "{ip}/{tap}@{gateway}".into(),
             ],
             &info(),
-            Some(9),
+            &[9],
             None,
             Datapath::Tap,
         )
@@ -614,7 +623,7 @@ mod tests {
                 "tap,id=n,fd={fd}".into(),
             ],
             &info(),
-            Some(5),
+            &[5],
             None,
             Datapath::Tap,
         )

@@ -80,6 +80,7 @@ impl Apply<'_> {
                         uid: who.uid,
                         gid: who.gid,
                         next: &mut *who.next_tap,
+                        queues: plan.queues,
                         scratch: who.scratch,
                     };
                     let made = self.network.make_port(self.host, request).await?;
@@ -97,7 +98,7 @@ impl Apply<'_> {
                         name: made.port_name,
                         index: made.port,
                         mac: plan.mac,
-                        fd: made.tap,
+                        fds: vec![made.tap],
                     });
                     clone = Some((spec, made.ns));
                 }
@@ -150,7 +151,7 @@ impl Apply<'_> {
                     let port = made_before(port.as_ref(), step)?;
                     let tap = made_before(tap.as_ref(), step)?;
                     (self.host.devices)
-                        .make_persistent(port.fd.as_fd())
+                        .make_persistent(port.fds[0].as_fd())
                         .map_err(|e| DaemonError::HostStep {
                             what: format!(
                                 "cannot make TAP {tap} persistent for --datapath tap-name"

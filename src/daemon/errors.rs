@@ -186,6 +186,9 @@ pub enum DaemonError {
         "an interface kept past its client's connection is for a VMM that opens its TAP by name: attach it with --datapath tap-name"
     )]
     KeepNeedsTapName,
+    /// Queues an attach cannot have.
+    #[error("{queues} queues: {why}")]
+    Queues { queues: u16, why: String },
     /// A forward to remove that the interface does not have.
     #[error("interface {id} has no forward {forward}; it has: {}", listed(has))]
     NoSuchForward {
@@ -362,6 +365,7 @@ impl DaemonError {
             | DaemonError::WaitHolds
             | DaemonError::NotOpenedByName { .. }
             | DaemonError::KeepNeedsTapName
+            | DaemonError::Queues { .. }
             | DaemonError::NoSuchForward { .. }
             | DaemonError::DeclaredForward { .. }
             | DaemonError::NotAttached { .. }

@@ -189,6 +189,7 @@ pub(super) fn interface_info(
         ipv6_address: v6.map(|v6| addr6::slaac_address(v6.prefix, mac)),
         gateway6: v6.map(|v6| v6.gateway),
         tap: tap.into(),
+        queues: 1,
         mtu,
         forwards: Vec::new(),
         host_loopback: None,

@@ -20,11 +20,12 @@ use super::interface::Interface;
 use super::policies::{check_ceiling, check_policy_possible, no_address_for_policy};
 use crate::api::AttachRequest;
 use crate::clone::Guest;
-use crate::config::{Config, DEFAULT_NETWORK, NetworkConfig, Own};
+use crate::config::{Config, DEFAULT_NETWORK, Mode, NetworkConfig, Own};
 use crate::datapath::Datapath;
 use crate::host::clone_ns::CloneNetwork;
 use crate::host::guard::PortGuard;
 use crate::host::netlink::LinkSettings;
+use crate::host::tap::MAX_QUEUES;
 use crate::leases::{Claimant, LeaseChange, LeaseTable, TakenOver};
 use crate::policy::Policy;
 use crate::types::{self, InterfaceId, MacAddr};
@@ -43,6 +44,8 @@ pub(super) struct AttachPlan {
     /// its bridge, and before the VM has its fd.
     pub guarded: bool,
     pub mtu: u32,
+    /// Its TAP's queues (`check_queues`).
+    pub queues: u16,
     /// The kernel's part, in order (`apply`).
     pub steps: Vec<Step>,
     /// What taking its lease changed (undone if the attach fails).
@@ -112,6 +115,39 @@ pub(super) type Interfaces = BTreeMap<InterfaceId, Interface>;
 /// policy (`bridge_netfilter`: the host has br_netfilter) and it is no
 /// more than the network enforces, and the id is not attached. Returns
 /// the interface's id (the request's, or a new one).
+/// Whether the attach may have the queues it asks for: more than one on a
+/// TAP the VMM reads itself (by fd or by name), up to `tap::MAX_QUEUES`.
+fn check_queues(cfg: &NetworkConfig, req: &AttachRequest) -> Result<(), DaemonError> {
+    let queues = req.queues.unwrap_or(1);
+    let why = if queues == 0 {
+        Some(format!("a TAP has 1 to {MAX_QUEUES}"))
+    } else if queues > MAX_QUEUES {
+        Some(format!(
+            "at most {MAX_QUEUES} (a VM has no use for more queues than vCPUs)"
+        ))
+    } else if queues == 1 {
+        None
+    } else if !matches!(req.datapath, None | Some(Datapath::Tap | Datapath::TapName)) {
+        Some(format!(
+            "multi-queue is for a TAP the VMM reads itself (--datapath tap or tap-name); with {} linnet relays one queue",
+            req.datapath.map_or("tap".into(), |d| d.to_string())
+        ))
+    } else if cfg.mode() == Mode::Bridged {
+        Some(format!(
+            "network \"{}\" gives each VM a macvtap, which linnet opens with one queue",
+            cfg.name
+        ))
+    } else if req.clone_of.is_some() {
+        Some("a clone's TAP has one queue".into())
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(DaemonError::Queues { queues, why }),
+        None => Ok(()),
+    }
+}
+
 pub(super) fn admit(
     config: &Config,
     interfaces: &Interfaces,
@@ -151,6 +187,7 @@ pub(super) fn admit(
     if req.keep && req.datapath != Some(Datapath::TapName) {
         return Err(DaemonError::KeepNeedsTapName);
     }
+    check_queues(cfg, req)?;
     if let Some(name) = &req.name {
         types::validate_hostname(name)?;
         if let Some((holder, other)) = interfaces
@@ -257,6 +294,7 @@ pub(super) fn plan_on_lan(
         policy,
         guarded: guarded(cfg),
         mtu,
+        queues: req.queues.unwrap_or(1),
         lease: LeaseChange::default(),
     })
 }
@@ -341,6 +379,7 @@ pub(super) fn plan(
         policy,
         guarded: guarded(cfg),
         mtu: own.mtu,
+        queues: req.queues.unwrap_or(1),
         steps,
         lease,
     })
@@ -427,6 +466,7 @@ pub(super) fn plan_clone(
         policy,
         guarded: guarded(cfg),
         mtu: own.mtu,
+        queues: 1,
         steps,
         lease: LeaseChange::default(),
     }
@@ -1102,6 +1142,40 @@ mod tests {
             admitted(&Interfaces::new(), &stray, &request(None)),
             Err(DaemonError::NotAllowed { uid: 300000, .. })
         ));
+    }
+
+    #[test]
+    fn more_than_one_queue_is_for_a_tap_the_vmm_reads_on_a_bridge() {
+        let none = Interfaces::new();
+        let queues = |n: u16, datapath: Datapath, network: &str| {
+            let req = AttachRequest {
+                queues: Some(n),
+                datapath: Some(datapath),
+                network: Some(network.into()),
+                ..request(None)
+            };
+            match admitted(&none, &client(0, 1), &req) {
+                Ok(_) => None,
+                Err(DaemonError::Queues { queues, why }) => {
+                    assert_eq!(queues, n);
+                    Some(why)
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        };
+        for datapath in [Datapath::Tap, Datapath::TapName] {
+            assert_eq!(queues(1, datapath, "shared"), None);
+            assert_eq!(queues(MAX_QUEUES, datapath, "shared"), None);
+        }
+        assert!(queues(0, Datapath::Tap, "shared").is_some());
+        assert!(queues(MAX_QUEUES + 1, Datapath::Tap, "shared").is_some());
+        for relayed in [Datapath::Dgram, Datapath::Stream, Datapath::VhostUser] {
+            let why = queues(2, relayed, "shared").expect("refused");
+            assert!(why.contains("linnet relays one queue"), "{why}");
+            assert_eq!(queues(1, relayed, "shared"), None);
+        }
+        let why = queues(2, Datapath::Tap, "lan").expect("refused on a macvtap");
+        assert!(why.contains("macvtap"), "{why}");
     }
 
     #[test]

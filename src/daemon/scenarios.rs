@@ -137,7 +137,8 @@ impl Scene {
         client: &Client,
         req: AttachRequest,
     ) -> Result<Attached, DaemonError> {
-        let (info, fd, token) = self.daemon.handle_attach(client, req).await?;
+        let (info, mut fds, token) = self.daemon.handle_attach(client, req).await?;
+        let fd = fds.remove(0);
         Ok(Attached { info, fd, token })
     }
 

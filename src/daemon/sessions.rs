@@ -253,13 +253,13 @@ async fn serve_client(sessions: &Sessions, conn: AsyncFd<OwnedFd>, client: &Clie
         (sessions.requests.lock())
             .expect("request stats lock")
             .note(&response, took);
-        let fds: Vec<i32> = fd.iter().map(|f| f.as_raw_fd()).collect();
+        let fds: Vec<i32> = fd.iter().flatten().map(|f| f.as_raw_fd()).collect();
         let attached = match &response {
             Response::Attached { interface, .. } => Some(interface.interface_id),
             _ => None,
         };
         let mut sent = send_reply(&conn, &response, &fds, large, client.uid).await;
-        // Our copy of the TAP fd closes here; the client holds its own.
+        // Our copies of the TAP's fds close here; the client holds its own.
         drop(fd);
         // A reply that could not be sent is an error for this request, not
         // the end of the connection: the client's interfaces live as long
@@ -396,7 +396,7 @@ async fn handle(
     client: &Client,
     request: Request,
     logs: &std::sync::Mutex<LogBudget>,
-) -> (Response, Option<OwnedFd>) {
+) -> (Response, Option<Vec<OwnedFd>>) {
     if let Some(network) = &client.network_socket
         && !super::client::relay_may(&request)
     {
@@ -614,7 +614,7 @@ fn connection_gone(e: &io::Error) -> bool {
     )
 }
 
-fn reply(result: Result<(), DaemonError>) -> (Response, Option<OwnedFd>) {
+fn reply(result: Result<(), DaemonError>) -> (Response, Option<Vec<OwnedFd>>) {
     match result {
         Ok(()) => (Response::Ok, None),
         Err(e) => (e.into_response(), None),

@@ -243,6 +243,7 @@ impl Daemon {
             &plan.policy,
         );
         info.warnings = self.network_warnings(network);
+        info.queues = plan.queues;
         info.host_loopback =
             (self.host_loopback).filter(|_| net.config.own().is_some_and(|own| own.nat44));
         if let Some(clone) = &clone {

@@ -179,7 +179,7 @@ pub async fn make(
             for (key, value) in NAMESPACE_SYSCTLS {
                 write_sysctl(key, value)?;
             }
-            let fd = tap::create(&net.tap, uid, gid)?;
+            let fd = tap::create(&net.tap, uid, gid, 1)?.swap_remove(0);
             for (key, value) in tap_sysctls(&net.tap) {
                 write_sysctl(&key, value)?;
             }

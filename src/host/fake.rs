@@ -891,7 +891,8 @@ impl Devices for FakeHost {
         next: &mut u32,
         _uid: u32,
         _gid: u32,
-    ) -> Result<(String, OwnedFd), TapError> {
+        queues: u16,
+    ) -> Result<(String, Vec<OwnedFd>), TapError> {
         let name = loop {
             let name = super::tap_name(*next);
             *next = next.wrapping_add(1);
@@ -906,7 +907,14 @@ impl Devices for FakeHost {
         self.record(Step::CreateTap(name.clone())).map_err(failed)?;
         let index = self.model().add(&name, LinkKind::Tun, None);
         let fd = self.held_device(index).map_err(failed)?;
-        Ok((name, fd))
+        // Each queue's fd holds the device as the first does: it goes when
+        // the last closes.
+        let mut fds = Vec::new();
+        for _ in 1..queues {
+            fds.push(fd.try_clone().map_err(failed)?);
+        }
+        fds.insert(0, fd);
+        Ok((name, fds))
     }
 
     fn make_persistent(&self, fd: BorrowedFd<'_>) -> io::Result<()> {

@@ -142,8 +142,9 @@ impl Devices for KernelDevices {
         next: &mut u32,
         uid: u32,
         gid: u32,
-    ) -> Result<(String, OwnedFd), TapError> {
-        tap::create_numbered(next, uid, gid)
+        queues: u16,
+    ) -> Result<(String, Vec<OwnedFd>), TapError> {
+        tap::create_numbered(next, uid, gid, queues)
     }
     fn make_persistent(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
         tap::set_persistent(fd)

@@ -87,9 +87,15 @@ pub trait LearnedSets: Send + Sync {
 #[async_trait]
 pub trait Devices: Send + Sync {
     /// A TAP named with the next free number from `next`, owned by
-    /// `uid`/`gid`; returns its name and fd.
-    fn create_tap(&self, next: &mut u32, uid: u32, gid: u32)
-    -> Result<(String, OwnedFd), TapError>;
+    /// `uid`/`gid`, with `queues` queues; returns its name and an fd per
+    /// queue.
+    fn create_tap(
+        &self,
+        next: &mut u32,
+        uid: u32,
+        gid: u32,
+        queues: u16,
+    ) -> Result<(String, Vec<OwnedFd>), TapError>;
     /// Makes a TAP outlive its fd (for a VMM that opens it by name).
     fn make_persistent(&self, tap: BorrowedFd<'_>) -> io::Result<()>;
     /// Opens macvtap `name`'s character device (`scratch`: a root-only

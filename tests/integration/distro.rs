@@ -248,6 +248,86 @@ fn network_manager_takes_the_reported_address_dns_names_a_fabric_s_mtu_and_its_o
     );
 }
 
+/// What a guest with two vCPUs makes of a TAP with two queues: the
+/// channels its driver runs, each queue's packets after pings and fetches
+/// from each CPU (which the driver maps to its own transmit queue, and the
+/// TAP answers each flow on the queue it came on), and frames from an
+/// address not its own sent from each CPU.
+fn queues_script(subnet_spoof: &str) -> String {
+    format!(
+        r#"nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
+gw=$(ip -4 route show default | awk '{{print $3; exit}}')
+q() {{ ethtool -S $nic | awk -v k="$1_queue_$2_packets:" '$1 == k {{print $2}}'; }}
+echo "RESULT-CHANNELS: $(ethtool -l $nic | awk '/Current hardware/ {{c = 1}} c && /^Combined/ {{print $2; exit}}')"
+for cpu in 0 1; do
+  taskset -c $cpu ping -c 3 -W 2 $gw >/dev/null && echo "RESULT-PING-$cpu: ok"
+  taskset -c $cpu curl -s -m 10 -o /dev/null http://{UPSTREAM_NAME}/ && echo "RESULT-FETCH-$cpu: ok"
+done
+for cpu in 0 1; do echo "RESULT-RX-$cpu: $(q rx $cpu)"; echo "RESULT-TX-$cpu: $(q tx $cpu)"; done
+ip addr add {subnet_spoof}/32 dev $nic
+echo "RESULT-SPOOFING: soon"
+sleep 5
+for cpu in 0 1; do
+  before=$(q tx $cpu)
+  taskset -c $cpu ping -c 3 -W 1 -I {subnet_spoof} $gw >/dev/null 2>&1
+  echo "RESULT-SPOOF-TX-$cpu: $(( $(q tx $cpu) - before ))"
+done
+echo "RESULT-SPOOFED: done"
+sleep 20
+"#
+    )
+}
+
+#[test]
+fn a_guest_with_two_vcpus_runs_two_queues_and_anti_spoofing_holds_on_each() {
+    let mut world = World::with_config(NETWORKS);
+    world.start_daemon();
+    let name = unique("debian-queues");
+    let mut argv = debian_qemu(&name, &queues_script("10.61.0.250"), "cloud-init=disabled");
+    argv.extend(["-smp".to_string(), "2".to_string()]);
+    let vm = launch(&world, "distro", name, &["--queues", "2"], &argv);
+    assert_eq!(vm.info["queues"], 2, "{}", vm.info);
+    let drops = || {
+        world.listed_interface(&vm.info["interface_id"])["spoofed_drops"]
+            .as_u64()
+            .expect("spoofed_drops of a guarded interface")
+    };
+    vm.wait_console_within("RESULT-SPOOFING: soon", DEBIAN_PATIENCE);
+    let before = drops();
+    vm.wait_console_within("RESULT-SPOOFED: done", DEBIAN_PATIENCE);
+    let drops = drops() - before;
+    let console = vm.finish_within(DEBIAN_PATIENCE);
+    let count = |key: &str| -> u64 {
+        let values = results(&console, key);
+        assert_eq!(values.len(), 1, "{key}: {console}");
+        values[0]
+            .parse()
+            .unwrap_or_else(|_| panic!("{key}: {console}"))
+    };
+    assert_eq!(count("CHANNELS"), 2, "two combined channels: {console}");
+    for cpu in 0..2 {
+        assert_eq!(
+            results(&console, &format!("PING-{cpu}")),
+            ["ok"],
+            "{console}"
+        );
+        assert_eq!(
+            results(&console, &format!("FETCH-{cpu}")),
+            ["ok"],
+            "{console}"
+        );
+        for way in ["RX", "TX"] {
+            assert!(
+                count(&format!("{way}-{cpu}")) > 0,
+                "{way} queue {cpu} unused: {console}"
+            );
+        }
+        assert!(count(&format!("SPOOF-TX-{cpu}")) >= 3, "{console}");
+    }
+    // Six frames from another address, three on each queue: dropped.
+    assert!(drops >= 6, "{drops} spoofed frames dropped: {console}");
+}
+
 /// The interface's address, IPv6 address and MAC from its attach JSON.
 fn reported(info: &Value) -> (String, String, String) {
     let field = |k: &str| {

@@ -252,3 +252,97 @@ print(json.dumps(failed))
     let failed: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
     assert!(failed.is_empty(), "opens refused: {failed:?}");
 }
+
+/// What a VMM finds of its TAP (`tap` datapath: the fds in LINNET_FDS;
+/// `tap-name`: the TAP opened by name as each of `opens` flags asks): per
+/// fd the device it is a queue of and its flags (TUNGETIFF), or the error
+/// of an open; and the TAP's own flags. (No braces: `linnet run` fills
+/// in its placeholders, `{fd}` and `{tap}` among them.)
+const QUEUES_SEEN: &str = r#"
+import fcntl, json, os, struct, sys
+TUNSETIFF, TUNGETIFF = 0x400454ca, 0x800454d2
+tap = os.environ["LINNET_TAP"]
+fds = [int(f) for f in os.environ["LINNET_FDS"].split(":") if f]
+seen = []
+for flags in [int(f, 16) for f in sys.argv[1:]]:
+    fd = os.open("/dev/net/tun", os.O_RDWR)
+    try:
+        fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", tap.encode(), flags))
+        fds.append(fd)
+    except OSError as e:
+        seen.append({"error": e.errno})
+for fd in fds:
+    name, flags = struct.unpack("16sH22x", fcntl.ioctl(fd, TUNGETIFF, bytes(40)))
+    seen.append({"device": os.readlink("/proc/self/fd/%d" % fd),
+                 "tap": name.rstrip(b"\0").decode(), "flags": hex(flags)})
+with open("/sys/class/net/%s/tun_flags" % tap) as f:
+    print(json.dumps({"tap": tap, "fds": seen, "tun_flags": f.read().strip()}))
+"#;
+
+#[test]
+fn a_multi_queue_tap_comes_as_an_fd_per_queue_or_by_name_with_the_flag_vmms_ask_for() {
+    let mut world = World::new();
+    world.start_daemon();
+    let seen = |args: &[&str], opens: &[&str]| -> Value {
+        let mut argv = vec!["run"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&["--", "python3", "-c", QUEUES_SEEN]);
+        argv.extend_from_slice(opens);
+        serde_json::from_str(&must(&mut world.linnet(&argv))).unwrap()
+    };
+    // IFF_TAP | IFF_NO_PI | IFF_VNET_HDR, and IFF_MULTI_QUEUE; what a
+    // tap-name TAP has besides, IFF_PERSIST.
+    let (single, multi) = ("0x5002", "0x5102");
+    let (single_kept, multi_kept) = ("0x5802", "0x5902");
+    let queue = |tap: &Value, flags: &str| serde_json::json!({"device": "/dev/net/tun", "tap": tap, "flags": flags});
+
+    let one = seen(&[], &[]);
+    assert_eq!(one["fds"], serde_json::json!([queue(&one["tap"], single)]));
+    assert_eq!(one["tun_flags"], single);
+
+    let four = seen(&["--queues", "4"], &[]);
+    assert_eq!(
+        four["fds"],
+        serde_json::json!(vec![queue(&four["tap"], multi); 4]),
+        "four queues of one multi-queue TAP"
+    );
+    assert_eq!(four["tun_flags"], multi);
+
+    // By name, as Cloud Hypervisor opens num_queues=4 (two queue pairs):
+    // each open with IFF_MULTI_QUEUE is another queue; one without it is
+    // refused, as the kernel refuses a mismatch.
+    let by_name = seen(
+        &["--datapath", "tap-name", "--queues", "2"],
+        &[multi, multi, single],
+    );
+    assert_eq!(
+        by_name["fds"],
+        serde_json::json!([
+            {"error": libc::EINVAL},
+            queue(&by_name["tap"], multi_kept),
+            queue(&by_name["tap"], multi_kept)
+        ]),
+        "{by_name}"
+    );
+    // And a single-queue one the other way round.
+    let single_by_name = seen(&["--datapath", "tap-name"], &[multi, single]);
+    assert_eq!(
+        single_by_name["fds"],
+        serde_json::json!([{"error": libc::EINVAL}, queue(&single_by_name["tap"], single_kept)]),
+        "{single_by_name}"
+    );
+
+    // Every queue closed, the TAP is gone; more than one queue on a
+    // relayed datapath is refused, saying why.
+    for tap in [&one["tap"], &four["tap"], &by_name["tap"]] {
+        assert!(
+            !world
+                .host
+                .links()
+                .contains(&tap.as_str().unwrap().to_string())
+        );
+    }
+    let refused =
+        failure(&mut world.linnet(&["run", "--queues", "2", "--datapath", "dgram", "--", "true"]));
+    assert!(refused.contains("linnet relays one queue"), "{refused}");
+}

@@ -32,6 +32,9 @@ pub const IFF_TAP: c_short = 0x0002;
 pub const IFF_NO_PI: c_short = 0x1000;
 /// A virtio-net header before each frame.
 pub const IFF_VNET_HDR: c_short = 0x4000;
+/// A device with a queue per fd: each fd that sets it on the name is
+/// another queue (virtio-net's multi-queue).
+pub const IFF_MULTI_QUEUE: c_short = 0x0100;
 /// Fail with EBUSY rather than attach to a device that has the name.
 pub const IFF_TUN_EXCL: c_short = 0x8000_u16 as c_short;
 

@@ -219,7 +219,7 @@ impl NetworkDriver for Macvtap {
                 name,
                 index,
                 mac: req.mac,
-                fd,
+                fds: vec![fd],
             }),
             Err(e) => {
                 let mut left = Leftovers::default();

@@ -309,12 +309,12 @@ pub(super) trait NetworkDriver: Send + Sync {
 }
 
 /// A VM's port as made: its link, the MAC of the link's host side (which
-/// `tap_watch` holds it to), and the fd its VMM gets.
+/// `tap_watch` holds it to), and the fds its VMM gets (one per queue).
 pub(super) struct Port {
     pub name: String,
     pub index: u32,
     pub mac: MacAddr,
-    pub fd: OwnedFd,
+    pub fds: Vec<OwnedFd>,
 }
 
 /// What making a port needs from the daemon.
@@ -326,6 +326,8 @@ pub(super) struct PortRequest<'a> {
     pub gid: u32,
     /// The number in the next port's name.
     pub next: &'a mut u32,
+    /// Queues of a TAP (a macvtap has one).
+    pub queues: u16,
     /// A root-only directory for device nodes of the moment.
     pub scratch: &'a Path,
 }
@@ -353,7 +355,9 @@ impl TowardVm {
 /// A TAP for a VM, owned by its user, with a MAC of linnet's choosing on
 /// the host's side: what ports on bridges are.
 async fn tap_port(host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {
-    let (name, fd) = host.devices.create_tap(req.next, req.uid, req.gid)?;
+    let (name, fds) = host
+        .devices
+        .create_tap(req.next, req.uid, req.gid, req.queues)?;
     // A bridge port needs no IPv6 of its own: without this the host's
     // end of each TAP would do DAD and MLD into the VM network.
     if let Err(e) = host
@@ -381,6 +385,6 @@ async fn tap_port(host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError
         name,
         index,
         mac,
-        fd,
+        fds,
     })
 }

@@ -33,7 +33,7 @@ impl Daemon {
         &mut self,
         client: &Client,
         req: AttachRequest,
-    ) -> Result<(InterfaceInfo, OwnedFd, Option<String>), DaemonError> {
+    ) -> Result<(InterfaceInfo, Vec<OwnedFd>, Option<String>), DaemonError> {
         let network = req
             .network
             .clone()
@@ -100,7 +100,7 @@ impl Daemon {
         id: InterfaceId,
         client: &Client,
         req: &AttachRequest,
-    ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
+    ) -> Result<(InterfaceInfo, Vec<OwnedFd>), DaemonError> {
         let now = unix_now();
         let net = &self.networks[network];
         if req.datapath == Some(Datapath::TapName) && !net.ports_open_by_name() {
@@ -137,7 +137,7 @@ impl Daemon {
         self.tap_addresses.record(port.index, port.mac);
         let made = (port.name, port.index, port.mac);
         let info = self.record_attached(network, plan, client, req, made, None);
-        Ok((info, port.fd))
+        Ok((info, port.fds))
     }
     /// Records what a client's relay moved for one of its interfaces.
     pub fn handle_counters(

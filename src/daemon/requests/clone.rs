@@ -34,7 +34,7 @@ impl Daemon {
         client: &Client,
         req: &AttachRequest,
         of: &CloneOf,
-    ) -> Result<(InterfaceInfo, OwnedFd), DaemonError> {
+    ) -> Result<(InterfaceInfo, Vec<OwnedFd>), DaemonError> {
         if req.mac.is_some() {
             return Err(DaemonError::CloneImpossible {
                 network: network.into(),
@@ -134,7 +134,7 @@ impl Daemon {
         };
         let port = (carried.port.name, carried.port.index, plan.mac);
         let info = self.record_attached(network, plan, client, req, port, Some(state));
-        Ok((info, carried.port.fd))
+        Ok((info, carried.port.fds))
     }
 
     /// The guest `of` names: one of the caller's VMs on the network (any
