@@ -22,6 +22,11 @@ NETWORK_SOCKET = "linnet network socket"
 LAN_BRIDGED = "linnet bridged (macvtap)"
 LAN_BRIDGE = "linnet bridge (existing bridge)"
 ROOTLESS = "linnet rootless"
+# Multi-queue: one guest's TAP with two queues (the stand-in a thread pair
+# on each, as a VMM a vCPU) against one queue, two TCP streams through each.
+TWO_STREAMS = "linnet tap, 2 streams"
+TWO_QUEUES = "linnet tap, 2 queues, 2 streams"
+QUEUES_WHY = "multi-queue is judged at MTU 1500, where frames, not bytes, are the work"
 MIXED_WHY = "at MTU 65520 a bare frame is as large as an offloaded segment: nothing to mix"
 
 
@@ -33,6 +38,7 @@ class Topology:
         self.server = None      # the host's address as the guests reach it
         self.net_pids = []      # networking processes: daemon, relay, peer
         self.standin_pids = []  # the stand-in VMMs
+        self.streams = 1        # iperf3's parallel TCP streams
 
 
 class Setup:
@@ -172,8 +178,11 @@ class Linnet(Setup):
                     "stream": ["--stream-fd", "{fd}"], "vhost-user": ["--vhost-user", "{socket}"]}
 
     def __init__(self, name, datapath, vnet_hdr=(False, False), anti_spoofing=True, policy=False,
-                 mtus=(1500, 65520), why_no_jumbo="", measured_joins_last=False):
+                 mtus=(1500, 65520), why_no_jumbo="", measured_joins_last=False, queues=1,
+                 streams=1):
         super().__init__(name)
+        self.queues = queues
+        self.streams = streams
         self.datapath = datapath
         self.vnet_hdr = vnet_hdr
         self.anti_spoofing = anti_spoofing
@@ -197,10 +206,12 @@ class Linnet(Setup):
             ns, vnet_hdr = namespaces[i], self.vnet_hdr[i]
             out = env.fresh_path(f"{ns}.json")
             standin = self.STANDIN_ARGS[self.datapath] + ["--netns", f"/run/netns/{ns}"]
+            if self.queues > 1:
+                standin = ["--fds", "{fds}", "--netns", f"/run/netns/{ns}"]
             if vnet_hdr:
                 standin += ["--vnet-hdr", "12"]
             args = [env.linnet.bin, "run", "--network", network, "--datapath", self.datapath,
-                    "--json", out]
+                    "--json", out, "--queues", str(self.queues)]
             if vnet_hdr:
                 args.append("--vnet-hdr")
             proc = env.procs.start(f"run-{ns}", args + ["--", env.standin_bin] + standin,
@@ -217,6 +228,7 @@ class Linnet(Setup):
         topo.guests = [guests[i] for i in range(len(namespaces))]
         topo.server = info["gateway"]
         topo.net_pids.append(env.linnet.daemon.pid)
+        topo.streams = self.streams
         return topo
 
 
@@ -636,6 +648,8 @@ def all_setups():
         Linnet("linnet dgram + vnet", "dgram", vnet_hdr=(True, True)),
         Linnet("linnet stream + vnet", "stream", vnet_hdr=(True, True)),
         Linnet(VHOST_USER, "vhost-user"),
+        Linnet(TWO_STREAMS, "tap", streams=2, mtus=(1500,), why_no_jumbo=QUEUES_WHY),
+        Linnet(TWO_QUEUES, "tap", queues=2, streams=2, mtus=(1500,), why_no_jumbo=QUEUES_WHY),
         # One network, a client with the virtio-net header and one without,
         # measured from each; the measured one joins a network that already
         # has the other kind.

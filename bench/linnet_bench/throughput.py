@@ -1,5 +1,6 @@
-"""One iperf3 TCP stream through a running setup, with the CPU the
-networking processes, the stand-in and the whole machine spent on it."""
+"""One iperf3 TCP stream (or the setup's few, in parallel) through a
+running setup, with the CPU the networking processes, the stand-in and the
+whole machine spent on it."""
 import json
 import statistics
 import subprocess
@@ -44,10 +45,12 @@ def cpu(pids):
     return sum(cpu_seconds(p) for p in pids)
 
 
-def iperf3(client, target, seconds, reverse):
+def iperf3(client, target, seconds, reverse, streams=1):
     cmd = ["ip", "netns", "exec", client, "iperf3", "--client", target, "--time", str(seconds), "--json"]
     if reverse:
         cmd.append("--reverse")
+    if streams > 1:
+        cmd += ["--parallel", str(streams)]
     for attempt in range(5):
         try:
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -80,7 +83,7 @@ def measure(topo, direction, seconds):
     """One run: Gbit/s and CPU seconds per GB moved."""
     client, target = endpoints(topo, direction)
     net0, standin0, all0 = cpu(topo.net_pids), cpu(topo.standin_pids), machine_busy_seconds()
-    received, retransmits = iperf3(client, target, seconds, direction == HOST_TO_VM)
+    received, retransmits = iperf3(client, target, seconds, direction == HOST_TO_VM, topo.streams)
     net1, standin1, all1 = cpu(topo.net_pids), cpu(topo.standin_pids), machine_busy_seconds()
     gigabytes = received["bytes"] / 1e9
     return {

@@ -13,7 +13,9 @@
 //! iperf3. On a TAP fd, and on a socket with --vnet-hdr,
 //! frames carry a virtio-net header and offloads are on, as with a
 //! virtio-net VMM, so large TCP segments cross without splitting; on a plain
-//! socket the guest TAP has offloads off and frames are bare.
+//! socket the guest TAP has offloads off and frames are bare. Given a
+//! multi-queue TAP's fds (--fds), the guest's TAP gets as many queues and
+//! each queue pair its own two threads, as a VMM gives each its vCPU.
 
 use std::fs::File;
 use std::io;
@@ -24,7 +26,9 @@ use std::sync::Arc;
 
 mod vhost_user;
 
-use linnet_tun::{IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, OFFLOAD_CSUM, OFFLOAD_TSO4, OFFLOAD_TSO6};
+use linnet_tun::{
+    IFF_MULTI_QUEUE, IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, OFFLOAD_CSUM, OFFLOAD_TSO4, OFFLOAD_TSO6,
+};
 
 /// The virtio-net header a TAP carries unless told otherwise.
 const TAP_HEADER: usize = 10;
@@ -36,6 +40,7 @@ const BATCH: usize = 32;
 const USAGE: &str = "usage: linnet-standin DATAPATH --netns PATH [--ifname eth0] [--mac MAC] [--mtu N] [--vnet-hdr N]
 DATAPATH is one of:
   --fd N                the TAP fd from linnet (e.g. {fd} under `linnet run`)
+  --fds N:N...          a multi-queue TAP's fds (e.g. {fds} under `linnet run --queues`)
   --tap NAME            a TAP opened by name in the current namespace (a
                         persistent TAP, or one made here: the benchmark's
                         baseline without linnet)
@@ -60,7 +65,8 @@ DATAPATH is one of:
                 the datapath: a VMM that runs unprivileged and opens its TAP by name";
 
 enum Datapath {
-    Tap(RawFd),
+    /// A TAP's fds, one per queue.
+    Tap(Vec<RawFd>),
     TapName(String),
     DgramFd(RawFd),
     StreamFd(RawFd),
@@ -112,7 +118,14 @@ fn parse_args() -> Result<Options, String> {
         let mut value = || args.next().ok_or(format!("{arg} needs a value"));
         let number = |v: String| v.parse::<usize>().map_err(|e| format!("{arg}: {e}"));
         match arg.as_str() {
-            "--fd" => datapath = Some(Datapath::Tap(number(value()?)? as RawFd)),
+            "--fd" => datapath = Some(Datapath::Tap(vec![number(value()?)? as RawFd])),
+            "--fds" => {
+                let fds = value()?
+                    .split(':')
+                    .map(|fd| number(fd.into()).map(|fd| fd as RawFd))
+                    .collect::<Result<Vec<_>, _>>()?;
+                datapath = Some(Datapath::Tap(fds));
+            }
             "--tap" => datapath = Some(Datapath::TapName(value()?)),
             "--dgram-fd" => datapath = Some(Datapath::DgramFd(number(value()?)? as RawFd)),
             "--stream-fd" => datapath = Some(Datapath::StreamFd(number(value()?)? as RawFd)),
@@ -179,22 +192,33 @@ enum LinkKind {
     Stream,
 }
 
+/// The VMM's side: a link per queue (one but on a multi-queue TAP).
+fn open_links(datapath: &Datapath, vnet_hdr: Option<usize>) -> io::Result<Vec<Link>> {
+    // SAFETY: the caller handed us these descriptors to own.
+    let owned = |fd: RawFd| unsafe { OwnedFd::from_raw_fd(fd) };
+    let tap = |fd: OwnedFd| -> io::Result<Link> {
+        set_offload(&fd, true)?;
+        Ok(Link {
+            fd,
+            kind: LinkKind::Tap,
+            header: TAP_HEADER,
+        })
+    };
+    match datapath {
+        Datapath::Tap(fds) => fds.iter().map(|&fd| tap(owned(fd))).collect(),
+        Datapath::TapName(name) => Ok(vec![tap(create_tap(name, 1)?.swap_remove(0))?]),
+        _ => Ok(vec![open_link(datapath, vnet_hdr)?]),
+    }
+}
+
+/// The VMM's side of a socket datapath.
 fn open_link(datapath: &Datapath, vnet_hdr: Option<usize>) -> io::Result<Link> {
     // SAFETY: the caller handed us these descriptors to own.
     let owned = |fd: RawFd| unsafe { OwnedFd::from_raw_fd(fd) };
     let link = |fd, kind, header| Link { fd, kind, header };
     let header = vnet_hdr.unwrap_or(0);
     Ok(match datapath {
-        Datapath::Tap(fd) => {
-            let fd = owned(*fd);
-            set_offload(&fd, true)?;
-            link(fd, LinkKind::Tap, TAP_HEADER)
-        }
-        Datapath::TapName(name) => {
-            let fd = create_tap(name)?;
-            set_offload(&fd, true)?;
-            link(fd, LinkKind::Tap, TAP_HEADER)
-        }
+        Datapath::Tap(_) | Datapath::TapName(_) => unreachable!("open_links opens TAPs"),
         Datapath::DgramFd(fd) => link(owned(*fd), LinkKind::Dgram, header),
         Datapath::StreamFd(fd) => link(owned(*fd), LinkKind::Stream, header),
         Datapath::DgramSocket(path) => {
@@ -222,20 +246,20 @@ fn run(opts: Options) -> io::Result<()> {
         return run_vhost_user(path, &opts);
     }
     if let Some(pid_file) = opts.netns.strip_prefix("own:") {
-        let link = open_link(&opts.datapath, opts.vnet_hdr)?;
+        let links = open_links(&opts.datapath, opts.vnet_hdr)?;
         own_namespaces()?;
-        let (guest, guest_header) = make_guest(&opts, link.header)?;
+        let (guest, guest_header) = make_guest(&opts, links[0].header, links.len())?;
         std::fs::write(pid_file, format!("{}\n", std::process::id()))
             .map_err(|e| with_context(e, pid_file))?;
-        return relay(link, guest, guest_header, &opts);
+        return relay(links, guest, guest_header, &opts);
     }
     let ns = File::open(&opts.netns).map_err(|e| with_context(e, &opts.netns))?;
-    let (guest, link, guest_header) = match opts.user {
+    let (guest, links, guest_header) = match opts.user {
         None => {
-            let link = open_link(&opts.datapath, opts.vnet_hdr)?;
+            let links = open_links(&opts.datapath, opts.vnet_hdr)?;
             enter(&ns, "the guest's namespace")?;
-            let (guest, guest_header) = make_guest(&opts, link.header)?;
-            (guest, link, guest_header)
+            let (guest, guest_header) = make_guest(&opts, links[0].header, links.len())?;
+            (guest, links, guest_header)
         }
         // The guest side needs privilege; the datapath, opened by name in
         // our own namespace, must not have it (as a VMM run as a user).
@@ -246,30 +270,43 @@ fn run(opts: Options) -> io::Result<()> {
                 Datapath::Tap(_) | Datapath::TapName(_) => TAP_HEADER,
                 _ => opts.vnet_hdr.unwrap_or(0),
             };
-            let (guest, guest_header) = make_guest(&opts, header)?;
+            let (guest, guest_header) = make_guest(&opts, header, 1)?;
             enter(&home, "our own namespace")?;
             become_user(uid, gid)?;
             (
                 guest,
-                open_link(&opts.datapath, opts.vnet_hdr)?,
+                open_links(&opts.datapath, opts.vnet_hdr)?,
                 guest_header,
             )
         }
     };
-    relay(link, guest, guest_header, &opts)
+    relay(links, guest, guest_header, &opts)
 }
 
-fn relay(link: Link, guest: OwnedFd, guest_header: usize, opts: &Options) -> io::Result<()> {
+/// Two threads per queue pair: the link's queue to the guest's, and back.
+fn relay(
+    links: Vec<Link>,
+    guests: Vec<OwnedFd>,
+    guest_header: usize,
+    opts: &Options,
+) -> io::Result<()> {
+    let fds: Vec<String> = links.iter().map(|l| l.fd.as_raw_fd().to_string()).collect();
     eprintln!(
         "linnet-standin: relaying fd {} <-> {} in {}",
-        link.fd.as_raw_fd(),
+        fds.join(":"),
         opts.ifname,
         opts.netns
     );
-    let link = Arc::new(link);
-    let guest = Arc::new(guest);
-    let (l, g) = (link.clone(), guest.clone());
-    std::thread::spawn(move || to_guest(&l, &g, guest_header));
+    let mut last = None;
+    for (link, guest) in links.into_iter().zip(guests) {
+        let (link, guest) = (Arc::new(link), Arc::new(guest));
+        let (l, g) = (link.clone(), guest.clone());
+        std::thread::spawn(move || to_guest(&l, &g, guest_header));
+        if let Some((l, g)) = last.replace((link, guest)) {
+            std::thread::spawn(move || from_guest(&g, &l, guest_header));
+        }
+    }
+    let (link, guest) = last.expect("a link at least");
     from_guest(&guest, &link, guest_header);
     Ok(())
 }
@@ -283,7 +320,7 @@ fn run_vhost_user(path: &str, opts: &Options) -> io::Result<()> {
         // with one thread, and the device starts none until it bridges.
         let device = vhost_user::Device::connect(path, opts.hostile)?;
         own_namespaces()?;
-        let (guest, _) = make_guest(opts, vhost_user::HEADER)?;
+        let guest = make_guest(opts, vhost_user::HEADER, 1)?.0.swap_remove(0);
         set_nonblocking(&guest);
         std::fs::write(pid_file, format!("{}\n", std::process::id()))
             .map_err(|e| with_context(e, pid_file))?;
@@ -292,7 +329,7 @@ fn run_vhost_user(path: &str, opts: &Options) -> io::Result<()> {
     let ns = File::open(&opts.netns).map_err(|e| with_context(e, &opts.netns))?;
     let home = File::open("/proc/self/ns/net")?;
     enter(&ns, "the guest's namespace")?;
-    let (guest, _) = make_guest(opts, vhost_user::HEADER)?;
+    let guest = make_guest(opts, vhost_user::HEADER, 1)?.0.swap_remove(0);
     set_nonblocking(&guest);
     enter(&home, "our own namespace")?;
     if let Some((uid, gid)) = opts.user {
@@ -337,9 +374,14 @@ fn enter(ns: &File, what: &str) -> io::Result<()> {
 }
 
 /// The guest's TAP in the current namespace, speaking a link with
-/// `link_header` bytes of header; and the header its frames carry.
-fn make_guest(opts: &Options, link_header: usize) -> io::Result<(OwnedFd, usize)> {
-    let guest = create_tap(&opts.ifname)?;
+/// `link_header` bytes of header, with `queues` queues (an fd each); and
+/// the header its frames carry.
+fn make_guest(
+    opts: &Options,
+    link_header: usize,
+    queues: usize,
+) -> io::Result<(Vec<OwnedFd>, usize)> {
+    let guests = create_tap(&opts.ifname, queues)?;
     // The guest TAP speaks the link's header; a bare link gets a zeroed
     // legacy header with offloads off, so the guest's frames are complete.
     let guest_header = if link_header == 0 {
@@ -347,10 +389,12 @@ fn make_guest(opts: &Options, link_header: usize) -> io::Result<(OwnedFd, usize)
     } else {
         link_header
     };
-    set_header_len(&guest, guest_header)?;
-    set_offload(&guest, link_header != 0)?;
+    for guest in &guests {
+        set_header_len(guest, guest_header)?;
+        set_offload(guest, link_header != 0)?;
+    }
     configure_link(&opts.ifname, opts.mac, opts.mtu)?;
-    Ok((guest, guest_header))
+    Ok((guests, guest_header))
 }
 
 fn become_user(uid: u32, gid: u32) -> io::Result<()> {
@@ -688,17 +732,23 @@ fn ifreq(name: &str) -> io::Result<IfReq> {
     Ok(req)
 }
 
-fn create_tap(name: &str) -> io::Result<OwnedFd> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open("/dev/net/tun")
-        .map_err(|e| with_context(e, "/dev/net/tun"))?;
-    linnet_tun::IfReq::new(name, IFF_TAP | IFF_NO_PI | IFF_VNET_HDR)
-        .and_then(|mut req| linnet_tun::set_iff(file.as_fd(), &mut req))
-        .map_err(|e| with_context(e, &format!("create TAP {name}")))?;
-    Ok(file.into())
+/// TAP `name` (made, or opened by name), with an fd per queue.
+fn create_tap(name: &str, queues: usize) -> io::Result<Vec<OwnedFd>> {
+    let multi = if queues > 1 { IFF_MULTI_QUEUE } else { 0 };
+    (0..queues)
+        .map(|_| {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open("/dev/net/tun")
+                .map_err(|e| with_context(e, "/dev/net/tun"))?;
+            linnet_tun::IfReq::new(name, IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | multi)
+                .and_then(|mut req| linnet_tun::set_iff(file.as_fd(), &mut req))
+                .map_err(|e| with_context(e, &format!("create TAP {name}")))?;
+            Ok(file.into())
+        })
+        .collect()
 }
 
 fn set_offload(fd: &OwnedFd, on: bool) -> io::Result<()> {
