@@ -36,9 +36,9 @@ vhost-user-net back-end listens at {socket} (in a directory only this user may e
 before CMD starts; CMD connects and shares the guest's memory. On a rootless daemon, CMD
 then runs in the daemon's user and network namespaces (where its TAPs are), without
 capabilities. For qemu-system-* (unless its
-arguments use {fd}, or {tap} with tap-name) linnet appends
-  tap:      -netdev tap,id=lnet0,fd=FD
-  tap-name: -netdev tap,id=lnet0,ifname=TAP,script=no,downscript=no
+arguments use {fd} or {fds}, or {tap} with tap-name) linnet appends
+  tap:      -netdev tap,id=lnet0,fd=FD (--queues N: fds=FD:FD...)
+  tap-name: -netdev tap,id=lnet0,ifname=TAP,script=no,downscript=no (--queues N: queues=N)
   dgram:    -netdev dgram,id=lnet0,local.type=fd,local.str=FD
   stream:   -netdev stream,id=lnet0,server=off,addr.type=fd,addr.str=FD
   vhost-user (unless its arguments use {socket}):
@@ -46,12 +46,13 @@ arguments use {fd}, or {tap} with tap-name) linnet appends
             -machine memory-backend=lnetmem -chardev socket,id=lnetchr,path=SOCKET
             -netdev vhost-user,id=lnet0,chardev=lnetchr
             (a command line that sets memory up itself is refused with what is needed)
-and -device virtio-net-pci,netdev=lnet0,mac=MAC (vhost-user without KVM: vectors=0).
+and -device virtio-net-pci,netdev=lnet0,mac=MAC (vhost-user without KVM: vectors=0;
+--queues N: mq=on,vectors=2N+2; a network MTU other than 1500: host_mtu=MTU).
 For any CMD these placeholders are replaced in its arguments:
-  {fd} {socket} {mac} {ip} {tap} {gateway} {network} {interface_id} {mtu}
-and these are set in its environment:
-  LINNET_FD LINNET_SOCKET LINNET_MAC LINNET_IP LINNET_TAP LINNET_GATEWAY LINNET_NETWORK
-  LINNET_INTERFACE_ID LINNET_MTU
+  {fd} {fds} {socket} {mac} {ip} {tap} {gateway} {network} {interface_id} {mtu}
+({fds}: every queue's fd, colon-separated) and these are set in its environment:
+  LINNET_FD LINNET_FDS LINNET_SOCKET LINNET_MAC LINNET_IP LINNET_TAP LINNET_GATEWAY
+  LINNET_NETWORK LINNET_INTERFACE_ID LINNET_MTU
 
 Examples:
   linnet run -- qemu-system-x86_64 -m 512 -nographic -kernel vmlinuz -initrd initrd.img
@@ -351,9 +352,9 @@ fn publish(info: &InterfaceInfo, path: Option<&Path>) -> anyhow::Result<()> {
     }
 }
 
-/// Replaces placeholders, sets LINNET_* and, for QEMU, adds the NIC. `fd`:
-/// none with tap-name and vhost-user (`{fd}` is then empty); `socket`:
-/// vhost-user's (`{socket}`).
+/// Replaces placeholders, sets LINNET_* and, for QEMU, adds the NIC. `fds`:
+/// the TAP's (one per queue) or the relay's socket; none with tap-name and
+/// vhost-user (`{fd}` is then empty); `socket`: vhost-user's (`{socket}`).
 fn build_command(
     argv: &[String],
     info: &InterfaceInfo,
