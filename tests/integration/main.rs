@@ -31,6 +31,7 @@ mod sockets;
 mod tap_name;
 mod tenant;
 mod vhost_user;
+mod vmms;
 
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
