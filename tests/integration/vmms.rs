@@ -192,7 +192,7 @@ fn seen(world: &World, run: &Helper, out: &Path, started: &str) -> Seen {
 fn ioctls<'a>(strace: &'a str, name: &str) -> Vec<&'a str> {
     strace
         .lines()
-        .filter(|l| l.contains(&format!("ioctl(")) && l.contains(&format!(", {name},")))
+        .filter(|l| l.contains("ioctl(") && l.contains(&format!(", {name},")))
         .collect()
 }
 
