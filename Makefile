@@ -58,14 +58,17 @@ integration: deps guest guest-debian
 	$(CARGO) build --locked --workspace --bins --tests
 	$(SANDBOX) $(CARGO) test --locked --offline --test integration -- --test-threads=2
 
-# The VMMs Debian does not package, run on linnet's TAPs
-# (tests/integration/vmms.rs): Firecracker and Cloud Hypervisor built by
-# hand from their own sources, found through LINNET_FIRECRACKER and
-# LINNET_CLOUD_HYPERVISOR or under /var/cache/linnet/vmms; a missing one
-# fails its test, saying so. Not part of `make test`.
-compat: deps guest
+# What Debian does not package, run with linnet: lima (scripts/build-lima
+# builds it from the Go module proxy) to its shell on a network's socket
+# (tests/integration/lima.rs), and Firecracker and Cloud Hypervisor on
+# linnet's TAPs (tests/integration/vmms.rs), built by hand from their own
+# sources, found through LINNET_FIRECRACKER and LINNET_CLOUD_HYPERVISOR or
+# under /var/cache/linnet/vmms; a missing one fails its test, saying so.
+# Not part of `make test`.
+compat: deps guest guest-debian
+	scripts/build-lima
 	$(CARGO) build --locked --workspace --bins --tests
-	$(SANDBOX) $(CARGO) test --locked --offline --test integration -- --test-threads=2 --ignored vmms::
+	$(SANDBOX) $(CARGO) test --locked --offline --test integration -- --test-threads=2 --ignored vmms:: lima::
 
 lint:
 	$(CARGO) fmt --all -- --check

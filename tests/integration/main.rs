@@ -16,6 +16,7 @@ mod instruments;
 mod ipv6;
 mod kill_storm;
 mod lan;
+mod lima;
 mod metrics;
 mod names;
 mod neighbours;
