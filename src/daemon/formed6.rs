@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::drivers::TowardVm;
+use super::sockets::Frames;
 use super::state::Daemon;
 use crate::addr6;
 use crate::budget::RateLimit;
@@ -40,8 +41,9 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, any_guarded_ipv6: bool) -> Option<JoinH
     if !any_guarded_ipv6 {
         return None;
     }
-    let fd = match packet::dad_probes().and_then(super::sockets::register) {
-        Ok(fd) => fd,
+    let what = "learning VMs' IPv6 addresses";
+    let mut frames = match Frames::new(packet::dad_probes(), 128, what) {
+        Ok(frames) => frames,
         Err(e) => {
             warn!(
                 "cannot open a packet socket for duplicate address detection: {e}; VMs may send only from the IPv6 addresses linnet reports (EUI-64)"
@@ -50,36 +52,22 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, any_guarded_ipv6: bool) -> Option<JoinH
         }
     };
     Some(tokio::spawn(async move {
-        let mut buf = [0u8; 128];
         let mut rate: RateLimit<u32> = RateLimit::new(PROBES_PER_SECOND, Duration::from_secs(1));
-        loop {
-            let mut ready = match fd.readable().await {
-                Ok(ready) => ready,
-                Err(e) => {
-                    warn!("learning VMs' IPv6 addresses stopped: {e}");
-                    return;
-                }
+        while let Some((seen, frame)) = frames.next().await {
+            let Some(probe) = formed6::probe(frame) else {
+                continue;
             };
-            match packet::recv(fd.get_ref(), &mut buf) {
-                Ok(seen) => {
-                    let Some(probe) = formed6::probe(&buf[..seen.len.min(buf.len())]) else {
-                        continue;
-                    };
-                    if let Err(refused) = rate.allow(&seen.index, Instant::now()) {
-                        if let Some(count) = refused.report {
-                            warn!(
-                                port = seen.index,
-                                refused = count,
-                                "a VM sent more than {PROBES_PER_SECOND} duplicate address probes in a second; ignoring the rest"
-                            );
-                        }
-                        continue;
-                    }
-                    daemon.lock().await.address6_probed(seen, probe);
+            if let Err(refused) = rate.allow(&seen.index, Instant::now()) {
+                if let Some(count) = refused.report {
+                    warn!(
+                        port = seen.index,
+                        refused = count,
+                        "a VM sent more than {PROBES_PER_SECOND} duplicate address probes in a second; ignoring the rest"
+                    );
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => ready.clear_ready(),
-                Err(e) => warn!("learning VMs' IPv6 addresses: {e}"),
+                continue;
             }
+            daemon.lock().await.address6_probed(seen, probe);
         }
     }))
 }

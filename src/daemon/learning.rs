@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use super::client::Client;
 use super::drivers::TowardVm;
 use super::errors::DaemonError;
+use super::sockets::Frames;
 use super::state::Daemon;
 use crate::events::What;
 use crate::host::packet::{self, Seen};
@@ -31,8 +32,8 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, any_lan: bool) -> Option<JoinHandle<()>
     if !any_lan {
         return None;
     }
-    let fd = match packet::dhcp_replies().and_then(super::sockets::register) {
-        Ok(fd) => fd,
+    let mut frames = match Frames::new(packet::dhcp_replies(), 4096, "DHCP snooping") {
+        Ok(frames) => frames,
         Err(e) => {
             warn!(
                 "cannot open a packet socket for DHCP snooping: {e}; LAN networks' addresses will not be known (nor let through anti_spoofing)"
@@ -41,23 +42,9 @@ pub fn spawn(daemon: Arc<Mutex<Daemon>>, any_lan: bool) -> Option<JoinHandle<()>
         }
     };
     Some(tokio::spawn(async move {
-        let mut buf = vec![0u8; 4096];
-        loop {
-            let mut ready = match fd.readable().await {
-                Ok(ready) => ready,
-                Err(e) => {
-                    warn!("DHCP snooping stopped: {e}");
-                    return;
-                }
-            };
-            match packet::recv(fd.get_ref(), &mut buf) {
-                Ok(seen) => {
-                    if let Some(acked) = snoop::dhcp_ack(&buf[..seen.len.min(buf.len())]) {
-                        daemon.lock().await.address_learned(seen, acked).await;
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => ready.clear_ready(),
-                Err(e) => warn!("DHCP snooping: {e}"),
+        while let Some((seen, frame)) = frames.next().await {
+            if let Some(acked) = snoop::dhcp_ack(frame) {
+                daemon.lock().await.address_learned(seen, acked).await;
             }
         }
     }))

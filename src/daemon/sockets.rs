@@ -1,6 +1,6 @@
 //! The daemon's unix sockets: binding, accepting (patiently when out of
 //! file descriptors), registering with tokio, and who is at the other end
-//! (`host::peer`).
+//! (`host::peer`); and the frames a packet socket sees (`Frames`).
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use super::client::Client;
 use crate::host::accounts;
+use crate::host::packet::{self, Seen};
 use crate::host::peer::Peer;
 
 /// How long accepting pauses when the daemon is out of file descriptors.
@@ -96,6 +97,47 @@ async fn accept(listener: &AsyncFd<OwnedFd>) -> io::Result<AsyncFd<OwnedFd>> {
 pub(super) fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: the OwnedFd moves into the AsyncFd and is closed only by it.
     unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
+}
+
+/// The frames a packet socket (`host::packet`) passes, one at a time.
+pub(super) struct Frames {
+    fd: AsyncFd<OwnedFd>,
+    buf: Vec<u8>,
+    /// What reads them, in logs.
+    what: &'static str,
+}
+
+impl Frames {
+    /// Reads `socket` (the frames' first `len` bytes), for `what`.
+    pub fn new(socket: io::Result<OwnedFd>, len: usize, what: &'static str) -> io::Result<Frames> {
+        Ok(Frames {
+            fd: socket.and_then(register)?,
+            buf: vec![0; len],
+            what,
+        })
+    }
+
+    /// The next frame: which port it passed, which way, and its bytes (as
+    /// many as the buffer holds). None once the socket has failed.
+    pub async fn next(&mut self) -> Option<(Seen, &[u8])> {
+        loop {
+            let mut ready = match self.fd.readable().await {
+                Ok(ready) => ready,
+                Err(e) => {
+                    warn!("{} stopped: {e}", self.what);
+                    return None;
+                }
+            };
+            match packet::recv(self.fd.get_ref(), &mut self.buf) {
+                Ok(seen) => {
+                    let len = seen.len.min(self.buf.len());
+                    return Some((seen, &self.buf[..len]));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready.clear_ready(),
+                Err(e) => warn!("{}: {e}", self.what),
+            }
+        }
+    }
 }
 
 /// Why a connection has no client.
