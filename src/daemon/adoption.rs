@@ -177,6 +177,7 @@ impl Daemon {
                 leases.changed();
             }
         }
+        self.release_leases_of_networks_down();
         // Takes out DOCKER-USER rules a previous daemon left, or puts in
         // the networks' own.
         self.refresh_uplinks().await;
@@ -188,6 +189,33 @@ impl Daemon {
             );
         }
         Ok(())
+    }
+
+    /// The lease files of networks that did not come up (nothing of theirs
+    /// was adopted) as a previous daemon may have left them: an interface
+    /// still attached in the file, its client gone since (the daemon was
+    /// killed before it wrote the detach down), held from now for the
+    /// lease time, as opening the file makes it, and written so.
+    fn release_leases_of_networks_down(&self) {
+        let now = unix_now();
+        for cfg in self.config.networks.values() {
+            let Some(own) = cfg.own() else { continue };
+            let path = self.lease_dir.join(format!("{}.json", cfg.name));
+            if self.networks.contains_key(&cfg.name) || !path.exists() {
+                continue;
+            }
+            // Opening holds what was attached; what was held stays as it was.
+            let written =
+                crate::leases::LeaseTable::open(&cfg.name, own, &path, now).and_then(|table| {
+                    match table.snapshot() {
+                        Some((path, bytes)) => crate::files::write_atomically(&path, &bytes),
+                        None => Ok(()),
+                    }
+                });
+            if let Err(e) = written {
+                warn!(network = %cfg.name, "cannot write its leases down as released: {e}");
+            }
+        }
     }
 
     /// The records to adopt; the others' records go.
