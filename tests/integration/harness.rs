@@ -498,6 +498,18 @@ impl World {
 
     /// `wrapper… linnet daemon extra…` (e.g. prlimit, daemon options).
     pub fn start_daemon_with(&mut self, wrapper: &[&str], extra: &[&str]) {
+        if let Err(e) = self.try_start_daemon_with(wrapper, extra) {
+            panic!("{e}");
+        }
+    }
+
+    /// `start_daemon_with`, saying how the daemon ended if it did rather
+    /// than answer.
+    pub fn try_start_daemon_with(
+        &mut self,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> Result<(), String> {
         assert!(self.daemon.is_none(), "daemon already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -516,13 +528,17 @@ impl World {
         self.daemon = Some(child);
         wait_for("the daemon to answer", Duration::from_secs(10), || {
             if let Some(status) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
-                panic!("daemon exited with {status}:\n{}", self.daemon_log_text());
+                self.daemon = None;
+                return Some(Err(format!(
+                    "daemon exited with {status}:\n{}",
+                    self.daemon_log_text()
+                )));
             }
             run(&mut self.linnet(&["ls"]))
                 .status
                 .success()
-                .then_some(())
-        });
+                .then_some(Ok(()))
+        })
     }
 
     /// Whether this world started a daemon that it has not stopped or

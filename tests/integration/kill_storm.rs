@@ -279,6 +279,18 @@ fn sigkill_at_random_instants_of_an_attach_and_detach_storm_keeps_every_live_vm_
             leaving.join().unwrap();
             attaching.into_iter().map(|t| t.join().unwrap()).collect()
         });
+        // Killed is not yet gone: the kernel closes a killed process's
+        // files as it exits, the run directory's lock last, after its
+        // sockets (a packet socket's close waits for a grace period).
+        wait_for(
+            "the killed daemon to be gone",
+            Duration::from_secs(10),
+            || {
+                let status =
+                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                (status.is_empty() || status.contains("State:\tZ")).then_some(())
+            },
+        );
         if world.has_daemon() {
             world.kill_daemon();
         }
@@ -292,10 +304,22 @@ fn sigkill_at_random_instants_of_an_attach_and_detach_storm_keeps_every_live_vm_
             }
         }
         // The next daemon: one a client started meanwhile, or the test's.
-        started.0 = Started::find(&world);
-        match started.0 {
-            Some(_) => counts.started_by_clients += 1,
-            None => world.start_daemon(),
+        // A client may start one between the look and the test's start,
+        // and a daemon on its way out holds the run directory's lock until
+        // its last file is released: the test's start then finds the
+        // directory locked, and looks again.
+        started.0 = wait_for("a daemon up", Duration::from_secs(15), || {
+            if let Some(pid) = Started::find(&world) {
+                return Some(Some(pid));
+            }
+            match world.try_start_daemon_with(&[], &[]) {
+                Ok(()) => Some(None),
+                Err(e) if e.contains("another linnet daemon is running") => None,
+                Err(e) => panic!("{e}"),
+            }
+        });
+        if started.0.is_some() {
+            counts.started_by_clients += 1;
         }
         let daemon = started.0.unwrap_or_else(|| world.daemon_pid());
         check(&world, daemon, &mut live, &gone, round);
