@@ -249,10 +249,10 @@ fn network_manager_takes_the_reported_address_dns_names_a_fabric_s_mtu_and_its_o
 }
 
 /// What a guest with two vCPUs makes of a TAP with two queues: the
-/// channels its driver runs, each queue's packets after pings and fetches
-/// from each CPU (which the driver maps to its own transmit queue, and the
-/// TAP answers each flow on the queue it came on), and frames from an
-/// address not its own sent from each CPU.
+/// channels its driver runs, each queue's packets after fetches from each
+/// CPU (which the driver maps to its own transmit queue, and the TAP
+/// answers each flow on the queue it came on), a connection its policy
+/// forbids and frames from an address not its own, each from each CPU.
 fn queues_script(subnet_spoof: &str) -> String {
     format!(
         r#"nic=$(ls /sys/class/net | grep -v '^lo$' | head -1)
@@ -260,10 +260,15 @@ gw=$(ip -4 route show default | awk '{{print $3; exit}}')
 q() {{ ethtool -S $nic | awk -v k="$1_queue_$2_packets:" '$1 == k {{print $2}}'; }}
 echo "RESULT-CHANNELS: $(ethtool -l $nic | awk '/Current hardware/ {{c = 1}} c && /^Combined/ {{print $2; exit}}')"
 for cpu in 0 1; do
-  taskset -c $cpu ping -c 3 -W 2 $gw >/dev/null && echo "RESULT-PING-$cpu: ok"
   taskset -c $cpu curl -s -m 10 -o /dev/null http://{UPSTREAM_NAME}/ && echo "RESULT-FETCH-$cpu: ok"
 done
 for cpu in 0 1; do echo "RESULT-RX-$cpu: $(q rx $cpu)"; echo "RESULT-TX-$cpu: $(q tx $cpu)"; done
+echo "RESULT-FORBIDDEN: soon"
+sleep 5
+for cpu in 0 1; do
+  taskset -c $cpu curl -s -m 5 -o /dev/null http://{UPSTREAM_IP}:81/
+  echo "RESULT-FORBIDDEN-$cpu: $?"
+done
 ip addr add {subnet_spoof}/32 dev $nic
 echo "RESULT-SPOOFING: soon"
 sleep 5
@@ -279,20 +284,27 @@ sleep 20
 }
 
 #[test]
-fn a_guest_with_two_vcpus_runs_two_queues_and_anti_spoofing_holds_on_each() {
+fn a_guest_with_two_vcpus_runs_two_queues_and_its_policy_and_anti_spoofing_hold_on_each() {
     let mut world = World::with_config(NETWORKS);
     world.start_daemon();
     let name = unique("debian-queues");
     let mut argv = debian_qemu(&name, &queues_script("10.61.0.250"), "cloud-init=disabled");
     argv.extend(["-smp".to_string(), "2".to_string()]);
-    let vm = launch(&world, "distro", name, &["--queues", "2"], &argv);
+    // It may connect to the upstream's web server and nowhere else.
+    let allowed = format!("{UPSTREAM_IP}:80/tcp");
+    let run_opts = ["--queues", "2", "--allow-connect", &allowed];
+    let vm = launch(&world, "distro", name, &run_opts, &argv);
     assert_eq!(vm.info["queues"], 2, "{}", vm.info);
-    let drops = || {
-        world.listed_interface(&vm.info["interface_id"])["spoofed_drops"]
+    let listed = |key: &str| {
+        world.listed_interface(&vm.info["interface_id"])[key]
             .as_u64()
-            .expect("spoofed_drops of a guarded interface")
+            .unwrap_or_else(|| panic!("{key} of a guarded, policed interface"))
     };
+    vm.wait_console_within("RESULT-FORBIDDEN: soon", DEBIAN_PATIENCE);
+    let refused_before = listed("refused_connections");
     vm.wait_console_within("RESULT-SPOOFING: soon", DEBIAN_PATIENCE);
+    let refused = listed("refused_connections") - refused_before;
+    let drops = || listed("spoofed_drops");
     let before = drops();
     vm.wait_console_within("RESULT-SPOOFED: done", DEBIAN_PATIENCE);
     let drops = drops() - before;
@@ -306,10 +318,10 @@ fn a_guest_with_two_vcpus_runs_two_queues_and_anti_spoofing_holds_on_each() {
     };
     assert_eq!(count("CHANNELS"), 2, "two combined channels: {console}");
     for cpu in 0..2 {
-        assert_eq!(
-            results(&console, &format!("PING-{cpu}")),
-            ["ok"],
-            "{console}"
+        assert_ne!(
+            results(&console, &format!("FORBIDDEN-{cpu}")),
+            ["0"],
+            "a connection the policy forbids, from CPU {cpu}: {console}"
         );
         assert_eq!(
             results(&console, &format!("FETCH-{cpu}")),
@@ -326,6 +338,9 @@ fn a_guest_with_two_vcpus_runs_two_queues_and_anti_spoofing_holds_on_each() {
     }
     // Six frames from another address, three on each queue: dropped.
     assert!(drops >= 6, "{drops} spoofed frames dropped: {console}");
+    // A connection to a port the policy does not allow, from each CPU:
+    // refused, and counted, beside the fetches it allows from each.
+    assert!(refused >= 2, "{refused} connections refused: {console}");
 }
 
 /// The interface's address, IPv6 address and MAC from its attach JSON.
