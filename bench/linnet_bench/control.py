@@ -140,8 +140,11 @@ def interfaces_on(socket_path, network):
 
 
 def links_named(prefix):
+    """Links whose names start with `prefix`, but for the spare TAPs a
+    network keeps ready (on its bridge and down, no VM's)."""
     out = subprocess.run(["ip", "-o", "link", "show"], stdout=subprocess.PIPE, text=True).stdout
-    return sum(1 for line in out.splitlines() if line.split(":")[1].strip().startswith(prefix))
+    return sum(1 for line in out.splitlines()
+               if line.split(":")[1].strip().startswith(prefix) and "alias linnet:spare:" not in line)
 
 
 def taps_on_host():

@@ -82,6 +82,7 @@ impl Apply<'_> {
                         next: &mut *who.next_tap,
                         queues: plan.queues,
                         scratch: who.scratch,
+                        spare_ok: !(plan.guarded && self.guard.held()),
                     };
                     let made = self.network.make_port(self.host, request).await?;
                     done.push(Done::Port(made.index));

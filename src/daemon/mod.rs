@@ -55,6 +55,7 @@ mod scenarios;
 mod server;
 mod sessions;
 mod sockets;
+mod spares;
 mod state;
 mod tap_watch;
 mod teardown;

@@ -231,6 +231,8 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let formed6 = super::formed6::spawn(daemon.clone(), any_guarded_ipv6);
     let tap_addresses = daemon.lock().await.tap_addresses.clone();
     let tap_watch = super::tap_watch::spawn(daemon.clone(), tap_addresses);
+    let wanted = daemon.lock().await.spares_wanted.clone();
+    let spares = super::spares::spawn(daemon.clone(), wanted);
     let mut idle_since = tokio::time::Instant::now();
     // Memory a mass detach freed goes back to the system.
     let mut trim = memory::Trim::default();
@@ -297,6 +299,7 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         learning.abort();
     }
     tap_watch.abort();
+    spares.abort();
     if let Some(metrics) = metrics {
         metrics.abort();
     }

@@ -106,6 +106,8 @@ pub struct Daemon {
     pub(super) gatekeeper: Option<Arc<super::gatekeeper::Gatekeeper>>,
     /// The egress interface whose queue was deepened (`refresh_uplinks`).
     pub(super) egress_tuned: Option<u32>,
+    /// Told after an attach, to the maker of spare ports (`spares`).
+    pub(super) spares_wanted: Arc<tokio::sync::Notify>,
 }
 
 impl Daemon {
@@ -148,6 +150,7 @@ impl Daemon {
             host_loopback: None,
             gatekeeper: None,
             egress_tuned: None,
+            spares_wanted: Arc::default(),
         }
     }
 
@@ -243,6 +246,9 @@ impl Daemon {
             &plan.policy,
         );
         info.warnings = self.network_warnings(network);
+        if net.keeps_spares() && net.spares.wanted() > 0 {
+            self.spares_wanted.notify_one();
+        }
         info.queues = plan.queues;
         info.host_loopback =
             (self.host_loopback).filter(|_| net.config.own().is_some_and(|own| own.nat44));

@@ -63,6 +63,8 @@ pub enum Step {
     /// `family link key=value`.
     Sysctl(String),
     MakePersistent(String),
+    /// A TAP given to (uid, gid).
+    GiveTap(String, u32, u32),
     OpenMacvtap(String),
     /// `ipv4`/`ipv6` forwarding turned on (true) or back off.
     Forwarding(&'static str, bool),
@@ -933,6 +935,15 @@ impl Devices for FakeHost {
         self.record(Step::MakePersistent(self.name_of(index)))?;
         self.model().persistent.insert(index);
         Ok(())
+    }
+
+    fn give_tap(&self, fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+        let inode = inode(fd)?;
+        let index = (self.model().held.iter())
+            .find(|(_, (i, _))| *i == inode)
+            .map(|(index, _)| *index)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADFD))?;
+        self.record(Step::GiveTap(self.name_of(index), uid, gid))
     }
 
     fn open_macvtap(&self, name: &str, index: u32, _scratch: &Path) -> io::Result<OwnedFd> {

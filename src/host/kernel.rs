@@ -149,6 +149,9 @@ impl Devices for KernelDevices {
     fn make_persistent(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
         tap::set_persistent(fd)
     }
+    fn give_tap(&self, fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+        tap::give(fd, uid, gid)
+    }
     fn open_macvtap(&self, name: &str, index: u32, scratch: &Path) -> io::Result<OwnedFd> {
         macvtap::open(name, index, scratch)
     }

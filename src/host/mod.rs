@@ -56,6 +56,8 @@ pub const HOST_ACCESS_PREFIX: &str = "lh-";
 /// touches a look-alike: `linnet:network:<name>`, `linnet:interface:<id>`.
 pub const ALIAS_NETWORK: &str = "linnet:network:";
 pub const ALIAS_INTERFACE: &str = "linnet:interface:";
+/// The alias of a spare TAP (`daemon::spares`), with its network's name.
+pub const ALIAS_SPARE: &str = "linnet:spare:";
 /// linnet's own nftables table (family inet); it never edits another.
 pub const NFT_TABLE: &str = "linnet";
 /// The table (family bridge) that keeps a network across hosts' gateway,

@@ -98,6 +98,8 @@ pub trait Devices: Send + Sync {
     ) -> Result<(String, Vec<OwnedFd>), TapError>;
     /// Makes a TAP outlive its fd (for a VMM that opens it by name).
     fn make_persistent(&self, tap: BorrowedFd<'_>) -> io::Result<()>;
+    /// Gives a TAP made for root (a spare) to `uid`/`gid`.
+    fn give_tap(&self, tap: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()>;
     /// Opens macvtap `name`'s character device (`scratch`: a root-only
     /// directory for its node).
     fn open_macvtap(&self, name: &str, index: u32, scratch: &Path) -> io::Result<OwnedFd>;

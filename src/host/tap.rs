@@ -126,6 +126,13 @@ pub fn create_numbered(
     }
 }
 
+/// Gives a TAP to `uid`/`gid`: only they (and root) may open it by name or
+/// attach a queue to it. A TAP whose link was deleted is `EBADFD`.
+pub fn give(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    linnet_tun::set_owner(fd, uid)?;
+    linnet_tun::set_group(fd, gid)
+}
+
 /// Keeps the TAP when its last fd closes, for a VMM to open by name (only
 /// its owner may: TUNSETOWNER/TUNSETGROUP); linnet deletes it at detach.
 pub fn set_persistent(fd: BorrowedFd<'_>) -> io::Result<()> {

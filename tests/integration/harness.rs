@@ -228,6 +228,18 @@ impl Netns {
             .collect()
     }
 
+    /// The VMs' TAPs (`lnt…`), not the spares a network keeps ready
+    /// (alias `linnet:spare:NETWORK`, on the bridge and down).
+    pub fn vm_taps(&self) -> Vec<String> {
+        must(&mut self.cmd(&["ip", "-o", "link", "show"]))
+            .lines()
+            .filter(|l| !l.contains("alias linnet:spare:"))
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap().to_string())
+            .filter(|n| n.starts_with("lnt"))
+            .collect()
+    }
+
     pub fn nft_ruleset(&self) -> String {
         must(&mut self.cmd(&["nft", "list", "ruleset"]))
     }

@@ -454,9 +454,7 @@ fn check(world: &World, daemon: u32, live: &mut [Live], gone: &[(Value, String)]
         "round {round}: listed {last}\nwanted {wanted:?}\n{}",
         logs(world)
     );
-    let mut taps: Vec<String> = (world.host.links().into_iter())
-        .filter(|l| l.starts_with("lnt"))
-        .collect();
+    let mut taps: Vec<String> = world.host.vm_taps();
     let mut want_taps: Vec<String> = live.iter().map(|l| l.guest.tap()).collect();
     taps.sort();
     want_taps.sort();

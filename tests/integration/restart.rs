@@ -340,12 +340,7 @@ fn a_daemon_killed_in_the_middle_of_attaches_leaves_nothing_the_next_cannot_fini
             }))
         .then_some(())
     });
-    let taps: Vec<String> = world
-        .host
-        .links()
-        .into_iter()
-        .filter(|l| l.starts_with("lnt"))
-        .collect();
+    let taps: Vec<String> = world.host.vm_taps();
     let mut attached: Vec<String> = guests.iter().map(Guest::tap).collect();
     attached.sort();
     assert_eq!(taps, attached, "only the answered attaches' TAPs are left");

@@ -346,3 +346,95 @@ fn a_multi_queue_tap_comes_as_an_fd_per_queue_or_by_name_with_the_flag_vmms_ask_
         failure(&mut world.linnet(&["run", "--queues", "2", "--datapath", "dgram", "--", "true"]));
     assert!(refused.contains("linnet relays one queue"), "{refused}");
 }
+
+/// The spare TAPs of network `shared` on the host: (name, `ip -o link`).
+fn spares(world: &World) -> Vec<(String, String)> {
+    (must(&mut world.host.cmd(&["ip", "-o", "link", "show"])).lines())
+        .filter(|l| l.contains("alias linnet:spare:shared"))
+        .filter_map(|l| Some((l.split(": ").nth(1)?.to_string(), l.to_string())))
+        .collect()
+}
+
+fn tap_owner(world: &World, tap: &str) -> String {
+    let path = format!("/sys/class/net/{tap}/owner");
+    must(&mut world.host.cmd(&["cat", &path]))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn a_spare_tap_waits_on_the_bridge_down_and_no_ones_until_an_attach_gives_it() {
+    let mut world =
+        World::with_config("networks:\n  shared:\n    allow: { users: [root, nobody] }\n");
+    world.start_daemon();
+    let first = world.guest("shared", &[]);
+    assert_eq!(first.udhcpc(), first.ip());
+    let ready = wait_for("two spares", Duration::from_secs(10), || {
+        let s = spares(&world);
+        (s.len() == 2).then_some(s)
+    });
+    for (tap, link) in &ready {
+        assert!(
+            link.contains("master ln-shared") && !link.contains(",UP"),
+            "{link}"
+        );
+        assert_eq!(tap_owner(&world, tap), "0", "root's until given");
+        assert_ne!(*tap, first.tap());
+    }
+    // No user opens a spare by name (the same VMM opens the TAP it is
+    // given below).
+    let other = Netns::new("guest");
+    let thief = vmm_by_name(
+        &world,
+        &ready[0].0,
+        &other,
+        "02:00:00:00:42:42",
+        "65534:65534",
+    );
+    let out = thief.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("Operation not permitted"),
+        "nobody opened a spare: {err}"
+    );
+
+    // An attach takes one, given to its user, guarded and up.
+    let out = must(&mut world.linnet(&["attach", "--name", "fc1", "--user", "nobody"]));
+    let info: Value = serde_json::from_str(out.trim()).unwrap();
+    let tap = info["tap"].as_str().unwrap().to_string();
+    assert!(
+        ready.iter().any(|(s, _)| *s == tap),
+        "{tap} is not one of {ready:?}"
+    );
+    assert_eq!(tap_owner(&world, &tap), "65534");
+    let mut guest = guest_of_nobody(&world, &info);
+    assert_eq!(guest.udhcpc(), guest.ip());
+    assert!(guest.ping(&guest.gateway()));
+    assert!(
+        guest.ping(&first.ip().to_string()),
+        "and the VM on the port made for it"
+    );
+    // Its anti-spoofing holds as on a port made for it.
+    assert!(
+        !guest.ping_from("192.168.105.200/24", &first.ip().to_string()),
+        "a spoofed source passes"
+    );
+    let made_again = wait_for("the spare made again", Duration::from_secs(10), || {
+        let s = spares(&world);
+        (s.len() == 2).then_some(s)
+    });
+    assert!(made_again.iter().all(|(s, _)| *s != tap));
+
+    // The network goes with its last interface, its spares with it.
+    must(&mut world.linnet_wrapped(AS_NOBODY, &["detach", "--name", "fc1"]));
+    the_vmm_loses_its_tap(&mut guest);
+    drop(first);
+    wait_for(
+        "the network and its spares to go",
+        Duration::from_secs(10),
+        || {
+            let links = world.host.links();
+            (!links.iter().any(|l| l.starts_with("ln"))).then_some(())
+        },
+    );
+}

@@ -25,6 +25,7 @@ mod fabric;
 mod lan_bridge;
 mod linnet_bridge;
 mod macvtap;
+mod spares;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -35,12 +36,15 @@ use async_trait::async_trait;
 use tracing::debug;
 
 pub(super) use linnet_bridge::dns_servers;
+#[cfg(test)]
+pub(super) use spares::SPARES;
+pub(super) use spares::Spares;
 
 use super::errors::DaemonError;
 use crate::config::{Kind, Lan, NetworkConfig, Own};
 use crate::host::firewall::{FirewallNetwork, ForwardRule, InterfacePolicy};
 use crate::host::guard::Hook;
-use crate::host::seam::Host;
+use crate::host::seam::{Devices, Host, Links};
 use crate::host::{self};
 use crate::leases::SharedLeases;
 use crate::services::{ServiceCounters, Starter};
@@ -60,6 +64,8 @@ pub struct Elsewhere {
 pub(super) struct ActiveNetwork {
     pub config: NetworkConfig,
     pub driver: Box<dyn NetworkDriver>,
+    /// Its spare ports, if its ports are TAPs on a bridge.
+    pub spares: Spares,
 }
 
 impl ActiveNetwork {
@@ -75,14 +81,26 @@ impl ActiveNetwork {
         Ok(ActiveNetwork {
             config: cfg.clone(),
             driver,
+            spares: Spares::default(),
         })
     }
 
     pub async fn bring_down(self, host: &Host) -> Result<(), DaemonError> {
+        // Their TAPs go with their fds, before the bridge they are on.
+        self.spares.clear();
         self.driver.bring_down(&self.config, host).await
     }
 
+    /// A VM's port: a spare if the network has one that fits
+    /// (`spares`), else one its driver makes.
     pub async fn make_port(&self, host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {
+        if req.spare_ok
+            && req.queues == 1
+            && self.keeps_spares()
+            && let Some(spare) = self.spares.take(&*host.devices, req.uid, req.gid)
+        {
+            return Ok(spare);
+        }
         self.driver.make_port(host, req).await
     }
 
@@ -111,6 +129,13 @@ impl ActiveNetwork {
 
     pub fn bridge(&self) -> Option<(&str, u32)> {
         self.driver.bridge()
+    }
+
+    /// Whether it keeps spare ports: on a bridge of linnet's own. Not on a
+    /// bridge of someone else's, whose MAC follows its ports' when it was
+    /// not set by hand: a spare would change it.
+    pub fn keeps_spares(&self) -> bool {
+        self.bridge().is_some() && self.config.own().is_some()
     }
 
     pub fn leases(&self) -> Option<&SharedLeases> {
@@ -330,6 +355,9 @@ pub(super) struct PortRequest<'a> {
     pub queues: u16,
     /// A root-only directory for device nodes of the moment.
     pub scratch: &'a Path,
+    /// Whether a spare may be taken: not for a guarded port while guarded
+    /// ports are held (a spare is on its bridge already).
+    pub spare_ok: bool,
 }
 
 /// Which way a frame to the VM passes its port as a packet socket sees
@@ -355,19 +383,25 @@ impl TowardVm {
 /// A TAP for a VM, owned by its user, with a MAC of linnet's choosing on
 /// the host's side: what ports on bridges are.
 async fn tap_port(host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError> {
-    let (name, fds) = host
-        .devices
-        .create_tap(req.next, req.uid, req.gid, req.queues)?;
+    let owner = (req.uid, req.gid);
+    new_tap_port((&*host.links, &*host.devices), req.next, owner, req.queues).await
+}
+
+/// A new TAP owned by `owner` (uid, gid), named from the counter `next`,
+/// with `queues` queues: `tap_port`'s, and a spare's (`spares`).
+pub(super) async fn new_tap_port(
+    (links, devices): (&dyn Links, &dyn Devices),
+    next: &mut u32,
+    (uid, gid): (u32, u32),
+    queues: u16,
+) -> Result<Port, DaemonError> {
+    let (name, fds) = devices.create_tap(next, uid, gid, queues)?;
     // A bridge port needs no IPv6 of its own: without this the host's
     // end of each TAP would do DAD and MLD into the VM network.
-    if let Err(e) = host
-        .devices
-        .set_link_sysctl("ipv6", &name, "disable_ipv6", "1")
-    {
+    if let Err(e) = devices.set_link_sysctl("ipv6", &name, "disable_ipv6", "1") {
         debug!(tap = %name, "IPv6 stays on: {e}");
     }
-    let index = host
-        .links
+    let index = links
         .link(&name)
         .await?
         .ok_or_else(|| DaemonError::Vanished {
@@ -380,7 +414,7 @@ async fn tap_port(host: &Host, req: PortRequest<'_>) -> Result<Port, DaemonError
     // (systemd 242+ does so for TAPs), which would look like the VMM
     // changing it.
     let mac = host::tap_mac(&name);
-    host.links.set_address(index, mac).await?;
+    links.set_address(index, mac).await?;
     Ok(Port {
         name,
         index,
