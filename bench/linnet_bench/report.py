@@ -1089,6 +1089,11 @@ def markdown(results):
               "bridge linnet does not own), each to a LAN peer at the far end of a veth and guest "
               "to guest: within 5% of each other, and of `linnet tap` on linnet's own bridge.", ""]
     lines += target_table(results, "lan")
+    lines += ["", "### Multi-queue", "",
+              "Two streams through a TAP with a queue pair per vCPU (`--queues 2`, the stand-in "
+              "relaying each pair on threads of its own) against the same two streams through one "
+              "queue: never slower (goal >= 0.95x; on two cores a gain is not to be expected).", ""]
+    lines += target_table(results, "multi-queue")
     lines += ["", "### Rootless", "",
               "A user's own daemon (`linnet daemon --rootless`) in namespaces of the user's, "
               "pasta as its way out: VM to VM against root's `linnet tap` (goal >= 0.9x), and "
