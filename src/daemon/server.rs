@@ -79,6 +79,12 @@ pub fn run(opts: Options) -> anyhow::Result<()> {
 }
 
 async fn serve(opts: Options) -> anyhow::Result<()> {
+    // Before anything else, and so long before READY=1: a SIGTERM or
+    // SIGINT from here on stops the daemon cleanly (STOPPING=1, its socket
+    // removed, its VMs kept). With the default action in place, one that
+    // came before the handlers ended it on the spot.
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
     for dir in [&opts.run_dir, &opts.state_dir] {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -185,8 +191,6 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
         },
         None => None,
     };
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
     let mut idle_ticks = tokio::time::interval(Duration::from_millis(500));
     // Drop reports and the look for shadowed forwards run on their own,
     // so a long request never delays accepting clients or signals here.

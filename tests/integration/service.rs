@@ -340,3 +340,64 @@ fn a_daemon_started_at_boot_has_the_networks_sockets_before_any_client_comes() {
     let err = failure(&mut world.host.cmd(&["sh", "-c", &script]));
     assert!(err.contains("fd 3 is not open"), "{err}");
 }
+
+/// A daemon told to stop the moment it says it is ready stops as any
+/// other: STOPPING=1, its socket removed, exit 0. Its signal handlers were
+/// once set up after READY=1, and a SIGTERM in between (a service manager
+/// stopping a unit that has just started; a stray signal) ended it at once,
+/// with no STOPPING=1 and its socket left: one way the socket-activation
+/// test's STOPPING=1 could go missing.
+#[test]
+fn a_daemon_told_to_stop_the_moment_it_is_ready_stops_cleanly() {
+    let world = World::new();
+    let notify_path = world.dir.path().join("notify");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    // What the daemon said within `within` (None: nothing; any error but
+    // the timeout's fails the test).
+    let said = |within: Duration| -> Option<String> {
+        notify.set_read_timeout(Some(within)).unwrap();
+        let mut buf = [0u8; 64];
+        loop {
+            match notify.recv(&mut buf) {
+                Ok(n) => return Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+                Err(e) => panic!("reading the notify socket: {e}"),
+            }
+        }
+    };
+    for round in 0..20 {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(world.daemon_log())
+            .unwrap();
+        let mut daemon = world
+            .linnet(&["daemon"])
+            .env("NOTIFY_SOCKET", &notify_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        assert_eq!(
+            said(Duration::from_secs(10)).as_deref(),
+            Some("READY=1"),
+            "round {round}"
+        );
+        // At once, not through kill(1): the moment after READY=1.
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
+        let stopping = said(Duration::from_secs(10));
+        let status = daemon.wait().unwrap();
+        assert!(
+            stopping.as_deref() == Some("STOPPING=1") && status.success(),
+            "round {round}: said {stopping:?}, exited with {status}\n{}",
+            world.daemon_log_text()
+        );
+        assert!(
+            !world.run_dir().join("linnet.sock").exists(),
+            "round {round}: its socket left"
+        );
+    }
+}
