@@ -25,6 +25,7 @@ use crate::events::Event;
 use crate::forward::PortForward;
 use crate::learned::LearnedAddress;
 use crate::policy::Policy;
+use crate::secrets::{SecretListed, SecretValue};
 use crate::types::{InterfaceId, MacAddr};
 
 /// Requests larger than this are refused; replies larger than this come
@@ -92,6 +93,25 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         network: Option<String>,
     },
+    /// Sets (or replaces) a secret for VMs to use without holding it
+    /// (`linnet secret set`): the caller's, or with `network` that
+    /// network's (root only). Its value is never shown again.
+    SecretSet {
+        name: String,
+        value: SecretValue,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<String>,
+    },
+    /// Removes one of the caller's secrets, or with `network` one of that
+    /// network's (root only).
+    SecretRemove {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        network: Option<String>,
+    },
+    /// The secrets the caller may see (its own and those of the networks
+    /// it may attach to; root all): names, owners, when set, never values.
+    SecretList,
     /// Follow what happens (of one network, or all): the reply is
     /// `subscribed`, then an `event` per change for as long as the
     /// connection lasts (it takes no other request). `recent`: first the
@@ -312,6 +332,10 @@ pub enum Response {
     Address {
         interface_id: InterfaceId,
         ip_address: Ipv4Addr,
+    },
+    /// `Request::SecretList`'s answer.
+    Secrets {
+        secrets: Vec<SecretListed>,
     },
     /// Events follow (`Request::Events`).
     Subscribed,

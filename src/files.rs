@@ -19,6 +19,17 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Replaces `path` with `bytes`, readable by its owner alone, as
+/// `write_atomically` does: for what must outlive the machine's stop and
+/// no one else may read (the secrets).
+pub fn write_private_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace(path, bytes, 0o600, true)?;
+    if let Some(dir) = path.parent() {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 /// Replaces `path` with `bytes`, readable by its owner alone, whole but
 /// without waiting for the disk: for a file that must outlive the process
 /// that writes it, not the machine.

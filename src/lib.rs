@@ -34,6 +34,7 @@ mod metrics;
 mod names;
 mod policy;
 mod rate;
+mod secrets;
 mod services;
 mod types;
 

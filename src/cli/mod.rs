@@ -18,6 +18,7 @@ mod qemu;
 pub mod relay;
 mod run;
 mod seccomp;
+mod secret;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -196,6 +197,10 @@ pub enum CommandArgs {
     /// Print FRR's configuration (zebra and bgpd) for this host's networks
     /// across hosts (those with an evpn: section).
     FrrConfig(frr_config::FrrConfigArgs),
+    /// Keep secrets (API keys, tokens) that VMs use without holding them:
+    /// set (from standard input), remove, list (never values).
+    #[command(subcommand)]
+    Secret(secret::SecretCommand),
     /// Follow what happens: one JSON line per attach, detach, lease,
     /// policy change, forward, cut-off, adoption; until the daemon stops.
     Events(events::EventsArgs),
@@ -318,6 +323,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         CommandArgs::Doctor(args) => doctor::main(&cli, args),
         CommandArgs::FrrConfig(args) => frr_config::main(&cli, args).map(|()| 0),
         CommandArgs::Events(args) => events::main(&cli, args).map(|()| 0),
+        CommandArgs::Secret(cmd) => secret::main(&cli, cmd).map(|()| 0),
     }
 }
 

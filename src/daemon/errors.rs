@@ -11,6 +11,7 @@ use crate::host::netlink::NetlinkError;
 use crate::host::nft::NftError;
 use crate::host::tap::TapError;
 use crate::leases::LeaseError;
+use crate::secrets::SecretError;
 use crate::services::ServiceError;
 use crate::types::{InterfaceId, MacAddr, NameError};
 
@@ -251,6 +252,8 @@ pub enum DaemonError {
     },
     #[error("{0}")]
     Forbidden(String),
+    #[error(transparent)]
+    Secret(#[from] SecretError),
     /// An adopted interface's lease cannot be held again (`why`: its
     /// address is another's now, or outside the subnet).
     #[error("{why}")]
@@ -415,6 +418,8 @@ impl DaemonError {
             | DaemonError::Vanished { .. }
             | DaemonError::CloneNamespace(_) => ErrorKind::HostSetup,
             DaemonError::Internal(_) | DaemonError::StateFile { .. } => ErrorKind::Internal,
+            DaemonError::Secret(SecretError::NetworkRootOnly(_)) => ErrorKind::NotAllowed,
+            DaemonError::Secret(_) => ErrorKind::BadRequest,
         }
     }
 

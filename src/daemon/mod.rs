@@ -52,6 +52,7 @@ mod requests;
 pub mod rootless;
 #[cfg(test)]
 mod scenarios;
+mod secrets;
 mod server;
 mod sessions;
 mod sockets;

@@ -91,6 +91,12 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     let _lock = lock_run_dir(&opts.run_dir)?;
     let socket_path = opts.run_dir.join(SOCKET_NAME);
     let rootless = matches!(opts.placement, Placement::Rootless(_));
+    if !rootless {
+        // It holds the secrets (`secrets`): no core dump of it. (A user's
+        // rootless daemon holds only that user's.)
+        // SAFETY: prctl with integer arguments.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    }
     // A socket the service manager passed is its own: it made the file,
     // keeps listening while the daemon is away, and removes it.
     let activated = opts.passed_socket.is_some();

@@ -17,6 +17,7 @@ use tracing::{debug, error, warn};
 use super::client::Client;
 use super::errors::DaemonError;
 use super::requests::{finish_unlocked, lock_for_attach};
+use super::secrets::SecretRequest;
 use super::state::Daemon;
 use crate::api::{self, MAX_MESSAGE, Request, Response};
 use crate::budget::{Budget, LogBudget, LogTurn, Permit, RateLimit};
@@ -514,6 +515,23 @@ async fn handle(
             Ok(r) => (r, None),
             Err(e) => (e.into_response(), None),
         },
+        Request::SecretSet {
+            name,
+            value,
+            network,
+        } => secret(
+            &mut daemon,
+            client,
+            SecretRequest::Set {
+                name,
+                value,
+                network,
+            },
+        ),
+        Request::SecretRemove { name, network } => {
+            secret(&mut daemon, client, SecretRequest::Remove { name, network })
+        }
+        Request::SecretList => secret(&mut daemon, client, SecretRequest::List),
         Request::Doctor { network } => {
             let mut report = daemon.doctor(network.as_deref());
             let across = daemon.across_hosts(network.as_deref());
@@ -522,6 +540,21 @@ async fn handle(
             super::requests::add_fabric_health(&mut report, across, &vty_socket).await;
             (report, None)
         }
+    }
+}
+
+/// A `linnet secret` request, carried out by the daemon's secrets.
+fn secret(
+    daemon: &mut Daemon,
+    client: &Client,
+    request: SecretRequest,
+) -> (Response, Option<Vec<OwnedFd>>) {
+    let Daemon {
+        secrets, config, ..
+    } = daemon;
+    match secrets.handle(client, config, request) {
+        Ok(r) => (r, None),
+        Err(e) => (e.into_response(), None),
     }
 }
 

@@ -37,6 +37,7 @@ use super::leftovers::Leftovers;
 use super::plan::{AttachPlan, Done};
 use super::policies;
 use super::records::{InterfaceRecord, Records};
+use super::secrets::Secrets;
 use super::teardown::Teardown;
 use crate::api::{AttachRequest, ForwardOrigin, InterfaceInfo, InterfaceRef};
 use crate::config::Config;
@@ -108,6 +109,8 @@ pub struct Daemon {
     pub(super) egress_tuned: Option<u32>,
     /// Told after an attach, to the maker of spare ports (`spares`).
     pub(super) spares_wanted: Arc<tokio::sync::Notify>,
+    /// The secrets VMs use without holding them (`secrets`).
+    pub(super) secrets: Secrets,
 }
 
 impl Daemon {
@@ -120,6 +123,7 @@ impl Daemon {
         names: Arc<NameGate>,
         events: Bus,
     ) -> Daemon {
+        let secrets = Secrets::load(&state_dir);
         Daemon {
             config,
             // In the run dir, which lasts until the machine stops, as
@@ -151,6 +155,7 @@ impl Daemon {
             gatekeeper: None,
             egress_tuned: None,
             spares_wanted: Arc::default(),
+            secrets,
         }
     }
 
