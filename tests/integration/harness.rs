@@ -54,6 +54,17 @@ pub const AS_NOBODY: &[&str] = &[
     "--clear-groups",
 ];
 
+/// Run a wrapped command as uid 4242, a user no network allows and who
+/// owns nothing.
+pub const AS_4242: &[&str] = &[
+    "setpriv",
+    "--reuid",
+    "4242",
+    "--regid",
+    "4242",
+    "--clear-groups",
+];
+
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// A name unique within this test run, for namespaces and VMs.

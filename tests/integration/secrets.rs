@@ -13,14 +13,6 @@ use crate::harness::*;
 const VALUE: &str = "ghp_Sup3rSecretValue0001";
 const ROTATED: &str = "ghp_Sup3rSecretValue0002";
 const NETWORK_VALUE: &str = "npm_NetworkWideValue";
-const AS_4242: &[&str] = &[
-    "setpriv",
-    "--reuid",
-    "4242",
-    "--regid",
-    "4242",
-    "--clear-groups",
-];
 
 /// `cmd` with `input` on its standard input.
 fn with_input(mut cmd: Command, input: &str) -> Output {

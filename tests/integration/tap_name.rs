@@ -152,17 +152,7 @@ fn linnet_attach_keeps_the_tap_for_a_vmm_started_on_its_own_until_linnet_detach(
     assert!(guest.ping(&guest.gateway()));
 
     // Only its owner or root may detach it.
-    let err = failure(&mut world.linnet_wrapped(
-        &[
-            "setpriv",
-            "--reuid",
-            "4242",
-            "--regid",
-            "4242",
-            "--clear-groups",
-        ],
-        &["detach", "--name", "fc1"],
-    ));
+    let err = failure(&mut world.linnet_wrapped(AS_4242, &["detach", "--name", "fc1"]));
     assert!(
         err.contains("belongs to uid 65534; only it or root may detach it"),
         "{err}"
