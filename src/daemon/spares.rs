@@ -9,8 +9,8 @@
 //! features, MTU, bridge id and the ports' adjacency lists are worked out
 //! again, under the lock every link change takes), which made the 1000th
 //! attach on a network take twice the 10th (`make bench`, "attach p50
-//! with 1000 interfaces vs with 10"). A spare is joined after an attach took one, off the
-//! attach's path and outside the daemon's lock.
+//! with 1000 interfaces vs with 10"). A spare is joined after an attach
+//! took one, off the attach's path and outside the daemon's lock.
 //!
 //! A spare never reaches a VM as it is: down, its bridge port is disabled
 //! (nothing is forwarded to it or from it), and an attach that takes it

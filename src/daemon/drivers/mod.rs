@@ -64,7 +64,8 @@ pub struct Elsewhere {
 pub(super) struct ActiveNetwork {
     pub config: NetworkConfig,
     pub driver: Box<dyn NetworkDriver>,
-    /// Its spare ports, if its ports are TAPs on a bridge.
+    /// Its spare ports, if its ports are TAPs on a bridge of linnet's own
+    /// (`keeps_spares`).
     pub spares: Spares,
 }
 
