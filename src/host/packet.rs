@@ -90,20 +90,27 @@ pub fn dhcp_replies() -> io::Result<OwnedFd> {
 pub fn dad_probes() -> io::Result<OwnedFd> {
     let fd = filtered(&DAD_FILTER)?;
     let on: libc::c_int = 1;
-    // SAFETY: an int option of the size given, on a socket we own.
-    if unsafe {
+    set_option(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &on)?;
+    Ok(fd)
+}
+
+/// setsockopt(2) of `value` (the type the option takes) on `fd`.
+fn set_option<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: value is a T of the size given, on a socket we own; the
+    // kernel copies it.
+    let r = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            libc::PACKET_IGNORE_OUTGOING,
-            (&on as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
         )
-    } < 0
-    {
+    };
+    if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(fd)
+    Ok(())
 }
 
 /// Opens a socket: made with no protocol (it hears nothing), filtered,
@@ -126,19 +133,8 @@ fn filtered(filter: &[libc::sock_filter]) -> io::Result<OwnedFd> {
         len: filter.len() as u16,
         filter: filter.as_ptr() as *mut libc::sock_filter,
     };
-    // SAFETY: the program outlives the call; the kernel copies it.
-    if unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            (&prog as *const libc::sock_fprog).cast(),
-            size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    } < 0
-    {
-        return Err(io::Error::last_os_error());
-    }
+    // The program outlives the call; the kernel copies it.
+    set_option(&fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)?;
     // SAFETY: an all-zero sockaddr_ll is valid; the fields set below.
     let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
     addr.sll_family = libc::AF_PACKET as u16;
