@@ -20,7 +20,7 @@ use crate::addr6;
 use crate::ceiling::Ceiling;
 use crate::forward::PortForward;
 use crate::learned::{DEFAULT_TTL, TtlBounds};
-use crate::policy::{Policy, PolicySpecError};
+use crate::policy::{Policy, PolicySpecError, SECRET_PORT, SecretRule};
 use crate::rate::{Rate, RateLimits};
 use crate::types::{self, InterfaceId, MacAddr};
 
@@ -505,6 +505,9 @@ struct PolicySpec {
     /// `--allow-listen` rules.
     #[serde(default)]
     ingress: Vec<String>,
+    /// `--secret` rules naming the network's secrets.
+    #[serde(default)]
+    secrets: Vec<String>,
     /// The most a VM may have, not only what it gets by default.
     #[serde(default)]
     enforced: bool,
@@ -1128,6 +1131,22 @@ impl Validator<'_> {
                 self.err(&format!("policy.ingress[{i}]"), e.to_string())
             })?;
             policy.ingress.push(rule);
+        }
+        for (i, text) in spec.secrets.iter().enumerate() {
+            let key = format!("policy.secrets[{i}]");
+            let rule: SecretRule = text
+                .parse()
+                .map_err(|e: PolicySpecError| self.err(&key, e.to_string()))?;
+            if !policy.reaches_secret_host(&rule.host) {
+                return Err(self.err(
+                    &key,
+                    format!(
+                        "{rule}: no egress rule lets a VM reach {} on port {SECRET_PORT}/tcp by name",
+                        rule.host
+                    ),
+                ));
+            }
+            policy.network_secrets.push(rule);
         }
         if spec.enforced && policy.is_open() {
             return Err(self.err(
@@ -2123,6 +2142,36 @@ mod tests {
                 "rate_limit.in: \"1kbit\": the rate must be",
             ),
             ("rate_limit: { up: 1mbit }", "rate_limit: unknown key"),
+        ] {
+            let m = message(&format!("networks:\n  shared:\n    {yaml}\n"));
+            assert!(m.contains(says), "{yaml}: {m}");
+        }
+    }
+
+    #[test]
+    fn a_networks_secret_rules_name_hosts_its_egress_reaches_on_443() {
+        let cfg = load(
+            "networks:\n  shared:\n    policy: { egress: ['*.example.com:443'], secrets: ['TOKEN@api.example.com'] }\n",
+        )
+        .unwrap();
+        let policy = cfg.network("shared").unwrap().policy();
+        assert_eq!(
+            (policy.network_secrets.iter().map(|r| r.to_string())).collect::<Vec<_>>(),
+            ["TOKEN@api.example.com"]
+        );
+        assert!(
+            policy.secrets.is_empty(),
+            "no owner's rule in a network's policy"
+        );
+        for (yaml, says) in [
+            (
+                "policy: { egress: ['api.example.com:8443'], secrets: ['TOKEN@api.example.com'] }",
+                "policy.secrets[0]: TOKEN@api.example.com: no egress rule lets a VM reach api.example.com on port 443/tcp by name",
+            ),
+            (
+                "policy: { egress: ['api.example.com:443'], secrets: ['TOKEN api.example.com'] }",
+                "policy.secrets[0]: \"TOKEN api.example.com\": no '@'",
+            ),
         ] {
             let m = message(&format!("networks:\n  shared:\n    {yaml}\n"));
             assert!(m.contains(says), "{yaml}: {m}");

@@ -114,9 +114,25 @@ pub struct ListenRule {
     pub protocol: Option<Protocol>,
 }
 
+/// The port a secret goes to: HTTPS's. A secret rule's host is reached
+/// there, and only there is a connection to it opened by linnet.
+pub const SECRET_PORT: u16 = 443;
+
+/// `--secret NAME@HOST`: linnet may put the secret NAME where the VM wrote
+/// `{{secret:NAME}}` in a header of an HTTPS request to HOST (a name, or
+/// `*.SUFFIX`), on port 443. Whose secret NAME is depends on the list the
+/// rule is in (`Policy::secrets`, `Policy::network_secrets`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SecretRule {
+    pub secret: String,
+    pub host: NamePattern,
+}
+
 /// An interface's policy. Empty lists: nothing restricted. Its rate
 /// limits ride along (they change with `policy set`, and show with the
 /// rules) but restrict no destination: a policy with limits alone is open.
+/// So do its secret rules, which restrict nothing either: they say where
+/// linnet may put a secret into the VM's requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Policy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -125,6 +141,15 @@ pub struct Policy {
     pub ingress: Vec<ListenRule>,
     #[serde(default, skip_serializing_if = "RateLimits::is_none")]
     pub rate_limit: RateLimits,
+    /// Secret rules naming the VM's owner's secrets (`--secret`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretRule>,
+    /// Secret rules naming the network's secrets: networks.yaml's
+    /// `policy.secrets`, set by the daemon alone (what a request says here
+    /// is replaced), so no VM's owner points a network's secret at a host
+    /// of its choosing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_secrets: Vec<SecretRule>,
 }
 
 impl Policy {
@@ -173,6 +198,53 @@ impl Policy {
         out.sort_unstable();
         out.dedup();
         out
+    }
+}
+
+impl Policy {
+    /// Whether its connect rules let the VM reach `host` by name at port
+    /// 443 over TCP: a secret rule for a host it does not reach could
+    /// never be used.
+    pub fn reaches_secret_host(&self, host: &NamePattern) -> bool {
+        self.egress.iter().any(|r| {
+            matches!(&r.to, Destination::Name(p) if p.covers(host))
+                && r.reach().allows(Protocol::Tcp, SECRET_PORT)
+        })
+    }
+}
+
+const SECRET_FORM: &str =
+    "NAME@HOST, e.g. TOKEN@api.example.com or REGISTRY_KEY@*.registry.example";
+
+impl FromStr for SecretRule {
+    type Err = PolicySpecError;
+
+    fn from_str(spec: &str) -> Result<SecretRule, PolicySpecError> {
+        let fail = |problem: String| PolicySpecError {
+            spec: spec.into(),
+            problem,
+            expected: SECRET_FORM,
+        };
+        let (secret, host) = spec
+            .split_once('@')
+            .ok_or_else(|| fail("no '@' between the secret's name and the host".into()))?;
+        crate::secrets::check_name(secret).map_err(|e| fail(e.to_string()))?;
+        if host.contains(':') || host.contains('/') {
+            return Err(fail(format!(
+                "\"{host}\" is not a name: a secret goes to HTTPS's port {SECRET_PORT} only, and to no address"
+            )));
+        }
+        let host = NamePattern::parse(host).map_err(fail)?;
+        Ok(SecretRule {
+            secret: secret.into(),
+            host,
+        })
+    }
+}
+
+impl fmt::Display for SecretRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.secret, self.host)
     }
 }
 
@@ -363,6 +435,7 @@ macro_rules! serde_as_string {
 
 serde_as_string!(ConnectRule);
 serde_as_string!(ListenRule);
+serde_as_string!(SecretRule);
 
 #[cfg(test)]
 mod tests {
@@ -464,6 +537,46 @@ mod tests {
         );
         assert_eq!(serde_json::from_str::<Policy>(&text).unwrap(), p);
         assert!(Policy::default().is_open());
+    }
+
+    #[test]
+    fn secret_rules_parse_print_and_need_their_host_reached_on_443() {
+        let rule: SecretRule = "TOKEN@API.Example.com".parse().unwrap();
+        assert_eq!(rule.secret, "TOKEN");
+        assert_eq!(rule.to_string(), "TOKEN@api.example.com");
+        let wild: SecretRule = "key_2@*.registry.example".parse().unwrap();
+        assert_eq!(wild.to_string(), "key_2@*.registry.example");
+        let bad = |s: &str| s.parse::<SecretRule>().unwrap_err().to_string();
+        assert!(bad("TOKEN").contains("no '@' between"), "{}", bad("TOKEN"));
+        assert!(bad("1TOKEN@api.example.com").contains("1TOKEN"));
+        assert!(bad("TOKEN@api.example.com:8443").contains("port 443 only"));
+        assert!(bad("TOKEN@192.0.2.1").contains("is an address, not a name"));
+        assert!(bad("TOKEN@").contains("an empty name"));
+        let p = Policy {
+            egress: vec![
+                connect("api.example.com:443"),
+                connect("*.registry.example:1-1000/tcp"),
+                connect("ssh.example.com:22/tcp/any"),
+                connect("10.0.0.0/8"),
+                connect("quic.example.com:443/udp"),
+            ],
+            secrets: vec![rule.clone()],
+            ..Default::default()
+        };
+        let reached = |h: &str| p.reaches_secret_host(&NamePattern::parse(h).unwrap());
+        assert!(reached("api.example.com") && reached("a.b.registry.example"));
+        assert!(reached("*.registry.example") && reached("*.x.registry.example"));
+        assert!(!reached("other.example.com"), "no rule for it");
+        assert!(!reached("*.example.com"), "wider than the rule");
+        assert!(!reached("ssh.example.com"), "reached, but not on 443");
+        assert!(!reached("quic.example.com"), "on 443, but UDP");
+        let text = serde_json::to_string(&p).unwrap();
+        assert!(
+            text.contains(r#""secrets":["TOKEN@api.example.com"]"#),
+            "{text}"
+        );
+        assert!(!text.contains("network_secrets"), "{text}");
+        assert_eq!(serde_json::from_str::<Policy>(&text).unwrap(), p);
     }
 
     #[test]

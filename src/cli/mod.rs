@@ -39,7 +39,7 @@ use crate::datapath::vnet::{self, ClientHeader};
 use crate::datapath::{Counters, Datapath, RelayCounters};
 use crate::forward::PortForward;
 use crate::host::privileges;
-use crate::policy::{ConnectRule, ListenRule, Policy};
+use crate::policy::{ConnectRule, ListenRule, Policy, SecretRule};
 use crate::rate::{Rate, RateLimits};
 use crate::types::{InterfaceId, MacAddr};
 
@@ -524,6 +524,13 @@ pub struct AttachArgs {
     /// ports do), and its broadcasts reach no other VM.
     #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
     pub allow_listen: Vec<ListenRule>,
+    /// Let linnet put your secret NAME (`linnet secret set NAME`) into the
+    /// VM's HTTPS requests to HOST (a name, or "*.SUFFIX"), port 443, where
+    /// a header says {{secret:NAME}}: the VM uses it and never holds it
+    /// (repeatable; docs/secrets.md). HOST must be one --allow-connect lets
+    /// the VM reach on 443/tcp.
+    #[arg(long = "secret", value_name = "NAME@HOST")]
+    pub secrets: Vec<SecretRule>,
     #[command(flatten)]
     pub rate: RateArgs,
     /// Queues of the VM's TAP (virtio-net multi-queue, for a VM with more
@@ -689,11 +696,14 @@ pub fn attach(
         publish: args.publish.clone(),
         policy: (!args.allow_connect.is_empty()
             || !args.allow_listen.is_empty()
+            || !args.secrets.is_empty()
             || !args.rate.limits().is_none())
         .then(|| Policy {
             egress: args.allow_connect.clone(),
             ingress: args.allow_listen.clone(),
             rate_limit: args.rate.limits(),
+            secrets: args.secrets.clone(),
+            network_secrets: Vec::new(),
         }),
         keep,
         clone_of: args.clone_of()?,

@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 
 use super::{Cli, InterfaceArgs, RateArgs};
 use crate::api::{PolicyPart, PolicySetRequest, Request, Response};
-use crate::policy::{ConnectRule, ListenRule, Policy};
+use crate::policy::{ConnectRule, ListenRule, Policy, SecretRule};
 use crate::rate::{Rate, RateLimits};
 
 #[derive(Subcommand)]
@@ -14,7 +14,7 @@ pub enum PolicyCommand {
     /// Show what a VM may connect to and be connected on, and its rate
     /// limits.
     Show(Which),
-    /// Replace a VM's rules (--allow-*), its rate limits (--rate-limit*),
+    /// Replace a VM's rules (--allow-*, --secret), its rate limits (--rate-limit*),
     /// or both: what is not given is kept, unless nothing is, which lifts
     /// every restriction. New connections follow the rules at once; a new
     /// rate holds for every frame from then on. On a network that
@@ -47,6 +47,11 @@ pub struct SetArgs {
     /// (the host and its published ports do).
     #[arg(long, value_name = "PORT[-PORT][/tcp|/udp]")]
     allow_listen: Vec<ListenRule>,
+    /// Let linnet put your secret NAME into the VM's HTTPS requests to
+    /// HOST where a header says {{secret:NAME}} (repeatable; a rule as the
+    /// --allow-* ones are: given with them, or gone).
+    #[arg(long = "secret", value_name = "NAME@HOST")]
+    secrets: Vec<SecretRule>,
     #[command(flatten)]
     rate: RateArgs,
 }
@@ -55,7 +60,9 @@ impl SetArgs {
     /// Which part the options change: the rules, the rate limits, or
     /// (both or neither given) the whole policy.
     fn only(&self) -> Option<PolicyPart> {
-        let rules = !self.allow_connect.is_empty() || !self.allow_listen.is_empty();
+        let rules = !self.allow_connect.is_empty()
+            || !self.allow_listen.is_empty()
+            || !self.secrets.is_empty();
         match (rules, self.rate.limits().is_none()) {
             (true, true) => Some(PolicyPart::Rules),
             (false, false) => Some(PolicyPart::RateLimit),
@@ -77,6 +84,8 @@ pub fn main(cli: &Cli, cmd: &PolicyCommand) -> anyhow::Result<()> {
                     egress: a.allow_connect.clone(),
                     ingress: a.allow_listen.clone(),
                     rate_limit: a.rate.limits(),
+                    secrets: a.secrets.clone(),
+                    network_secrets: Vec::new(),
                 },
                 only: a.only(),
             };
@@ -99,6 +108,18 @@ pub fn main(cli: &Cli, cmd: &PolicyCommand) -> anyhow::Result<()> {
                 println!("  connect: {}", describe(&policy.egress, "anywhere"));
                 println!("  listen:  {}", describe(&policy.ingress, "any port"));
                 println!("  rate:    {}", shown_rate(&policy.rate_limit));
+                if !policy.secrets.is_empty() {
+                    println!(
+                        "  secrets: {} (the VM's owner's)",
+                        describe(&policy.secrets, "")
+                    );
+                }
+                if !policy.network_secrets.is_empty() {
+                    println!(
+                        "  secrets: {} (the network's)",
+                        describe(&policy.network_secrets, "")
+                    );
+                }
                 if let Some(enforced) = &enforced {
                     let parts = match (enforced.policy, enforced.rate_limit) {
                         (true, true) => "its connect and listen rules and its rate",

@@ -19,7 +19,7 @@ use super::holder::Holder;
 use super::interface::Interface;
 use super::leftovers::Leftovers;
 use super::plan;
-use super::policies::check_policy_possible;
+use super::policies::{adopted_network_secrets, check_policy_possible};
 use super::records::{self, InterfaceRecord, Verdict};
 use super::state::Daemon;
 use crate::api::ForwardOrigin;
@@ -276,6 +276,7 @@ impl Daemon {
             warn!(network = %r.network, interface = %id, %widening, "its policy goes past what the network now enforces: it gets the network's");
             r.policy = plan::attach_policy(None, cfg);
         }
+        r.policy = adopted_network_secrets(r.policy, cfg);
         check_policy_possible(&r.policy, cfg, self.host.devices.bridge_netfilter())?;
         let bridge = net.bridge().map(|(_, index)| index);
         let held = match (bridge, master) {

@@ -316,7 +316,9 @@ fn has_guard(cfg: &NetworkConfig, policy: &Policy) -> bool {
 /// request's rate limit each way, or else the network's `rate_limit`.
 pub(super) fn attach_policy(asked: Option<&Policy>, cfg: &NetworkConfig) -> Policy {
     let mut policy = match asked {
-        Some(p) if !p.is_open() || p.rate_limit.is_none() => p.clone(),
+        Some(p) if !p.is_open() || !p.secrets.is_empty() || p.rate_limit.is_none() => {
+            super::policies::with_network_secrets(p.clone(), cfg)
+        }
         Some(p) => Policy {
             rate_limit: p.rate_limit,
             ..cfg.policy().clone()

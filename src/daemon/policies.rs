@@ -35,6 +35,17 @@ pub(super) fn check_policy_possible(
     cfg: &NetworkConfig,
     bridge_netfilter: bool,
 ) -> Result<(), DaemonError> {
+    if let Some(rule) = (policy.secrets.iter()).find(|r| !policy.reaches_secret_host(&r.host)) {
+        return Err(DaemonError::PolicyImpossible {
+            network: cfg.name.clone(),
+            why: format!(
+                "the secret rule {rule} names a host the VM's connect rules do not let it reach by name on port {}/tcp: add --allow-connect {}:{}",
+                crate::policy::SECRET_PORT,
+                rule.host,
+                crate::policy::SECRET_PORT
+            ),
+        });
+    }
     if policy.is_open() {
         return Ok(());
     }
@@ -72,6 +83,33 @@ pub(super) fn check_policy_possible(
         return Ok(());
     }
     Err(DaemonError::NoBrNetfilter)
+}
+
+/// `policy`, a VM's own (given on attach or by `policy set`), with the
+/// network's secret rules it gets: those the network's policy has, when
+/// the network enforces it and `policy` reaches their hosts; none else (a
+/// policy of its own replaces the network's, secret rules and all). What
+/// the request said of them is never kept.
+pub(super) fn with_network_secrets(mut policy: Policy, cfg: &NetworkConfig) -> Policy {
+    let mut rules = match cfg.enforced.policy {
+        true => cfg.policy().network_secrets.clone(),
+        false => Vec::new(),
+    };
+    rules.retain(|r| policy.reaches_secret_host(&r.host));
+    policy.network_secrets = rules;
+    policy
+}
+
+/// A policy a restarted daemon adopts, with the network's secret rules
+/// as networks.yaml has them now: none it dropped, and under an enforced
+/// policy each it added.
+pub(super) fn adopted_network_secrets(mut policy: Policy, cfg: &NetworkConfig) -> Policy {
+    if cfg.enforced.policy {
+        return with_network_secrets(policy, cfg);
+    }
+    let now = &cfg.policy().network_secrets;
+    policy.network_secrets.retain(|r| now.contains(r));
+    policy
 }
 
 /// Refuses a policy past what `cfg`'s network enforces (`enforced: true`

@@ -31,6 +31,7 @@ use crate::services::{NetworkContext, ServiceError, Services, Starter};
 use crate::types::{InterfaceId, MacAddr};
 
 mod every_step;
+mod secret_rules;
 mod spares;
 
 /// Services that start nothing but a step in the fake host's record

@@ -165,11 +165,17 @@ type AttachRequest struct {
 // or more below), whose addresses the VM may reach once linnet's DNS has
 // answered it for the name; a VM with names asks no other resolver.
 // Ingress rules are "PORT[-PORT][/tcp|/udp]". An empty list restricts
-// nothing. RateLimit caps the VM's traffic each way.
+// nothing. RateLimit caps the VM's traffic each way. Secrets are rules
+// "NAME@HOST" letting linnet put the VM's owner's secret NAME where the
+// VM's HTTPS requests to HOST say {{secret:NAME}} (docs/secrets.md);
+// NetworkSecrets are the network's, which the daemon alone sets (what a
+// request says there is replaced).
 type Policy struct {
-	Egress    []string   `json:"egress,omitempty"`
-	Ingress   []string   `json:"ingress,omitempty"`
-	RateLimit *RateLimit `json:"rate_limit,omitempty"`
+	Egress         []string   `json:"egress,omitempty"`
+	Ingress        []string   `json:"ingress,omitempty"`
+	RateLimit      *RateLimit `json:"rate_limit,omitempty"`
+	Secrets        []string   `json:"secrets,omitempty"`
+	NetworkSecrets []string   `json:"network_secrets,omitempty"`
 }
 
 // RateLimit is an interface's rate limits, each "RATE[/BURST]" in bits per
@@ -505,6 +511,57 @@ func (c *Client) forward(ctx context.Context, op string, f ForwardRef) error {
 	}{op, f}
 	_, err := c.call(ctx, body, "ok", nil)
 	return err
+}
+
+// SecretSet sets the caller's secret name to value, or with network set
+// (root only) that network's; setting one that exists replaces its value,
+// for the next request that uses it.
+func (c *Client) SecretSet(ctx context.Context, name, value, network string) error {
+	body := struct {
+		Op      string `json:"op"`
+		Name    string `json:"name"`
+		Value   string `json:"value"`
+		Network string `json:"network,omitempty"`
+	}{"secret_set", name, value, network}
+	_, err := c.call(ctx, body, "ok", nil)
+	return err
+}
+
+// SecretRemove removes the caller's secret name, or the network's.
+func (c *Client) SecretRemove(ctx context.Context, name, network string) error {
+	body := struct {
+		Op      string `json:"op"`
+		Name    string `json:"name"`
+		Network string `json:"network,omitempty"`
+	}{"secret_remove", name, network}
+	_, err := c.call(ctx, body, "ok", nil)
+	return err
+}
+
+// Secret is a secret as listed: its owner and name, never its value.
+type Secret struct {
+	// Owner is {"uid": N} or {"network": NAME}.
+	Owner   SecretOwner `json:"owner"`
+	Name    string      `json:"name"`
+	SetAtMs uint64      `json:"set_at_ms"`
+}
+
+// SecretOwner is whose a secret is: a user's (UID) or a network's.
+type SecretOwner struct {
+	UID     *uint32 `json:"uid,omitempty"`
+	Network string  `json:"network,omitempty"`
+}
+
+// SecretList lists the secrets the caller may see: its own and those of
+// the networks it may attach to (root: all).
+func (c *Client) SecretList(ctx context.Context) ([]Secret, error) {
+	var reply struct {
+		Secrets []Secret `json:"secrets"`
+	}
+	if _, err := c.call(ctx, map[string]string{"op": "secret_list"}, "secrets", &reply); err != nil {
+		return nil, err
+	}
+	return reply.Secrets, nil
 }
 
 // ForwardList lists every forward.

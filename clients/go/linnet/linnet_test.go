@@ -309,6 +309,46 @@ func TestForwardRequestsNameTheirFields(t *testing.T) {
 	}
 }
 
+func TestSecretsAreSetRemovedAndListedWithoutValues(t *testing.T) {
+	client, daemon := pair(t)
+	got := daemon.serve("secret_set", nil, `{"reply":"ok"}`)
+	if err := client.SecretSet(ctx, "TOKEN", "s3cret", "shared"); err != nil {
+		t.Fatal(err)
+	}
+	req := <-got
+	if req["name"] != "TOKEN" || req["value"] != "s3cret" || req["network"] != "shared" {
+		t.Errorf("the request: %v", req)
+	}
+	got = daemon.serve("secret_remove", nil, `{"reply":"ok"}`)
+	if err := client.SecretRemove(ctx, "TOKEN", ""); err != nil {
+		t.Fatal(err)
+	}
+	if req := <-got; req["name"] != "TOKEN" || req["network"] != nil || req["value"] != nil {
+		t.Errorf("the request: %v", req)
+	}
+	daemon.serve("secret_list", nil, `{"reply":"secrets","secrets":[
+		{"owner":{"uid":1000},"name":"GITHUB_TOKEN","set_at_ms":17},
+		{"owner":{"network":"shared"},"name":"NPM_TOKEN","set_at_ms":18}]}`)
+	secrets, err := client.SecretList(ctx)
+	if err != nil || len(secrets) != 2 || secrets[0].Owner.UID == nil || *secrets[0].Owner.UID != 1000 ||
+		secrets[1].Owner.Network != "shared" || secrets[1].Owner.UID != nil || secrets[1].SetAtMs != 18 {
+		t.Fatalf("got %+v, %v", secrets, err)
+	}
+	// A policy's secret rules go and come as the API has them.
+	got = daemon.serve("policy_set", nil, `{"reply":"policy","interface_id":"x",
+		"policy":{"egress":["api.example.com:443/tcp"],"secrets":["TOKEN@api.example.com"],
+		"network_secrets":["NET@api.example.com"]}}`)
+	info, err := client.PolicySet(ctx, InterfaceRef{Network: "shared", Name: "agent"},
+		Policy{Egress: []string{"api.example.com:443/tcp"}, Secrets: []string{"TOKEN@api.example.com"}})
+	if err != nil || info.Policy.Secrets[0] != "TOKEN@api.example.com" || info.Policy.NetworkSecrets[0] != "NET@api.example.com" {
+		t.Fatalf("got %+v, %v", info, err)
+	}
+	policy, _ := (<-got)["policy"].(map[string]interface{})
+	if policy["secrets"].([]interface{})[0] != "TOKEN@api.example.com" || policy["network_secrets"] != nil {
+		t.Errorf("the policy sent: %v", policy)
+	}
+}
+
 func TestPoliciesByNameAreSetShownAndListed(t *testing.T) {
 	client, daemon := pair(t)
 	got := daemon.serve("policy_set", nil, `{"reply":"policy","interface_id":"x",

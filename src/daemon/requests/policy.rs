@@ -10,7 +10,7 @@ use crate::daemon::client::Client;
 use crate::daemon::errors::DaemonError;
 use crate::daemon::leftovers::Leftovers;
 use crate::daemon::policies::{
-    check_ceiling, check_policy_possible, enforcement, no_address_for_policy,
+    check_ceiling, check_policy_possible, enforcement, no_address_for_policy, with_network_secrets,
 };
 use crate::daemon::state::Daemon;
 use crate::events::What;
@@ -62,7 +62,10 @@ impl Daemon {
             .interface_named(client, &which, "change its policy")?
             .ok_or_else(|| Self::no_such_interface(&which))?;
         let iface = &self.interfaces[&id];
-        let policy = changed(&iface.policy, &req);
+        let policy = match req.only {
+            Some(PolicyPart::RateLimit) => changed(&iface.policy, &req),
+            _ => with_network_secrets(changed(&iface.policy, &req), cfg),
+        };
         check_policy_possible(&policy, cfg, self.host.devices.bridge_netfilter())?;
         check_ceiling(&policy, cfg)?;
         if iface.ip.is_none() && !policy.is_open() {
