@@ -112,6 +112,10 @@ pub enum Request {
     /// The secrets the caller may see (its own and those of the networks
     /// it may attach to; root all): names, owners, when set, never values.
     SecretList,
+    /// The network's secrets CA certificate (PEM), made the first time:
+    /// what its guests trust to have secrets put into their requests.
+    /// Anyone who may attach to the network may have it.
+    Ca { network: String },
     /// Follow what happens (of one network, or all): the reply is
     /// `subscribed`, then an `event` per change for as long as the
     /// connection lasts (it takes no other request). `recent`: first the
@@ -336,6 +340,11 @@ pub enum Response {
     /// `Request::SecretList`'s answer.
     Secrets {
         secrets: Vec<SecretListed>,
+    },
+    /// `Request::Ca`'s answer.
+    Ca {
+        network: String,
+        certificate: String,
     },
     /// Events follow (`Request::Events`).
     Subscribed,

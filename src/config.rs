@@ -100,6 +100,10 @@ pub struct NetworkConfig {
     /// Where its events, its VMs' policy decisions among them, are kept
     /// (`audit_log: PATH`; `daemon::audit`).
     pub audit_log: Option<PathBuf>,
+    /// Certificates (PEM) the secrets proxy trusts an upstream's by,
+    /// besides the host's trust store: a private service's CA
+    /// (`upstream_ca: PATH`; docs/secrets.md).
+    pub upstream_ca: Option<PathBuf>,
 }
 
 /// Which of a network's defaults are ceilings its VMs cannot lift.
@@ -491,6 +495,8 @@ struct NetworkSpec {
     socket: Option<serde_norway::Value>,
     /// An absolute path: the network's audit log.
     audit_log: Option<String>,
+    /// An absolute path: the CA its secrets' upstreams may be proven by.
+    upstream_ca: Option<String>,
     clone_subnet: Option<String>,
     /// The network across hosts (`config::evpn`).
     evpn: Option<evpn::EvpnSpec>,
@@ -995,7 +1001,16 @@ impl Validator<'_> {
                 policy: policy_enforced,
                 rate_limit: rate_enforced,
             },
-            audit_log: self.audit_log(spec.audit_log.take())?,
+            audit_log: self.file(
+                "audit_log",
+                spec.audit_log.take(),
+                "/var/log/linnet/sandbox.jsonl",
+            )?,
+            upstream_ca: self.file(
+                "upstream_ca",
+                spec.upstream_ca.take(),
+                "/etc/linnet/internal-ca.pem",
+            )?,
         })
     }
 
@@ -1102,16 +1117,21 @@ impl Validator<'_> {
         }
     }
 
-    /// `audit_log: PATH`, absolute, a file's.
-    fn audit_log(&self, spec: Option<String>) -> Result<Option<PathBuf>, ConfigError> {
+    /// `KEY: PATH`, absolute, a file's (`example` shows one).
+    fn file(
+        &self,
+        key: &str,
+        spec: Option<String>,
+        example: &str,
+    ) -> Result<Option<PathBuf>, ConfigError> {
         let Some(text) = spec else {
             return Ok(None);
         };
         let path = PathBuf::from(&text);
         if !path.is_absolute() || text.ends_with('/') {
             return Err(self.err(
-                "audit_log",
-                format!("\"{text}\" is not an absolute path of a file (e.g. /var/log/linnet/sandbox.jsonl)"),
+                key,
+                format!("\"{text}\" is not an absolute path of a file (e.g. {example})"),
             ));
         }
         Ok(Some(path))
@@ -1303,6 +1323,7 @@ impl Validator<'_> {
             ("isolation", spec.isolation.is_some()),
             ("forwards", !spec.forwards.is_empty()),
             ("policy", spec.policy.is_some()),
+            ("upstream_ca", spec.upstream_ca.is_some()),
             ("clone_subnet", spec.clone_subnet.is_some()),
             ("evpn", spec.evpn.is_some()),
         ];
@@ -1400,7 +1421,12 @@ impl Validator<'_> {
                 policy: false,
                 rate_limit: rate_enforced,
             },
-            audit_log: self.audit_log(spec.audit_log.take())?,
+            audit_log: self.file(
+                "audit_log",
+                spec.audit_log.take(),
+                "/var/log/linnet/sandbox.jsonl",
+            )?,
+            upstream_ca: None,
         })
     }
 

@@ -160,7 +160,27 @@ pub enum What {
         allowed: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         why: Option<String>,
+        /// Judged by the network's secrets proxy, which decrypted it to put
+        /// secrets into its requests (a secret rule names its name).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        decrypted: bool,
         /// This VM's records not given (over its budget) since its last.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        held_back: u64,
+    },
+    /// The secrets proxy put a secret into a VM's request to `host`
+    /// (`secret`: its name, never its value), or refused a request to it
+    /// (`why`), sending nothing upstream.
+    Secret {
+        interface_id: InterfaceId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        host: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        secret: Option<String>,
+        substituted: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        why: Option<String>,
         #[serde(default, skip_serializing_if = "is_zero")]
         held_back: u64,
     },

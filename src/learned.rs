@@ -2,7 +2,8 @@
 //! address an allowed answer gave it, for which name, until when. The
 //! firewall lets the VM connect to an address while it is learned, on the
 //! ports of the rules that allowed the name (one set per `Reach` of the
-//! policy: `Policy::name_reaches`); the kernel expires each element on
+//! policy: `Policy::name_reaches`; and with secret rules one more, of the
+//! addresses of their hosts: `Policy::steered`); the kernel expires each element on
 //! its own, and this is the daemon's account of the same, to show, to
 //! rebuild the table from, and to forget names a new policy no longer
 //! allows.
@@ -56,7 +57,8 @@ pub const MAX_LEARNED: usize = 4096;
 /// has left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Element {
-    /// Index into the policy's `name_reaches`.
+    /// Index into the policy's learned sets (`Policy::sets_of`: its
+    /// `name_reaches`, then the steered set).
     pub reach: usize,
     pub addr: IpAddr,
     pub seconds: u32,
@@ -107,7 +109,7 @@ impl Learned {
         bounds: TtlBounds,
         now: u64,
     ) -> Vec<Element> {
-        let reaches = policy.reaches_of(name);
+        let reaches = policy.sets_of(name);
         if reaches.is_empty() {
             return Vec::new();
         }
@@ -165,7 +167,7 @@ impl Learned {
     pub fn follow(&mut self, policy: &Policy) {
         self.restored.clear();
         self.entries.retain(|(name, _), entry| {
-            entry.reaches = policy.reaches_of(name);
+            entry.reaches = policy.sets_of(name);
             !entry.reaches.is_empty()
         });
     }

@@ -34,6 +34,7 @@ mod metrics;
 mod names;
 mod policy;
 mod rate;
+mod secret_proxy;
 mod secrets;
 mod services;
 mod types;
@@ -44,6 +45,7 @@ pub use cli::command;
 pub use cli::gate::main as gate_main;
 pub use cli::main;
 pub use cli::relay::main as relay_main;
+pub use cli::secrets_proxy::main as secrets_main;
 
 /// What the benchmark's splicing proxy (tools/spliceproxy, the name
 /// check's alternative design) reads a connection's name with: the gate's

@@ -202,6 +202,39 @@ impl Policy {
 }
 
 impl Policy {
+    /// Whether it has secret rules of either list.
+    pub fn has_secrets(&self) -> bool {
+        !self.secrets.is_empty() || !self.network_secrets.is_empty()
+    }
+
+    /// The learned set whose addresses are those learned for a secret
+    /// rule's host: connections to them on port 443 are steered to the
+    /// network's secrets proxy. After the name reaches' sets; None without
+    /// secret rules.
+    pub fn steered(&self) -> Option<usize> {
+        self.has_secrets().then(|| self.name_reaches().len())
+    }
+
+    /// How many learned sets its names fill: a set per name reach, and the
+    /// steered one.
+    pub fn learned_sets(&self) -> usize {
+        self.name_reaches().len() + usize::from(self.has_secrets())
+    }
+
+    /// Which learned sets an answer for `name` fills (by index): the
+    /// reaches it opens (`reaches_of`), and the steered set when a secret
+    /// rule names it. Empty when no name rule allows it.
+    pub fn sets_of(&self, name: &Name) -> Vec<usize> {
+        let mut sets = self.reaches_of(name);
+        let normalised = crate::names::normalise(name);
+        let secret_host =
+            (self.secrets.iter().chain(&self.network_secrets)).any(|r| r.host.allows(&normalised));
+        if let (false, true, Some(steered)) = (sets.is_empty(), secret_host, self.steered()) {
+            sets.push(steered);
+        }
+        sets
+    }
+
     /// Whether its connect rules let the VM reach `host` by name at port
     /// 443 over TCP: a secret rule for a host it does not reach could
     /// never be used.
@@ -577,6 +610,30 @@ mod tests {
         );
         assert!(!text.contains("network_secrets"), "{text}");
         assert_eq!(serde_json::from_str::<Policy>(&text).unwrap(), p);
+    }
+
+    #[test]
+    fn a_secret_hosts_addresses_fill_the_steered_set_too() {
+        let mut p = Policy {
+            egress: vec![connect("*.example.com:443"), connect("pypi.org:443")],
+            ..Default::default()
+        };
+        let name = |s: &str| Name::from_utf8(s).unwrap();
+        assert_eq!((p.steered(), p.learned_sets()), (None, 1));
+        assert_eq!(p.sets_of(&name("api.example.com")), vec![0]);
+        p.secrets = vec!["TOKEN@api.example.com".parse().unwrap()];
+        assert_eq!((p.steered(), p.learned_sets()), (Some(1), 2));
+        assert_eq!(p.sets_of(&name("API.example.com.")), vec![0, 1]);
+        assert_eq!(
+            p.sets_of(&name("www.example.com")),
+            vec![0],
+            "no secret's host"
+        );
+        assert_eq!(p.sets_of(&name("pypi.org")), vec![0]);
+        assert!(p.sets_of(&name("evil.test")).is_empty());
+        p.secrets.clear();
+        p.network_secrets = vec!["NET@*.example.com".parse().unwrap()];
+        assert_eq!(p.sets_of(&name("www.example.com")), vec![0, 1]);
     }
 
     #[test]

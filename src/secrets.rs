@@ -181,6 +181,11 @@ impl Store {
             })
     }
 
+    /// The value of `owner`'s secret `name`, if set.
+    pub fn value(&self, owner: &SecretOwner, name: &str) -> Option<&SecretValue> {
+        (self.secrets.get(&(owner.clone(), name.to_string()))).map(|s| &s.value)
+    }
+
     /// What `uid` may see of them (names, owners, times): root all; a user
     /// its own and those of the networks `may_use` says it may attach to.
     pub fn list(&self, uid: u32, may_use: impl Fn(&str) -> bool) -> Vec<SecretListed> {

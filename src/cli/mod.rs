@@ -1,6 +1,7 @@
 //! The command line: one file per subcommand, each thin. Shared here: the
 //! global options and reaching (or starting) the daemon.
 
+mod ca;
 mod connect;
 pub mod connector;
 mod daemon;
@@ -19,6 +20,7 @@ pub mod relay;
 mod run;
 mod seccomp;
 mod secret;
+pub mod secrets_proxy;
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -201,6 +203,10 @@ pub enum CommandArgs {
     /// set (from standard input), remove, list (never values).
     #[command(subcommand)]
     Secret(secret::SecretCommand),
+    /// Print a network's secrets CA certificate (PEM), made the first
+    /// time: install it in a guest's trust store, and linnet can put
+    /// secrets into the guest's HTTPS requests (docs/secrets.md).
+    Ca(ca::CaArgs),
     /// Follow what happens: one JSON line per attach, detach, lease,
     /// policy change, forward, cut-off, adoption; until the daemon stops.
     Events(events::EventsArgs),
@@ -324,6 +330,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         CommandArgs::FrrConfig(args) => frr_config::main(&cli, args).map(|()| 0),
         CommandArgs::Events(args) => events::main(&cli, args).map(|()| 0),
         CommandArgs::Secret(cmd) => secret::main(&cli, cmd).map(|()| 0),
+        CommandArgs::Ca(args) => ca::main(&cli, args).map(|()| 0),
     }
 }
 

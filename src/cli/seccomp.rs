@@ -71,6 +71,12 @@ pub fn confine_gate(who: &'static str) -> Result<(), SeccompError> {
     install(who, list_of(gate_allowed()?)?)
 }
 
+/// Confines `linnet-secrets` (one thread, a tokio runtime): its own
+/// list, `secrets_allowed`.
+pub fn confine_secrets(who: &'static str) -> Result<(), SeccompError> {
+    install(who, list_of(secrets_allowed()?)?)
+}
+
 fn install(who: &'static str, list: BpfProgram) -> Result<(), SeccompError> {
     let clone3 = no_clone3()?;
     install_handler(who)?;
@@ -307,7 +313,7 @@ mod sys {
         exit_group = SYS_exit_group, socket = SYS_socket, connect = SYS_connect,
         eventfd2 = SYS_eventfd2, shutdown = SYS_shutdown,
         unlinkat = SYS_unlinkat, openat = SYS_openat, renameat2 = SYS_renameat2,
-        kill = SYS_kill,
+        kill = SYS_kill, getsockname = SYS_getsockname, getpeername = SYS_getpeername,
     }
     // The calls glibc makes on x86_64 where newer architectures have only
     // the general one (`poll` is `ppoll` there, and so on).
@@ -483,6 +489,47 @@ fn gate_allowed() -> Result<Vec<Allowed>, seccompiler::BackendError> {
     ];
     #[cfg(target_arch = "x86_64")]
     calls.push(call!(poll));
+    Ok(calls)
+}
+
+/// The secrets proxy's list: the gate's, and what serving TCP takes:
+/// accepting on the socket it was given, IPv4 and IPv6 stream sockets to
+/// dial upstreams, their options, and the runtime's epoll.
+fn secrets_allowed() -> Result<Vec<Allowed>, seccompiler::BackendError> {
+    let mut calls = gate_allowed()?;
+    let stream = |family: libc::c_int| -> Result<Vec<SeccompCondition>, seccompiler::BackendError> {
+        Ok(vec![
+            eq(0, family as u64)?,
+            SeccompCondition::new(
+                1,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::MaskedEq(0xf),
+                libc::SOCK_STREAM as u64,
+            )?,
+        ])
+    };
+    calls.extend([
+        call!(
+            socket,
+            vec![stream(libc::AF_INET)?, stream(libc::AF_INET6)?]
+        ),
+        call!(connect),
+        call!(accept4),
+        call!(getsockopt),
+        call!(setsockopt),
+        call!(getsockname),
+        call!(getpeername),
+        call!(shutdown),
+        call!(readv),
+        call!(writev),
+        call!(epoll_ctl),
+        call!(epoll_wait),
+        call!(epoll_pwait),
+        call!(fcntl),
+        call!(sched_yield),
+        // Sockets made non-blocking (std's set_nonblocking), nothing else.
+        call!(ioctl, vec![vec![eq(1, libc::FIONBIO)?]]),
+    ]);
     Ok(calls)
 }
 

@@ -32,8 +32,9 @@ pub struct SecretArgs {
     /// The secret's name (letters, digits, '_', '-', '.'), as VMs write it
     /// in placeholders: {{secret:NAME}}.
     name: String,
-    /// A network's secret, which every VM of the network may use (root
-    /// only), instead of yours.
+    /// A network's secret (root only), instead of yours: the network's
+    /// own secret rules name it (networks.yaml policy.secrets), no one
+    /// else's.
     #[arg(long, short = 'n')]
     network: Option<String>,
 }

@@ -23,9 +23,8 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixDatagram;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,7 +41,6 @@ use crate::host::conntrack_events::{self, Events, Told, Tuple};
 use crate::host::firewall::gate::{ALLOWED, MASK, PASS, REFUSED, holds};
 use crate::host::gate_queue::QUEUE;
 use crate::host::nfqueue::{self, Queue, Verdict};
-use crate::host::privileges;
 use crate::names;
 use crate::services::name_gate::{NamedVm, Pins};
 use crate::types::InterfaceId;
@@ -598,34 +596,11 @@ impl Keeper {
         if forced < 0 {
             let _ = socket2::SockRef::from(&ours).set_send_buffer_size(size as usize);
         }
-        let mut cmd = Command::new(&self.executable);
-        cmd.env_clear()
-            .current_dir("/")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-        if let Some((uid, gid)) = self.run_as {
-            cmd.uid(uid).gid(gid);
-        }
-        let fd = theirs.as_raw_fd();
-        // SAFETY: between fork and exec only async-signal-safe calls
-        // (dup2, prctl, capset), nothing allocated.
-        unsafe {
-            cmd.pre_exec(move || {
-                // dup2 clears close-on-exec, except onto itself.
-                let placed = if fd == DAEMON_FD {
-                    libc::fcntl(fd, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(fd, DAEMON_FD)
-                };
-                if placed < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // The gate dies with the daemon.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-                privileges::clear_capabilities()
-            });
-        }
-        let child = cmd.spawn()?;
+        let child = super::confined::spawn(
+            &self.executable,
+            self.run_as,
+            &[(theirs.as_fd(), DAEMON_FD)],
+        )?;
         drop(theirs);
         Ok(Running {
             child,
@@ -797,6 +772,7 @@ impl Keeper {
             shown: judgement.shown,
             allowed: judgement.allowed,
             why: judgement.why,
+            decrypted: false,
             held_back,
         };
         self.events.emit(Some(&network), what);

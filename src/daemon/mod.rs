@@ -29,6 +29,7 @@ mod apply;
 mod audit;
 mod client;
 mod coexist;
+mod confined;
 mod drivers;
 mod errors;
 mod formed6;
@@ -52,6 +53,7 @@ mod requests;
 pub mod rootless;
 #[cfg(test)]
 mod scenarios;
+mod secret_proxies;
 mod secrets;
 mod server;
 mod sessions;

@@ -9,10 +9,14 @@ use std::net::IpAddr;
 use super::errors::DaemonError;
 use super::guarding::port_guard;
 use super::interface::Interface;
+use super::secret_proxies::ProxiedNetwork;
+use super::secrets::Secrets;
 use crate::api::Enforcement;
 use crate::config::NetworkConfig;
+use crate::gate::wire::GatedVm;
 use crate::host::firewall::InterfacePolicy;
 use crate::policy::Policy;
+use crate::secret_proxy::ProxiedVm;
 use crate::services::name_gate::{NameGate, NamedVm};
 use crate::types::InterfaceId;
 
@@ -172,6 +176,40 @@ pub(super) fn named_vms<'a>(
             addrs: vm_addresses(cfg, i),
             policy: i.policy.clone(),
             bounds: own.dns.learned_ttl,
+        })
+        .collect()
+}
+
+/// The networks whose VMs have secret rules, with those VMs as the
+/// secrets proxy knows them (as the gate does, with their grants).
+pub(super) fn proxied_networks<'a>(
+    configs: impl Iterator<Item = &'a NetworkConfig>,
+    interfaces: &BTreeMap<InterfaceId, Interface>,
+    secrets: &Secrets,
+) -> Vec<ProxiedNetwork> {
+    configs
+        .filter_map(|cfg| {
+            let own = cfg.own()?;
+            let vms: Vec<(ProxiedVm, Option<String>)> = (interfaces.iter())
+                .filter(|(_, i)| i.network == cfg.name && i.policy.has_secrets())
+                .map(|(id, i)| {
+                    let vm = ProxiedVm {
+                        vm: GatedVm {
+                            interface_id: *id,
+                            addrs: vm_addresses(cfg, i),
+                            policy: i.policy.clone(),
+                        },
+                        grants: secrets.grants(&i.policy, i.uid, &cfg.name),
+                    };
+                    (vm, i.name.clone())
+                })
+                .collect();
+            (!vms.is_empty()).then(|| ProxiedNetwork {
+                network: cfg.name.clone(),
+                gateway: own.gateway,
+                upstream_ca: cfg.upstream_ca.clone(),
+                vms,
+            })
         })
         .collect()
 }

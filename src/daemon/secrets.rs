@@ -13,7 +13,9 @@ use super::client::Client;
 use super::errors::DaemonError;
 use crate::api::Response;
 use crate::config::Config;
-use crate::secrets::{self, SecretValue, Store};
+use crate::policy::{Policy, SecretRule};
+use crate::secret_proxy::grants::Grant;
+use crate::secrets::{self, SecretOwner, SecretValue, Store};
 
 /// A `linnet secret` request (`Request::SecretSet`, `SecretRemove`,
 /// `SecretList`).
@@ -113,6 +115,26 @@ impl Secrets {
                 Ok(Response::Secrets { secrets })
             }
         }
+    }
+
+    /// The grants of a VM of `uid`'s on `network` with `policy`: each of
+    /// its secret rules with the value it names now, its owner's for the
+    /// owner's rules, the network's for the network's.
+    pub fn grants(&self, policy: &Policy, uid: u32, network: &str) -> Vec<Grant> {
+        let owned = |rules: &[SecretRule], owner: SecretOwner| -> Vec<Grant> {
+            (rules.iter())
+                .map(|rule| Grant {
+                    rule: rule.clone(),
+                    value: self.store.value(&owner, &rule.secret).cloned(),
+                })
+                .collect()
+        };
+        let mut grants = owned(&policy.secrets, SecretOwner::Uid(uid));
+        grants.extend(owned(
+            &policy.network_secrets,
+            SecretOwner::Network(network.into()),
+        ));
+        grants
     }
 
     /// Writes `next` and makes it the store: the file first, so a store

@@ -156,6 +156,23 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
             "the name check cannot run: {e:#}; connections of VMs whose policy names DNS names go nowhere (only rules with /tcp/any or /udp reach their names)"
         ),
     }
+    let secrets_run_as = (!rootless).then_some((
+        super::secret_proxies::SECRETS_UID,
+        super::secret_proxies::SECRETS_UID,
+    ));
+    match super::secret_proxies::SecretProxies::new(
+        daemon.events.clone(),
+        secrets_run_as,
+        &opts.state_dir,
+    ) {
+        Ok(proxies) => {
+            daemon.names.tell(proxies.clone());
+            daemon.secret_proxies = Some(proxies);
+        }
+        Err(e) => error!(
+            "the secrets proxies cannot run: {e:#}; VMs' placeholders for secrets go out as they wrote them"
+        ),
+    }
     if let Placement::Rootless(side) = opts.placement {
         daemon.host_ports = Some(HostPorts::new(side));
         daemon.host_loopback = Some(egress::HOST_LOOPBACK);
@@ -318,6 +335,9 @@ async fn serve(opts: Options) -> anyhow::Result<()> {
     stopped.stop().await;
     if let Some(gatekeeper) = stopped.gatekeeper.take() {
         gatekeeper.stop();
+    }
+    if let Some(proxies) = stopped.secret_proxies.take() {
+        proxies.stop();
     }
     drop(stopped);
     remove_socket();

@@ -532,6 +532,10 @@ async fn handle(
             secret(&mut daemon, client, SecretRequest::Remove { name, network })
         }
         Request::SecretList => secret(&mut daemon, client, SecretRequest::List),
+        Request::Ca { network } => match daemon.network_ca(client, &network) {
+            Ok(r) => (r, None),
+            Err(e) => (e.into_response(), None),
+        },
         Request::Doctor { network } => {
             let mut report = daemon.doctor(network.as_deref());
             let across = daemon.across_hosts(network.as_deref());
@@ -552,10 +556,16 @@ fn secret(
     let Daemon {
         secrets, config, ..
     } = daemon;
-    match secrets.handle(client, config, request) {
-        Ok(r) => (r, None),
-        Err(e) => (e.into_response(), None),
+    let changes = !matches!(request, SecretRequest::List);
+    let response = match secrets.handle(client, config, request) {
+        Ok(r) => r,
+        Err(e) => return (e.into_response(), None),
+    };
+    if changes {
+        // A rotated or removed secret holds for the next request.
+        daemon.sync_secret_proxies();
     }
+    (response, None)
 }
 
 /// Answers once the interface has an address, or when the time is up;

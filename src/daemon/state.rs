@@ -20,7 +20,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::apply::{Apply, Carried, Making};
 use super::client::Client;
@@ -105,6 +105,9 @@ pub struct Daemon {
     pub(super) host_loopback: Option<Ipv4Addr>,
     /// The name check's process and queue (`gatekeeper`), for its counts.
     pub(super) gatekeeper: Option<Arc<super::gatekeeper::Gatekeeper>>,
+    /// The networks' secrets proxies (`secret_proxies`); None where they
+    /// cannot run (then a VM's placeholders go out as written).
+    pub(super) secret_proxies: Option<Arc<super::secret_proxies::SecretProxies>>,
     /// The egress interface whose queue was deepened (`refresh_uplinks`).
     pub(super) egress_tuned: Option<u32>,
     /// Told after an attach, to the maker of spare ports (`spares`).
@@ -153,6 +156,7 @@ impl Daemon {
             host_ports: None,
             host_loopback: None,
             gatekeeper: None,
+            secret_proxies: None,
             egress_tuned: None,
             spares_wanted: Arc::default(),
             secrets,
@@ -563,6 +567,7 @@ impl Daemon {
     /// networks and their interfaces' forwards.
     pub(super) fn sync_host(&mut self) -> Result<(), DaemonError> {
         self.names.follow(self.named_vms());
+        self.sync_secret_proxies();
         self.policy_refusals();
         let rules = self.firewall_networks();
         let (needs4, needs6) = forwarding_needs(&rules);
@@ -604,7 +609,7 @@ impl Daemon {
         self.networks
             .values()
             .filter_map(|n| {
-                n.firewall(
+                let mut rules = n.firewall(
                     forwards::rules(&n.config, self.interfaces.values()),
                     policies::interface_policies(
                         &n.config,
@@ -612,9 +617,61 @@ impl Daemon {
                         &self.names,
                         &self.refused,
                     ),
-                )
+                )?;
+                rules.secrets_port =
+                    (self.secret_proxies.as_ref()).and_then(|p| p.port(&n.config.name));
+                Some(rules)
             })
             .collect()
+    }
+
+    /// `linnet ca`: `network`'s secrets CA certificate, for one who may
+    /// attach to it.
+    pub(super) fn network_ca(
+        &self,
+        client: &super::client::Client,
+        network: &str,
+    ) -> Result<crate::api::Response, DaemonError> {
+        let cfg = (self.config.network(network)).ok_or_else(|| self.unknown_network(network))?;
+        if !client.allowed_by(&cfg.allow) {
+            return Err(DaemonError::NotAllowed {
+                uid: client.uid,
+                network: network.into(),
+                allow: cfg.allow.describe(),
+            });
+        }
+        let dir = self.state_dir.join(super::secret_proxies::CA_DIR);
+        let ca = super::secret_proxies::network_ca(&dir, network).map_err(|source| {
+            DaemonError::StateFile {
+                what: "cannot read or make the network's secrets CA",
+                path: dir.clone(),
+                source,
+            }
+        })?;
+        Ok(crate::api::Response::Ca {
+            network: network.into(),
+            certificate: ca.cert_pem,
+        })
+    }
+
+    /// Tells the secrets proxies the networks' VMs with secret rules and
+    /// their grants now (starting or stopping proxies as networks gain or
+    /// lose such VMs).
+    pub(super) fn sync_secret_proxies(&mut self) {
+        let Some(proxies) = self.secret_proxies.clone() else {
+            return;
+        };
+        let wanted = policies::proxied_networks(
+            self.networks.values().map(|n| &n.config),
+            &self.interfaces,
+            &self.secrets,
+        );
+        for (network, why) in proxies.sync(wanted) {
+            error!(
+                network,
+                "the network's secrets proxy cannot run: {why}; its VMs' placeholders go out as they wrote them"
+            );
+        }
     }
 
     /// Connections each VM's egress policy refused so far, by TAP: read

@@ -64,6 +64,10 @@ pub struct FirewallNetwork {
     pub clone_subnet: Option<Ipv4Net>,
     /// A network across hosts' VXLAN port (`fabric`).
     pub fabric: Option<FabricPort>,
+    /// The port of its secrets proxy on its IPv4 gateway, when it runs:
+    /// its VMs' connections to port 443 of a secret rule's host are
+    /// redirected there (`names::steering`).
+    pub secrets_port: Option<u16>,
 }
 
 /// A network across hosts' VXLAN port, and its gateway's MAC (the same on
@@ -254,6 +258,11 @@ fn add_inet(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
     }
 
     add_policies(batch, networks);
+    for net in networks {
+        for steering in names::steering(net) {
+            batch.add(rule(PREROUTING, steering));
+        }
+    }
 
     // Published ports: connections DNATed to a VM pass into its network
     // (whatever its mode), and only their replies come out.
@@ -501,6 +510,7 @@ fn add_policies(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
                 ]);
             }
             allowed.extend(names::resolvers(iface));
+            allowed.extend(names::steered_in(net, iface));
             allowed.extend(iface.policy.egress.iter().filter_map(connect_match));
             allowed.extend(names::reaches(iface));
             names::add_sets(batch, iface);
@@ -935,6 +945,7 @@ mod tests {
                 policies: Vec::new(),
                 clone_subnet: None,
                 fabric: None,
+                secrets_port: None,
             },
             FirewallNetwork {
                 bridge: "ln-host".into(),
@@ -949,6 +960,7 @@ mod tests {
                 policies: Vec::new(),
                 clone_subnet: None,
                 fabric: None,
+                secrets_port: None,
             },
         ]
     }
@@ -1451,6 +1463,87 @@ mod tests {
         assert_eq!(sets[0]["elem"][0]["elem"]["val"], "192.0.2.7");
         assert_eq!(sets[0]["elem"][0]["elem"]["timeout"], 42);
         assert!(sets[1].get("elem").is_none(), "no IPv6 address learned");
+    }
+
+    #[test]
+    fn a_secret_hosts_connections_on_443_are_redirected_to_the_proxy_and_let_in() {
+        let mut nets = nets();
+        nets[0].gateways = vec!["192.168.105.1".parse().unwrap()];
+        let policy = |secrets: &[&str]| Policy {
+            egress: vec!["*.example.com:443/tcp".parse().unwrap()],
+            secrets: secrets.iter().map(|r| r.parse().unwrap()).collect(),
+            ..Default::default()
+        };
+        nets[0].policies = vec![
+            InterfacePolicy {
+                tap: "lnta".into(),
+                addrs: vec![
+                    "192.168.105.2".parse().unwrap(),
+                    "fd00:5::2".parse().unwrap(),
+                ],
+                policy: policy(&["TOKEN@api.example.com"]),
+                learned: vec![Element {
+                    reach: 1,
+                    addr: "192.0.2.7".parse().unwrap(),
+                    seconds: 42,
+                }],
+                refused: 0,
+            },
+            InterfacePolicy {
+                tap: "lntb".into(),
+                addrs: vec!["192.168.105.3".parse().unwrap()],
+                policy: policy(&[]),
+                learned: vec![],
+                refused: 0,
+            },
+        ];
+        // No proxy running: nothing steered, the set is there all the same.
+        let doc = ruleset(&nets);
+        assert!(
+            !serde_json::to_string(&rules(&doc, "prerouting"))
+                .unwrap()
+                .contains("redirect")
+        );
+        nets[0].secrets_port = Some(40443);
+        let doc = ruleset(&nets);
+        let steered: Vec<Value> = rules(&doc, "prerouting")
+            .into_iter()
+            .filter(|r| r.to_string().contains("redirect"))
+            .collect();
+        assert_eq!(
+            steered,
+            [json!([
+                {"match": {"left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"set": ["192.168.105.2"]}, "op": "=="}},
+                {"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "@n4-lnta-1", "op": "=="}},
+                {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
+                {"match": {"left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 443, "op": "=="}},
+                {"redirect": {"port": 40443}}
+            ])],
+            "the VM with a secret rule alone, to its steered set's addresses"
+        );
+        let let_in = json!([
+            {"match": {"left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "192.168.105.1", "op": "=="}},
+            {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
+            {"match": {"left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 40443, "op": "=="}},
+            {"match": {"left": {"ct": {"key": "status"}}, "right": "dnat", "op": "in"}},
+            {"accept": null}
+        ]);
+        assert!(
+            rules(&doc, "out-lnta").contains(&let_in),
+            "redirected, let in"
+        );
+        assert!(
+            !rules(&doc, "out-lntb").contains(&let_in),
+            "not the other's"
+        );
+        let sets: Vec<Value> = commands(&doc)
+            .into_iter()
+            .filter_map(|c| c["add"].get("set").cloned())
+            .filter(|s| s["name"].as_str().unwrap().contains("lnta"))
+            .collect();
+        let names: Vec<&str> = sets.iter().map(|s| s["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["n4-lnta-0", "n6-lnta-0", "n4-lnta-1", "n6-lnta-1"]);
+        assert_eq!(sets[2]["elem"][0]["elem"]["val"], "192.0.2.7");
     }
 
     #[test]

@@ -121,7 +121,7 @@ pub struct NameGate {
     sets: Arc<dyn LearnedSets>,
     events: Bus,
     state: Mutex<State>,
-    pins: std::sync::OnceLock<Arc<dyn Pins>>,
+    pins: std::sync::RwLock<Vec<Arc<dyn Pins>>>,
 }
 
 impl NameGate {
@@ -130,13 +130,18 @@ impl NameGate {
             sets,
             events,
             state: Mutex::default(),
-            pins: std::sync::OnceLock::new(),
+            pins: std::sync::RwLock::default(),
         }
     }
 
-    /// Tells `pins` the VMs from now on, and what each learns.
+    /// Tells `pins` the VMs from now on, and what each learns (the gate,
+    /// the secrets proxies).
     pub fn tell(&self, pins: Arc<dyn Pins>) {
-        let _ = self.pins.set(pins);
+        self.pins.write().expect("pins lock").push(pins);
+    }
+
+    fn pins(&self) -> Vec<Arc<dyn Pins>> {
+        self.pins.read().expect("pins lock").clone()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -159,7 +164,7 @@ impl NameGate {
     /// forgotten, and each keeps of what it learned what its policy
     /// still allows.
     pub fn follow(&self, vms: Vec<NamedVm>) {
-        if let Some(pins) = self.pins.get() {
+        for pins in self.pins() {
             pins.vms(&vms);
         }
         let now = unix_now();
@@ -178,7 +183,7 @@ impl NameGate {
                 }
                 None => {
                     let mut learned = Learned::default();
-                    let reaches = spec.policy.name_reaches().len();
+                    let reaches = spec.policy.learned_sets();
                     let mut restored: BTreeMap<usize, Vec<(IpAddr, u32)>> = BTreeMap::new();
                     for (_, e) in found
                         .iter()
@@ -190,7 +195,7 @@ impl NameGate {
                             .or_default()
                             .push((e.addr, e.seconds));
                     }
-                    if let Some(pins) = self.pins.get() {
+                    for pins in self.pins() {
                         for (reach, addrs) in &restored {
                             pins.restored(spec.interface_id, *reach, addrs);
                         }
@@ -258,9 +263,8 @@ impl NameGate {
                 seconds: bounds.clamp(ttl),
             })
             .collect();
-        if let Some(pins) = self.pins.get() {
-            let addrs: Vec<(IpAddr, u32)> =
-                reachable.iter().map(|r| (r.address, r.seconds)).collect();
+        let addrs: Vec<(IpAddr, u32)> = reachable.iter().map(|r| (r.address, r.seconds)).collect();
+        for pins in self.pins() {
             pins.learned(vm.spec.interface_id, name, &addrs);
         }
         vm.record(&self.events, name, true, reachable);

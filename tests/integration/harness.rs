@@ -29,11 +29,15 @@ pub const UPSTREAM_NAME: &str = "web.upstream.test";
 pub const UPSTREAM_PAGE: &str = "hello from upstream";
 /// Names the upstream's DNS answers beside UPSTREAM_NAME, with a TTL of
 /// 3 s, on addresses a test puts on the upstream when it needs them.
-pub const TEST_NAMES: [(&str, &str); 4] = [
+pub const TEST_NAMES: [(&str, &str); 7] = [
     ("allowed.test", "198.51.100.1"),
     ("a.svc.test", "198.51.100.2"),
     ("other.test", "198.51.100.4"),
     ("edge.cdn.test", "198.51.100.5"),
+    // Two names on one address, and a third elsewhere (secret_proxy.rs).
+    ("api.secret.test", "198.51.100.6"),
+    ("other.secret.test", "198.51.100.6"),
+    ("forged.secret.test", "198.51.100.7"),
 ];
 /// The IPv6 address the upstream's DNS gives the first of TEST_NAMES too.
 pub const TEST_NAME6: &str = "2001:db8:100::1";

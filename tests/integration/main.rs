@@ -27,6 +27,7 @@ mod rate_limits;
 mod restart;
 mod rootless;
 mod seccomp;
+mod secret_proxy;
 mod secrets;
 mod service;
 mod sockets;

@@ -18,7 +18,9 @@ const EDGE: &str = "198.51.100.5";
 /// The test names' addresses on the upstream, echo servers on ports 8080,
 /// 8081 and 853 of every address, and one answering lines on 7000.
 fn upstream_with_names(world: &World) -> Vec<Reaped> {
-    for (_, ip) in TEST_NAMES {
+    let mut ips: Vec<&str> = TEST_NAMES.iter().map(|(_, ip)| *ip).collect();
+    ips.dedup();
+    for ip in ips {
         must(
             &mut world
                 .upstream

@@ -851,6 +851,15 @@ type Event struct {
 	Protocol    string `json:"protocol,omitempty"`
 	Shown       string `json:"shown,omitempty"`
 	Why         string `json:"why,omitempty"`
+	// Decrypted: the connection was the secrets proxy's, which decrypted
+	// it to put secrets into its requests (connection).
+	Decrypted bool `json:"decrypted,omitempty"`
+	// Host, Secret and Substituted: the secrets proxy put the secret
+	// Secret (its name) into a request to Host, or refused one (Why)
+	// (secret).
+	Host        string `json:"host,omitempty"`
+	Secret      string `json:"secret,omitempty"`
+	Substituted bool   `json:"substituted,omitempty"`
 	// Sent, Received and DurationMS: what an allowed connection moved
 	// from the VM and to it (nil: not counted), and how long it ran
 	// (connection_end).
@@ -882,6 +891,7 @@ const (
 	EventName          = "name"
 	EventConnection    = "connection"
 	EventConnectionEnd = "connection_end"
+	EventSecret        = "secret"
 )
 
 // Events follows what happens, on a connection given over to it.

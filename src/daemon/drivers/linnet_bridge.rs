@@ -293,6 +293,8 @@ impl NetworkDriver for LinnetBridge {
                 port: f.port.clone(),
                 gateway_mac: f.gateway_mac,
             }),
+            // The daemon's to say (`Daemon::firewall_networks`).
+            secrets_port: None,
         })
     }
 

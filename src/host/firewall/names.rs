@@ -20,13 +20,16 @@ use nftables::schema::{NfListObject, Set, SetFlag, SetType, SetTypeValue};
 use nftables::stmt::{Counter as StmtCounter, Statement};
 use serde_json::Value;
 
+use nftables::stmt::NAT;
+
 use super::{
-    FAMILY, InterfacePolicy, accept, eq, payload, protocol_match, reach_match, refused_counter,
-    string,
+    FAMILY, FirewallNetwork, InterfacePolicy, accept, eq, payload, protocol_match, reach_match,
+    refused_counter, set, string,
 };
 use crate::host::NFT_TABLE;
 use crate::host::nft::{Nft, NftError};
 use crate::learned::Element;
+use crate::policy::SECRET_PORT;
 
 /// DNS, and DNS over TLS (and over QUIC, on UDP).
 const RESOLVER_PORTS: [u32; 2] = [53, 853];
@@ -50,7 +53,7 @@ fn parse_set_name(name: &str) -> Option<(&str, bool, usize)> {
 
 /// Declares the VM's sets, with the elements it has now.
 pub(super) fn add_sets(batch: &mut Batch<'static>, iface: &InterfacePolicy) {
-    for reach in 0..iface.policy.name_reaches().len() {
+    for reach in 0..iface.policy.learned_sets() {
         for v6 in [false, true] {
             let elements: Vec<Expression<'static>> = iface
                 .learned
@@ -119,6 +122,69 @@ pub(super) fn reaches(iface: &InterfacePolicy) -> Vec<Vec<Statement<'static>>> {
         }
     }
     out
+}
+
+/// The network's rules that steer its VMs' connections to port 443 of an
+/// address learned for a secret rule's host (the VM's steered set) to its
+/// secrets proxy: a redirect to the proxy's port on the gateway, before
+/// any filter sees them (dstnat). IPv4 only: the proxy listens on the
+/// IPv4 gateway, and a VM's IPv6 connections go on unsteered (their
+/// placeholders unreplaced).
+pub(super) fn steering(net: &FirewallNetwork) -> Vec<Vec<Statement<'static>>> {
+    let Some(port) = net.secrets_port else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for iface in &net.policies {
+        let Some(steered) = iface.policy.steered() else {
+            continue;
+        };
+        let addrs: Vec<String> = (iface.addrs.iter())
+            .filter(|a| a.is_ipv4())
+            .map(IpAddr::to_string)
+            .collect();
+        if addrs.is_empty() {
+            continue;
+        }
+        out.push(vec![
+            eq(payload("ip", "saddr"), set(&addrs)),
+            eq(
+                payload("ip", "daddr"),
+                string(&format!("@{}", set_name(&iface.tap, false, steered))),
+            ),
+            protocol_match(Some(crate::forward::Protocol::Tcp)),
+            eq(
+                payload("tcp", "dport"),
+                Expression::Number(SECRET_PORT.into()),
+            ),
+            Statement::Redirect(Some(NAT {
+                addr: None,
+                family: None,
+                port: Some(Expression::Number(port.into())),
+                flags: None,
+            })),
+        ]);
+    }
+    out
+}
+
+/// The rule of a VM's policy chain that lets its steered connections reach
+/// the secrets proxy (redirected there: `steering`); None where none are.
+pub(super) fn steered_in(
+    net: &FirewallNetwork,
+    iface: &InterfacePolicy,
+) -> Option<Vec<Statement<'static>>> {
+    let (Some(port), Some(_)) = (net.secrets_port, iface.policy.steered()) else {
+        return None;
+    };
+    let gateway = net.gateways.iter().find(|g| g.is_ipv4())?;
+    Some(vec![
+        eq(payload("ip", "daddr"), string(&gateway.to_string())),
+        protocol_match(Some(crate::forward::Protocol::Tcp)),
+        eq(payload("tcp", "dport"), Expression::Number(port.into())),
+        super::dnated(),
+        accept(),
+    ])
 }
 
 fn element(e: &Element) -> Expression<'static> {
