@@ -43,9 +43,9 @@ use crate::secret_proxy::{ProxiedVm, Record, trust};
 use crate::services::name_gate::{NamedVm, Pins};
 use crate::types::InterfaceId;
 
-/// The root daemon's secrets proxies run as this uid and gid, just below
-/// the gate's, owned by no one.
-pub const SECRETS_UID: u32 = super::gatekeeper::GATE_UID - 1;
+/// The root daemon's secrets proxies run as this uid and gid, owned by no
+/// one, which linnet's table holds to HTTPS out.
+pub use crate::host::SECRETS_UID;
 const RESTART_FIRST: Duration = Duration::from_millis(50);
 const RESTART_AT_MOST: Duration = Duration::from_secs(1);
 const STEADY: Duration = Duration::from_secs(10);

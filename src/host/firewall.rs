@@ -263,6 +263,9 @@ fn add_inet(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
             batch.add(rule(PREROUTING, steering));
         }
     }
+    if networks.iter().any(|n| n.secrets_port.is_some()) {
+        secrets_out(batch);
+    }
 
     // Published ports: connections DNATed to a VM pass into its network
     // (whatever its mode), and only their replies come out.
@@ -455,6 +458,7 @@ fn add_forwards(batch: &mut Batch<'static>, net: &FirewallNetwork) {
 
 const INPUT: &str = "input";
 const LOCAL_OUT: &str = "local-out";
+const SECRETS_OUT: &str = "secrets-out";
 
 /// Connect/listen policies, enforced with conntrack on what is routed or
 /// reaches the host: the first packet of each connection from a policy VM
@@ -563,6 +567,48 @@ fn add_policies(batch: &mut Batch<'static>, networks: &[FirewallNetwork]) {
                 None,
             );
         }
+    }
+}
+
+/// What a secrets proxy may send (its uid, `SECRETS_UID`): on the
+/// connections it has (the guests' steered to it among them), and new
+/// TCP connections to port 443 of other machines, the upstreams it was
+/// made to reach; nothing to the host's own addresses, nothing else. A
+/// proxy taken over through what a guest sent reaches no more.
+fn secrets_out(batch: &mut Batch<'static>) {
+    batch.add(base_chain(
+        SECRETS_OUT,
+        NfChainType::Filter,
+        NfHook::Output,
+        PRIORITY_FILTER,
+    ));
+    let uid = || {
+        eq(
+            meta(MetaKey::Skuid),
+            Expression::Number(crate::host::SECRETS_UID),
+        )
+    };
+    let known = Statement::Match(Match {
+        left: ct("state"),
+        right: set(&["established".into(), "related".into()]),
+        op: Operator::IN,
+    });
+    for statements in [
+        vec![uid(), known, accept()],
+        vec![
+            uid(),
+            eq(fib_daddr_type(), string("local")),
+            Statement::Reject(None),
+        ],
+        vec![
+            uid(),
+            eq(meta(MetaKey::L4proto), string("tcp")),
+            eq(payload("th", "dport"), number(crate::policy::SECRET_PORT)),
+            accept(),
+        ],
+        vec![uid(), Statement::Reject(None)],
+    ] {
+        batch.add(rule(SECRETS_OUT, statements));
     }
 }
 
@@ -1544,6 +1590,15 @@ mod tests {
         let names: Vec<&str> = sets.iter().map(|s| s["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["n4-lnta-0", "n6-lnta-0", "n4-lnta-1", "n6-lnta-1"]);
         assert_eq!(sets[2]["elem"][0]["elem"]["val"], "192.0.2.7");
+        // The proxy's uid: its connections, and HTTPS to other machines.
+        let out = rules(&doc, "secrets-out");
+        let uid = json!({"match": {"left": {"meta": {"key": "skuid"}}, "right": crate::host::SECRETS_UID, "op": "=="}});
+        assert_eq!(out.len(), 4, "{out:#?}");
+        assert!(out.iter().all(|r| r[0] == uid), "{out:#?}");
+        assert_eq!(out[0][2], json!({"accept": null}));
+        assert_eq!(out[1][1]["match"]["right"], "local");
+        assert_eq!(out[2][2]["match"]["right"], 443);
+        assert_eq!(out[3][1], json!({"reject": null}));
     }
 
     #[test]

@@ -58,6 +58,11 @@ pub const ALIAS_NETWORK: &str = "linnet:network:";
 pub const ALIAS_INTERFACE: &str = "linnet:interface:";
 /// The alias of a spare TAP (`daemon::spares`), with its network's name.
 pub const ALIAS_SPARE: &str = "linnet:spare:";
+/// The uid and gid a root daemon's secrets proxies run as
+/// (`daemon::secret_proxies`), just below the gate's: linnet's table lets
+/// processes of this uid open TCP connections to port 443 of other
+/// machines and nothing else (`firewall::secrets_out`).
+pub const SECRETS_UID: u32 = 0x7f6b_fffe;
 /// linnet's own nftables table (family inet); it never edits another.
 pub const NFT_TABLE: &str = "linnet";
 /// The table (family bridge) that keeps a network across hosts' gateway,

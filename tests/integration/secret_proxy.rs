@@ -384,6 +384,58 @@ fn a_secret_goes_into_the_guests_https_requests_to_its_host_alone_and_nowhere_el
         "root's own, the control: {said}"
     );
 
+    // What the proxies' uid may send: HTTPS to other machines (the
+    // control), not another port, nor the host's own addresses.
+    let (uid, gid) = (
+        format!("--reuid={}", 0x7f6b_fffe_u32),
+        format!("--regid={}", 0x7f6b_fffe_u32),
+    );
+    let curl_as = |who: &[&str], url: &str, resolve: &str| {
+        let mut argv = who.to_vec();
+        argv.extend_from_slice(&[
+            "curl",
+            "-sS",
+            "-k",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--resolve",
+            resolve,
+            url,
+        ]);
+        let out = run(&mut world.host.cmd(&argv));
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let proxy_uid = ["setpriv", uid.as_str(), gid.as_str(), "--clear-groups"];
+    let as_proxy = |url: &str, resolve: &str| curl_as(&proxy_uid, url, resolve);
+    let upstream = format!("api.secret.test:443:{SHARED}");
+    assert_eq!(
+        as_proxy("https://api.secret.test/", &upstream),
+        (Some(0), "200".into()),
+        "HTTPS out, the control"
+    );
+    let plain = format!("api.secret.test:80:{SHARED}");
+    assert_eq!(
+        curl_as(&[], "http://api.secret.test/", &plain),
+        (Some(0), "200".into()),
+        "port 80 answers root"
+    );
+    let (code, _) = as_proxy("http://api.secret.test/", &plain);
+    assert_eq!(code, Some(7), "another port: refused");
+    // linnet's DNS on the gateway answers TCP: root's curl connects (and
+    // gets no HTTP), the proxies' uid is refused.
+    let gateway = format!("gw.test:53:{}", g.gateway());
+    let (code, _) = curl_as(&[], "http://gw.test:53/", &gateway);
+    assert!(code != Some(7) && code.is_some(), "root connects: {code:?}");
+    let (code, _) = as_proxy("http://gw.test:53/", &gateway);
+    assert_eq!(code, Some(7), "the host's own address: refused");
+
     // The value is nowhere but upstream: not in the daemon's log, its
     // events (the audit file), ls, policy show, secret ls.
     let audit_text = std::fs::read_to_string(&audit).unwrap();
