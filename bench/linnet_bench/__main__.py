@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from . import control, docs, fabric, gate, names, operations, profile, report, soak
+from . import control, docs, fabric, gate, names, operations, profile, report, secrets, soak
 from .env import Env
 from .host import BenchError, debian_version, memory_kib, wait_for
 from .setups import DIRECTIONS, VM_TO_VM, Lan, all_setups, deepen_guest_queues, upstream
@@ -42,6 +42,8 @@ def parse_args():
                    help="skip the egress-by-name figures (linnet_bench/names.py)")
     p.add_argument("--no-gate", action="store_true",
                    help="skip the name check's figures (linnet-gate: linnet_bench/gate.py)")
+    p.add_argument("--no-secrets", action="store_true",
+                   help="skip the secrets proxy's figures (linnet-secrets: linnet_bench/secrets.py)")
     p.add_argument("--no-operations", action="store_true",
                    help="skip the operations figures: metrics, rate limits (linnet_bench/operations.py)")
     p.add_argument("--soak", type=float, metavar="MINUTES",
@@ -286,7 +288,7 @@ def main():
     started = time.monotonic()
     commit = linnet_commit()
     narrowed = bool(args.only or args.mtu or args.no_control or args.no_fabric or args.no_names
-                    or args.no_gate or args.no_operations or args.runs < 3)
+                    or args.no_gate or args.no_secrets or args.no_operations or args.runs < 3)
     # A narrowed run soaks only when asked to.
     soak_minutes = args.soak if args.soak is not None else 0 if narrowed else soak.MINUTES
     whole = not narrowed and soak_minutes >= soak.MINUTES
@@ -298,7 +300,7 @@ def main():
         "settings": {"seconds": args.seconds, "runs": args.runs, "only": args.only, "mtu": args.mtu,
                      "soak_minutes": soak_minutes},
         "throughput": [], "not_run": [], "control": None, "fabric": None, "names": None,
-        "gate": None, "operations": None, "soak": None,
+        "gate": None, "secrets": None, "operations": None, "soak": None,
     }
     with tempfile.TemporaryDirectory(prefix="linnet-bench.") as workdir:
         env = Env(workdir, args.bin, find_gvproxy(args.gvproxy), commit)
@@ -338,6 +340,14 @@ def main():
                 except BenchError as e:
                     results["gate"] = {"error": str(e)}
                     log(f"  the name check's figures failed: {e}")
+            if not args.no_secrets and args.mtu in (None, 1500) and (
+                    not args.only or re.search(args.only, secrets.SETUP)):
+                log("the secrets proxy")
+                try:
+                    results["secrets"] = secrets.measure_all(env, args.seconds, args.runs, log)
+                except BenchError as e:
+                    results["secrets"] = {"error": str(e)}
+                    log(f"  the secrets proxy's figures failed: {e}")
             if not args.no_operations and args.mtu in (None, 1500) and (
                     not args.only or re.search(args.only, operations.SETUP)):
                 log("operations")
@@ -390,6 +400,8 @@ def main():
         problems.append(f"the egress-by-name figures failed: {results['names']['error']}")
     if (results.get("gate") or {}).get("error"):
         problems.append(f"the name check's figures failed: {results['gate']['error']}")
+    if (results.get("secrets") or {}).get("error"):
+        problems.append(f"the secrets proxy's figures failed: {results['secrets']['error']}")
     if (results.get("operations") or {}).get("error"):
         problems.append(f"the operations figures failed: {results['operations']['error']}")
     s = results.get("soak") or {}

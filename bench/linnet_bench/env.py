@@ -16,7 +16,9 @@ from .host import BenchError, Processes, ip, link_exists, run, wait_for
 # 100 clones of one VM measured against 100 interfaces, on a pool no other
 # figure uses. `named` is for egress by name (names.py): its DNS asks a
 # dnsmasq of the benchmark's on 127.0.0.1:5353; `gated` is the name
-# check's (gate.py), its DNS a dnsmasq of that module's on 5354. `lan` and
+# check's (gate.py), its DNS a dnsmasq of that module's on 5354;
+# `secrets` the secrets proxy's (secrets.py), on 5355, trusting that
+# module's server by `upstream_ca`. `lan` and
 # `lanbr` are on a LAN (setups.Lan) whose links exist only while a setup
 # or a latency figure uses them. `soak` (with its socket) and `soakhost`
 # are the churn soak's (soak.py), with leases short enough that its guests
@@ -66,6 +68,11 @@ networks:
     mode: shared
     subnet: 192.168.128.0/24
     dns: { upstream: ["127.0.0.1:5354"] }
+  secrets:
+    mode: shared
+    subnet: 192.168.129.0/24
+    dns: { upstream: ["127.0.0.1:5355"] }
+    upstream_ca: @WORKDIR@/secrets-upstream-ca.pem
   lan:
     mode: bridged
     uplink: blanup
@@ -91,7 +98,7 @@ class LinnetDaemon:
         self.bin = os.path.join(bindir, "linnet")
         config = os.path.join(workdir, "networks.yaml")
         with open(config, "w") as f:
-            f.write(NETWORKS_YAML)
+            f.write(NETWORKS_YAML.replace("@WORKDIR@", workdir))
         self.env = {
             "LINNET_RUN_DIR": os.path.join(workdir, "run"),
             "LINNET_STATE_DIR": os.path.join(workdir, "state"),

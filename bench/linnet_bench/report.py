@@ -208,6 +208,7 @@ def targets(results):
     out += fabric_targets(results.get("fabric"))
     out += names_targets(results.get("names"))
     out += gate_targets(results.get("gate"))
+    out += secrets_targets(results.get("secrets"))
     out += operations_targets(results.get("operations"))
     out += soak_targets(results.get("soak"))
     out += failed_families(results)
@@ -256,6 +257,7 @@ def failed_families(results):
     families = ((FABRIC, (results.get("fabric") or {}).get("error")),
                 (NAMES, (results.get("names") or {}).get("error")),
                 (GATE, (results.get("gate") or {}).get("error")),
+                (SECRETS, (results.get("secrets") or {}).get("error")),
                 (OPERATIONS, (results.get("operations") or {}).get("error")),
                 (SOAK, (results.get("soak") or {}).get("error")),
                 ("control plane", results.get("control_error")))
@@ -463,6 +465,70 @@ def gate_targets(g):
     out.append(floor_target("connections held at once", hold["held"], hold["connections"], "connections",
                             f"{hold['held']} of {hold['connections']}"))
     return out
+
+
+# What the secrets proxy is judged by (docs/secrets.md, secrets.py): the
+# time it adds to a request, p50 (a new connection's and a kept-alive
+# one's), and a download through it against the same without it.
+SECRETS = "secrets proxy"
+SECRETS_ADDED_P50_MS = 2
+SECRETS_DOWNLOAD = 0.5
+
+
+def secrets_targets(x):
+    """The time the secrets proxy adds to a request, p50 (<= 2 ms), on a
+    connection of its own and on a kept-alive one; a download through it
+    against the same without (>= 0.5x, every download pooled)."""
+    if not x or x.get("error"):
+        return []
+    new, kept = x["new_connection"], x["kept_alive"]
+    detail = lambda q: (f"{q['added_p50_ms']:+.3f} ms ({q['secret']['p50_ms']:.3f} / "
+                        f"{q['direct']['p50_ms']:.3f} ms, {q['secret']['count']} requests each)")
+    return [
+        bound_target("added to a request on a connection of its own, p50", new["added_p50_ms"],
+                     SECRETS_ADDED_P50_MS, "ms", detail(new), family=SECRETS),
+        bound_target("added to a request on a kept-alive connection, p50", kept["added_p50_ms"],
+                     SECRETS_ADDED_P50_MS, "ms", detail(kept), family=SECRETS),
+        judge_pooled({"family": SECRETS, "target": "a download, through the proxy vs without",
+                      "kind": "ratio", "mtu": x["mtu"], "direction": HOST_TO_VM,
+                      "goal": f">= {SECRETS_DOWNLOAD}x", "measured": None},
+                     ("the secrets proxy", x["download_secret"]), ("without", x["download_direct"]),
+                     SECRETS_DOWNLOAD),
+    ]
+
+
+def secrets_rows(x):
+    """The secrets proxy's figures as markdown, or why there are none."""
+    if not x or x.get("error"):
+        return not_measured(x)
+    new, kept, rps = x["new_connection"], x["kept_alive"], x["requests_per_s"]
+    q = lambda f, k: f"{f[k]['p50_ms']:.3f} / {f[k]['p99_ms']:.3f}"
+    added = lambda f: f"{f['added_p50_ms']:+.3f} / {f['added_p99_ms']:+.3f}"
+    speed = lambda d: (f"{d['gbps']:.2f}" + (" ¹" if d.get("unstable") else "")) if d.get("gbps") else "—"
+    rounds = lambda k: ", ".join(str(v) for v in rps[k]["rounds"])
+    return [
+        "| a request (curl, HTTPS, a small page), ms, p50 / p99 | without a secret rule | "
+        "through the secrets proxy | added |", "|---|---:|---:|---:|",
+        f"| on a connection of its own ({new['secret']['count']} each: TLS handshake(s) and the "
+        f"request) | {q(new, 'direct')} | {q(new, 'secret')} | {added(new)} |",
+        f"| on a kept-alive connection ({kept['secret']['count']} each, HTTP/1.1) | "
+        f"{q(kept, 'direct')} | {q(kept, 'secret')} | {added(kept)} |",
+        f"| OpenSandbox's MITM egress proxy, a request: their published figure, not measured here | "
+        f"| | ~{x['peer_ms']['opensandbox_mitm']} |",
+        "",
+        "| one curl, one kept-alive connection | without a secret rule | through the secrets proxy |",
+        "|---|---:|---:|",
+        f"| requests a second, median (rounds) | {rps['direct']['median']} ({rounds('direct')}) | "
+        f"{rps['secret']['median']} ({rounds('secret')}) |",
+        f"| a download of {x['big_bytes'] >> 20} MiB, Gbit/s (the median of every download) | "
+        f"{speed(x['download_direct'])} | {speed(x['download_secret'])} |",
+        "",
+        "Both guests reach the server by name (the gate checks each connection); the second's "
+        "connections to it are steered to the network's secrets proxy, which terminates TLS with "
+        "a leaf of the network's CA, dials the server itself (checking its certificate) and puts "
+        "the secret into each request's `Authorization` header. The server says whether the "
+        "secret came (an answer of 200 or 401), never what it was (bench/linnet_bench/secrets.py).",
+    ]
 
 
 def gate_rows(g):
@@ -1055,6 +1121,11 @@ def markdown(results):
               "Host), against a guest whose policy allows the server's address and one without a "
               "policy, on the same network (bench/linnet_bench/gate.py).", ""]
     lines += gate_rows(results.get("gate"))
+    lines += ["", "## The secrets proxy (linnet-secrets)", "",
+              "A guest with a secret rule (`--secret TOKEN@api.bench.test`), whose HTTPS requests to "
+              "the server the network's secrets proxy decrypts to put the secret in, against the same "
+              "guest without it, on the same network.", ""]
+    lines += secrets_rows(results.get("secrets"))
     lines += ["", "## Operations", "",
               "What metrics and a rate limit that is never reached cost, and how closely rate "
               "limits hold (bench/linnet_bench/operations.py).", ""]
@@ -1113,6 +1184,8 @@ def markdown(results):
     lines += target_table(results, NAMES)
     lines += ["", "### The name check", ""]
     lines += target_table(results, GATE)
+    lines += ["", "### The secrets proxy", ""]
+    lines += target_table(results, SECRETS)
     lines += ["", "### Operations", ""]
     lines += target_table(results, OPERATIONS)
     lines += ["", "### Soak", ""]

@@ -262,6 +262,57 @@ class Operations(unittest.TestCase):
         self.assertIn("| 100 Mbit/s | 100.0 (100.0%) | 98.0 (98.0%) | 12.0 ms |", rows)
 
 
+class SecretsProxy(unittest.TestCase):
+    def figures(self, added_new=0.7, added_kept=0.11, secret_gbps=2.7):
+        q = lambda p50, p99, n: {"p50_ms": p50, "p99_ms": p99, "count": n}
+        downloads = lambda g: {**summarize(rounds(g, g, g)), "downloads_gbps": [g] * 15}
+        return {
+            "mtu": 1500, "big_bytes": 256 << 20,
+            "new_connection": {"direct": q(6.1, 6.7, 180), "secret": q(6.1 + added_new, 8.1, 180),
+                               "added_p50_ms": added_new, "added_p99_ms": 1.4},
+            "kept_alive": {"direct": q(0.109, 0.279, 1197), "secret": q(round(0.109 + added_kept, 3), 0.302, 1197),
+                           "added_p50_ms": added_kept, "added_p99_ms": 0.023},
+            "requests_per_s": {"direct": {"median": 8329, "rounds": [8329, 8300, 8400]},
+                               "secret": {"median": 4541, "rounds": [4541, 4500, 4600]}},
+            "download_direct": downloads(5.2), "download_secret": downloads(secret_gbps),
+            "peer_ms": {"opensandbox_mitm": 290},
+        }
+
+    def by_target(self, figures):
+        return {t["target"]: t for t in report.secrets_targets(figures)}
+
+    def test_the_time_added_and_a_download_are_judged(self):
+        found = self.by_target(self.figures())
+        self.assertEqual([t["status"] for t in found.values()], ["met"] * 3)
+        new = found["added to a request on a connection of its own, p50"]
+        self.assertEqual((new["measured"], new["goal"]), (0.7, "<= 2 ms"))
+        self.assertIn("+0.700 ms (6.800 / 6.100 ms, 180 requests each)", new["detail"])
+        download = found["a download, through the proxy vs without"]
+        self.assertEqual((download["measured"], download["goal"]), (0.52, ">= 0.5x"))
+        slow = self.by_target(self.figures(added_new=2.5, added_kept=3.0, secret_gbps=2.0))
+        self.assertEqual([t["status"] for t in slow.values()], ["missed"] * 3)
+
+    def test_rows_quote_the_figures_and_a_failed_run_says_why(self):
+        rows = "\n".join(report.secrets_rows(self.figures()))
+        self.assertIn("| on a kept-alive connection (1197 each, HTTP/1.1) | 0.109 / 0.279 | "
+                      "0.219 / 0.302 | +0.110 / +0.023 |", rows)
+        self.assertIn("| requests a second, median (rounds) | 8329 (8329, 8300, 8400) | "
+                      "4541 (4541, 4500, 4600) |", rows)
+        self.assertIn("| a download of 256 MiB, Gbit/s (the median of every download) | 5.20 | 2.70 |", rows)
+        self.assertEqual(report.secrets_targets({"error": "nginx did not start"}), [])
+        self.assertEqual(report.secrets_rows({"error": "nginx did not start"}),
+                         ["Not measured: nginx did not start."])
+        r = results()
+        r["secrets"] = self.figures()
+        r["machine"].update(cores=2, cpu="a CPU", kernel="6.1", tools={"iperf3": "3.12"})
+        r["targets"] = report.targets(r)
+        text = report.markdown(r)
+        self.assertIn("## The secrets proxy (linnet-secrets)", text)
+        for t in r["targets"]:
+            if t["family"] == report.SECRETS:
+                self.assertIn(f"| {t['target']} |", text)
+
+
 class NameCheck(unittest.TestCase):
     def figures(self, name_gbps=(3.8, 3.9, 4.0), extra_p50=0.12, name_per_s=5400, peak=9.5, held=10000):
         timing = lambda base: {"connect_ms_p50": 0.2, "connect_ms_p99": 0.5,

@@ -617,7 +617,7 @@ extern "C" fn on_forbidden_call(_: libc::c_int, info: *mut libc::siginfo_t, _: *
     let mut cursor = std::io::Cursor::new(&mut line[..]);
     let _ = writeln!(
         cursor,
-        "{}: stopped: it made system call {number}, which its seccomp filter does not allow (docs/security.md, \"Relays under seccomp\"); the VM's interface goes with it (the call at {at:#x}, this handler at {handler:#x})",
+        "{}: stopped: it made system call {number}, which its seccomp filter does not allow (docs/security.md lists what each of linnet's confined processes may call); what it served goes with it (the call at {at:#x}, this handler at {handler:#x})",
         WHO.get().copied().unwrap_or("linnet")
     );
     let len = cursor.position() as usize;
@@ -695,6 +695,38 @@ mod tests {
             assert!(
                 section.contains(&format!("`{name}`")),
                 "docs/security.md's gate section does not name `{name}`"
+            );
+        }
+    }
+
+    #[test]
+    fn the_secrets_proxy_may_dial_tcp_and_open_nothing() {
+        let names: Vec<&str> = secrets_allowed().unwrap().iter().map(|c| c.name).collect();
+        for call in [
+            "openat",
+            "clone",
+            "execve",
+            "kill",
+            "wait4",
+            "unlinkat",
+            "renameat2",
+        ] {
+            assert!(
+                !names.contains(&call),
+                "{call} allowed to the secrets proxy"
+            );
+        }
+        assert!(!list_of(secrets_allowed().unwrap()).unwrap().is_empty());
+        let docs = include_str!("../../docs/security.md");
+        let section = docs
+            .split("## The secrets proxy under seccomp")
+            .nth(1)
+            .expect("docs/security.md has a section \"The secrets proxy under seccomp\"");
+        let section = section.split("\n## ").next().unwrap();
+        for name in names {
+            assert!(
+                section.contains(&format!("`{name}`")),
+                "docs/security.md's secrets proxy section does not name `{name}`"
             );
         }
     }

@@ -57,3 +57,31 @@ pub(super) fn spawn(
     drop(copies);
     child
 }
+
+/// Gives `socket` room to send messages of up to `size` bytes at once
+/// (past wmem_max as root; a rootless daemon gets what it may).
+pub(super) fn room_to_send(socket: &impl AsRawFd, size: usize) {
+    let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+    // SAFETY: setsockopt with an int option of ours.
+    let forced = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if forced < 0 {
+        // SAFETY: as above, the option a user may set.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+}

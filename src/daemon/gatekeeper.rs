@@ -580,22 +580,8 @@ impl Keeper {
             SockFlag::SOCK_CLOEXEC,
         )?;
         let (ours, theirs) = (UnixDatagram::from(ours), UnixDatagram::from(theirs));
-        // Room for bursts of held packets (past rmem_max as root; a
-        // rootless daemon gets what it may): what finds none waits its turn.
-        let size: libc::c_int = 4 << 20;
-        // SAFETY: setsockopt with an int option of ours.
-        let forced = unsafe {
-            libc::setsockopt(
-                ours.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUFFORCE,
-                (&size as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if forced < 0 {
-            let _ = socket2::SockRef::from(&ours).set_send_buffer_size(size as usize);
-        }
+        // Room for bursts of held packets: what finds none waits its turn.
+        super::confined::room_to_send(&ours, 4 << 20);
         let child = super::confined::spawn(
             &self.executable,
             self.run_as,

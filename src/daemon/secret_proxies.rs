@@ -210,6 +210,12 @@ impl SecretProxies {
             ca,
             trust,
         });
+        if start.len() > MAX_MESSAGE {
+            return Err(io::Error::other(format!(
+                "the trust store is {} bytes, more than the proxy takes ({MAX_MESSAGE})",
+                start.len()
+            )));
+        }
         let kept = Arc::new(Kept {
             network: net.network.clone(),
             port,
@@ -281,6 +287,8 @@ impl SecretProxies {
             SockFlag::SOCK_CLOEXEC,
         )?;
         let (ours, theirs) = (UnixDatagram::from(ours), UnixDatagram::from(theirs));
+        // Room for the first message, the trust store's bundle in it.
+        super::confined::room_to_send(&ours, MAX_MESSAGE);
         let child = super::confined::spawn(
             &self.executable,
             self.run_as,

@@ -63,6 +63,8 @@ pub async fn serve(
         return refuse(&proxy, stream, judged);
     };
     judged.interface_id = interface_id;
+    // A handshake's flights go out whole, not held for the guest's ACKs.
+    let _ = stream.set_nodelay(true);
     let mut head = Vec::with_capacity(2048);
     let name = match tokio::time::timeout(HELLO_WAIT, read_hello(&mut stream, &mut head)).await {
         Ok(Ok(name)) => name,

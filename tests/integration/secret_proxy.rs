@@ -46,7 +46,8 @@ fn ca_and_leaf(names: &[&str], cn: &str) -> (String, String, String) {
 struct Upstream {
     _nginx: Reaped,
     log: PathBuf,
-    /// The CA the host trusts, which signed the shared address's names.
+    /// The host's trust store: the CA that signed the shared address's
+    /// names among many.
     trusted: PathBuf,
 }
 
@@ -83,7 +84,22 @@ fn upstream(world: &World) -> Upstream {
         "test upstream CA",
     );
     let (_, forged_cert, forged_key) = ca_and_leaf(&["forged.secret.test"], "nobody's CA");
-    let trusted = write(&dir, "trusted.pem", &ca);
+    // As large as a distribution's bundle (Debian's: ~140 CAs, 220 KB),
+    // more than a socket takes at once by default: 600 CAs and the
+    // upstream's among them.
+    let mut bundle = String::new();
+    for i in 0..600 {
+        if i == 300 {
+            bundle += &ca;
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut other = rcgen::CertificateParams::default();
+        other.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        (other.distinguished_name).push(rcgen::DnType::CommonName, format!("another CA {i}"));
+        bundle += &other.self_signed(&key).unwrap().pem();
+    }
+    assert!(bundle.len() > 256 << 10, "{}", bundle.len());
+    let trusted = write(&dir, "trusted.pem", &bundle);
     let pem = |name: &str, text: &str| write(&dir, name, text).display().to_string();
     let (cert, key) = (pem("up.pem", &cert), pem("up.key", &key));
     let (forged_cert, forged_key) = (
