@@ -70,10 +70,10 @@ import subprocess
 import time
 import urllib.request
 
-from .host import BenchError, children, cpu_seconds, ip, machine_busy_seconds, memory_kib, run, wait_for
+from .host import BenchError, children, cpu_seconds, machine_busy_seconds, memory_kib, run, wait_for
 from .gate_peer import PORTS
 from .names import ASK, percentile
-from .setups import configure, run_guest
+from .setups import run_guest, server_ns
 from .throughput import summarize
 
 SETUP = "linnet name check"
@@ -162,11 +162,7 @@ class Gated:
         self.proxy = None
 
     def start_server(self):
-        ns = self.env.guest_ns("gatesrv")
-        self.env.host_link(SERVER_LINK)
-        ip("link", "add", SERVER_LINK, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        configure(None, SERVER_LINK, f"{SERVER_NET}.1/24")
-        configure(ns, "eth0", f"{SERVER}/24", gateway=f"{SERVER_NET}.1")
+        ns = server_ns(self.env, "gatesrv", SERVER_LINK, SERVER_NET)
         self.env.procs.start("gate-peer", ["python3", PEER, "serve", PEM], ns=ns)
 
         def serving():

@@ -29,9 +29,9 @@ import os
 import statistics
 import subprocess
 
-from .host import BenchError, ip, run, wait_for
+from .host import BenchError, run, wait_for
 from .names import percentile
-from .setups import configure, run_guest
+from .setups import run_guest, server_ns
 from .throughput import summarize
 
 SETUP = "linnet secrets proxy"
@@ -88,11 +88,7 @@ class World:
         return cert, key
 
     def start_server(self):
-        ns = self.env.guest_ns("secretsrv")
-        self.env.host_link(SERVER_LINK)
-        ip("link", "add", SERVER_LINK, "type", "veth", "peer", "name", "eth0", "netns", ns)
-        configure(None, SERVER_LINK, f"{SERVER_NET}.1/24")
-        configure(ns, "eth0", f"{SERVER}/24", gateway=f"{SERVER_NET}.1")
+        ns = server_ns(self.env, "secretsrv", SERVER_LINK, SERVER_NET)
         cert, key = self.certificates()
         d = self.dir
         with open(os.path.join(d, "big"), "wb") as f:

@@ -432,6 +432,18 @@ def run_guest(env, network, flags):
     return ns, info, proc.pid, wait_for(lambda: children(proc.pid), f"the stand-in for {ns}")
 
 
+def server_ns(env, name, link, net):
+    """A namespace `name` behind a veth from the benchmark's (its end
+    `link`, NET.1/24; the namespace's eth0 NET.2/24, routed by NET.1):
+    a server's, whose clients on linnet's networks cross the FORWARD hook."""
+    ns = env.guest_ns(name)
+    env.host_link(link)
+    ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns)
+    configure(None, link, f"{net}.1/24")
+    configure(ns, "eth0", f"{net}.2/24", gateway=f"{net}.1")
+    return ns
+
+
 def read_json(path):
     try:
         with open(path) as f:

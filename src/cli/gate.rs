@@ -27,7 +27,7 @@ pub fn main() -> ExitCode {
     // Nothing of the same uid may reach into it.
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    if !is_seqpacket(DAEMON_FD) {
+    if !socket_of(DAEMON_FD, libc::SOCK_SEQPACKET) {
         eprintln!("{EXECUTABLE}: fd {DAEMON_FD} is not the daemon's socket\n\n{USAGE}");
         return ExitCode::from(2);
     }
@@ -44,8 +44,9 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn is_seqpacket(fd: RawFd) -> bool {
-    let mut kind: libc::c_int = 0;
+/// Whether `fd` is a socket of type `kind` (SOCK_SEQPACKET, ...).
+pub(super) fn socket_of(fd: RawFd, kind: libc::c_int) -> bool {
+    let mut got: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: getsockopt of an int into ours.
     let ok = unsafe {
@@ -53,9 +54,9 @@ fn is_seqpacket(fd: RawFd) -> bool {
             fd,
             libc::SOL_SOCKET,
             libc::SO_TYPE,
-            (&mut kind as *mut libc::c_int).cast(),
+            (&mut got as *mut libc::c_int).cast(),
             &mut len,
         )
     };
-    ok == 0 && kind == libc::SOCK_SEQPACKET
+    ok == 0 && got == kind
 }

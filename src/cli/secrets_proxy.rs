@@ -8,9 +8,10 @@
 //! accept on that socket, connect out over TCP, and read and write what
 //! it holds (docs/security.md, "The secrets proxy under seccomp").
 
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::FromRawFd;
 use std::process::ExitCode;
 
+use super::gate::socket_of;
 use super::seccomp;
 use crate::secret_proxy::process::{DAEMON_FD, EXECUTABLE, LISTENER_FD, serve, start};
 
@@ -59,20 +60,4 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&format!("network {network}: {e}")),
     }
-}
-
-fn socket_of(fd: RawFd, kind: libc::c_int) -> bool {
-    let mut got: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt of an int into ours.
-    let ok = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_TYPE,
-            (&mut got as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    ok == 0 && got == kind
 }

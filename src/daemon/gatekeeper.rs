@@ -749,19 +749,8 @@ impl Keeper {
         let Some(held_back) = self.within_budget(interface_id) else {
             return;
         };
-        let what = What::Connection {
-            interface_id,
-            name,
-            destination: judgement.destination,
-            port: judgement.port,
-            protocol: "tcp".into(),
-            shown: judgement.shown,
-            allowed: judgement.allowed,
-            why: judgement.why,
-            decrypted: false,
-            held_back,
-        };
-        self.events.emit(Some(&network), what);
+        self.events
+            .emit(Some(&network), judgement.event(name, false, held_back));
     }
 
     /// Whether a record of the VM's may go out now (with the count of

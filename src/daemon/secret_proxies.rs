@@ -37,6 +37,7 @@ use tracing::{error, info, warn};
 
 use crate::budget::RateLimit;
 use crate::events::{Bus, What};
+use crate::gate::wire::Control;
 use crate::secret_proxy::ca::CaFiles;
 use crate::secret_proxy::process::{DAEMON_FD, EXECUTABLE, LISTENER_FD, MAX_MESSAGE, ToProxy};
 use crate::secret_proxy::{ProxiedVm, Record, trust};
@@ -308,11 +309,11 @@ impl SecretProxies {
         live.pins
             .retain(|_, addrs| addrs.iter().any(|(_, until)| *until > now));
         for ((interface_id, name), addrs) in &live.pins {
-            ours.send(&encode(&ToProxy::Learned {
+            ours.send(&encode(&ToProxy::Pins(Control::Learned {
                 interface_id: *interface_id,
                 name: name.clone(),
                 addrs: left(addrs, now),
-            }))?;
+            })))?;
         }
         live.socket = Some(ours);
         live.child = Some(child);
@@ -350,18 +351,7 @@ impl SecretProxies {
             Record::Connection {
                 judgement,
                 terminated,
-            } => What::Connection {
-                interface_id,
-                name,
-                destination: judgement.destination,
-                port: judgement.port,
-                protocol: "tcp".into(),
-                shown: judgement.shown,
-                allowed: judgement.allowed,
-                why: judgement.why,
-                decrypted: terminated,
-                held_back,
-            },
+            } => judgement.event(name, terminated, held_back),
             Record::Substituted { host, secret, .. } => What::Secret {
                 interface_id,
                 name,
@@ -431,11 +421,11 @@ impl Pins for SecretProxies {
         let until: Vec<(IpAddr, Instant)> = (addrs.iter())
             .map(|&(a, s)| (a, now + Duration::from_secs(s.into())))
             .collect();
-        live.tell(&encode(&ToProxy::Learned {
+        live.tell(&encode(&ToProxy::Pins(Control::Learned {
             interface_id,
             name: name.clone(),
             addrs: addrs.to_vec(),
-        }));
+        })));
         let pins = live.pins.entry((interface_id, name)).or_default();
         for (addr, until) in until {
             match pins.iter_mut().find(|(a, _)| *a == addr) {
@@ -448,11 +438,11 @@ impl Pins for SecretProxies {
     fn restored(&self, interface_id: InterfaceId, reach: usize, addrs: &[(IpAddr, u32)]) {
         if let Some(kept) = self.kept_of(interface_id) {
             let live = kept.live.lock().expect("not poisoned");
-            live.tell(&encode(&ToProxy::Restored {
+            live.tell(&encode(&ToProxy::Pins(Control::Restored {
                 interface_id,
                 reach,
                 addrs: addrs.to_vec(),
-            }));
+            })));
         }
     }
 }

@@ -21,15 +21,17 @@ const TICK: Duration = Duration::from_millis(250);
 /// Verdicts per message at most (each is `wire::VERDICT_LEN` bytes).
 const VERDICTS_PER_MESSAGE: usize = 4096;
 
-fn send(fd: RawFd, message: &[u8]) -> io::Result<()> {
-    // SAFETY: send(2) of our buffer; the daemon reads as fast as packets
-    // come, so this blocks only as long as it is behind.
+/// Sends one message on the daemon's socket `fd` (`flags` besides
+/// MSG_NOSIGNAL: MSG_DONTWAIT for one that may be dropped).
+pub fn send(fd: RawFd, message: &[u8], flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: send(2) of our buffer. Blocking, it waits as long as the
+    // daemon is behind: it reads as fast as packets come.
     let n = unsafe {
         libc::send(
             fd,
             message.as_ptr().cast(),
             message.len(),
-            libc::MSG_NOSIGNAL,
+            libc::MSG_NOSIGNAL | flags,
         )
     };
     if n < 0 {
@@ -45,11 +47,11 @@ fn flush(fd: RawFd, out: &mut Out, message: &mut Vec<u8>) -> io::Result<()> {
         for &(id, judged) in chunk {
             wire::add_verdict(message, id, judged);
         }
-        send(fd, message)?;
+        send(fd, message, 0)?;
     }
     out.verdicts.clear();
     for judgement in out.judgements.drain(..) {
-        send(fd, &wire::judgement(&judgement))?;
+        send(fd, &wire::judgement(&judgement), 0)?;
     }
     Ok(())
 }

@@ -112,6 +112,30 @@ pub struct Judgement {
     pub why: Option<String>,
 }
 
+impl Judgement {
+    /// The `connection` event that records it, for the VM called `name`
+    /// (`decrypted`: by the secrets proxy).
+    pub fn event(
+        self,
+        name: Option<String>,
+        decrypted: bool,
+        held_back: u64,
+    ) -> crate::events::What {
+        crate::events::What::Connection {
+            interface_id: self.interface_id,
+            name,
+            destination: self.destination,
+            port: self.port,
+            protocol: "tcp".into(),
+            shown: self.shown,
+            allowed: self.allowed,
+            why: self.why,
+            decrypted,
+            held_back,
+        }
+    }
+}
+
 /// What comes to the gate.
 #[derive(Debug, PartialEq)]
 pub enum ToGate<'a> {

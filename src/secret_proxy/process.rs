@@ -9,7 +9,7 @@
 //! daemon's end closes.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +20,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::ca::{Ca, CaFiles};
 use super::{MAX_RECORDS, ProxiedVm, Proxy, Record, connection, trust};
-use crate::types::InterfaceId;
+use crate::gate::process::send;
+use crate::gate::wire::Control;
 
 /// The executable's name; the daemon finds it beside its own.
 pub const EXECUTABLE: &str = "linnet-secrets";
@@ -44,18 +45,9 @@ pub enum ToProxy {
     },
     /// The network's VMs with grants, now (rules and secrets' values).
     Vms(Vec<ProxiedVm>),
-    /// As `gate::wire::Control::Learned`.
-    Learned {
-        interface_id: InterfaceId,
-        name: String,
-        addrs: Vec<(IpAddr, u32)>,
-    },
-    /// As `gate::wire::Control::Restored`.
-    Restored {
-        interface_id: InterfaceId,
-        reach: usize,
-        addrs: Vec<(IpAddr, u32)>,
-    },
+    /// What a VM learned, as the gate is told it (`Control::Learned`,
+    /// `Control::Restored`; the VMs come with `Vms`).
+    Pins(Control),
 }
 
 /// Reads one message (blocking when `wait`); None at the daemon's end.
@@ -73,23 +65,6 @@ fn receive(fd: RawFd, buf: &mut [u8], wait: bool) -> io::Result<Option<usize>> {
         }
         return Ok((n > 0).then_some(n as usize));
     }
-}
-
-fn send(fd: RawFd, message: &[u8]) -> io::Result<()> {
-    // SAFETY: send(2) of our buffer, never blocking: a record the daemon
-    // has no room for is dropped.
-    let n = unsafe {
-        libc::send(
-            fd,
-            message.as_ptr().cast(),
-            message.len(),
-            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 fn decode(message: &[u8]) -> io::Result<ToProxy> {
@@ -165,7 +140,8 @@ pub async fn serve(
             }
             Some(record) = records.recv() => {
                 let message = serde_json::to_vec(&record).expect("a record serialises");
-                match send(daemon.get_ref().as_raw_fd(), &message) {
+                // Never waiting: a record the daemon has no room for is dropped.
+                match send(daemon.get_ref().as_raw_fd(), &message, libc::MSG_DONTWAIT) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
@@ -178,18 +154,18 @@ pub async fn serve(
 
 fn told(proxy: &Proxy, message: ToProxy) {
     match message {
-        ToProxy::Start { .. } => {}
+        ToProxy::Start { .. } | ToProxy::Pins(Control::Vms(_)) => {}
         ToProxy::Vms(vms) => proxy.set_vms(vms),
-        ToProxy::Learned {
+        ToProxy::Pins(Control::Learned {
             interface_id,
             name,
             addrs,
-        } => proxy.learned(interface_id, &name, &addrs),
-        ToProxy::Restored {
+        }) => proxy.learned(interface_id, &name, &addrs),
+        ToProxy::Pins(Control::Restored {
             interface_id,
             reach,
             addrs,
-        } => proxy.restored(interface_id, reach, &addrs),
+        }) => proxy.restored(interface_id, reach, &addrs),
     }
 }
 
