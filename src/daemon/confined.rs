@@ -11,6 +11,21 @@ use std::process::{Child, Command, Stdio};
 
 use crate::host::privileges;
 
+/// `name`, installed beside the daemon's own executable; `does` says
+/// what it is for, in the error when it is missing.
+pub(super) fn beside_me(name: &str, does: &str) -> anyhow::Result<std::path::PathBuf> {
+    let me = std::env::current_exe()?;
+    let executable = me.with_file_name(name);
+    if !executable.is_file() {
+        anyhow::bail!(
+            "{} is missing: {does}; install it next to {}",
+            executable.display(),
+            me.display()
+        );
+    }
+    Ok(executable)
+}
+
 /// Starts `executable` as `run_as` (None: the daemon's own ids) with
 /// each of `fds` at the number given.
 pub(super) fn spawn(

@@ -92,15 +92,10 @@ impl Gatekeeper {
     /// Binds the queue and starts the gate; `run_as` the uid and gid it
     /// runs as (None: the daemon's own, a rootless daemon's user).
     pub fn start(events: Bus, run_as: Option<(u32, u32)>) -> anyhow::Result<Arc<Gatekeeper>> {
-        let me = std::env::current_exe()?;
-        let executable = me.with_file_name(EXECUTABLE);
-        if !executable.is_file() {
-            anyhow::bail!(
-                "{} is missing: connections of VMs whose policy names DNS names are checked by it; install it next to {}",
-                executable.display(),
-                me.display()
-            );
-        }
+        let executable = super::confined::beside_me(
+            EXECUTABLE,
+            "connections of VMs whose policy names DNS names are checked by it",
+        )?;
         let queue = Queue::open(QUEUE, QUEUE_LENGTH).map_err(|e| {
             anyhow::anyhow!(
                 "cannot read netfilter queue {QUEUE} for the name check ({e}): is the kernel's nfnetlink_queue there?"

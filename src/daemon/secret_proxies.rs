@@ -53,6 +53,9 @@ const STEADY: Duration = Duration::from_secs(10);
 /// Records of one VM's at most in each window, as the gate's.
 const RECORDS_PER_WINDOW: u32 = 100;
 const RECORD_WINDOW: Duration = Duration::from_secs(10);
+/// Names learned kept to tell a restarted proxy, past which the expired
+/// are forgotten at the next one learned.
+const MAX_PINS: usize = 4096;
 /// The directory of the networks' CAs, in the state directory.
 pub(super) const CA_DIR: &str = "ca";
 
@@ -115,15 +118,8 @@ impl SecretProxies {
         run_as: Option<(u32, u32)>,
         state_dir: &Path,
     ) -> anyhow::Result<Arc<SecretProxies>> {
-        let me = std::env::current_exe()?;
-        let executable = me.with_file_name(EXECUTABLE);
-        if !executable.is_file() {
-            anyhow::bail!(
-                "{} is missing: it puts secrets into VMs' requests; install it next to {}",
-                executable.display(),
-                me.display()
-            );
-        }
+        let executable =
+            super::confined::beside_me(EXECUTABLE, "it puts secrets into VMs' requests")?;
         Ok(Arc::new(SecretProxies {
             executable,
             run_as,
@@ -426,6 +422,12 @@ impl Pins for SecretProxies {
             name: name.clone(),
             addrs: addrs.to_vec(),
         })));
+        // What the proxy already let expire is forgotten here too, now and
+        // then: a VM asking name after name under a wildcard grows it.
+        if live.pins.len() >= MAX_PINS {
+            live.pins
+                .retain(|_, addrs| addrs.iter().any(|(_, until)| *until > now));
+        }
         let pins = live.pins.entry((interface_id, name)).or_default();
         for (addr, until) in until {
             match pins.iter_mut().find(|(a, _)| *a == addr) {

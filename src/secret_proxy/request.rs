@@ -27,7 +27,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HOST, HeaderValue, UPGRADE};
 use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode, Version};
+use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
@@ -160,21 +160,11 @@ fn judged(
         });
         Err(Box::new(local(status, &why)))
     };
-    let asked = match req.version() {
-        Version::HTTP_2 => req.uri().authority().map(|a| a.as_str().to_string()),
-        _ => (req.headers().get(HOST))
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_string),
-    };
-    if !asked
-        .as_deref()
-        .is_some_and(|a| same_host(a, &context.host))
-    {
-        let asked = asked.as_deref().unwrap_or("none");
+    if let Some(other) = misdirected(&req, &context.host) {
         return refuse(
             StatusCode::MISDIRECTED_REQUEST,
             format!(
-                "its host ({asked}) is not {}, the server name its connection was made for",
+                "its host ({other}) is not {}, the server name its connection was made for",
                 context.host
             ),
         );
@@ -263,6 +253,31 @@ fn local(status: StatusCode, why: &str) -> Response<Body> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
+}
+
+/// The host `req` names that is not `server_name` ("none" when it names
+/// none); None when every one it names is. A request may name its host
+/// in its target (HTTP/1.1's absolute form, HTTP/2's `:authority`) and in
+/// `Host`; servers differ in which they believe, so each must be the
+/// server name, and `Host` may be given once.
+fn misdirected(req: &Request<Incoming>, server_name: &str) -> Option<String> {
+    let target = req.uri().authority().map(|a| a.as_str());
+    let hosts: Vec<&HeaderValue> = req.headers().get_all(HOST).iter().collect();
+    if hosts.len() > 1 {
+        return Some(format!("{} Host headers", hosts.len()));
+    }
+    let host = match hosts.first() {
+        Some(value) => Some(value.to_str().unwrap_or("an unreadable Host")),
+        None => None,
+    };
+    if target.is_none() && host.is_none() {
+        return Some("none".into());
+    }
+    target
+        .into_iter()
+        .chain(host)
+        .find(|asked| !same_host(asked, server_name))
+        .map(str::to_string)
 }
 
 /// Whether a request's host (`name` or `name:443`, any case, a trailing

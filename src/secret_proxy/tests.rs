@@ -423,6 +423,58 @@ async fn the_secret_is_not_sent_to_another_host_nor_past_a_refusal() {
     );
 }
 
+/// One request written by hand over a guest's HTTP/1.1 connection for
+/// api.example: the answer's status line.
+async fn by_hand(w: &World, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = guest_tls(w, "api.example", &w.network_ca, &[b"http/1.1"])
+        .await
+        .unwrap();
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = vec![0; 4096];
+    let n = tls.read(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    answer.lines().next().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn every_host_a_request_names_must_be_the_server_name() {
+    let w = world(true).await;
+    let auth = "Authorization: Bearer {{secret:TOKEN}}\r\n";
+    // The control: a request naming its host the one way and the other.
+    let fine = by_hand(
+        &w,
+        &format!(
+            "GET /v1/models?key={{{{secret:TOKEN}}}} HTTP/1.1\r\nHost: api.example\r\n{auth}\r\n"
+        ),
+    )
+    .await;
+    assert!(fine.contains(" 200 "), "{fine}");
+    // Absolute form naming another host (a shared server may believe it
+    // over Host), two Host headers, none at all: refused, nothing sent.
+    for request in [
+        format!(
+            "GET https://other.example/v1/models?key={{{{secret:TOKEN}}}} HTTP/1.1\r\nHost: api.example\r\n{auth}\r\n"
+        ),
+        format!(
+            "GET /v1/models?key={{{{secret:TOKEN}}}} HTTP/1.1\r\nHost: api.example\r\nHost: other.example\r\n{auth}\r\n"
+        ),
+        format!("GET /v1/models?key={{{{secret:TOKEN}}}} HTTP/1.0\r\n{auth}\r\n"),
+    ] {
+        let status = by_hand(&w, &request).await;
+        assert!(
+            status.contains(" 421 ") || status.contains(" 400 "),
+            "{request:?}: {status}"
+        );
+    }
+    let seen: Vec<_> = w.seen.lock().unwrap().drain(..).collect();
+    assert_eq!(
+        seen.len(),
+        1,
+        "the control alone reached the upstream: {seen:?}"
+    );
+}
+
 #[tokio::test]
 async fn an_upstream_not_proven_to_be_the_host_gets_no_request_and_a_name_not_allowed_is_reset() {
     let mut w = world(false).await;
