@@ -21,10 +21,10 @@
 //! everything again. Without a proxy the steered connections find no one
 //! accepting and time out: none is carried on unchecked.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use hickory_proto::rr::Name;
+use nix::sys::socket::MsgFlags;
 use tracing::{error, info, warn};
 
 use crate::budget::RateLimit;
@@ -53,6 +54,10 @@ const STEADY: Duration = Duration::from_secs(10);
 /// Records of one VM's at most in each window, as the gate's.
 const RECORDS_PER_WINDOW: u32 = 100;
 const RECORD_WINDOW: Duration = Duration::from_secs(10);
+/// Messages that may wait for a running proxy's room, at most; and how
+/// often the keeper sends them.
+const MAX_PENDING: usize = 4096;
+const FLUSH: Duration = Duration::from_secs(1);
 /// Names learned kept to tell a restarted proxy, past which the expired
 /// are forgotten at the next one learned.
 const MAX_PINS: usize = 4096;
@@ -91,21 +96,56 @@ struct Kept {
 struct Live {
     socket: Option<UnixDatagram>,
     child: Option<Child>,
-    /// `ToProxy::Vms`, as last sent.
+    /// `ToProxy::Vms`, as last told.
     vms: Vec<u8>,
     names: HashMap<InterfaceId, Option<String>>,
     /// What its VMs learned, to tell a proxy started again.
     pins: HashMap<(InterfaceId, String), Vec<(IpAddr, Instant)>>,
+    /// Messages the running proxy had no room for yet, in order.
+    pending: VecDeque<Vec<u8>>,
 }
 
 impl Live {
-    /// Sends `message` to the proxy running now; one it cannot take (it
-    /// is gone, or behind) is told again when it starts.
-    fn tell(&self, message: &[u8]) {
-        if let Some(socket) = &self.socket
-            && let Err(e) = socket.send(message)
-        {
-            warn!("cannot tell {EXECUTABLE} ({e}): it is told again when it starts");
+    /// Tells the proxy running now `message`, never waiting on it (the
+    /// daemon's thread calls this): what finds no room waits in `pending`,
+    /// sent before anything newer, by the next `tell` or the keeper's
+    /// second. A proxy too far behind is stopped, to start again and be
+    /// told everything afresh. With no proxy running, its start tells it.
+    fn tell(&mut self, message: Vec<u8>) {
+        if self.socket.is_none() {
+            return;
+        }
+        self.pending.push_back(message);
+        self.flush();
+    }
+
+    fn flush(&mut self) {
+        let Some(socket) = &self.socket else {
+            self.pending.clear();
+            return;
+        };
+        while let Some(message) = self.pending.front() {
+            match nix::sys::socket::send(
+                socket.as_raw_fd(),
+                message,
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            ) {
+                Ok(_) => {
+                    self.pending.pop_front();
+                }
+                Err(nix::errno::Errno::EAGAIN) if self.pending.len() < MAX_PENDING => return,
+                Err(e) => {
+                    warn!(
+                        "{EXECUTABLE} cannot be told what it needs ({e}; {} messages waiting): it is stopped, to start again and be told all",
+                        self.pending.len()
+                    );
+                    self.pending.clear();
+                    if let Some(child) = &mut self.child {
+                        let _ = child.kill();
+                    }
+                    return;
+                }
+            }
         }
     }
 }
@@ -176,8 +216,8 @@ impl SecretProxies {
             let vms: Vec<ProxiedVm> = net.vms.into_iter().map(|(v, _)| v).collect();
             let message = encode(&ToProxy::Vms(vms));
             if message != live.vms {
-                live.tell(&message);
-                live.vms = message;
+                live.vms = message.clone();
+                live.tell(message);
             }
         }
         failed
@@ -242,8 +282,18 @@ impl SecretProxies {
                     info!(network = %kept.network, "{EXECUTABLE} started");
                     loop {
                         match reader.recv(&mut buf) {
-                            Ok(0) | Err(_) => break,
+                            Ok(0) => break,
                             Ok(n) => self.record(kept, &buf[..n], &mut records, &mut held_back),
+                            // Its second: what waits for room is sent.
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                                ) =>
+                            {
+                                kept.live.lock().expect("not poisoned").flush();
+                            }
+                            Err(_) => break,
                         }
                     }
                     let status = {
@@ -296,6 +346,7 @@ impl SecretProxies {
         )?;
         drop(theirs);
         let reader = ours.try_clone()?;
+        reader.set_read_timeout(Some(FLUSH))?;
         let mut live = kept.live.lock().expect("not poisoned");
         ours.send(&kept.start)?;
         if !live.vms.is_empty() {
@@ -313,6 +364,7 @@ impl SecretProxies {
         }
         live.socket = Some(ours);
         live.child = Some(child);
+        live.pending.clear();
         Ok(reader)
     }
 
@@ -417,7 +469,7 @@ impl Pins for SecretProxies {
         let until: Vec<(IpAddr, Instant)> = (addrs.iter())
             .map(|&(a, s)| (a, now + Duration::from_secs(s.into())))
             .collect();
-        live.tell(&encode(&ToProxy::Pins(Control::Learned {
+        live.tell(encode(&ToProxy::Pins(Control::Learned {
             interface_id,
             name: name.clone(),
             addrs: addrs.to_vec(),
@@ -439,8 +491,8 @@ impl Pins for SecretProxies {
 
     fn restored(&self, interface_id: InterfaceId, reach: usize, addrs: &[(IpAddr, u32)]) {
         if let Some(kept) = self.kept_of(interface_id) {
-            let live = kept.live.lock().expect("not poisoned");
-            live.tell(&encode(&ToProxy::Pins(Control::Restored {
+            let mut live = kept.live.lock().expect("not poisoned");
+            live.tell(encode(&ToProxy::Pins(Control::Restored {
                 interface_id,
                 reach,
                 addrs: addrs.to_vec(),
