@@ -293,12 +293,19 @@ fn a_rule_with_any_lets_nameless_connections_through_to_its_addresses_only() {
 
 /// The daemon's `linnet-gate`: its pid, once it runs.
 fn gate_pid(world: &World) -> u32 {
+    child_named(world, "linnet-gate", None)
+}
+
+/// The daemon's child called `comm` (other than `not`): its pid, once it
+/// runs.
+pub(crate) fn child_named(world: &World, comm: &str, not: Option<u32>) -> u32 {
     let daemon = world.daemon_pid().to_string();
-    wait_for("linnet-gate to run", Duration::from_secs(5), || {
+    wait_for(&format!("{comm} to run"), Duration::from_secs(5), || {
         std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-            (comm.trim() == "linnet-gate" && proc_status(pid, "PPid") == daemon).then_some(pid)
+            let named = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            (named.trim() == comm && proc_status(pid, "PPid") == daemon && Some(pid) != not)
+                .then_some(pid)
         })
     })
 }

@@ -356,6 +356,32 @@ fn a_secret_goes_into_the_guests_https_requests_to_its_host_alone_and_nowhere_el
         "curl: the peer's certificate is not trusted: {said}"
     );
 
+    // The proxy runs confined as its own user; killed, it starts again and
+    // is told all it knew (the grants, what the guest learned): the next
+    // request gets the secret, without the guest asking its name again.
+    let proxy = crate::gate::child_named(&world, "linnet-secrets", None);
+    assert_eq!(
+        proc_status(proxy, "Uid").split_whitespace().next(),
+        Some("2137784318")
+    );
+    assert_eq!(proc_status(proxy, "Seccomp"), "2");
+    assert_eq!(proc_status(proxy, "CapEff"), "0000000000000000");
+    // SAFETY: kill(2) with integer arguments.
+    unsafe { libc::kill(proxy as i32, libc::SIGKILL) };
+    let again = crate::gate::child_named(&world, "linnet-secrets", Some(proxy));
+    assert_ne!(again, proxy);
+    let (code, said) = bearer(&g, api, &ca, &[]);
+    assert!(
+        code == 0 && said.contains("hello from upstream"),
+        "after a restart: {said}"
+    );
+    assert!(
+        up.seen()
+            .last()
+            .unwrap()
+            .contains(&format!("|Bearer {VALUE}|"))
+    );
+
     // Rotation holds for the next request; removal refuses the request.
     set_secret(&world, &[], ROTATED);
     let (code, said) = bearer(&g, api, &ca, &[]);
