@@ -58,9 +58,13 @@ pub async fn serve(
         allowed: false,
         why: None,
     };
-    let Some((interface_id, _slot)) = proxy.admit(source) else {
-        judged.why = Some(Refusal::Unknown.why().into());
-        return refuse(&proxy, stream, judged);
+    let (interface_id, _slot) = match proxy.admit(source) {
+        Ok(admitted) => admitted,
+        Err((interface_id, refusal)) => {
+            judged.interface_id = interface_id.unwrap_or_default();
+            judged.why = Some(refusal.why().into());
+            return refuse(&proxy, stream, judged);
+        }
     };
     judged.interface_id = interface_id;
     // A handshake's flights go out whole, not held for the guest's ACKs.

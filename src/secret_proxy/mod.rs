@@ -161,27 +161,29 @@ impl Proxy {
     }
 
     /// The VM a connection from `source` is of, and its place among the
-    /// connections served; None when it is no VM's, or past the limits.
-    fn admit(&self, source: SocketAddr) -> Option<(InterfaceId, Slot)> {
+    /// connections served; refused when it is no VM's, or past the
+    /// limits (the VM's or all).
+    fn admit(
+        &self,
+        source: SocketAddr,
+    ) -> Result<(InterfaceId, Slot), (Option<InterfaceId>, Refusal)> {
         let interface_id = {
             let state = self.state.read().expect("not poisoned");
-            let vm = state.vms.of(source.ip())?;
+            let vm = state.vms.of(source.ip()).ok_or((None, Refusal::Unknown))?;
             state.vms.interface_id(vm)
         };
         let mut open = self.open.lock().expect("not poisoned");
         let all: usize = open.values().sum();
         let mine = open.entry(interface_id).or_default();
         if all >= MAX_OPEN || *mine >= MAX_OPEN_PER_VM {
-            return None;
+            return Err((Some(interface_id), Refusal::TooMany));
         }
         *mine += 1;
-        Some((
+        let slot = Slot {
+            open: self.open.clone(),
             interface_id,
-            Slot {
-                open: self.open.clone(),
-                interface_id,
-            },
-        ))
+        };
+        Ok((interface_id, slot))
     }
 
     /// Whether the VM may open this connection showing `name` (the gate's
