@@ -564,6 +564,20 @@ func (c *Client) SecretList(ctx context.Context) ([]Secret, error) {
 	return reply.Secrets, nil
 }
 
+// CA returns network's secrets CA certificate (PEM), made the first time
+// it is asked for: what a guest installs so linnet can put secrets into its
+// HTTPS requests (docs/secrets.md).
+func (c *Client) CA(ctx context.Context, network string) (string, error) {
+	var reply struct {
+		Certificate string `json:"certificate"`
+	}
+	body := map[string]string{"op": "ca", "network": network}
+	if _, err := c.call(ctx, body, "ca", &reply); err != nil {
+		return "", err
+	}
+	return reply.Certificate, nil
+}
+
 // ForwardList lists every forward.
 func (c *Client) ForwardList(ctx context.Context) ([]Forward, error) {
 	var reply struct {

@@ -334,6 +334,13 @@ func TestSecretsAreSetRemovedAndListedWithoutValues(t *testing.T) {
 		secrets[1].Owner.Network != "shared" || secrets[1].Owner.UID != nil || secrets[1].SetAtMs != 18 {
 		t.Fatalf("got %+v, %v", secrets, err)
 	}
+	got = daemon.serve("ca", nil, `{"reply":"ca","network":"shared","certificate":"-----BEGIN CERTIFICATE-----\nx\n"}`)
+	if pem, err := client.CA(ctx, "shared"); err != nil || pem != "-----BEGIN CERTIFICATE-----\nx\n" {
+		t.Fatalf("got %q, %v", pem, err)
+	}
+	if req := <-got; req["network"] != "shared" {
+		t.Errorf("the request: %v", req)
+	}
 	// A policy's secret rules go and come as the API has them.
 	got = daemon.serve("policy_set", nil, `{"reply":"policy","interface_id":"x",
 		"policy":{"egress":["api.example.com:443/tcp"],"secrets":["TOKEN@api.example.com"],
