@@ -15,15 +15,16 @@ import statistics
 import sys
 
 from .report import (ANTI_SPOOFING, FABRIC, GATE, LABEL, MTUS, POLICY, ROOTLESS_UPSTREAM, ROOTLESS_VM_TO_VM,
-                     NAMES, OPERATIONS, SOAK, STATUS, cell, clone_rows, fabric_rows, gate_rows, is_ratio,
-                     names_rows, operations_rows, soak_rows, target_counts)
+                     NAMES, OPERATIONS, SECRETS, SOAK, STATUS, cell, clone_rows, fabric_rows, gate_rows,
+                     is_ratio, names_rows, operations_rows, secrets_rows, soak_rows, target_counts)
 from .setups import DIRECTIONS, NETWORK_SOCKET, ROOTLESS, VHOST_USER, VM_TO_HOST, VM_TO_VM
 
 # The results' layout this module reads (bench/linnet_bench/__main__.py).
 FORMAT = 2
 
 DOCS = ("README.md", "docs/security.md", "docs/vmms.md", "docs/lima.md", "docs/rootless.md",
-        "docs/clones.md", "docs/multihost.md", "docs/operations.md", "docs/architecture.md")
+        "docs/clones.md", "docs/multihost.md", "docs/operations.md", "docs/architecture.md",
+        "docs/secrets.md")
 BLOCK = re.compile(r"(<!-- bench:([a-z-]+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.S)
 
 
@@ -185,6 +186,11 @@ def name_check(results):
     return rows_and_targets(gate_rows(results.get("gate")), results, GATE, None)
 
 
+def secrets(results):
+    """The secrets proxy's figures (linnet-secrets) and their targets."""
+    return rows_and_targets(secrets_rows(results.get("secrets")), results, SECRETS, None)
+
+
 def operations(results):
     """The operations figures and their targets."""
     return rows_and_targets(operations_rows(results.get("operations")), results, OPERATIONS, None)
@@ -210,7 +216,7 @@ RENDER = {"anti-spoofing": anti_spoofing, "vnet-hdr": vnet_hdr, "vhost-user": vh
           "targets": targets,
           "network-socket": network_socket, "rootless": rootless, "clones": clones,
           "across-hosts": across_hosts, "egress-by-name": egress_by_name, "name-check": name_check,
-          "operations": operations,
+          "secrets": secrets, "operations": operations,
           "soak": soak}
 
 
