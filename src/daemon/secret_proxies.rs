@@ -36,7 +36,11 @@ use hickory_proto::rr::Name;
 use nix::sys::socket::MsgFlags;
 use tracing::{error, info, warn};
 
+use super::client::Client;
+use super::errors::DaemonError;
+use crate::api::Response;
 use crate::budget::RateLimit;
+use crate::config::Config;
 use crate::events::{Bus, What};
 use crate::gate::wire::Control;
 use crate::secret_proxy::ca::CaFiles;
@@ -62,7 +66,7 @@ const FLUSH: Duration = Duration::from_secs(1);
 /// are forgotten at the next one learned.
 const MAX_PINS: usize = 4096;
 /// The directory of the networks' CAs, in the state directory.
-pub(super) const CA_DIR: &str = "ca";
+const CA_DIR: &str = "ca";
 
 /// A network whose VMs have secret rules, as the daemon sees it now.
 pub struct ProxiedNetwork {
@@ -513,6 +517,36 @@ fn left(addrs: &[(IpAddr, Instant)], now: Instant) -> Vec<(IpAddr, u32)> {
             (*a, u32::try_from(secs).unwrap_or(u32::MAX).max(1))
         })
         .collect()
+}
+
+/// `linnet ca`: `network`'s secrets CA certificate (made the first time,
+/// in `state_dir`), for one who may attach to it.
+pub(super) fn ca_request(
+    config: &Config,
+    state_dir: &Path,
+    client: &Client,
+    network: &str,
+) -> Result<Response, DaemonError> {
+    let cfg = config
+        .network(network)
+        .ok_or_else(|| DaemonError::unknown_network(config, network))?;
+    if !client.allowed_by(&cfg.allow) {
+        return Err(DaemonError::NotAllowed {
+            uid: client.uid,
+            network: network.into(),
+            allow: cfg.allow.describe(),
+        });
+    }
+    let dir = state_dir.join(CA_DIR);
+    let ca = network_ca(&dir, network).map_err(|source| DaemonError::StateFile {
+        what: "cannot read or make the network's secrets CA",
+        path: dir.clone(),
+        source,
+    })?;
+    Ok(Response::Ca {
+        network: network.into(),
+        certificate: ca.cert_pem,
+    })
 }
 
 /// `network`'s CA from `dir`: its key (`NETWORK.key`, 0600) and

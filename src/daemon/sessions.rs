@@ -532,7 +532,12 @@ async fn handle(
             secret(&mut daemon, client, SecretRequest::Remove { name, network })
         }
         Request::SecretList => secret(&mut daemon, client, SecretRequest::List),
-        Request::Ca { network } => match daemon.network_ca(client, &network) {
+        Request::Ca { network } => match super::secret_proxies::ca_request(
+            &daemon.config,
+            &daemon.state_dir,
+            client,
+            &network,
+        ) {
             Ok(r) => (r, None),
             Err(e) => (e.into_response(), None),
         },

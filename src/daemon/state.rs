@@ -625,35 +625,6 @@ impl Daemon {
             .collect()
     }
 
-    /// `linnet ca`: `network`'s secrets CA certificate, for one who may
-    /// attach to it.
-    pub(super) fn network_ca(
-        &self,
-        client: &super::client::Client,
-        network: &str,
-    ) -> Result<crate::api::Response, DaemonError> {
-        let cfg = (self.config.network(network)).ok_or_else(|| self.unknown_network(network))?;
-        if !client.allowed_by(&cfg.allow) {
-            return Err(DaemonError::NotAllowed {
-                uid: client.uid,
-                network: network.into(),
-                allow: cfg.allow.describe(),
-            });
-        }
-        let dir = self.state_dir.join(super::secret_proxies::CA_DIR);
-        let ca = super::secret_proxies::network_ca(&dir, network).map_err(|source| {
-            DaemonError::StateFile {
-                what: "cannot read or make the network's secrets CA",
-                path: dir.clone(),
-                source,
-            }
-        })?;
-        Ok(crate::api::Response::Ca {
-            network: network.into(),
-            certificate: ca.cert_pem,
-        })
-    }
-
     /// Tells the secrets proxies the networks' VMs with secret rules and
     /// their grants now (starting or stopping proxies as networks gain or
     /// lose such VMs).
