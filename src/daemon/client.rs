@@ -33,6 +33,22 @@ pub struct Client {
 }
 
 impl Client {
+    /// Ok when `cfg`'s network lets it on (`allowed_by`); else the refusal
+    /// naming who may.
+    pub fn may_use(
+        &self,
+        cfg: &crate::config::NetworkConfig,
+    ) -> Result<(), super::errors::DaemonError> {
+        if self.allowed_by(&cfg.allow) {
+            return Ok(());
+        }
+        Err(super::errors::DaemonError::NotAllowed {
+            uid: self.uid,
+            network: cfg.name.clone(),
+            allow: cfg.allow.describe(),
+        })
+    }
+
     /// Whether `allow` lets it on a network: its uid or its account named
     /// there, or its account a member of a group named there.
     pub fn allowed_by(&self, allow: &Allow) -> bool {

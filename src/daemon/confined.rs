@@ -5,6 +5,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixDatagram;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -73,9 +74,24 @@ pub(super) fn spawn(
     child
 }
 
+/// A SOCK_SEQPACKET pair to a confined process: (the daemon's end, with
+/// room to send messages of up to `room` bytes at once; the process's).
+pub(super) fn pair(room: usize) -> io::Result<(UnixDatagram, UnixDatagram)> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    let (ours, theirs) = (UnixDatagram::from(ours), UnixDatagram::from(theirs));
+    room_to_send(&ours, room);
+    Ok((ours, theirs))
+}
+
 /// Gives `socket` room to send messages of up to `size` bytes at once
 /// (past wmem_max as root; a rootless daemon gets what it may).
-pub(super) fn room_to_send(socket: &impl AsRawFd, size: usize) {
+fn room_to_send(socket: &impl AsRawFd, size: usize) {
     let size = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
     // SAFETY: setsockopt with an int option of ours.
     let forced = unsafe {

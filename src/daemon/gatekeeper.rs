@@ -567,16 +567,8 @@ impl Keeper {
     }
 
     fn spawn(&self) -> io::Result<Running> {
-        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-        let (ours, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )?;
-        let (ours, theirs) = (UnixDatagram::from(ours), UnixDatagram::from(theirs));
         // Room for bursts of held packets: what finds none waits its turn.
-        super::confined::room_to_send(&ours, 4 << 20);
+        let (ours, theirs) = super::confined::pair(4 << 20)?;
         let child = super::confined::spawn(
             &self.executable,
             self.run_as,

@@ -159,13 +159,7 @@ pub(super) fn admit(
     let cfg = config
         .network(network)
         .ok_or_else(|| DaemonError::unknown_network(config, network))?;
-    if !client.allowed_by(&cfg.allow) {
-        return Err(DaemonError::NotAllowed {
-            uid: client.uid,
-            network: network.into(),
-            allow: cfg.allow.describe(),
-        });
-    }
+    client.may_use(cfg)?;
     if let Some(bound) = &client.network_socket {
         let refuse = |why: &str| {
             Err(DaemonError::RelayRefused {

@@ -330,16 +330,8 @@ impl SecretProxies {
     /// Starts `kept`'s proxy and tells it all it needs; returns the end
     /// its records come from.
     fn spawn(&self, kept: &Kept) -> io::Result<UnixDatagram> {
-        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
-        let (ours, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )?;
-        let (ours, theirs) = (UnixDatagram::from(ours), UnixDatagram::from(theirs));
         // Room for the first message, the trust store's bundle in it.
-        super::confined::room_to_send(&ours, MAX_MESSAGE);
+        let (ours, theirs) = super::confined::pair(MAX_MESSAGE)?;
         let child = super::confined::spawn(
             &self.executable,
             self.run_as,
@@ -530,13 +522,7 @@ pub(super) fn ca_request(
     let cfg = config
         .network(network)
         .ok_or_else(|| DaemonError::unknown_network(config, network))?;
-    if !client.allowed_by(&cfg.allow) {
-        return Err(DaemonError::NotAllowed {
-            uid: client.uid,
-            network: network.into(),
-            allow: cfg.allow.describe(),
-        });
-    }
+    client.may_use(cfg)?;
     let dir = state_dir.join(CA_DIR);
     let ca = network_ca(&dir, network).map_err(|source| DaemonError::StateFile {
         what: "cannot read or make the network's secrets CA",
